@@ -1,0 +1,1 @@
+"""The `tandem` command line: one click group, one module per subcommand."""

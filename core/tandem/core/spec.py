@@ -1,0 +1,337 @@
+"""The `InferenceService` resource (group `tandem.dev`, version `v1alpha1`) as typed models.
+
+This module is the single source of truth for the resource: the CRD's openAPIV3Schema is generated from
+these models, the operator builds children from them, and `tandem up` runs them locally. Field names on
+the wire are camelCase (Kubernetes convention); Python attributes are snake_case.
+
+Validation has two layers:
+- structural (types, enums, ranges, required fields, defaults): what the CRD schema also enforces;
+- cross-field rules (`check_rules`): what a schema cannot say, e.g. `autoscaling.min <= autoscaling.max`.
+`parse_inference_service` runs both and raises `SpecInvalid` listing every error with its field path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "tandem.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SHORT_NAME = "tisvc"
+
+#: Kubernetes resource quantity, e.g. `32Gi`, `500m`, `1.5`.
+QUANTITY_PATTERN = r"^[+]?[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|K|M|G|T|P|E)?$"
+#: DNS-1123 label: names of Kubernetes objects derived from the service name.
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+EvictionPolicy = Literal[
+    "noeviction",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+]
+REDIS_EVICTION_POLICIES: tuple[str, ...] = get_args(EvictionPolicy)
+DEFAULT_VLLM_IMAGE = "lmcache/vllm-openai:v0.3.9"
+#: Engine KV block size in tokens (vLLM's default); the KV pool's chunk size must be a multiple of it.
+ENGINE_BLOCK_SIZE = 16
+
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+
+
+class SpecModel(BaseModel):
+    """Base of every spec model: camelCase on the wire, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class ModelSource(SpecModel):
+    """Where engine pods find the weights: a PVC mounted at `path`, or a URI the engine resolves itself."""
+
+    pvc: str | None = Field(default=None, description="PersistentVolumeClaim holding the weights.")
+    path: str | None = Field(default=None, description="Path of the weights inside the volume.")
+    uri: str | None = Field(
+        default=None, description="Model URI passed to the engine (e.g. hf://org/name) when no PVC."
+    )
+
+
+class ModelSpec(SpecModel):
+    name: str = Field(min_length=1, description="Model identifier, e.g. Qwen/Qwen2.5-7B-Instruct.")
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name clients use in the `model` field; defaults to `name`.",
+    )
+    source: ModelSource | None = Field(default=None, description="Where the weights come from.")
+
+    @property
+    def public_name(self) -> str:
+        """The name clients send in requests."""
+        return self.served_name or self.name
+
+
+class EnvVar(SpecModel):
+    name: str = Field(min_length=1)
+    value: str = ""
+
+
+class SimSpec(SpecModel):
+    """Settings of the simulated engine (`engine.kind: sim`)."""
+
+    profile: str = Field(
+        default="qwen2.5-7b-h100",
+        description="Model/GPU profile of the roofline time model (see `tandem sim --list-profiles`).",
+    )
+    time_scale: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Simulated seconds per wall-clock second; >1 runs faster than real time.",
+    )
+
+
+class EngineSpec(SpecModel):
+    kind: Literal["vllm", "sim"] = Field(
+        default="vllm", description="`vllm`: the real engine; `sim`: Tandem's vLLM-compatible simulator."
+    )
+    image: str = Field(default=DEFAULT_VLLM_IMAGE, description="Engine container image (kind vllm).")
+    args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra engine environment variables.")
+    sim: SimSpec = Field(default_factory=SimSpec, description="Simulator settings (kind sim).")
+
+
+class ResourceRequirements(SpecModel):
+    """Container resources as in Kubernetes (`cpu`, `memory`, `nvidia.com/gpu`, ...)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+    @field_validator("requests", "limits", mode="before")
+    @classmethod
+    def _numbers_as_strings(cls, value: Any) -> Any:
+        # Kubernetes accepts `nvidia.com/gpu: 1` (int-or-string); keep one canonical string form.
+        if isinstance(value, Mapping):
+            return {k: str(v) if isinstance(v, int | float) else v for k, v in value.items()}
+        return value
+
+
+class PrefillAutoscaling(SpecModel):
+    enabled: bool = Field(default=False, description="Let the autoscaler own this pool's replicas.")
+    min: int = Field(default=1, ge=0, le=1000, description="Fewest replicas.")
+    max: int = Field(default=8, ge=1, le=1000, description="Most replicas.")
+    target_ttft_seconds: float = Field(
+        default=0.5, gt=0, le=600, description="Target p90 time to first token."
+    )
+
+
+class DecodeAutoscaling(SpecModel):
+    enabled: bool = Field(default=False, description="Let the autoscaler own this pool's replicas.")
+    min: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
+    max: int = Field(default=16, ge=1, le=1000, description="Most replicas.")
+    target_kv_utilization: float = Field(
+        default=0.7, gt=0, le=1, description="Target mean KV-cache utilisation (fraction 0-1)."
+    )
+
+
+class PoolSpec(SpecModel):
+    replicas: int = Field(default=1, ge=0, le=1000, description="Engine replicas.")
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-parallel size.")
+
+
+class PrefillSpec(PoolSpec):
+    autoscaling: PrefillAutoscaling = Field(default_factory=PrefillAutoscaling)
+
+
+class DecodeSpec(PoolSpec):
+    replicas: int = Field(default=2, ge=1, le=1000, description="Engine replicas.")
+    autoscaling: DecodeAutoscaling = Field(default_factory=DecodeAutoscaling)
+
+
+class DisaggregationSpec(SpecModel):
+    mode: Literal["always", "auto", "off"] = Field(
+        default="auto",
+        description="always: every request prefills on the prefill pool; auto: only prompts with at "
+        "least `minUncachedTokens` uncached tokens; off: decode pool only.",
+    )
+    min_uncached_tokens: int = Field(default=512, ge=0, le=1_000_000)
+
+
+class RedisSpec(SpecModel):
+    memory: Quantity = Field(default="32Gi", description="maxmemory of the managed Redis.")
+    eviction_policy: EvictionPolicy = Field(
+        default="allkeys-lru", description="Redis maxmemory-policy."
+    )
+    url: str | None = Field(
+        default=None,
+        pattern=r"^(redis|rediss|unix)://",
+        description="External Redis URL; when set, no Redis is deployed.",
+    )
+
+
+class KVPoolSpec(SpecModel):
+    backend: Literal["redis"] = "redis"
+    redis: RedisSpec = Field(default_factory=RedisSpec)
+    chunk_size: int = Field(
+        default=256, ge=16, le=8192, description="Tokens per KV chunk in the pool (LMCache chunk_size)."
+    )
+
+
+class ScoringWeights(SpecModel):
+    prefix: float = Field(default=3.0, ge=0, le=100, description="Weight of prefix-cache overlap.")
+    load: float = Field(default=2.0, ge=0, le=100, description="Weight of queue + running load.")
+    kv: float = Field(default=2.0, ge=0, le=100, description="Weight of free KV-cache space.")
+
+
+class SLOSpec(SpecModel):
+    ttft_seconds: float = Field(default=1.0, gt=0, le=3600, description="Default TTFT objective.")
+    tpot_seconds: float = Field(default=0.05, gt=0, le=60, description="Default time per output token.")
+
+
+class FairnessSpec(SpecModel):
+    tenant_header: str = Field(default="x-tenant-id", pattern=r"^[A-Za-z0-9-]+$")
+    input_weight: float = Field(default=1.0, gt=0, le=1000, description="VTC cost per prompt token.")
+    output_weight: float = Field(default=2.0, gt=0, le=1000, description="VTC cost per output token.")
+
+
+class RouterSpec(SpecModel):
+    replicas: int = Field(default=2, ge=1, le=100)
+    scoring: ScoringWeights = Field(default_factory=ScoringWeights)
+    slo: SLOSpec = Field(default_factory=SLOSpec)
+    fairness: FairnessSpec = Field(default_factory=FairnessSpec)
+    max_queue: int = Field(default=1000, ge=0, le=1_000_000, description="Router queue bound.")
+
+
+class InferenceServiceSpec(SpecModel):
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    prefill: PrefillSpec = Field(default_factory=PrefillSpec)
+    decode: DecodeSpec = Field(default_factory=DecodeSpec)
+    disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
+    kv_pool: KVPoolSpec = Field(default_factory=KVPoolSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+
+
+class ObjectMeta(SpecModel):
+    """The part of Kubernetes metadata Tandem reads; everything else is kept but not modelled."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True)
+
+    name: str = Field(min_length=1, max_length=52, pattern=DNS_LABEL_PATTERN)
+    namespace: str = Field(default="default", pattern=DNS_LABEL_PATTERN)
+
+
+class InferenceService(SpecModel):
+    """A whole `InferenceService` document (apiVersion, kind, metadata, spec)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+    api_version: Literal["tandem.dev/v1alpha1"]
+    kind: Literal["InferenceService"]
+    metadata: ObjectMeta
+    spec: InferenceServiceSpec
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """One problem in a document: a dotted field path (`spec.decode.autoscaling.max`) and a message."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecInvalid(ValueError):
+    """The document is not a valid InferenceService; `errors` lists every problem found."""
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+
+def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
+    """Cross-field rules that a structural schema cannot express. Pure; empty list when valid."""
+    errors: list[SpecError] = []
+    pools: tuple[tuple[str, PrefillSpec | DecodeSpec], ...] = (
+        ("prefill", spec.prefill),
+        ("decode", spec.decode),
+    )
+    for pool_name, pool in pools:
+        scaling = pool.autoscaling
+        base = f"spec.{pool_name}.autoscaling"
+        if scaling.min > scaling.max:
+            errors.append(
+                SpecError(f"{base}.min", f"must be <= {base}.max ({scaling.min} > {scaling.max})")
+            )
+        elif scaling.enabled and not scaling.min <= pool.replicas <= scaling.max:
+            errors.append(
+                SpecError(
+                    f"spec.{pool_name}.replicas",
+                    f"must lie within autoscaling bounds [{scaling.min}, {scaling.max}] "
+                    f"when autoscaling is enabled (got {pool.replicas})",
+                )
+            )
+    if spec.disaggregation.mode == "always" and _max_prefill(spec) == 0:
+        errors.append(
+            SpecError(
+                "spec.prefill.replicas",
+                "disaggregation.mode 'always' needs at least one prefill replica",
+            )
+        )
+    if spec.kv_pool.chunk_size % ENGINE_BLOCK_SIZE:
+        errors.append(
+            SpecError(
+                "spec.kvPool.chunkSize",
+                f"must be a multiple of the engine block size {ENGINE_BLOCK_SIZE} "
+                f"(got {spec.kv_pool.chunk_size})",
+            )
+        )
+    return errors
+
+
+def _max_prefill(spec: InferenceServiceSpec) -> int:
+    scaling = spec.prefill.autoscaling
+    return scaling.max if scaling.enabled else spec.prefill.replicas
+
+
+def parse_inference_service(document: Mapping[str, Any]) -> InferenceService:
+    """Validate a whole document (structure, then cross-field rules); raise `SpecInvalid` on errors."""
+    try:
+        isvc = InferenceService.model_validate(document)
+    except ValidationError as exc:
+        raise SpecInvalid([_from_pydantic(err) for err in exc.errors()]) from None
+    errors = check_rules(isvc.spec)
+    if errors:
+        raise SpecInvalid(errors)
+    return isvc
+
+
+def _from_pydantic(err: Mapping[str, Any]) -> SpecError:
+    parts = [str(p) for p in err["loc"]]
+    # Pydantic appends the tag of a failed union/literal choice; the field path is what users need.
+    path = ".".join(p if not p.isdigit() else f"[{p}]" for p in parts).replace(".[", "[")
+    message = str(err["msg"])
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    return SpecError(path or "<document>", _readable(message))
+
+
+def _readable(message: str) -> str:
+    return re.sub(r"^Value error, ", "", message)
