@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from tandem.cli.up import up
 from tandem.cli.validate import validate
 
 
@@ -20,6 +21,7 @@ def cli() -> None:
 
 
 cli.add_command(validate)
+cli.add_command(up)
 
 
 def main() -> None:

@@ -52,9 +52,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
         fields = " ".join(
-            f"{k}={v}"
-            for k, v in record.__dict__.items()
-            if k not in _STANDARD_ATTRS and k != "request_id"
+            f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS and k != "request_id"
         )
         rid = f" [{request_id}]" if request_id else ""
         line = f"{record.levelname:<7} {record.name}{rid} {record.getMessage()}"

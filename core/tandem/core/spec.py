@@ -174,9 +174,7 @@ class DisaggregationSpec(SpecModel):
 
 class RedisSpec(SpecModel):
     memory: Quantity = Field(default="32Gi", description="maxmemory of the managed Redis.")
-    eviction_policy: EvictionPolicy = Field(
-        default="allkeys-lru", description="Redis maxmemory-policy."
-    )
+    eviction_policy: EvictionPolicy = Field(default="allkeys-lru", description="Redis maxmemory-policy.")
     url: str | None = Field(
         default=None,
         pattern=r"^(redis|rediss|unix)://",
@@ -277,9 +275,7 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
         scaling = pool.autoscaling
         base = f"spec.{pool_name}.autoscaling"
         if scaling.min > scaling.max:
-            errors.append(
-                SpecError(f"{base}.min", f"must be <= {base}.max ({scaling.min} > {scaling.max})")
-            )
+            errors.append(SpecError(f"{base}.min", f"must be <= {base}.max ({scaling.min} > {scaling.max})"))
         elif scaling.enabled and not scaling.min <= pool.replicas <= scaling.max:
             errors.append(
                 SpecError(

@@ -84,8 +84,7 @@ def render_chat(messages: Sequence[Mapping[str, Any]], *, add_generation_prompt:
     """ChatML (the Qwen2 template): `<|im_start|>role\\ncontent<|im_end|>\\n` per message, then the
     assistant header when `add_generation_prompt`."""
     lines = [
-        f"{CHAT_START}{m.get('role', 'user')}\n{message_text(m.get('content'))}{CHAT_END}\n"
-        for m in messages
+        f"{CHAT_START}{m.get('role', 'user')}\n{message_text(m.get('content'))}{CHAT_END}\n" for m in messages
     ]
     if add_generation_prompt:
         lines.append(f"{CHAT_START}assistant\n")

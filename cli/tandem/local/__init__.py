@@ -1,0 +1,1 @@
+"""The local runtime behind `tandem up`: one InferenceService as processes on this machine."""

@@ -1,0 +1,153 @@
+"""Pure planning of the local runtime: InferenceService in → the processes to start, in order.
+
+The plan mirrors what the operator creates in a cluster: a Redis KV pool (unless the spec names an
+external one), `prefill.replicas` producer engines, `decode.replicas` consumer engines and one gateway
+whose static discovery lists the engines. Nothing here touches the system; ports and binary paths
+come in as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tandem.core.quantity import parse_bytes
+from tandem.core.routerconfig import RouterConfig, StaticDiscovery
+from tandem.core.spec import InferenceService
+
+Role = Literal["kvpool", "prefill", "decode", "router"]
+LOOPBACK = "127.0.0.1"
+
+
+class PlanError(ValueError):
+    """The InferenceService cannot run locally as it is (the message says why and what to change)."""
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """One child process: its argv, its port and how to tell it is ready."""
+
+    name: str
+    role: Role
+    argv: tuple[str, ...]
+    port: int
+    probe: Literal["http", "redis"]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        scheme = "redis" if self.probe == "redis" else "http"
+        return f"{scheme}://{LOOPBACK}:{self.port}"
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    processes: tuple[ProcessPlan, ...]
+    router_config: RouterConfig
+    router_config_path: Path
+    endpoint: str
+    model: str
+
+
+def build_plan(
+    isvc: InferenceService,
+    *,
+    ports: Iterator[int],
+    router_port: int,
+    python: str,
+    redis_server: str | None,
+    state_dir: Path,
+) -> LocalPlan:
+    """The processes that run `isvc` here, in start order (KV pool, engines, gateway).
+
+    `ports` yields free loopback ports for internal components; `redis_server` is the Redis binary
+    (None is fine when the spec names an external Redis URL).
+    """
+    spec = isvc.spec
+    if spec.engine.kind != "sim":
+        raise PlanError(
+            f"engine.kind {spec.engine.kind!r} is not supported by the local runtime; use engine.kind: sim"
+        )
+    processes: list[ProcessPlan] = []
+    pool_url = spec.kv_pool.redis.url
+    if pool_url is None:
+        if redis_server is None:
+            raise PlanError("no redis-server binary found (install Debian's redis-server)")
+        redis = _redis_process(isvc, port=next(ports), binary=redis_server, state_dir=state_dir)
+        processes.append(redis)
+        pool_url = redis.url
+    engines = [
+        _engine_process(isvc, role=role, index=i, port=next(ports), python=python, pool_url=pool_url)
+        for role, count in _pool_sizes(isvc)
+        for i in range(count)
+    ]
+    processes.extend(engines)
+    config = RouterConfig(
+        service=isvc.metadata.name,
+        spec=spec,
+        discovery=StaticDiscovery(
+            prefill=[e.url for e in engines if e.role == "prefill"],
+            decode=[e.url for e in engines if e.role == "decode"],
+        ),
+        kv_pool_url=pool_url,
+    )
+    config_path = state_dir / "router.yaml"
+    router = ProcessPlan(
+        name="router",
+        role="router",
+        argv=(python, "-m", "tandem.cli", "router", "--config", str(config_path),
+              "--host", LOOPBACK, "--port", str(router_port)),
+        port=router_port,
+        probe="http",
+    )  # fmt: skip
+    processes.append(router)
+    return LocalPlan(
+        processes=tuple(processes),
+        router_config=config,
+        router_config_path=config_path,
+        endpoint=f"http://{LOOPBACK}:{router_port}/v1",
+        model=spec.model.public_name,
+    )
+
+
+def _pool_sizes(isvc: InferenceService) -> tuple[tuple[Role, int], ...]:
+    return (("prefill", isvc.spec.prefill.replicas), ("decode", isvc.spec.decode.replicas))
+
+
+def _redis_process(isvc: InferenceService, *, port: int, binary: str, state_dir: Path) -> ProcessPlan:
+    redis = isvc.spec.kv_pool.redis
+    argv = (
+        binary,
+        "--bind", LOOPBACK,
+        "--port", str(port),
+        "--save", "",
+        "--appendonly", "no",
+        "--dir", str(state_dir),
+        "--maxmemory", str(parse_bytes(redis.memory)),
+        "--maxmemory-policy", redis.eviction_policy,
+    )  # fmt: skip
+    return ProcessPlan(name="redis", role="kvpool", argv=argv, port=port, probe="redis")
+
+
+def _engine_process(
+    isvc: InferenceService, *, role: Role, index: int, port: int, python: str, pool_url: str
+) -> ProcessPlan:
+    spec = isvc.spec
+    kv_role = "producer" if role == "prefill" else "consumer"
+    argv = (
+        python, "-m", "tandem.cli", "sim",
+        "--model", spec.model.name,
+        "--served-model-name", spec.model.public_name,
+        "--profile", spec.engine.sim.profile,
+        "--time-scale", str(spec.engine.sim.time_scale),
+        "--kv-role", kv_role,
+        "--kv-pool", pool_url,
+        "--kv-chunk-size", str(spec.kv_pool.chunk_size),
+        "--host", LOOPBACK,
+        "--port", str(port),
+        *spec.engine.args,
+    )  # fmt: skip
+    env = {e.name: e.value for e in spec.engine.env}
+    return ProcessPlan(name=f"{role}-{index}", role=role, argv=argv, port=port, probe="http", env=env)
