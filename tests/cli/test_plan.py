@@ -1,0 +1,95 @@
+"""The local runtime's plan: which processes `tandem up` starts for a spec. Pure; ports are a counter."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tandem.core.spec import parse_inference_service
+from tandem.local.plan import LocalPlan, PlanError, build_plan
+
+
+def plan_for(spec: dict[str, Any], *, redis_server: str | None = "/usr/bin/redis-server") -> LocalPlan:
+    doc = {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "demo"},
+        "spec": {"model": {"name": "m/7b", "servedName": "m"}, "engine": {"kind": "sim"}, **spec},
+    }
+    return build_plan(
+        parse_inference_service(doc),
+        ports=itertools.count(9000),
+        router_port=8080,
+        python="/py",
+        redis_server=redis_server,
+        state_dir=Path("/state"),
+    )
+
+
+def names(plan: LocalPlan) -> list[str]:
+    return [p.name for p in plan.processes]
+
+
+def test_the_stack_starts_pool_then_engines_then_gateway() -> None:
+    plan = plan_for({"prefill": {"replicas": 1}, "decode": {"replicas": 2}})
+    assert names(plan) == ["redis", "prefill-0", "decode-0", "decode-1", "router"]
+    assert plan.endpoint == "http://127.0.0.1:8080/v1"
+    assert plan.model == "m"
+
+
+def test_prefill_engines_produce_and_decode_engines_consume_the_pool() -> None:
+    plan = plan_for({})
+    by_name = {p.name: p.argv for p in plan.processes}
+    prefill, decode = by_name["prefill-0"], by_name["decode-0"]
+    assert prefill[prefill.index("--kv-role") + 1] == "producer"
+    assert decode[decode.index("--kv-role") + 1] == "consumer"
+    assert prefill[prefill.index("--kv-pool") + 1] == "redis://127.0.0.1:9000"
+    assert decode[decode.index("--served-model-name") + 1] == "m"
+
+
+def test_the_gateway_discovers_exactly_the_planned_engines() -> None:
+    plan = plan_for({"prefill": {"replicas": 2}, "decode": {"replicas": 1}})
+    discovery = plan.router_config.discovery
+    assert discovery.kind == "static"
+    assert discovery.prefill == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    assert discovery.decode == ["http://127.0.0.1:9003"]
+    assert plan.router_config.kv_pool_url == "redis://127.0.0.1:9000"
+
+
+def test_redis_gets_the_spec_memory_and_eviction_policy() -> None:
+    plan = plan_for({"kvPool": {"redis": {"memory": "1Gi", "evictionPolicy": "allkeys-lfu"}}})
+    argv = plan.processes[0].argv
+    assert argv[argv.index("--maxmemory") + 1] == str(2**30)
+    assert argv[argv.index("--maxmemory-policy") + 1] == "allkeys-lfu"
+    assert argv[argv.index("--bind") + 1] == "127.0.0.1"
+
+
+def test_an_external_pool_is_used_instead_of_starting_redis() -> None:
+    plan = plan_for({"kvPool": {"redis": {"url": "redis://10.0.0.5:6379"}}}, redis_server=None)
+    assert "redis" not in names(plan)
+    assert plan.router_config.kv_pool_url == "redis://10.0.0.5:6379"
+
+
+def test_engine_args_and_env_reach_the_engines() -> None:
+    engine_spec = {"kind": "sim", "args": ["--max-num-seqs", "8"], "env": [{"name": "A", "value": "1"}]}
+    plan = plan_for({"engine": engine_spec})
+    engine = plan.processes[1]
+    assert engine.argv[-2:] == ("--max-num-seqs", "8")
+    assert engine.env == {"A": "1"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "redis_server", "message"),
+    [
+        pytest.param({"engine": {"kind": "vllm"}}, "/r", "engine.kind 'vllm'", id="real-vllm"),
+        pytest.param({}, None, "no redis-server", id="no-redis"),
+    ],
+)
+def test_what_cannot_run_locally_is_refused_with_the_reason(
+    spec: dict[str, Any], redis_server: str | None, message: str
+) -> None:
+    with pytest.raises(PlanError, match=message):
+        plan_for(spec, redis_server=redis_server)
