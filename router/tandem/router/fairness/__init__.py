@@ -1,0 +1,1 @@
+"""Fair queuing between tenants."""

@@ -1,0 +1,179 @@
+"""Virtual-token-counter (VTC) fair queuing between tenants (Sheng et al., OSDI 2024, Algorithm 2).
+
+Pure and synchronous: the gateway's async admission layer pushes waiting requests here and pops the
+next one to dispatch whenever an engine has room. Each tenant has a counter of the service it received:
+
+    charge at dispatch:    c_t += input_weight  * prompt_tokens    / weight_t
+    charge per token out:  c_t += output_weight * generated_tokens / weight_t
+
+`pop` dispatches the oldest request of the backlogged tenant with the smallest counter, within the
+highest non-empty priority band (bands are strict: priority 1 is always served before priority 0).
+A tenant that becomes backlogged is lifted to the smallest counter among the backlogged tenants, or to
+the counter of the last tenant to leave the queue when none is, so idling never banks credit.
+
+Worked example (weights 1 and 2, tenant A backlogged with c_A = 300, B arrives with c_B = 0):
+B is lifted to 300, not left at 0, so it cannot monopolise the engines to "catch up". B's 100-token
+prompt then costs it 100 and A's next 100-token prompt costs A 100: they alternate.
+
+Bound (paper, Lemma 4.3 and Theorem 4.4): with U = max(input_weight·L_input, output_weight·M), L_input the
+longest prompt and M the most tokens a batch holds, counters of backlogged tenants differ by at most U,
+and their service over any interval by at most 2U.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+#: Idle tenants whose counters are remembered (so a heavy tenant cannot reset itself by pausing).
+IDLE_TENANTS_REMEMBERED = 10_000
+
+
+class QueueFull(Exception):
+    """The queue holds `max_size` requests; the caller answers 429."""
+
+
+@dataclass(eq=False)  # identity equality: a ticket is one waiting request
+class Ticket(Generic[T]):
+    """A queued request: the caller's payload plus what the queue needs to order and charge it."""
+
+    item: T
+    tenant: str
+    prompt_tokens: int
+    priority: int
+    seq: int
+    done: bool = field(default=False)
+
+
+class VTCQueue(Generic[T]):
+    """Bounded multi-tenant queue ordered by virtual token counters; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        input_weight: float = 1.0,
+        output_weight: float = 2.0,
+        tenant_weights: Mapping[str, float] | None = None,
+        max_size: int = 1000,
+    ) -> None:
+        if input_weight <= 0 or output_weight <= 0:
+            raise ValueError("input_weight and output_weight must be positive")
+        self.input_weight = input_weight
+        self.output_weight = output_weight
+        self._tenant_weights = dict(tenant_weights or {})
+        self.max_size = max_size
+        self._counters: dict[str, float] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()  # tenants with a counter but no queue
+        self._bands: dict[int, dict[str, deque[Ticket[T]]]] = {}
+        self._queued: dict[str, int] = {}  # live (not cancelled) tickets per tenant
+        self._size = 0
+        self._seq = 0
+        self._last_departed: str | None = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def weight(self, tenant: str) -> float:
+        return self._tenant_weights.get(tenant, 1.0)
+
+    def counter(self, tenant: str) -> float:
+        return self._counters.get(tenant, 0.0)
+
+    def counters(self) -> dict[str, float]:
+        """Counters of every tenant remembered (backlogged or recently idle)."""
+        return dict(self._counters)
+
+    def backlogged(self) -> set[str]:
+        """Tenants with at least one request waiting."""
+        return {t for t, n in self._queued.items() if n > 0}
+
+    def push(self, item: T, *, tenant: str, prompt_tokens: int, priority: int = 0) -> Ticket[T]:
+        """Queue a request; lifts the tenant's counter if it just became backlogged.
+
+        Raises QueueFull when `max_size` requests are waiting.
+        """
+        if self._size >= self.max_size:
+            raise QueueFull(f"the queue holds {self.max_size} requests")
+        if not self._queued.get(tenant):
+            self._lift(tenant)
+        self._seq += 1
+        ticket = Ticket(
+            item=item, tenant=tenant, prompt_tokens=prompt_tokens, priority=priority, seq=self._seq
+        )
+        self._bands.setdefault(priority, {}).setdefault(tenant, deque()).append(ticket)
+        self._queued[tenant] = self._queued.get(tenant, 0) + 1
+        self._size += 1
+        return ticket
+
+    def peek(self) -> Ticket[T] | None:
+        """The request `pop` would dispatch now, without dispatching it; None when nothing waits."""
+        for priority in sorted(self._bands, reverse=True):
+            band = self._bands[priority]
+            if band:
+                tenant = min(band, key=lambda t: (self.counter(t), band[t][0].seq))
+                return band[tenant][0]
+        return None
+
+    def pop(self) -> Ticket[T] | None:
+        """Dispatch the next request and charge its prompt; None when nothing waits."""
+        ticket = self.peek()
+        if ticket is not None:
+            self._leave(ticket)
+            self._charge(ticket.tenant, self.input_weight * ticket.prompt_tokens)
+        return ticket
+
+    def cancel(self, ticket: Ticket[T]) -> None:
+        """Withdraw a waiting request (deadline passed, client gone); no charge. Idempotent."""
+        if not ticket.done:
+            self._leave(ticket)
+
+    def charge_output(self, tenant: str, tokens: int) -> None:
+        """Charge generated tokens as they stream back (or at completion for non-streaming)."""
+        self._charge(tenant, self.output_weight * tokens)
+
+    def gap(self) -> float:
+        """max − min counter over backlogged tenants (0 with fewer than two); bounded by U."""
+        values = [self.counter(t) for t in self.backlogged()]
+        return max(values) - min(values) if len(values) > 1 else 0.0
+
+    def _charge(self, tenant: str, cost: float) -> None:
+        self._counters[tenant] = self.counter(tenant) + cost / self.weight(tenant)
+
+    def _lift(self, tenant: str) -> None:
+        others = [self.counter(t) for t in self.backlogged() if t != tenant]
+        if others:
+            floor = min(others)
+        elif self._last_departed is not None:
+            floor = self.counter(self._last_departed)
+        else:
+            floor = 0.0
+        self._counters[tenant] = max(self.counter(tenant), floor)
+        self._idle.pop(tenant, None)
+
+    def _leave(self, ticket: Ticket[T]) -> None:
+        """Take a ticket out of its band (dispatched or cancelled) and update the backlog."""
+        tenant = ticket.tenant
+        band = self._bands[ticket.priority]
+        band[tenant].remove(ticket)  # O(queue length of one tenant); the head when dispatching
+        if not band[tenant]:
+            del band[tenant]
+            if not band:
+                del self._bands[ticket.priority]
+        ticket.done = True
+        self._size -= 1
+        self._queued[tenant] -= 1
+        if self._queued[tenant] == 0:
+            del self._queued[tenant]
+            self._last_departed = tenant
+            self._idle[tenant] = None
+            self._forget_oldest_idle()
+
+    def _forget_oldest_idle(self) -> None:
+        while len(self._idle) > IDLE_TENANTS_REMEMBERED:
+            tenant, _ = self._idle.popitem(last=False)
+            if tenant != self._last_departed:
+                self._counters.pop(tenant, None)
