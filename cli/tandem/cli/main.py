@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from tandem.cli.router import router
 from tandem.cli.up import up
 from tandem.cli.validate import validate
 
@@ -22,6 +23,7 @@ def cli() -> None:
 
 cli.add_command(validate)
 cli.add_command(up)
+cli.add_command(router)
 
 
 def main() -> None:

@@ -1,0 +1,145 @@
+"""`tandem router --config FILE`: serve the OpenAI gateway for one InferenceService.
+
+The config file is a `tandem.core.routerconfig.RouterConfig` in YAML or JSON (what the operator puts
+in a ConfigMap and `tandem up` writes). An invalid file ends with one line naming the field and
+exit code 2; so does a configuration this build cannot serve (e.g. kubernetes discovery for now).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import uvicorn
+import yaml
+from pydantic import ValidationError
+
+from tandem.core.logs import configure_logging
+from tandem.core.routerconfig import RouterConfig
+from tandem.core.spec import check_rules
+from tandem.router.app import create_app
+from tandem.router.errors import ConfigurationError
+from tandem.router.settings import DisaggregationSettings, RotationSettings, RouterSettings
+
+EXIT_BAD_CONFIG = 2
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"tandem: error: {message}", err=True)
+    raise SystemExit(EXIT_BAD_CONFIG)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    # Pydantic puts the tag of a discriminated union in the path (`discovery.static.decode`).
+    parts = [str(p) for i, p in enumerate(loc) if not (i and loc[i - 1] == "discovery")]
+    return ".".join(parts) or "<document>"
+
+
+def load_router_config(path: Path) -> RouterConfig:
+    """Parse and validate the config file; exits 2 with a one-line reason when it is invalid."""
+    try:
+        document: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror}")
+    except yaml.YAMLError as exc:
+        _fail(f"{path}: not valid YAML or JSON: {exc}".replace("\n", " "))
+    if not isinstance(document, dict):
+        _fail(f"{path}: expected a mapping (a RouterConfig), got {type(document).__name__}")
+    try:
+        config = RouterConfig.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+        _fail(f"{path}: {_field_path(first['loc'])}: {message}")
+    errors = check_rules(config.spec)
+    if errors:
+        _fail(f"{path}: {errors[0]}")
+    return config
+
+
+def _settings(*, prefill_timeout: float, failure_threshold: int, cooldown: float) -> RouterSettings:
+    try:
+        return RouterSettings(
+            rotation=RotationSettings(failure_threshold=failure_threshold, cooldown_seconds=cooldown),
+            disaggregation=DisaggregationSettings(prefill_timeout_seconds=prefill_timeout),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _fail(f"{_field_path(first['loc'])}: {first['msg']}")
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="RouterConfig file (YAML or JSON).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+@click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
+@click.option(
+    "--prefill-timeout",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Seconds a P/D prefill may take before the request goes decode-only.",
+)
+@click.option(
+    "--failure-threshold",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Consecutive failures that take an engine out of rotation.",
+)
+@click.option(
+    "--cooldown",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Seconds an engine stays out of rotation before it is tried again.",
+)
+def router(
+    config_path: Path,
+    host: str,
+    port: int,
+    log_level: str,
+    log_format: str,
+    prefill_timeout: float,
+    failure_threshold: int,
+    cooldown: float,
+) -> None:
+    """Serve the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics) in front of the engines named in the config."""
+    config = load_router_config(config_path)
+    settings = _settings(
+        prefill_timeout=prefill_timeout, failure_threshold=failure_threshold, cooldown=cooldown
+    )
+    configure_logging(log_level, json_lines=log_format == "json")
+    try:
+        app = create_app(config, settings=settings)
+    except ConfigurationError as exc:
+        _fail(f"{config_path}: {exc.message}")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    server.run()
+    if not server.started:
+        raise SystemExit(1)  # uvicorn has logged why (e.g. the port is taken)

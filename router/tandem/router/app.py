@@ -1,0 +1,132 @@
+"""The composition root: `create_app(config)` returns the gateway as a FastAPI app.
+
+Everything with a lifetime (the HTTP client, discovery, the registry, metrics, the gateway) is
+built in the lifespan and handed to requests as lifespan state (`request.state.runtime`); nothing
+lives at module level, so two apps in one process share nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
+
+from tandem.core.openai_api import error_body
+from tandem.core.routerconfig import RouterConfig
+from tandem.router.discovery import discovery_for
+from tandem.router.errors import RouterError
+from tandem.router.metrics import RouterMetrics
+from tandem.router.middleware import RequestContextMiddleware
+from tandem.router.report import RequestReport
+from tandem.router.routes import router
+from tandem.router.runtime import Runtime, build_runtime
+from tandem.router.settings import ProxySettings, RouterSettings
+
+log = logging.getLogger("tandem.router")
+
+
+def create_app(
+    config: RouterConfig,
+    *,
+    settings: RouterSettings | None = None,
+    client: httpx.AsyncClient | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
+    """The gateway for `config`.
+
+    `client`: the upstream HTTP client; when given, the caller owns (and closes) it, else the app
+    creates one in its lifespan. `clock`: monotonic seconds for durations and cool-downs.
+    Raises `ConfigurationError` at once for a configuration this build cannot serve.
+    """
+    settings = settings or RouterSettings()
+    discovery = discovery_for(config.discovery)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        async with AsyncExitStack() as stack:
+            http = client
+            if http is None:
+                http = await stack.enter_async_context(default_client(settings.proxy))
+            runtime = build_runtime(config=config, settings=settings, client=http, clock=clock)
+            await discovery.start(runtime.registry)
+            stack.push_async_callback(discovery.stop)
+            log.info(
+                "router ready",
+                extra={
+                    "service": config.service,
+                    "model": config.spec.model.public_name,
+                    "disaggregation": config.spec.disaggregation.mode,
+                    "decode": [e.name for e in runtime.registry.endpoints("decode")],
+                    "prefill": [e.name for e in runtime.registry.endpoints("prefill")],
+                },
+            )
+            yield {"runtime": runtime}
+
+    app = FastAPI(
+        title="Tandem router",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_middleware(RequestContextMiddleware, clock=clock, metrics_for=_metrics_for)
+    app.add_exception_handler(RouterError, _router_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    app.include_router(router)
+    return app
+
+
+def default_client(settings: ProxySettings) -> httpx.AsyncClient:
+    """The upstream client the app makes when none is injected: no proxies from the environment,
+    no pool cap below what long streams need."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.read_timeout_seconds, connect=settings.connect_timeout_seconds),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        trust_env=False,
+    )
+
+
+def _metrics_for(scope: Scope) -> RouterMetrics | None:
+    runtime = scope.get("state", {}).get("runtime")
+    return runtime.metrics if isinstance(runtime, Runtime) else None
+
+
+def _note_error(request: Request, message: str) -> None:
+    report = getattr(request.state, "report", None)
+    if isinstance(report, RequestReport):
+        report.error = message
+
+
+async def _router_error(request: Request, exc: Exception) -> JSONResponse:
+    """Every `RouterError` as OpenAI's JSON error with the error's status."""
+    if not isinstance(exc, RouterError):  # registered for RouterError only
+        raise exc
+    _note_error(request, exc.message)
+    return JSONResponse(error_body(exc.status, exc.message, param=exc.param), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Routing errors (unknown path 404, wrong method 405) in the same shape."""
+    if not isinstance(exc, StarletteHTTPException):
+        raise exc
+    return JSONResponse(
+        error_body(exc.status_code, str(exc.detail)),
+        status_code=exc.status_code,
+        headers=dict(exc.headers or {}),
+    )
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    # Top-level boundary: a bug must still answer in OpenAI's shape and leave a traceback.
+    log.error("unexpected error", exc_info=exc)
+    _note_error(request, f"internal error: {type(exc).__name__}")
+    return JSONResponse(error_body(500, "internal router error"), status_code=500)

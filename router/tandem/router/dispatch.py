@@ -1,0 +1,102 @@
+"""Sending a request to a pool: pick an endpoint, account for it, and retry elsewhere while the
+client has not received a byte.
+
+Retry rule: a connect error, timeout, broken connection or 5xx *before the head of the answer*
+takes the next candidate (the scheduler picks again among endpoints not yet tried), up to
+`retries` more attempts; then `NoEndpointAvailable` (503). 4xx answers are the client's problem
+and are returned as they are. Every failure is recorded against its endpoint (rotation) and in
+`tandem_router_upstream_errors_total`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.router.endpoints import EndpointRegistry
+from tandem.router.errors import NoEndpointAvailable, UpstreamError
+from tandem.router.metrics import RouterMetrics
+from tandem.router.proxy import Upstream, UpstreamCall, UpstreamReply
+from tandem.router.scheduling import Scheduler
+from tandem.router.types import Endpoint, Pool, RequestView
+
+
+class Attempt:
+    """An upstream exchange that holds one in-flight slot on its endpoint until `finish`."""
+
+    def __init__(self, reply: UpstreamReply, dispatcher: Dispatcher) -> None:
+        self.reply = reply
+        self.endpoint = reply.endpoint
+        self._dispatcher = dispatcher
+        self._finished = False
+
+    async def finish(self, error: UpstreamError | None = None) -> None:
+        """Close the upstream response and free the slot; idempotent. `error`: the engine failed
+        after the head (e.g. died mid-stream), which counts against it. A client that left is not
+        the engine's fault: call without `error`."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            await self.reply.aclose()
+        finally:
+            self._dispatcher.registry.end(self.endpoint)
+            if error is not None:
+                self._dispatcher.note_failure(self.endpoint, error)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatcher:
+    registry: EndpointRegistry
+    scheduler: Scheduler
+    upstream: Upstream
+    metrics: RouterMetrics
+    retries: int
+
+    async def open(self, pool: Pool, request: RequestView, call: UpstreamCall) -> Attempt:
+        """Send `call` to an endpoint of `pool` chosen by the scheduler, retrying as described
+        above. Raises `NoEndpointAvailable` (with the failures in its message)."""
+        tried: list[Endpoint] = []
+        failures: list[UpstreamError] = []
+        for _ in range(1 + self.retries):
+            candidates = self.registry.candidates(pool, exclude=tried)
+            if not candidates:
+                break
+            endpoint = self.scheduler.pick(pool, request, candidates)
+            if failures:
+                self.metrics.retries.labels(pool=pool, reason=failures[-1].kind).inc()
+            tried.append(endpoint)
+            try:
+                return await self.attempt(endpoint, call)
+            except UpstreamError as exc:
+                failures.append(exc)
+        raise _unavailable(pool, failures, known=len(self.registry.endpoints(pool)))
+
+    async def attempt(self, endpoint: Endpoint, call: UpstreamCall) -> Attempt:
+        """One try on `endpoint`, no retry. Raises `UpstreamError` (already recorded)."""
+        self.registry.begin(endpoint)
+        try:
+            reply = await self.upstream.open(endpoint, call)
+        except UpstreamError as exc:
+            self.registry.end(endpoint)
+            self.note_failure(endpoint, exc)
+            raise
+        except BaseException:  # cancelled (client gone, timeout): free the slot, blame no one
+            self.registry.end(endpoint)
+            raise
+        self.registry.record_success(endpoint)
+        return Attempt(reply, self)
+
+    def note_failure(self, endpoint: Endpoint, error: UpstreamError) -> None:
+        """Count a failure of `endpoint` (rotation and metrics)."""
+        self.registry.record_failure(endpoint)
+        self.metrics.upstream_errors.labels(pool=endpoint.pool, endpoint=endpoint.name, kind=error.kind).inc()
+
+
+def _unavailable(pool: Pool, failures: list[UpstreamError], *, known: int) -> NoEndpointAvailable:
+    if not failures:
+        state = "none known" if not known else f"all {known} cooling down after failures"
+        return NoEndpointAvailable(f"no {pool} endpoint in rotation ({state})")
+    detail = "; ".join(f.message for f in failures)
+    error = NoEndpointAvailable(f"no {pool} endpoint could serve the request: {detail}")
+    error.__cause__ = failures[-1]
+    return error

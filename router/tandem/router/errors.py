@@ -1,0 +1,86 @@
+"""The router's errors, one hierarchy; the app maps every `RouterError` to OpenAI's JSON error shape
+in a single exception handler (`status` is the HTTP status, `param` the offending request field).
+
+    RouterError
+    ├── InvalidRequest            400  body is not JSON, or fails validation
+    │   └── ModelNotFound         404  `model` is not a name this gateway serves
+    ├── NoEndpointAvailable       503  no endpoint in rotation, or every attempt failed
+    ├── ClientDisconnected        499  the client left before the response started (never sent)
+    ├── UpstreamError             502  an engine failed (translated from httpx in `proxy`)
+    │   ├── UpstreamConnectError       could not connect
+    │   ├── UpstreamTimeout            connect/read/pool timeout
+    │   ├── UpstreamBroken             connection broke while reading (engine died mid-response)
+    │   └── UpstreamStatusError        the engine answered 5xx
+    └── ConfigurationError        (start-up) the config asks for something this build cannot do
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class RouterError(Exception):
+    """Base of every error the router raises on purpose."""
+
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(RouterError):
+    status = 400
+
+
+class ModelNotFound(InvalidRequest):
+    status = 404
+
+    def __init__(self, model: str) -> None:
+        # vLLM's wording, so clients that match on it keep working behind the gateway.
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class NoEndpointAvailable(RouterError):
+    status = 503
+
+
+class ClientDisconnected(RouterError):
+    """nginx's 499: recorded in metrics and logs; the client is gone so nothing is delivered."""
+
+    status = 499
+
+
+class UpstreamError(RouterError):
+    """An engine failed. `kind` is the `kind` label of `tandem_router_upstream_errors_total`."""
+
+    status = 502
+    kind: ClassVar[str] = "other"
+
+
+class UpstreamConnectError(UpstreamError):
+    kind = "connect"
+
+
+class UpstreamTimeout(UpstreamError):
+    kind = "timeout"
+
+
+class UpstreamBroken(UpstreamError):
+    kind = "read"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The engine answered with an error status (a 5xx on the request path); `upstream_status`
+    is that status."""
+
+    kind = "status"
+
+    def __init__(self, message: str, *, upstream_status: int) -> None:
+        super().__init__(message)
+        self.upstream_status = upstream_status
+
+
+class ConfigurationError(RouterError):
+    """Raised by `create_app` for a configuration this build cannot serve (e.g. discovery kind)."""

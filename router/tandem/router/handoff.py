@@ -1,0 +1,72 @@
+"""The P/D handoff bodies, as vLLM's NIXL connector protocol expects them (pure functions).
+
+1. Prefill request: the client's body with `max_tokens=1`, `stream=false`, no `stream_options`,
+   no `max_completion_tokens` (vLLM's chat endpoint prefers it over `max_tokens`), no `min_tokens`
+   (vLLM rejects `min_tokens > max_tokens`), and `kv_transfer_params=PREFILL_KV_PARAMS`, which
+   asks the prefill engine to keep the prompt's KV for a remote decode.
+2. The prefill engine answers with a top-level `kv_transfer_params` naming where the KV is
+   (`remote_engine_id`, `remote_block_ids`, `remote_host`, `remote_port`, ...).
+3. Decode request: the client's original body plus `kv_transfer_params` = the prefill's answer, or
+   `DEFAULT_DECODE_KV_PARAMS` when the engine returned none (connectors that hand KV over through
+   the shared pool, such as LMCache with Redis, find it by prompt hash and need no address).
+
+Unknown fields are kept as they are: the gateway forwards vLLM extensions untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+#: Sent to the prefill engine: "compute the prompt, keep its KV for a remote decode".
+PREFILL_KV_PARAMS: Mapping[str, Any] = MappingProxyType(
+    {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+)
+
+#: Sent to the decode engine when the prefill response carried no `kv_transfer_params`.
+DEFAULT_DECODE_KV_PARAMS: Mapping[str, Any] = MappingProxyType(
+    {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+)
+
+_DROPPED_FOR_PREFILL = ("stream_options", "max_completion_tokens", "min_tokens")
+
+
+def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The prefill request for a client body (completions or chat); `body` is not modified."""
+    out = {k: v for k, v in body.items() if k not in _DROPPED_FOR_PREFILL}
+    out["max_tokens"] = 1
+    out["stream"] = False
+    out["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
+    return out
+
+
+def kv_params_from_prefill(response: object) -> dict[str, Any]:
+    """The `kv_transfer_params` to hand to decode, from the prefill engine's parsed JSON response:
+    its top-level `kv_transfer_params` when that is an object, else `DEFAULT_DECODE_KV_PARAMS`."""
+    if isinstance(response, Mapping):
+        params = response.get("kv_transfer_params")
+        if isinstance(params, Mapping):
+            return dict(params)
+    return dict(DEFAULT_DECODE_KV_PARAMS)
+
+
+def decode_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The decode request: the client's body unchanged except for `kv_transfer_params`."""
+    out = dict(body)
+    out["kv_transfer_params"] = dict(kv_transfer_params)
+    return out

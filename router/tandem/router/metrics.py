@@ -1,0 +1,128 @@
+"""The router's Prometheus metrics, registered on a per-app `CollectorRegistry` (no global registry).
+
+Counters and histograms are updated on the request path; the per-endpoint gauges are computed at
+scrape time from the `EndpointRegistry` by `EndpointCollector`, so they can never drift from the
+accounting the router actually uses. Every name is documented in docs/router.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tandem.router.endpoints import EndpointRegistry
+from tandem.router.types import POOLS
+
+PREFIX = "tandem_router"
+
+#: Seconds; from sub-10 ms proxy overhead up to multi-minute non-streaming generations.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+#: Seconds; time to first byte and prefill latency (prompt processing).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class RouterMetrics:
+    """The router's instruments. Label values are bounded: routes come from a fixed set,
+    endpoints from discovery, kinds and reasons from fixed vocabularies."""
+
+    def __init__(self, registry: CollectorRegistry, endpoints: EndpointRegistry) -> None:
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "HTTP requests answered, by route and status (499: client left first).",
+            ["route", "status"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            f"{PREFIX}_request_duration_seconds",
+            "From request received to last response byte sent (or client gone).",
+            ["route"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.time_to_first_byte = Histogram(
+            f"{PREFIX}_time_to_first_byte_seconds",
+            "From request received to the first response body byte handed to the server.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            f"{PREFIX}_upstream_errors",
+            "Failed upstream requests by endpoint and kind (connect, timeout, read, status).",
+            ["pool", "endpoint", "kind"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            f"{PREFIX}_retries",
+            "Requests sent to another endpoint after a failure before the first byte.",
+            ["pool", "reason"],
+            registry=registry,
+        )
+        self.pd_decisions = Counter(
+            f"{PREFIX}_pd_decisions",
+            "Generation requests by P/D decision (disaggregate, decode_only).",
+            ["decision"],
+            registry=registry,
+        )
+        self.pd_prefill_duration = Histogram(
+            f"{PREFIX}_pd_prefill_duration_seconds",
+            "Prefill step duration by outcome (ok, fallback).",
+            ["outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.pd_fallbacks = Counter(
+            f"{PREFIX}_pd_fallbacks",
+            "Disaggregated requests that fell back to decode-only, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        registry.register(EndpointCollector(endpoints))
+
+
+class EndpointCollector(Collector):
+    """Scrape-time gauges from the endpoint registry."""
+
+    def __init__(self, endpoints: EndpointRegistry) -> None:
+        self._endpoints = endpoints
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_up",
+            "1 while the endpoint is in rotation, 0 while it cools down after failures.",
+            labels=["pool", "endpoint"],
+        )
+        in_flight = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_in_flight_requests",
+            "Upstream requests the router has open to the endpoint.",
+            labels=["pool", "endpoint"],
+        )
+        failures = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_consecutive_failures",
+            "Failures of the endpoint since its last success.",
+            labels=["pool", "endpoint"],
+        )
+        pool_in_flight = GaugeMetricFamily(
+            f"{PREFIX}_pool_in_flight_requests",
+            "Upstream requests the router has open to the pool (including removed endpoints).",
+            labels=["pool"],
+        )
+        per_pool: Tally[str] = Tally()
+        for snap in self._endpoints.tracked():
+            labels = [snap.endpoint.pool, snap.endpoint.name]
+            in_flight.add_metric(labels, snap.in_flight)
+            failures.add_metric(labels, snap.consecutive_failures)
+            per_pool[snap.endpoint.pool] += snap.in_flight
+        for pool in POOLS:
+            for snap in self._endpoints.snapshots(pool):
+                up.add_metric([pool, snap.endpoint.name], 1.0 if snap.in_rotation else 0.0)
+            pool_in_flight.add_metric([pool], per_pool[pool])
+        yield from (up, in_flight, failures, pool_in_flight)
+
+    def describe(self) -> Iterator[Metric]:
+        # Describing by collecting would read live state at registration; names are static anyway.
+        return iter(())
