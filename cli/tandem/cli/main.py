@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from tandem.cli.router import router
+from tandem.cli.sim import sim
 from tandem.cli.up import up
 from tandem.cli.validate import validate
 
@@ -23,6 +24,7 @@ def cli() -> None:
 
 cli.add_command(validate)
 cli.add_command(up)
+cli.add_command(sim)
 cli.add_command(router)
 
 

@@ -51,12 +51,16 @@ class ChunkMetadata:
     shape: tuple[int, int, int, int]
 
 
-def chunk_hashes(token_ids: Sequence[int], chunk_size: int) -> list[int]:
-    """Chained hashes of every *full* chunk of `token_ids`; a partial tail chunk has none."""
+def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NONE_HASH) -> list[int]:
+    """Chained hashes of every *full* chunk of `token_ids`; a partial tail chunk has none.
+
+    `parent` continues a chain: `chunk_hashes(b, C, parent=chunk_hashes(a, C)[-1])` equals the tail of
+    `chunk_hashes(a + b, C)` when `len(a)` is a multiple of `C` (the simulator extends block hashes
+    this way as a sequence grows, instead of rehashing it from the start).
+    """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     hashes: list[int] = []
-    parent = NONE_HASH
     for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
         chunk = token_ids[start : start + chunk_size]
         digest = hashlib.sha256(parent.to_bytes(8, "big", signed=True))

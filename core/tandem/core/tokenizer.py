@@ -23,6 +23,10 @@ MAX_TOKEN_BYTES = 4
 _BASE = 257
 #: Ids are below this bound (4 bytes of base-257 digits); reported as the vocabulary size.
 VOCAB_SIZE = _BASE**MAX_TOKEN_BYTES
+#: End of sequence: the id of the single byte 0xFF. No UTF-8 text contains that byte, so `encode` never
+#: produces it; the simulator emits it to end a generation and leaves it out of the text, as engines
+#: skip special tokens.
+EOS_TOKEN_ID = 0xFF + 1
 _PIECE = re.compile(r" ?[^\W\d_]+| ?\d| ?[^\s\w]|\s+(?!\S)|\s+|_", re.UNICODE)
 
 CHAT_START = "<|im_start|>"

@@ -1,0 +1,146 @@
+"""`tandem sim`: serve one simulated vLLM engine (see docs/sim.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from tandem.core.logs import configure_logging
+from tandem.sim.engine.profiles import PROFILES, Profile
+from tandem.sim.settings import DEFAULT_PROFILE, SimSettings
+
+
+def profile_table(block_size: int = 16) -> str:
+    """One line per profile: model shape, device, KV bytes per token and the derived KV cache."""
+    header = (
+        f"{'profile':<18} {'model':<26} {'params':>7} {'layers':>6} {'kv_heads':>8} {'head_dim':>8} "
+        f"{'kv_B/token':>10} {'device':<15} {'TFLOP/s':>7} {'TB/s':>6} {'gpu_blocks':>10} {'max_len':>7}"
+    )
+    return "\n".join([header, *(_profile_line(p, block_size) for p in PROFILES.values())])
+
+
+def _profile_line(profile: Profile, block_size: int) -> str:
+    model, device = profile.model, profile.accelerator
+    return (
+        f"{profile.name:<18} {model.model_id:<26} {_count(model.params):>7} {model.layers:>6} "
+        f"{model.kv_heads:>8} {model.head_dim:>8} {model.kv_bytes_per_token:>10} {device.name:<15.15} "
+        f"{device.peak_flops / 1e12:>7.4g} {device.memory_bandwidth / 1e12:>6.3g} "
+        f"{profile.num_gpu_blocks(block_size):>10} {profile.max_model_len:>7}"
+    )
+
+
+def _count(value: float) -> str:
+    """7.6e9 → "7.6B", 2.2e6 → "2.2M"."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _list_profiles(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(profile_table())
+        ctx.exit(0)
+
+
+def build_settings(values: dict[str, Any]) -> SimSettings:
+    """Validate the engine flags once; a bad value is a usage error (exit code 2) naming the flag."""
+    try:
+        return SimSettings.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            message = str(error["msg"]).removeprefix("Value error, ")
+            loc = error["loc"]
+            problems.append(f"--{str(loc[0]).replace('_', '-')}: {message}" if loc else message)
+        raise click.UsageError("; ".join(problems)) from None
+
+
+@click.command()
+@click.option(
+    "--list-profiles",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_list_profiles,
+    help="Print the model/GPU profiles and exit.",
+)
+@click.option(
+    "--profile", default=DEFAULT_PROFILE, show_default=True, help="Model/GPU profile of the time model."
+)
+@click.option("--model", default=None, help="Model name used in KV pool keys [default: the profile's model].")
+@click.option("--served-model-name", default=None, help="Model name clients send [default: --model].")
+@click.option(
+    "--max-model-len", type=int, default=None, help="Context limit in tokens [default: the profile's]."
+)
+@click.option("--max-num-seqs", type=int, default=256, show_default=True, help="Most sequences per step.")
+@click.option(
+    "--max-num-batched-tokens",
+    type=int,
+    default=8192,
+    show_default=True,
+    help="Token budget per step (chunked prefill splits longer prompts).",
+)
+@click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block.")
+@click.option(
+    "--num-gpu-blocks", type=int, default=None, help="KV blocks [default: derived from the profile]."
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Simulated seconds per wall second (100: runs 100x faster than real time).",
+)
+@click.option(
+    "--kv-role",
+    type=click.Choice(["none", "producer", "consumer", "both"]),
+    default="none",
+    show_default=True,
+    help="Write prompt KV to the pool (producer) and/or read it (consumer).",
+)
+@click.option("--kv-pool", default=None, help="KV pool URL, redis://HOST:PORT.")
+@click.option(
+    "--kv-chunk-size",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Tokens per KV pool chunk (a multiple of --block-size).",
+)
+@click.option(
+    "--kv-bytes-scale",
+    type=float,
+    default=1 / 64,
+    show_default="1/64",
+    help="Fraction of the true KV bytes actually stored per chunk.",
+)
+@click.option("--seed", type=int, default=None, help="Seed for unseeded sampling [default: random].")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on."
+)
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
+@click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
+def sim(host: str, port: int, log_level: str, log_format: str, **engine: Any) -> None:
+    """Serve a simulated vLLM engine: the OpenAI endpoints, /tokenize, /metrics with vLLM's names,
+    continuous batching on a roofline time model, prefix caching, and KV roles over Redis."""
+    settings = build_settings(engine)
+    configure_logging(log_level, json_lines=log_format == "json")
+    # Imported here so `tandem --help` and the other commands do not pay for the server stack.
+    import uvicorn
+
+    from tandem.sim.app import create_app
+
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )

@@ -1,0 +1,194 @@
+"""Paged KV blocks with prefix caching, as vLLM v1's block pool does it.
+
+The cache has `num_blocks` blocks of `block_size` tokens. Invariants:
+- a block is *used* while some request holds it (ref_count > 0) and *free* otherwise;
+- every free block sits in one LRU free queue, least recently freed first; allocation takes from the
+  front, so a freed block that holds a cached prefix survives as long as possible;
+- a full block may carry a block hash (chained over all earlier tokens, so equal hashes mean equal
+  prefixes); hashed blocks stay findable while free, until allocation reuses (evicts) them;
+- a request frees its blocks tail first, so the end of a prompt is evicted before its start.
+
+Usage (`vllm:kv_cache_usage_perc`) is used blocks / total: cached but free blocks count as free.
+
+Every block that gains a hash is reported as `BlockStored` and every hash that is evicted as
+`BlockRemoved`, through the optional `on_event` callback: the hook for vLLM-style KV events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Consecutive blocks of one sequence became cached. `token_ids` holds their tokens, in order."""
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Cached blocks were evicted to make room."""
+
+    block_hashes: tuple[int, ...]
+
+
+KVEvent = BlockStored | BlockRemoved
+KVEventSink = Callable[[KVEvent], None]
+
+
+@dataclass
+class _Block:
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+class BlockPool:
+    """The KV cache of one engine: allocation, ref counts, the prefix cache and LRU eviction."""
+
+    def __init__(self, *, num_blocks: int, block_size: int, on_event: KVEventSink | None = None) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._on_event = on_event
+        self._blocks = [_Block() for _ in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._owned: dict[str, list[int]] = {}
+        self._num_hashed: dict[str, int] = {}  # leading blocks of an owner that are registered
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def usage(self) -> float:
+        """Fraction of blocks in use, in [0, 1]."""
+        return (self.num_blocks - len(self._free)) / self.num_blocks
+
+    def blocks_of(self, owner: str) -> tuple[int, ...]:
+        return tuple(self._owned.get(owner, ()))
+
+    def ref_count(self, block_id: int) -> int:
+        return self._blocks[block_id].ref_count
+
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._cached
+
+    def cached_prefix(self, block_hashes: Sequence[int], *, num_tokens: int) -> list[int]:
+        """Block ids of the longest cached prefix of a sequence of `num_tokens` tokens whose full blocks
+        hash to `block_hashes`. At least one token is always left to compute, so a fully cached
+        sequence of 32 tokens in 16-token blocks hits (32 - 1) // 16 = 1 block, not 2."""
+        max_blocks = (num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for block_hash in block_hashes[:max_blocks]:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def allocate(
+        self,
+        owner: str,
+        *,
+        num_tokens: int,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        computed_blocks: Sequence[int] = (),
+    ) -> bool:
+        """Give `owner` enough blocks for its first `num_tokens` tokens; False (and no change) when
+        the free blocks do not suffice. `computed_blocks` (cache hits from `cached_prefix`, only when
+        the owner holds nothing yet) are shared, not copied. Full blocks among the first `num_tokens`
+        get their hash from `block_hashes` and become findable by other requests."""
+        blocks = self._owned.get(owner, [])
+        needed = math.ceil(num_tokens / self.block_size) - len(blocks) - len(computed_blocks)
+        # Touching a cached block that is free takes it out of the free queue.
+        reclaimed = sum(1 for b in computed_blocks if self._blocks[b].ref_count == 0)
+        if needed > len(self._free) - reclaimed:
+            return False
+        blocks = self._owned.setdefault(owner, blocks)
+        for block_id in computed_blocks:
+            self._touch(block_id)
+            blocks.append(block_id)
+        if computed_blocks:
+            self._num_hashed[owner] = len(computed_blocks)
+        evicted = [self._take_free_block(blocks) for _ in range(max(0, needed))]
+        evicted_hashes = tuple(h for h in evicted if h is not None)
+        if evicted_hashes:
+            self._emit(BlockRemoved(evicted_hashes))
+        full = min(num_tokens // self.block_size, len(block_hashes))
+        self._register(owner, blocks, full=full, token_ids=token_ids, block_hashes=block_hashes)
+        return True
+
+    def free(self, owner: str) -> None:
+        """Release every block of `owner`, tail first; hashed blocks stay cached while free."""
+        for block_id in reversed(self._owned.pop(owner, [])):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        self._num_hashed.pop(owner, None)
+
+    def _touch(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def _take_free_block(self, blocks: list[int]) -> int | None:
+        """Pop the least recently freed block for `blocks`; return the hash it evicted, if any."""
+        block_id, _ = self._free.popitem(last=False)
+        block = self._blocks[block_id]
+        evicted = block.block_hash
+        if evicted is not None and self._cached.get(evicted) == block_id:
+            del self._cached[evicted]
+        block.block_hash = None
+        block.ref_count = 1
+        blocks.append(block_id)
+        return evicted
+
+    def _register(
+        self,
+        owner: str,
+        blocks: list[int],
+        *,
+        full: int,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[int],
+    ) -> None:
+        """Hash the owner's blocks [already registered, full) and report each contiguous new run."""
+        start = self._num_hashed.get(owner, 0)
+        run: list[int] = []
+        run_start = start
+        for index in range(start, full):
+            block_hash = block_hashes[index]
+            if block_hash in self._cached:  # another block already holds this prefix
+                self._flush_run(run, run_start, token_ids=token_ids, block_hashes=block_hashes)
+                run, run_start = [], index + 1
+                continue
+            self._blocks[blocks[index]].block_hash = block_hash
+            self._cached[block_hash] = blocks[index]
+            run.append(block_hash)
+        self._flush_run(run, run_start, token_ids=token_ids, block_hashes=block_hashes)
+        self._num_hashed[owner] = max(start, full)
+
+    def _flush_run(
+        self, run: list[int], run_start: int, *, token_ids: Sequence[int], block_hashes: Sequence[int]
+    ) -> None:
+        if not run:
+            return
+        size = self.block_size
+        parent = block_hashes[run_start - 1] if run_start > 0 else None
+        tokens = tuple(token_ids[run_start * size : (run_start + len(run)) * size])
+        self._emit(BlockStored(tuple(run), parent, tokens, size))
+
+    def _emit(self, event: KVEvent) -> None:
+        if self._on_event is not None:
+            self._on_event(event)

@@ -1,0 +1,167 @@
+"""The data that crosses the engine core's boundary, and the core's own per-request state.
+
+Times are simulated seconds on the engine's clock; token counts are tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tandem.core.kvkeys import NONE_HASH, chunk_hashes
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a request generates. `max_tokens` is already resolved (the API layer fills in the remaining
+    context when the client sent none); `stream_seed` selects the request's token stream
+    (`generation.stream_seed`); EOS is suppressed for the first `min_tokens` tokens (and the first)."""
+
+    max_tokens: int
+    stream_seed: int
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """What the API layer submits. `pool_tokens` is the length of the prompt prefix that the external
+    KV pool holds and that the shell has already fetched (None: the pool was not consulted)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    pool_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One step's news for one request: a new token (with the text it made visible) and, on the last
+    one, why it finished. `stop_reason` is the stop string that ended it, if any."""
+
+    request_id: str
+    token_id: int
+    text_delta: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: FinishReason | None = None
+    stop_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """The engine's mutable state for one request.
+
+    Invariants: `token_ids` = prompt + outputs; `num_computed_tokens` <= len(token_ids);
+    `block_hashes` has one chained hash per full block of `token_ids`; `text` is the output text with
+    EOS left out and cut before a stop string; `emitted_chars` <= len(text) chars were already sent.
+    """
+
+    request_id: str
+    prompt_len: int
+    params: SamplingParams
+    arrival_time: float
+    block_size: int
+    pool_tokens: int | None
+    token_ids: list[int]
+    block_hashes: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    status: Status = Status.WAITING
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    text: str = ""
+    emitted_chars: int = 0
+    finish_reason: FinishReason | None = None
+
+    @classmethod
+    def create(cls, new: NewRequest, *, arrival_time: float, block_size: int) -> Request:
+        request = cls(
+            request_id=new.request_id,
+            prompt_len=len(new.prompt_token_ids),
+            params=new.params,
+            arrival_time=arrival_time,
+            block_size=block_size,
+            pool_tokens=new.pool_tokens,
+            token_ids=list(new.prompt_token_ids),
+        )
+        request._extend_hashes()
+        return request
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_token_ids(self) -> Sequence[int]:
+        return self.token_ids[self.prompt_len :]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self._extend_hashes()
+
+    def _extend_hashes(self) -> None:
+        done = len(self.block_hashes) * self.block_size
+        if self.num_tokens - done >= self.block_size:
+            parent = self.block_hashes[-1] if self.block_hashes else NONE_HASH
+            self.block_hashes.extend(chunk_hashes(self.token_ids[done:], self.block_size, parent=parent))
+
+
+@dataclass(frozen=True)
+class FinishedStats:
+    """Latencies of a finished request, in simulated seconds (vLLM's definitions)."""
+
+    finish_reason: FinishReason
+    e2e_s: float
+    queue_s: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """What one step did, for the metrics (vLLM's `IterationStats` plus the prefix-cache counters).
+
+    Prefix-cache queries and hits are tokens, counted when a request is admitted for the first time
+    (re-admissions after preemption are left out, as vLLM does); prompt tokens are counted when a
+    request produces its first token."""
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    external_queries: int = 0
+    external_hits: int = 0
+    ttfts_s: list[float] = field(default_factory=list)
+    itls_s: list[float] = field(default_factory=list)
+    finished: list[FinishedStats] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The engine's state after a step: request counts and the KV-cache usage fraction in [0, 1]."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float

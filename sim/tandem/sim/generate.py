@@ -1,0 +1,178 @@
+"""`POST /v1/completions` and `POST /v1/chat/completions`: check, consult the KV pool, run, respond.
+
+A request's way: parse and check it (`protocol.prepare`); as a KV consumer, find how much of the
+prompt the pool holds beyond the local prefix cache and fetch it; submit it to the engine loop; turn
+its outputs into one JSON body or an SSE stream. As a KV producer, the prompt's chunks are written
+to the pool once the prompt is computed (at the first token), and the write is awaited before the
+final body or the stream's last chunk, so whoever reads the response can rely on the pool.
+If the client goes away mid-stream, the request is aborted in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request
+
+from tandem.core.logs import REQUEST_ID
+from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest, error_body
+from tandem.sim.engine.generation import stream_seed
+from tandem.sim.engine.loop import EngineDead, RequestStream
+from tandem.sim.engine.requests import NewRequest, RequestOutput, SamplingParams
+from tandem.sim.middleware import log_fields
+from tandem.sim.protocol import SSE_DONE, Generation, parse_json, prepare, sse, validate
+from tandem.sim.responses import ResponseMeta, chunk, full_body, usage_chunk
+from tandem.sim.state import Runtime, SimApp, sim_state
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _generate(request, chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, chat=True)
+
+
+async def _generate(request: Request, *, chat: bool) -> Response:
+    sim = sim_state(request)
+    runtime = sim.running()
+    body = parse_json(await request.body())
+    parsed = validate(ChatCompletionRequest, body) if chat else validate(CompletionRequest, body)
+    gen = prepare(
+        parsed, served_model=sim.settings.served_model_name, max_model_len=sim.settings.max_model_len
+    )
+    pool_tokens = await _pool_lookup(sim, runtime, gen) if sim.settings.consumes_kv else None
+    engine_id = uuid.uuid4().hex
+    stream = runtime.loop.submit(
+        NewRequest(engine_id, gen.prompt_token_ids, _sampling(sim, gen), pool_tokens)
+    )
+    fields = log_fields(request)
+    fields.update(prompt_tokens=len(gen.prompt_token_ids), kv_pool_tokens=pool_tokens, stream=gen.stream)
+    meta = ResponseMeta(
+        kind=gen.kind,
+        response_id=f"{'chatcmpl' if chat else 'cmpl'}-{REQUEST_ID.get() or engine_id}",
+        created=int(time.time()),
+        model=sim.settings.served_model_name,
+        include_usage=gen.include_usage,
+    )
+    job = _Job(sim=sim, runtime=runtime, gen=gen, stream=stream, engine_id=engine_id, fields=fields)
+    if gen.stream:
+        return StreamingResponse(job.events(meta), media_type="text/event-stream")
+    return JSONResponse(await job.collect(meta))
+
+
+def _sampling(sim: SimApp, gen: Generation) -> SamplingParams:
+    seed = stream_seed(
+        gen.prompt_token_ids, temperature=gen.temperature, seed=gen.seed, entropy=sim.rng.getrandbits(64)
+    )
+    return SamplingParams(
+        max_tokens=gen.max_tokens,
+        stream_seed=seed,
+        stop=gen.stop,
+        ignore_eos=gen.ignore_eos,
+        min_tokens=gen.min_tokens,
+    )
+
+
+async def _pool_lookup(sim: SimApp, runtime: Runtime, gen: Generation) -> int | None:
+    """Prompt tokens the pool holds and the shell fetched (None: no pool, or it is down)."""
+    if runtime.pool is None:
+        return None
+    local = runtime.loop.core.local_prefix_tokens(gen.prompt_token_ids)
+    return await runtime.pool.lookup(gen.prompt_token_ids, skip_tokens=local)
+
+
+@dataclass
+class _Job:
+    """One submitted request on its way back to the client."""
+
+    sim: SimApp
+    runtime: Runtime
+    gen: Generation
+    stream: RequestStream
+    engine_id: str
+    fields: dict[str, Any]
+    store: asyncio.Task[None] | None = field(default=None)
+
+    async def collect(self, meta: ResponseMeta) -> dict[str, Any]:
+        parts: list[str] = []
+        last: RequestOutput | None = None
+        finished = False
+        try:
+            async for output in self.stream:
+                await self._on_output(output)
+                parts.append(output.text_delta)
+                last = output
+            finished = True
+        finally:
+            if not finished:
+                self.runtime.loop.abort(self.engine_id)
+        assert last is not None  # a stream always ends with a finishing output
+        return full_body(
+            meta,
+            text=self._echo() + "".join(parts),
+            finish_reason=last.finish_reason,
+            stop_reason=last.stop_reason,
+            prompt_tokens=last.num_prompt_tokens,
+            completion_tokens=last.num_output_tokens,
+        )
+
+    async def events(self, meta: ResponseMeta) -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            if meta.kind == "chat":
+                yield sse(chunk(meta, text="", role=True))
+            prefix = self._echo()
+            async for output in self.stream:
+                await self._on_output(output)
+                if output.text_delta or output.finished or prefix:
+                    text, prefix = prefix + output.text_delta, ""
+                    yield sse(
+                        chunk(
+                            meta,
+                            text=text,
+                            finish_reason=output.finish_reason,
+                            stop_reason=output.stop_reason,
+                        )
+                    )
+                if output.finished:
+                    finished = True
+                    if meta.include_usage:
+                        yield sse(
+                            usage_chunk(
+                                meta,
+                                prompt_tokens=output.num_prompt_tokens,
+                                completion_tokens=output.num_output_tokens,
+                            )
+                        )
+            yield SSE_DONE
+        except EngineDead as exc:  # headers are sent: report in-band, as vLLM does
+            yield sse(error_body(500, str(exc)))
+            yield SSE_DONE
+        finally:
+            if not finished:
+                self.runtime.loop.abort(self.engine_id)
+
+    def _echo(self) -> str:
+        return (self.gen.prompt_text or "") if self.gen.echo else ""
+
+    async def _on_output(self, output: RequestOutput) -> None:
+        """Start the producer's pool write when the prompt is done; finish it before the end."""
+        pool = self.runtime.pool
+        if self.store is None and pool is not None and self.sim.settings.produces_kv:
+            self.store = self.runtime.spawn(pool.store(self.gen.prompt_token_ids))
+        if output.finished:
+            if self.store is not None:
+                await asyncio.shield(self.store)  # a cancelled client must not cancel the write
+            self.fields.update(completion_tokens=output.num_output_tokens, finish_reason=output.finish_reason)

@@ -1,0 +1,162 @@
+"""The KV pool adapter: real Redis I/O in LMCache's layout (`tandem.sim.engine.kvlayout`).
+
+- `store(prompt)` (producer): for each full chunk whose metadata is absent, `SET <key>kv_bytes` then
+  `SET <key>metadata`, in that order on one connection, so a reader that sees the metadata finds the
+  bytes. Chunks already present are skipped.
+- `lookup(prompt, skip_tokens)` (consumer): the longest run of consecutive chunks from chunk 0 whose
+  metadata exists, then GET of the chunks past the `skip_tokens` the engine holds locally, verifying
+  each `kv_bytes` against its metadata; a missing or short value ends the run. Returns the tokens
+  available, or None when the pool could not be asked.
+
+When Redis fails (unreachable, timeouts, errors) the adapter logs once, counts the error and the
+fallback, and answers "nothing" for `retry_after_s` wall seconds before trying again, so a dead pool
+costs requests no waiting; the first success afterwards is logged too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from tandem.sim.engine.kvlayout import ChunkRef, PoolLayout
+from tandem.sim.metrics import SimMetrics
+
+logger = logging.getLogger(__name__)
+POOL_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+
+def connect(url: str, *, timeout_s: float = 2.0) -> Redis:
+    """A client that fails fast (no retries; `timeout_s` to connect and per command); lazy: it
+    connects on first use and reconnects on later ones."""
+    client: Redis = Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return client
+
+
+class KVPool:
+    """Stores and finds prompt chunks in one Redis (module docstring)."""
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        layout: PoolLayout,
+        metrics: SimMetrics,
+        retry_after_s: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self.layout = layout
+        self._metrics = metrics
+        self._retry_after_s = retry_after_s
+        self._monotonic = monotonic
+        self._down_until: float | None = None  # wall seconds; None while healthy
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def store(self, prompt_token_ids: Sequence[int]) -> None:
+        """Write the prompt's missing full chunks; never raises for pool failures."""
+        chunks = self.layout.chunks(prompt_token_ids)
+        if not chunks:
+            return
+        if not self._available():
+            self._metrics.pool_fallback("store")
+            return
+        try:
+            written, nbytes = await self._store(chunks)
+        except POOL_ERRORS as exc:
+            self._failed("store", exc)
+            return
+        self._succeeded()
+        self._metrics.pool_stored(written=written, skipped=len(chunks) - written, nbytes=nbytes)
+
+    async def lookup(self, prompt_token_ids: Sequence[int], *, skip_tokens: int = 0) -> int | None:
+        """Tokens of the prompt's prefix held by the pool and fetched (the first `skip_tokens` are
+        only checked for presence); None if the pool is unavailable."""
+        chunks = self.layout.chunks(prompt_token_ids)
+        if not self._available():
+            self._metrics.pool_fallback("lookup")
+            return None
+        try:
+            found = await self._lookup(chunks, skip_tokens=skip_tokens)
+        except POOL_ERRORS as exc:
+            self._failed("lookup", exc)
+            return None
+        self._succeeded()
+        return found * self.layout.chunk_size
+
+    async def _store(self, chunks: list[ChunkRef]) -> tuple[int, int]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for chunk in chunks:
+                pipe.exists(chunk.metadata_key)
+            present = await pipe.execute()
+        missing = [chunk for chunk, exists in zip(chunks, present, strict=True) if not exists]
+        if not missing:
+            return 0, 0
+        metadata = self.layout.metadata()
+        nbytes = 0
+        async with self._client.pipeline(transaction=False) as pipe:
+            for chunk in missing:
+                payload = self.layout.payload(chunk)
+                nbytes += len(payload) + len(metadata)
+                pipe.set(chunk.kv_bytes_key, payload)  # bytes first: metadata marks a complete chunk
+                pipe.set(chunk.metadata_key, metadata)
+            await pipe.execute()
+        return len(missing), nbytes
+
+    async def _lookup(self, chunks: list[ChunkRef], *, skip_tokens: int) -> int:
+        """The number of leading chunks present and (past `skip_tokens`) verified."""
+        if not chunks:
+            return 0
+        async with self._client.pipeline(transaction=False) as pipe:
+            for chunk in chunks:
+                pipe.exists(chunk.metadata_key)
+            present = await pipe.execute()
+        run = next((i for i, exists in enumerate(present) if not exists), len(chunks))
+        first_fetch = min(run, skip_tokens // self.layout.chunk_size)
+        to_fetch = chunks[first_fetch:run]
+        if not to_fetch:
+            return run
+        async with self._client.pipeline(transaction=False) as pipe:
+            for chunk in to_fetch:
+                pipe.get(chunk.metadata_key)
+                pipe.get(chunk.kv_bytes_key)
+            values = await pipe.execute()
+        verified, nbytes = 0, 0
+        for metadata, kv_bytes in zip(values[::2], values[1::2], strict=True):
+            if not self.layout.is_complete(metadata, kv_bytes):
+                break
+            verified += 1
+            nbytes += len(kv_bytes) + len(metadata)
+        self._metrics.pool_read(chunks=verified, nbytes=nbytes)
+        return first_fetch + verified
+
+    def _available(self) -> bool:
+        return self._down_until is None or self._monotonic() >= self._down_until
+
+    def _failed(self, operation: str, exc: BaseException) -> None:
+        self._metrics.pool_error(operation)
+        self._metrics.pool_fallback(operation)
+        if self._down_until is None:
+            logger.warning(
+                "kv pool unavailable; computing prompts locally until it is back",
+                extra={"operation": operation, "error": f"{type(exc).__name__}: {exc}"},
+            )
+        self._down_until = self._monotonic() + self._retry_after_s
+
+    def _succeeded(self) -> None:
+        if self._down_until is not None:
+            logger.info("kv pool reachable again")
+            self._down_until = None

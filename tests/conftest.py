@@ -1,0 +1,29 @@
+"""Fixtures shared by every test package.
+
+Test helpers import as `tests.<package>.<module>` (the names mypy gives them): `python -m pytest` has
+the repository root on sys.path already, a bare `pytest` does not, so it is added here.
+
+- `redis_server`: a real `redis-server` on a free 127.0.0.1 port for one test (skipped when the
+  binary is missing); yields a `tests.servers.RedisServer` with `.url`, `.port` and `.client()`.
+For uvicorn servers use `tests.servers.run_uvicorn(app)`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.servers import RedisServer, find_redis_server, run_redis_server
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    if find_redis_server() is None:
+        pytest.skip("redis-server is not installed")
+    with run_redis_server() as server:
+        yield server

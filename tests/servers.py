@@ -1,0 +1,129 @@
+"""Real servers on 127.0.0.1 for component tests, shared by every test package.
+
+- `run_uvicorn(app)`: serves an ASGI app with uvicorn in a background thread (its own event loop, the
+  app's lifespan run), yields the base URL, and shuts it down (connections drained, lifespan ended).
+  It is a plain context manager, so sync and async tests can both use it; the socket is bound before
+  the server starts, so there is no port race.
+- `run_redis_server()`: a throwaway `redis-server` child process (no persistence), stopped by its pid.
+- `free_port()`: a loopback port that was free a moment ago (for "nothing listens here" URLs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import uvicorn
+from starlette.types import ASGIApp
+
+LOOPBACK = "127.0.0.1"
+START_TIMEOUT_S = 15.0
+DEBIAN_REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def run_uvicorn(app: ASGIApp, *, graceful_timeout_s: int = 5) -> Iterator[str]:
+    """Serve `app` until the block ends; yields `http://127.0.0.1:PORT`. Start-up errors raise here."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        ws="none",
+        timeout_graceful_shutdown=graceful_timeout_s,
+    )
+    server = uvicorn.Server(config)  # off the main thread, uvicorn leaves signal handlers alone
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                # A failed lifespan start-up ends the thread (uvicorn logs why).
+                raise RuntimeError(f"uvicorn did not start on port {port}")
+            time.sleep(0.005)
+        yield f"http://{LOOPBACK}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(graceful_timeout_s + 5)
+        sock.close()
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}"
+
+    def client(self) -> redis.Redis:
+        """A new synchronous client (close it when done)."""
+        return redis.Redis(host=self.host, port=self.port)
+
+
+def find_redis_server() -> str | None:
+    """The redis-server binary: on PATH, else the Debian package's, else None."""
+    found = shutil.which("redis-server")
+    if found is None and Path(DEBIAN_REDIS_SERVER).exists():
+        found = DEBIAN_REDIS_SERVER
+    return found
+
+
+@contextlib.contextmanager
+def run_redis_server(binary: str | None = None) -> Iterator[RedisServer]:
+    """A fresh redis-server on a free loopback port, without persistence; stopped afterwards."""
+    path = binary or find_redis_server()
+    if path is None:
+        raise FileNotFoundError("redis-server not found")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="tandem-redis-") as workdir:
+        argv = [path, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no"]
+        argv += ["--dir", workdir]
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            server = RedisServer(LOOPBACK, port)
+            _wait_for_redis(server, process)
+            yield server
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_for_redis(server: RedisServer, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with server.client() as client:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start on port {server.port}") from None
+                time.sleep(0.01)
