@@ -1,0 +1,222 @@
+"""One level-triggered, idempotent reconcile of an InferenceService: the thin apply layer.
+
+Given the InferenceService as stored, it builds the desired children (pure builders), then for each:
+create it if missing; if it exists but is controlled by someone else, leave it alone and report it;
+otherwise patch only the fields that differ (`diff.update_patch`). Children that are no longer
+desired (the managed Redis once an external URL is given) are deleted if they are ours. Finally it
+derives the status from the Deployments as observed. Running it twice in a row changes nothing the
+second time. It never raises for API errors: they end up in the outcome (status, events, `error`).
+
+A spec that the CRD schema accepts but the model rejects (a cross-field rule) is reported with
+Ready=False/InvalidSpec and a Warning event, and no child is created, patched or deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tandem.core.spec import InferenceServiceSpec, SpecInvalid, parse_inference_service
+from tandem.operator.cluster import Cluster, ClusterError
+from tandem.operator.diff import update_patch
+from tandem.operator.objects import Child, ObjectRef
+from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
+from tandem.operator.resources.services import router_endpoint, service_name
+from tandem.operator.status import (
+    ConditionType,
+    InferenceServiceStatus,
+    Workload,
+    derive_status,
+    invalid_status,
+)
+
+log = logging.getLogger("tandem.operator")
+
+Verb = Literal["created", "patched", "deleted", "unchanged", "skipped"]
+_WORKLOAD_ROLES: dict[ConditionType, Role] = {
+    "PrefillReady": Role.PREFILL,
+    "DecodeReady": Role.DECODE,
+    "KVPoolReady": Role.KV_POOL,
+    "RouterReady": Role.ROUTER,
+}
+#: Ready reasons that deserve a Warning event (once per distinct message).
+WARNING_REASONS = ("InvalidSpec", "ApplyBlocked")
+
+
+@dataclass(frozen=True)
+class Action:
+    """What happened to one child in this reconcile."""
+
+    verb: Verb
+    ref: ObjectRef
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the InferenceService."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    """Result of one reconcile: the status to write, what was done, events to post, and the API
+    error that stopped it early (None when every request succeeded)."""
+
+    status: InferenceServiceStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    error: ClusterError | None = None
+
+
+def reconcile(body: Mapping[str, Any], *, cluster: Cluster, images: Images, now: str) -> Outcome:
+    """Drive the children of the InferenceService `body` towards its spec and report its status.
+
+    `now` (RFC 3339) stamps conditions that change; `images` are the Tandem and Redis images.
+    """
+    meta = body["metadata"]
+    generation = meta.get("generation")
+    previous: Mapping[str, Any] = body.get("status") or {}
+    try:
+        isvc = parse_inference_service(body)
+    except SpecInvalid as exc:
+        errors = [str(e) for e in exc.errors]
+        status = invalid_status(errors=errors, generation=generation, previous=previous, now=now)
+        return Outcome(status=status, events=_warnings(previous, status))
+    owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    outcome = Outcome(status=InferenceServiceStatus())
+    live: dict[ObjectRef, dict[str, Any]] = {}
+    problems: list[str] = []
+    try:
+        _apply_all(isvc.spec, owner=owner, images=images, cluster=cluster, outcome=outcome, live=live)
+    except ClusterError as exc:
+        outcome.error = exc
+        problems.append(str(exc))
+    problems += [f"{a.ref} {a.detail}" for a in outcome.actions if a.verb == "skipped"]
+    outcome.status = _observed_status(
+        isvc.spec,
+        owner=owner,
+        live=live,
+        problems=problems,
+        generation=generation,
+        previous=previous,
+        now=now,
+    )
+    outcome.events = _warnings(previous, outcome.status)
+    return outcome
+
+
+def _apply_all(
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    images: Images,
+    cluster: Cluster,
+    outcome: Outcome,
+    live: dict[ObjectRef, dict[str, Any]],
+) -> None:
+    children = desired_children(spec, owner=owner, images=images)
+    for child in children:
+        action, obj = apply_child(cluster, child, owner=owner)
+        outcome.actions.append(action)
+        if obj is not None and action.verb != "skipped":
+            live[child.ref] = obj
+    wanted = {child.ref for child in children}
+    for ref in managed_refs(owner):
+        if ref not in wanted:
+            pruned = prune(cluster, ref, owner=owner)
+            if pruned is not None:
+                outcome.actions.append(pruned)
+
+
+def apply_child(cluster: Cluster, child: Child, *, owner: Owner) -> tuple[Action, dict[str, Any] | None]:
+    """Create `child` if missing, else patch the fields that differ; never touch a foreign object."""
+    ref = child.ref
+    current = cluster.get(ref)
+    if current is None:
+        log.info("creating %s", ref)
+        return Action("created", ref), cluster.create(child.manifest)
+    if not controlled_by(current, owner):
+        detail = "exists and is not controlled by this InferenceService; left untouched"
+        return Action("skipped", ref, detail), current
+    patch = update_patch(current, child.manifest, create_only=child.create_only)
+    if not patch:
+        return Action("unchanged", ref), current
+    log.info("patching %s: %s", ref, sorted(_paths(patch)))
+    return Action("patched", ref, ", ".join(sorted(_paths(patch)))), cluster.patch(ref, patch)
+
+
+def prune(cluster: Cluster, ref: ObjectRef, *, owner: Owner) -> Action | None:
+    """Delete a no-longer-desired child if it exists and is ours; None when there is nothing to do."""
+    current = cluster.get(ref)
+    if current is None or not controlled_by(current, owner):
+        return None
+    log.info("deleting %s (no longer desired)", ref)
+    cluster.delete(ref)
+    return Action("deleted", ref)
+
+
+def controlled_by(obj: Mapping[str, Any], owner: Owner) -> bool:
+    """Whether `obj`'s controller owner reference is the InferenceService `owner` (by uid)."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == owner.uid and r.get("controller") for r in refs)
+
+
+def _observed_status(
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    live: Mapping[ObjectRef, dict[str, Any]],
+    problems: list[str],
+    generation: int | None,
+    previous: Mapping[str, Any],
+    now: str,
+) -> InferenceServiceStatus:
+    workloads: dict[ConditionType, Workload | None] = {}
+    names: dict[ConditionType, str] = {}
+    for ctype, role in _WORKLOAD_ROLES.items():
+        names[ctype] = service_name(owner, role)  # each Deployment is named as its Service
+        if role is Role.KV_POOL and spec.kv_pool.redis.url is not None:
+            workloads[ctype] = None
+            continue
+        ref = ObjectRef("apps/v1", "Deployment", owner.namespace, names[ctype])
+        workloads[ctype] = Workload.observe(live.get(ref))
+    return derive_status(
+        workloads=workloads,
+        names=names,
+        problems=problems,
+        endpoint=router_endpoint(owner),
+        generation=generation,
+        previous=previous,
+        now=now,
+    )
+
+
+def _warnings(previous: Mapping[str, Any], status: InferenceServiceStatus) -> list[Event]:
+    """A Warning event when Ready turns to a warning reason or its message changes; posting it on
+    every periodic reconcile would flood the namespace's events."""
+    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    if ready is None or ready.reason not in WARNING_REASONS:
+        return []
+    conditions: list[dict[str, Any]] = previous.get("conditions") or []
+    before = next((c for c in conditions if c.get("type") == "Ready"), {})
+    if before.get("reason") == ready.reason and before.get("message") == ready.message:
+        return []
+    return [Event("Warning", ready.reason, ready.message)]
+
+
+def _paths(patch: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted leaf paths of a patch, for logs: {"spec": {"replicas": 2}} → ["spec.replicas"]."""
+    paths: list[str] = []
+    for key, value in patch.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            paths += _paths(value, f"{path}.")
+        else:
+            paths.append(path)
+    return paths

@@ -1,0 +1,82 @@
+"""Pure builders: an InferenceService spec in, the manifests of its children out.
+
+`desired_children` is the whole desired state of one InferenceService; `managed_refs` names every
+object the operator could ever create for it (so that objects no longer desired, such as the
+managed Redis after switching to an external URL, can be found and removed).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from tandem.core.spec import InferenceServiceSpec
+from tandem.operator.objects import Child, FieldPath, ObjectRef
+from tandem.operator.resources.engine import build_engine_deployment, pool_spec
+from tandem.operator.resources.kvpool import (
+    KV_SUFFIX,
+    LMCACHE_SUFFIX,
+    build_lmcache_configmap,
+    build_redis_deployment,
+)
+from tandem.operator.resources.meta import Images, Owner, Role, child_name
+from tandem.operator.resources.router import (
+    ROUTER_SUFFIX,
+    build_router_configmap,
+    build_router_deployment,
+    build_router_role,
+    build_router_role_binding,
+    build_router_service_account,
+)
+from tandem.operator.resources.services import build_service
+
+__all__ = ["Images", "Owner", "Role", "desired_children", "managed_refs"]
+
+REPLICAS: FieldPath = ("spec", "replicas")
+
+
+def desired_children(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> list[Child]:
+    """Every child the spec asks for, in a creation order where dependencies come first
+    (configuration and identity, then the KV pool, then Services, then the workloads)."""
+    children: list[Child] = []
+    if spec.engine.kind == "vllm":
+        children.append(Child(build_lmcache_configmap(spec, owner=owner)))
+    children += [
+        Child(build_router_configmap(spec, owner=owner)),
+        Child(build_router_service_account(owner)),
+        Child(build_router_role(owner)),
+        Child(build_router_role_binding(owner)),
+    ]
+    if spec.kv_pool.redis.url is None:
+        children += [
+            Child(build_redis_deployment(spec, owner=owner, images=images)),
+            Child(build_service(owner, role=Role.KV_POOL)),
+        ]
+    for role in (Role.PREFILL, Role.DECODE):
+        children.append(Child(build_service(owner, role=role)))
+        deployment = build_engine_deployment(spec, owner=owner, role=role, images=images)
+        # With autoscaling on, the autoscaler owns the replica count after creation.
+        autoscaled = pool_spec(spec, role).autoscaling.enabled
+        children.append(Child(deployment, create_only=(REPLICAS,) if autoscaled else ()))
+    children += [
+        Child(build_service(owner, role=Role.ROUTER)),
+        Child(build_router_deployment(spec, owner=owner, images=images)),
+    ]
+    # Builders may share sub-dicts (labels, probes); give every manifest a tree of its own.
+    return [Child(copy.deepcopy(c.manifest), c.create_only) for c in children]
+
+
+def managed_refs(owner: Owner) -> list[ObjectRef]:
+    """Every object this operator may create for the InferenceService `owner`."""
+    ns = owner.namespace
+    config_maps = [child_name(owner, LMCACHE_SUFFIX), child_name(owner, ROUTER_SUFFIX)]
+    workloads = [child_name(owner, s) for s in (KV_SUFFIX, "prefill", "decode", ROUTER_SUFFIX)]
+    router = child_name(owner, ROUTER_SUFFIX)
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        *(ObjectRef("v1", "ConfigMap", ns, name) for name in config_maps),
+        ObjectRef("v1", "ServiceAccount", ns, router),
+        ObjectRef(rbac, "Role", ns, router),
+        ObjectRef(rbac, "RoleBinding", ns, router),
+        *(ObjectRef("v1", "Service", ns, name) for name in workloads),
+        *(ObjectRef("apps/v1", "Deployment", ns, name) for name in workloads),
+    ]

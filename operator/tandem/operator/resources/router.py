@@ -1,0 +1,164 @@
+"""The gateway: its configuration, its identity (ServiceAccount + Role to read EndpointSlices) and its
+Deployment running `tandem router --config /etc/tandem/router.yaml`. Pure builders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
+from tandem.core.spec import DecodeSpec, EngineSpec, InferenceServiceSpec, PrefillSpec
+from tandem.operator.resources.engine import CONFIG_HASH_ANNOTATION
+from tandem.operator.resources.kvpool import config_hash, kv_pool_url
+from tandem.operator.resources.meta import (
+    ENGINE_PORT,
+    ROUTER_PORT,
+    Images,
+    Owner,
+    Role,
+    child_name,
+    object_meta,
+    selector_labels,
+)
+from tandem.operator.resources.services import service_name
+
+ROUTER_SUFFIX = "router"
+CONFIG_DIR = "/etc/tandem"
+CONFIG_FILE = "router.yaml"
+#: The router's own resources (the spec has none for it): a light async proxy.
+ROUTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def router_spec_view(spec: InferenceServiceSpec) -> InferenceServiceSpec:
+    """The spec as the router sees it: its own sections verbatim, the engine sections at defaults.
+
+    The router reads `model`, `disaggregation`, `kvPool` and `router`; leaving `engine`, `prefill`
+    and `decode` at their defaults keeps an engine-only change (args, replicas, resources) from
+    changing the router's config and so from rolling the gateway.
+    """
+    return spec.model_copy(update={"engine": EngineSpec(), "prefill": PrefillSpec(), "decode": DecodeSpec()})
+
+
+def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
+    """The RouterConfig: discovery through the two pool Services' EndpointSlices."""
+    return RouterConfig(
+        service=owner.name,
+        spec=router_spec_view(spec),
+        discovery=KubernetesDiscovery(
+            namespace=owner.namespace,
+            prefill_service=service_name(owner, Role.PREFILL),
+            decode_service=service_name(owner, Role.DECODE),
+            port=ENGINE_PORT,
+        ),
+        kv_pool_url=kv_pool_url(spec, owner),
+    )
+
+
+def build_router_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict[str, Any]:
+    """ConfigMap `<name>-router` holding `router.yaml` (a RouterConfig document)."""
+    document = router_config(spec, owner=owner).model_dump(mode="json", by_alias=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(owner, name=child_name(owner, ROUTER_SUFFIX), role=Role.ROUTER),
+        "data": {CONFIG_FILE: yaml.safe_dump(document, sort_keys=True)},
+    }
+
+
+def build_router_service_account(owner: Owner) -> dict[str, Any]:
+    """ServiceAccount `<name>-router`, the identity the router uses to read EndpointSlices."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": object_meta(owner, name=child_name(owner, ROUTER_SUFFIX), role=Role.ROUTER),
+    }
+
+
+def build_router_role(owner: Owner) -> dict[str, Any]:
+    """Role `<name>-router`: read EndpointSlices in the service's namespace, nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": object_meta(owner, name=child_name(owner, ROUTER_SUFFIX), role=Role.ROUTER),
+        "rules": [
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"],
+            }
+        ],
+    }
+
+
+def build_router_role_binding(owner: Owner) -> dict[str, Any]:
+    """RoleBinding `<name>-router` of the Role to the ServiceAccount."""
+    name = child_name(owner, ROUTER_SUFFIX)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": object_meta(owner, name=name, role=Role.ROUTER),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    }
+
+
+def build_router_deployment(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> dict[str, Any]:
+    """Deployment `<name>-router`; its pod template carries the config's hash, so a config change
+    (weights, SLOs, fairness) rolls the router pods."""
+    name = child_name(owner, ROUTER_SUFFIX)
+    meta = object_meta(owner, name=name, role=Role.ROUTER)
+    config_data = build_router_configmap(spec, owner=owner)["data"]
+    health = {"httpGet": {"path": "/health", "port": "http"}}
+    container = {
+        "name": "router",
+        "image": images.tandem,
+        "command": ["tandem"],
+        "args": [
+            "router",
+            "--config",
+            f"{CONFIG_DIR}/{CONFIG_FILE}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(ROUTER_PORT),
+        ],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {**health, "periodSeconds": 5},
+        # /health is 503 while no decode engine is in rotation: right for readiness, wrong for
+        # liveness (restarting the router would not bring engines back), so liveness is TCP.
+        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10},
+        "resources": ROUTER_RESOURCES,
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    annotations = {
+        CONFIG_HASH_ANNOTATION: config_hash(config_data),
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ROUTER_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": selector_labels(owner, Role.ROUTER)},
+            "template": {
+                "metadata": {"labels": meta["labels"], "annotations": annotations},
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                    "enableServiceLinks": False,
+                },
+            },
+        },
+    }

@@ -1,0 +1,59 @@
+"""Services: a headless one per engine pool, the KV pool's Redis, and the router (the endpoint).
+
+The pool Services are headless (`clusterIP: None`): nothing load-balances through them; they exist
+so that Kubernetes maintains EndpointSlices of the ready engine pods, which the router watches to
+pick a prefill and a decode endpoint per request. Pure builders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.operator.resources.meta import (
+    ENGINE_PORT,
+    REDIS_PORT,
+    ROUTER_PORT,
+    Owner,
+    Role,
+    child_name,
+    object_meta,
+    selector_labels,
+)
+
+#: Name suffix of each Service (equal to its Deployment's).
+SERVICE_SUFFIX = {Role.PREFILL: "prefill", Role.DECODE: "decode", Role.KV_POOL: "kv", Role.ROUTER: "router"}
+_PORTS = {
+    Role.PREFILL: ("http", ENGINE_PORT),
+    Role.DECODE: ("http", ENGINE_PORT),
+    Role.KV_POOL: ("redis", REDIS_PORT),
+    Role.ROUTER: ("http", ROUTER_PORT),
+}
+
+
+def service_name(owner: Owner, role: Role) -> str:
+    """Name of a role's Service, e.g. `demo-decode`."""
+    return child_name(owner, SERVICE_SUFFIX[role])
+
+
+def build_service(owner: Owner, *, role: Role) -> dict[str, Any]:
+    """The Service of one role: headless for the engine pools, ClusterIP for Redis and the router."""
+    port_name, port = _PORTS[role]
+    spec: dict[str, Any] = {
+        "selector": selector_labels(owner, role),
+        "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}],
+    }
+    if role in (Role.PREFILL, Role.DECODE):
+        spec |= {"clusterIP": "None", "publishNotReadyAddresses": False}
+    else:
+        spec["type"] = "ClusterIP"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(owner, name=service_name(owner, role), role=role),
+        "spec": spec,
+    }
+
+
+def router_endpoint(owner: Owner) -> str:
+    """The in-cluster OpenAI base URL of the service, e.g. `http://demo-router.ns.svc:8080/v1`."""
+    return f"http://{service_name(owner, Role.ROUTER)}.{owner.namespace}.svc:{ROUTER_PORT}/v1"
