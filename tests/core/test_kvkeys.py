@@ -1,0 +1,92 @@
+"""The KV pool key layout (`tandem.core.kvkeys`): chained chunk hashes, keys, metadata.
+
+Pure: nothing is faked because nothing does I/O.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.core.kvkeys import (
+    DTYPE_TO_INT,
+    MEMORY_FORMAT_KV_2LTD,
+    ChunkMetadata,
+    chunk_hashes,
+    chunk_key,
+    decode_metadata,
+    encode_metadata,
+    model_pattern,
+)
+
+CHUNK = 256
+
+
+def tokens(n: int, *, start: int = 1) -> list[int]:
+    return list(range(start, start + n))
+
+
+def test_each_chunk_hash_depends_on_every_earlier_chunk() -> None:
+    base = tokens(3 * CHUNK)
+    changed_first = [999_999, *base[1:]]
+    changed_second = base.copy()
+    changed_second[CHUNK + 5] = 999_999
+    h = chunk_hashes(base, CHUNK)
+    h_first = chunk_hashes(changed_first, CHUNK)
+    h_second = chunk_hashes(changed_second, CHUNK)
+    assert all(a != b for a, b in zip(h, h_first, strict=True))
+    assert h_second[0] == h[0]
+    assert h_second[1] != h[1] and h_second[2] != h[2]
+
+
+@pytest.mark.parametrize(("length", "chunks"), [(0, 0), (255, 0), (256, 1), (511, 1), (600, 2), (768, 3)])
+def test_only_full_chunks_are_hashed(length: int, chunks: int) -> None:
+    assert len(chunk_hashes(tokens(length), CHUNK)) == chunks
+
+
+def test_a_chain_continues_from_a_parent_hash() -> None:
+    head, tail = tokens(2 * CHUNK), tokens(CHUNK + 17, start=5000)
+    whole = chunk_hashes(head + tail, CHUNK)
+    continued = chunk_hashes(tail, CHUNK, parent=chunk_hashes(head, CHUNK)[-1])
+    assert whole == chunk_hashes(head, CHUNK) + continued
+
+
+def test_hashes_are_stable_across_calls_and_can_be_negative() -> None:
+    hashes = chunk_hashes(tokens(64 * 16), 16)
+    assert hashes == chunk_hashes(tokens(64 * 16), 16)
+    assert any(h < 0 for h in hashes) and any(h > 0 for h in hashes)
+
+
+def test_a_non_positive_chunk_size_is_rejected() -> None:
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_hashes(tokens(10), 0)
+
+
+@pytest.mark.parametrize(
+    ("chunk_hash", "key"),
+    [
+        (-0x7CFEFDCCC681B183, "Qwen/Qwen2.5-7B-Instruct@1@0@-7cfefdccc681b183@bfloat16"),
+        (0x56B9E850B372F0D9, "Qwen/Qwen2.5-7B-Instruct@1@0@56b9e850b372f0d9@bfloat16"),
+    ],
+)
+def test_keys_follow_lmcache_model_world_worker_hash_dtype(chunk_hash: int, key: str) -> None:
+    assert chunk_key(model="Qwen/Qwen2.5-7B-Instruct", chunk_hash=chunk_hash) == key
+
+
+def test_a_model_pattern_escapes_glob_characters() -> None:
+    assert model_pattern("a*b?[c]") == "a\\*b\\?\\[c]@*"
+
+
+def test_metadata_round_trips_with_the_true_shape() -> None:
+    raw = encode_metadata(length=262_144, dtype="bfloat16", layers=2, tokens=256, hidden=128)
+    assert len(raw) == 28
+    assert decode_metadata(raw) == ChunkMetadata(
+        length=262_144,
+        memory_format=MEMORY_FORMAT_KV_2LTD,
+        dtype_int=DTYPE_TO_INT["bfloat16"],
+        shape=(2, 2, 256, 128),
+    )
+
+
+def test_metadata_of_the_wrong_size_is_rejected() -> None:
+    with pytest.raises(ValueError, match="28 bytes"):
+        decode_metadata(b"\x00" * 27)
