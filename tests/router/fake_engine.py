@@ -63,7 +63,8 @@ class FakeEngine:
     name: str
     behaviour: Behaviour = field(default_factory=Behaviour)
     received: list[Received] = field(default_factory=list)
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # a generation request came in
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)  # the client left before the end
     url: str = ""
 
     def __post_init__(self) -> None:
@@ -91,6 +92,7 @@ class FakeEngine:
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         body = await request.json()
         self.received.append(Received(request.url.path, body, dict(request.headers)))
+        self.arrived.set()
         behaviour = self.behaviour
         if behaviour.answer_delay and not await self._wait_unless_disconnected(request):
             return Response(status_code=499)

@@ -13,23 +13,12 @@ import json
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from tests.router.conftest import MODEL, FakeClock, Launcher, RunningRouter
+from tests.router.harness import MODEL, FakeClock, Launcher, metric
 from tests.router.servers import closed_port_url
 
 from tandem.router.settings import RotationSettings, RouterSettings
 
 COMPLETION = {"model": MODEL, "prompt": "x", "max_tokens": 2}
-
-
-async def metric(router: RunningRouter, name: str, **labels: str) -> float:
-    """The value of one sample on the router's /metrics (0 when absent)."""
-    text = (await router.http.get("/metrics")).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
 
 
 def single_strike() -> RouterSettings:

@@ -12,7 +12,7 @@ import logging
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.router.conftest import MODEL, MODEL_NAME, Launcher
+from tests.router.harness import MODEL, MODEL_NAME, Launcher
 
 
 async def test_a_non_streaming_chat_completion_is_the_engines_answer(launcher: Launcher) -> None:
