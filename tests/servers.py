@@ -93,12 +93,13 @@ def find_redis_server() -> str | None:
 
 
 @contextlib.contextmanager
-def run_redis_server(binary: str | None = None) -> Iterator[RedisServer]:
-    """A fresh redis-server on a free loopback port, without persistence; stopped afterwards."""
+def run_redis_server(*, port: int | None = None, binary: str | None = None) -> Iterator[RedisServer]:
+    """A fresh redis-server on `port` (default: a free one) of 127.0.0.1, without persistence;
+    stopped afterwards."""
     path = binary or find_redis_server()
     if path is None:
         raise FileNotFoundError("redis-server not found")
-    port = free_port()
+    port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="tandem-redis-") as workdir:
         argv = [path, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no"]
         argv += ["--dir", workdir]
