@@ -125,7 +125,7 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
 )
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
-def sim(host: str, port: int, log_level: str, log_format: str, **engine: Any) -> None:
+def sim(*, host: str, port: int, log_level: str, log_format: str, **engine: Any) -> None:
     """Serve a simulated vLLM engine: the OpenAI endpoints, /tokenize, /metrics with vLLM's names,
     continuous batching on a roofline time model, prefix caching, and KV roles over Redis."""
     settings = build_settings(engine)

@@ -52,7 +52,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     gen = prepare(
         parsed, served_model=sim.settings.served_model_name, max_model_len=sim.settings.max_model_len
     )
-    pool_tokens = await _pool_lookup(sim, runtime, gen) if sim.settings.consumes_kv else None
+    pool_tokens = await _pool_lookup(runtime, gen) if sim.settings.consumes_kv else None
     engine_id = uuid.uuid4().hex
     stream = runtime.loop.submit(
         NewRequest(engine_id, gen.prompt_token_ids, _sampling(sim, gen), pool_tokens)
@@ -85,7 +85,7 @@ def _sampling(sim: SimApp, gen: Generation) -> SamplingParams:
     )
 
 
-async def _pool_lookup(sim: SimApp, runtime: Runtime, gen: Generation) -> int | None:
+async def _pool_lookup(runtime: Runtime, gen: Generation) -> int | None:
     """Prompt tokens the pool holds and the shell fetched (None: no pool, or it is down)."""
     if runtime.pool is None:
         return None

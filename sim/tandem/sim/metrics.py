@@ -29,6 +29,31 @@ _LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"
 
 
+class _Family:
+    """Creates metrics in one registry, bound to the engine's `model_name`/`engine` labels."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.registry = registry
+        self.labels = labels
+
+    def gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, _LABELS, registry=self.registry).labels(**self.labels)
+
+    def counter(self, name: str, doc: str) -> Counter:
+        return Counter(name, doc, _LABELS, registry=self.registry).labels(**self.labels)
+
+    def histogram(self, name: str, doc: str, *, buckets: tuple[float, ...]) -> Histogram:
+        metric = Histogram(name, doc, _LABELS, registry=self.registry, buckets=buckets)
+        return metric.labels(**self.labels)
+
+    def by(self, name: str, doc: str, *, label: str, values: tuple[str, ...]) -> Counter:
+        """A counter with one more label, every value exported from the start (at 0)."""
+        metric = Counter(name, doc, (*_LABELS, label), registry=self.registry)
+        for value in values:
+            metric.labels(**self.labels, **{label: value})
+        return metric
+
+
 class SimMetrics:
     """The app's metrics; implements the engine loop's `StatsSink`."""
 
@@ -36,20 +61,11 @@ class SimMetrics:
         self, registry: CollectorRegistry, *, model_name: str, block_size: int, num_gpu_blocks: int
     ) -> None:
         self.registry = registry
-        labels = {"model_name": model_name, "engine": ENGINE_INDEX}
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, _LABELS, registry=registry).labels(**labels)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, _LABELS, registry=registry).labels(**labels)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, _LABELS, registry=registry, buckets=buckets).labels(**labels)
-
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self._labels = {"model_name": model_name, "engine": ENGINE_INDEX}
+        family = _Family(registry, self._labels)
+        self._init_engine(family)
+        self._init_latencies(family)
+        self._init_pool(family)
         cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -57,70 +73,82 @@ class SimMetrics:
             registry=registry,
         )
         cache_info.labels(str(block_size), str(num_gpu_blocks), "True", ENGINE_INDEX).set(1)
-        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
-        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
-        self.external_queries = counter(
+
+    def _init_engine(self, family: _Family) -> None:
+        self.running = family.gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.waiting = family.gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.kv_usage = family.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = family.counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
+        self.prefix_hits = family.counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.external_queries = family.counter(
             "vllm:external_prefix_cache_queries", "External prefix cache (KV connector) queries, in tokens."
         )
-        self.external_hits = counter(
+        self.external_hits = family.counter(
             "vllm:external_prefix_cache_hits", "External prefix cache (KV connector) hits, in tokens."
         )
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self._success = Counter(
+        self.prompt_tokens = family.counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = family.counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.preemptions = family.counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        self._success = family.by(
             "vllm:request_success",
             "Count of successfully processed requests.",
-            (*_LABELS, "finished_reason"),
-            registry=registry,
+            label="finished_reason",
+            values=("stop", "length", "abort"),
         )
-        self._labels = labels
-        for reason in ("stop", "length", "abort"):
-            self._success.labels(**labels, finished_reason=reason)
-        self.ttft = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+
+    def _init_latencies(self, family: _Family) -> None:
+        self.ttft = family.histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            buckets=TTFT_BUCKETS,
         )
-        self.itl = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
+        self.itl = family.histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            buckets=ITL_BUCKETS,
         )
-        self.e2e = histogram(
+        self.e2e = family.histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
-            REQUEST_LATENCY_BUCKETS,
+            buckets=REQUEST_LATENCY_BUCKETS,
         )
-        self.queue = histogram(
+        self.queue = family.histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            REQUEST_LATENCY_BUCKETS,
+            buckets=REQUEST_LATENCY_BUCKETS,
         )
-        self._init_pool_metrics(registry)
 
-    def _init_pool_metrics(self, registry: CollectorRegistry) -> None:
-        def counter(name: str, doc: str, *extra: str) -> Counter:
-            return Counter(name, doc, (*_LABELS, *extra), registry=registry)
-
-        self._chunks_written = counter("tandem_sim_kv_pool_chunks_written", "KV chunks written to the pool.")
-        self._chunks_skipped = counter(
+    def _init_pool(self, family: _Family) -> None:
+        self._chunks_written = family.counter(
+            "tandem_sim_kv_pool_chunks_written", "KV chunks written to the pool."
+        )
+        self._chunks_skipped = family.counter(
             "tandem_sim_kv_pool_chunks_skipped", "KV chunks not written because the pool already had them."
         )
-        self._chunks_read = counter("tandem_sim_kv_pool_chunks_read", "KV chunks read from the pool.")
-        self._bytes_written = counter("tandem_sim_kv_pool_bytes_written", "Bytes written to the pool.")
-        self._bytes_read = counter("tandem_sim_kv_pool_bytes_read", "Bytes read from the pool.")
-        self._pool_errors = counter(
-            "tandem_sim_kv_pool_errors", "Failed KV pool operations, by operation.", "operation"
+        self._chunks_read = family.counter("tandem_sim_kv_pool_chunks_read", "KV chunks read from the pool.")
+        self._bytes_written = family.counter("tandem_sim_kv_pool_bytes_written", "Bytes written to the pool.")
+        self._bytes_read = family.counter("tandem_sim_kv_pool_bytes_read", "Bytes read from the pool.")
+        operations = ("lookup", "store")
+        self._pool_errors = family.by(
+            "tandem_sim_kv_pool_errors",
+            "Failed KV pool operations, by operation.",
+            label="operation",
+            values=operations,
         )
-        self._pool_fallbacks = counter(
+        self._pool_fallbacks = family.by(
             "tandem_sim_kv_pool_fallbacks",
             "Requests served without the pool because it was unavailable, by operation.",
-            "operation",
+            label="operation",
+            values=operations,
         )
-        for family in (self._chunks_written, self._chunks_skipped, self._chunks_read):
-            family.labels(**self._labels)
-        for family in (self._bytes_written, self._bytes_read):
-            family.labels(**self._labels)
-        for operation in ("lookup", "store"):
-            self._pool_errors.labels(**self._labels, operation=operation)
-            self._pool_fallbacks.labels(**self._labels, operation=operation)
 
     def record(self, iteration: IterationStats, scheduler: SchedulerStats) -> None:
         """Fold one step (or an arrival/abort) into the metrics."""
@@ -144,13 +172,13 @@ class SimMetrics:
             self.queue.observe(finished.queue_s)
 
     def pool_stored(self, *, written: int, skipped: int, nbytes: int) -> None:
-        self._chunks_written.labels(**self._labels).inc(written)
-        self._chunks_skipped.labels(**self._labels).inc(skipped)
-        self._bytes_written.labels(**self._labels).inc(nbytes)
+        self._chunks_written.inc(written)
+        self._chunks_skipped.inc(skipped)
+        self._bytes_written.inc(nbytes)
 
     def pool_read(self, *, chunks: int, nbytes: int) -> None:
-        self._chunks_read.labels(**self._labels).inc(chunks)
-        self._bytes_read.labels(**self._labels).inc(nbytes)
+        self._chunks_read.inc(chunks)
+        self._bytes_read.inc(nbytes)
 
     def pool_error(self, operation: str) -> None:
         self._pool_errors.labels(**self._labels, operation=operation).inc()

@@ -100,7 +100,7 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new, preempted):
+            if not self._allocate_or_preempt(request, num_new, preempted=preempted):
                 break  # it was the last one and preempted itself; nothing after it is left
             context = request.num_computed_tokens + num_new
             scheduled.append(ScheduledRequest(request, num_new, context))
@@ -109,7 +109,7 @@ class Scheduler:
         admitted: list[Request] = []
         admission = AdmissionStats()
         if not preempted:
-            admitted = self._admit(budget, scheduled, admission)
+            admitted = self._admit(budget, scheduled=scheduled, stats=admission)
         return SchedulerOutput(tuple(scheduled), tuple(preempted), tuple(admitted), admission)
 
     def advance(self, output: SchedulerOutput) -> list[Request]:
@@ -134,7 +134,7 @@ class Scheduler:
         request.status = Status.FINISHED
         self.pool.free(request.request_id)
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
+    def _allocate_or_preempt(self, request: Request, num_new: int, *, preempted: list[Request]) -> bool:
         while not self.pool.allocate(
             request.request_id,
             num_tokens=request.num_computed_tokens + num_new,
@@ -155,7 +155,9 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _admit(self, budget: int, scheduled: list[ScheduledRequest], stats: AdmissionStats) -> list[Request]:
+    def _admit(
+        self, budget: int, *, scheduled: list[ScheduledRequest], stats: AdmissionStats
+    ) -> list[Request]:
         admitted: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
