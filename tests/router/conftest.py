@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from pathlib import Path
 
 import pytest
-
-# Helpers are imported as `tests.router.*` (the name mypy gives them); `python -m pytest` has the
-# repository root on sys.path already, a bare `pytest` does not.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from tests.router.harness import Launcher
 
 

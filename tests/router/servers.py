@@ -1,4 +1,10 @@
-"""Real uvicorn servers on 127.0.0.1 inside the test's event loop.
+"""Real uvicorn servers on 127.0.0.1 inside the test's own event loop (async tests only).
+
+`tests.servers.run_uvicorn` runs each server in a thread with its own loop; the router tests use
+this in-loop variant instead because (1) the fake engines signal what they saw (a request arrived,
+a stream was cancelled) with `asyncio.Event`s the test awaits, which only works on one loop, and
+(2) a test starts up to five servers, and asking them all to stop at once (`Served.request_stop`)
+keeps teardown to one uvicorn tick instead of one per server.
 
 Each server gets a socket bound to a free port before it starts (no port races), runs its lifespan,
 and is shut down (connections closed, lifespan ended) when the context exits.
@@ -14,8 +20,7 @@ from dataclasses import dataclass
 
 import uvicorn
 from starlette.types import ASGIApp
-
-LOOPBACK = "127.0.0.1"
+from tests.servers import LOOPBACK, free_port
 
 
 class _Server(uvicorn.Server):
@@ -65,7 +70,4 @@ async def serve(app: ASGIApp) -> AsyncIterator[Served]:
 
 def closed_port_url() -> str:
     """The URL of a loopback port nothing listens on (connections are refused)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port = sock.getsockname()[1]
-    return f"http://{LOOPBACK}:{port}"
+    return f"http://{LOOPBACK}:{free_port()}"
