@@ -7,6 +7,7 @@ exit code 2; so does a configuration this build cannot serve (e.g. kubernetes di
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -58,6 +59,13 @@ def load_router_config(path: Path) -> RouterConfig:
     return config
 
 
+_FLAGS = {
+    "prefill_timeout_seconds": "--prefill-timeout",
+    "failure_threshold": "--failure-threshold",
+    "cooldown_seconds": "--cooldown",
+}
+
+
 def _settings(*, prefill_timeout: float, failure_threshold: int, cooldown: float) -> RouterSettings:
     try:
         return RouterSettings(
@@ -66,7 +74,8 @@ def _settings(*, prefill_timeout: float, failure_threshold: int, cooldown: float
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        _fail(f"{_field_path(first['loc'])}: {first['msg']}")
+        field = str(first["loc"][-1])
+        _fail(f"{_FLAGS.get(field, field)}: {first['msg']}")
 
 
 @click.command()
@@ -124,6 +133,9 @@ def router(
         prefill_timeout=prefill_timeout, failure_threshold=failure_threshold, cooldown=cooldown
     )
     configure_logging(log_level, json_lines=log_format == "json")
+    if log_level != "debug":
+        # httpx logs every upstream request at info; our one line per request names the engines.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         app = create_app(config, settings=settings)
     except ConfigurationError as exc:
