@@ -207,8 +207,14 @@ class FairnessSpec(SpecModel):
     output_weight: float = Field(default=2.0, gt=0, le=1000, description="VTC cost per output token.")
 
 
+#: Routing policies the gateway implements; `tandem bench --policy` compares them on the same engines.
+RoutingPolicy = Literal["round-robin"]
+ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
+
+
 class RouterSpec(SpecModel):
     replicas: int = Field(default=2, ge=1, le=100)
+    policy: RoutingPolicy = Field(default="round-robin", description="How the gateway picks engines.")
     scoring: ScoringWeights = Field(default_factory=ScoringWeights)
     slo: SLOSpec = Field(default_factory=SLOSpec)
     fairness: FairnessSpec = Field(default_factory=FairnessSpec)
