@@ -159,7 +159,7 @@ async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_r
     )
     async with client:
         with pytest.raises(NoEndpointAvailable) as caught:
-            await dispatcher.open("decode", view, call())
+            await dispatcher.open("decode", request=view, call=call())
     assert hits == ["10.0.0.1", "10.0.0.2"]
     assert "10.0.0.1 is broken" in caught.value.message
     assert "10.0.0.2 is broken" in caught.value.message

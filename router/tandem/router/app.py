@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -21,7 +21,7 @@ from starlette.types import Scope
 
 from tandem.core.openai_api import error_body
 from tandem.core.routerconfig import RouterConfig
-from tandem.router.discovery import discovery_for
+from tandem.router.discovery import Discovery, discovery_for
 from tandem.router.errors import RouterError
 from tandem.router.metrics import RouterMetrics
 from tandem.router.middleware import RequestContextMiddleware
@@ -47,7 +47,38 @@ def create_app(
     Raises `ConfigurationError` at once for a configuration this build cannot serve.
     """
     settings = settings or RouterSettings()
-    discovery = discovery_for(config.discovery)
+    lifespan = _lifespan(
+        config=config,
+        settings=settings,
+        discovery=discovery_for(config.discovery),
+        client=client,
+        clock=clock,
+    )
+    app = FastAPI(
+        title="Tandem router",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_middleware(RequestContextMiddleware, clock=clock, metrics_for=_metrics_for)
+    app.add_exception_handler(RouterError, _router_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    app.include_router(router)
+    return app
+
+
+def _lifespan(
+    *,
+    config: RouterConfig,
+    settings: RouterSettings,
+    discovery: Discovery,
+    client: httpx.AsyncClient | None,
+    clock: Callable[[], float],
+) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]:
+    """Builds the runtime at start-up (discovery filled before the first request) and tears down
+    in reverse order at shutdown: discovery stopped, then the client the app created closed."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -70,19 +101,7 @@ def create_app(
             )
             yield {"runtime": runtime}
 
-    app = FastAPI(
-        title="Tandem router",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
-    app.add_middleware(RequestContextMiddleware, clock=clock, metrics_for=_metrics_for)
-    app.add_exception_handler(RouterError, _router_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
-    app.include_router(router)
-    return app
+    return lifespan
 
 
 def default_client(settings: ProxySettings) -> httpx.AsyncClient:

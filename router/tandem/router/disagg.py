@@ -59,7 +59,7 @@ class Prefiller:
 
     async def prefill(self, request: RequestView, *, headers: Mapping[str, str]) -> PrefillOutcome:
         started = self.clock()
-        endpoint, params, fallback = await self._run(request, headers)
+        endpoint, params, fallback = await self._run(request, headers=headers)
         outcome = PrefillOutcome(
             endpoint=endpoint,
             kv_transfer_params=params,
@@ -75,7 +75,7 @@ class Prefiller:
         return outcome
 
     async def _run(
-        self, request: RequestView, headers: Mapping[str, str]
+        self, request: RequestView, *, headers: Mapping[str, str]
     ) -> tuple[Endpoint | None, dict[str, Any] | None, str | None]:
         registry = self.dispatcher.registry
         candidates = registry.candidates("prefill")
@@ -84,7 +84,7 @@ class Prefiller:
         endpoint = self.dispatcher.scheduler.pick("prefill", request, candidates)
         try:
             async with asyncio.timeout(self.timeout_s):
-                body = await self._exchange(endpoint, request, headers)
+                body = await self._exchange(endpoint, request=request, headers=headers)
         except TimeoutError:
             error = UpstreamTimeout(f"{endpoint.name}: prefill took over {self.timeout_s}s")
             self.dispatcher.note_failure(endpoint, error)
@@ -100,7 +100,7 @@ class Prefiller:
         return endpoint, kv_params_from_prefill(answer), None
 
     async def _exchange(
-        self, endpoint: Endpoint, request: RequestView, headers: Mapping[str, str]
+        self, endpoint: Endpoint, *, request: RequestView, headers: Mapping[str, str]
     ) -> bytes | None:
         """The prefill answer's body, or None for a 4xx. Raises `UpstreamError` (recorded)."""
         call = UpstreamCall(

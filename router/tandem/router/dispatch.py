@@ -52,7 +52,7 @@ class Dispatcher:
     metrics: RouterMetrics
     retries: int
 
-    async def open(self, pool: Pool, request: RequestView, call: UpstreamCall) -> Attempt:
+    async def open(self, pool: Pool, *, request: RequestView, call: UpstreamCall) -> Attempt:
         """Send `call` to an endpoint of `pool` chosen by the scheduler, retrying as described
         above. Raises `NoEndpointAvailable` (with the failures in its message)."""
         tried: list[Endpoint] = []

@@ -51,7 +51,7 @@ class Gateway:
         call = UpstreamCall(
             path=request.route.value, body=body, headers=upstream_headers, stream=request.stream
         )
-        attempt = await self.dispatcher.open("decode", request, call)
+        attempt = await self.dispatcher.open("decode", request=request, call=call)
         report.decode_endpoint = attempt.endpoint.name
         response_headers["x-tandem-decode-endpoint"] = attempt.endpoint.name
         return await render(attempt, headers=response_headers)

@@ -43,15 +43,15 @@ ReportDep = Annotated[RequestReport, Depends(get_report)]
 
 @router.post("/v1/completions")
 async def completions(request: Request, runtime: RuntimeDep, report: ReportDep) -> Response:
-    return await _generate(Route.COMPLETIONS, request, runtime, report)
+    return await _generate(Route.COMPLETIONS, request=request, runtime=runtime, report=report)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, runtime: RuntimeDep, report: ReportDep) -> Response:
-    return await _generate(Route.CHAT, request, runtime, report)
+    return await _generate(Route.CHAT, request=request, runtime=runtime, report=report)
 
 
-async def _generate(route: Route, request: Request, runtime: Runtime, report: RequestReport) -> Response:
+async def _generate(route: Route, *, request: Request, runtime: Runtime, report: RequestReport) -> Response:
     body = parse_json_object(await request.body())
     validated = validate_generation(route, body)
     report.model, report.stream = validated.model, validated.stream

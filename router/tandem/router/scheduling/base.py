@@ -15,6 +15,7 @@ class Scheduler(Protocol):
     yet tried by this request, and is in discovery order; the result is one of them. `pick` is
     synchronous, does no I/O and must not mutate its arguments; it may update the policy's own
     state (a cursor, counters). Called on the event loop, so it must be cheap (microseconds).
+    Parameters are positional-only so implementations may name them as they like.
     """
 
     def pick(
