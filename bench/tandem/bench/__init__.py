@@ -1,0 +1,1 @@
+"""`tandem bench`: workloads, load generation and reports for OpenAI endpoints and Tandem pools."""
