@@ -6,7 +6,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tandem.router.scheduling import RoundRobin, Scheduler
+from tandem.router.errors import ConfigurationError
+from tandem.router.scheduling import RoundRobin, Scheduler, scheduler_for
 from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView, Route
 
 A, B, C = (Endpoint("decode", f"http://10.0.0.{i}:8000") for i in (1, 2, 3))
@@ -61,3 +62,9 @@ def test_round_robin_keeps_a_separate_turn_per_pool() -> None:
 def test_round_robin_refuses_an_empty_candidate_list() -> None:
     with pytest.raises(ValueError, match="no candidates"):
         RoundRobin().pick("decode", REQUEST, [])
+
+
+def test_the_spec_policy_names_the_scheduler() -> None:
+    assert isinstance(scheduler_for("round-robin"), RoundRobin)
+    with pytest.raises(ConfigurationError, match="known: round-robin"):
+        scheduler_for("coin-toss")

@@ -17,7 +17,7 @@ from tandem.router.gateway import Gateway
 from tandem.router.metrics import RouterMetrics
 from tandem.router.parsing import served_names
 from tandem.router.proxy import Upstream
-from tandem.router.scheduling import RoundRobin
+from tandem.router.scheduling import scheduler_for
 from tandem.router.settings import RouterSettings
 
 
@@ -52,7 +52,7 @@ def build_runtime(
     upstream = Upstream(client, settings.proxy)
     dispatcher = Dispatcher(
         registry=registry,
-        scheduler=RoundRobin(),
+        scheduler=scheduler_for(config.spec.router.policy),
         upstream=upstream,
         metrics=metrics,
         retries=settings.proxy.retries,
