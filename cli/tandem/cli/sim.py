@@ -117,6 +117,31 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
     help="Fraction of the true KV bytes actually stored per chunk.",
 )
 @click.option("--seed", type=int, default=None, help="Seed for unseeded sampling [default: random].")
+@click.option(
+    "--kv-events-endpoint",
+    default=None,
+    help="Publish vLLM KV events on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557.",
+)
+@click.option(
+    "--kv-events-replay-endpoint",
+    default=None,
+    help="Serve KV-event replays on a ZMQ ROUTER socket bound here, e.g. tcp://127.0.0.1:5558.",
+)
+@click.option("--kv-events-topic", default="", help="Topic frame of every KV-event message.")
+@click.option(
+    "--kv-events-encoding",
+    type=click.Choice(["array", "map"]),
+    default="map",
+    show_default=True,
+    help="Event encoding: map (vLLM >= PR #42892) or array (older vLLM, positional).",
+)
+@click.option(
+    "--kv-events-buffer-steps",
+    type=int,
+    default=10_000,
+    show_default=True,
+    help="Batches kept for replay.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on."
@@ -127,7 +152,8 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
 def sim(*, host: str, port: int, log_level: str, log_format: str, **engine: Any) -> None:
     """Serve a simulated vLLM engine: the OpenAI endpoints, /tokenize, /metrics with vLLM's names,
-    continuous batching on a roofline time model, prefix caching, and KV roles over Redis."""
+    continuous batching on a roofline time model, prefix caching, KV roles over Redis, and vLLM's
+    KV events over ZMQ."""
     settings = build_settings(engine)
     configure_logging(log_level, json_lines=log_format == "json")
     # Imported here so `tandem --help` and the other commands do not pay for the server stack.

@@ -2,7 +2,8 @@
 
 `create_app` builds what lives as long as the app (settings, the Prometheus registry and metrics, the
 clock, the random source); the lifespan builds what lives as long as one run (the engine core and its
-loop task, the Redis client) and tears it down, so an app can be served, stopped and served again.
+loop task, the Redis client, the KV-event publisher) and tears it down, so an app can be served,
+stopped and served again.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
 from tandem.sim import generate, routes
-from tandem.sim.engine.blocks import KVEventSink
+from tandem.sim.engine.blocks import KVEvent, KVEventSink
 from tandem.sim.engine.clock import Clock, ScaledClock
 from tandem.sim.engine.core import EngineCore
 from tandem.sim.engine.loop import EngineDead, EngineLoop
+from tandem.sim.kvevents_publisher import KVEventPublisher
 from tandem.sim.kvpool import KVPool, connect
 from tandem.sim.metrics import SimMetrics
 from tandem.sim.middleware import RequestContextMiddleware
@@ -43,8 +45,9 @@ def create_app(
     """A simulated vLLM engine as an ASGI app.
 
     `clock` defaults to `ScaledClock(settings.time_scale)` (pass a `VirtualClock` to run as fast as
-    possible); `kv_events` receives the block pool's stored/removed events; `registry` defaults to a
-    fresh one owned by the app.
+    possible); `kv_events` receives the block pool's stored/removed events (in addition to the ZMQ
+    publisher that `settings.kv_events_endpoint` turns on); `registry` defaults to a fresh one owned
+    by the app.
     """
     metrics = SimMetrics(
         registry or CollectorRegistry(),
@@ -73,13 +76,17 @@ def create_app(
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: SimApp = app.state.sim
     settings = state.settings
-    core = EngineCore(settings.engine_config(), on_kv_event=state.kv_events)
-    loop = EngineLoop(core, clock=state.clock, sink=state.metrics)
+    publisher = await _start_publisher(settings)
+    sinks = [s for s in (state.kv_events, publisher.collect if publisher else None) if s is not None]
+    core = EngineCore(settings.engine_config(), on_kv_event=_fan_out(sinks))
+    loop = EngineLoop(
+        core, clock=state.clock, sink=state.metrics, on_step_end=publisher.flush if publisher else None
+    )
     pool = None
     if settings.kv_pool is not None and settings.kv_role != "none":
         pool = KVPool(connect(settings.kv_pool), layout=settings.pool_layout(), metrics=state.metrics)
     task = asyncio.create_task(loop.run(), name="tandem-sim-engine")
-    state.runtime = Runtime(loop=loop, task=task, pool=pool)
+    state.runtime = Runtime(loop=loop, task=task, pool=pool, kv_publisher=publisher)
     logger.info(
         "engine ready",
         extra={
@@ -88,6 +95,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             "num_gpu_blocks": settings.total_gpu_blocks,
             "time_scale": settings.time_scale,
             "kv_role": settings.kv_role,
+            "kv_events_endpoint": publisher.endpoint if publisher else None,
         },
     )
     try:
@@ -101,6 +109,37 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await asyncio.gather(*runtime.background, return_exceptions=True)
         if pool is not None:
             await pool.aclose()
+        if publisher is not None:
+            await publisher.aclose()
+
+
+async def _start_publisher(settings: SimSettings) -> KVEventPublisher | None:
+    """The KV-event publisher when `--kv-events-endpoint` is set, bound and running."""
+    if settings.kv_events_endpoint is None:
+        return None
+    publisher = KVEventPublisher(
+        endpoint=settings.kv_events_endpoint,
+        replay_endpoint=settings.kv_events_replay_endpoint,
+        topic=settings.kv_events_topic,
+        encoding=settings.kv_events_encoding,
+        buffer_steps=settings.kv_events_buffer_steps,
+    )
+    await publisher.start()
+    return publisher
+
+
+def _fan_out(sinks: list[KVEventSink]) -> KVEventSink | None:
+    """One block-pool callback that feeds every sink, or None when there is none."""
+    if not sinks:
+        return None
+    if len(sinks) == 1:
+        return sinks[0]
+
+    def emit(event: KVEvent) -> None:
+        for sink in sinks:
+            sink(event)
+
+    return emit
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

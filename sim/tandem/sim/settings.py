@@ -17,6 +17,8 @@ from tandem.sim.engine.profiles import PROFILES, Profile, get_profile
 from tandem.sim.engine.scheduler import SchedulerConfig
 
 KVRole = Literal["none", "producer", "consumer", "both"]
+KVEventsEncoding = Literal["array", "map"]
+_ZMQ_ADDRESS = r"^(tcp|ipc|inproc)://\S+$"
 DEFAULT_PROFILE = "qwen2.5-7b-h100"
 
 
@@ -40,6 +42,15 @@ class SimSettings(BaseModel):
     kv_chunk_size: int = Field(default=256, ge=1, le=65_536)
     kv_bytes_scale: float = Field(default=DEFAULT_BYTES_SCALE, gt=0, le=1)
     seed: int | None = Field(default=None, description="Seeds unseeded sampling (None: random).")
+    kv_events_endpoint: str | None = Field(
+        default=None, pattern=_ZMQ_ADDRESS, description="ZMQ PUB address to bind for KV events."
+    )
+    kv_events_replay_endpoint: str | None = Field(
+        default=None, pattern=_ZMQ_ADDRESS, description="ZMQ ROUTER address to bind for replays."
+    )
+    kv_events_topic: str = Field(default="", description="Topic frame of every KV-event message.")
+    kv_events_encoding: KVEventsEncoding = "map"
+    kv_events_buffer_steps: int = Field(default=10_000, ge=1, le=10_000_000)
 
     @model_validator(mode="before")
     @classmethod
@@ -71,6 +82,8 @@ class SimSettings(BaseModel):
             )
         if self.kv_role != "none" and self.kv_pool is None:
             raise ValueError(f"--kv-role {self.kv_role} needs --kv-pool redis://HOST:PORT")
+        if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         capacity = self.total_gpu_blocks * self.block_size
         if self.max_model_len > capacity:
             raise ValueError(

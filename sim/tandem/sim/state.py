@@ -13,6 +13,7 @@ from starlette.requests import Request
 from tandem.sim.engine.blocks import KVEventSink
 from tandem.sim.engine.clock import Clock
 from tandem.sim.engine.loop import EngineDead, EngineLoop
+from tandem.sim.kvevents_publisher import KVEventPublisher
 from tandem.sim.kvpool import KVPool
 from tandem.sim.metrics import SimMetrics
 from tandem.sim.settings import SimSettings
@@ -25,6 +26,7 @@ class Runtime:
     loop: EngineLoop
     task: asyncio.Task[None]
     pool: KVPool | None
+    kv_publisher: KVEventPublisher | None = None
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

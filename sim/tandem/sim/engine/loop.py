@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from tandem.sim.engine.clock import Clock
@@ -60,12 +61,21 @@ class RequestStream:
 
 
 class EngineLoop:
-    """Runs one `EngineCore` on a `Clock` (module docstring). Call `run()` in a task."""
+    """Runs one `EngineCore` on a `Clock` (module docstring). Call `run()` in a task. `on_step_end` is
+    called after every completed step (the KV-event publisher flushes the step's events there)."""
 
-    def __init__(self, core: EngineCore, *, clock: Clock, sink: StatsSink | None = None) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        *,
+        clock: Clock,
+        sink: StatsSink | None = None,
+        on_step_end: Callable[[], None] | None = None,
+    ) -> None:
         self.core = core
         self._clock = clock
         self._sink = sink
+        self._on_step_end = on_step_end
         self._streams: dict[str, RequestStream] = {}
         self._wake = asyncio.Event()
         self._time = clock.now()  # end of the last step, simulated seconds
@@ -145,6 +155,8 @@ class EngineLoop:
                 del self._streams[output.request_id]
         if self._sink is not None:
             self._sink.record(result.iteration, result.scheduler)
+        if self._on_step_end is not None:
+            self._on_step_end()
 
     def _record(self, iteration: IterationStats) -> None:
         if self._sink is not None:

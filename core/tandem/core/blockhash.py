@@ -1,0 +1,58 @@
+"""Router-side prefix keys: one chained 64-bit key per full block of tokens.
+
+Both of the router's prefix indexes key blocks with `block_keys`: the precise index (fed by engine KV
+events, `tandem.router.kvevents`) and the approximate one (fed by the router's own routing decisions).
+The router cannot reproduce an engine's own block hash (vLLM's default is SHA-256 over a pickle, seeded
+per process), so it hashes the token ids itself, the way llm-d-kv-cache's "request keys" do.
+
+Definition, for blocks of `B` tokens (a partial tail block has no key):
+
+    key_i = blake2b-64(le64(key_{i-1}) || le32(t_{iB}) || ... || le32(t_{iB+B-1})),   key_{-1} = parent
+
+as an unsigned little-endian integer in [0, 2**64). `parent` defaults to `ROOT_KEY` (0); a different
+root (`namespace_key("my-lora")`) gives a separate key space, e.g. for a LoRA adapter's blocks.
+Because block i's key covers the key of block i-1, equal keys mean equal prefixes, and a chain can be
+continued: `block_keys(b, B, parent=block_keys(a, B)[-1]) == block_keys(a + b, B)[len(a) // B:]` when
+`len(a)` is a multiple of `B`. Token ids are taken modulo 2**32.
+
+Worked example: `block_keys([1, 2, 3, 4, 5], 2)` has two keys (the 5th token is a partial block);
+`block_keys([1, 2], 2) == [0xFF357D852574B4A8]` (tests pin this vector, so a change is deliberate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+ROOT_KEY = 0
+MASK64 = (1 << 64) - 1
+_NAMESPACE_PERSON = b"tandem-ns"
+
+
+def block_keys(token_ids: Sequence[int], block_size: int, *, parent: int = ROOT_KEY) -> list[int]:
+    """Chained keys of every full block of `token_ids` (module docstring); [] if there is none."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    full = len(token_ids) // block_size * block_size
+    if full == 0:
+        return []
+    data = struct.pack(f"<{full}I", *(t & 0xFFFFFFFF for t in token_ids[:full]))
+    stride = 4 * block_size
+    keys: list[int] = []
+    key = parent & MASK64
+    for start in range(0, len(data), stride):
+        digest = hashlib.blake2b(key.to_bytes(8, "little"), digest_size=8)
+        digest.update(data[start : start + stride])
+        key = int.from_bytes(digest.digest(), "little")
+        keys.append(key)
+    return keys
+
+
+def namespace_key(name: str) -> int:
+    """A root key for a separate key space (LoRA adapters): never `ROOT_KEY` for a non-empty name,
+    and different from any block key computed from `ROOT_KEY` except by a 64-bit collision."""
+    if not name:
+        return ROOT_KEY
+    digest = hashlib.blake2b(name.encode(), digest_size=8, person=_NAMESPACE_PERSON)
+    return int.from_bytes(digest.digest(), "little")
