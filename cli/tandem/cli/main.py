@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from tandem.cli.bench import bench
 from tandem.cli.router import router
 from tandem.cli.sim import sim
 from tandem.cli.up import up
@@ -26,6 +27,7 @@ cli.add_command(validate)
 cli.add_command(up)
 cli.add_command(sim)
 cli.add_command(router)
+cli.add_command(bench)
 
 
 def main() -> None:

@@ -1,0 +1,205 @@
+"""Open-loop load generation against an OpenAI endpoint, with one streamed httpx request per workload item.
+
+Contract of `drive(workload, settings)`:
+- **Arrivals.** Request i is released at `offset_s / time_scale` wall seconds after the run starts
+  (open loop: arrivals never wait for answers), then waits for a slot of its tenant (at most
+  `max_concurrency` in flight per tenant: each tenant is its own client, so one tenant's backlog
+  never delays another's sends) and is sent.
+- **Requests.** `POST {base_url}/chat/completions` (workload messages) or `/completions` (prompt)
+  with `stream: true`, `stream_options.include_usage: true`, `max_tokens` and `ignore_eos: true` (so
+  output lengths are exact), the tenant in `tenant_header` and `x-request-id: bench-<label>-<i>`.
+- **Records.** One `RequestRecord` per workload item, in workload order, whatever happened: wall
+  seconds since the run start for arrival, send, every content chunk (the first is the first token)
+  and end; token counts from the final `usage` chunk; the HTTP status; an error string or None.
+- **Never a hang.** Each request has `request_timeout_s` from send to end; the whole run has a hard
+  deadline of the last arrival + `request_timeout_s` + 5 s, after which what is left is cancelled
+  and recorded as such. The count is bounded by the workload.
+
+Times are wall seconds here; `tandem.bench.report` multiplies them by the time scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tandem.bench.records import DriveResult, RequestRecord, apply_event
+from tandem.bench.workloads import BenchRequest, Workload
+
+Progress = Callable[[str], None]
+_DEADLINE_SLACK_S = 5.0
+_ERROR_BODY_CHARS = 300
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """Where and how to send. `base_url` ends in `/v1`; `time_scale` is engine seconds per wall second
+    (a workload offset of 2 s is released after 2 / time_scale wall seconds)."""
+
+    base_url: str
+    model: str
+    label: str = "run"
+    max_concurrency: int = 256
+    request_timeout_s: float = 300.0
+    tenant_header: str = "x-tenant-id"
+    ignore_eos: bool = True
+    time_scale: float = 1.0
+    progress_every_s: float = 5.0
+
+
+def request_body(request: BenchRequest, *, model: str, ignore_eos: bool) -> dict[str, Any]:
+    """The JSON body of one streamed request (pure)."""
+    body: dict[str, Any] = {"model": model}
+    if request.messages is not None:
+        body["messages"] = [dict(m) for m in request.messages]
+    else:
+        body["prompt"] = request.prompt
+    body.update(max_tokens=request.max_tokens, stream=True, stream_options={"include_usage": True})
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+async def drive(
+    workload: Workload,
+    settings: DriverSettings,
+    *,
+    client: httpx.AsyncClient | None = None,
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> DriveResult:
+    """Run the workload against `settings.base_url` (see the module docstring for the contract).
+
+    `client` is used as is when given (the caller owns it); otherwise one is made for loopback
+    (no proxies from the environment) and closed at the end.
+    """
+    owned = client is None
+    http = client or httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.request_timeout_s, connect=10.0, pool=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+        trust_env=False,
+    )
+    try:
+        return await _Run(workload, settings, http=http, clock=clock, progress=progress).run()
+    finally:
+        if owned:
+            await http.aclose()
+
+
+class _Run:
+    """The state of one `drive` call: the records, the tenant slots and the start time."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        settings: DriverSettings,
+        *,
+        http: httpx.AsyncClient,
+        clock: Callable[[], float],
+        progress: Progress | None,
+    ) -> None:
+        self.workload = workload
+        self.settings = settings
+        self.http = http
+        self.clock = clock
+        self.progress = progress
+        self.t0 = clock()
+        scale = settings.time_scale
+        self.records = [
+            RequestRecord(i, r.tenant, r.group, r.max_tokens, arrival_s=r.offset_s / scale)
+            for i, r in enumerate(workload.requests)
+        ]
+        self.slots = {tenant: asyncio.Semaphore(settings.max_concurrency) for tenant in workload.tenants}
+
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    async def run(self) -> DriveResult:
+        pairs = zip(self.workload.requests, self.records, strict=True)
+        tasks = [asyncio.ensure_future(self._one(request, record)) for request, record in pairs]
+        last_arrival = self.records[-1].arrival_s if self.records else 0.0
+        deadline = last_arrival + self.settings.request_timeout_s + _DEADLINE_SLACK_S
+        reporter = asyncio.ensure_future(self._report()) if self.progress else None
+        try:
+            if tasks:
+                _done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - self.now()))
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if reporter is not None:
+                reporter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporter
+        for record in self.records:
+            if record.end_s is None:
+                record.error = record.error or "cancelled at the run deadline"
+        ends = [r.end_s for r in self.records if r.end_s is not None]
+        return DriveResult(tuple(self.records), max(ends, default=self.now()))
+
+    async def _one(self, request: BenchRequest, record: RequestRecord) -> None:
+        await asyncio.sleep(max(0.0, record.arrival_s - self.now()))
+        async with self.slots[request.tenant]:
+            record.start_s = self.now()
+            try:
+                async with asyncio.timeout(self.settings.request_timeout_s):
+                    await self._stream(request, record)
+            except TimeoutError:
+                record.error = f"timeout after {self.settings.request_timeout_s:g}s"
+            except httpx.HTTPError as exc:
+                record.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            except asyncio.CancelledError:
+                record.error = record.error or "cancelled at the run deadline"
+                raise
+            finally:
+                record.end_s = self.now()
+
+    async def _stream(self, request: BenchRequest, record: RequestRecord) -> None:
+        s = self.settings
+        path = "/chat/completions" if request.api == "chat" else "/completions"
+        body = request_body(request, model=s.model, ignore_eos=s.ignore_eos)
+        headers = {s.tenant_header: request.tenant, "x-request-id": f"bench-{s.label}-{record.index}"}
+        async with self.http.stream(
+            "POST", s.base_url.rstrip("/") + path, json=body, headers=headers
+        ) as resp:
+            record.status = resp.status_code
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode("utf-8", errors="replace")
+                record.error = f"HTTP {resp.status_code}: {text[:_ERROR_BODY_CHARS]}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    record.error = f"invalid JSON event: {data[:100]}"
+                    return
+                apply_event(record, event, now=self.now())
+            if record.error is None:
+                record.error = "stream ended without [DONE]"
+
+    async def _report(self) -> None:
+        assert self.progress is not None
+        total = len(self.records)
+        while True:
+            await asyncio.sleep(self.settings.progress_every_s)
+            done = sum(r.end_s is not None for r in self.records)
+            running = sum(r.start_s is not None and r.end_s is None for r in self.records)
+            errors = sum(r.end_s is not None and not r.ok for r in self.records)
+            self.progress(
+                f"[{self.settings.label}] {done}/{total} done, {running} in flight, {errors} errors, "
+                f"{self.now():.0f}s"
+            )

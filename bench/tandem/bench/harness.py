@@ -1,0 +1,229 @@
+"""The harness: simulated engine pools that `tandem bench` owns, and one run per target in front of them.
+
+For each target (a Tandem policy, a peer router, or `direct`) the harness
+1. builds an InferenceService in memory (`bench_service`: `engine.kind: sim`, N decode engines,
+   disaggregation off; with `pd`, prefill engines too and `mode: always`) and plans its processes
+   with the local runtime (`tandem.local.plan.build_plan`: Redis KV pool, engines, gateway);
+2. starts Redis and the engines and waits for their health, then the target's gateway (`tandem
+   router` with `spec.router.policy` = the policy, or vllm-router, or none for `direct`, which
+   runs one engine);
+3. scrapes every engine's `/metrics`, drives the workload through the gateway, scrapes again;
+4. stops every child (process groups, SIGTERM then SIGKILL) whatever happened.
+
+So every target sees the same engines (same profile, count, flags, time scale and seed) started
+cold: the prefix caches and the KV pool are empty at the start of each run. Restarting is the
+simplest honest reset; it costs a few seconds per target. Everything listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tandem.bench.counters import EngineCounters
+from tandem.bench.driver import DriverSettings, drive
+from tandem.bench.engines import scrape_all
+from tandem.bench.records import DriveResult
+from tandem.bench.report import RunData
+from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, vllm_router_argv
+from tandem.bench.workloads import Workload
+from tandem.core.spec import InferenceService, parse_inference_service
+from tandem.local.plan import LOOPBACK, LocalPlan, ProcessPlan, build_plan
+from tandem.local.supervisor import Child, ChildFailed, Supervisor
+
+Progress = Callable[[str], None]
+STARTUP_TIMEOUT_S = {"kvpool": 30.0, "prefill": 120.0, "decode": 120.0, "router": 60.0}
+
+
+class HarnessError(RuntimeError):
+    """The harness cannot run a target (a missing binary, a child that failed to start)."""
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """The simulated pool every target runs against.
+
+    `engines`: decode engines (1 for `direct`); `prefill_engines` only with `pd`; `time_scale`:
+    simulated seconds per wall second; `engine_args`: extra `tandem sim` flags for every engine.
+    """
+
+    engines: int = 4
+    prefill_engines: int = 1
+    pd: bool = False
+    profile: str = "qwen2.5-7b-h100"
+    time_scale: float = 1.0
+    model: str = "qwen"
+    engine_args: tuple[str, ...] = ()
+    seed: int = 0
+
+    def describe(self) -> str:
+        pools = f"{self.engines} decode"
+        if self.pd:
+            pools = f"{self.prefill_engines} prefill + {pools} (P/D)"
+        return f"{pools} simulated engines, profile {self.profile}"
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Binaries the harness starts: the Python that runs `tandem`, redis-server, vllm-router."""
+
+    python: str
+    redis_server: str | None
+    vllm_router: str | None
+
+
+def bench_service(pool: PoolSettings, *, policy: str, direct: bool) -> InferenceService:
+    """The InferenceService a run plans from (pure); `direct` means one decode engine, no P/D."""
+    pd = pool.pd and not direct
+    document = {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "model": {"name": pool.model},
+            "engine": {
+                "kind": "sim",
+                "sim": {"profile": pool.profile, "timeScale": pool.time_scale},
+                "args": ["--seed", str(pool.seed), *pool.engine_args],
+            },
+            "prefill": {"replicas": pool.prefill_engines if pd else 0},
+            "decode": {"replicas": 1 if direct else pool.engines},
+            "disaggregation": {"mode": "always" if pd else "off"},
+            "router": {"policy": policy},
+        },
+    }
+    return parse_inference_service(document)
+
+
+def _free_ports() -> Iterator[int]:
+    """Loopback ports free right now, never the same one twice (the OS may hand a port out again
+    once its socket is closed, and none of these is bound until its process starts)."""
+    given: set[int] = set()
+    while True:
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, 0))
+            port = int(sock.getsockname()[1])
+        if port not in given:
+            given.add(port)
+            yield port
+
+
+def run_target(
+    target: Target,
+    *,
+    workload: Workload,
+    pool: PoolSettings,
+    tools: Tools,
+    driver: DriverSettings,
+    state_dir: Path,
+    progress: Progress,
+) -> RunData:
+    """Start the pool and the target's gateway, run the workload, stop everything (module doc)."""
+    run_dir = state_dir / target.label.replace(":", "-")
+    policy = target.policy if target.kind == "tandem" and target.policy else "round-robin"
+    isvc = bench_service(pool, policy=policy, direct=target.kind == "direct")
+    ports = _free_ports()
+    plan = build_plan(
+        isvc, ports=ports, router_port=next(ports), python=tools.python,
+        redis_server=tools.redis_server, state_dir=run_dir.resolve(),
+    )  # fmt: skip
+    gateway = _gateway(target, plan=plan, tools=tools, metrics_port=next(ports))
+    supervisor = Supervisor(log_dir=run_dir.resolve() / "logs")
+    started: list[Child] = []
+    notes: list[str] = []
+    try:
+        try:
+            _start(
+                target, plan=plan, gateway=gateway, supervisor=supervisor, started=started, progress=progress
+            )
+        except ChildFailed as exc:
+            raise HarnessError(f"[{target.label}] {exc}") from None
+        engines = [p.url for p in plan.processes if p.role in ("prefill", "decode")]
+        decode = [p.url for p in plan.processes if p.role == "decode"]
+        base = gateway.url if gateway is not None else decode[0]
+        settings = replace(driver, base_url=f"{base}/v1", model=plan.model, label=target.label)
+        progress(f"[{target.label}] running {len(workload.requests)} requests against {settings.base_url}")
+        result, before, after = asyncio.run(measure(workload, settings, engines=engines, progress=progress))
+        dead = supervisor.first_dead()
+        if dead is not None:
+            notes.append(f"{dead.plan.name} exited with code {dead.process.returncode} during the run")
+    finally:
+        supervisor.stop_all()
+        progress(f"[{target.label}] stopped {len(started)} processes")
+    children = [_child_info(c) for c in started]
+    return RunData(target.label, target.describe(), result, before, after, children, tuple(notes))
+
+
+def _gateway(target: Target, *, plan: LocalPlan, tools: Tools, metrics_port: int) -> ProcessPlan | None:
+    """The target's gateway process (None for `direct`); writes the tandem router's config file."""
+    router = next(p for p in plan.processes if p.role == "router")
+    if target.kind == "direct":
+        return None
+    if target.kind == "tandem":
+        plan.router_config_path.parent.mkdir(parents=True, exist_ok=True)
+        config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
+        plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        return router
+    if tools.vllm_router is None:
+        raise HarnessError(f"--peer {target.label} needs the vllm-router binary: {VLLM_ROUTER_INSTALL}")
+    argv = vllm_router_argv(
+        tools.vllm_router, port=router.port, metrics_port=metrics_port, policy=str(target.policy),
+        decode=[p.url for p in plan.processes if p.role == "decode"],
+        prefill=[p.url for p in plan.processes if p.role == "prefill"],
+    )  # fmt: skip
+    return ProcessPlan(name="vllm-router", role="router", argv=argv, port=router.port, probe="http")
+
+
+def _start(
+    target: Target,
+    *,
+    plan: LocalPlan,
+    gateway: ProcessPlan | None,
+    supervisor: Supervisor,
+    started: list[Child],
+    progress: Progress,
+) -> None:
+    """Start Redis, then every engine at once, then the gateway, waiting for each stage's health."""
+    stages = [
+        [p for p in plan.processes if p.role == "kvpool"],
+        [p for p in plan.processes if p.role in ("prefill", "decode")],
+        [gateway] if gateway is not None else [],
+    ]
+    for stage in stages:
+        children = [supervisor.start(p) for p in stage]
+        started.extend(children)
+        for child in children:
+            took = supervisor.wait_ready(child, timeout=STARTUP_TIMEOUT_S[child.plan.role])
+            progress(f"[{target.label}] {child.plan.name:<11} {child.plan.url} ready in {took:.1f}s")
+
+
+Counters = dict[str, EngineCounters | str]
+
+
+async def measure(
+    workload: Workload, settings: DriverSettings, *, engines: list[str], progress: Progress
+) -> tuple[DriveResult, Counters, Counters]:
+    """Scrape the engines, drive the workload, scrape again."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        before = await scrape_all(client, engines)
+        result = await drive(workload, settings, progress=progress)
+        after = await scrape_all(client, engines)
+    return result, before, after
+
+
+def _child_info(child: Child) -> dict[str, Any]:
+    return {
+        "name": child.plan.name,
+        "role": child.plan.role,
+        "url": child.plan.url,
+        "pid": child.process.pid,
+        "returncode": child.process.returncode,
+        "log": str(child.log_path),
+    }

@@ -1,0 +1,106 @@
+"""What a harness run measures (pure): Tandem's gateway with a policy, a peer router, or one engine.
+
+- `tandem` + policy (a value of `tandem.core.spec.ROUTING_POLICIES`): `tandem router` with
+  `spec.router.policy` set to it; the run's label is the policy (`round-robin`).
+- `vllm-router` + policy: the Rust vLLM router (PyPI `vllm-router`, 0.1.17 was used) with
+  `--policy` (`round_robin`, `cache_aware`, ...); label `vllm-router:cache_aware`.
+- `direct`: no router; the workload goes straight to one engine; label `direct`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tandem.core.spec import ROUTING_POLICIES
+
+TargetKind = Literal["tandem", "vllm-router", "direct"]
+VLLM_ROUTER = "vllm-router"
+#: vllm-router policies that work with plain OpenAI engines (kv_aware needs ZMQ KV events).
+VLLM_ROUTER_POLICIES = ("round_robin", "cache_aware", "random", "power_of_two", "consistent_hash")
+VLLM_ROUTER_INSTALL = "pip install 'vllm-router==0.1.17' (or the tandem[bench] extra)"
+
+
+class TargetError(ValueError):
+    """A `--policy`/`--peer` value that names nothing we can run."""
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: TargetKind
+    policy: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "tandem":
+            return str(self.policy)
+        if self.kind == "vllm-router":
+            return f"{VLLM_ROUTER}:{self.policy}"
+        return "direct"
+
+    def describe(self) -> dict[str, str | None]:
+        return {"kind": self.kind, "policy": self.policy}
+
+
+def parse_targets(*, policies: Sequence[str], peers: Sequence[str], direct: bool) -> list[Target]:
+    """`--policy a,b` (repeatable), `--peer vllm-router:P` (repeatable) and `--direct` → targets in
+    that order, without duplicates. Raises TargetError naming the bad value and the choices."""
+    targets: list[Target] = []
+    for value in (p.strip() for item in policies for p in item.split(",") if p.strip()):
+        if value not in ROUTING_POLICIES:
+            raise TargetError(f"--policy {value!r}: choose from {', '.join(ROUTING_POLICIES)}")
+        targets.append(Target("tandem", value))
+    for peer in peers:
+        name, _, policy = peer.partition(":")
+        if name != VLLM_ROUTER:
+            raise TargetError(f"--peer {peer!r}: the only peer is {VLLM_ROUTER}:<policy>")
+        policy = policy or "cache_aware"
+        if policy not in VLLM_ROUTER_POLICIES:
+            raise TargetError(f"--peer {peer!r}: policy must be one of {', '.join(VLLM_ROUTER_POLICIES)}")
+        targets.append(Target("vllm-router", policy))
+    if direct:
+        targets.append(Target("direct"))
+    return list(dict.fromkeys(targets))
+
+
+def find_vllm_router(*, python: str) -> str | None:
+    """The `vllm-router` binary beside `python` (its virtual environment), else on PATH, else None."""
+    beside = Path(python).parent / VLLM_ROUTER
+    if beside.is_file():
+        return str(beside)
+    return shutil.which(VLLM_ROUTER)
+
+
+def vllm_router_argv(
+    binary: str,
+    *,
+    port: int,
+    metrics_port: int,
+    policy: str,
+    decode: Sequence[str],
+    prefill: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """The command line of vllm-router on 127.0.0.1 in front of the engines.
+
+    With `prefill` engines it runs in vLLM P/D mode (`--vllm-pd-disaggregation --prefill URL ...
+    --decode URL ...`), else it balances `--worker-urls`. Its Prometheus listener gets its own free
+    port (the default 29000 would collide between runs). The start-up check interval is 1 s (the
+    default 30 s would make every start wait that long when an engine is slow to answer).
+    """
+    argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
+    if prefill:
+        argv.append("--vllm-pd-disaggregation")
+        for url in prefill:
+            argv += ["--prefill", url]
+        for url in decode:
+            argv += ["--decode", url]
+    else:
+        argv += ["--worker-urls", *decode]
+    argv += [
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        "--worker-startup-check-interval", "1", "--log-level", "warning",
+    ]  # fmt: skip
+    return tuple(argv)

