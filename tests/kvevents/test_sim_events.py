@@ -111,14 +111,16 @@ async def test_the_index_matches_the_full_blocks_of_a_prompt_the_sim_served(enco
 
 
 async def test_evictions_in_the_engine_reach_the_index() -> None:
-    """20 blocks: a second long prompt evicts the tail of the first; the index agrees with the engine."""
+    """20 blocks: a second long prompt evicts the tail of the first; the index agrees with the engine.
+    24 output tokens fill a 13th block, so each request sends a second batch (a first one lost to a
+    slow subscription would be noticed as a gap and replayed)."""
     index = PrecisePrefixIndex()
     other = list(range(3000, 3200))
     with serve_sim(num_gpu_blocks=20, max_model_len=256) as sim:
         async with follow(sim.source(), index):
-            await complete(sim.url, PROMPT, max_tokens=8)
+            await complete(sim.url, PROMPT, max_tokens=24)
             await eventually(lambda: index.match([sim.url], PROMPT)[sim.url] == 192)
-            await complete(sim.url, other, max_tokens=8)
+            await complete(sim.url, other, max_tokens=24)
             await eventually(lambda: index.match([sim.url], other)[sim.url] == 192)
             expected = sim.engine_prefix_tokens(PROMPT)
             assert 0 < expected < 192

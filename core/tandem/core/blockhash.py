@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 
 ROOT_KEY = 0
@@ -37,7 +39,7 @@ def block_keys(token_ids: Sequence[int], block_size: int, *, parent: int = ROOT_
     full = len(token_ids) // block_size * block_size
     if full == 0:
         return []
-    data = struct.pack(f"<{full}I", *(t & 0xFFFFFFFF for t in token_ids[:full]))
+    data = memoryview(_le32(token_ids[:full]))
     stride = 4 * block_size
     keys: list[int] = []
     key = parent & MASK64
@@ -47,6 +49,19 @@ def block_keys(token_ids: Sequence[int], block_size: int, *, parent: int = ROOT_
         key = int.from_bytes(digest.digest(), "little")
         keys.append(key)
     return keys
+
+
+def _le32(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian uint32s (mod 2**32). `array` packs in C: 10x faster than a generator."""
+    if array("I").itemsize != 4:  # not on any platform Tandem runs on, but stay correct
+        return struct.pack(f"<{len(token_ids)}I", *(t & 0xFFFFFFFF for t in token_ids))
+    try:
+        packed = array("I", token_ids)
+    except OverflowError:  # negative or >= 2**32: reduce first
+        packed = array("I", (t & 0xFFFFFFFF for t in token_ids))
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def namespace_key(name: str) -> int:
