@@ -114,9 +114,12 @@ class VTCQueue(Generic[T]):
         for priority in sorted(self._bands, reverse=True):
             band = self._bands[priority]
             if band:
-                tenant = min(band, key=lambda t: (self.counter(t), band[t][0].seq))
-                return band[tenant][0]
+                return band[self._next_tenant(band)][0]
         return None
+
+    def _next_tenant(self, band: Mapping[str, deque[Ticket[T]]]) -> str:
+        """The fairness choice within a non-empty band: the least counter, ties to the oldest head."""
+        return min(band, key=lambda t: (self.counter(t), band[t][0].seq))
 
     def pop(self) -> Ticket[T] | None:
         """Dispatch the next request and charge its prompt; None when nothing waits."""
@@ -132,8 +135,18 @@ class VTCQueue(Generic[T]):
             self._leave(ticket)
 
     def charge_output(self, tenant: str, tokens: int) -> None:
-        """Charge generated tokens as they stream back (or at completion for non-streaming)."""
+        """Charge generated tokens as they stream back (or at completion for non-streaming).
+        A negative count corrects an earlier overcount."""
         self._charge(tenant, self.output_weight * tokens)
+
+    def charge_input(self, tenant: str, tokens: int) -> None:
+        """Correct the prompt charge made at dispatch (`pop` charges its estimate) once the engine
+        reports the true prompt length; `tokens` is the difference and may be negative."""
+        self._charge(tenant, self.input_weight * tokens)
+
+    def depths(self) -> dict[int, int]:
+        """Requests waiting per priority band."""
+        return {p: sum(len(q) for q in band.values()) for p, band in self._bands.items()}
 
     def gap(self) -> float:
         """max − min counter over backlogged tenants (0 with fewer than two); bounded by U."""

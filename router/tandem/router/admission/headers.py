@@ -1,0 +1,89 @@
+"""What a client asks of admission through headers: its tenant, its SLOs, its priority band.
+
+| header | value | default |
+|---|---|---|
+| `x-tenant-id` (`spec.router.fairness.tenantHeader`) | any non-empty string | `default` |
+| `x-slo-ttft-ms` | TTFT objective, milliseconds, (0, 3 600 000] | `spec.router.slo.ttftSeconds` |
+| `x-slo-tpot-ms` | time per output token, milliseconds, (0, 60 000] | `spec.router.slo.tpotSeconds` |
+| `x-priority` | integer band in [-10, 10]; higher bands always go first | 0 |
+
+A malformed value is the client's error (400 naming the header), not silently the default.
+The tenant comes from a `TenantResolver`: `HeaderTenant` now; when authentication arrives, a resolver
+that maps the API key to its tenant plugs in at the same seam (`Runtime.tenants`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Protocol
+
+from tandem.router.errors import InvalidRequest
+from tandem.router.types import SLO
+
+TTFT_HEADER = "x-slo-ttft-ms"
+TPOT_HEADER = "x-slo-tpot-ms"
+PRIORITY_HEADER = "x-priority"
+MIN_PRIORITY, MAX_PRIORITY = -10, 10
+DEFAULT_TENANT = "default"
+#: Longest tenant name kept; longer values are cut (they end up in logs and metric labels).
+MAX_TENANT_LENGTH = 128
+
+
+class TenantResolver(Protocol):
+    """Who sent a request, from its headers (case-insensitive mapping)."""
+
+    def tenant(self, headers: Mapping[str, str], /) -> str: ...
+
+
+class HeaderTenant:
+    """The tenant named by one header (`spec.router.fairness.tenantHeader`), else `default`."""
+
+    def __init__(self, header: str) -> None:
+        self.header = header.lower()
+
+    def tenant(self, headers: Mapping[str, str], /) -> str:
+        value = (headers.get(self.header) or "").strip()
+        return value[:MAX_TENANT_LENGTH] or DEFAULT_TENANT
+
+
+def _milliseconds(headers: Mapping[str, str], name: str, *, limit_ms: float) -> float | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= limit_ms):  # also rejects NaN
+        raise InvalidRequest(
+            f"{name} must be a number of milliseconds in (0, {limit_ms:g}], got {raw!r}", param=name
+        )
+    return value
+
+
+def slo_from_headers(headers: Mapping[str, str], *, default: SLO) -> SLO:
+    """The request's SLO: each header overrides its default. Raises `InvalidRequest` (400)."""
+    ttft_ms = _milliseconds(headers, TTFT_HEADER, limit_ms=3_600_000)
+    tpot_ms = _milliseconds(headers, TPOT_HEADER, limit_ms=60_000)
+    return SLO(
+        ttft_s=default.ttft_s if ttft_ms is None else ttft_ms / 1000,
+        tpot_s=default.tpot_s if tpot_ms is None else tpot_ms / 1000,
+    )
+
+
+def priority_from_headers(headers: Mapping[str, str]) -> int:
+    """The `x-priority` band (0 when absent). Raises `InvalidRequest` (400) outside [-10, 10]."""
+    raw = headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return 0
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = MAX_PRIORITY + 1
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidRequest(
+            f"{PRIORITY_HEADER} must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {raw!r}",
+            param=PRIORITY_HEADER,
+        )
+    return value

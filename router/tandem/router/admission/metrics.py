@@ -1,0 +1,129 @@
+"""Admission and fairness metrics, with bounded tenant labels.
+
+- `tandem_router_tenant_served_tokens_total{tenant,kind}` (counter): tokens served; `kind` is
+  `prompt` (counted at dispatch, raised when the engine reports more) or `completion` (as they stream).
+- `tandem_router_tenant_vtc_counter{tenant}` (gauge): the tenant's virtual token counter.
+- `tandem_router_queue_depth{priority}` (gauge): requests waiting per priority band.
+- `tandem_router_queue_wait_seconds{outcome}` (histogram): time in the queue; `outcome` is
+  `dispatched`, `rejected` or `cancelled` (the client left).
+- `tandem_router_admission_rejections_total{reason}` (counter): 429s; `queue_full`, `deadline`, `slo`.
+- `tandem_router_admitted_requests` (gauge): requests holding decode capacity now.
+- `tandem_router_admission_capacity` (gauge): how many the decode pool may hold now (0: none in rotation).
+
+Tenant labels: the first `max_tenants` distinct tenants keep their name; later ones are counted under
+`other` (and have no `tenant_vtc_counter` series). Prometheus series cannot be renamed later, so "first
+seen" is the only stable rule; size `max_tenants` for the tenants you want to see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from tandem.router.admission.gate import AdmissionGate
+
+PREFIX = "tandem_router"
+OTHER_TENANTS = "other"
+#: Seconds in the queue: from no wait to the longest TTFT objectives.
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+
+
+class TenantLabels:
+    """Tenant → label value, bounded to `limit` names plus `other` (module docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._named: set[str] = set()
+
+    def label(self, tenant: str) -> str:
+        if tenant in self._named:
+            return tenant
+        if len(self._named) < self.limit:
+            self._named.add(tenant)
+            return tenant
+        return OTHER_TENANTS
+
+    def named(self, tenant: str) -> bool:
+        return tenant in self._named
+
+
+class AdmissionMetrics:
+    """Instruments updated by the gate; gauges are read from the gate at scrape time (`watch`)."""
+
+    def __init__(self, registry: CollectorRegistry, *, max_tenants: int) -> None:
+        self._registry = registry
+        self.tenants = TenantLabels(max_tenants)
+        self.served_tokens = Counter(
+            f"{PREFIX}_tenant_served_tokens",
+            "Tokens served per tenant: prompt (at dispatch) and completion (as generated).",
+            ["tenant", "kind"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            f"{PREFIX}_queue_wait_seconds",
+            "Time requests spent in the router's queue, by outcome.",
+            ["outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.rejections = Counter(
+            f"{PREFIX}_admission_rejections",
+            "Requests turned away with 429, by reason (queue_full, deadline, slo).",
+            ["reason"],
+            registry=registry,
+        )
+
+    def watch(self, gate: AdmissionGate) -> None:
+        """Register the scrape-time gauges of `gate`."""
+        self._registry.register(_GateCollector(gate, self.tenants))
+
+    def seen(self, tenant: str) -> None:
+        self.tenants.label(tenant)
+
+    def served(self, tenant: str, *, prompt: int = 0, completion: int = 0) -> None:
+        """Count served tokens; negative corrections are dropped (counters only grow)."""
+        label = self.tenants.label(tenant)
+        if prompt > 0:
+            self.served_tokens.labels(tenant=label, kind="prompt").inc(prompt)
+        if completion > 0:
+            self.served_tokens.labels(tenant=label, kind="completion").inc(completion)
+
+    def waited(self, seconds: float, *, outcome: str) -> None:
+        self.queue_wait.labels(outcome=outcome).observe(max(0.0, seconds))
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(reason=reason).inc()
+
+
+class _GateCollector(Collector):
+    def __init__(self, gate: AdmissionGate, tenants: TenantLabels) -> None:
+        self._gate = gate
+        self._tenants = tenants
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            f"{PREFIX}_queue_depth", "Requests waiting in the router's queue.", labels=["priority"]
+        )
+        for priority, n in sorted({0: 0, **self._gate.queue.depths()}.items()):
+            depth.add_metric([str(priority)], n)
+        counters = GaugeMetricFamily(
+            f"{PREFIX}_tenant_vtc_counter", "Virtual token counter per tenant.", labels=["tenant"]
+        )
+        for tenant, value in sorted(self._gate.queue.counters().items()):
+            if self._tenants.named(tenant):
+                counters.add_metric([tenant], value)
+        admitted = GaugeMetricFamily(f"{PREFIX}_admitted_requests", "Requests holding decode capacity now.")
+        admitted.add_metric([], self._gate.admitted)
+        capacity = GaugeMetricFamily(
+            f"{PREFIX}_admission_capacity", "Admitted requests the decode pool may hold now."
+        )
+        capacity.add_metric([], self._gate.capacity() or 0)
+        yield from (depth, counters, admitted, capacity)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())

@@ -1,0 +1,270 @@
+"""Kubernetes discovery: each pool's members are the ready addresses of its Service's EndpointSlices.
+
+For `discovery: {kind: kubernetes, namespace, prefillService, decodeService, port}` the router lists and
+then watches `discovery.k8s.io/v1` EndpointSlices labelled `kubernetes.io/service-name=<service>` in
+the namespace, one watch per pool, over plain HTTP(S) with httpx (no Kubernetes client library):
+
+- **Members**: every address of every endpoint whose `conditions.ready` is not false (Kubernetes:
+  "nil should be interpreted as ready"), as `http://<address>:<port>` with the config's `port`
+  (IPv6 addresses in brackets), deduplicated and sorted. Terminating and not-ready pods leave at once.
+- **Watch**: `?watch=true&resourceVersion=<list's>&allowWatchBookmarks=true&timeoutSeconds=300`,
+  one JSON event per line; ADDED/MODIFIED store the slice, DELETED drops it, BOOKMARK moves the
+  resourceVersion on. When the server ends the watch it is resumed from the last resourceVersion;
+  `410 Gone` (or an ERROR event with code 410) relists; any other failure relists after a backoff of
+  0.5 s doubling to 30 s. The pool is rewritten only when its member set changes.
+- **Start**: both pools are listed before `start` returns, so the first request finds endpoints; a
+  failed first list is logged and leaves the pool empty (`/health` says 503) while the watch keeps
+  retrying in the background.
+- **Label filter**: slices are also checked client-side, so an API server (or an emulator) that
+  ignores `labelSelector` cannot add another Service's pods.
+
+Credentials (`KubeAPI.in_cluster`): the service account's token (re-read on every connect, since
+bound tokens rotate) and CA from `/var/run/secrets/kubernetes.io/serviceaccount/`, the server from
+`KUBERNETES_SERVICE_HOST`/`_PORT`. `KubeAPI.plain(url)` is for an unauthenticated endpoint such as
+`kubectl proxy` or a test emulator. The router's ServiceAccount needs `list` and `watch` on
+`endpointslices.discovery.k8s.io` in the namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tandem.core.routerconfig import KubernetesDiscovery
+from tandem.router.endpoints import EndpointRegistry
+from tandem.router.errors import ConfigurationError
+from tandem.router.types import Pool
+
+log = logging.getLogger(__name__)
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+WATCH_TIMEOUT_S = 300
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class KubeAPI:
+    """Where the API server is and how to authenticate: a bearer token read from `token_file` on each
+    connect (None: no auth), TLS verified against `ca_file` (None: the system CAs)."""
+
+    server: str
+    token_file: Path | None = None
+    ca_file: Path | None = None
+
+    @classmethod
+    def in_cluster(cls, environ: Mapping[str, str]) -> KubeAPI:
+        """The pod's own API access; raises `ConfigurationError` outside a cluster."""
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise ConfigurationError(
+                "kubernetes discovery runs in a cluster (KUBERNETES_SERVICE_HOST/_PORT are unset); "
+                "outside one, point --kube-api-server at `kubectl proxy`"
+            )
+        host = f"[{host}]" if ":" in host else host
+        return cls(
+            server=f"https://{host}:{port}",
+            token_file=SERVICE_ACCOUNT_DIR / "token",
+            ca_file=SERVICE_ACCOUNT_DIR / "ca.crt",
+        )
+
+    @classmethod
+    def plain(cls, url: str) -> KubeAPI:
+        return cls(server=url.rstrip("/"))
+
+    def headers(self) -> dict[str, str]:
+        if self.token_file is None:
+            return {}
+        return {"authorization": f"Bearer {self.token_file.read_text().strip()}"}
+
+    def client(self) -> httpx.AsyncClient:
+        verify: str | bool = str(self.ca_file) if self.ca_file is not None else True
+        return httpx.AsyncClient(
+            base_url=self.server, verify=verify, trust_env=False, timeout=httpx.Timeout(10.0)
+        )
+
+
+def ready_urls(slices: Iterable[Mapping[str, Any]], *, service: str, port: int) -> list[str]:
+    """The engine URLs of `service`'s ready endpoints in `slices` (module docstring), sorted."""
+    urls: set[str] = set()
+    for slice_ in slices:
+        labels = (slice_.get("metadata") or {}).get("labels") or {}
+        if labels.get(SERVICE_NAME_LABEL) != service:
+            continue
+        for endpoint in slice_.get("endpoints") or ():
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            for address in endpoint.get("addresses") or ():
+                host = f"[{address}]" if ":" in address else address
+                urls.add(f"http://{host}:{port}")
+    return sorted(urls)
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class SliceWatch:
+    """One Service's EndpointSlices, listed then watched; `on_change(urls)` on every membership change."""
+
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        api: KubeAPI,
+        namespace: str,
+        service: str,
+        port: int,
+        on_change: Callable[[list[str]], None],
+    ) -> None:
+        self._client = client
+        self._api = api
+        self.service = service
+        self._port = port
+        self._on_change = on_change
+        self._path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+        self._selector = f"{SERVICE_NAME_LABEL}={service}"
+        self._slices: dict[str, Mapping[str, Any]] = {}
+        self._published: list[str] | None = None
+
+    async def list(self) -> str:
+        """Replace the known slices with a fresh list; returns its resourceVersion."""
+        response = await self._client.get(
+            self._path, params={"labelSelector": self._selector}, headers=self._api.headers()
+        )
+        response.raise_for_status()
+        body = response.json()
+        self._slices = {item["metadata"]["name"]: item for item in body.get("items") or ()}
+        self._publish()
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def run(self, resource_version: str | None) -> None:
+        """Watch forever (until cancelled); `resource_version` from a successful `list`, or None."""
+        backoff = FIRST_BACKOFF_S
+        while True:
+            try:
+                if resource_version is None:
+                    resource_version = await self.list()
+                resource_version = await self._watch(resource_version)
+                backoff = FIRST_BACKOFF_S
+            except _Gone:
+                resource_version = None
+            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "endpointslice watch failed; retrying",
+                    extra={"service": self.service, "error": repr(exc), "retry_s": backoff},
+                )
+                resource_version = None
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    async def _watch(self, resource_version: str) -> str:
+        """One watch request; returns the resourceVersion to resume from when the server ends it."""
+        params = {
+            "labelSelector": self._selector,
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT_S),
+        }
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        timeout = httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30)
+        async with self._client.stream(
+            "GET", self._path, params=params, headers=self._api.headers(), timeout=timeout
+        ) as response:
+            if response.status_code == 410:
+                raise _Gone
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.strip():
+                    resource_version = self._apply(json.loads(line)) or resource_version
+        return resource_version
+
+    def _apply(self, event: Mapping[str, Any]) -> str | None:
+        """Apply one watch event; returns its resourceVersion (None when it has none)."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Gone
+            raise ValueError(f"watch error: {obj.get('message', obj)}")
+        metadata = obj.get("metadata") or {}
+        if kind in ("ADDED", "MODIFIED"):
+            self._slices[metadata["name"]] = obj
+        elif kind == "DELETED":
+            self._slices.pop(metadata["name"], None)
+        if kind != "BOOKMARK":
+            self._publish()
+        rv = metadata.get("resourceVersion")
+        return str(rv) if rv else None
+
+    def _publish(self) -> None:
+        urls = ready_urls(self._slices.values(), service=self.service, port=self._port)
+        if urls != self._published:
+            self._published = urls
+            self._on_change(urls)
+
+
+class KubernetesEndpoints:
+    """The `Discovery` for `kind: kubernetes` (module docstring). `client`: injected for tests;
+    otherwise one is made from `api` and closed by `stop`."""
+
+    def __init__(
+        self, config: KubernetesDiscovery, *, api: KubeAPI, client: httpx.AsyncClient | None = None
+    ) -> None:
+        self._config = config
+        self._api = api
+        self._client = client
+        self._owns_client = client is None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, registry: EndpointRegistry) -> None:
+        client = self._client = self._client or self._api.client()
+        services: dict[Pool, str] = {
+            "prefill": self._config.prefill_service,
+            "decode": self._config.decode_service,
+        }
+        for pool, service in services.items():
+            watch = SliceWatch(
+                client=client,
+                api=self._api,
+                namespace=self._config.namespace,
+                service=service,
+                port=self._config.port,
+                on_change=_updater(registry, pool, service),
+            )
+            resource_version: str | None
+            try:
+                resource_version = await watch.list()
+            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "cannot list endpointslices; the pool stays empty until the watch succeeds",
+                    extra={"service": service, "error": repr(exc)},
+                )
+                resource_version = None
+            self._tasks.append(asyncio.create_task(watch.run(resource_version), name=f"watch-{service}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._owns_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _updater(registry: EndpointRegistry, pool: Pool, service: str) -> Callable[[list[str]], None]:
+    def update(urls: list[str]) -> None:
+        registry.set_pool(pool, urls)
+        log.info("pool members changed", extra={"pool": pool, "service": service, "endpoints": urls})
+
+    return update

@@ -1,0 +1,140 @@
+"""The router's view of the KV pool (Redis, LMCache's layout): which prompt chunks are there.
+
+Keys are `tandem.core.kvkeys`'s: the prompt's full `spec.kvPool.chunkSize` chunks, chained hashes,
+`<spec.model.name>@1@0@<hash:x>@bfloat16` plus the `metadata` suffix; a chunk exists when its metadata
+exists (writers store `kv_bytes` first). Two questions, one Redis round trip each:
+
+- `cached_prefix_tokens(prompt)`: tokens of the longest run of chunks from chunk 0 in the pool
+  (`EXISTS <key>metadata` per chunk in one pipeline), for the conditional P/D decision.
+- `wait_for_prompt(prompt, timeout_s)`: the P/D barrier. After a prefill, wait until every full chunk
+  of the prompt is in the pool (one multi-key `EXISTS` per check), polling after 5 ms, then doubling
+  up to 100 ms between checks, for at most `timeout_s`. Outcomes: `ok`, `timeout`, `pool_unavailable`.
+
+Redis failures never raise: the answer is "unavailable" (None / `pool_unavailable`), and for
+`retry_after_s` afterwards the pool is not asked at all, so a dead pool costs requests no waiting.
+The client is built to fail fast (no retries, short timeouts; `connect`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from tandem.core.kvkeys import METADATA_SUFFIX, chunk_hashes, chunk_key
+
+log = logging.getLogger(__name__)
+POOL_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+FIRST_POLL_S = 0.005
+MAX_POLL_S = 0.1
+
+BarrierOutcome = Literal["ok", "timeout", "pool_unavailable"]
+
+
+def connect(url: str, *, timeout_s: float) -> Redis:
+    """A lazily connecting client that fails fast: no retries, `timeout_s` to connect and per command."""
+    client: Redis = Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+    return client
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierResult:
+    outcome: BarrierOutcome
+    waited_s: float  # clock seconds spent waiting
+    checks: int  # Redis round trips made
+
+
+class KVPoolIndex:
+    """Chunk presence in one Redis (module docstring). `clock`: monotonic seconds."""
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        model: str,
+        chunk_size: int,
+        clock: Callable[[], float],
+        retry_after_s: float = 1.0,
+    ) -> None:
+        self._client = client
+        self.model = model
+        self.chunk_size = chunk_size
+        self._clock = clock
+        self._retry_after_s = retry_after_s
+        self._down_until: float | None = None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def metadata_keys(self, prompt: Sequence[int]) -> list[str]:
+        """The metadata key of every full chunk of `prompt`, in order."""
+        return [
+            chunk_key(model=self.model, chunk_hash=h) + METADATA_SUFFIX
+            for h in chunk_hashes(prompt, self.chunk_size)
+        ]
+
+    async def cached_prefix_tokens(self, prompt: Sequence[int]) -> int | None:
+        """Tokens of `prompt`'s leading chunks present in the pool; None when the pool is unavailable."""
+        keys = self.metadata_keys(prompt)
+        if not self._available():
+            return None
+        if not keys:
+            return 0
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.exists(key)
+                present = await pipe.execute()
+        except POOL_ERRORS as exc:
+            self._failed(exc)
+            return None
+        self._succeeded()
+        run = next((i for i, n in enumerate(present) if not n), len(keys))
+        return run * self.chunk_size
+
+    async def wait_for_prompt(self, prompt: Sequence[int], *, timeout_s: float) -> BarrierResult:
+        """Wait until every full chunk of `prompt` is in the pool (module docstring)."""
+        started = self._clock()
+        keys = self.metadata_keys(prompt)
+        if not keys:
+            return BarrierResult("ok", 0.0, 0)
+        if not self._available():
+            return BarrierResult("pool_unavailable", 0.0, 0)
+        checks, delay = 0, FIRST_POLL_S
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    checks += 1
+                    if await self._client.exists(*keys) == len(keys):
+                        self._succeeded()
+                        return BarrierResult("ok", self._clock() - started, checks)
+                    await asyncio.sleep(delay)
+                    delay = min(MAX_POLL_S, delay * 2)
+        except TimeoutError:
+            self._succeeded()  # Redis answered every check; the chunks just did not arrive
+            return BarrierResult("timeout", self._clock() - started, checks)
+        except POOL_ERRORS as exc:
+            self._failed(exc)
+            return BarrierResult("pool_unavailable", self._clock() - started, checks)
+
+    def _available(self) -> bool:
+        return self._down_until is None or self._clock() >= self._down_until
+
+    def _failed(self, exc: BaseException) -> None:
+        if self._down_until is None:
+            log.warning("kv pool unavailable; P/D falls back to decode-only", extra={"error": repr(exc)})
+        self._down_until = self._clock() + self._retry_after_s
+
+    def _succeeded(self) -> None:
+        if self._down_until is not None:
+            log.info("kv pool reachable again")
+            self._down_until = None

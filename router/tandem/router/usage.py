@@ -1,0 +1,163 @@
+"""Counting a request's tokens for fair-queue charges (pure).
+
+- **Prompt**: `prompt_token_ids` encodes the prompt with `tandem.core.tokenizer` (chat messages
+  through its ChatML template), exactly as the simulator does, so the count is exact there and an
+  estimate (about 3 characters per token for English) for real engines. The charge made with it at
+  dispatch is corrected with the engine's `usage.prompt_tokens` when the answer carries usage.
+- **Streamed output**: `SSETap` reads a copy of the SSE bytes as they pass. Each `data:` event with
+  a non-empty `delta.content` (chat) or `text` (completions) counts as one generated token per choice
+  (vLLM sends one event per token); the final usage event, when present, gives the exact total.
+- **Usage always on**: `request_usage` adds `stream_options.include_usage: true` to a streaming body
+  that did not ask for it; the tap then drops that usage-only event (`"choices": []`) from the
+  client's stream, so the client sees the stream it asked for. Only then does the tap hold back the
+  unfinished tail of an event between chunks; the bytes it forwards are the engine's bytes.
+- **Buffered answers**: `usage_from_body` reads `usage` from a JSON answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
+from tandem.core.tokenizer import encode, render_chat
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+#: An unfinished event larger than this is not parsed (counting stops; bytes still flow).
+MAX_EVENT_BYTES = 1 << 20
+
+
+def prompt_token_ids(request: CompletionRequest | ChatCompletionRequest) -> tuple[int, ...]:
+    """The prompt's tokens under `tandem.core.tokenizer`; several prompts are concatenated."""
+    if isinstance(request, ChatCompletionRequest):
+        return tuple(encode(render_chat([m.model_dump() for m in request.messages])))
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return tuple(encode(prompt))
+    ids: list[int] = []
+    for part in prompt:
+        ids.extend(encode(part) if isinstance(part, str) else [part])
+    return tuple(ids)
+
+
+def request_usage(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """`body` with `stream_options.include_usage: true` when it streams without asking for usage,
+    and whether it was added (then strip the usage event from the client's stream)."""
+    options = body.get("stream_options")
+    asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
+    if not body.get("stream") or asked:
+        return dict(body), False
+    kept = dict(options) if isinstance(options, Mapping) else {}
+    return {**body, "stream_options": {**kept, "include_usage": True}}, True
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts from an engine's `usage` object (None where absent or malformed)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+def _usage(value: object) -> Usage | None:
+    if not isinstance(value, Mapping):
+        return None
+
+    def count(key: str) -> int | None:
+        n = value.get(key)
+        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+    return Usage(count("prompt_tokens"), count("completion_tokens"))
+
+
+def usage_from_body(body: bytes) -> Usage | None:
+    """The `usage` of a non-streaming JSON answer, or None."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    return _usage(answer.get("usage")) if isinstance(answer, Mapping) else None
+
+
+def _tokens_in(choices: object) -> int:
+    if not isinstance(choices, list):
+        return 0
+    tokens = 0
+    for choice in choices:
+        if not isinstance(choice, Mapping):
+            continue
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, Mapping) else choice.get("text")
+        tokens += 1 if isinstance(text, str) and text else 0
+    return tokens
+
+
+class SSETap:
+    """Counts tokens in an SSE stream passing through (see the module docstring).
+
+    `feed(chunk)` returns the bytes to forward now and the tokens newly counted; `flush()` returns
+    the bytes still held back (only when stripping the usage event). `usage` is the final usage event's
+    counts once seen.
+    """
+
+    def __init__(self, *, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self.usage: Usage | None = None
+        self.tokens = 0
+        self._pending = b""
+        self._parsing = True
+
+    def feed(self, chunk: bytes) -> tuple[bytes, int]:
+        if not self._parsing:
+            out = self._pending + chunk if self.strip_usage else chunk
+            self._pending = b""
+            return out, 0
+        data = self._pending + chunk
+        forward: list[bytes] = []
+        counted = 0
+        start = 0
+        for end in _EVENT_END.finditer(data):
+            event = data[start : end.end()]
+            start = end.end()
+            tokens, usage_only = self._read_event(event)
+            counted += tokens
+            if not (self.strip_usage and usage_only):
+                forward.append(event)
+        self._pending = data[start:]
+        if len(self._pending) > MAX_EVENT_BYTES:
+            # Not SSE as we know it: stop counting, keep relaying (held bytes go out now).
+            self._parsing = False
+            forward.append(self._pending)
+            self._pending = b""
+        self.tokens += counted
+        return (b"".join(forward) if self.strip_usage else chunk), counted
+
+    def flush(self) -> bytes:
+        """Bytes held back at the end of the stream (an unfinished last event); forward them."""
+        held, self._pending = self._pending, b""
+        return held if self.strip_usage else b""
+
+    def _read_event(self, event: bytes) -> tuple[int, bool]:
+        """(tokens in the event, whether it is a usage-only event)."""
+        tokens, usage_only = 0, False
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                continue
+            if not isinstance(obj, Mapping):
+                continue
+            tokens += _tokens_in(obj.get("choices"))
+            usage = _usage(obj.get("usage"))
+            if usage is not None:
+                self.usage = usage
+                usage_only = usage_only or obj.get("choices") == []
+        return tokens, usage_only

@@ -1,0 +1,248 @@
+"""The admission gate as stories: who is dispatched when, who waits, who gets a 429 and why.
+
+Real: `AdmissionGate`, its fair queue (`VTCQueue`/`FCFSQueue`), its Prometheus metrics on a private
+registry, the event loop. Faked: the decode pool's capacity (a number the test sets), the TTFT
+predictor (a table), and the clock (moved by hand; the gate re-checks it every `poll_s` = 10 ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry
+from tests.router.harness import FakeClock
+
+from tandem.router.admission.gate import AdmissionGate, Grant, Waiter
+from tandem.router.admission.metrics import AdmissionMetrics
+from tandem.router.admission.policy import NoPrediction
+from tandem.router.errors import Overloaded
+from tandem.router.fairness.fcfs import FCFSQueue
+from tandem.router.fairness.vtc import VTCQueue
+from tandem.router.types import SLO, EndpointSnapshot, RequestView, Route
+from tandem.router.usage import Usage
+
+SLOW = SLO(ttft_s=3600, tpot_s=1)
+
+
+@dataclass
+class Pool:
+    """The decode pool as the gate sees it: capacity (None: no endpoint in rotation)."""
+
+    capacity: int | None = 2
+
+
+@dataclass
+class Predictions:
+    ttft_s: dict[str, float] = field(default_factory=dict)  # by request id
+
+    def predicted_ttft(self, request: RequestView, candidates: Sequence[EndpointSnapshot], /) -> float | None:
+        return self.ttft_s.get(request.request_id)
+
+
+def make_gate(
+    pool: Pool,
+    clock: FakeClock,
+    *,
+    max_queue: int = 10,
+    fcfs: bool = False,
+    predictor: Predictions | None = None,
+    max_wait_s: float = 600,
+) -> tuple[AdmissionGate, CollectorRegistry]:
+    registry = CollectorRegistry()
+    queue: VTCQueue[Waiter] = (FCFSQueue if fcfs else VTCQueue)(max_size=max_queue + 1)
+    metrics = AdmissionMetrics(registry, max_tenants=10)
+    gate = AdmissionGate(
+        queue=queue,
+        max_queue=max_queue,
+        capacity=lambda: pool.capacity,
+        candidates=list,
+        predictor=predictor or NoPrediction(),
+        metrics=metrics,
+        clock=clock,
+        default_slo=SLOW,
+        max_queue_wait_s=max_wait_s,
+        poll_s=0.01,
+    )
+    metrics.watch(gate)
+    return gate, registry
+
+
+def request(rid: str, tenant: str, *, prompt: int = 10, priority: int = 0, slo: SLO = SLOW) -> RequestView:
+    return RequestView(
+        request_id=rid,
+        route=Route.COMPLETIONS,
+        model="m",
+        tenant=tenant,
+        stream=False,
+        body={},
+        prompt_token_ids=tuple(range(1, prompt + 1)),
+        priority=priority,
+        slo=slo,
+    )
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_requests_go_at_once_while_there_is_room_and_charge_their_prompt() -> None:
+    gate, registry = make_gate(Pool(capacity=2), FakeClock())
+    grant = await gate.admit(request("r1", "a", prompt=100))
+    assert gate.admitted == 1
+    assert gate.queue.counter("a") == 100
+    assert sample(registry, "tandem_router_tenant_served_tokens_total", tenant="a", kind="prompt") == 100
+    grant.release()
+    grant.release()  # idempotent
+    assert gate.admitted == 0
+
+
+async def test_a_saturated_pool_queues_and_each_release_dispatches_the_least_served_tenant() -> None:
+    gate, registry = make_gate(Pool(capacity=1), FakeClock())
+    running = await gate.admit(request("h0", "heavy", prompt=500))
+    waiting = {
+        rid: asyncio.create_task(gate.admit(request(rid, tenant)))
+        for rid, tenant in (("h1", "heavy"), ("h2", "heavy"), ("l1", "light"))
+    }
+    await settle()
+    assert len(gate.queue) == 3 and not any(t.done() for t in waiting.values())
+    assert sample(registry, "tandem_router_queue_depth", priority="0") == 3
+    # light arrived while heavy was backlogged at 500, so it was lifted to 500, not left at 0.
+    assert gate.queue.counter("light") == gate.queue.counter("heavy") == 500
+    order = []
+    for _ in range(3):
+        running.release()
+        await settle()
+        done = [rid for rid, task in waiting.items() if task.done() and rid not in order]
+        assert len(done) == 1
+        order += done
+        running = await waiting[done[0]]
+    # h1 wins the 500/500 tie by arrival; then heavy is at 510 and light (500) goes before h2.
+    assert order == ["h1", "l1", "h2"]
+
+
+async def test_fcfs_dispatches_in_arrival_order_whoever_sent_it() -> None:
+    gate, _ = make_gate(Pool(capacity=1), FakeClock(), fcfs=True)
+    running = await gate.admit(request("h0", "heavy", prompt=500))
+    first = asyncio.create_task(gate.admit(request("h1", "heavy")))
+    second = asyncio.create_task(gate.admit(request("l1", "light")))
+    await settle()
+    running.release()
+    await settle()
+    assert first.done() and not second.done()
+    (await first).release()
+    await settle()
+    assert second.done()
+
+
+async def test_a_full_queue_answers_429_at_once_with_a_retry_after() -> None:
+    gate, registry = make_gate(Pool(capacity=1), FakeClock(), max_queue=1)
+    await gate.admit(request("r0", "a"))
+    queued = asyncio.create_task(gate.admit(request("r1", "a")))
+    await settle()
+    with pytest.raises(Overloaded) as caught:
+        await gate.admit(request("r2", "b"))
+    assert caught.value.status == 429 and caught.value.reason == "queue_full"
+    assert caught.value.response_headers()["retry-after"] == str(caught.value.retry_after_s)
+    assert caught.value.retry_after_s >= 1
+    assert sample(registry, "tandem_router_admission_rejections_total", reason="queue_full") == 1
+    assert len(gate.queue) == 1 and gate.queue.counter("b") == gate.queue.counter("a")  # lifted, uncharged
+    queued.cancel()
+
+
+async def test_max_queue_zero_still_dispatches_when_there_is_room() -> None:
+    gate, _ = make_gate(Pool(capacity=1), FakeClock(), max_queue=0)
+    await gate.admit(request("r0", "a"))
+    with pytest.raises(Overloaded):
+        await gate.admit(request("r1", "a"))
+
+
+async def test_a_request_still_queued_at_its_ttft_objective_gets_429() -> None:
+    clock = FakeClock()
+    gate, registry = make_gate(Pool(capacity=1), clock)
+    await gate.admit(request("r0", "a"))
+    waiting = asyncio.create_task(gate.admit(request("r1", "b", slo=SLO(ttft_s=2.0, tpot_s=1))))
+    await asyncio.sleep(0.03)
+    assert not waiting.done()
+    clock.advance(2.0)
+    with pytest.raises(Overloaded) as caught:
+        await asyncio.wait_for(waiting, timeout=5)
+    assert caught.value.reason == "deadline"
+    assert "2s" in caught.value.message
+    # b was lifted to a's counter when it queued, and never charged its prompt.
+    assert len(gate.queue) == 0 and gate.queue.counter("b") == gate.queue.counter("a") == 10
+    assert sample(registry, "tandem_router_queue_wait_seconds_count", outcome="rejected") == 1
+
+
+async def test_the_router_queue_limit_caps_a_long_objective() -> None:
+    clock = FakeClock()
+    gate, _ = make_gate(Pool(capacity=1), clock, max_wait_s=5)
+    await gate.admit(request("r0", "a"))
+    waiting = asyncio.create_task(gate.admit(request("r1", "b")))  # TTFT objective: an hour
+    await asyncio.sleep(0.03)
+    clock.advance(5.0)
+    with pytest.raises(Overloaded):
+        await asyncio.wait_for(waiting, timeout=5)
+
+
+async def test_a_client_leaving_while_queued_withdraws_its_request_uncharged() -> None:
+    gate, registry = make_gate(Pool(capacity=1), FakeClock())
+    running = await gate.admit(request("r0", "a"))
+    waiting = asyncio.create_task(gate.admit(request("r1", "b", prompt=40)))
+    await settle()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(gate.queue) == 0 and gate.queue.counter("b") == gate.queue.counter("a") == 10
+    assert sample(registry, "tandem_router_queue_wait_seconds_count", outcome="cancelled") == 1
+    running.release()
+    assert gate.admitted == 0
+
+
+async def test_a_predicted_ttft_beyond_the_objective_is_rejected_early() -> None:
+    predictions = Predictions({"late": 5.0, "fine": 0.5})
+    gate, registry = make_gate(Pool(capacity=4), FakeClock(), predictor=predictions)
+    objective = SLO(ttft_s=1.0, tpot_s=1)
+    with pytest.raises(Overloaded) as caught:
+        await gate.admit(request("late", "a", slo=objective))
+    assert caught.value.reason == "slo" and "5s" in caught.value.message
+    (await gate.admit(request("fine", "a", slo=objective))).release()
+    assert sample(registry, "tandem_router_admission_rejections_total", reason="slo") == 1
+
+
+async def test_higher_priority_goes_first_even_for_a_heavier_tenant() -> None:
+    gate, _ = make_gate(Pool(capacity=1), FakeClock())
+    running = await gate.admit(request("r0", "heavy", prompt=1000))
+    low = asyncio.create_task(gate.admit(request("low", "light")))
+    high = asyncio.create_task(gate.admit(request("high", "heavy", priority=5)))
+    await settle()
+    running.release()
+    await settle()
+    assert high.done() and not low.done()
+    low.cancel()
+
+
+async def test_with_no_decode_endpoint_in_rotation_requests_are_not_held() -> None:
+    gate, _ = make_gate(Pool(capacity=None), FakeClock())
+    grant = await gate.admit(request("r0", "a"))
+    assert len(gate.queue) == 0 and gate.queue.counter("a") == 0
+    grant.release()
+
+
+async def test_output_is_charged_as_it_streams_and_settled_with_the_engines_usage() -> None:
+    gate, registry = make_gate(Pool(capacity=1), FakeClock())
+    grant: Grant = await gate.admit(request("r0", "a", prompt=10))
+    grant.charge_output(3)
+    assert gate.queue.counter("a") == 10 + 2 * 3
+    grant.settle(Usage(prompt_tokens=12, completion_tokens=5))  # the estimate was 2 short
+    assert gate.queue.counter("a") == 12 + 2 * 5
+    assert sample(registry, "tandem_router_tenant_served_tokens_total", tenant="a", kind="prompt") == 12
+    assert sample(registry, "tandem_router_tenant_served_tokens_total", tenant="a", kind="completion") == 5
+    assert sample(registry, "tandem_router_tenant_vtc_counter", tenant="a") == 22

@@ -1,0 +1,187 @@
+"""Admission rules as tables: saturation, pool capacity, deadlines, early rejection, Retry-After, the
+drain meter, and the tenant/SLO/priority headers.
+
+Pure: plain values in, values out; the drain meter runs on numbers given as the clock. Nothing faked.
+"""
+
+from __future__ import annotations
+
+import pytest
+from starlette.datastructures import Headers
+
+from tandem.router.admission.headers import (
+    HeaderTenant,
+    priority_from_headers,
+    slo_from_headers,
+)
+from tandem.router.admission.metrics import OTHER_TENANTS, TenantLabels
+from tandem.router.admission.policy import (
+    DEFAULT_RETRY_AFTER_S,
+    DrainMeter,
+    EndpointLoad,
+    SaturationLimits,
+    load_from_snapshot,
+    pool_capacity,
+    queue_deadline,
+    retry_after_seconds,
+    saturated,
+    slo_out_of_reach,
+)
+from tandem.router.errors import InvalidRequest
+from tandem.router.types import SLO, Endpoint, EndpointSnapshot, EngineReading, EngineStats
+
+LIMITS = SaturationLimits(max_in_flight=4, max_waiting=5, max_kv_usage=0.8)
+
+
+@pytest.mark.parametrize(
+    ("load", "full"),
+    [
+        (EndpointLoad(in_flight=3), False),
+        (EndpointLoad(in_flight=4), True),
+        (EndpointLoad(in_flight=0, waiting=5), True),
+        (EndpointLoad(in_flight=0, waiting=4, kv_usage=0.79), False),
+        (EndpointLoad(in_flight=0, kv_usage=0.8), True),
+        (EndpointLoad(in_flight=1, waiting=None, kv_usage=None), False),
+    ],
+)
+def test_an_endpoint_is_saturated_by_in_flight_waiting_or_kv(load: EndpointLoad, full: bool) -> None:
+    assert saturated(load, LIMITS) is full
+
+
+def test_engine_checks_can_be_turned_off() -> None:
+    limits = SaturationLimits(max_in_flight=4)
+    assert not saturated(EndpointLoad(in_flight=0, waiting=100, kv_usage=1.0), limits)
+
+
+@pytest.mark.parametrize(
+    ("loads", "capacity"),
+    [
+        ([], 0),
+        ([EndpointLoad(in_flight=0)] * 4, 16),
+        # the docstring's example: one engine reports 7 waiting with 3 in flight → keeps its 3
+        ([EndpointLoad(in_flight=0)] * 3 + [EndpointLoad(in_flight=3, waiting=7)], 15),
+        ([EndpointLoad(in_flight=9, kv_usage=0.9)], 4),  # never more than max_in_flight
+        ([EndpointLoad(in_flight=6)], 4),  # over the limit by the router's count: still 4
+    ],
+)
+def test_pool_capacity_sums_each_endpoints_room(loads: list[EndpointLoad], capacity: int) -> None:
+    assert pool_capacity(loads, LIMITS) == capacity
+
+
+def test_a_snapshot_gives_engine_numbers_only_when_fresh() -> None:
+    stats = EngineStats(running=2, waiting=7, kv_usage=0.5, block_size=16, num_gpu_blocks=100)
+    endpoint = Endpoint("decode", "http://e:1")
+
+    def snap(reading: EngineReading | None) -> EndpointSnapshot:
+        return EndpointSnapshot(
+            endpoint=endpoint, in_flight=3, consecutive_failures=0, in_rotation=True, engine=reading
+        )
+
+    assert load_from_snapshot(snap(None)) == EndpointLoad(in_flight=3)
+    fresh = EngineReading(stats=stats, age_s=0.1, stale=False)
+    assert load_from_snapshot(snap(fresh)) == EndpointLoad(in_flight=3, waiting=7, kv_usage=0.5)
+    stale = EngineReading(stats=stats, age_s=9.0, stale=True)
+    assert load_from_snapshot(snap(stale)) == EndpointLoad(in_flight=3)
+
+
+@pytest.mark.parametrize(
+    ("ttft", "max_wait", "deadline"),
+    [(1.0, 60.0, 101.0), (120.0, 60.0, 160.0)],
+)
+def test_the_queue_deadline_is_the_sooner_of_objective_and_queue_limit(
+    ttft: float, max_wait: float, deadline: float
+) -> None:
+    assert queue_deadline(arrived=100.0, ttft_slo_s=ttft, max_queue_wait_s=max_wait) == deadline
+
+
+@pytest.mark.parametrize(
+    ("predicted", "left", "reject"),
+    [(None, 0.1, False), (0.5, 1.0, False), (1.0, 1.0, False), (1.5, 1.0, True)],
+)
+def test_early_rejection_needs_a_prediction_beyond_the_time_left(
+    predicted: float | None, left: float, reject: bool
+) -> None:
+    assert slo_out_of_reach(predicted, time_left_s=left) is reject
+
+
+@pytest.mark.parametrize(
+    ("queued", "rate", "seconds"),
+    [
+        (200, 40.0, 6),  # the docstring's example: ceil(201 / 40)
+        (0, 40.0, 1),  # never below one second
+        (10_000, 1.0, 60),  # never above a minute
+        (5, None, DEFAULT_RETRY_AFTER_S),  # nothing dispatched yet
+        (5, 0.0, DEFAULT_RETRY_AFTER_S),
+    ],
+)
+def test_retry_after_is_the_time_to_drain_the_queue(queued: int, rate: float | None, seconds: int) -> None:
+    assert retry_after_seconds(queued=queued, drain_per_s=rate) == seconds
+
+
+def test_the_drain_meter_follows_a_steady_rate_and_decays_when_idle() -> None:
+    meter = DrainMeter(tau_s=10.0)
+    assert meter.rate(0.0) is None
+    t = 0.0
+    for _ in range(2400):  # 40 per second for a minute
+        t += 0.025
+        meter.record(t)
+    rate = meter.rate(t)
+    assert rate is not None and rate == pytest.approx(40.0, rel=0.01)
+    later = meter.rate(t + 10.0)
+    assert later is not None and later == pytest.approx(40.0 / 2.718, rel=0.01)
+
+
+def test_the_tenant_comes_from_its_header_trimmed_and_bounded() -> None:
+    tenants = HeaderTenant("X-Tenant-Id")
+    assert tenants.tenant(Headers({"x-tenant-id": " team-a "})) == "team-a"
+    assert tenants.tenant(Headers({})) == "default"
+    assert tenants.tenant(Headers({"x-tenant-id": ""})) == "default"
+    assert len(tenants.tenant(Headers({"x-tenant-id": "t" * 1000}))) == 128
+
+
+def test_slo_headers_override_the_service_defaults_in_milliseconds() -> None:
+    default = SLO(ttft_s=1.0, tpot_s=0.05)
+    assert slo_from_headers(Headers({}), default=default) == default
+    headers = Headers({"x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20.5"})
+    assert slo_from_headers(headers, default=default) == SLO(ttft_s=0.25, tpot_s=0.0205)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("x-slo-ttft-ms", "fast"),
+        ("x-slo-ttft-ms", "0"),
+        ("x-slo-ttft-ms", "nan"),
+        ("x-slo-tpot-ms", "-3"),
+        ("x-slo-tpot-ms", "100000"),
+    ],
+)
+def test_a_malformed_slo_header_is_a_400_naming_it(name: str, value: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        slo_from_headers(Headers({name: value}), default=SLO(ttft_s=1, tpot_s=1))
+    assert caught.value.param == name and name in caught.value.message
+
+
+@pytest.mark.parametrize(("value", "band"), [(None, 0), ("3", 3), (" -10 ", -10), ("10", 10)])
+def test_priority_bands(value: str | None, band: int) -> None:
+    headers = Headers({} if value is None else {"x-priority": value})
+    assert priority_from_headers(headers) == band
+
+
+@pytest.mark.parametrize("value", ["11", "-11", "high", "1.5"])
+def test_a_priority_outside_the_bands_is_a_400(value: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        priority_from_headers(Headers({"x-priority": value}))
+    assert caught.value.param == "x-priority"
+
+
+def test_tenant_labels_name_the_first_tenants_and_fold_the_rest_into_other() -> None:
+    labels = TenantLabels(2)
+    assert [labels.label(t) for t in ("a", "b", "c", "a", "d")] == [
+        "a",
+        "b",
+        OTHER_TENANTS,
+        "a",
+        OTHER_TENANTS,
+    ]
+    assert labels.named("b") and not labels.named("c")

@@ -1,0 +1,161 @@
+"""Token counting for fair-queue charges: prompt tokens, the usage request, and the SSE tap.
+
+Pure: request models and byte strings in, counts and bytes out. The prompt counts are checked
+against the simulator's own request preparation (`tandem.sim.protocol.prepare`), so "exact for the
+simulator" is tested, not assumed. Nothing is faked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
+from tandem.router.usage import SSETap, Usage, prompt_token_ids, request_usage, usage_from_body
+from tandem.sim.protocol import prepare
+
+CHAT = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "prompt": "Once upon a time, in a land far away"},
+        {"model": "m", "prompt": ["only one prompt"]},
+        {"model": "m", "prompt": [101, 202, 303]},
+        CHAT,
+    ],
+    ids=["text", "list-of-one", "token-ids", "chat"],
+)
+def test_prompt_tokens_match_what_the_simulator_computes(body: dict[str, Any]) -> None:
+    request = (
+        ChatCompletionRequest.model_validate(body)
+        if "messages" in body
+        else CompletionRequest.model_validate(body)
+    )
+    assert (
+        prompt_token_ids(request) == prepare(request, served_model="m", max_model_len=4096).prompt_token_ids
+    )
+
+
+def test_several_prompts_are_counted_together() -> None:
+    request = CompletionRequest.model_validate({"model": "m", "prompt": ["a b", "c"]})
+    assert len(prompt_token_ids(request)) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "sent", "added"),
+    [
+        ({"stream": True}, {"stream": True, "stream_options": {"include_usage": True}}, True),
+        (
+            {"stream": True, "stream_options": {"continuous_usage_stats": False}},
+            {"stream": True, "stream_options": {"continuous_usage_stats": False, "include_usage": True}},
+            True,
+        ),
+        (
+            {"stream": True, "stream_options": {"include_usage": True}},
+            {"stream": True, "stream_options": {"include_usage": True}},
+            False,
+        ),
+        ({"stream": False}, {"stream": False}, False),
+        ({}, {}, False),
+    ],
+)
+def test_usage_is_requested_for_streams_that_did_not_ask(
+    body: dict[str, Any], sent: dict[str, Any], added: bool
+) -> None:
+    assert request_usage(body) == (sent, added)
+
+
+def event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def chat_chunk(text: str) -> bytes:
+    return event({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]})
+
+
+def text_chunk(text: str) -> bytes:
+    return event({"object": "text_completion", "choices": [{"index": 0, "text": text}]})
+
+
+USAGE = event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+DONE = b"data: [DONE]\n\n"
+
+
+def run(tap: SSETap, chunks: list[bytes]) -> tuple[bytes, list[int]]:
+    out, counts = [], []
+    for chunk in chunks:
+        forward, tokens = tap.feed(chunk)
+        out.append(forward)
+        counts.append(tokens)
+    out.append(tap.flush())
+    return b"".join(out), counts
+
+
+def test_each_event_with_content_is_one_token_and_the_bytes_pass_unchanged() -> None:
+    role = event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    stream = [role, chat_chunk("Hi"), chat_chunk(" there"), chat_chunk(""), USAGE, DONE]
+    tap = SSETap(strip_usage=False)
+    relayed, counts = run(tap, stream)
+    assert relayed == b"".join(stream)
+    assert counts == [0, 1, 1, 0, 0, 0] and tap.tokens == 2
+    assert tap.usage == Usage(prompt_tokens=7, completion_tokens=3)
+
+
+def test_events_split_across_chunks_are_counted_once_and_relayed_as_they_come() -> None:
+    whole = text_chunk(" a") + text_chunk(" b") + DONE
+    pieces = [whole[:5], whole[5:40], whole[40:41], whole[41:]]
+    tap = SSETap(strip_usage=False)
+    relayed, counts = run(tap, pieces)
+    assert relayed == whole and sum(counts) == 2
+
+
+def test_the_usage_event_the_router_asked_for_is_stripped_and_nothing_else() -> None:
+    stream = text_chunk(" a") + text_chunk(" b") + USAGE + DONE
+    pieces = [stream[i : i + 7] for i in range(0, len(stream), 7)]  # events cut anywhere
+    tap = SSETap(strip_usage=True)
+    relayed, counts = run(tap, pieces)
+    assert relayed == text_chunk(" a") + text_chunk(" b") + DONE
+    assert sum(counts) == 2 and tap.usage == Usage(prompt_tokens=7, completion_tokens=3)
+
+
+def test_crlf_framed_events_are_understood() -> None:
+    stream = [chat_chunk("x").replace(b"\n\n", b"\r\n\r\n"), USAGE.replace(b"\n\n", b"\r\n\r\n")]
+    tap = SSETap(strip_usage=True)
+    relayed, counts = run(tap, stream)
+    assert relayed == stream[0] and counts == [1, 0]
+
+
+def test_an_unfinished_last_event_is_forwarded_at_the_end() -> None:
+    tap = SSETap(strip_usage=True)
+    relayed, _ = run(tap, [text_chunk(" a"), b'data: {"choi'])
+    assert relayed == text_chunk(" a") + b'data: {"choi'
+
+
+def test_garbage_is_relayed_and_not_counted() -> None:
+    tap = SSETap(strip_usage=True)
+    relayed, counts = run(tap, [b"data: not json\n\n", b": comment\n\n", b"event: x\ndata: [1]\n\n"])
+    assert relayed == b"data: not json\n\n: comment\n\nevent: x\ndata: [1]\n\n" and counts == [0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("body", "usage"),
+    [
+        (b'{"usage": {"prompt_tokens": 4, "completion_tokens": 9}}', Usage(4, 9)),
+        (b'{"usage": {"prompt_tokens": -1, "completion_tokens": true}}', Usage(None, None)),
+        (b'{"choices": []}', None),
+        (b"not json", None),
+        (b"[1, 2]", None),
+    ],
+)
+def test_usage_of_a_buffered_answer(body: bytes, usage: Usage | None) -> None:
+    assert usage_from_body(body) == usage
