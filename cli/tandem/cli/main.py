@@ -10,6 +10,8 @@ from __future__ import annotations
 import click
 
 from tandem.cli.bench import bench
+from tandem.cli.crd import crd
+from tandem.cli.operator import operator
 from tandem.cli.router import router
 from tandem.cli.sim import sim
 from tandem.cli.up import up
@@ -28,6 +30,8 @@ cli.add_command(up)
 cli.add_command(sim)
 cli.add_command(router)
 cli.add_command(bench)
+cli.add_command(operator)
+cli.add_command(crd)
 
 
 def main() -> None:

@@ -58,7 +58,11 @@ def reconcile_handler(
         outcome = reconcile(dict(body), cluster=context.cluster, images=context.images, now=now)
     patch.status.update(as_patch(outcome.status, body.get("status") or {}))
     for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        # `body` may predate the status a concurrent handler just wrote; remember what this
+        # process posted so that one problem makes one event.
+        if memo.get("last_event") != event:
+            memo["last_event"] = event
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     changes = [f"{a.verb} {a.ref}" for a in outcome.actions if a.verb != "unchanged"]
     if changes:
         logger.info("reconciled: %s", "; ".join(changes))
@@ -86,6 +90,9 @@ def kopf_settings() -> kopf.OperatorSettings:
     """kopf's settings: our annotation prefix and finalizer; only warnings become Events."""
     settings = kopf.OperatorSettings()
     settings.posting.level = logging.WARNING
+    # A timer's reconcile runs in a worker thread, which cannot be cancelled: on shutdown or
+    # deletion, wait for an in-flight one to finish instead of orphaning it half-way.
+    settings.background.instant_exit_timeout = 10.0
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(

@@ -33,15 +33,19 @@ MERGE_PATCH = "application/merge-patch+json"
 
 def connect(kubeconfig: str | None) -> client.ApiClient:
     """An API client: the kubeconfig file `kubeconfig` when given (its current context), else the
-    pod's service account when running in a cluster, else `~/.kube/config`."""
+    pod's service account when running in a cluster, else `~/.kube/config`; ClusterError if none
+    of them works."""
     configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return client.ApiClient(configuration)
     try:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except ConfigException:
-        config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return client.ApiClient(configuration)
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except ConfigException:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except (ConfigException, OSError) as exc:
+        raise ClusterError(0, f"no usable Kubernetes credentials: {exc}") from None
     return client.ApiClient(configuration)
 
 

@@ -211,11 +211,17 @@ def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, A
 
 
 def build_engine_deployment(
-    spec: InferenceServiceSpec, *, owner: Owner, role: Role, images: Images
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    role: Role,
+    images: Images,
+    lmcache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Deployment `<name>-prefill` or `<name>-decode` for one engine pool.
 
-    For vLLM the pod template carries the LMCache config's hash, so a pool change rolls the pods.
+    For vLLM, `lmcache` is the LMCache ConfigMap (built when None); the pod template carries its
+    hash, so a change of the pool's configuration rolls the pods.
     """
     if role not in KV_ROLE:
         raise ValueError(f"not an engine role: {role}")
@@ -229,8 +235,8 @@ def build_engine_deployment(
         },
     }
     if spec.engine.kind == "vllm":
-        lmcache_data = build_lmcache_configmap(spec, owner=owner)["data"]
-        template_meta["annotations"][CONFIG_HASH_ANNOTATION] = config_hash(lmcache_data)
+        lmcache = lmcache or build_lmcache_configmap(spec, owner=owner)
+        template_meta["annotations"][CONFIG_HASH_ANNOTATION] = config_hash(lmcache["data"])
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec, role, owner=owner, images=images)],
         "terminationGracePeriodSeconds": DRAIN_SECONDS + 30,

@@ -11,11 +11,17 @@ import hashlib
 from decimal import Decimal
 from typing import Any
 
-import yaml
-
 from tandem.core.quantity import parse_bytes
 from tandem.core.spec import InferenceServiceSpec
-from tandem.operator.resources.meta import REDIS_PORT, Images, Owner, Role, child_name, object_meta
+from tandem.operator.resources.meta import (
+    REDIS_PORT,
+    Images,
+    Owner,
+    Role,
+    child_name,
+    object_meta,
+    to_yaml,
+)
 from tandem.operator.resources.meta import selector_labels as _selector
 
 LMCACHE_SUFFIX = "lmcache"
@@ -66,7 +72,7 @@ def build_lmcache_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": object_meta(owner, name=child_name(owner, LMCACHE_SUFFIX), role=Role.KV_POOL),
-        "data": {LMCACHE_FILE: yaml.safe_dump(lmcache_config(spec, owner), sort_keys=True)},
+        "data": {LMCACHE_FILE: to_yaml(lmcache_config(spec, owner))},
     }
 
 

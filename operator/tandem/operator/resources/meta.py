@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import yaml
+
 from tandem.core.spec import API_VERSION, KIND
+
+# libyaml's emitter when PyYAML has it (10x faster; reconciles render configs every resync).
+_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 #: Ports every pod of a role listens on.
 ENGINE_PORT = 8000
@@ -106,3 +111,8 @@ def object_meta(
     if annotations:
         meta["annotations"] = annotations
     return meta
+
+
+def to_yaml(document: Any) -> str:
+    """Block-style YAML with sorted keys: stable text, so config hashes change only with content."""
+    return yaml.dump(document, Dumper=_DUMPER, sort_keys=True, default_flow_style=False)

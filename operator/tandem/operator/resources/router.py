@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
 from tandem.core.spec import DecodeSpec, EngineSpec, InferenceServiceSpec, PrefillSpec
 from tandem.operator.resources.engine import CONFIG_HASH_ANNOTATION
@@ -21,6 +19,7 @@ from tandem.operator.resources.meta import (
     child_name,
     object_meta,
     selector_labels,
+    to_yaml,
 )
 from tandem.operator.resources.services import service_name
 
@@ -63,7 +62,7 @@ def build_router_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict[
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": object_meta(owner, name=child_name(owner, ROUTER_SUFFIX), role=Role.ROUTER),
-        "data": {CONFIG_FILE: yaml.safe_dump(document, sort_keys=True)},
+        "data": {CONFIG_FILE: to_yaml(document)},
     }
 
 
@@ -104,12 +103,14 @@ def build_router_role_binding(owner: Owner) -> dict[str, Any]:
     }
 
 
-def build_router_deployment(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> dict[str, Any]:
-    """Deployment `<name>-router`; its pod template carries the config's hash, so a config change
-    (weights, SLOs, fairness) rolls the router pods."""
+def build_router_deployment(
+    spec: InferenceServiceSpec, *, owner: Owner, images: Images, config: dict[str, Any]
+) -> dict[str, Any]:
+    """Deployment `<name>-router`, given its ConfigMap `config`; the pod template carries the
+    config's hash, so a config change (weights, SLOs, fairness) rolls the router pods."""
     name = child_name(owner, ROUTER_SUFFIX)
     meta = object_meta(owner, name=name, role=Role.ROUTER)
-    config_data = build_router_configmap(spec, owner=owner)["data"]
+    config_data = config["data"]
     health = {"httpGet": {"path": "/health", "port": "http"}}
     container = {
         "name": "router",
