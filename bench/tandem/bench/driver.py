@@ -12,8 +12,8 @@ Contract of `drive(workload, settings)`:
   seconds since the run start for arrival, send, every content chunk (the first is the first token)
   and end; token counts from the final `usage` chunk; the HTTP status; an error string or None.
 - **Never a hang.** Each request has `request_timeout_s` from send to end; the whole run has a hard
-  deadline of the last arrival + `request_timeout_s` + 5 s, after which what is left is cancelled
-  and recorded as such. The count is bounded by the workload.
+  deadline of the last arrival + `request_timeout_s` + `deadline_slack_s`, after which what is left
+  is cancelled and recorded as such. The count is bounded by the workload.
 
 Times are wall seconds here; `tandem.bench.report` multiplies them by the time scale.
 """
@@ -34,7 +34,6 @@ from tandem.bench.records import DriveResult, RequestRecord, apply_event
 from tandem.bench.workloads import BenchRequest, Workload
 
 Progress = Callable[[str], None]
-_DEADLINE_SLACK_S = 5.0
 _ERROR_BODY_CHARS = 300
 
 
@@ -52,6 +51,7 @@ class DriverSettings:
     ignore_eos: bool = True
     time_scale: float = 1.0
     progress_every_s: float = 5.0
+    deadline_slack_s: float = 5.0
 
 
 def request_body(request: BenchRequest, *, model: str, ignore_eos: bool) -> dict[str, Any]:
@@ -125,7 +125,7 @@ class _Run:
         pairs = zip(self.workload.requests, self.records, strict=True)
         tasks = [asyncio.ensure_future(self._one(request, record)) for request, record in pairs]
         last_arrival = self.records[-1].arrival_s if self.records else 0.0
-        deadline = last_arrival + self.settings.request_timeout_s + _DEADLINE_SLACK_S
+        deadline = last_arrival + self.settings.request_timeout_s + self.settings.deadline_slack_s
         reporter = asyncio.ensure_future(self._report()) if self.progress else None
         try:
             if tasks:

@@ -191,6 +191,12 @@ def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _source(source: Mapping[str, Any] | None) -> str:
+    if not source or not source.get("commit"):
+        return ""
+    return f"; code {source['commit'][:10]}{' with local changes' if source.get('dirty') else ''}"
+
+
 def markdown(doc: Mapping[str, Any]) -> str:
     """The table with a heading that says what was run, where, and in which units."""
     settings, machine, workload = doc["settings"], doc["machine"], doc["workload"]
@@ -200,7 +206,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"# tandem bench: {workload['name']}",
         "",
         f"- command: `{' '.join(doc['command'])}`",
-        f"- date: {doc['created']}; machine: {machine.get('nproc')} cores, {machine.get('cpu', '?')}",
+        f"- date: {doc['created']}; machine: {machine.get('nproc')} cores, {machine.get('cpu', '?')}"
+        f"{_source(machine.get('source'))}",
         f"- workload: {workload['name']} ({params}); {workload['requests']} requests, "
         f"seed {workload['seed']}",
         f"- engines: {settings.get('engines_desc', 'external')}; time scale {settings['time_scale']:g} "

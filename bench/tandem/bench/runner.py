@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -86,7 +87,26 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "source": source_info(),
     }
+
+
+def source_info() -> dict[str, Any]:
+    """The git commit of the code that ran (gateway, engines and bench alike) and whether the work tree
+    had changes; None values when this is not a git checkout."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    status = git("status", "--porcelain")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
 def _cpu_model() -> str:

@@ -79,6 +79,7 @@ HELP: Mapping[str, str] = MappingProxyType(
         "policy": f"Harness: Tandem routing policies, comma-separated ({', '.join(ROUTING_POLICIES)}).",
         "peer": "Harness: a peer router, e.g. vllm-router:cache_aware, vllm-router:round_robin; repeatable.",
         "direct": "Harness: also run straight against one engine (no router).",
+        "vllm_router": "The vllm-router binary for --peer [default: beside this Python, else on PATH].",
         "time_scale": "Simulated seconds per wall second (harness: given to the engines; endpoint mode: the "
         "scale the endpoint's simulated engines run at).",
         "engine_arg": "Harness: an extra `tandem sim` argument, e.g. --engine-arg=--num-gpu-blocks=2048.",
@@ -94,6 +95,7 @@ HELP: Mapping[str, str] = MappingProxyType(
 @click.option("--policy", multiple=True, metavar="LIST", help=HELP["policy"])
 @click.option("--peer", multiple=True, metavar="ROUTER:POLICY", help=HELP["peer"])
 @click.option("--direct", is_flag=True, help=HELP["direct"])
+@click.option("--vllm-router", type=click.Path(path_type=Path, dir_okay=False), help=HELP["vllm_router"])
 @click.option("--engines", type=click.IntRange(1, 64), default=4, show_default=True, help="Decode engines.")
 @click.option("--pd", is_flag=True, help="Harness: disaggregate (prefill engines + Redis KV pool).")
 @click.option("--prefill-engines", type=click.IntRange(1, 64), default=1, show_default=True)
@@ -181,11 +183,11 @@ def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, 
         targets = parse_targets(policies=o["policy"], peers=o["peer"], direct=o["direct"])
     except TargetError as exc:
         _fail(str(exc))
-    tools = Tools(
-        python=sys.executable,
-        redis_server=find_redis_server(),
-        vllm_router=find_vllm_router(python=sys.executable),
-    )
+    given: Path | None = o["vllm_router"]
+    if given is not None and not given.is_file():
+        _fail(f"--vllm-router {given}: no such file")
+    vllm_router = str(given) if given is not None else find_vllm_router(python=sys.executable)
+    tools = Tools(python=sys.executable, redis_server=find_redis_server(), vllm_router=vllm_router)
     if tools.vllm_router is None and any(t.kind == "vllm-router" for t in targets):
         _fail(
             f"--peer vllm-router needs the vllm-router binary, which is not installed: {VLLM_ROUTER_INSTALL}"

@@ -1,0 +1,163 @@
+"""The load driver against a real HTTP server: bodies and headers sent, records kept, failures
+recorded, and every run bounded in time.
+
+Real: httpx streaming over loopback to a uvicorn server (tests.servers.run_uvicorn) and the driver's
+asyncio scheduling. Faked: the endpoint is `tests.bench.fake_openai` (scripted answers chosen by the
+prompt). Assertions are on counts, order and contents, never on how fast anything was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tests.bench.fake_openai import PROMPT_TOKENS, FakeState, create_app
+from tests.servers import free_port, run_uvicorn
+
+from tandem.bench.driver import DriverSettings, drive, request_body
+from tandem.bench.records import RequestRecord, apply_event
+from tandem.bench.workloads import BenchRequest, Workload
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[str, FakeState]]:
+    state = FakeState()
+    with run_uvicorn(create_app(state)) as url:
+        yield url, state
+
+
+def chat(text: str, *, tenant: str = "default", offset: float = 0.0, tokens: int = 3) -> BenchRequest:
+    return BenchRequest(offset, tenant, tokens, messages=({"role": "user", "content": text},))
+
+
+def settings(url: str, **overrides: object) -> DriverSettings:
+    return DriverSettings(base_url=f"{url}/v1", model="qwen", label="t", **overrides)  # type: ignore[arg-type]
+
+
+def test_request_bodies_stream_with_usage_and_exact_lengths() -> None:
+    body = request_body(chat("hi", tokens=7), model="qwen", ignore_eos=True)
+    assert body == {
+        "model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "stream": True,
+        "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }  # fmt: skip
+    plain = request_body(BenchRequest(0, "t", 2, prompt="p"), model="m", ignore_eos=False)
+    assert plain == {
+        "model": "m",
+        "prompt": "p",
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+@pytest.mark.parametrize(
+    ("event", "tokens", "usage", "error"),
+    [
+        ({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, 0, None, None),
+        ({"choices": [{"delta": {"content": " hi"}}]}, 1, None, None),
+        ({"choices": [{"text": " hi", "index": 0}]}, 1, None, None),
+        ({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}, 0, (5, 2), None),
+        ({"error": {"message": "bad"}}, 0, None, "error event: bad"),
+        (["not", "an", "object"], 0, None, "unexpected event: ['not', 'an', 'object']"),
+    ],
+)
+def test_stream_events_fold_into_the_record(
+    event: object, tokens: int, usage: tuple[int, int] | None, error: str | None
+) -> None:
+    record = RequestRecord(0, "t", None, 2, arrival_s=0.0)
+    apply_event(record, event, now=1.5)
+    assert record.token_times_s == [1.5] * tokens
+    assert (
+        None if record.prompt_tokens is None else (record.prompt_tokens, record.completion_tokens)
+    ) == usage
+    assert record.error == error
+
+
+async def test_every_request_is_recorded_with_its_tokens_and_tenant_header(
+    fake: tuple[str, FakeState],
+) -> None:
+    url, state = fake
+    workload = Workload("w", (chat("a", tenant="x", tokens=4), BenchRequest(0.01, "y", 2, prompt="b")))
+    result = await drive(workload, settings(url))
+    first, second = result.records
+    assert [r.ok for r in result.records] == [True, True]
+    assert (first.tenant, first.completion_tokens, len(first.token_times_s), first.prompt_tokens) == (
+        "x",
+        4,
+        4,
+        PROMPT_TOKENS,
+    )
+    assert (second.tenant, second.completion_tokens, len(second.token_times_s)) == ("y", 2, 2)
+    for r in result.records:
+        assert r.start_s is not None and r.end_s is not None
+        assert r.arrival_s <= r.start_s <= r.token_times_s[0] <= r.token_times_s[-1] <= r.end_s
+    sent = {body.get("prompt") or body["messages"][0]["content"]: headers for body, headers in state.received}
+    assert sent["a"]["x-tenant-id"] == "x" and sent["a"]["x-request-id"] == "bench-t-0"
+    assert sent["b"]["x-tenant-id"] == "y" and sent["b"]["x-request-id"] == "bench-t-1"
+    assert result.wall_s >= max(r.end_s or 0 for r in result.records)
+
+
+async def test_arrivals_follow_the_offsets_divided_by_the_time_scale(fake: tuple[str, FakeState]) -> None:
+    url, _ = fake
+    workload = Workload("w", tuple(chat(str(i), offset=i * 2.0) for i in range(3)))
+    result = await drive(workload, settings(url, time_scale=100.0))
+    assert [r.arrival_s for r in result.records] == [0.0, 0.02, 0.04]
+    assert all(r.start_s is not None and r.start_s >= r.arrival_s for r in result.records)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "status", "error"),
+    [
+        ("status-500", 500, "HTTP 500: "),
+        ("error-event", 200, "error event: engine died"),
+        ("no-done", 200, "stream ended without [DONE]"),
+        ("hang", None, "timeout after 0.3s"),
+    ],
+)
+async def test_failures_are_recorded_not_raised(
+    fake: tuple[str, FakeState], prompt: str, status: int | None, error: str
+) -> None:
+    url, _ = fake
+    result = await drive(Workload("w", (chat(prompt), chat("fine"))), settings(url, request_timeout_s=0.3))
+    failed, fine = result.records
+    assert not failed.ok and failed.status == status and failed.error is not None
+    assert failed.error.startswith(error)
+    assert failed.end_s is not None
+    assert fine.ok
+
+
+async def test_a_refused_connection_is_an_error_record() -> None:
+    result = await drive(Workload("w", (chat("a"),)), settings(f"http://127.0.0.1:{free_port()}"))
+    (record,) = result.records
+    assert not record.ok and record.error is not None and record.error.startswith("ConnectError")
+
+
+async def test_a_tenant_over_its_concurrency_waits_but_the_run_ends_at_its_deadline(
+    fake: tuple[str, FakeState],
+) -> None:
+    url, state = fake
+    hanging = tuple(chat("hang", tenant="heavy") for _ in range(3))
+    workload = Workload("w", (*hanging, chat("fine", tenant="light", offset=0.05)))
+    limits = settings(url, max_concurrency=1, request_timeout_s=0.3, deadline_slack_s=0.0)
+    result = await drive(workload, limits)
+    first, second, third, light = result.records
+    assert first.error == "timeout after 0.3s"
+    assert third.start_s is None and third.error == "cancelled at the run deadline", "it never got a slot"
+    assert second.error in ("timeout after 0.3s", "cancelled at the run deadline")
+    assert light.ok, "the light tenant has its own slots"
+    assert len(state.received) <= 3
+
+
+async def test_progress_lines_name_the_run(fake: tuple[str, FakeState]) -> None:
+    url, state = fake
+    state.token_delay = 0.05
+    lines: list[str] = []
+    await drive(
+        Workload("w", (chat("a", tokens=6),)), settings(url, progress_every_s=0.05), progress=lines.append
+    )
+    assert lines and all(line.startswith("[t] ") and "/1 done" in line for line in lines)
+
+
+async def test_an_empty_workload_finishes_at_once() -> None:
+    result = await drive(Workload("w", ()), settings("http://127.0.0.1:9"))
+    assert result.records == ()

@@ -1,0 +1,78 @@
+"""The harness end to end: `tandem bench --policy ... --direct` on 2 simulated engines.
+
+Real: everything — redis-server, `tandem sim` engines and `tandem router` as child processes on
+127.0.0.1 (started by the harness through tandem.local), the driver's HTTP streams, the engines'
+/metrics, the report files; vllm-router too in the peer test when its binary is installed (the
+`bench` extra). Nothing is faked. The engines run at time scale 100 and the workload is a handful
+of short requests; assertions are on counts, fields and processes, never on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tandem.bench.targets import find_vllm_router
+from tandem.cli.main import cli
+
+TINY = ["--engines", "2", "--time-scale", "100", "--param", "groups=2", "--param", "prompts_per_group=3",
+        "--param", "system_prompt_tokens=256", "--param", "question_tokens=16", "--param", "output_tokens=4",
+        "--param", "rate=inf", "--request-timeout", "60"]  # fmt: skip
+
+
+def run_bench(tmp_path: Path, *targets: str) -> tuple[dict[str, Any], str]:
+    result = CliRunner().invoke(cli, ["bench", *targets, *TINY, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    return json.loads((tmp_path / "bench.json").read_text()), result.stdout
+
+
+def assert_stopped(run: dict[str, Any]) -> None:
+    for child in run["children"]:
+        assert child["returncode"] is not None, f"{child['name']} was not waited for"
+        with pytest.raises(ProcessLookupError):
+            os.kill(child["pid"], 0)
+
+
+def test_each_policy_and_direct_run_cold_on_their_own_engines_and_every_child_stops(tmp_path: Path) -> None:
+    doc, table = run_bench(tmp_path, "--policy", "round-robin", "--direct")
+    assert [r["label"] for r in doc["runs"]] == ["round-robin", "direct"]
+    routed, direct = doc["runs"]
+    for run in doc["runs"]:
+        assert run["requests"]["total"] == 6 and run["requests"]["ok"] == 6, run["requests"]
+        overall = run["engines"]["overall"]
+        assert overall is not None and overall["delta"]["prompt_tokens"] > 0
+        assert 0.0 <= overall["prefix_hit_rate"] <= 1.0
+        assert overall["delta"]["requests"] == 6, "the engines' counters started from zero (cold engines)"
+        assert_stopped(run)
+    assert sorted(c["role"] for c in routed["children"]) == ["decode", "decode", "kvpool", "router"]
+    assert sorted(c["role"] for c in direct["children"]) == ["decode", "kvpool"]
+    assert len(routed["load"]["requests_per_engine"]) == 2
+    assert sum(routed["load"]["requests_per_engine"].values()) == 6
+    assert direct["engines"]["overall"]["prefix_hit_rate"] > 0, "one engine sees every group's prefix again"
+    assert doc["settings"]["time_scale"] == 100.0 and doc["machine"]["nproc"] >= 1
+    assert "| metric | round-robin | direct |" in table
+    assert sorted(p.name for p in tmp_path.glob("requests-*.jsonl")) == [
+        "requests-direct.jsonl",
+        "requests-round-robin.jsonl",
+    ]
+
+
+@pytest.mark.skipif(
+    find_vllm_router(python=sys.executable) is None,
+    reason="vllm-router is not installed (pip install 'vllm-router==0.1.17', the bench extra)",
+)
+def test_a_peer_router_runs_in_front_of_the_same_engines(tmp_path: Path) -> None:
+    doc, table = run_bench(tmp_path, "--peer", "vllm-router:cache_aware")
+    (run,) = doc["runs"]
+    assert run["label"] == "vllm-router:cache_aware"
+    assert run["requests"]["ok"] == 6
+    assert run["engines"]["overall"]["delta"]["requests"] == 6
+    assert sorted(c["name"] for c in run["children"]) == ["decode-0", "decode-1", "redis", "vllm-router"]
+    assert_stopped(run)
+    assert "| metric | vllm-router:cache_aware |" in table
