@@ -85,9 +85,11 @@ class ScriptedPublisher:
             self._task = asyncio.create_task(self._serve(router))
 
     async def wait_subscribed(self) -> bytes:
-        """The next subscription message (`b"\\x01" + topic`)."""
-        frame: bytes = await asyncio.wait_for(self._xpub.recv(), 10)
-        return frame
+        """The next subscription message (`b"\\x01" + topic`), skipping unsubscriptions."""
+        while True:
+            frame: bytes = await asyncio.wait_for(self._xpub.recv(), 10)
+            if frame[:1] == b"\x01":
+                return frame
 
     def keep(self, seq: int, payload: bytes) -> None:
         """Buffer a batch for replay without publishing it live."""

@@ -176,7 +176,8 @@ def _late_match(source: EventSource, prompt: list[int]) -> int:
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
+    """Wait for /health; the deadline is generous because a loaded CI box starts Python slowly."""
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         assert process.poll() is None, "tandem sim exited early"
         try:

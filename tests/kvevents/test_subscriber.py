@@ -7,7 +7,7 @@ sends exactly the sequence numbers a story needs, in vLLM's framing. No test loo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import pytest
 from tests.kvevents.harness import (
@@ -20,6 +20,7 @@ from tests.kvevents.harness import (
 )
 from tests.servers import free_port
 
+from tandem.router.kvevents.decode import KVEvent
 from tandem.router.kvevents.subscriber import (
     EventSource,
     KVEventSubscriber,
@@ -94,7 +95,7 @@ async def test_a_missed_live_seq_is_replayed_before_the_live_batch(
     await eventually(lambda: subscriber.tracker.last_applied == 1)
     publisher.keep(2, stored_batch(2))  # lost on the live stream
     await publisher.publish(3, stored_batch(3))
-    await eventually(lambda: subscriber.tracker.last_applied == 3)
+    await eventually(lambda: len(metrics.named("replay")) == 2)  # the catch-up one, then this one
     assert index.applied_hashes == [1000, 1001, 1002, 1003]  # in order, each once
     assert matched(index, 4)
     assert metrics.named("gap") == [(1,)]
@@ -200,3 +201,37 @@ async def test_subscribers_follow_discovery(index: RecordingIndex) -> None:
     finally:
         await subscribers.aclose()
         await publisher.aclose()
+
+
+class FailsOnce(RecordingIndex):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+
+    def apply(self, endpoint: str, events: Iterable[KVEvent]) -> None:
+        if not self.failures:
+            self.failures += 1
+            raise RuntimeError("a bug in the sink")
+        super().apply(endpoint, events)
+
+
+async def test_a_failing_sink_does_not_end_the_subscription() -> None:
+    index = FailsOnce()
+    publisher = ScriptedPublisher()
+    await publisher.start()
+    subscriber = KVEventSubscriber(
+        EventSource(ENGINE, publisher.events_url, publisher.replay_url), sink=index, options=FAST
+    )
+    await subscriber.start()
+    try:
+        await publisher.wait_subscribed()
+        await subscriber.wait_synced()
+        await publisher.publish(0, stored_batch(0))
+        await publisher.wait_subscribed()  # the session was rebuilt: a new subscription
+        await eventually(lambda: subscriber.synced)
+        await publisher.publish(1, stored_batch(1))
+        await eventually(lambda: subscriber.tracker.last_applied == 1)
+    finally:
+        await subscriber.aclose()
+        await publisher.aclose()
+    assert index.failures == 1 and index.applied_hashes == [1001]

@@ -123,9 +123,9 @@ class KVEventSubscriber:
                 logger.warning(
                     "kv-events socket failed", extra={"endpoint": self.source.endpoint, "error": str(exc)}
                 )
-            except (DecodeError, FrameError, ValueError, KeyError):
-                # Top of a background task: a malformed monitor frame or a bug in the sink must
-                # not end the subscription for good; the session is rebuilt after a backoff.
+            except Exception:
+                # Top of a background task: a malformed frame or a bug in the sink must not end the
+                # subscription for good; the session is rebuilt (and caught up) after a backoff.
                 logger.exception("kv-events session failed", extra={"endpoint": self.source.endpoint})
             if self._synced.is_set():
                 delay = self._options.reconnect_ivl_ms / 1000
