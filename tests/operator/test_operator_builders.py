@@ -57,7 +57,8 @@ def test_vllm_pools_run_vllm_with_lmcache_as_producer_on_prefill_and_consumer_on
         "kv_connector": "LMCacheConnectorV1",
         "kv_role": kv_role,
     }
-    assert flag(c["args"], "--served-model-name") == "qwen"
+    served = c["args"].index("--served-model-name")
+    assert c["args"][served + 1 : served + 3] == ["qwen", "Qwen/Qwen2.5-7B-Instruct"]
     assert flag(c["args"], "--port") == "8000"
     assert c["args"][-4:] == ["--max-model-len", "16384", "--gpu-memory-utilization", "0.90"]
     assert env(deployment)["LMCACHE_CONFIG_FILE"] == "/etc/lmcache/lmcache.yaml"

@@ -23,6 +23,7 @@ from tests.operator.specs import EXAMPLES, ROOT, example
 from tandem.cli.main import cli
 from tandem.core.spec import SpecInvalid, parse_inference_service
 from tandem.operator.crd import crd_manifest, crd_yaml
+from tandem.operator.reference import BEGIN, END, reference_markdown
 
 COMMITTED = {
     "chart": ROOT / "charts" / "tandem" / "crds" / "inferenceservices.tandem.dev.yaml",
@@ -206,3 +207,24 @@ def test_cross_field_rules_pass_the_schema_and_are_left_to_the_operator(spec: di
     assert schema_errors(document) == []
     with pytest.raises(SpecInvalid):
         parse_inference_service(document)
+
+
+def test_the_crd_reference_in_the_docs_is_the_generated_one() -> None:
+    document = (ROOT / "docs" / "operator.md").read_text()
+    start, end = document.index(BEGIN), document.index(END) + len(END) + 1
+    assert document[start:end] == reference_markdown(), (
+        "docs/operator.md is stale: replace its reference table with `tandem crd --reference`"
+    )
+
+
+def test_the_reference_lists_every_spec_field_with_its_default_and_range() -> None:
+    rows = {line.split(" | ")[0].strip("| `"): line for line in reference_markdown().splitlines()[3:-1]}
+    assert "spec.decode.replicas" in rows
+    assert "`2`" in rows["spec.decode.replicas"] and "≥ 1, ≤ 1000" in rows["spec.decode.replicas"]
+    assert "required" in rows["spec.model.name"]
+    leaves = [
+        path
+        for path, node in nodes(openapi_schema()["properties"]["spec"], "spec")
+        if "properties" not in node
+    ]
+    assert all(path.replace("{}", "") in rows for path in leaves if "[]" not in path)

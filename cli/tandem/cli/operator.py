@@ -81,11 +81,11 @@ def operator(
         first = exc.errors()[0]
         path = ".".join(str(p) for p in first["loc"])
         raise click.ClickException(f"{path}: {first['msg']}") from None
-    configure_logging(log_level, json_lines=log_format == "json")
     # The one environment read: the kubeconfig path, at start-up (the client libraries would
     # otherwise read it at import time).
     try:
         cluster = KubeCluster(connect(os.environ.get("KUBECONFIG")))
     except ClusterError as exc:
         raise click.ClickException(str(exc)) from None
+    configure_logging(log_level, json_lines=log_format == "json")
     asyncio.run(run_operator(settings, cluster=cluster))

@@ -86,10 +86,13 @@ def model_argument(spec: InferenceServiceSpec) -> str:
 
 def vllm_args(spec: InferenceServiceSpec, role: Role) -> list[str]:
     """`vllm serve` arguments of a role; the spec's `engine.args` come last so they can override."""
+    # Both names, as the router accepts both in `model` and forwards the body unchanged; the
+    # first is the one vLLM reports in its metrics.
+    names = dict.fromkeys([spec.model.public_name, spec.model.name])
     return [
         model_argument(spec),
         "--served-model-name",
-        spec.model.public_name,
+        *names,
         "--host",
         "0.0.0.0",
         "--port",
