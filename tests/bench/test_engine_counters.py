@@ -6,6 +6,8 @@ Real: `prometheus_client`'s parser, the counter maths, and (last test) httpx aga
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -32,6 +34,11 @@ vllm:request_success_total{engine="0",finished_reason="stop",model_name="qwen"} 
 vllm:request_success_total{engine="0",finished_reason="length",model_name="qwen"} 7.0
 # TYPE vllm:num_preemptions counter
 vllm:num_preemptions_total{engine="0",model_name="qwen"} 2.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="qwen"} 6.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="qwen"} 10.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="qwen"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="qwen"} 1.25
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.25
 """
@@ -40,7 +47,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.25
 def test_vllm_counters_are_read_and_label_sets_summed() -> None:
     assert parse_counters(VLLM_TEXT) == EngineCounters(
         prefix_queries=1000, prefix_hits=600, external_queries=400, external_hits=256,
-        prompt_tokens=1000, generation_tokens=320, requests=10, preemptions=2,
+        prompt_tokens=1000, generation_tokens=320, requests=10, preemptions=2, ttft_sum=1.25, ttft_count=10,
     )  # fmt: skip
 
 
@@ -55,14 +62,20 @@ def test_malformed_text_is_a_metrics_error() -> None:
         parse_counters("vllm:prefix_cache_queries_total{engine=0 12\n")
 
 
+def rates(
+    prefix: float | None, external: float | None, reused: float | None, ttft: float | None
+) -> dict[str, Any]:
+    return {"prefix_hit_rate": prefix, "external_hit_rate": external, "reused_fraction": reused,
+            "engine_ttft_mean_s": ttft}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("delta", "expected"),
     [
-        (EngineCounters(prefix_queries=1000, prefix_hits=750),
-         {"prefix_hit_rate": 0.75, "external_hit_rate": None, "reused_fraction": 0.75}),
-        (EngineCounters(prefix_queries=1000, prefix_hits=200, external_queries=800, external_hits=512),
-         {"prefix_hit_rate": 0.2, "external_hit_rate": 0.64, "reused_fraction": 0.712}),
-        (EngineCounters(), {"prefix_hit_rate": None, "external_hit_rate": None, "reused_fraction": None}),
+        (EngineCounters(prefix_queries=1000, prefix_hits=750), rates(0.75, None, 0.75, None)),
+        (EngineCounters(prefix_queries=1000, prefix_hits=200, external_queries=800, external_hits=512,
+                        ttft_sum=3.0, ttft_count=20), rates(0.2, 0.64, 0.712, 0.15)),
+        (EngineCounters(), rates(None, None, None, None)),
     ],
 )  # fmt: skip
 def test_hit_rates_of_a_delta(delta: EngineCounters, expected: dict[str, float | None]) -> None:

@@ -14,11 +14,15 @@ an engine with several `engine` or `model_name` label sets counts once in total)
 | `generation_tokens` | `vllm:generation_tokens_total` | tokens generated |
 | `requests` | `vllm:request_success_total` (all `finished_reason`s) | finished requests |
 | `preemptions` | `vllm:num_preemptions_total` | preemptions |
+| `ttft_sum`, `ttft_count` | `vllm:time_to_first_token_seconds_sum`, `_count` | the engine's TTFT histogram |
 
 Rates over a run (deltas; None when the denominator is 0):
 - prefix hit rate = Δprefix_hits / Δprefix_queries (vLLM's "prefix cache hit rate", local cache);
 - external hit rate = Δexternal_hits / Δexternal_queries (the KV pool's own hit rate);
-- reused fraction = (Δprefix_hits + Δexternal_hits) / Δprefix_queries: prompt tokens not computed.
+- reused fraction = (Δprefix_hits + Δexternal_hits) / Δprefix_queries: prompt tokens not computed;
+- engine TTFT mean = Δttft_sum / Δttft_count: seconds from the request reaching the engine to its
+  first token, as the engine measures it (the simulator: simulated seconds, so neither the gateway
+  nor a host that cannot keep up with the time scale is in it).
 Overall rates sum the deltas over engines first (token-weighted), never average per-engine rates.
 """
 
@@ -41,6 +45,8 @@ METRICS: Mapping[str, str] = MappingProxyType(
         "generation_tokens": "vllm:generation_tokens_total",
         "requests": "vllm:request_success_total",
         "preemptions": "vllm:num_preemptions_total",
+        "ttft_sum": "vllm:time_to_first_token_seconds_sum",
+        "ttft_count": "vllm:time_to_first_token_seconds_count",
     }
 )
 
@@ -57,6 +63,8 @@ class EngineCounters:
     generation_tokens: float = 0.0
     requests: float = 0.0
     preemptions: float = 0.0
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
 
     def __sub__(self, earlier: EngineCounters) -> EngineCounters:
         return EngineCounters(
@@ -69,11 +77,13 @@ class EngineCounters:
         )
 
     def rates(self) -> dict[str, float | None]:
-        """Hit rates of a delta (module docstring); each in [0, 1] or None."""
+        """Rates of a delta (module docstring): hit rates in [0, 1], the engine TTFT mean in seconds;
+        None when undefined."""
         return {
             "prefix_hit_rate": _ratio(self.prefix_hits, self.prefix_queries),
             "external_hit_rate": _ratio(self.external_hits, self.external_queries),
             "reused_fraction": _ratio(self.prefix_hits + self.external_hits, self.prefix_queries),
+            "engine_ttft_mean_s": self.ttft_sum / self.ttft_count if self.ttft_count > 0 else None,
         }
 
 

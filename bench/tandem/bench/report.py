@@ -110,6 +110,10 @@ def _num(value: float | None, fmt: str = ".1f") -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _ms_value(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
 def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:.1f}%"
 
@@ -127,6 +131,7 @@ def _per_engine(run: Mapping[str, Any]) -> str:
 _COMMON_ROWS: tuple[Row, ...] = (
     ("requests ok / total", lambda r: f"{r['requests']['ok']} / {r['requests']['total']}"),
     ("TTFT p50 / p90 / p99 (ms)", lambda r: _ms(r["latency"]["ttft_s"], "p50", "p90", "p99")),
+    ("engine TTFT mean (ms)", lambda r: _num(_ms_value(_overall(r, "engine_ttft_mean_s")), ".0f")),
     ("TPOT p50 / p90 / p99 (ms)", lambda r: _ms(r["latency"]["tpot_s"], "p50", "p90", "p99")),
     ("E2E p50 / p90 / p99 (s)", lambda r: _s(r["latency"]["e2e_s"], "p50", "p90", "p99")),
     ("throughput (req/s)", lambda r: _num(r["throughput"]["requests_per_s"], ".2f")),
