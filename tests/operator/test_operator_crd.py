@@ -81,7 +81,7 @@ def test_the_committed_crd_equals_what_tandem_crd_prints(copy_name: str) -> None
     assert printed.exit_code == 0, printed.output
     assert printed.output == crd_yaml()
     assert COMMITTED[copy_name].read_text() == printed.output, (
-        f"{COMMITTED[copy_name]} is stale: regenerate it with `tandem crd > {COMMITTED[copy_name]}`"
+        f"{COMMITTED[copy_name]} is stale: run scripts/generate-crd.sh"
     )
 
 
@@ -213,7 +213,7 @@ def test_the_crd_reference_in_the_docs_is_the_generated_one() -> None:
     document = (ROOT / "docs" / "operator.md").read_text()
     start, end = document.index(BEGIN), document.index(END) + len(END) + 1
     assert document[start:end] == reference_markdown(), (
-        "docs/operator.md is stale: replace its reference table with `tandem crd --reference`"
+        "docs/operator.md's CRD reference is stale: run scripts/generate-crd.sh"
     )
 
 

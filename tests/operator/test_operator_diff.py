@@ -119,3 +119,33 @@ def test_covers_means_every_desired_field_is_present_with_its_value(
 def test_a_missing_key_is_added_even_when_its_value_is_empty() -> None:
     assert merge_patch({}, {"data": {}}) == {"data": {}}
     assert merge_patch({"data": {}}, {"data": {}}) == {}
+
+
+@pytest.mark.parametrize(
+    ("live", "desired", "expected"),
+    [
+        ("1Gi", "1024Mi", True),
+        ("500m", "0.5", True),
+        ("1", 1, True),
+        ("2Gi", "1Gi", False),
+        ("lots", "lots", True),
+    ],
+)
+def test_resource_quantities_compare_by_amount_as_the_api_server_canonicalizes_them(
+    live: Any, desired: Any, expected: bool
+) -> None:
+    path = ("spec", "template", "spec", "containers", "resources", "limits", "memory")
+    assert covers(live, desired, path=path) is expected
+
+
+def test_quantity_like_strings_elsewhere_compare_as_text() -> None:
+    assert not covers("1.0", "1", path=("spec", "template", "spec", "containers", "args"))
+    canonical = with_(
+        SERVER_DEFAULTED,
+        ("spec", "template", "spec", "containers", 0, "resources"),
+        {"limits": {"memory": "1Gi"}},
+    )
+    desired = with_(
+        DESIRED, ("spec", "template", "spec", "containers", 0, "resources"), {"limits": {"memory": "1024Mi"}}
+    )
+    assert update_patch(canonical, desired) == {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tandem.core.quantity import parse_quantity
 from tandem.operator.objects import FieldPath
 
 #: Metadata fields that identify an object or record ownership; never patched (ownership is
@@ -22,32 +23,52 @@ from tandem.operator.objects import FieldPath
 IDENTITY = ("name", "namespace", "ownerReferences")
 
 
-def covers(live: Any, desired: Any) -> bool:
-    """True when `live` holds every field and value of `desired` (extra live fields allowed)."""
+def covers(live: Any, desired: Any, *, path: FieldPath = ()) -> bool:
+    """True when `live` holds every field and value of `desired` (extra live fields allowed).
+
+    `path` is where the two values sit in the object: the API server rewrites resource quantities
+    in canonical form (`1024Mi` → `1Gi`, `0.5` → `500m`), so under `resources.requests` and
+    `resources.limits` strings compare by amount.
+    """
     if isinstance(desired, Mapping):
         return isinstance(live, Mapping) and all(
-            key in live and covers(live[key], value) for key, value in desired.items()
+            key in live and covers(live[key], value, path=(*path, key)) for key, value in desired.items()
         )
     if isinstance(desired, list):
         return (
             isinstance(live, list)
             and len(live) == len(desired)
-            and all(covers(a, b) for a, b in zip(live, desired, strict=True))
+            and all(covers(a, b, path=path) for a, b in zip(live, desired, strict=True))
         )
+    if _is_quantity_path(path) and isinstance(live, str | int) and isinstance(desired, str | int):
+        return _same_amount(live, desired)
     # bool is an int in Python; `true` must not cover `1`.
     return bool(live == desired) and isinstance(live, bool) == isinstance(desired, bool)
 
 
-def merge_patch(live: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+def _is_quantity_path(path: FieldPath) -> bool:
+    return len(path) >= 3 and path[-3] == "resources" and path[-2] in ("requests", "limits")
+
+
+def _same_amount(live: str | int, desired: str | int) -> bool:
+    try:
+        return parse_quantity(str(live)) == parse_quantity(str(desired))
+    except ValueError:
+        return live == desired
+
+
+def merge_patch(
+    live: Mapping[str, Any], desired: Mapping[str, Any], *, path: FieldPath = ()
+) -> dict[str, Any]:
     """The smallest merge patch that makes `live` cover `desired`; `{}` when it already does."""
     patch: dict[str, Any] = {}
     for key, want in desired.items():
         have = live.get(key)
         if isinstance(want, Mapping) and isinstance(have, Mapping):
-            nested = merge_patch(have, want)
+            nested = merge_patch(have, want, path=(*path, key))
             if nested:
                 patch[key] = nested
-        elif not covers(have, want) or key not in live:
+        elif key not in live or not covers(have, want, path=(*path, key)):
             patch[key] = want
     return patch
 

@@ -103,16 +103,9 @@ def build_router_role_binding(owner: Owner) -> dict[str, Any]:
     }
 
 
-def build_router_deployment(
-    spec: InferenceServiceSpec, *, owner: Owner, images: Images, config: dict[str, Any]
-) -> dict[str, Any]:
-    """Deployment `<name>-router`, given its ConfigMap `config`; the pod template carries the
-    config's hash, so a config change (weights, SLOs, fairness) rolls the router pods."""
-    name = child_name(owner, ROUTER_SUFFIX)
-    meta = object_meta(owner, name=name, role=Role.ROUTER)
-    config_data = config["data"]
+def _router_container(images: Images) -> dict[str, Any]:
     health = {"httpGet": {"path": "/health", "port": "http"}}
-    container = {
+    return {
         "name": "router",
         "image": images.tandem,
         "command": ["tandem"],
@@ -139,8 +132,17 @@ def build_router_deployment(
             "capabilities": {"drop": ["ALL"]},
         },
     }
+
+
+def build_router_deployment(
+    spec: InferenceServiceSpec, *, owner: Owner, images: Images, config: dict[str, Any]
+) -> dict[str, Any]:
+    """Deployment `<name>-router`, given its ConfigMap `config`; the pod template carries the
+    config's hash, so a config change (weights, SLOs, fairness) rolls the router pods."""
+    name = child_name(owner, ROUTER_SUFFIX)
+    meta = object_meta(owner, name=name, role=Role.ROUTER)
     annotations = {
-        CONFIG_HASH_ANNOTATION: config_hash(config_data),
+        CONFIG_HASH_ANNOTATION: config_hash(config["data"]),
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(ROUTER_PORT),
         "prometheus.io/path": "/metrics",
@@ -156,7 +158,7 @@ def build_router_deployment(
                 "metadata": {"labels": meta["labels"], "annotations": annotations},
                 "spec": {
                     "serviceAccountName": name,
-                    "containers": [container],
+                    "containers": [_router_container(images)],
                     "volumes": [{"name": "config", "configMap": {"name": name}}],
                     "enableServiceLinks": False,
                 },
