@@ -167,8 +167,10 @@ def test_service_counts_the_prompt_at_the_first_token_and_output_chunk_by_chunk(
     (r,) = timed([record(prompt=100, tokens=[1.0, 2.0, 3.0, 4.0], completion=8)], time_scale=1.0)
     weights = ServiceWeights(input=1, output=2)
     assert service(r, weights) == 100 + 2 * 8
-    assert service(r, weights, [(0.5, 2.5)]) == 100 + 2 * 4, "the prompt and 2 of 4 chunks (2 tokens each)"
-    assert service(r, weights, [(1.5, 3.5)]) == 2 * 4, "the prompt was served before the interval"
+    assert service(r, weights, within=[(0.5, 2.5)]) == 100 + 2 * 4, (
+        "the prompt and 2 of 4 chunks (2 tokens each)"
+    )
+    assert service(r, weights, within=[(1.5, 3.5)]) == 2 * 4, "the prompt was served before the interval"
 
 
 def heavy_and_light() -> list[Timed]:

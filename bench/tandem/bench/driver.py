@@ -15,7 +15,7 @@ Contract of `drive(workload, settings)`:
   deadline of the last arrival + `request_timeout_s` + `deadline_slack_s`, after which what is left
   is cancelled and recorded as such. The count is bounded by the workload.
 
-Times are wall seconds here; `tandem.bench.report` multiplies them by the time scale.
+Times are wall seconds here; `tandem.bench.stats.timed` multiplies them by the time scale.
 """
 
 from __future__ import annotations

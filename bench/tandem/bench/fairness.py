@@ -95,7 +95,7 @@ def waiting_intervals(requests: Sequence[Timed], *, run_end: float) -> dict[str,
     return {tenant: merge(items) for tenant, items in spans.items()}
 
 
-def service(r: Timed, weights: ServiceWeights, within: Sequence[Interval] | None = None) -> float:
+def service(r: Timed, weights: ServiceWeights, *, within: Sequence[Interval] | None = None) -> float:
     """VTC units of one request, all of it (`within` None) or the part that fell inside `within`."""
     if not r.token_times:
         return 0.0
@@ -116,7 +116,7 @@ def tenant_report(requests: Sequence[Timed], weights: ServiceWeights) -> dict[st
         both = waiting[tenants[0]]
         for tenant in tenants[1:]:
             both = intersect(both, waiting[tenant])
-    in_both = {t: sum(service(r, weights, both) for r in requests if r.tenant == t) for t in tenants}
+    in_both = {t: sum(service(r, weights, within=both) for r in requests if r.tenant == t) for t in tenants}
     total_in_both = sum(in_both.values())
     per_tenant: dict[str, Any] = {}
     for tenant in tenants:
