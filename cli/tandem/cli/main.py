@@ -3,35 +3,60 @@
 Each subcommand parses its flags into typed settings, configures logging, and hands over to one
 component's `run`/`serve` function. Failures end with a non-zero exit code and one line on stderr
 saying why (`tandem: error: ...`).
+
+Subcommands are imported only when invoked (or when `--help` lists them): `tandem sim` must not pay
+for importing kopf, the Kubernetes client and the gateway, since the local runtime and the benchmark
+harness start many engine processes.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
-from tandem.cli.bench import bench
-from tandem.cli.crd import crd
-from tandem.cli.operator import operator
-from tandem.cli.router import router
-from tandem.cli.sim import sim
-from tandem.cli.up import up
-from tandem.cli.validate import validate
+#: Subcommand name → "module:attribute" of its click command, in the order `--help` lists them.
+COMMANDS = {
+    "up": "tandem.cli.up:up",
+    "validate": "tandem.cli.validate:validate",
+    "sim": "tandem.cli.sim:sim",
+    "router": "tandem.cli.router:router",
+    "operator": "tandem.cli.operator:operator",
+    "crd": "tandem.cli.crd:crd",
+    "bench": "tandem.cli.bench:bench",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def __init__(self, *args: object, lazy: dict[str, str], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self._lazy, *sorted(super().list_commands(ctx))]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self._lazy.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, attribute = target.split(":")
+        command = getattr(importlib.import_module(module_name), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{target} is not a click command")
+        return command
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="tandem", prog_name="tandem")
 def cli() -> None:
     """Tandem: a control plane for disaggregated LLM inference (prefill and decode pools, a Redis KV
     pool, a prefix-, SLO- and fairness-aware OpenAI gateway, and an autoscaler)."""
-
-
-cli.add_command(validate)
-cli.add_command(up)
-cli.add_command(sim)
-cli.add_command(router)
-cli.add_command(bench)
-cli.add_command(operator)
-cli.add_command(crd)
 
 
 def main() -> None:
