@@ -111,9 +111,9 @@ async def test_changing_args_replicas_and_router_weights_patches_only_the_affect
     assert patched == {
         ("Deployment", "demo-prefill"),  # args
         ("Deployment", "demo-decode"),  # args and replicas
-        ("ConfigMap", "demo-router"),  # scoring weights
+        ("ConfigMap", "demo-router"),  # the spec it carries: scoring weights, args, replicas
         ("Deployment", "demo-router"),  # config hash: the router pods roll
-    }
+    }  # untouched: the Services, Redis, the router's identity
     assert {verb for verb, _, _ in k8s.writes(api, since=since)} == {"PATCH"}
     decode = k8s.find(api, "Deployment", "demo-decode")
     assert decode is not None

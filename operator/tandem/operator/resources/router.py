@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
-from tandem.core.spec import DecodeSpec, EngineSpec, InferenceServiceSpec, PrefillSpec
+from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources.engine import CONFIG_HASH_ANNOTATION
 from tandem.operator.resources.kvpool import config_hash, kv_pool_url
 from tandem.operator.resources.meta import (
@@ -30,21 +30,16 @@ CONFIG_FILE = "router.yaml"
 ROUTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
-def router_spec_view(spec: InferenceServiceSpec) -> InferenceServiceSpec:
-    """The spec as the router sees it: its own sections verbatim, the engine sections at defaults.
-
-    The router reads `model`, `disaggregation`, `kvPool` and `router`; leaving `engine`, `prefill`
-    and `decode` at their defaults keeps an engine-only change (args, replicas, resources) from
-    changing the router's config and so from rolling the gateway.
-    """
-    return spec.model_copy(update={"engine": EngineSpec(), "prefill": PrefillSpec(), "decode": DecodeSpec()})
-
-
 def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
-    """The RouterConfig: discovery through the two pool Services' EndpointSlices."""
+    """The RouterConfig: the spec verbatim (the router reads `model`, `engine.kind`,
+    `disaggregation`, `kvPool`, `router`) and discovery through the pool Services' EndpointSlices.
+
+    The router pods roll whenever it changes, engine-only edits included: a rolling update of a
+    stateless gateway is cheap, and the router always sees the spec the engines run with.
+    """
     return RouterConfig(
         service=owner.name,
-        spec=router_spec_view(spec),
+        spec=spec,
         discovery=KubernetesDiscovery(
             namespace=owner.namespace,
             prefill_service=service_name(owner, Role.PREFILL),
@@ -138,7 +133,7 @@ def build_router_deployment(
     spec: InferenceServiceSpec, *, owner: Owner, images: Images, config: dict[str, Any]
 ) -> dict[str, Any]:
     """Deployment `<name>-router`, given its ConfigMap `config`; the pod template carries the
-    config's hash, so a config change (weights, SLOs, fairness) rolls the router pods."""
+    config's hash, so a config change rolls the router pods."""
     name = child_name(owner, ROUTER_SUFFIX)
     meta = object_meta(owner, name=name, role=Role.ROUTER)
     annotations = {
