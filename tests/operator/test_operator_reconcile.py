@@ -119,7 +119,11 @@ def test_a_changed_spec_patches_only_what_changed() -> None:
     run(cluster, body())
     cluster.calls.clear()
     run(cluster, body({"decode": {"replicas": 4}}))
-    assert cluster.writes() == [("patch", "Deployment/demo-decode")]
+    assert cluster.writes() == [
+        ("patch", "ConfigMap/demo-router"),  # the router's copy of the spec
+        ("patch", "Deployment/demo-decode"),
+        ("patch", "Deployment/demo-router"),  # its config hash
+    ]
 
 
 def test_an_invalid_spec_reports_and_touches_nothing() -> None:
