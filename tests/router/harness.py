@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -45,20 +45,30 @@ class RunningRouter:
 
 
 def router_config(
-    *, decode: Sequence[str], prefill: Sequence[str] = (), mode: Literal["always", "auto", "off"] = "off"
+    *,
+    decode: Sequence[str],
+    prefill: Sequence[str] = (),
+    mode: Literal["always", "auto", "off"] = "off",
+    spec: Mapping[str, Mapping[str, Any]] | None = None,
+    kv_pool_url: str | None = None,
 ) -> RouterConfig:
+    """A config for these engines; `spec` is merged into the spec's sections (one level deep)."""
+    sections: dict[str, dict[str, Any]] = {
+        "model": {"name": MODEL_NAME, "servedName": MODEL},
+        "engine": {"kind": "sim"},
+        "prefill": {"replicas": len(prefill)},
+        "decode": {"replicas": max(1, len(decode))},
+        "disaggregation": {"mode": mode},
+        "router": {"fairness": {"tenantHeader": "x-tenant-id"}},
+    }
+    for name, values in (spec or {}).items():
+        sections[name] = {**sections.get(name, {}), **values}
     return RouterConfig.model_validate(
         {
             "service": "test",
-            "spec": {
-                "model": {"name": MODEL_NAME, "servedName": MODEL},
-                "engine": {"kind": "sim"},
-                "prefill": {"replicas": len(prefill)},
-                "decode": {"replicas": max(1, len(decode))},
-                "disaggregation": {"mode": mode},
-                "router": {"fairness": {"tenantHeader": "x-tenant-id"}},
-            },
+            "spec": sections,
             "discovery": {"kind": "static", "prefill": list(prefill), "decode": list(decode)},
+            "kvPoolUrl": kv_pool_url,
         }
     )
 
@@ -79,6 +89,10 @@ class Launcher:
         for served in self._servers:
             served.request_stop()
 
+    async def serve_app(self, app: ASGIApp) -> str:
+        """Serve any ASGI app (e.g. a simulated engine) for the test; returns its base URL."""
+        return await self._serve(app)
+
     async def engine(self, name: str, **behaviour: Any) -> FakeEngine:
         engine = FakeEngine(name, Behaviour(**behaviour))
         engine.url = await self._serve(engine.app)
@@ -92,10 +106,27 @@ class Launcher:
         mode: Literal["always", "auto", "off"] = "off",
         settings: RouterSettings | None = None,
         clock: FakeClock | None = None,
+        spec: Mapping[str, Mapping[str, Any]] | None = None,
+        kv_pool_url: str | None = None,
+        **app_options: Any,
     ) -> RunningRouter:
-        config = router_config(decode=_urls(decode), prefill=_urls(prefill), mode=mode)
+        """A router for these engines; `app_options` go to `create_app` (predictor, prefix, ...)."""
+        config = router_config(
+            decode=_urls(decode), prefill=_urls(prefill), mode=mode, spec=spec, kv_pool_url=kv_pool_url
+        )
+        return await self.router_for(config, settings=settings, clock=clock, **app_options)
+
+    async def router_for(
+        self,
+        config: RouterConfig,
+        *,
+        settings: RouterSettings | None = None,
+        clock: FakeClock | None = None,
+        **app_options: Any,
+    ) -> RunningRouter:
+        """A router for any config (e.g. Kubernetes discovery), with its clients."""
         extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
-        app = create_app(config, settings=settings, **extra)
+        app = create_app(config, settings=settings, **extra, **app_options)
         url = await self._serve(app)
         # verify=False: plain http on loopback, and it skips loading the CA bundle (~0.1 s a client).
         http = await self._stack.enter_async_context(

@@ -91,13 +91,33 @@ async def test_decode_gets_the_default_params_when_the_prefill_returns_none(laun
     assert decode.received[0].body["kv_transfer_params"] == dict(DEFAULT_DECODE_KV_PARAMS)
 
 
-async def test_auto_mode_disaggregates_when_there_is_a_prefill_pool(launcher: Launcher) -> None:
+async def test_auto_mode_disaggregates_a_prompt_with_enough_uncached_tokens(launcher: Launcher) -> None:
     prefill = await launcher.engine("p0", kv_transfer_params=NIXL_PARAMS)
     decode = await launcher.engine("d0")
-    router = await launcher.router(decode=[decode], prefill=[prefill], mode="auto")
-    await router.openai.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    spec = {"disaggregation": {"minUncachedTokens": 3}}
+    router = await launcher.router(decode=[decode], prefill=[prefill], mode="auto", spec=spec)
+    await router.openai.completions.create(model=MODEL, prompt="a b c", max_tokens=2)
     assert len(prefill.received) == 1
-    assert await metric(router, "tandem_router_pd_decisions_total", decision="disaggregate") == 1
+    assert decode.received[0].body["kv_transfer_params"] == NIXL_PARAMS
+    decided = await metric(router, "tandem_router_pd_decisions_total", reason="many_uncached")
+    assert decided == await metric(router, "tandem_router_pd_decisions_total", decision="disaggregate") == 1
+
+
+async def test_auto_mode_keeps_a_short_prompt_on_the_decode_pool(launcher: Launcher) -> None:
+    prefill = await launcher.engine("p0", kv_transfer_params=NIXL_PARAMS)
+    decode = await launcher.engine("d0")
+    spec = {"disaggregation": {"minUncachedTokens": 4}}  # "a b c" is 3 tokens
+    router = await launcher.router(decode=[decode], prefill=[prefill], mode="auto", spec=spec)
+    raw = await router.openai.completions.with_raw_response.create(model=MODEL, prompt="a b c", max_tokens=2)
+    assert prefill.received == []
+    assert "x-tandem-pd-fallback" not in raw.headers
+    assert "kv_transfer_params" not in decode.received[0].body
+    assert (
+        await metric(
+            router, "tandem_router_pd_decisions_total", decision="decode_only", reason="few_uncached"
+        )
+        == 1
+    )
 
 
 async def test_mode_off_never_calls_the_prefill_pool(launcher: Launcher) -> None:

@@ -23,6 +23,7 @@ from tests.servers import free_port
 
 from tandem.cli.main import cli
 from tandem.cli.router import load_router_config
+from tandem.cli.routerflags import FLAGS, settings_from_flags
 
 
 def config_document(**overrides: Any) -> dict[str, Any]:
@@ -84,7 +85,10 @@ def test_an_invalid_config_exits_2_with_one_line_naming_the_field(
     assert message in err
 
 
-def test_kubernetes_discovery_is_refused_at_start_up_for_now(tmp_path: Path) -> None:
+def test_kubernetes_discovery_outside_a_cluster_needs_an_api_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     discovery = {
         "kind": "kubernetes",
         "namespace": "default",
@@ -93,7 +97,8 @@ def test_kubernetes_discovery_is_refused_at_start_up_for_now(tmp_path: Path) -> 
     }
     code, err = run("--config", str(write(tmp_path, config_document(discovery=discovery))))
     assert code == 2
-    assert "discovery kind 'kubernetes' is not implemented yet" in err
+    assert "kubernetes discovery runs in a cluster" in err
+    assert "--kube-api-server" in err
 
 
 def test_a_missing_file_exits_2(tmp_path: Path) -> None:
@@ -133,3 +138,43 @@ async def test_the_command_serves_the_gateway_with_json_logs(launcher: Launcher,
     [done] = [line for line in lines if line.get("request_id") == "cli-1"]  # one line per request
     assert (done["msg"], done["status"], done["logger"]) == ("request", 200, "tandem.router")
     assert done["decode_endpoint"] == engine.url.removeprefix("http://")
+
+
+def test_admission_flags_reach_the_settings() -> None:
+    values: dict[str, object] = {flag.dest: flag.default for flag in FLAGS}
+    values.update(
+        fairness="fcfs",
+        max_in_flight_per_endpoint=4,
+        max_kv_usage=None,
+        tenant_weight=("gold=2", "team=a=0.5"),
+        kube_api_server="http://127.0.0.1:8001",
+    )
+    settings = settings_from_flags(values)
+    admission = settings.admission
+    assert (admission.fairness, admission.max_in_flight_per_endpoint, admission.max_kv_usage) == (
+        "fcfs",
+        4,
+        None,
+    )
+    assert admission.max_waiting_per_endpoint == 5
+    assert admission.tenant_weights == {"gold": 2.0, "team=a": 0.5}
+    assert settings.discovery.kube_api_server == "http://127.0.0.1:8001"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-kv-usage", "1.5"], "--max-kv-usage: Input should be less than or equal to 1"),
+        (["--tenant-weight", "gold=0"], "--tenant-weight: Input should be greater than 0"),
+        (["--max-in-flight-per-endpoint", "0"], "--max-in-flight-per-endpoint: Input should be greater"),
+    ],
+)
+def test_bad_admission_flags_exit_2_naming_the_flag(tmp_path: Path, flags: list[str], message: str) -> None:
+    code, err = run("--config", str(write(tmp_path, config_document())), *flags)
+    assert code == 2
+    assert err.startswith(f"tandem: error: {message}")
+
+
+def test_an_off_able_flag_takes_a_number_or_off(tmp_path: Path) -> None:
+    code, err = run("--config", str(write(tmp_path, config_document())), "--max-waiting-per-endpoint", "soon")
+    assert code == 2 and "'soon' is not a number or 'off'" in err

@@ -16,12 +16,12 @@ import uvicorn
 import yaml
 from pydantic import ValidationError
 
+from tandem.cli.routerflags import settings_from_flags, tuning_options
 from tandem.core.logs import configure_logging
 from tandem.core.routerconfig import RouterConfig
 from tandem.core.spec import check_rules
 from tandem.router.app import create_app
 from tandem.router.errors import ConfigurationError
-from tandem.router.settings import DisaggregationSettings, RotationSettings, RouterSettings
 
 EXIT_BAD_CONFIG = 2
 
@@ -59,25 +59,6 @@ def load_router_config(path: Path) -> RouterConfig:
     return config
 
 
-_FLAGS = {
-    "prefill_timeout_seconds": "--prefill-timeout",
-    "failure_threshold": "--failure-threshold",
-    "cooldown_seconds": "--cooldown",
-}
-
-
-def _settings(*, prefill_timeout: float, failure_threshold: int, cooldown: float) -> RouterSettings:
-    try:
-        return RouterSettings(
-            rotation=RotationSettings(failure_threshold=failure_threshold, cooldown_seconds=cooldown),
-            disaggregation=DisaggregationSettings(prefill_timeout_seconds=prefill_timeout),
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = str(first["loc"][-1])
-        _fail(f"{_FLAGS.get(field, field)}: {first['msg']}")
-
-
 @click.command()
 @click.option(
     "--config",
@@ -95,43 +76,22 @@ def _settings(*, prefill_timeout: float, failure_threshold: int, cooldown: float
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
-@click.option(
-    "--prefill-timeout",
-    default=30.0,
-    show_default=True,
-    type=float,
-    help="Seconds a P/D prefill may take before the request goes decode-only.",
-)
-@click.option(
-    "--failure-threshold",
-    default=3,
-    show_default=True,
-    type=int,
-    help="Consecutive failures that take an engine out of rotation.",
-)
-@click.option(
-    "--cooldown",
-    default=10.0,
-    show_default=True,
-    type=float,
-    help="Seconds an engine stays out of rotation before it is tried again.",
-)
+@tuning_options
 def router(
     config_path: Path,
     host: str,
     port: int,
     log_level: str,
     log_format: str,
-    prefill_timeout: float,
-    failure_threshold: int,
-    cooldown: float,
+    **tuning: Any,
 ) -> None:
     """Serve the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics) in front of the engines named in the config."""
     config = load_router_config(config_path)
-    settings = _settings(
-        prefill_timeout=prefill_timeout, failure_threshold=failure_threshold, cooldown=cooldown
-    )
+    try:
+        settings = settings_from_flags(tuning)  # the tuning flags, validated into RouterSettings
+    except click.UsageError as exc:
+        _fail(exc.message)
     configure_logging(log_level, json_lines=log_format == "json")
     if log_level != "debug":
         # httpx logs every upstream request at info; our one line per request names the engines.

@@ -8,6 +8,7 @@ lives at module level, so two apps in one process share nothing.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -21,8 +22,10 @@ from starlette.types import Scope
 
 from tandem.core.openai_api import error_body
 from tandem.core.routerconfig import RouterConfig
+from tandem.router.admission.policy import TTFTPredictor
 from tandem.router.discovery import Discovery, discovery_for
 from tandem.router.errors import RouterError
+from tandem.router.kvevents import PrefixSource
 from tandem.router.metrics import RouterMetrics
 from tandem.router.middleware import RequestContextMiddleware
 from tandem.router.report import RequestReport
@@ -39,20 +42,31 @@ def create_app(
     settings: RouterSettings | None = None,
     client: httpx.AsyncClient | None = None,
     clock: Callable[[], float] = time.monotonic,
+    predictor: TTFTPredictor | None = None,
+    prefix: PrefixSource | None = None,
+    discovery: Discovery | None = None,
 ) -> FastAPI:
     """The gateway for `config`.
 
     `client`: the upstream HTTP client; when given, the caller owns (and closes) it, else the app
-    creates one in its lifespan. `clock`: monotonic seconds for durations and cool-downs.
+    creates one in its lifespan. `clock`: monotonic seconds for durations, cool-downs and queue
+    deadlines. `predictor`: TTFT predictions for early rejection (default: none, never rejects
+    early). `prefix`: decode endpoints' prefix caches for the P/D decision (default: unknown).
+    `discovery`: replaces the one `config.discovery` names (tests).
     Raises `ConfigurationError` at once for a configuration this build cannot serve.
     """
     settings = settings or RouterSettings()
     lifespan = _lifespan(
         config=config,
         settings=settings,
-        discovery=discovery_for(config.discovery),
+        discovery=discovery
+        or discovery_for(
+            config.discovery, environ=os.environ, kube_api_server=settings.discovery.kube_api_server
+        ),
         client=client,
         clock=clock,
+        predictor=predictor,
+        prefix=prefix,
     )
     app = FastAPI(
         title="Tandem router",
@@ -76,6 +90,8 @@ def _lifespan(
     discovery: Discovery,
     client: httpx.AsyncClient | None,
     clock: Callable[[], float],
+    predictor: TTFTPredictor | None,
+    prefix: PrefixSource | None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]:
     """Builds the runtime at start-up (discovery filled before the first request) and tears down
     in reverse order at shutdown: discovery stopped, then the client the app created closed."""
@@ -86,7 +102,16 @@ def _lifespan(
             http = client
             if http is None:
                 http = await stack.enter_async_context(default_client(settings.proxy))
-            runtime = build_runtime(config=config, settings=settings, client=http, clock=clock)
+            runtime = build_runtime(
+                config=config,
+                settings=settings,
+                client=http,
+                clock=clock,
+                predictor=predictor,
+                prefix=prefix,
+            )
+            if runtime.kv_pool is not None:
+                stack.push_async_callback(runtime.kv_pool.aclose)
             await discovery.start(runtime.registry)
             stack.push_async_callback(discovery.stop)
             log.info(
@@ -130,7 +155,11 @@ async def _router_error(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, RouterError):  # registered for RouterError only
         raise exc
     _note_error(request, exc.message)
-    return JSONResponse(error_body(exc.status, exc.message, param=exc.param), status_code=exc.status)
+    return JSONResponse(
+        error_body(exc.status, exc.message, param=exc.param),
+        status_code=exc.status,
+        headers=exc.response_headers(),
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -1,17 +1,38 @@
-"""The prefill step of a disaggregated request (P/D), and when to take it.
+"""The P/D step of a generation request: whether to disaggregate, the prefill, and the KV barrier.
 
-`Prefiller.prefill` sends the prefill body (`handoff.prefill_body`) to one prefill endpoint and
-returns the `kv_transfer_params` for decode. It never fails the client's request: on any problem
-it returns a decode-only outcome with a fallback reason, counted in
-`tandem_router_pd_fallbacks_total{reason}`:
+**Decision** (`decide`, pure; `tandem_router_pd_decisions_total{decision,reason}`):
+
+    mode off                              → decode_only  (off)
+    mode always                           → disaggregate (always)
+    mode auto, no prefill endpoint        → decode_only  (no_prefill_pool)
+    mode auto, KV pool configured but down → decode_only (pool_unavailable)
+    mode auto, uncached < minUncachedTokens → decode_only (few_uncached)
+    mode auto, otherwise                  → disaggregate (many_uncached)
+
+    uncached = prompt tokens − max(local prefix on the chosen decode endpoint, prefix in the KV pool)
+
+The decode endpoint is chosen first, so "cached" means cached where the request will decode: its own
+prefix cache (a `PrefixSource`, 0 without one) or the pool's leading chunks (a decode engine loads
+those itself). Both are prefixes from token 0, so the longer one counts, not their sum. Example with
+`minUncachedTokens` 512 and 256-token chunks: a 1,100-token prompt whose first 3 chunks (768 tokens)
+are in the pool has 332 uncached tokens → decode only; the same prompt with nothing cached → prefill.
+
+**Prefill** (`Prefiller.prefill`): the prefill body (`handoff.prefill_body`) to one prefill endpoint;
+it returns the `kv_transfer_params` for decode. It never fails the client's request: on any problem
+the request goes decode-only with a fallback reason, counted in `tandem_router_pd_fallbacks_total`:
 
     no_endpoint       no prefill endpoint in rotation
     connect, timeout, read, status   the engine failed (`UpstreamError.kind`; timeout also when
                       the whole prefill exceeds `prefill_timeout_seconds`)
     rejected          the engine answered 4xx
     invalid_response  the answer was not JSON
+    barrier_timeout   the prompt's chunks did not all reach the KV pool within the barrier timeout
+    pool_unavailable  the KV pool could not be asked (the barrier could not be checked)
 
-Prefill is not retried on another prefill endpoint: decode-only is the cheaper recovery.
+**Barrier** (with a KV pool configured): after a successful prefill, wait (bounded) until every full
+chunk of the prompt has its metadata in the pool (`KVPoolIndex.wait_for_prompt`), so the decode
+engine finds the KV; `tandem_router_pd_kv_barrier_wait_seconds{outcome}`. Prefill is not retried on
+another prefill endpoint: decode-only is the cheaper recovery.
 """
 
 from __future__ import annotations
@@ -24,20 +45,46 @@ from typing import Any, Literal
 
 from tandem.router.dispatch import Dispatcher
 from tandem.router.errors import UpstreamError, UpstreamTimeout
-from tandem.router.handoff import kv_params_from_prefill, prefill_body
+from tandem.router.handoff import decode_body, kv_params_from_prefill, prefill_body
+from tandem.router.kvevents import PrefixSource
+from tandem.router.kvpool import KVPoolIndex
 from tandem.router.proxy import UpstreamCall
 from tandem.router.types import Endpoint, RequestView
 
 DisaggregationMode = Literal["always", "auto", "off"]
 
 
-def should_disaggregate(mode: DisaggregationMode, *, prefill_members: int) -> bool:
-    """Whether to run a prefill step. `always`: yes (no prefill endpoint → counted fallback);
-    `auto`: when the prefill pool has members (this baseline treats it like `always`; the uncached-
-    token rule comes with the scoring scheduler); `off`: never."""
+@dataclass(frozen=True, slots=True)
+class PDDecision:
+    disaggregate: bool
+    reason: str  # the `reason` label (module docstring)
+
+    @property
+    def label(self) -> str:
+        return "disaggregate" if self.disaggregate else "decode_only"
+
+
+def decide(
+    mode: DisaggregationMode,
+    *,
+    prefill_members: int,
+    prompt_tokens: int,
+    available_tokens: int | None,
+    min_uncached_tokens: int,
+) -> PDDecision:
+    """The P/D decision table of the module docstring. `available_tokens`: the prompt's prefix the
+    chosen decode endpoint can get without computing it; None when the KV pool could not be asked."""
+    if mode == "off":
+        return PDDecision(False, "off")
     if mode == "always":
-        return True
-    return mode == "auto" and prefill_members > 0
+        return PDDecision(True, "always")
+    if prefill_members == 0:
+        return PDDecision(False, "no_prefill_pool")
+    if available_tokens is None:
+        return PDDecision(False, "pool_unavailable")
+    if prompt_tokens - available_tokens < min_uncached_tokens:
+        return PDDecision(False, "few_uncached")
+    return PDDecision(True, "many_uncached")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,3 +160,99 @@ class Prefiller:
         attempt = await self.dispatcher.attempt(endpoint, call)
         await attempt.finish()
         return attempt.reply.head if attempt.reply.status < 400 else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PDOutcome:
+    """What decode gets: `body` (the client's, plus `kv_transfer_params` after a good prefill).
+    `prefill_endpoint` is set when decode uses a prefill's KV; `fallback` says why a disaggregated
+    request went decode-only; `prefill_s` and `barrier_s` are clock seconds (None when skipped)."""
+
+    decision: PDDecision
+    body: Mapping[str, Any]
+    prefill_endpoint: Endpoint | None = None
+    fallback: str | None = None
+    prefill_s: float | None = None
+    barrier_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disaggregator:
+    """Runs the P/D step (module docstring). `pool`: the KV pool when the service has one
+    (`RouterConfig.kvPoolUrl`); `prefix`: the decode endpoints' prefix caches, when known."""
+
+    prefiller: Prefiller
+    mode: DisaggregationMode
+    min_uncached_tokens: int
+    barrier_timeout_s: float
+    pool: KVPoolIndex | None = None
+    prefix: PrefixSource | None = None
+
+    async def run(
+        self, request: RequestView, *, decode: Endpoint | None, headers: Mapping[str, str]
+    ) -> PDOutcome:
+        """Decide, prefill and wait for the KV; never raises because of prefill or the pool."""
+        decision = await self._decide(request, decode=decode)
+        metrics = self.prefiller.dispatcher.metrics
+        metrics.pd_decisions.labels(decision=decision.label, reason=decision.reason).inc()
+        if not decision.disaggregate:
+            return PDOutcome(decision=decision, body=request.body)
+        prefill = await self.prefiller.prefill(request, headers=headers)
+        if prefill.kv_transfer_params is None or prefill.endpoint is None:
+            return PDOutcome(
+                decision=decision,
+                body=request.body,
+                fallback=prefill.fallback or "unknown",
+                prefill_s=prefill.duration_s,
+            )
+        barrier_s, fallback = await self._barrier(request)
+        if fallback is not None:
+            metrics.pd_fallbacks.labels(reason=fallback).inc()
+            return PDOutcome(
+                decision=decision,
+                body=request.body,
+                fallback=fallback,
+                prefill_s=prefill.duration_s,
+                barrier_s=barrier_s,
+            )
+        return PDOutcome(
+            decision=decision,
+            body=decode_body(request.body, prefill.kv_transfer_params),
+            prefill_endpoint=prefill.endpoint,
+            prefill_s=prefill.duration_s,
+            barrier_s=barrier_s,
+        )
+
+    async def _decide(self, request: RequestView, *, decode: Endpoint | None) -> PDDecision:
+        members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
+        available: int | None = 0
+        if self.mode == "auto" and members:
+            available = await self._available_tokens(request, decode=decode)
+        return decide(
+            self.mode,
+            prefill_members=members,
+            prompt_tokens=len(request.prompt_token_ids),
+            available_tokens=available,
+            min_uncached_tokens=self.min_uncached_tokens,
+        )
+
+    async def _available_tokens(self, request: RequestView, *, decode: Endpoint | None) -> int | None:
+        prompt = request.prompt_token_ids
+        local = 0
+        if self.prefix is not None and decode is not None:
+            local = self.prefix.match([decode.url], prompt).get(decode.url, 0)
+        if self.pool is None:
+            return local
+        pooled = await self.pool.cached_prefix_tokens(prompt)
+        return None if pooled is None else max(local, pooled)
+
+    async def _barrier(self, request: RequestView) -> tuple[float | None, str | None]:
+        """(seconds waited, fallback reason or None); no pool → nothing to wait for."""
+        if self.pool is None:
+            return None, None
+        result = await self.pool.wait_for_prompt(request.prompt_token_ids, timeout_s=self.barrier_timeout_s)
+        metrics = self.prefiller.dispatcher.metrics
+        metrics.pd_kv_barrier_wait.labels(outcome=result.outcome).observe(result.waited_s)
+        if result.outcome == "ok":
+            return result.waited_s, None
+        return result.waited_s, "barrier_timeout" if result.outcome == "timeout" else "pool_unavailable"

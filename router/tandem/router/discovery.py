@@ -2,17 +2,18 @@
 `RouterConfig.discovery` kind; discovery only writes pool membership into the registry.
 
 - `static`: the URLs from the config, set once at start-up.
-- `kubernetes`: the EndpointSlices of each pool's headless Service (next issue; refused at
-  start-up for now with a clear error).
+- `kubernetes`: the ready addresses of each pool's Service's EndpointSlices, listed and watched
+  (`tandem.router.endpointslices.KubernetesEndpoints`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from tandem.core.routerconfig import KubernetesDiscovery, StaticDiscovery
 from tandem.router.endpoints import EndpointRegistry
-from tandem.router.errors import ConfigurationError
+from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints
 
 
 class Discovery(Protocol):
@@ -41,10 +42,16 @@ class StaticEndpoints:
         return None
 
 
-def discovery_for(config: StaticDiscovery | KubernetesDiscovery) -> Discovery:
-    """The discovery for a config; raises `ConfigurationError` for kinds not implemented yet."""
+def discovery_for(
+    config: StaticDiscovery | KubernetesDiscovery,
+    *,
+    environ: Mapping[str, str],
+    kube_api_server: str | None = None,
+) -> Discovery:
+    """The discovery for a config. Kubernetes: the API server at `kube_api_server` without
+    credentials (e.g. `kubectl proxy`) when given, else the pod's in-cluster access from `environ`;
+    raises `ConfigurationError` when neither is available."""
     if isinstance(config, StaticDiscovery):
         return StaticEndpoints(config)
-    raise ConfigurationError(
-        f"discovery kind {config.kind!r} is not implemented yet; use kind 'static' with the engines' URLs"
-    )
+    api = KubeAPI.plain(kube_api_server) if kube_api_server else KubeAPI.in_cluster(environ)
+    return KubernetesEndpoints(config, api=api)

@@ -52,16 +52,28 @@ class Dispatcher:
     metrics: RouterMetrics
     retries: int
 
-    async def open(self, pool: Pool, *, request: RequestView, call: UpstreamCall) -> Attempt:
-        """Send `call` to an endpoint of `pool` chosen by the scheduler, retrying as described
-        above. Raises `NoEndpointAvailable` (with the failures in its message)."""
+    def choose(self, pool: Pool, request: RequestView) -> Endpoint | None:
+        """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
+        caller that must know the endpoint before sending (the P/D decision); pass it to `open`."""
+        candidates = self.registry.candidates(pool)
+        return self.scheduler.pick(pool, request, candidates) if candidates else None
+
+    async def open(
+        self, pool: Pool, *, request: RequestView, call: UpstreamCall, first: Endpoint | None = None
+    ) -> Attempt:
+        """Send `call` to an endpoint of `pool` chosen by the scheduler (the first attempt goes to
+        `first` when given and still a candidate), retrying as described above. Raises
+        `NoEndpointAvailable` (with the failures in its message)."""
         tried: list[Endpoint] = []
         failures: list[UpstreamError] = []
         for _ in range(1 + self.retries):
             candidates = self.registry.candidates(pool, exclude=tried)
             if not candidates:
                 break
-            endpoint = self.scheduler.pick(pool, request, candidates)
+            if not tried and first is not None and any(s.endpoint == first for s in candidates):
+                endpoint = first
+            else:
+                endpoint = self.scheduler.pick(pool, request, candidates)
             if failures:
                 self.metrics.retries.labels(pool=pool, reason=failures[-1].kind).inc()
             tried.append(endpoint)

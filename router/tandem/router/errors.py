@@ -4,6 +4,7 @@ in a single exception handler (`status` is the HTTP status, `param` the offendin
     RouterError
     ├── InvalidRequest            400  body is not JSON, or fails validation
     │   └── ModelNotFound         404  `model` is not a name this gateway serves
+    ├── Overloaded                429  not admitted: queue full, queue deadline passed, SLO out of reach
     ├── NoEndpointAvailable       503  no endpoint in rotation, or every attempt failed
     ├── ClientDisconnected        499  the client left before the response started (never sent)
     ├── UpstreamError             502  an engine failed (translated from httpx in `proxy`)
@@ -29,6 +30,10 @@ class RouterError(Exception):
         self.message = message
         self.param = param
 
+    def response_headers(self) -> dict[str, str]:
+        """Extra headers for the error response (none by default)."""
+        return {}
+
 
 class InvalidRequest(RouterError):
     status = 400
@@ -40,6 +45,22 @@ class ModelNotFound(InvalidRequest):
     def __init__(self, model: str) -> None:
         # vLLM's wording, so clients that match on it keep working behind the gateway.
         super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class Overloaded(RouterError):
+    """The admission layer turned the request away. `reason` is the label of
+    `tandem_router_admission_rejections_total` (`queue_full`, `deadline`, `slo`); `retry_after_s`
+    (whole seconds, >= 1) becomes the `Retry-After` header."""
+
+    status = 429
+
+    def __init__(self, message: str, *, reason: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = max(1, retry_after_s)
+
+    def response_headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
 
 
 class NoEndpointAvailable(RouterError):

@@ -1,9 +1,18 @@
-"""One generation request end to end: the P/D decision, the prefill step, the decode dispatch,
-and the response with the `x-tandem-*` headers.
+"""One generation request end to end: admission, the P/D step, the decode dispatch, and the
+response with the `x-tandem-*` headers.
+
+1. `AdmissionGate.admit` waits for decode capacity in fair order, or raises `Overloaded` (429).
+2. The scheduler chooses the decode endpoint first, so the P/D decision can look at what that
+   endpoint already has cached (`Disaggregator.run`: decide, prefill, KV barrier; never fails).
+3. Decode: the body for decode, with `stream_options.include_usage` added when the client streams
+   without it (the usage event is then stripped from the client's stream), sent to the chosen endpoint
+   (retried elsewhere before the first byte).
+4. The answer is relayed through a `GrantMeter`, which charges generated tokens to the tenant and frees
+   the capacity when the response is over. Any failure before that frees it at once.
 
 Response headers added here: `x-tandem-decode-endpoint` (always), `x-tandem-prefill-endpoint`
 (when the decode got KV from a prefill), `x-tandem-pd-fallback` (the reason, when a disaggregated
-request went decode-only). `x-request-id` is added by the middleware.
+request went decode-only). `x-request-id` is added by the middleware, `Retry-After` by the error handler.
 """
 
 from __future__ import annotations
@@ -12,46 +21,54 @@ from dataclasses import dataclass
 
 from starlette.responses import Response
 
-from tandem.router.disagg import DisaggregationMode, Prefiller, should_disaggregate
+from tandem.router.admission.gate import AdmissionGate, Grant
+from tandem.router.admission.meter import GrantMeter
+from tandem.router.disagg import Disaggregator
 from tandem.router.dispatch import Dispatcher
-from tandem.router.handoff import decode_body
 from tandem.router.proxy import UpstreamCall
 from tandem.router.relay import render
 from tandem.router.report import RequestReport
 from tandem.router.types import RequestView
+from tandem.router.usage import request_usage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Gateway:
     dispatcher: Dispatcher
-    prefiller: Prefiller
-    mode: DisaggregationMode
+    disaggregator: Disaggregator
+    admission: AdmissionGate
 
     async def generate(self, request: RequestView, *, report: RequestReport) -> Response:
-        """Serve a validated request. Raises `NoEndpointAvailable` when no decode endpoint could
-        take it; never fails because of prefill."""
+        """Serve a validated request. Raises `Overloaded` when it is not admitted and
+        `NoEndpointAvailable` when no decode endpoint could take it; never fails because of prefill
+        or the KV pool."""
+        grant = await self.admission.admit(request)
+        report.queue_s = grant.queued_s
+        try:
+            return await self._serve(request, grant=grant, report=report)
+        except BaseException:
+            grant.release()
+            raise
+
+    async def _serve(self, request: RequestView, *, grant: Grant, report: RequestReport) -> Response:
         upstream_headers = {"x-request-id": request.request_id}
         response_headers: dict[str, str] = {}
-        body = request.body
-        metrics = self.dispatcher.metrics
-        prefill_members = len(self.dispatcher.registry.endpoints("prefill"))
-        if should_disaggregate(self.mode, prefill_members=prefill_members):
-            metrics.pd_decisions.labels(decision="disaggregate").inc()
-            outcome = await self.prefiller.prefill(request, headers=upstream_headers)
-            report.prefill_s = outcome.duration_s
-            if outcome.kv_transfer_params is not None and outcome.endpoint is not None:
-                body = decode_body(body, outcome.kv_transfer_params)
-                report.prefill_endpoint = outcome.endpoint.name
-                response_headers["x-tandem-prefill-endpoint"] = outcome.endpoint.name
-            else:
-                report.pd_fallback = outcome.fallback
-                response_headers["x-tandem-pd-fallback"] = outcome.fallback or "unknown"
-        else:
-            metrics.pd_decisions.labels(decision="decode_only").inc()
+        decode = self.dispatcher.choose("decode", request)
+        pd = await self.disaggregator.run(request, decode=decode, headers=upstream_headers)
+        report.prefill_s = pd.prefill_s
+        if pd.prefill_endpoint is not None:
+            report.prefill_endpoint = pd.prefill_endpoint.name
+            response_headers["x-tandem-prefill-endpoint"] = pd.prefill_endpoint.name
+        elif pd.fallback is not None:
+            report.pd_fallback = pd.fallback
+            response_headers["x-tandem-pd-fallback"] = pd.fallback
+        body, strip_usage = request_usage(pd.body)
         call = UpstreamCall(
             path=request.route.value, body=body, headers=upstream_headers, stream=request.stream
         )
-        attempt = await self.dispatcher.open("decode", request=request, call=call)
+        attempt = await self.dispatcher.open("decode", request=request, call=call, first=decode)
         report.decode_endpoint = attempt.endpoint.name
         response_headers["x-tandem-decode-endpoint"] = attempt.endpoint.name
-        return await render(attempt, headers=response_headers)
+        return await render(
+            attempt, headers=response_headers, meter=GrantMeter(grant, strip_usage=strip_usage)
+        )

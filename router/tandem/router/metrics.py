@@ -23,6 +23,8 @@ PREFIX = "tandem_router"
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 #: Seconds; time to first byte and prefill latency (prompt processing).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+#: Seconds; the KV-pool barrier (usually one Redis round trip, at most its timeout).
+BARRIER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
 
 
 class RouterMetrics:
@@ -64,8 +66,15 @@ class RouterMetrics:
         )
         self.pd_decisions = Counter(
             f"{PREFIX}_pd_decisions",
-            "Generation requests by P/D decision (disaggregate, decode_only).",
-            ["decision"],
+            "Generation requests by P/D decision (disaggregate, decode_only) and its reason.",
+            ["decision", "reason"],
+            registry=registry,
+        )
+        self.pd_kv_barrier_wait = Histogram(
+            f"{PREFIX}_pd_kv_barrier_wait_seconds",
+            "Wait after a prefill for the prompt's chunks in the KV pool, by outcome.",
+            ["outcome"],
+            buckets=BARRIER_BUCKETS,
             registry=registry,
         )
         self.pd_prefill_duration = Histogram(

@@ -25,6 +25,7 @@ class RequestReport:
     prefill_endpoint: str | None = None
     pd_fallback: str | None = None
     prefill_s: float | None = None
+    queue_s: float | None = None
     client_disconnected: bool = False
     error: str | None = None
 
@@ -39,6 +40,7 @@ class RequestReport:
             "prefill_endpoint": self.prefill_endpoint,
             "pd_fallback": self.pd_fallback,
             "prefill_s": _round(self.prefill_s),
+            "queue_s": _round(self.queue_s),
             "ttfb_s": _round(None if self.first_byte is None else self.first_byte - self.started),
             "error": self.error,
         }

@@ -11,14 +11,18 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from tandem.router.admission.headers import priority_from_headers, slo_from_headers
 from tandem.router.catalog import list_models
 from tandem.router.disconnect import until_disconnected
+from tandem.router.errors import ClientDisconnected
 from tandem.router.parsing import check_model, parse_json_object, validate_generation
 from tandem.router.report import RequestReport
 from tandem.router.runtime import Runtime
 from tandem.router.types import POOLS, RequestView, Route
+from tandem.router.usage import prompt_token_ids
 
 router = APIRouter()
 
@@ -52,12 +56,15 @@ async def chat_completions(request: Request, runtime: RuntimeDep, report: Report
 
 
 async def _generate(route: Route, *, request: Request, runtime: Runtime, report: RequestReport) -> Response:
-    body = parse_json_object(await request.body())
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise ClientDisconnected("client disconnected while sending the request") from None
+    body = parse_json_object(raw)
     validated = validate_generation(route, body)
     report.model, report.stream = validated.model, validated.stream
     check_model(validated.model, accepted=runtime.accepted_models)
-    tenant_header = runtime.config.spec.router.fairness.tenant_header
-    report.tenant = request.headers.get(tenant_header) or "default"
+    report.tenant = runtime.tenants.tenant(request.headers)
     view = RequestView(
         request_id=report.request_id,
         route=route,
@@ -65,6 +72,9 @@ async def _generate(route: Route, *, request: Request, runtime: Runtime, report:
         tenant=report.tenant,
         stream=validated.stream,
         body=body,
+        prompt_token_ids=prompt_token_ids(validated),
+        priority=priority_from_headers(request.headers),
+        slo=slo_from_headers(request.headers, default=runtime.default_slo),
     )
     return await until_disconnected(request.receive, runtime.gateway.generate(view, report=report))
 

@@ -10,15 +10,30 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from tandem.core.routerconfig import RouterConfig
-from tandem.router.disagg import Prefiller
+from tandem.router.admission.gate import AdmissionGate, Waiter
+from tandem.router.admission.headers import HeaderTenant, TenantResolver
+from tandem.router.admission.metrics import AdmissionMetrics
+from tandem.router.admission.policy import (
+    NoPrediction,
+    SaturationLimits,
+    TTFTPredictor,
+    load_from_snapshot,
+    pool_capacity,
+)
+from tandem.router.disagg import Disaggregator, Prefiller
 from tandem.router.dispatch import Dispatcher
 from tandem.router.endpoints import EndpointRegistry
+from tandem.router.fairness.fcfs import FCFSQueue
+from tandem.router.fairness.vtc import VTCQueue
 from tandem.router.gateway import Gateway
+from tandem.router.kvevents import PrefixSource
+from tandem.router.kvpool import KVPoolIndex, connect
 from tandem.router.metrics import RouterMetrics
 from tandem.router.parsing import served_names
 from tandem.router.proxy import Upstream
 from tandem.router.scheduling import scheduler_for
-from tandem.router.settings import RouterSettings
+from tandem.router.settings import AdmissionSettings, RouterSettings
+from tandem.router.types import SLO
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +45,10 @@ class Runtime:
     metrics: RouterMetrics
     upstream: Upstream
     gateway: Gateway
+    admission: AdmissionGate
+    tenants: TenantResolver
+    default_slo: SLO
+    kv_pool: KVPoolIndex | None
     accepted_models: frozenset[str]
     started_unix: int
 
@@ -40,8 +59,13 @@ def build_runtime(
     settings: RouterSettings,
     client: httpx.AsyncClient,
     clock: Callable[[], float],
+    predictor: TTFTPredictor | None = None,
+    prefix: PrefixSource | None = None,
 ) -> Runtime:
-    """Wire the components; pure construction (discovery is started by the caller)."""
+    """Wire the components; pure construction (discovery is started by the caller, the KV pool's
+    client connects on first use). `predictor`: TTFT predictions for early rejection (default: none);
+    `prefix`: the decode endpoints' prefix caches for the P/D decision (default: unknown, 0)."""
+    spec = config.spec
     registry = EndpointRegistry(
         failure_threshold=settings.rotation.failure_threshold,
         cooldown_seconds=settings.rotation.cooldown_seconds,
@@ -52,7 +76,7 @@ def build_runtime(
     upstream = Upstream(client, settings.proxy)
     dispatcher = Dispatcher(
         registry=registry,
-        scheduler=scheduler_for(config.spec.router.policy),
+        scheduler=scheduler_for(spec.router.policy),
         upstream=upstream,
         metrics=metrics,
         retries=settings.proxy.retries,
@@ -62,7 +86,32 @@ def build_runtime(
         timeout_s=settings.disaggregation.prefill_timeout_seconds,
         clock=clock,
     )
-    gateway = Gateway(dispatcher=dispatcher, prefiller=prefiller, mode=config.spec.disaggregation.mode)
+    kv_pool = None
+    if config.kv_pool_url is not None:
+        kv_pool = KVPoolIndex(
+            connect(config.kv_pool_url, timeout_s=settings.disaggregation.kv_pool_timeout_seconds),
+            model=spec.model.name,
+            chunk_size=spec.kv_pool.chunk_size,
+            clock=clock,
+        )
+    disaggregator = Disaggregator(
+        prefiller=prefiller,
+        mode=spec.disaggregation.mode,
+        min_uncached_tokens=spec.disaggregation.min_uncached_tokens,
+        barrier_timeout_s=settings.disaggregation.kv_barrier_timeout_seconds,
+        pool=kv_pool,
+        prefix=prefix,
+    )
+    default_slo = SLO(ttft_s=spec.router.slo.ttft_seconds, tpot_s=spec.router.slo.tpot_seconds)
+    admission = build_gate(
+        config=config,
+        settings=settings.admission,
+        registry=registry,
+        prometheus=prometheus,
+        predictor=predictor or NoPrediction(),
+        clock=clock,
+    )
+    gateway = Gateway(dispatcher=dispatcher, disaggregator=disaggregator, admission=admission)
     return Runtime(
         config=config,
         settings=settings,
@@ -71,6 +120,57 @@ def build_runtime(
         metrics=metrics,
         upstream=upstream,
         gateway=gateway,
-        accepted_models=served_names(config.spec.model),
+        admission=admission,
+        tenants=HeaderTenant(spec.router.fairness.tenant_header),
+        default_slo=default_slo,
+        kv_pool=kv_pool,
+        accepted_models=served_names(spec.model),
         started_unix=int(time.time()),
     )
+
+
+def build_gate(
+    *,
+    config: RouterConfig,
+    settings: AdmissionSettings,
+    registry: EndpointRegistry,
+    prometheus: CollectorRegistry,
+    predictor: TTFTPredictor,
+    clock: Callable[[], float],
+) -> AdmissionGate:
+    """The admission gate over the decode pool, its fair queue and its metrics."""
+    spec = config.spec
+    queue_type: type[VTCQueue[Waiter]] = FCFSQueue if settings.fairness == "fcfs" else VTCQueue
+    queue = queue_type(
+        input_weight=spec.router.fairness.input_weight,
+        output_weight=spec.router.fairness.output_weight,
+        tenant_weights=settings.tenant_weights,
+        max_size=spec.router.max_queue + 1,  # the gate bounds *waiting* requests at maxQueue
+    )
+    limits = SaturationLimits(
+        max_in_flight=settings.max_in_flight_per_endpoint,
+        max_waiting=settings.max_waiting_per_endpoint,
+        max_kv_usage=settings.max_kv_usage,
+    )
+
+    def capacity() -> int | None:
+        candidates = registry.candidates("decode")
+        if not candidates:
+            return None
+        return pool_capacity((load_from_snapshot(s) for s in candidates), limits)
+
+    metrics = AdmissionMetrics(prometheus, max_tenants=settings.max_tenant_labels)
+    gate: AdmissionGate = AdmissionGate(
+        queue=queue,
+        max_queue=spec.router.max_queue,
+        capacity=capacity,
+        candidates=lambda: registry.candidates("decode"),
+        predictor=predictor,
+        metrics=metrics,
+        clock=clock,
+        default_slo=SLO(ttft_s=spec.router.slo.ttft_seconds, tpot_s=spec.router.slo.tpot_seconds),
+        max_queue_wait_s=settings.max_queue_wait_seconds,
+        poll_s=settings.poll_seconds,
+    )
+    metrics.watch(gate)
+    return gate

@@ -6,6 +6,8 @@ These are properties of the router process, not of the InferenceService, so they
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -40,9 +42,56 @@ class DisaggregationSettings(_Settings):
         le=3600,
         description="Whole prefill request (connect to last byte); on expiry: decode-only fallback.",
     )
+    kv_barrier_timeout_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=600,
+        description="Wait after a prefill for the prompt's chunks in the KV pool; then decode-only.",
+    )
+    kv_pool_timeout_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="Connect and per-command timeout of the KV pool client."
+    )
+
+
+class AdmissionSettings(_Settings):
+    """The router's queue and fair sharing (docs/router.md, "Admission and the fair queue").
+
+    An endpoint is saturated at `max_in_flight_per_endpoint` requests from this router (vLLM's default
+    `--max-num-seqs` is 256: beyond it the engine only queues), or when the metrics collector reports
+    `max_waiting_per_endpoint` waiting requests or `max_kv_usage` KV use (llm-d's 5 and 0.8; None
+    turns a check off). While every decode endpoint is saturated, requests wait in the router's queue
+    (`spec.router.maxQueue` places) for at most `max_queue_wait_seconds` or their TTFT objective.
+    """
+
+    fairness: Literal["vtc", "fcfs"] = Field(
+        default="vtc", description="Order of waiting requests: vtc (fair between tenants) or fcfs."
+    )
+    max_in_flight_per_endpoint: int = Field(default=256, ge=1, le=100_000)
+    max_waiting_per_endpoint: int | None = Field(default=5, ge=0, le=100_000)
+    max_kv_usage: float | None = Field(default=0.8, gt=0, le=1)
+    max_queue_wait_seconds: float = Field(default=60.0, gt=0, le=3600)
+    tenant_weights: dict[str, Annotated[float, Field(gt=0, le=1000)]] = Field(
+        default_factory=dict, description="VTC weight per tenant (default 1): service shares are weighted."
+    )
+    max_tenant_labels: int = Field(
+        default=50, ge=0, le=10_000, description="Tenants named in metric labels; the rest are 'other'."
+    )
+    poll_seconds: float = Field(
+        default=0.25, gt=0, le=10, description="How often waiting requests re-check capacity."
+    )
+
+
+class DiscoverySettings(_Settings):
+    kube_api_server: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/\s]+/?$",
+        description="Kubernetes API URL used without credentials (kubectl proxy); default: in-cluster.",
+    )
 
 
 class RouterSettings(_Settings):
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     rotation: RotationSettings = Field(default_factory=RotationSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     disaggregation: DisaggregationSettings = Field(default_factory=DisaggregationSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)

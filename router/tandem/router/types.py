@@ -44,19 +44,68 @@ class EndpointSnapshot:
 
     `in_flight`: upstream requests the router has open to it now (>= 0).
     `consecutive_failures`: failures since its last success.
-    `in_rotation`: False while it cools down after `failure_threshold` consecutive failures.
+    `in_rotation`: False while it cools down after `failure_threshold` consecutive failures, or while
+    the metrics collector cannot reach it.
+    `engine`: the engine's own numbers from the metrics collector (None: no good scrape yet).
     """
 
     endpoint: Endpoint
     in_flight: int
     consecutive_failures: int
     in_rotation: bool
+    engine: EngineReading | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStats:
+    """What one scrape of an engine's `/metrics` said (vLLM names; summed over data-parallel engines).
+
+    `running`/`waiting`: `vllm:num_requests_running`/`_waiting`; `kv_usage`: `vllm:kv_cache_usage_perc`
+    (0..1, mean over engines; None if absent); `block_size`/`num_gpu_blocks`: the labels of
+    `vllm:cache_config_info` (None if absent).
+    """
+
+    running: int
+    waiting: int
+    kv_usage: float | None
+    block_size: int | None
+    num_gpu_blocks: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineReading:
+    """The last good `EngineStats` of an endpoint, how old it is (clock seconds since that scrape), and
+    whether it is `stale`: the scrapes since then failed `stale_after` times in a row. Policies must
+    treat stale numbers as unknown, not as current."""
+
+    stats: EngineStats
+    age_s: float
+    stale: bool
+
+    @property
+    def fresh(self) -> EngineStats | None:
+        """`stats` unless stale."""
+        return None if self.stale else self.stats
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SLO:
+    """A request's latency objectives in seconds: time to first token, time per output token."""
+
+    ttft_s: float
+    tpot_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestView:
     """A validated generation request as policies see it. `body` is the client's JSON, read-only
-    by contract (policies must not mutate it); `tenant` is the fairness header's value or "default"."""
+    by contract (policies must not mutate it); `tenant` is the fairness header's value or "default".
+
+    `prompt_token_ids`: the prompt as `tandem.core.tokenizer` encodes it (chat messages through its
+    ChatML template): exact for the simulator, an estimate for other engines; empty when unknown.
+    `priority`: the `x-priority` band (higher first). `slo`: from `x-slo-ttft-ms`/`x-slo-tpot-ms` or
+    the InferenceService's defaults (None only where a caller built the view without one).
+    """
 
     request_id: str
     route: Route
@@ -64,3 +113,6 @@ class RequestView:
     tenant: str
     stream: bool
     body: Mapping[str, Any]
+    prompt_token_ids: tuple[int, ...] = ()
+    priority: int = 0
+    slo: SLO | None = None

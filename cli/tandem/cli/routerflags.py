@@ -1,0 +1,126 @@
+"""The `tandem router` tuning flags: one table, mapped onto `RouterSettings` sections.
+
+Each `Flag` names its settings section and field, so the command validates all of them in one
+`RouterSettings` and an invalid value is reported with the flag's name
+(`tandem: error: --max-kv-usage: Input should be less than or equal to 1`). Flags whose check can be
+switched off take `off` (`--max-kv-usage off`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+from pydantic import ValidationError
+
+from tandem.router.settings import RouterSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _OffOr(click.ParamType[Any]):
+    """A number, or `off` (None: the check is disabled)."""
+
+    def __init__(self, kind: type[int] | type[float]) -> None:
+        self.kind = kind
+        self.name = f"{kind.__name__}|off"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or (isinstance(value, str) and value.lower() == "off"):
+            return None
+        try:
+            return self.kind(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number or 'off'", param, ctx)
+
+
+def _weights(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        tenant, sep, weight = item.rpartition("=")
+        if not sep or not tenant:
+            raise click.BadParameter(f"{item!r} is not TENANT=WEIGHT", param_hint="--tenant-weight")
+        out[tenant] = weight
+    return out
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # --kebab-case
+    section: str  # RouterSettings field
+    field: str  # the section's field
+    type: Any
+    default: Any
+    help: str
+    multiple: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--prefill-timeout", "disaggregation", "prefill_timeout_seconds", float, 30.0,
+         "Seconds a P/D prefill may take before the request goes decode-only."),
+    Flag("--kv-barrier-timeout", "disaggregation", "kv_barrier_timeout_seconds", float, 2.0,
+         "Seconds to wait after a prefill for the prompt's chunks in the KV pool; then decode-only."),
+    Flag("--kv-pool-timeout", "disaggregation", "kv_pool_timeout_seconds", float, 0.5,
+         "Connect and per-command timeout of the router's KV pool (Redis) client, seconds."),
+    Flag("--failure-threshold", "rotation", "failure_threshold", int, 3,
+         "Consecutive failures that take an engine out of rotation."),
+    Flag("--cooldown", "rotation", "cooldown_seconds", float, 10.0,
+         "Seconds an engine stays out of rotation before it is tried again."),
+    Flag("--fairness", "admission", "fairness", click.Choice(["vtc", "fcfs"]), "vtc",
+         "Order of requests waiting in the router's queue: VTC between tenants, or arrival order."),
+    Flag("--max-in-flight-per-endpoint", "admission", "max_in_flight_per_endpoint", int, 256,
+         "Requests the router keeps open to one decode engine before new ones queue."),
+    Flag("--max-waiting-per-endpoint", "admission", "max_waiting_per_endpoint", _OffOr(int), "5",
+         "An engine reporting this many waiting requests takes no new ones ('off': ignore)."),
+    Flag("--max-kv-usage", "admission", "max_kv_usage", _OffOr(float), "0.8",
+         "An engine reporting this KV-cache usage (0-1) takes no new requests ('off': ignore)."),
+    Flag("--max-queue-wait", "admission", "max_queue_wait_seconds", float, 60.0,
+         "Longest wait in the router's queue before a 429, seconds (the TTFT objective may be sooner)."),
+    Flag("--tenant-weight", "admission", "tenant_weights", str, (),
+         "TENANT=WEIGHT: a tenant's share of service relative to others (default 1); repeatable.",
+         multiple=True),
+    Flag("--max-tenant-labels", "admission", "max_tenant_labels", int, 50,
+         "Tenants named in metric labels; later ones are counted as 'other'."),
+    Flag("--kube-api-server", "discovery", "kube_api_server", str, None,
+         "Kubernetes API URL to use without credentials (e.g. kubectl proxy); default: in-cluster."),
+)  # fmt: skip
+_BY_FIELD = {(flag.section, flag.field): flag.name for flag in FLAGS}
+
+
+def tuning_options(command: F) -> F:
+    """Add every flag of `FLAGS` to a click command."""
+    for flag in reversed(FLAGS):
+        command = click.option(
+            flag.name,
+            flag.dest,
+            type=flag.type,
+            default=flag.default,
+            show_default=flag.default is not None and flag.default != (),
+            multiple=flag.multiple,
+            help=flag.help,
+        )(command)
+    return command
+
+
+def settings_from_flags(values: Mapping[str, Any]) -> RouterSettings:
+    """`RouterSettings` from the flags' values (keyed by `Flag.dest`). Raises `click.UsageError`
+    naming the flag when a value is out of range."""
+    sections: dict[str, dict[str, Any]] = {}
+    for flag in FLAGS:
+        value = values[flag.dest]
+        if flag.multiple:
+            value = _weights(value)
+        sections.setdefault(flag.section, {})[flag.field] = value
+    try:
+        return RouterSettings.model_validate(sections)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        name = _BY_FIELD.get((loc[0], loc[1]), ".".join(loc)) if len(loc) > 1 else ".".join(loc)
+        raise click.UsageError(f"{name}: {first['msg']}") from None

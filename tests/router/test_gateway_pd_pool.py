@@ -1,0 +1,143 @@
+"""Conditional disaggregation and the KV-pool barrier, with real engines writing a real pool.
+
+Real: redis-server on 127.0.0.1 (the `redis_server` fixture), simulated engines (`tandem.sim`, the
+tiny profile at time scale 1000: a producer for prefill, a consumer for decode, both in LMCache's
+layout), the router, the official `openai` client. Faked: in the barrier-timeout story, the prefill
+engine is a `FakeEngine`, which answers but writes nothing to the pool; in the outage stories the
+pool's URL is a loopback port nothing listens on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from tests.router.harness import MODEL, MODEL_NAME, Launcher, RunningRouter, metric
+from tests.router.servers import closed_port_url
+from tests.servers import RedisServer
+
+from tandem.core.kvkeys import chunk_hashes, chunk_key
+from tandem.router.settings import DisaggregationSettings, RouterSettings
+from tandem.sim.app import create_app as create_sim
+from tandem.sim.settings import KVRole, SimSettings
+
+PROMPT = [1000 + i for i in range(600)]  # two full 256-token chunks and 88 more
+AUTO_512 = {"disaggregation": {"minUncachedTokens": 512}}
+
+
+async def sim(launcher: Launcher, role: KVRole, pool_url: str) -> str:
+    settings = SimSettings(
+        profile="tiny-cpu",
+        model=MODEL_NAME,
+        served_model_name=MODEL,
+        time_scale=1000,
+        kv_role=role,
+        kv_pool=pool_url,
+    )
+    return await launcher.serve_app(create_sim(settings))
+
+
+async def engine_counter(url: str, name: str) -> float:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        text = (await client.get(f"{url}/metrics")).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+async def complete(router: RunningRouter, prompt: list[int]) -> httpx.Response:
+    body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+    response = await router.http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response
+
+
+async def test_after_a_prefill_the_barrier_sees_the_chunks_and_decode_loads_them(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    prefill = await sim(launcher, "producer", redis_server.url)
+    decode = await sim(launcher, "consumer", redis_server.url)
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
+    )
+    response = await complete(router, PROMPT)
+    assert response.headers["x-tandem-prefill-endpoint"] == prefill.removeprefix("http://")
+    assert "x-tandem-pd-fallback" not in response.headers
+    assert await metric(router, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="ok") == 1
+    # The decode engine found both chunks the prefill engine wrote under the router's key names.
+    assert await engine_counter(decode, "vllm:external_prefix_cache_hits_total") == 512
+    keys = [chunk_key(model=MODEL_NAME, chunk_hash=h) + "metadata" for h in chunk_hashes(PROMPT, 256)]
+    with redis_server.client() as client:
+        assert client.exists(*keys) == 2
+
+
+async def test_auto_mode_prefills_what_is_not_cached_and_decodes_what_the_pool_holds(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    prefill = await sim(launcher, "producer", redis_server.url)
+    decode = await sim(launcher, "consumer", redis_server.url)
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="auto", spec=AUTO_512, kv_pool_url=redis_server.url
+    )
+    first = await complete(router, PROMPT)  # nothing cached: 600 uncached ≥ 512
+    assert "x-tandem-prefill-endpoint" in first.headers
+    second = await complete(router, PROMPT)  # 512 in the pool: 88 uncached < 512
+    assert "x-tandem-prefill-endpoint" not in second.headers
+    assert "x-tandem-pd-fallback" not in second.headers
+    decisions = "tandem_router_pd_decisions_total"
+    assert await metric(router, decisions, decision="disaggregate", reason="many_uncached") == 1
+    assert await metric(router, decisions, decision="decode_only", reason="few_uncached") == 1
+    short = await complete(router, PROMPT[:100])  # shorter than a chunk, and than 512
+    assert "x-tandem-prefill-endpoint" not in short.headers
+    assert await metric(router, decisions, decision="decode_only", reason="few_uncached") == 2
+
+
+async def test_chunks_that_never_arrive_time_the_barrier_out_and_decode_goes_alone(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    prefill = await launcher.engine("p0")  # answers, but writes nothing to the pool
+    decode = await sim(launcher, "consumer", redis_server.url)
+    settings = RouterSettings(disaggregation=DisaggregationSettings(kv_barrier_timeout_seconds=0.2))
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", settings=settings, kv_pool_url=redis_server.url
+    )
+    response = await complete(router, PROMPT)
+    assert response.headers["x-tandem-pd-fallback"] == "barrier_timeout"
+    assert "x-tandem-prefill-endpoint" not in response.headers
+    assert await metric(router, "tandem_router_pd_fallbacks_total", reason="barrier_timeout") == 1
+    assert await metric(router, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="timeout") == 1
+
+
+async def test_a_prompt_shorter_than_a_chunk_has_nothing_to_wait_for(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    prefill = await launcher.engine("p0")
+    decode = await launcher.engine("d0")
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
+    )
+    response = await complete(router, PROMPT[:200])
+    assert response.headers["x-tandem-prefill-endpoint"] == prefill.url.removeprefix("http://")
+    assert await metric(router, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="ok") == 1
+
+
+async def test_a_pool_that_is_down_sends_requests_decode_only_without_failing_them(
+    launcher: Launcher,
+) -> None:
+    prefill = await launcher.engine("p0")
+    decode = await launcher.engine("d0")
+    down = closed_port_url().replace("http://", "redis://")
+    auto = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="auto", spec=AUTO_512, kv_pool_url=down
+    )
+    await complete(auto, PROMPT)
+    assert prefill.received == []
+    assert (
+        await metric(
+            auto, "tandem_router_pd_decisions_total", decision="decode_only", reason="pool_unavailable"
+        )
+        == 1
+    )
+    always = await launcher.router(decode=[decode], prefill=[prefill], mode="always", kv_pool_url=down)
+    response = await complete(always, PROMPT)
+    assert response.headers["x-tandem-pd-fallback"] == "pool_unavailable"
+    assert await metric(always, "tandem_router_pd_fallbacks_total", reason="pool_unavailable") == 1

@@ -1,0 +1,214 @@
+"""Kubernetes discovery: pool members from the ready addresses of each Service's EndpointSlices.
+
+Real: `KubernetesEndpoints` and its httpx list/watch requests over HTTP on 127.0.0.1, the endpoint
+registry, and in the last story the whole router and a fake engine found through discovery. Emulated:
+the Kubernetes API server (kmock with the operator tests' `StampingEmulator`, which keeps
+resourceVersions and replays watches from them; like kmock it ignores `labelSelector`, so the
+discovery's own label check is exercised too). Objects are written with plain HTTP, as kubectl would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock as kmock_lib
+import pytest
+from tests.operator.emulator import StampingEmulator
+from tests.router.harness import MODEL, MODEL_NAME, Launcher
+from tests.router.servers import closed_port_url
+
+from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
+from tandem.router.endpoints import EndpointRegistry
+from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints, ready_urls
+from tandem.router.errors import ConfigurationError
+from tandem.router.settings import DiscoverySettings, RouterSettings
+from tandem.router.types import Pool
+
+NAMESPACE = "llm"
+SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
+CONFIG = KubernetesDiscovery(
+    namespace=NAMESPACE, prefill_service="demo-prefill", decode_service="demo-decode", port=8000
+)
+
+
+def endpoint_slice(name: str, service: str, *endpoints: tuple[str, bool | None]) -> dict[str, Any]:
+    """An EndpointSlice of `service` with one endpoint per (address, ready) pair (None: unset)."""
+    items = []
+    for address, ready in endpoints:
+        conditions = {} if ready is None else {"ready": ready}
+        items.append({"addresses": [address], "conditions": conditions})
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "endpoints": items,
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+    }
+
+
+@pytest.fixture
+def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
+    return dict(kmock_options, cls=StampingEmulator)
+
+
+@pytest.fixture
+async def api(kmock: kmock_lib.KubernetesEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on the emulated API server, which knows the built-in kinds."""
+    with warnings.catch_warnings():
+        # kmock 0.8 reads its bundled resource list with the legacy importlib.resources API.
+        warnings.filterwarnings("ignore", "read_binary is deprecated", DeprecationWarning)
+        kmock.resources.load_bundled()
+    async with httpx.AsyncClient(base_url=str(kmock.url).rstrip("/"), trust_env=False) as client:
+        yield client
+
+
+async def create(api: httpx.AsyncClient, obj: dict[str, Any]) -> None:
+    response = await api.post(SLICES, json=obj)
+    assert response.status_code in (200, 201), response.text
+
+
+@pytest.fixture
+async def discovered(api: httpx.AsyncClient) -> AsyncIterator[Callable[[], Any]]:
+    """Starts discovery against the emulator once called; stops it at the end."""
+    started: list[KubernetesEndpoints] = []
+
+    async def start() -> EndpointRegistry:
+        registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
+        discovery = KubernetesEndpoints(CONFIG, api=KubeAPI.plain(str(api.base_url)))
+        await discovery.start(registry)
+        started.append(discovery)
+        return registry
+
+    yield start
+    for discovery in started:
+        await discovery.stop()
+
+
+def urls(registry: EndpointRegistry, pool: Pool) -> list[str]:
+    return [e.url for e in registry.endpoints(pool)]
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the registry never caught up")
+
+
+async def test_start_fills_both_pools_with_ready_addresses_only(
+    api: httpx.AsyncClient, discovered: Callable[[], Any]
+) -> None:
+    await create(api, endpoint_slice("demo-decode-a", "demo-decode", ("10.0.0.2", True), ("10.0.0.3", False)))
+    await create(api, endpoint_slice("demo-decode-b", "demo-decode", ("10.0.0.4", None)))
+    await create(api, endpoint_slice("demo-prefill-a", "demo-prefill", ("10.0.1.2", True)))
+    await create(api, endpoint_slice("other-a", "other", ("10.9.9.9", True)))  # another Service
+    registry = await discovered()
+    assert urls(registry, "decode") == ["http://10.0.0.2:8000", "http://10.0.0.4:8000"]
+    assert urls(registry, "prefill") == ["http://10.0.1.2:8000"]
+
+
+async def test_the_watch_follows_pods_becoming_ready_leaving_and_slices_going_away(
+    api: httpx.AsyncClient, discovered: Callable[[], Any]
+) -> None:
+    await create(api, endpoint_slice("demo-decode-a", "demo-decode", ("10.0.0.2", True), ("10.0.0.3", False)))
+    registry = await discovered()
+    assert urls(registry, "decode") == ["http://10.0.0.2:8000"]
+
+    ready_now = endpoint_slice("demo-decode-a", "demo-decode", ("10.0.0.2", True), ("10.0.0.3", True))
+    await api.patch(f"{SLICES}/demo-decode-a", json={"endpoints": ready_now["endpoints"]})
+    await eventually(lambda: urls(registry, "decode") == ["http://10.0.0.2:8000", "http://10.0.0.3:8000"])
+
+    await create(api, endpoint_slice("demo-decode-b", "demo-decode", ("10.0.0.9", True)))
+    await eventually(lambda: "http://10.0.0.9:8000" in urls(registry, "decode"))
+
+    terminating = endpoint_slice("demo-decode-a", "demo-decode", ("10.0.0.2", False), ("10.0.0.3", True))
+    await api.patch(f"{SLICES}/demo-decode-a", json={"endpoints": terminating["endpoints"]})
+    await eventually(lambda: urls(registry, "decode") == ["http://10.0.0.3:8000", "http://10.0.0.9:8000"])
+
+    await api.delete(f"{SLICES}/demo-decode-a")
+    await eventually(lambda: urls(registry, "decode") == ["http://10.0.0.9:8000"])
+    await create(api, endpoint_slice("other-b", "other", ("10.9.9.9", True)))
+    await asyncio.sleep(0.05)
+    assert urls(registry, "decode") == ["http://10.0.0.9:8000"]
+
+
+async def test_an_unreachable_api_server_leaves_the_pools_empty_without_failing_start() -> None:
+    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
+    discovery = KubernetesEndpoints(CONFIG, api=KubeAPI.plain(closed_port_url()))
+    await discovery.start(registry)
+    try:
+        assert registry.endpoints("decode") == registry.endpoints("prefill") == ()
+    finally:
+        await discovery.stop()
+
+
+async def test_the_router_serves_through_engines_it_discovered(
+    api: httpx.AsyncClient, launcher: Launcher
+) -> None:
+    engine = await launcher.engine("d0")
+    port = int(engine.url.rsplit(":", 1)[1])
+    await create(api, endpoint_slice("demo-decode-a", "demo-decode", ("127.0.0.1", True)))
+    config = RouterConfig.model_validate(
+        {
+            "service": "demo",
+            "spec": {"model": {"name": MODEL_NAME, "servedName": MODEL}, "disaggregation": {"mode": "off"}},
+            "discovery": {
+                "kind": "kubernetes",
+                "namespace": NAMESPACE,
+                "prefillService": "demo-prefill",
+                "decodeService": "demo-decode",
+                "port": port,
+            },
+        }
+    )
+    settings = RouterSettings(discovery=DiscoverySettings(kube_api_server=str(api.base_url)))
+    router = await launcher.router_for(config, settings=settings)
+    answer = await router.openai.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert answer.choices[0].text == " d0-0 d0-1"
+    assert (await router.http.get("/health")).json()["pools"]["decode"] == {"endpoints": 1, "in_rotation": 1}
+
+
+@pytest.mark.parametrize(
+    ("slices", "expected"),
+    [
+        ([], []),
+        (
+            [endpoint_slice("a", "demo-decode", ("10.0.0.1", None), ("10.0.0.1", True))],
+            ["http://10.0.0.1:8000"],
+        ),
+        ([endpoint_slice("a", "demo-decode", ("fd00::7", True))], ["http://[fd00::7]:8000"]),
+        ([endpoint_slice("a", "demo-decode", ("10.0.0.1", False))], []),
+        ([endpoint_slice("a", "elsewhere", ("10.0.0.1", True))], []),
+        ([{"metadata": {"name": "empty", "labels": {"kubernetes.io/service-name": "demo-decode"}}}], []),
+    ],
+    ids=["none", "dedup-and-unset-ready", "ipv6", "not-ready", "other-service", "no-endpoints"],
+)
+def test_ready_urls(slices: list[dict[str, Any]], expected: list[str]) -> None:
+    assert ready_urls(slices, service="demo-decode", port=8000) == expected
+
+
+def test_in_cluster_access_comes_from_the_service_account() -> None:
+    api = KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"})
+    assert api.server == "https://10.96.0.1:443"
+    assert api.token_file is not None and api.token_file.name == "token"
+    assert api.ca_file is not None and api.ca_file.name == "ca.crt"
+    v6 = KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"})
+    assert v6.server == "https://[fd00::1]:443"
+    with pytest.raises(ConfigurationError, match="--kube-api-server"):
+        KubeAPI.in_cluster({})
+
+
+def test_the_token_is_read_at_each_connect(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    api = KubeAPI(server="https://k", token_file=token)
+    assert api.headers() == {"authorization": "Bearer first"}
+    token.write_text("rotated")
+    assert api.headers() == {"authorization": "Bearer rotated"}
