@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tandem.router.fairness.fcfs import FCFSQueue
 from tandem.router.fairness.vtc import QueueFull, VTCQueue
 
 W_P, W_Q = 1.0, 2.0
@@ -176,3 +177,45 @@ def test_weights_give_proportional_service(gold_weight: float) -> None:
         raw[tenant] = weighted * queue.weight(tenant)
     ratio = raw["gold"] / raw["free"]
     assert ratio == pytest.approx(gold_weight, rel=0.1)
+
+
+def test_fcfs_serves_by_arrival_and_lets_the_heavier_backlog_take_the_larger_share() -> None:
+    """The baseline: the same server under FCFS gives each tenant its share of the waiting requests,
+    so a tenant that keeps more requests waiting gets more service; VTC evens it out."""
+
+    def run(queue: VTCQueue[Job]) -> float:
+        server = Server(queue=queue, capacity=1000)
+        for _ in range(2000):
+            # three times as many waiting, and both deeper than a step can drain (10 fit at once)
+            keep_backlogged(server, "heavy", lambda: Job("heavy", prompt=50, output=50), depth=36)
+            keep_backlogged(server, "light", lambda: Job("light", prompt=50, output=50), depth=12)
+            server.step()
+        return server.service["light"] / (server.service["light"] + server.service["heavy"])
+
+    assert run(FCFSQueue(max_size=100)) == pytest.approx(0.25, abs=0.05)
+    assert run(VTCQueue(max_size=100)) == pytest.approx(0.5, abs=0.02)
+
+
+def test_fcfs_still_honours_priority_bands() -> None:
+    queue: FCFSQueue[str] = FCFSQueue()
+    queue.push("old", tenant="a", prompt_tokens=1)
+    queue.push("urgent", tenant="b", prompt_tokens=1, priority=2)
+    assert [t.item for t in iter(queue.pop, None)] == ["urgent", "old"]
+
+
+def test_a_prompt_estimate_is_corrected_both_ways() -> None:
+    queue: VTCQueue[str] = VTCQueue(tenant_weights={"gold": 2})
+    queue.push("r", tenant="gold", prompt_tokens=100)
+    queue.pop()
+    queue.charge_input("gold", 20)  # the engine counted 120 prompt tokens
+    queue.charge_input("gold", -40)  # ... or 80
+    assert queue.counter("gold") == (100 + 20 - 40) / 2
+
+
+def test_depths_count_waiting_requests_per_band() -> None:
+    queue: VTCQueue[str] = VTCQueue()
+    for i, priority in enumerate((0, 0, 3)):
+        queue.push(str(i), tenant=f"t{i}", prompt_tokens=1, priority=priority)
+    assert queue.depths() == {0: 2, 3: 1}
+    queue.pop()
+    assert queue.depths() == {0: 2}

@@ -10,6 +10,8 @@ discovery's own label check is exercised too). Objects are written with plain HT
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import warnings
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,7 +26,7 @@ from tests.router.servers import closed_port_url
 
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
 from tandem.router.endpoints import EndpointRegistry
-from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints, ready_urls
+from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints, SliceWatch, ready_urls
 from tandem.router.errors import ConfigurationError
 from tandem.router.settings import DiscoverySettings, RouterSettings
 from tandem.router.types import Pool
@@ -212,3 +214,57 @@ def test_the_token_is_read_at_each_connect(tmp_path: Path) -> None:
     assert api.headers() == {"authorization": "Bearer first"}
     token.write_text("rotated")
     assert api.headers() == {"authorization": "Bearer rotated"}
+
+
+async def test_watches_resume_from_their_last_resource_version_and_relist_when_it_is_gone() -> None:
+    """Scripted API server (httpx.MockTransport): a list, a watch that ends after a bookmark and an
+    update, a resumed watch answered 410 Gone, a relist, and a watch whose ERROR event says 410."""
+    a1 = endpoint_slice("a", "demo-decode", ("10.0.0.1", True))
+    a2 = endpoint_slice("a", "demo-decode", ("10.0.0.2", True))
+    a3 = endpoint_slice("a", "demo-decode", ("10.0.0.3", True))
+    for obj, rv in ((a1, "5"), (a2, "7"), (a3, "20")):
+        obj["metadata"]["resourceVersion"] = rv
+
+    def events(*items: dict[str, Any]) -> bytes:
+        return b"".join(json.dumps(item).encode() + b"\n" for item in items)
+
+    script: list[tuple[str | None, httpx.Response]] = [
+        (None, httpx.Response(200, json={"items": [a1], "metadata": {"resourceVersion": "5"}})),
+        ("5", httpx.Response(200, content=events(
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "6"}}},
+            {"type": "MODIFIED", "object": a2},
+        ))),
+        ("7", httpx.Response(410, json={"kind": "Status", "code": 410})),
+        (None, httpx.Response(200, json={"items": [a3], "metadata": {"resourceVersion": "20"}})),
+        ("20", httpx.Response(200, content=events({"type": "ERROR", "object": {"code": 410}}))),
+        (None, httpx.Response(200, json={"items": [a3], "metadata": {"resourceVersion": "21"}})),
+    ]  # fmt: skip
+    seen: list[str | None] = []
+    done = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["labelSelector"] == "kubernetes.io/service-name=demo-decode"
+        watching = request.url.params.get("watch") == "true"
+        rv = request.url.params.get("resourceVersion") if watching else None
+        seen.append(rv if watching else None)
+        if not script:
+            done.set()
+            await asyncio.sleep(3600)  # a watch with nothing to say
+        expected, response = script.pop(0)
+        assert (watching, rv) == (expected is not None, expected)
+        return response
+
+    changes: list[list[str]] = []
+    client = httpx.AsyncClient(base_url="http://api", transport=httpx.MockTransport(handler))
+    watch = SliceWatch(
+        client=client, api=KubeAPI.plain("http://api"), namespace=NAMESPACE, service="demo-decode",
+        port=8000, on_change=changes.append,
+    )  # fmt: skip
+    task = asyncio.create_task(watch.run(await watch.list()))
+    await asyncio.wait_for(done.wait(), timeout=10)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await client.aclose()
+    assert seen == [None, "5", "7", None, "20", None, "21"]
+    assert changes == [["http://10.0.0.1:8000"], ["http://10.0.0.2:8000"], ["http://10.0.0.3:8000"]]
