@@ -87,7 +87,11 @@ def build_runtime(
         clock=clock,
     )
     kv_pool = None
-    if config.kv_pool_url is not None:
+    # Only the simulator's chunk keys can be computed here (our tokenizer, our chunk hash); LMCache in
+    # real vLLM hashes the engine's own token ids with Python's seeded hash, so with `vllm` engines a
+    # pool look-up or a barrier would never find anything: both are off and P/D relies on the
+    # connector's own handoff.
+    if config.kv_pool_url is not None and spec.engine.kind == "sim":
         kv_pool = KVPoolIndex(
             connect(config.kv_pool_url, timeout_s=settings.disaggregation.kv_pool_timeout_seconds),
             model=spec.model.name,
