@@ -66,5 +66,5 @@ def test_round_robin_refuses_an_empty_candidate_list() -> None:
 
 def test_the_spec_policy_names_the_scheduler() -> None:
     assert isinstance(scheduler_for("round-robin"), RoundRobin)
-    with pytest.raises(ConfigurationError, match="known: round-robin"):
+    with pytest.raises(ConfigurationError, match="known: least-load, prefix, round-robin, tandem"):
         scheduler_for("coin-toss")

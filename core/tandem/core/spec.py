@@ -194,6 +194,9 @@ class ScoringWeights(SpecModel):
     prefix: float = Field(default=3.0, ge=0, le=100, description="Weight of prefix-cache overlap.")
     load: float = Field(default=2.0, ge=0, le=100, description="Weight of queue + running load.")
     kv: float = Field(default=2.0, ge=0, le=100, description="Weight of free KV-cache space.")
+    ttft: float = Field(
+        default=2.0, ge=0, le=100, description="Weight of predicted time-to-first-token headroom."
+    )
 
 
 class SLOSpec(SpecModel):
@@ -208,13 +211,15 @@ class FairnessSpec(SpecModel):
 
 
 #: Routing policies the gateway implements; `tandem bench --policy` compares them on the same engines.
-RoutingPolicy = Literal["round-robin"]
+#: `tandem`: filters → weighted scorers → picker (docs/routing.md); `prefix`: SGLang-like cache-aware;
+#: `least-load`: fewest queued + running; `round-robin`: in turn.
+RoutingPolicy = Literal["tandem", "prefix", "least-load", "round-robin"]
 ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
 
 
 class RouterSpec(SpecModel):
     replicas: int = Field(default=2, ge=1, le=100)
-    policy: RoutingPolicy = Field(default="round-robin", description="How the gateway picks engines.")
+    policy: RoutingPolicy = Field(default="tandem", description="How the gateway picks engines.")
     scoring: ScoringWeights = Field(default_factory=ScoringWeights)
     slo: SLOSpec = Field(default_factory=SLOSpec)
     fairness: FairnessSpec = Field(default_factory=FairnessSpec)

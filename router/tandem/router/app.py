@@ -114,6 +114,8 @@ def _lifespan(
                 stack.push_async_callback(runtime.kv_pool.aclose)
             await discovery.start(runtime.registry)
             stack.push_async_callback(discovery.stop)
+            await runtime.routing.start()  # the metrics collector (and KV-event subscribers)
+            stack.push_async_callback(runtime.routing.stop)
             log.info(
                 "router ready",
                 extra={

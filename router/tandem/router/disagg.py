@@ -157,7 +157,7 @@ class Prefiller:
             stream=False,
             read_timeout_s=self.timeout_s,
         )
-        attempt = await self.dispatcher.attempt(endpoint, call)
+        attempt = await self.dispatcher.attempt(endpoint, call, request=request)
         await attempt.finish()
         return attempt.reply.head if attempt.reply.status < 400 else None
 

@@ -10,23 +10,24 @@ and are returned as they are. Every failure is recorded against its endpoint (ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.router.endpoints import EndpointRegistry
 from tandem.router.errors import NoEndpointAvailable, UpstreamError
 from tandem.router.metrics import RouterMetrics
 from tandem.router.proxy import Upstream, UpstreamCall, UpstreamReply
-from tandem.router.scheduling import Scheduler
+from tandem.router.scheduling import DispatchObserver, NoObserver, Scheduler
 from tandem.router.types import Endpoint, Pool, RequestView
 
 
 class Attempt:
     """An upstream exchange that holds one in-flight slot on its endpoint until `finish`."""
 
-    def __init__(self, reply: UpstreamReply, dispatcher: Dispatcher) -> None:
+    def __init__(self, reply: UpstreamReply, dispatcher: Dispatcher, ticket: object = None) -> None:
         self.reply = reply
         self.endpoint = reply.endpoint
         self._dispatcher = dispatcher
+        self._ticket = ticket
         self._finished = False
 
     async def finish(self, error: UpstreamError | None = None) -> None:
@@ -40,6 +41,7 @@ class Attempt:
             await self.reply.aclose()
         finally:
             self._dispatcher.registry.end(self.endpoint)
+            self._dispatcher.observer.finished(self._ticket)
             if error is not None:
                 self._dispatcher.note_failure(self.endpoint, error)
 
@@ -51,6 +53,8 @@ class Dispatcher:
     upstream: Upstream
     metrics: RouterMetrics
     retries: int
+    #: Told about every attempt (the scheduling state: queued work, routed prefixes, observed TTFT).
+    observer: DispatchObserver = field(default_factory=NoObserver)
 
     def choose(self, pool: Pool, request: RequestView) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
@@ -78,25 +82,32 @@ class Dispatcher:
                 self.metrics.retries.labels(pool=pool, reason=failures[-1].kind).inc()
             tried.append(endpoint)
             try:
-                return await self.attempt(endpoint, call)
+                return await self.attempt(endpoint, call, request=request)
             except UpstreamError as exc:
                 failures.append(exc)
         raise _unavailable(pool, failures, known=len(self.registry.endpoints(pool)))
 
-    async def attempt(self, endpoint: Endpoint, call: UpstreamCall) -> Attempt:
-        """One try on `endpoint`, no retry. Raises `UpstreamError` (already recorded)."""
+    async def attempt(
+        self, endpoint: Endpoint, call: UpstreamCall, *, request: RequestView | None = None
+    ) -> Attempt:
+        """One try on `endpoint`, no retry. Raises `UpstreamError` (already recorded). `request`:
+        the client's request, for the observer (attempts without one are not observed)."""
         self.registry.begin(endpoint)
+        ticket = self.observer.started(endpoint, request) if request is not None else None
         try:
             reply = await self.upstream.open(endpoint, call)
         except UpstreamError as exc:
             self.registry.end(endpoint)
+            self.observer.finished(ticket)
             self.note_failure(endpoint, exc)
             raise
         except BaseException:  # cancelled (client gone, timeout): free the slot, blame no one
             self.registry.end(endpoint)
+            self.observer.finished(ticket)
             raise
         self.registry.record_success(endpoint)
-        return Attempt(reply, self)
+        self.observer.answered(ticket, status=reply.status, streamed=reply.streaming)
+        return Attempt(reply, self, ticket)
 
     def note_failure(self, endpoint: Endpoint, error: UpstreamError) -> None:
         """Count a failure of `endpoint` (rotation and metrics)."""

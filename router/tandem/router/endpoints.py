@@ -9,6 +9,13 @@ while one success clears the count. Story with threshold 3, cool-down 10 s:
     t=0 fail, t=1 fail, t=2 fail → out until t=12 · t=12 in rotation · t=13 fail → out until t=23
     · t=23 success → healthy, count 0
 
+Engine state comes from the metrics collector, per engine URL (an engine listed in both pools is
+scraped once): `record_scrape` stores its `EngineStats` with the clock time; `record_scrape_miss`
+counts a failed scrape. Snapshots carry the last good stats with their age, marked stale once
+`stale_after` scrapes in a row failed. A URL whose scrapes failed to *reach* it (connect error,
+timeout, 5xx) `unreachable_after` times in a row leaves rotation in both pools until a scrape
+succeeds again; an answer that is not engine metrics (404, other text) only makes the data stale.
+
 Pure (no I/O) and single-threaded: every call happens on the router's event loop.
 """
 
@@ -18,7 +25,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from tandem.router.types import POOLS, Endpoint, EndpointSnapshot, Pool
+from tandem.router.types import POOLS, Endpoint, EndpointSnapshot, EngineReading, EngineStats, Pool
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +37,14 @@ class _State:
     out_until: float | None = None  # clock seconds; None: in rotation
 
 
+@dataclass(slots=True)
+class _Engine:
+    stats: EngineStats | None = None
+    scraped_at: float = 0.0  # clock seconds of the last good scrape
+    misses: int = 0  # failed scrapes since the last good one
+    unreachable: int = 0  # of those, the ones that could not reach the engine, in a row
+
+
 class EndpointRegistry:
     """Members of each pool (set by discovery) plus per-endpoint state.
 
@@ -38,13 +53,22 @@ class EndpointRegistry:
     """
 
     def __init__(
-        self, *, failure_threshold: int, cooldown_seconds: float, clock: Callable[[], float]
+        self,
+        *,
+        failure_threshold: int,
+        cooldown_seconds: float,
+        clock: Callable[[], float],
+        stale_after: int = 3,
+        unreachable_after: int = 3,
     ) -> None:
         self._threshold = failure_threshold
         self._cooldown = cooldown_seconds
         self._clock = clock
+        self._stale_after = stale_after
+        self._unreachable_after = unreachable_after
         self._members: dict[Pool, tuple[Endpoint, ...]] = {pool: () for pool in POOLS}
         self._states: dict[Endpoint, _State] = {}
+        self._engines: dict[str, _Engine] = {}  # by URL, members only
 
     # -- membership (discovery) -------------------------------------------------------------
 
@@ -55,11 +79,19 @@ class EndpointRegistry:
         self._members[pool] = members
         for endpoint in members:
             self._states.setdefault(endpoint, _State())
+            self._engines.setdefault(endpoint.url, _Engine())
         self._forget_idle_removed()
+        urls = self.urls()
+        for url in [u for u in self._engines if u not in urls]:
+            del self._engines[url]
 
     def endpoints(self, pool: Pool) -> tuple[Endpoint, ...]:
         """The current members of `pool`, in discovery order."""
         return self._members[pool]
+
+    def urls(self) -> list[str]:
+        """The distinct engine URLs of both pools (what the metrics collector scrapes)."""
+        return list(dict.fromkeys(e.url for pool in POOLS for e in self._members[pool]))
 
     def tracked(self) -> list[EndpointSnapshot]:
         """Every endpoint with state: current members plus removed ones still draining."""
@@ -69,11 +101,13 @@ class EndpointRegistry:
 
     def snapshot(self, endpoint: Endpoint) -> EndpointSnapshot:
         state = self._states.get(endpoint, _State())
+        engine = self._engines.get(endpoint.url)
         return EndpointSnapshot(
             endpoint=endpoint,
             in_flight=state.in_flight,
             consecutive_failures=state.consecutive_failures,
-            in_rotation=self._in_rotation(state),
+            in_rotation=self._in_rotation(state) and not self._unreachable(engine),
+            engine=self._reading(engine),
         )
 
     def snapshots(self, pool: Pool) -> list[EndpointSnapshot]:
@@ -86,6 +120,46 @@ class EndpointRegistry:
 
     def _in_rotation(self, state: _State) -> bool:
         return state.out_until is None or self._clock() >= state.out_until
+
+    def _unreachable(self, engine: _Engine | None) -> bool:
+        return engine is not None and engine.unreachable >= self._unreachable_after
+
+    def _reading(self, engine: _Engine | None) -> EngineReading | None:
+        if engine is None or engine.stats is None:
+            return None
+        return EngineReading(
+            stats=engine.stats,
+            age_s=max(0.0, self._clock() - engine.scraped_at),
+            stale=engine.misses >= self._stale_after,
+        )
+
+    # -- engine state (the metrics collector) ---------------------------------------------------
+
+    def record_scrape(self, url: str, stats: EngineStats) -> None:
+        """A good scrape of `url`: fresh stats; an unreachable engine returns to rotation."""
+        engine = self._engines.get(url)
+        if engine is None:
+            return
+        if self._unreachable(engine):
+            log.info("endpoint reachable again", extra={"endpoint": url})
+        engine.stats, engine.scraped_at, engine.misses, engine.unreachable = stats, self._clock(), 0, 0
+
+    def record_scrape_miss(self, url: str, *, unreachable: bool) -> bool:
+        """A failed scrape of `url`; `unreachable`: the engine could not be reached (connect error,
+        timeout, 5xx), not merely an answer without engine metrics. Returns True when this miss
+        took the engine out of rotation."""
+        engine = self._engines.get(url)
+        if engine is None:
+            return False
+        engine.misses += 1
+        engine.unreachable = engine.unreachable + 1 if unreachable else 0
+        if engine.unreachable != self._unreachable_after:
+            return False
+        log.warning(
+            "endpoint out of rotation: metrics unreachable",
+            extra={"endpoint": url, "failed_scrapes": engine.unreachable},
+        )
+        return True
 
     # -- accounting (the dispatcher) --------------------------------------------------------
 

@@ -14,7 +14,6 @@ from tandem.router.admission.gate import AdmissionGate, Waiter
 from tandem.router.admission.headers import HeaderTenant, TenantResolver
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import (
-    NoPrediction,
     SaturationLimits,
     TTFTPredictor,
     load_from_snapshot,
@@ -31,7 +30,7 @@ from tandem.router.kvpool import KVPoolIndex, connect
 from tandem.router.metrics import RouterMetrics
 from tandem.router.parsing import served_names
 from tandem.router.proxy import Upstream
-from tandem.router.scheduling import scheduler_for
+from tandem.router.routing import Routing, build_routing
 from tandem.router.settings import AdmissionSettings, RouterSettings
 from tandem.router.types import SLO
 
@@ -49,6 +48,7 @@ class Runtime:
     tenants: TenantResolver
     default_slo: SLO
     kv_pool: KVPoolIndex | None
+    routing: Routing
     accepted_models: frozenset[str]
     started_unix: int
 
@@ -74,12 +74,16 @@ def build_runtime(
     prometheus = CollectorRegistry()
     metrics = RouterMetrics(prometheus, registry)
     upstream = Upstream(client, settings.proxy)
+    routing = build_routing(
+        config=config, settings=settings, registry=registry, prometheus=prometheus, client=client, clock=clock
+    )
     dispatcher = Dispatcher(
         registry=registry,
-        scheduler=scheduler_for(spec.router.policy),
+        scheduler=routing.scheduler,
         upstream=upstream,
         metrics=metrics,
         retries=settings.proxy.retries,
+        observer=routing.state,
     )
     prefiller = Prefiller(
         dispatcher=dispatcher,
@@ -104,7 +108,7 @@ def build_runtime(
         min_uncached_tokens=spec.disaggregation.min_uncached_tokens,
         barrier_timeout_s=settings.disaggregation.kv_barrier_timeout_seconds,
         pool=kv_pool,
-        prefix=prefix,
+        prefix=prefix or routing.state.prefix,
     )
     default_slo = SLO(ttft_s=spec.router.slo.ttft_seconds, tpot_s=spec.router.slo.tpot_seconds)
     admission = build_gate(
@@ -112,7 +116,7 @@ def build_runtime(
         settings=settings.admission,
         registry=registry,
         prometheus=prometheus,
-        predictor=predictor or NoPrediction(),
+        predictor=predictor or routing.state,
         clock=clock,
     )
     gateway = Gateway(dispatcher=dispatcher, disaggregator=disaggregator, admission=admission)
@@ -128,6 +132,7 @@ def build_runtime(
         tenants=HeaderTenant(spec.router.fairness.tenant_header),
         default_slo=default_slo,
         kv_pool=kv_pool,
+        routing=routing,
         accepted_models=served_names(spec.model),
         started_unix=int(time.time()),
     )

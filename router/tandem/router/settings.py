@@ -89,9 +89,61 @@ class DiscoverySettings(_Settings):
     )
 
 
+class CollectorSettings(_Settings):
+    """The endpoint metrics collector: every `interval_seconds` each engine's `/metrics` is read (at
+    most `timeout_seconds` each). Its numbers are marked stale after `stale_after` failed scrapes in
+    a row; an engine that cannot be reached `unreachable_after` times in a row leaves rotation until a
+    scrape succeeds. `enabled: false` schedules on the router's own counts only."""
+
+    enabled: bool = True
+    interval_seconds: float = Field(default=1.0, gt=0, le=3600)
+    timeout_seconds: float = Field(default=1.0, gt=0, le=600)
+    stale_after: int = Field(default=3, ge=1, le=1000)
+    unreachable_after: int = Field(default=3, ge=1, le=1000)
+
+
+class KVEventsAddress(_Settings):
+    events: str = Field(pattern=r"^(tcp|ipc)://", description="The engine's KV-event PUB address.")
+    replay: str | None = Field(default=None, pattern=r"^(tcp|ipc)://", description="Its replay address.")
+
+
+class KVEventsSettings(_Settings):
+    """Where engines publish KV events (`prefix_source: precise`): `tcp://<engine host>:<port>`
+    (vLLM's default port 5557; replay off unless `replay_port`), or per engine URL in `endpoints`."""
+
+    port: int = Field(default=5557, ge=1, le=65535)
+    replay_port: int | None = Field(default=None, ge=1, le=65535)
+    topic: str = ""
+    endpoints: dict[str, KVEventsAddress] = Field(default_factory=dict)
+
+
+class SchedulingSettings(_Settings):
+    """Tuning of the scheduler (docs/routing.md); the scorer weights are `spec.router.scoring`.
+
+    `prefix_source`: `approximate` (the router's own routing history) or `precise` (the engines' KV
+    events). Imbalance guard: an endpoint is skipped while its load exceeds the least loaded one's by
+    more than `imbalance_abs_threshold` requests and `imbalance_rel_threshold` times (SGLang: 64, 1.5).
+    `cache_threshold`: the prompt share cached somewhere below which a prompt counts as new (SGLang:
+    0.3; the prefix scorer spreads new prompts, the `prefix` policy goes least-loaded). TTFT
+    predictor: `prior_tokens_per_second` until a rate is observed, `rate_smoothing` the EWMA weight.
+    Approximate index: block size and capacity per engine until `vllm:cache_config_info` says."""
+
+    prefix_source: Literal["approximate", "precise"] = "approximate"
+    imbalance_abs_threshold: float = Field(default=64.0, ge=0, le=1_000_000)
+    imbalance_rel_threshold: float = Field(default=1.5, ge=1, le=1000)
+    cache_threshold: float = Field(default=0.3, gt=0, le=1)
+    prior_tokens_per_second: float = Field(default=8192.0, gt=0, le=1e9)
+    rate_smoothing: float = Field(default=0.2, gt=0, le=1)
+    default_block_size: int = Field(default=16, ge=1, le=1024)
+    default_index_blocks: int = Field(default=31_250, ge=1, le=100_000_000)
+    kv_events: KVEventsSettings = Field(default_factory=KVEventsSettings)
+
+
 class RouterSettings(_Settings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     rotation: RotationSettings = Field(default_factory=RotationSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     disaggregation: DisaggregationSettings = Field(default_factory=DisaggregationSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    collector: CollectorSettings = Field(default_factory=CollectorSettings)
+    scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)

@@ -1,0 +1,120 @@
+"""The endpoint metrics collector: one background task per router that reads every engine's `/metrics`.
+
+Every `interval_seconds` (default 1 s) it GETs `<engine>/metrics` from each engine URL of both pools
+at once, with a `timeout_seconds` limit each (default 1 s), parses the vLLM gauges
+(`tandem.router.enginestats`) and hands the result to the registry, which serves it in snapshots
+next to the router's own in-flight counts. Outcomes (`tandem_router_engine_scrapes_total{outcome}`):
+
+| outcome | what happened | effect |
+|---|---|---|
+| `ok` | engine metrics parsed | fresh stats; an unreachable engine returns to rotation |
+| `unusable` | an answer, but not engine metrics (404, other text) | stats age; stale after N misses |
+| `unreachable` | connect error, timeout, 5xx | as `unusable`; out of rotation after N in a row |
+
+The `httpx.AsyncClient` is injected; a round's failures never end the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from typing import Literal
+
+import httpx
+
+from tandem.router.endpoints import EndpointRegistry
+from tandem.router.enginestats import NotEngineMetrics, parse_engine_metrics
+from tandem.router.settings import CollectorSettings
+
+log = logging.getLogger("tandem.router.collector")
+
+ScrapeOutcome = Literal["ok", "unusable", "unreachable"]
+
+
+class MetricsCollector:
+    """Scrapes engines into `registry` (module docstring). `on_scrape(url, outcome)` is told about
+    every scrape (metrics); `on_members(urls)` is awaited with the engine URLs at the start of every
+    round (so per-engine state elsewhere follows discovery). `sleep` is injectable for tests."""
+
+    def __init__(
+        self,
+        *,
+        registry: EndpointRegistry,
+        client: httpx.AsyncClient,
+        settings: CollectorSettings,
+        on_scrape: Callable[[str, ScrapeOutcome], None] | None = None,
+        on_members: Callable[[Collection[str]], Awaitable[None]] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._registry = registry
+        self._client = client
+        self._settings = settings
+        self._on_scrape = on_scrape
+        self.on_members = on_members
+        self._sleep = sleep
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the background task (the first round runs at once); idempotent."""
+        if self._task is None and self._settings.enabled:
+            self._task = asyncio.create_task(self._run(), name="tandem-metrics-collector")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def scrape_all(self) -> dict[str, ScrapeOutcome]:
+        """One round: every engine URL scraped concurrently; returns each one's outcome."""
+        urls = self._registry.urls()
+        if self.on_members is not None:
+            try:
+                await self.on_members(urls)
+            except Exception:  # e.g. a KV-event subscriber that cannot start: scraping goes on
+                log.exception("following the engines failed")
+        outcomes = await asyncio.gather(*(self.scrape(url) for url in urls))
+        return dict(zip(urls, outcomes, strict=True))
+
+    async def scrape(self, url: str) -> ScrapeOutcome:
+        """Scrape one engine and record the result in the registry."""
+        outcome: ScrapeOutcome
+        try:
+            outcome = await self._read(url)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            log.debug("metrics scrape failed", extra={"endpoint": url, "error": repr(exc)})
+            outcome = "unreachable"
+        if outcome != "ok":
+            self._registry.record_scrape_miss(url, unreachable=outcome == "unreachable")
+        if self._on_scrape is not None:
+            self._on_scrape(url, outcome)
+        return outcome
+
+    async def _read(self, url: str) -> ScrapeOutcome:
+        timeout = self._settings.timeout_seconds
+        async with asyncio.timeout(timeout):
+            response = await self._client.get(f"{url}/metrics", timeout=timeout)
+        if response.status_code >= 500:
+            return "unreachable"
+        if response.status_code != 200:
+            return "unusable"
+        try:
+            stats = parse_engine_metrics(response.text)
+        except NotEngineMetrics as exc:
+            log.debug("not engine metrics", extra={"endpoint": url, "error": str(exc)})
+            return "unusable"
+        self._registry.record_scrape(url, stats)
+        return "ok"
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.scrape_all()
+            except Exception:  # a bug in one round must not end scraping for the router's lifetime
+                log.exception("metrics collector round failed")
+            await self._sleep(max(0.0, self._settings.interval_seconds - (loop.time() - started)))

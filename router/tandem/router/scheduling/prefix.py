@@ -1,0 +1,126 @@
+"""The approximate prefix index: what the router sent where, as each engine's likely prefix cache.
+
+Two `PrefixSource`s answer "how many leading tokens of this prompt does each endpoint cache?"
+(`tandem.router.kvevents.ports.PrefixSource`): the precise index fed by the engines' KV events
+(`tandem.router.kvevents.index.PrecisePrefixIndex`), and this one, fed by the router's own routing
+decisions, which needs nothing from the engines (llm-d's approximate prefix producer, SGLang's tree).
+
+Per endpoint it keeps a bounded LRU set of block keys, `tandem.core.blockhash.block_keys` over the
+prompt's token ids in the engine's block size (from `vllm:cache_config_info` when the collector has
+read it, else `default_block_size`), holding at most the engine's `num_gpu_blocks` keys (else
+`default_capacity_blocks`, llm-d's 31,250), the most it could cache. `record` marks a prompt's blocks
+most recent **last block first**, so the first block is the freshest: like vLLM, which frees a
+request's blocks tail first, eviction eats prompts from the end and a surviving chain keeps its start.
+
+A match counts consecutive keys from the first block: a 1,030-token prompt in blocks of 16 whose
+first 64 blocks were recorded on A matches 1,024 tokens on A. Keys chain (block i covers blocks
+0..i), so equal keys mean equal prefixes.
+
+Pure and single-threaded (the event loop).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tandem.core.blockhash import block_keys
+
+#: vLLM's default block size, used until an engine's `vllm:cache_config_info` is known.
+DEFAULT_BLOCK_SIZE = 16
+#: llm-d's `lruCapacityPerServer`, used until an engine's `num_gpu_blocks` is known.
+DEFAULT_CAPACITY_BLOCKS = 31_250
+
+
+@dataclass(slots=True)
+class _Cache:
+    block_size: int
+    capacity: int
+    keys: OrderedDict[int, None] = field(default_factory=OrderedDict)  # least recent first
+
+
+class ApproximatePrefixIndex:
+    """Per-endpoint LRU of routed block keys (module docstring). Endpoints are base URLs."""
+
+    def __init__(
+        self,
+        *,
+        default_block_size: int = DEFAULT_BLOCK_SIZE,
+        default_capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
+    ) -> None:
+        if default_block_size < 1 or default_capacity_blocks < 1:
+            raise ValueError("block size and capacity must be positive")
+        self._default_block_size = default_block_size
+        self._default_capacity = default_capacity_blocks
+        self._caches: dict[str, _Cache] = {}
+
+    def configure(self, url: str, *, block_size: int | None, capacity_blocks: int | None) -> None:
+        """Size `url`'s cache from its engine's numbers (None: keep the current/default value).
+        A changed block size empties it (keys of another size never match); a smaller capacity
+        evicts the least recent keys."""
+        cache = self._cache(url)
+        if block_size is not None and block_size > 0 and block_size != cache.block_size:
+            cache.block_size = block_size
+            cache.keys.clear()
+        if capacity_blocks is not None and capacity_blocks > 0 and capacity_blocks != cache.capacity:
+            cache.capacity = capacity_blocks
+            _evict(cache)
+
+    def match(self, endpoints: Iterable[str], token_ids: Sequence[int]) -> dict[str, int]:
+        """`PrefixSource.match`: leading tokens of `token_ids` recorded on each endpoint, in full
+        blocks of that endpoint's block size (0 for an endpoint never recorded)."""
+        keys_by_size: dict[int, list[int]] = {}
+        matched: dict[str, int] = {}
+        for url in endpoints:
+            cache = self._caches.get(url)
+            if cache is None or not cache.keys:
+                matched[url] = 0
+                continue
+            size = cache.block_size
+            if size not in keys_by_size:
+                keys_by_size[size] = block_keys(token_ids, size)
+            hits = 0
+            for key in keys_by_size[size]:
+                if key not in cache.keys:
+                    break
+                hits += 1
+            matched[url] = hits * size
+        return matched
+
+    def record(self, url: str, token_ids: Sequence[int]) -> None:
+        """`token_ids` was sent to `url`: its full blocks become `url`'s most recent keys."""
+        cache = self._cache(url)
+        for key in reversed(block_keys(token_ids, cache.block_size)):
+            cache.keys[key] = None
+            cache.keys.move_to_end(key)
+        _evict(cache)
+
+    def fill(self, url: str) -> float:
+        """Recorded blocks / capacity, 0..1 (0 for an unknown endpoint)."""
+        cache = self._caches.get(url)
+        return len(cache.keys) / cache.capacity if cache is not None else 0.0
+
+    def blocks(self, url: str) -> int:
+        cache = self._caches.get(url)
+        return len(cache.keys) if cache is not None else 0
+
+    def block_size(self, url: str) -> int:
+        cache = self._caches.get(url)
+        return cache.block_size if cache is not None else self._default_block_size
+
+    def forget(self, keep: Collection[str]) -> None:
+        """Drop every endpoint not in `keep` (it left discovery)."""
+        for url in [u for u in self._caches if u not in keep]:
+            del self._caches[url]
+
+    def _cache(self, url: str) -> _Cache:
+        cache = self._caches.get(url)
+        if cache is None:
+            cache = self._caches[url] = _Cache(self._default_block_size, self._default_capacity)
+        return cache
+
+
+def _evict(cache: _Cache) -> None:
+    while len(cache.keys) > cache.capacity:
+        cache.keys.popitem(last=False)

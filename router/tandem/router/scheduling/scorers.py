@@ -1,0 +1,112 @@
+"""The four scorers. Each is a pure function of the cycle and the candidates, returning [0, 1] per
+candidate URL, 1 best. Weights live in `spec.router.scoring`; the runner applies them.
+
+| scorer | formula | default weight |
+|---|---|---|
+| `prefix` | `r_p + max(0, 1 − r_max/0.3)·a_p`, `r_p = matched_p / n`, `a_p`: least routed cache | 3 |
+| `load` | `(L_max − L_p) / (L_max − L_min)`, 1 for all when equal (llm-d's queue-scorer) | 2 |
+| `kv` | `1 − kv_usage_p`; 0.5 when unknown or stale (llm-d's kv-cache-utilization-scorer) | 2 |
+| `ttft` | `1 − TTFT̂_p / SLO` clamped; when every candidate is past the SLO, `TTFT̂_min / TTFT̂_p` | 2 |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tandem.router.scheduling.plugins import Candidate, Cycle
+
+#: KV score of an endpoint whose usage is unknown or stale: neither preferred nor avoided.
+NEUTRAL = 0.5
+#: SGLang's `cache_threshold`: below this share of the prompt cached anywhere, a prompt counts as new.
+DEFAULT_THRESHOLD = 0.3
+
+
+def min_max_low_is_best(values: Mapping[str, float]) -> dict[str, float]:
+    """`(max − v) / (max − min)` per key; every key scores 1 when all values are equal.
+    Example: {a: 2, b: 5, c: 8} → {a: 1.0, b: 0.5, c: 0.0}."""
+    if not values:
+        return {}
+    low, high = min(values.values()), max(values.values())
+    if high == low:
+        return dict.fromkeys(values, 1.0)
+    return {key: (high - value) / (high - low) for key, value in values.items()}
+
+
+class PrefixScorer:
+    """Prefix-cache overlap; prompts cached nowhere (yet) are spread to the emptiest caches.
+
+        r_p = matched_p / n                       (share of the prompt cached on p, in full blocks)
+        a_p = min-max over candidates of cache_fill_p, the lowest fill scoring 1 (1 when all equal)
+        s   = max(0, 1 − r_max / θ)               (θ = `threshold`, SGLang's cache_threshold 0.3)
+        score_p = r_p + s · a_p                   (≤ 1)
+
+    When some endpoint caches at least θ of the prompt, s = 0 and the score is the overlap itself
+    (llm-d's `matchBlocks/totalBlocks`). When none caches anything, s = 1 and the score is cache
+    availability, so new prefixes go to the endpoint holding the least routed prefix state (SGLang's
+    "smallest tree" below its threshold) instead of all landing on the first endpoint; in between
+    the two blend linearly.
+
+    Example, n = 1000, fills A 0.5, B 0.2, C 0.2: A holds 960 (r = 0.96 ≥ 0.3, s = 0) → A 0.96,
+    B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) → A 0.1,
+    B = C = 0.667: a match that weak is not worth filling a fuller cache further.
+    """
+
+    name = "prefix"
+
+    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD) -> None:
+        if not 0 < threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        self.threshold = threshold
+
+    def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
+        n = cycle.prompt_tokens
+        ratios = {c.url: min(1.0, c.matched_tokens / n) if n > 0 else 0.0 for c in candidates}
+        spread = max(0.0, 1.0 - max(ratios.values(), default=0.0) / self.threshold)
+        availability = min_max_low_is_best({c.url: c.cache_fill for c in candidates})
+        return {url: ratio + spread * availability[url] for url, ratio in ratios.items()}
+
+
+class LoadScorer:
+    """Queue + running load, min-max normalised over the candidates (llm-d's queue-scorer):
+
+        score_p = (L_max − L_p) / (L_max − L_min),   1 for every candidate when all L are equal
+
+    with `L_p = Candidate.load`. Example: loads A 2, B 5, C 8 → A 1.0, B 0.5, C 0.0.
+    """
+
+    name = "load"
+
+    def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
+        return min_max_low_is_best({c.url: c.load for c in candidates})
+
+
+class KVScorer:
+    """Free KV cache: `score_p = 1 − kv_usage_p` (llm-d's kv-cache-utilization-scorer), `NEUTRAL`
+    (0.5) when the engine's usage is unknown or stale. Example: usage 0.2 → 0.8; none → 0.5."""
+
+    name = "kv"
+
+    def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
+        return {c.url: NEUTRAL if c.kv_usage is None else 1.0 - c.kv_usage for c in candidates}
+
+
+class TTFTScorer:
+    """Headroom against the request's TTFT objective, from `Candidate.predicted_ttft_s` (TTFT̂):
+
+        score_p = clamp(1 − TTFT̂_p / SLO, 0, 1)            if some candidate has TTFT̂ < SLO
+        score_p = TTFT̂_min / TTFT̂_p                        if every candidate is at or past it
+
+    The fraction of the objective left: 1 for an instant start, 0 at or past the objective; when all
+    are late the least late still scores best. Example, SLO 1 s: TTFT̂ A 0.25 s, B 1.3 s → A 0.75,
+    B 0; SLO 0.1 s with the same predictions → A 1.0, B 0.25/1.3 = 0.19.
+    """
+
+    name = "ttft"
+
+    def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
+        slo = cycle.slo_ttft_s
+        predictions = {c.url: max(0.0, c.predicted_ttft_s) for c in candidates}
+        if any(p < slo for p in predictions.values()):
+            return {url: min(1.0, max(0.0, 1.0 - p / slo)) for url, p in predictions.items()}
+        fastest = min(predictions.values(), default=0.0)
+        return {url: fastest / p if p > 0 else 1.0 for url, p in predictions.items()}

@@ -1,0 +1,298 @@
+"""What the router knows and learns for scheduling, in one object per router process.
+
+`SchedulingState` turns endpoint snapshots into per-request `Candidate`s (prefix match, load, queued
+prefill work, learned rate, predicted TTFT) and keeps that knowledge current from the router's own
+traffic as the dispatcher's `DispatchObserver`:
+
+- `started` (an attempt begins): the request's uncached tokens on that endpoint join the endpoint's
+  queued prefill work `Q_p`, and its prompt is recorded in the approximate prefix index (as SGLang and
+  llm-d do at routing time, so the next request with the same prefix follows it at once);
+- `answered` (the head arrives): the tokens leave `Q_p`; when the head is the first token (a stream's
+  first chunk, or a prefill endpoint's one-token answer) the observed TTFT trains the endpoint's
+  prefill rate and is reported beside its prediction; a prefill endpoint's success marks the request
+  as prefilled (its decode then loads the KV instead of computing it);
+- `finished` (the attempt is over): a failed attempt's tokens leave `Q_p` too.
+
+With the precise (KV-event) prefix source, a prompt's blocks reach the index only once the engine has
+computed them, so until an attempt's first token its blocks also count as cached on its endpoint
+(llm-d's "speculative indexing"): the next request with the same prefix follows it at once.
+
+It also answers the admission layer: `predicted_ttft(request, candidates)` (the best TTFT̂ over the
+candidates; None until every candidate's rate was observed once, so nothing is rejected on a prior).
+
+Pure (no I/O; clock injected) and single-threaded: everything runs on the router's event loop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from tandem.core.blockhash import block_keys
+from tandem.router.kvevents.ports import PrefixSource
+from tandem.router.scheduling.plugins import Candidate, Cycle
+from tandem.router.scheduling.prefix import ApproximatePrefixIndex
+from tandem.router.scheduling.tokens import Tokenize, request_tokens
+from tandem.router.scheduling.ttft import PrefillRates
+from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView
+
+#: Profile of a cycle whose endpoint computes the prompt (prefill pool; decode without a prefill).
+PROMPT = "prompt"
+#: Profile of a decode cycle after a successful prefill: the endpoint loads the prompt's KV.
+KV_LOADED = "kv-loaded"
+#: Requests remembered (prompt tokens, "was prefilled"); a request needs them for seconds at most.
+MEMORY = 4096
+
+_V = TypeVar("_V")
+
+
+@dataclass(slots=True, kw_only=True)
+class Ticket:
+    """One attempt as the state follows it (the `DispatchObserver` ticket). Token counts in tokens,
+    `started_at` in clock seconds."""
+
+    endpoint: Endpoint
+    request_id: str
+    prompt_tokens: int
+    matched_tokens: int
+    uncached_tokens: int
+    queued_before: int
+    predicted_ttft_s: float
+    started_at: float
+    kv_loaded: bool
+    pending_keys: tuple[int, ...] = ()
+    answered: bool = False
+    released: bool = False
+
+
+class SchedulingEvents(Protocol):
+    """Where the state and the schedulers report what happened (the router wires metrics and logs)."""
+
+    def dispatched(self, ticket: Ticket, /) -> None:
+        """An attempt started with this prefix estimate and prediction."""
+
+    def first_token(self, ticket: Ticket, /, *, observed_s: float) -> None:
+        """The attempt's first token came after `observed_s` clock seconds."""
+
+
+class NoEvents:
+    def dispatched(self, ticket: Ticket, /) -> None:
+        return None
+
+    def first_token(self, ticket: Ticket, /, *, observed_s: float) -> None:
+        return None
+
+
+class SchedulingState:
+    """Candidates, prefix state, queued work and learned rates (module docstring).
+
+    `prefix`: where prefix matches come from (the approximate index itself, or the precise KV-event
+    index); `approximate`: the routed-prefix index, always fed (it also gives `cache_fill`).
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        approximate: ApproximatePrefixIndex | None = None,
+        prefix: PrefixSource | None = None,
+        rates: PrefillRates | None = None,
+        tokenize: Tokenize = request_tokens,
+        default_slo_ttft_s: float = 1.0,
+        events: SchedulingEvents | None = None,
+    ) -> None:
+        self.approximate = approximate or ApproximatePrefixIndex()
+        self.prefix: PrefixSource = prefix or self.approximate
+        self.rates = rates or PrefillRates()
+        self.events: SchedulingEvents = events or NoEvents()
+        self._clock = clock
+        self._tokenize = tokenize
+        self._default_slo = default_slo_ttft_s
+        self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
+        self._tokens: OrderedDict[str, tuple[Mapping[str, object], Sequence[int]]] = OrderedDict()
+        self._prefilled: OrderedDict[str, None] = OrderedDict()
+        # Precise source only: block keys of prompts in flight, per URL (the events lag behind).
+        self._pending: dict[str, Counter[int]] = {}
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def profile_for(self, pool: Pool, request: RequestView) -> str:
+        """`KV_LOADED` for a decode pick after this request's prefill succeeded, else `PROMPT`."""
+        return KV_LOADED if pool == "decode" and request.request_id in self._prefilled else PROMPT
+
+    def candidates(
+        self, pool: Pool, request: RequestView, snapshots: Sequence[EndpointSnapshot], *, profile: str
+    ) -> tuple[Cycle, list[Candidate]]:
+        """The cycle and one `Candidate` per snapshot (formulas in `Candidate` and `ttft`)."""
+        tokens = self.tokens(request)
+        n = len(tokens)
+        for snapshot in snapshots:
+            self._size_index(snapshot)
+        urls = [s.endpoint.url for s in snapshots]
+        matched = self._match(urls, tokens) if n else {}
+        cycle = Cycle(
+            pool=pool, profile=profile, request=request, prompt_tokens=n, slo_ttft_s=self._slo(request)
+        )
+        return cycle, [
+            self._candidate(s, n=n, matched=matched.get(s.endpoint.url, 0), kv_loaded=profile == KV_LOADED)
+            for s in snapshots
+        ]
+
+    def predicted_ttft(self, request: RequestView, candidates: Sequence[EndpointSnapshot], /) -> float | None:
+        """The lowest TTFT̂ over `candidates` if `request` were sent now (the admission layer's
+        `TTFTPredictor`); None with no candidates or while any candidate's rate is only a prior."""
+        if not candidates or not self.rates.known(s.endpoint.url for s in candidates):
+            return None
+        pool = candidates[0].endpoint.pool
+        _, scored = self.candidates(pool, request, candidates, profile=self.profile_for(pool, request))
+        return min(c.predicted_ttft_s for c in scored)
+
+    def queued_tokens(self, url: str) -> int:
+        return self._queued.get(url, 0)
+
+    def tokens(self, request: RequestView) -> Sequence[int]:
+        """The request's prompt tokens (computed once per request id and body)."""
+        known = self._tokens.get(request.request_id)
+        if known is not None and known[0] is request.body:
+            return known[1]
+        tokens = self._tokenize(request)
+        self._tokens[request.request_id] = (request.body, tokens)
+        _bound(self._tokens)
+        return tokens
+
+    # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
+
+    def started(self, endpoint: Endpoint, request: RequestView, /) -> object:
+        tokens = self.tokens(request)
+        n, url = len(tokens), endpoint.url
+        kv_loaded = self.profile_for(endpoint.pool, request) == KV_LOADED
+        matched = min(n, self._match([url], tokens).get(url, 0)) if n else 0
+        uncached = _uncached(n, matched, kv_loaded=kv_loaded)
+        queued = self._queued.get(url, 0)
+        ticket = Ticket(
+            endpoint=endpoint,
+            request_id=request.request_id,
+            prompt_tokens=n,
+            matched_tokens=matched,
+            uncached_tokens=uncached,
+            queued_before=queued,
+            predicted_ttft_s=self.rates.predict(url, queued_tokens=queued, uncached_tokens=uncached),
+            started_at=self._clock(),
+            kv_loaded=kv_loaded,
+        )
+        self._queued[url] = queued + uncached
+        if n:
+            self.approximate.record(url, tokens)
+            if self.prefix is not self.approximate:
+                ticket.pending_keys = tuple(block_keys(tokens, self.approximate.block_size(url)))
+                self._pending.setdefault(url, Counter()).update(ticket.pending_keys)
+        self.events.dispatched(ticket)
+        return ticket
+
+    def answered(self, ticket: object, /, *, status: int, streamed: bool) -> None:
+        if not isinstance(ticket, Ticket) or ticket.answered:
+            return
+        ticket.answered = True
+        self._release(ticket)
+        ok = status < 400
+        endpoint = ticket.endpoint
+        if ok and endpoint.pool == "prefill":
+            self._prefilled[ticket.request_id] = None
+            _bound(self._prefilled)
+        first_token = streamed or endpoint.pool == "prefill"
+        if not (ok and first_token) or ticket.kv_loaded:
+            return
+        observed = self._clock() - ticket.started_at
+        work = ticket.queued_before + ticket.uncached_tokens
+        self.rates.observe(endpoint.url, tokens=work, seconds=observed)
+        self.events.first_token(ticket, observed_s=observed)
+
+    def finished(self, ticket: object, /) -> None:
+        if isinstance(ticket, Ticket):
+            self._release(ticket)
+
+    # -- membership -------------------------------------------------------------------------------
+
+    def forget(self, keep: Collection[str]) -> None:
+        """Drop state of endpoint URLs not in `keep` (they left discovery)."""
+        self.approximate.forget(keep)
+        self.rates.forget(keep)
+        self._queued = {url: q for url, q in self._queued.items() if url in keep}
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _candidate(self, snapshot: EndpointSnapshot, *, n: int, matched: int, kv_loaded: bool) -> Candidate:
+        url = snapshot.endpoint.url
+        stats = snapshot.engine.fresh if snapshot.engine is not None else None
+        load = float(snapshot.in_flight)
+        if stats is not None:
+            load = max(load, float(stats.running + stats.waiting))
+        matched = min(n, max(0, matched))
+        queued = self._queued.get(url, 0)
+        uncached = _uncached(n, matched, kv_loaded=kv_loaded)
+        return Candidate(
+            snapshot=snapshot,
+            load=load,
+            kv_usage=stats.kv_usage if stats is not None else None,
+            matched_tokens=matched,
+            cache_fill=self.approximate.fill(url),
+            queued_tokens=queued,
+            tokens_per_second=self.rates.rate(url),
+            predicted_ttft_s=self.rates.predict(url, queued_tokens=queued, uncached_tokens=uncached),
+        )
+
+    def _size_index(self, snapshot: EndpointSnapshot) -> None:
+        if snapshot.engine is not None:
+            stats = snapshot.engine.stats
+            self.approximate.configure(
+                snapshot.endpoint.url, block_size=stats.block_size, capacity_blocks=stats.num_gpu_blocks
+            )
+
+    def _slo(self, request: RequestView) -> float:
+        return request.slo.ttft_s if request.slo is not None else self._default_slo
+
+    def _release(self, ticket: Ticket) -> None:
+        if ticket.released:
+            return
+        ticket.released = True
+        url = ticket.endpoint.url
+        left = self._queued.get(url, 0) - ticket.uncached_tokens
+        if left > 0:
+            self._queued[url] = left
+        else:
+            self._queued.pop(url, None)
+        pending = self._pending.get(url)
+        if pending is not None and ticket.pending_keys:
+            pending.subtract(ticket.pending_keys)
+            self._pending[url] = +pending  # drops keys at zero
+            if not self._pending[url]:
+                del self._pending[url]
+
+    def _match(self, urls: Sequence[str], tokens: Sequence[int]) -> dict[str, int]:
+        """The prefix source's matches; with the precise source, at least what in-flight requests
+        are computing now (their blocks are not in the engine's events yet)."""
+        matched = self.prefix.match(urls, tokens)
+        keys_by_size: dict[int, list[int]] = {}
+        for url in urls:
+            pending = self._pending.get(url)
+            if not pending:
+                continue
+            size = self.approximate.block_size(url)
+            keys = keys_by_size.setdefault(size, block_keys(tokens, size))
+            hits = next((i for i, key in enumerate(keys) if key not in pending), len(keys))
+            matched[url] = max(matched.get(url, 0), hits * size)
+        return matched
+
+
+def _uncached(n: int, matched: int, *, kv_loaded: bool) -> int:
+    """Prompt tokens the endpoint computes: none when it loads the KV, else at least the last one."""
+    if kv_loaded or n == 0:
+        return 0
+    return max(1, n - matched)
+
+
+def _bound(memory: OrderedDict[str, _V]) -> None:
+    while len(memory) > MEMORY:
+        memory.popitem(last=False)

@@ -1,0 +1,166 @@
+"""Predicting time to first token (TTFT) per endpoint, and learning each endpoint's prefill speed online.
+
+The model is the linear one of research/papers.md §3.7 (Mooncake's `c0 + c1·x`, Preble's fitted
+prefill time): an engine works through the prompt tokens it was given at R_p tokens/s, after a fixed
+per-request overhead c_p (scheduling, HTTP, the first decode step), so a request sent to p now sees
+
+    TTFT̂_p = c_p + (Q_p + U_p) / R_p
+
+- `Q_p`: uncached prompt tokens of the requests the router already sent to p that have not produced a
+  first token yet (the router's own accounting; other routers' requests are not counted),
+- `U_p = n − h_p`: this request's prompt tokens not cached on p (at least 1: an engine always computes
+  the last prompt token),
+- `R_p`, `c_p`: learned per endpoint (below); c_p is 0 until the data show one.
+
+Worked example: 3,000 tokens queued on p, a 1,030-token prompt with 1,024 cached there, R = 10,000
+tokens/s, c = 20 ms → TTFT̂ = 0.02 + (3,000 + 6) / 10,000 = 0.32 s; on an endpoint with nothing
+queued or cached it is 0.02 + 1,030 / 10,000 = 0.123 s.
+
+**Learning.** When a request's first token arrives after `t` seconds (the router sees the first byte
+of a stream, or the whole answer of a one-token prefill), the work it waited for was
+`W = Q_p(at dispatch) + U_p`. Each endpoint keeps exponentially weighted means (weight α =
+`smoothing` on the newest sample) of W, t, W² and W·t, and fits the line t = c + W/R by least squares:
+
+    1/R = cov(W, t) / var(W),   c = mean(t) − mean(W)/R
+
+When that fit is unusable (fewer than 3 samples, W nearly constant, a slope ≤ 0, or c < 0) it falls
+back to the line through the origin, `R = mean(W) / mean(t)`, c = 0: a token-weighted average rate.
+Example, α = 0.2: (1,000 tokens, 0.12 s), (3,000, 0.32 s), (2,000, 0.22 s) lie on t = 0.02 + W/10,000,
+so R = 10,000 tokens/s and c = 0.02 s; after only the first two the fallback gives R = mean(W)/mean(t)
+= 1,400/0.16 = 8,750 tokens/s and c = 0 (the overhead, unseen, slows the apparent rate).
+
+**Prior.** An endpoint not observed yet gets the mean R and c of the endpoints that were (new replicas
+of a pool are the same hardware), or `prior_tokens_per_second` and no overhead when none was. No
+profile of the model or GPU is needed; the prior only has to be right within a few requests.
+
+Pure: plain numbers in and out; one `PrefillRates` per router, used from the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+#: Rate assumed before anything was observed: a mid-size model on one GPU, order of magnitude only.
+DEFAULT_PRIOR_TOKENS_PER_SECOND = 8192.0
+DEFAULT_SMOOTHING = 0.2
+#: Samples before the overhead is fitted; W must vary by at least this share of its mean.
+MIN_FIT_SAMPLES = 3
+MIN_RELATIVE_SPREAD = 0.05
+
+
+def predict_ttft(
+    *, queued_tokens: float, uncached_tokens: float, tokens_per_second: float, overhead_s: float = 0.0
+) -> float:
+    """`overhead_s + (queued_tokens + uncached_tokens) / tokens_per_second` seconds (module
+    docstring); negative counts count as 0. Raises ValueError for a rate that is not positive."""
+    if not tokens_per_second > 0:
+        raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
+    return max(0.0, overhead_s) + (max(0.0, queued_tokens) + max(0.0, uncached_tokens)) / tokens_per_second
+
+
+@dataclass(slots=True, kw_only=True)
+class _Learned:
+    """Exponentially weighted means of W (tokens), t (seconds), W², W·t."""
+
+    w: float
+    t: float
+    ww: float
+    wt: float
+    observations: int = 1
+
+    def fit(self) -> tuple[float, float]:
+        """(tokens per second, overhead seconds), as the module docstring says."""
+        variance = self.ww - self.w * self.w
+        covariance = self.wt - self.w * self.t
+        if (
+            self.observations >= MIN_FIT_SAMPLES
+            and variance > (MIN_RELATIVE_SPREAD * self.w) ** 2
+            and covariance > 0
+        ):
+            per_token = covariance / variance
+            overhead = self.t - self.w * per_token
+            if overhead >= 0:
+                return 1.0 / per_token, overhead
+        return self.w / self.t, 0.0
+
+
+class PrefillRates:
+    """Learned prefill rate and overhead per endpoint URL (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        prior_tokens_per_second: float = DEFAULT_PRIOR_TOKENS_PER_SECOND,
+        smoothing: float = DEFAULT_SMOOTHING,
+    ) -> None:
+        if not prior_tokens_per_second > 0:
+            raise ValueError("prior_tokens_per_second must be positive")
+        if not 0 < smoothing <= 1:
+            raise ValueError("smoothing must be in (0, 1]")
+        self._prior = prior_tokens_per_second
+        self._alpha = smoothing
+        self._learned: dict[str, _Learned] = {}
+        self._fits: dict[str, tuple[float, float]] = {}
+
+    def observe(self, url: str, *, tokens: float, seconds: float) -> bool:
+        """Learn from `tokens` of prefill work done in `seconds`; ignored (False) unless both are
+        positive (a fake clock that did not move, a request with nothing to prefill)."""
+        if not (tokens > 0 and seconds > 0):
+            return False
+        learned = self._learned.get(url)
+        if learned is None:
+            self._learned[url] = _Learned(w=tokens, t=seconds, ww=tokens * tokens, wt=tokens * seconds)
+        else:
+            keep, alpha = 1.0 - self._alpha, self._alpha
+            learned.w = keep * learned.w + alpha * tokens
+            learned.t = keep * learned.t + alpha * seconds
+            learned.ww = keep * learned.ww + alpha * tokens * tokens
+            learned.wt = keep * learned.wt + alpha * tokens * seconds
+            learned.observations += 1
+        self._fits[url] = self._learned[url].fit()
+        return True
+
+    def rate(self, url: str) -> float:
+        """Tokens/s for `url`: learned, else the mean learned rate, else the prior."""
+        return self._model(url)[0]
+
+    def overhead(self, url: str) -> float:
+        """Fixed seconds per request for `url`: learned, else the mean learned one, else 0."""
+        return self._model(url)[1]
+
+    def predict(self, url: str, *, queued_tokens: float, uncached_tokens: float) -> float:
+        """`predict_ttft` with `url`'s learned (or prior) rate and overhead."""
+        rate, overhead = self._model(url)
+        return predict_ttft(
+            queued_tokens=queued_tokens,
+            uncached_tokens=uncached_tokens,
+            tokens_per_second=rate,
+            overhead_s=overhead,
+        )
+
+    def observations(self, url: str) -> int:
+        learned = self._learned.get(url)
+        return learned.observations if learned is not None else 0
+
+    def known(self, urls: Iterable[str]) -> bool:
+        """Whether every endpoint in `urls` has been observed at least once."""
+        return all(url in self._learned for url in urls)
+
+    def forget(self, keep: Collection[str]) -> None:
+        """Drop what was learned about endpoints not in `keep`."""
+        for url in [u for u in self._learned if u not in keep]:
+            del self._learned[url]
+            del self._fits[url]
+
+    def _model(self, url: str) -> tuple[float, float]:
+        fit = self._fits.get(url)
+        if fit is not None:
+            return fit
+        if self._fits:
+            count = len(self._fits)
+            return (
+                sum(rate for rate, _ in self._fits.values()) / count,
+                sum(overhead for _, overhead in self._fits.values()) / count,
+            )
+        return self._prior, 0.0

@@ -1,0 +1,220 @@
+"""Endpoint state from the engines' `/metrics`: the parser as a table, the registry's staleness and
+scrape-based rotation as fake-clock stories, and the collector over `httpx.MockTransport`.
+
+Faked: the engines (a MockTransport handler answering per URL, scriptable per test) and the clock.
+Real: the parser (prometheus_client's), the registry, the collector's round and its outcome rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+import pytest
+from tests.router.harness import FakeClock
+
+from tandem.router.collector import MetricsCollector
+from tandem.router.endpoints import EndpointRegistry
+from tandem.router.enginestats import NotEngineMetrics, parse_engine_metrics
+from tandem.router.settings import CollectorSettings
+from tandem.router.types import POOLS, EngineStats
+
+URL_A, URL_B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+
+SIM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="qwen"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.25
+vllm:prefix_cache_hits_total{engine="0",model_name="qwen"} 96.0
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="256"} 1.0
+"""
+TWO_ENGINES = """vllm:num_requests_running{engine="0"} 3
+vllm:num_requests_running{engine="1"} 2
+vllm:num_requests_waiting{engine="0"} 1
+vllm:num_requests_waiting{engine="1"} 0
+vllm:gpu_cache_usage_perc{engine="0"} 0.2
+vllm:gpu_cache_usage_perc{engine="1"} 0.6
+vllm:cache_config_info{block_size="32",num_gpu_blocks="100",engine="0"} 1
+vllm:cache_config_info{block_size="32",num_gpu_blocks="100",engine="1"} 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            SIM_PAGE,
+            EngineStats(running=3, waiting=1, kv_usage=0.25, block_size=16, num_gpu_blocks=256),
+            id="sim",
+        ),
+        pytest.param(
+            TWO_ENGINES,
+            EngineStats(running=5, waiting=1, kv_usage=0.4, block_size=32, num_gpu_blocks=200),
+            id="data-parallel-older-kv-name",
+        ),
+        pytest.param(
+            "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n",
+            EngineStats(running=0, waiting=0, kv_usage=None, block_size=None, num_gpu_blocks=None),
+            id="gauges-only",
+        ),
+    ],
+)
+def test_engine_metrics_are_read_from_vllm_names(text: str, expected: EngineStats) -> None:
+    assert parse_engine_metrics(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["", "<html>not found</html>", "other_metric 1\n", "vllm:num_requests_running {{{"], ids=str
+)
+def test_text_without_the_engine_gauges_is_not_engine_metrics(text: str) -> None:
+    with pytest.raises(NotEngineMetrics):
+        parse_engine_metrics(text)
+
+
+STATS = EngineStats(running=1, waiting=0, kv_usage=0.5, block_size=16, num_gpu_blocks=256)
+
+
+def registry(clock: FakeClock) -> EndpointRegistry:
+    reg = EndpointRegistry(
+        failure_threshold=3, cooldown_seconds=10, clock=clock, stale_after=2, unreachable_after=3
+    )
+    reg.set_pool("decode", [URL_A, URL_B])
+    reg.set_pool("prefill", [URL_A])
+    return reg
+
+
+def test_snapshots_carry_the_last_good_scrape_with_its_age_until_it_is_stale() -> None:
+    clock = FakeClock()
+    reg = registry(clock)
+    assert reg.urls() == [URL_A, URL_B]  # A is in both pools: one engine, scraped once
+    assert reg.snapshots("decode")[0].engine is None
+    reg.record_scrape(URL_A, STATS)
+    clock.advance(1.5)
+    reading = reg.snapshots("decode")[0].engine
+    assert reading is not None
+    assert (reading.stats, reading.age_s, reading.stale, reading.fresh) == (STATS, 1.5, False, STATS)
+    assert reg.snapshots("prefill")[0].engine == reading
+    reg.record_scrape_miss(URL_A, unreachable=False)
+    reading = reg.snapshots("decode")[0].engine
+    assert reading is not None and not reading.stale
+    reg.record_scrape_miss(URL_A, unreachable=False)
+    reading = reg.snapshots("decode")[0].engine
+    assert reading is not None and (reading.stale, reading.fresh) == (True, None)
+    reg.record_scrape(URL_A, STATS)
+    reading = reg.snapshots("decode")[0].engine
+    assert reading is not None and not reading.stale
+
+
+def in_rotation(reg: EndpointRegistry) -> dict[str, list[str]]:
+    return {pool: [s.endpoint.url for s in reg.candidates(pool)] for pool in POOLS}
+
+
+def test_an_unreachable_engine_leaves_both_pools_after_n_failed_scrapes_and_returns_on_recovery() -> None:
+    reg = registry(FakeClock())
+    assert not reg.record_scrape_miss(URL_A, unreachable=True)
+    assert not reg.record_scrape_miss(URL_A, unreachable=False)  # an answer: the run starts again
+    assert not reg.record_scrape_miss(URL_A, unreachable=True)
+    assert not reg.record_scrape_miss(URL_A, unreachable=True)
+    assert in_rotation(reg) == {"prefill": [URL_A], "decode": [URL_A, URL_B]}
+    assert reg.record_scrape_miss(URL_A, unreachable=True)
+    assert in_rotation(reg) == {"prefill": [], "decode": [URL_B]}
+    reg.record_scrape(URL_A, STATS)
+    assert in_rotation(reg) == {"prefill": [URL_A], "decode": [URL_A, URL_B]}
+
+
+def test_engines_that_leave_discovery_lose_their_readings() -> None:
+    reg = registry(FakeClock())
+    reg.record_scrape(URL_B, STATS)
+    reg.set_pool("decode", [URL_A])
+    reg.record_scrape(URL_B, STATS)  # ignored: not a member
+    reg.set_pool("decode", [URL_A, URL_B])
+    assert reg.snapshots("decode")[1].engine is None
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def engines(pages: dict[str, Callable[[], httpx.Response]]) -> httpx.AsyncClient:
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/metrics"
+        return pages[f"{request.url.scheme}://{request.url.netloc.decode()}"]()
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handle))
+
+
+def refuse() -> httpx.Response:
+    raise httpx.ConnectError("refused")
+
+
+async def test_a_collector_round_scrapes_every_engine_and_records_the_outcomes() -> None:
+    reg = registry(FakeClock())
+    seen: list[tuple[str, str]] = []
+    members: list[list[str]] = []
+
+    async def follow(urls: object) -> None:
+        members.append(list(urls))  # type: ignore[call-overload]
+
+    pages = {URL_A: lambda: httpx.Response(200, text=SIM_PAGE), URL_B: lambda: httpx.Response(404, text="no")}
+    async with engines(pages) as client:
+        collector = MetricsCollector(
+            registry=reg,
+            client=client,
+            settings=CollectorSettings(),
+            on_scrape=lambda url, outcome: seen.append((url, outcome)),
+            on_members=follow,
+        )
+        assert await collector.scrape_all() == {URL_A: "ok", URL_B: "unusable"}
+    assert sorted(seen) == [(URL_A, "ok"), (URL_B, "unusable")]
+    assert members == [[URL_A, URL_B]]
+    engine_a = reg.snapshots("decode")[0].engine
+    assert engine_a is not None and engine_a.stats.block_size == 16
+
+
+@pytest.mark.parametrize(
+    ("page", "outcome"),
+    [
+        pytest.param(refuse, "unreachable", id="refused"),
+        pytest.param(lambda: httpx.Response(503), "unreachable", id="5xx"),
+        pytest.param(lambda: httpx.Response(200, text="hello"), "unusable", id="not-metrics"),
+        pytest.param(lambda: httpx.Response(200, text=SIM_PAGE), "ok", id="metrics"),
+    ],
+)
+async def test_scrape_outcomes(page: Callable[[], httpx.Response], outcome: str) -> None:
+    reg = registry(FakeClock())
+    async with engines({URL_A: page, URL_B: page}) as client:
+        collector = MetricsCollector(registry=reg, client=client, settings=CollectorSettings())
+        assert await collector.scrape(URL_A) == outcome
+
+
+async def test_the_background_task_scrapes_every_interval_until_stopped() -> None:
+    reg = registry(FakeClock())
+    pauses: list[float] = []
+    three_rounds = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            three_rounds.set()
+            await asyncio.Event().wait()  # until cancelled by stop()
+
+    async with engines({URL_A: refuse, URL_B: refuse}) as client:
+        collector = MetricsCollector(
+            registry=reg, client=client, settings=CollectorSettings(interval_seconds=0.5), sleep=sleep
+        )
+        await collector.start()
+        await asyncio.wait_for(three_rounds.wait(), timeout=10)
+        await collector.stop()
+    assert all(0 < s <= 0.5 for s in pauses)
+    assert in_rotation(reg) == {"prefill": [], "decode": []}  # 3 unreachable rounds: out
+
+
+async def test_a_disabled_collector_starts_nothing() -> None:
+    async with engines({}) as client:
+        collector = MetricsCollector(
+            registry=registry(FakeClock()), client=client, settings=CollectorSettings(enabled=False)
+        )
+        await collector.start()
+        assert collector._task is None
+        await collector.stop()
