@@ -191,7 +191,7 @@ def test_the_request_slo_or_the_default_reaches_the_cycle() -> None:
 def test_prompt_tokens_come_from_the_view_or_from_the_body() -> None:
     state = SchedulingState(clock=FakeClock())
     assert len(state.tokens(request(PROMPT))) == 1030
-    assert state.tokens(request(())) == [ord("x") + 1]  # "x" encoded by tandem.core.tokenizer
+    assert state.tokens(request(())) == (ord("x") + 1,)  # "x" encoded by tandem.core.tokenizer
 
 
 class EventsIndex:

@@ -31,6 +31,8 @@ from tandem.core.blockhash import block_keys
 DEFAULT_BLOCK_SIZE = 16
 #: llm-d's `lruCapacityPerServer`, used until an engine's `num_gpu_blocks` is known.
 DEFAULT_CAPACITY_BLOCKS = 31_250
+#: Prompts whose block keys are kept: one request's pick and dispatch hash its prompt once.
+KEY_MEMORY = 256
 
 
 @dataclass(slots=True)
@@ -54,6 +56,20 @@ class ApproximatePrefixIndex:
         self._default_block_size = default_block_size
         self._default_capacity = default_capacity_blocks
         self._caches: dict[str, _Cache] = {}
+        self._keys: OrderedDict[tuple[int, tuple[int, ...]], list[int]] = OrderedDict()
+
+    def keys(self, token_ids: Sequence[int], block_size: int) -> list[int]:
+        """`block_keys(token_ids, block_size)`, remembered for the last `KEY_MEMORY` prompts (a
+        request is matched at pick time and recorded at dispatch: hashed once)."""
+        memo_key = (block_size, tuple(token_ids))
+        keys = self._keys.get(memo_key)
+        if keys is None:
+            keys = self._keys[memo_key] = block_keys(token_ids, block_size)
+            if len(self._keys) > KEY_MEMORY:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(memo_key)
+        return keys
 
     def configure(self, url: str, *, block_size: int | None, capacity_blocks: int | None) -> None:
         """Size `url`'s cache from its engine's numbers (None: keep the current/default value).
@@ -79,7 +95,7 @@ class ApproximatePrefixIndex:
                 continue
             size = cache.block_size
             if size not in keys_by_size:
-                keys_by_size[size] = block_keys(token_ids, size)
+                keys_by_size[size] = self.keys(token_ids, size)
             hits = 0
             for key in keys_by_size[size]:
                 if key not in cache.keys:
@@ -91,7 +107,7 @@ class ApproximatePrefixIndex:
     def record(self, url: str, token_ids: Sequence[int]) -> None:
         """`token_ids` was sent to `url`: its full blocks become `url`'s most recent keys."""
         cache = self._cache(url)
-        for key in reversed(block_keys(token_ids, cache.block_size)):
+        for key in reversed(self.keys(token_ids, cache.block_size)):
             cache.keys[key] = None
             cache.keys.move_to_end(key)
         _evict(cache)

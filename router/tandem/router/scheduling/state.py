@@ -30,7 +30,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from tandem.core.blockhash import block_keys
 from tandem.router.kvevents.ports import PrefixSource
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
@@ -157,7 +156,7 @@ class SchedulingState:
         known = self._tokens.get(request.request_id)
         if known is not None and known[0] is request.body:
             return known[1]
-        tokens = self._tokenize(request)
+        tokens = tuple(self._tokenize(request))
         self._tokens[request.request_id] = (request.body, tokens)
         _bound(self._tokens)
         return tokens
@@ -186,7 +185,7 @@ class SchedulingState:
         if n:
             self.approximate.record(url, tokens)
             if self.prefix is not self.approximate:
-                ticket.pending_keys = tuple(block_keys(tokens, self.approximate.block_size(url)))
+                ticket.pending_keys = tuple(self.approximate.keys(tokens, self.approximate.block_size(url)))
                 self._pending.setdefault(url, Counter()).update(ticket.pending_keys)
         self.events.dispatched(ticket)
         return ticket
@@ -280,7 +279,7 @@ class SchedulingState:
             if not pending:
                 continue
             size = self.approximate.block_size(url)
-            keys = keys_by_size.setdefault(size, block_keys(tokens, size))
+            keys = keys_by_size.setdefault(size, self.approximate.keys(tokens, size))
             hits = next((i for i, key in enumerate(keys) if key not in pending), len(keys))
             matched[url] = max(matched.get(url, 0), hits * size)
         return matched

@@ -102,6 +102,7 @@ class PrefillRates:
         self._alpha = smoothing
         self._learned: dict[str, _Learned] = {}
         self._fits: dict[str, tuple[float, float]] = {}
+        self._mean: tuple[float, float] | None = None  # of the fits; None: to recompute
 
     def observe(self, url: str, *, tokens: float, seconds: float) -> bool:
         """Learn from `tokens` of prefill work done in `seconds`; ignored (False) unless both are
@@ -119,6 +120,7 @@ class PrefillRates:
             learned.wt = keep * learned.wt + alpha * tokens * seconds
             learned.observations += 1
         self._fits[url] = self._learned[url].fit()
+        self._mean = None
         return True
 
     def rate(self, url: str) -> float:
@@ -152,15 +154,18 @@ class PrefillRates:
         for url in [u for u in self._learned if u not in keep]:
             del self._learned[url]
             del self._fits[url]
+            self._mean = None
 
     def _model(self, url: str) -> tuple[float, float]:
         fit = self._fits.get(url)
         if fit is not None:
             return fit
-        if self._fits:
+        if not self._fits:
+            return self._prior, 0.0
+        if self._mean is None:
             count = len(self._fits)
-            return (
+            self._mean = (
                 sum(rate for rate, _ in self._fits.values()) / count,
                 sum(overhead for _, overhead in self._fits.values()) / count,
             )
-        return self._prior, 0.0
+        return self._mean
