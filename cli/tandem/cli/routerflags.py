@@ -89,6 +89,18 @@ FLAGS: tuple[Flag, ...] = (
          "Tenants named in metric labels; later ones are counted as 'other'."),
     Flag("--kube-api-server", "discovery", "kube_api_server", str, None,
          "Kubernetes API URL to use without credentials (e.g. kubectl proxy); default: in-cluster."),
+    Flag("--metrics-interval", "collector", "interval_seconds", float, 1.0,
+         "Seconds between scrapes of every engine's /metrics."),
+    Flag("--metrics-timeout", "collector", "timeout_seconds", float, 1.0,
+         "Longest wait for one engine's /metrics, seconds."),
+    Flag("--prefix-source", "scheduling", "prefix_source", click.Choice(["approximate", "precise"]),
+         "approximate", "Prefix-cache state: the router's routing history, or the engines' KV events."),
+    Flag("--kv-events-port", "scheduling", "kv_events", int, 5557,
+         "With --prefix-source precise: the port engines publish KV events on (tcp://<engine host>:PORT)."),
+    Flag("--imbalance-abs", "scheduling", "imbalance_abs_threshold", float, 64.0,
+         "Imbalance guard: requests above the least-loaded engine before one is skipped."),
+    Flag("--imbalance-rel", "scheduling", "imbalance_rel_threshold", float, 1.5,
+         "Imbalance guard: and this many times its load."),
 )  # fmt: skip
 _BY_FIELD = {(flag.section, flag.field): flag.name for flag in FLAGS}
 
@@ -116,6 +128,8 @@ def settings_from_flags(values: Mapping[str, Any]) -> RouterSettings:
         value = values[flag.dest]
         if flag.multiple:
             value = _weights(value)
+        if flag.field == "kv_events":
+            value = {"port": value}
         sections.setdefault(flag.section, {})[flag.field] = value
     try:
         return RouterSettings.model_validate(sections)
