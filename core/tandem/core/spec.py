@@ -61,7 +61,8 @@ class SpecModel(BaseModel):
 
 
 class ModelSource(SpecModel):
-    """Where engine pods find the weights: a PVC mounted at `path`, or a URI the engine resolves itself."""
+    """Where engine pods find the weights: a PVC (mounted at /models, serving /models/<path>), or a URI the
+    engine resolves itself."""
 
     pvc: str | None = Field(default=None, description="PersistentVolumeClaim holding the weights.")
     path: str | None = Field(default=None, description="Path of the weights inside the volume.")
@@ -71,6 +72,8 @@ class ModelSource(SpecModel):
 
 
 class ModelSpec(SpecModel):
+    """The model the engines serve and the name clients use for it."""
+
     name: str = Field(min_length=1, description="Model identifier, e.g. Qwen/Qwen2.5-7B-Instruct.")
     served_name: str | None = Field(
         default=None,
@@ -86,6 +89,8 @@ class ModelSpec(SpecModel):
 
 
 class EnvVar(SpecModel):
+    """An environment variable for the engine containers."""
+
     name: str = Field(min_length=1)
     value: str = ""
 
@@ -106,6 +111,8 @@ class SimSpec(SpecModel):
 
 
 class EngineSpec(SpecModel):
+    """Which engine runs the pools, its image, and extra arguments and environment."""
+
     kind: Literal["vllm", "sim"] = Field(
         default="vllm", description="`vllm`: the real engine; `sim`: Tandem's vLLM-compatible simulator."
     )
@@ -131,6 +138,8 @@ class ResourceRequirements(SpecModel):
 
 
 class PrefillAutoscaling(SpecModel):
+    """Autoscaling of the prefill pool on time to first token against its target."""
+
     enabled: bool = Field(default=False, description="Let the autoscaler own this pool's replicas.")
     min: int = Field(default=1, ge=0, le=1000, description="Fewest replicas.")
     max: int = Field(default=8, ge=1, le=1000, description="Most replicas.")
@@ -140,6 +149,8 @@ class PrefillAutoscaling(SpecModel):
 
 
 class DecodeAutoscaling(SpecModel):
+    """Autoscaling of the decode pool on mean KV-cache utilisation against its target."""
+
     enabled: bool = Field(default=False, description="Let the autoscaler own this pool's replicas.")
     min: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
     max: int = Field(default=16, ge=1, le=1000, description="Most replicas.")
@@ -149,21 +160,29 @@ class DecodeAutoscaling(SpecModel):
 
 
 class PoolSpec(SpecModel):
+    """Size and resources of one engine pool."""
+
     replicas: int = Field(default=1, ge=0, le=1000, description="Engine replicas.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-parallel size.")
 
 
 class PrefillSpec(PoolSpec):
+    """The prefill pool: engines that compute prompts' KV and write it to the KV pool."""
+
     autoscaling: PrefillAutoscaling = Field(default_factory=PrefillAutoscaling)
 
 
 class DecodeSpec(PoolSpec):
+    """The decode pool: engines that load prompts' KV from the pool and generate tokens."""
+
     replicas: int = Field(default=2, ge=1, le=1000, description="Engine replicas.")
     autoscaling: DecodeAutoscaling = Field(default_factory=DecodeAutoscaling)
 
 
 class DisaggregationSpec(SpecModel):
+    """When a request is prefilled on the prefill pool before it decodes."""
+
     mode: Literal["always", "auto", "off"] = Field(
         default="auto",
         description="always: every request prefills on the prefill pool; auto: only prompts with at "
@@ -173,6 +192,8 @@ class DisaggregationSpec(SpecModel):
 
 
 class RedisSpec(SpecModel):
+    """The Redis behind the KV pool: managed by Tandem (memory, eviction policy) or external (url)."""
+
     memory: Quantity = Field(default="32Gi", description="maxmemory of the managed Redis.")
     eviction_policy: EvictionPolicy = Field(default="allkeys-lru", description="Redis maxmemory-policy.")
     url: str | None = Field(
@@ -183,6 +204,8 @@ class RedisSpec(SpecModel):
 
 
 class KVPoolSpec(SpecModel):
+    """The KV pool between prefill and decode (LMCache's Redis layout)."""
+
     backend: Literal["redis"] = "redis"
     redis: RedisSpec = Field(default_factory=RedisSpec)
     chunk_size: int = Field(
@@ -191,6 +214,8 @@ class KVPoolSpec(SpecModel):
 
 
 class ScoringWeights(SpecModel):
+    """Weights of the gateway's scorers; each scorer returns a value in [0, 1]."""
+
     prefix: float = Field(default=3.0, ge=0, le=100, description="Weight of prefix-cache overlap.")
     load: float = Field(default=2.0, ge=0, le=100, description="Weight of queue + running load.")
     kv: float = Field(default=2.0, ge=0, le=100, description="Weight of free KV-cache space.")
@@ -200,11 +225,15 @@ class ScoringWeights(SpecModel):
 
 
 class SLOSpec(SpecModel):
+    """Default latency objectives; requests may override them with x-slo-ttft-ms / x-slo-tpot-ms."""
+
     ttft_seconds: float = Field(default=1.0, gt=0, le=3600, description="Default TTFT objective.")
     tpot_seconds: float = Field(default=0.05, gt=0, le=60, description="Default time per output token.")
 
 
 class FairnessSpec(SpecModel):
+    """Virtual-token-counter fair queuing between tenants."""
+
     tenant_header: str = Field(default="x-tenant-id", pattern=r"^[A-Za-z0-9-]+$")
     input_weight: float = Field(default=1.0, gt=0, le=1000, description="VTC cost per prompt token.")
     output_weight: float = Field(default=2.0, gt=0, le=1000, description="VTC cost per output token.")
@@ -218,6 +247,8 @@ ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
 
 
 class RouterSpec(SpecModel):
+    """The OpenAI-compatible gateway: replicas, routing policy and weights, SLOs, fairness, queue."""
+
     replicas: int = Field(default=2, ge=1, le=100)
     policy: RoutingPolicy = Field(default="tandem", description="How the gateway picks engines.")
     scoring: ScoringWeights = Field(default_factory=ScoringWeights)
@@ -227,6 +258,8 @@ class RouterSpec(SpecModel):
 
 
 class InferenceServiceSpec(SpecModel):
+    """The desired state of one disaggregated inference service."""
+
     model: ModelSpec
     engine: EngineSpec = Field(default_factory=EngineSpec)
     prefill: PrefillSpec = Field(default_factory=PrefillSpec)
