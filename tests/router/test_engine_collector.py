@@ -144,6 +144,10 @@ def engines(pages: dict[str, Callable[[], httpx.Response]]) -> httpx.AsyncClient
     return httpx.AsyncClient(transport=httpx.MockTransport(handle))
 
 
+def time_out() -> httpx.Response:
+    raise httpx.ReadTimeout("no answer in time")
+
+
 def refuse() -> httpx.Response:
     raise httpx.ConnectError("refused")
 
@@ -176,6 +180,7 @@ async def test_a_collector_round_scrapes_every_engine_and_records_the_outcomes()
     ("page", "outcome"),
     [
         pytest.param(refuse, "unreachable", id="refused"),
+        pytest.param(time_out, "slow", id="timeout"),
         pytest.param(lambda: httpx.Response(503), "unreachable", id="5xx"),
         pytest.param(lambda: httpx.Response(200, text="hello"), "unusable", id="not-metrics"),
         pytest.param(lambda: httpx.Response(200, text=SIM_PAGE), "ok", id="metrics"),
@@ -186,6 +191,17 @@ async def test_scrape_outcomes(page: Callable[[], httpx.Response], outcome: str)
     async with engines({URL_A: page, URL_B: page}) as client:
         collector = MetricsCollector(registry=reg, client=client, settings=CollectorSettings())
         assert await collector.scrape(URL_A) == outcome
+
+
+async def test_a_slow_engine_stays_in_rotation_while_its_numbers_go_stale() -> None:
+    reg = registry(FakeClock())
+    async with engines({URL_A: time_out, URL_B: time_out}) as client:
+        collector = MetricsCollector(registry=reg, client=client, settings=CollectorSettings())
+        for _ in range(5):
+            assert await collector.scrape(URL_A) == "slow"
+    snapshot = reg.snapshots("decode")[0]
+    assert snapshot.in_rotation
+    assert snapshot.engine is None or snapshot.engine.fresh is None
 
 
 async def test_the_background_task_scrapes_every_interval_until_stopped() -> None:

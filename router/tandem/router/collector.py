@@ -9,7 +9,12 @@ next to the router's own in-flight counts. Outcomes (`tandem_router_engine_scrap
 |---|---|---|
 | `ok` | engine metrics parsed | fresh stats; an unreachable engine returns to rotation |
 | `unusable` | an answer, but not engine metrics (404, other text) | stats age; stale after N misses |
-| `unreachable` | connect error, timeout, 5xx | as `unusable`; out of rotation after N in a row |
+| `slow` | no answer within the timeout | as `unusable`: a busy engine still serves |
+| `unreachable` | connect error, broken answer, 5xx | as `unusable`; out of rotation after N in a row |
+
+A timeout does not take an engine out of rotation: on a loaded host an engine can be slow to answer
+`/metrics` while it serves requests well, and the request path's own failure tracking removes an
+engine whose requests fail.
 
 The `httpx.AsyncClient` is injected; a round's failures never end the task.
 """
@@ -30,7 +35,7 @@ from tandem.router.settings import CollectorSettings
 
 log = logging.getLogger("tandem.router.collector")
 
-ScrapeOutcome = Literal["ok", "unusable", "unreachable"]
+ScrapeOutcome = Literal["ok", "unusable", "slow", "unreachable"]
 
 
 class MetricsCollector:
@@ -84,7 +89,10 @@ class MetricsCollector:
         outcome: ScrapeOutcome
         try:
             outcome = await self._read(url)
-        except (httpx.HTTPError, TimeoutError) as exc:
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            log.debug("metrics scrape timed out", extra={"endpoint": url, "error": repr(exc)})
+            outcome = "slow"
+        except httpx.HTTPError as exc:
             log.debug("metrics scrape failed", extra={"endpoint": url, "error": repr(exc)})
             outcome = "unreachable"
         if outcome != "ok":

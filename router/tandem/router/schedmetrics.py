@@ -66,7 +66,7 @@ class SchedulingMetrics:
         )
         self.scrapes = Counter(
             f"{PREFIX}_engine_scrapes",
-            "Engine /metrics scrapes by endpoint and outcome (ok, unusable, unreachable).",
+            "Engine /metrics scrapes by endpoint and outcome (ok, unusable, slow, unreachable).",
             ["endpoint", "outcome"],
             registry=registry,
         )
