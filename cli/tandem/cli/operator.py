@@ -8,6 +8,7 @@ import os
 import click
 from pydantic import ValidationError
 
+from tandem.cli.options import logging_options
 from tandem.core.logs import configure_logging
 from tandem.operator.cluster import ClusterError
 from tandem.operator.handlers import run_operator
@@ -50,13 +51,7 @@ from tandem.operator.settings import DEFAULT_REDIS_IMAGE, OperatorSettings
     show_default=True,
     help="Liveness probe URL served by the operator; empty to disable.",
 )
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
-)
-@click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
+@logging_options
 def operator(
     namespaces: tuple[str, ...],
     tandem_image: str,

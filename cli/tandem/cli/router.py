@@ -16,6 +16,7 @@ import uvicorn
 import yaml
 from pydantic import ValidationError
 
+from tandem.cli.options import logging_options
 from tandem.cli.routerflags import settings_from_flags, tuning_options
 from tandem.core.logs import configure_logging
 from tandem.core.routerconfig import RouterConfig
@@ -69,13 +70,7 @@ def load_router_config(path: Path) -> RouterConfig:
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
-)
-@click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
+@logging_options
 @tuning_options
 def router(
     config_path: Path,

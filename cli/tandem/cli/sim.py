@@ -7,6 +7,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from tandem.cli.options import logging_options
 from tandem.core.logs import configure_logging
 from tandem.sim.engine.profiles import PROFILES, Profile
 from tandem.sim.settings import DEFAULT_PROFILE, SimSettings
@@ -146,10 +147,7 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on."
 )
-@click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
-)
-@click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@logging_options
 def sim(*, host: str, port: int, log_level: str, log_format: str, **engine: Any) -> None:
     """Serve a simulated vLLM engine: the OpenAI endpoints, /tokenize, /metrics with vLLM's names,
     continuous batching on a roofline time model, prefix caching, KV roles over Redis, and vLLM's
