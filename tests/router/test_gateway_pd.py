@@ -166,7 +166,7 @@ async def test_a_failing_prefill_falls_back_with_its_reason(
 async def test_a_slow_prefill_times_out_and_the_request_goes_decode_only(launcher: Launcher) -> None:
     prefill = await launcher.engine("p0", answer_delay=30)
     decode = await launcher.engine("d0")
-    settings = RouterSettings(disaggregation=DisaggregationSettings(prefill_timeout_seconds=0.2))
+    settings = RouterSettings(disaggregation=DisaggregationSettings(prefill_timeout_seconds=1.0))
     router = await launcher.router(decode=[decode], prefill=[prefill], mode="always", settings=settings)
     raw = await router.openai.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=1)
     assert raw.headers["x-tandem-pd-fallback"] == "timeout"
