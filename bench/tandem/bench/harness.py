@@ -18,6 +18,7 @@ simplest honest reset; it costs a few seconds per target. Everything listens on 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -51,7 +52,8 @@ class PoolSettings:
     """The simulated pool every target runs against.
 
     `engines`: decode engines (1 for `direct`); `prefill_engines` only with `pd`; `time_scale`:
-    simulated seconds per wall second; `engine_args`: extra `tandem sim` flags for every engine.
+    simulated seconds per wall second; `engine_args`: extra `tandem sim` flags for every engine;
+    `router_args`: extra `tandem router` flags for Tandem's gateway (e.g. admission limits).
     """
 
     engines: int = 4
@@ -61,6 +63,7 @@ class PoolSettings:
     time_scale: float = 1.0
     model: str = "qwen"
     engine_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ()
     seed: int = 0
 
     def describe(self) -> str:
@@ -134,7 +137,7 @@ def run_target(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
         redis_server=tools.redis_server, state_dir=run_dir.resolve(),
     )  # fmt: skip
-    gateway = _gateway(target, plan=plan, tools=tools, metrics_port=next(ports))
+    gateway = _gateway(target, plan=plan, tools=tools, metrics_port=next(ports), router_args=pool.router_args)
     supervisor = Supervisor(log_dir=run_dir.resolve() / "logs")
     started: list[Child] = []
     notes: list[str] = []
@@ -161,7 +164,9 @@ def run_target(
     return RunData(target.label, target.describe(), result, before, after, children, tuple(notes))
 
 
-def _gateway(target: Target, *, plan: LocalPlan, tools: Tools, metrics_port: int) -> ProcessPlan | None:
+def _gateway(
+    target: Target, *, plan: LocalPlan, tools: Tools, metrics_port: int, router_args: tuple[str, ...]
+) -> ProcessPlan | None:
     """The target's gateway process (None for `direct`); writes the tandem router's config file."""
     router = next(p for p in plan.processes if p.role == "router")
     if target.kind == "direct":
@@ -170,7 +175,7 @@ def _gateway(target: Target, *, plan: LocalPlan, tools: Tools, metrics_port: int
         plan.router_config_path.parent.mkdir(parents=True, exist_ok=True)
         config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
         plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        return router
+        return dataclasses.replace(router, argv=(*router.argv, *router_args))
     if tools.vllm_router is None:
         raise HarnessError(f"--peer {target.label} needs the vllm-router binary: {VLLM_ROUTER_INSTALL}")
     argv = vllm_router_argv(

