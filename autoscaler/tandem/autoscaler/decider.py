@@ -1,0 +1,219 @@
+"""The autoscaler's decider: Knative's KPA made pure, one entry point per pool kind.
+
+Everything here is pure: no I/O, no clock, no globals. ``now`` is monotonic seconds passed in by the caller
+(tests use a fake clock), and each call returns the decision together with the next state.
+
+Each observation becomes a *demand* in replica-equivalents (a float). The decider averages demand over a
+stable window (60 s) and a panic window (6 s) and rounds up to replicas:
+
+- decode: ``demand = ready × mean_kv_util / target_kv``.
+  Example: 4 ready at 0.9 KV utilisation, target 0.6 → 4 × 0.9 / 0.6 = 6.0 → 6 replicas.
+- prefill: ``demand = max(ready × ttft_p90 / target_ttft, backlog / (rate × target_ttft))``.
+  Example: 2 ready, p90 1.5 s, target 0.5 s → 2 × 1.5 / 0.5 = 6.0; 40 000 queued tokens at
+  10 000 tokens/s per replica → 40 000 / (10 000 × 0.5) = 8.0; the larger, 8 replicas.
+
+Then, in order: panic (panic-window desire ≥ 2 × ready; while panicking never scale down, and leave only
+after a stable window without the trigger), the tolerance band (|desired / ready − 1| ≤ 0.1 keeps ready),
+the scale-down delay (scale down only to the largest desire of the last 300 s), step limits, min/max.
+An invalid or stale observation holds: ``valid=False``, desired = ready, state unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from tandem.autoscaler.windows import Sample, ceil_replicas, mean, peak, within
+from tandem.core.spec import DecodeAutoscaling, PrefillAutoscaling
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeciderParams:
+    """Bounds, target and timing of one pool's decider. Seconds are monotonic seconds."""
+
+    min: int
+    max: int
+    target: float
+    stable_window_s: float = 60.0
+    panic_window_s: float = 6.0
+    panic_threshold: float = 2.0
+    tolerance: float = 0.1
+    scale_down_delay_s: float = 300.0
+    max_step_up: int | None = None
+    max_step_down: int | None = None
+    max_observation_age_s: float = 30.0
+
+
+def decode_params(spec: DecodeAutoscaling) -> DeciderParams:
+    """Decider parameters for the decode pool: the target is mean KV-cache utilisation (0-1)."""
+    return DeciderParams(min=spec.min, max=spec.max, target=spec.target_kv_utilization)
+
+
+def prefill_params(spec: PrefillAutoscaling) -> DeciderParams:
+    """Decider parameters for the prefill pool: the target is p90 time to first token in seconds."""
+    return DeciderParams(min=spec.min, max=spec.max, target=spec.target_ttft_seconds)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeObservation:
+    """What the collector saw on the decode pool at ``timestamp`` (monotonic seconds)."""
+
+    timestamp: float
+    ready: int
+    valid: bool = True
+    mean_kv_utilization: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefillObservation:
+    """What the collector saw on the prefill pool; ``ttft_p90_s`` is None when no request finished prefill,
+    ``prefill_tokens_per_s`` is the measured rate of one replica (None or 0 when unknown)."""
+
+    timestamp: float
+    ready: int
+    valid: bool = True
+    ttft_p90_s: float | None = None
+    queued_prefill_tokens: int = 0
+    prefill_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeciderState:
+    """What the decider remembers between calls. ``panic_since`` is when the panic trigger was last seen
+    (None = stable mode); ``desires`` holds recent pre-delay desires for the scale-down delay."""
+
+    samples: tuple[Sample, ...] = ()
+    panic_since: float | None = None
+    max_panic_replicas: int = 0
+    desires: tuple[Sample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """Replicas the pool should have. ``valid=False`` means hold: do not act on ``desired``."""
+
+    desired: int
+    reason: str
+    valid: bool = True
+
+
+def decode_demand(observed: DecodeObservation, *, target: float) -> float:
+    """Replica-equivalents of decode load. Example: 4 ready × 0.9 / 0.6 = 6.0."""
+    return observed.ready * observed.mean_kv_utilization / target
+
+
+def prefill_demand(observed: PrefillObservation, *, target: float) -> float:
+    """Replica-equivalents of prefill load, the larger of the TTFT and the backlog estimates.
+
+    Example: 2 ready, p90 1.5 s, target 0.5 s → 6.0; 40 000 tokens / (10 000 tok/s × 0.5 s) → 8.0; → 8.0.
+    """
+    by_ttft = observed.ready * observed.ttft_p90_s / target if observed.ttft_p90_s is not None else 0.0
+    rate = observed.prefill_tokens_per_s
+    by_backlog = observed.queued_prefill_tokens / (rate * target) if rate else 0.0
+    return max(by_ttft, by_backlog)
+
+
+def decide_decode(
+    *, params: DeciderParams, observed: DecodeObservation, state: DeciderState, now: float
+) -> tuple[Decision, DeciderState]:
+    """Decide the decode pool's replicas on mean KV-cache utilisation against ``params.target``."""
+    util = observed.mean_kv_utilization
+    problem = None if math.isfinite(util) and 0.0 <= util <= 1.0 else f"KV utilisation {util} not in [0, 1]"
+    return _decide(params=params, observed=observed, problem=problem, state=state, now=now)
+
+
+def decide_prefill(
+    *, params: DeciderParams, observed: PrefillObservation, state: DeciderState, now: float
+) -> tuple[Decision, DeciderState]:
+    """Decide the prefill pool's replicas on p90 TTFT and queued backlog against ``params.target``."""
+    values = (observed.ttft_p90_s or 0.0, observed.prefill_tokens_per_s or 0.0)
+    bad = [v for v in values if not math.isfinite(v) or v < 0] or observed.queued_prefill_tokens < 0
+    problem = "negative or non-finite prefill metric" if bad else None
+    return _decide(params=params, observed=observed, problem=problem, state=state, now=now)
+
+
+def _hold_reason(
+    observed: DecodeObservation | PrefillObservation,
+    problem: str | None,
+    *,
+    params: DeciderParams,
+    now: float,
+) -> str | None:
+    if not observed.valid:
+        return "hold: observation marked invalid"
+    if problem is not None:
+        return f"hold: {problem}"
+    if observed.ready < 0:
+        return f"hold: negative ready count {observed.ready}"
+    age = now - observed.timestamp
+    if age > params.max_observation_age_s:
+        return f"hold: observation stale ({age:.1f}s old > {params.max_observation_age_s:.1f}s)"
+    return None
+
+
+def _decide(
+    *,
+    params: DeciderParams,
+    observed: DecodeObservation | PrefillObservation,
+    problem: str | None,
+    state: DeciderState,
+    now: float,
+) -> tuple[Decision, DeciderState]:
+    hold = _hold_reason(observed, problem, params=params, now=now)
+    if hold is not None:
+        return Decision(desired=observed.ready, reason=hold, valid=False), state
+    if isinstance(observed, DecodeObservation):
+        demand = decode_demand(observed, target=params.target)
+    else:
+        demand = prefill_demand(observed, target=params.target)
+    samples = within((*state.samples, Sample(now, demand)), now=now, window_s=params.stable_window_s)
+    ready = observed.ready
+    desired, reason, state = _panic_or_stable(
+        params=params, samples=samples, ready=ready, state=state, now=now
+    )
+    if ready > 0 and abs(desired - ready) <= params.tolerance * ready + 1e-9:  # |desired/ready - 1| <= tol
+        desired, reason = ready, f"{reason}; within ±{params.tolerance:.0%} of {ready} ready, keep"
+    # A fresh decider has no history, so it counts today's ready as a desire: no scale-down for one delay.
+    seed = () if state.desires else (Sample(now, ready),)
+    desires = within(
+        (*seed, *state.desires, Sample(now, desired)), now=now, window_s=params.scale_down_delay_s
+    )
+    if desired < ready:
+        delayed = min(ready, ceil_replicas(peak(desires)))
+        if delayed > desired:
+            desired, reason = delayed, f"{reason}; scale-down delay holds {delayed}"
+    desired, reason = _limit(params=params, desired=desired, ready=ready, reason=reason)
+    return Decision(desired=desired, reason=reason), replace(state, samples=samples, desires=desires)
+
+
+def _panic_or_stable(
+    *, params: DeciderParams, samples: tuple[Sample, ...], ready: int, state: DeciderState, now: float
+) -> tuple[int, str, DeciderState]:
+    """KPA's mode switch. Example: 2 ready, panic-window desire 5 ≥ 2.0 × 2 → panic, desire 5; 60 s later
+    without the trigger, back to the stable-window desire."""
+    stable = ceil_replicas(mean(samples))
+    panic = ceil_replicas(mean(within(samples, now=now, window_s=params.panic_window_s)))
+    if panic >= params.panic_threshold * max(ready, 1) and panic > ready:
+        state = replace(state, panic_since=now)
+    elif state.panic_since is not None and now - state.panic_since >= params.stable_window_s:
+        state = replace(state, panic_since=None, max_panic_replicas=0)
+    if state.panic_since is None:
+        return stable, f"stable: {params.stable_window_s:g}s window wants {stable}", state
+    held = max(panic, state.max_panic_replicas, ready)
+    state = replace(state, max_panic_replicas=held)
+    return held, f"panic: {params.panic_window_s:g}s window wants {panic}, no scale-down, {held}", state
+
+
+def _limit(*, params: DeciderParams, desired: int, ready: int, reason: str) -> tuple[int, str]:
+    """Step limits around ``ready``, then min/max. Example: ready 2, desired 9, step up 4, max 8 → 6."""
+    limited = desired
+    if params.max_step_up is not None:
+        limited = min(limited, ready + params.max_step_up)
+    if params.max_step_down is not None:
+        limited = max(limited, ready - params.max_step_down)
+    if limited != desired:
+        reason = f"{reason}; step limit {limited}"
+    bounded = min(max(limited, params.min), params.max)
+    if bounded != limited:
+        reason = f"{reason}; clamped to [{params.min}, {params.max}]"
+    return bounded, reason
