@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import redis
 import uvicorn
 from starlette.types import ASGIApp
@@ -120,3 +121,20 @@ def _wait_for_redis(server: RedisServer, process: subprocess.Popen[bytes]) -> No
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server did not start on port {server.port}") from None
                 time.sleep(0.01)
+
+
+def wait_healthy(url: str, process: subprocess.Popen[str], *, timeout_s: float = 90.0) -> None:
+    """Poll `url/health` until it answers 200; fail if `process` exits first or `timeout_s` passes.
+
+    The deadline is generous because a loaded CI machine starts Python processes slowly.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the server behind {url} exited early"
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{url} did not become healthy within {timeout_s:.0f}s")

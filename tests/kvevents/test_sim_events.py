@@ -13,7 +13,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from tests.kvevents.harness import RecordingMetrics, eventually
-from tests.servers import free_port, run_uvicorn
+from tests.servers import free_port, run_uvicorn, wait_healthy
 
 from tandem.router.kvevents.index import PrecisePrefixIndex
 from tandem.router.kvevents.subscriber import EventSource, KVEventSubscriber, SubscriberOptions
@@ -153,7 +152,7 @@ def test_the_tandem_sim_command_publishes_on_the_flags_endpoints() -> None:
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, process)
+        wait_healthy(url, process)
         response = httpx.post(
             f"{url}/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 4}, timeout=30
         )
@@ -173,16 +172,3 @@ def _late_match(source: EventSource, prompt: list[int]) -> int:
             return index.match([source.endpoint], prompt)[source.endpoint]
 
     return asyncio.run(run())
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[str]) -> None:
-    """Wait for /health; the deadline is generous because a loaded CI box starts Python slowly."""
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "tandem sim exited early"
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError("tandem sim did not become healthy")

@@ -9,14 +9,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx
 import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
-from tests.servers import free_port
+from tests.servers import free_port, wait_healthy
 
 from tandem.cli.main import cli
 from tandem.sim.settings import SimSettings
@@ -101,7 +100,7 @@ def test_the_command_serves_until_sigterm() -> None:
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, process)
+        wait_healthy(url, process)
         response = httpx.post(
             f"{url}/v1/completions",
             json={"model": "qwen", "prompt": "hello", "max_tokens": 3},
@@ -116,15 +115,3 @@ def test_the_command_serves_until_sigterm() -> None:
     assert process.returncode in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in output
     assert '"request_id": "cli-test-1"' in output and '"path": "/v1/completions"' in output
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "tandem sim exited early"
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError("tandem sim did not become healthy")
