@@ -134,10 +134,60 @@ def test_a_bad_object_name_is_reported() -> None:
             id="always-without-prefill",
         ),
         pytest.param({"kvPool": {"chunkSize": 250}}, "spec.kvPool.chunkSize", id="chunk-not-block-multiple"),
+        pytest.param(
+            {"decode": {"autoscaling": {"panicWindowSeconds": 90, "stableWindowSeconds": 60}}},
+            "spec.decode.autoscaling.panicWindowSeconds",
+            id="panic-window-longer-than-stable",
+        ),
+        pytest.param(
+            {"router": {"auth": {"enabled": True}}}, "spec.router.auth.apiKeysSecret", id="auth-without-keys"
+        ),
+        pytest.param(
+            {"router": {"tenants": [{"name": "a"}, {"name": "a", "weight": 2}]}},
+            "spec.router.tenants[1].name",
+            id="duplicate-tenant",
+        ),
     ],
 )
 def test_a_cross_field_rule_names_the_field(sections: dict[str, Any], path: str) -> None:
     assert error_paths(with_spec(**sections)) == [path]
+
+
+def test_autoscaling_behavior_router_limits_and_connector_have_documented_defaults() -> None:
+    spec = parse_inference_service(minimal()).spec
+    for scaling in (spec.prefill.autoscaling, spec.decode.autoscaling):
+        assert (scaling.stable_window_seconds, scaling.panic_window_seconds) == (60.0, 6.0)
+        assert (scaling.panic_threshold, scaling.tolerance) == (2.0, 0.1)
+        assert scaling.scale_down_delay_seconds == 300.0
+        assert scaling.max_scale_up_step is None
+    assert spec.kv_pool.connector == "lmcache"
+    assert spec.kv_pool.redis.password_secret is None
+    assert not spec.router.auth.enabled
+    assert spec.router.rate_limits.requests_per_minute is None
+    assert spec.router.tenants == []
+    assert not spec.router.log_prompts
+
+
+def test_tenants_limits_and_secrets_parse_from_camel_case() -> None:
+    doc = with_spec(
+        kvPool={"connector": "tandem", "redis": {"passwordSecret": {"name": "pool", "key": "password"}}},
+        router={
+            "auth": {"enabled": True, "apiKeysSecret": {"name": "keys", "key": "api-keys.yaml"}},
+            "rateLimits": {"requestsPerMinute": 600},
+            "tenants": [{"name": "gold", "weight": 4, "rateLimits": {"tokensPerMinute": 1e6}}],
+        },
+    )
+    spec = parse_inference_service(doc).spec
+    assert spec.kv_pool.connector == "tandem"
+    assert spec.kv_pool.redis.password_secret is not None
+    assert spec.kv_pool.redis.password_secret.name == "pool"
+    assert spec.router.auth.api_keys_secret is not None
+    assert spec.router.auth.api_keys_secret.key == "api-keys.yaml"
+    assert spec.router.rate_limits.requests_per_minute == 600
+    gold = spec.router.tenants[0]
+    assert (gold.name, gold.weight) == ("gold", 4)
+    assert gold.rate_limits is not None
+    assert gold.rate_limits.tokens_per_minute == 1e6
 
 
 def test_autoscaled_replicas_outside_bounds_are_fine_when_autoscaling_is_off() -> None:

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tandem.autoscaler.windows import Sample, ceil_replicas, mean, peak, within
-from tandem.core.spec import DecodeAutoscaling, PrefillAutoscaling
+from tandem.core.spec import AutoscalingBehavior, DecodeAutoscaling, PrefillAutoscaling
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,14 +44,30 @@ class DeciderParams:
     max_observation_age_s: float = 30.0
 
 
+def _params(spec: AutoscalingBehavior, *, min: int, max: int, target: float) -> DeciderParams:
+    return DeciderParams(
+        min=min,
+        max=max,
+        target=target,
+        stable_window_s=spec.stable_window_seconds,
+        panic_window_s=spec.panic_window_seconds,
+        panic_threshold=spec.panic_threshold,
+        tolerance=spec.tolerance,
+        scale_down_delay_s=spec.scale_down_delay_seconds,
+        max_step_up=spec.max_scale_up_step,
+        max_step_down=spec.max_scale_down_step,
+        max_observation_age_s=spec.max_metric_age_seconds,
+    )
+
+
 def decode_params(spec: DecodeAutoscaling) -> DeciderParams:
     """Decider parameters for the decode pool: the target is mean KV-cache utilisation (0-1)."""
-    return DeciderParams(min=spec.min, max=spec.max, target=spec.target_kv_utilization)
+    return _params(spec, min=spec.min, max=spec.max, target=spec.target_kv_utilization)
 
 
 def prefill_params(spec: PrefillAutoscaling) -> DeciderParams:
     """Decider parameters for the prefill pool: the target is p90 time to first token in seconds."""
-    return DeciderParams(min=spec.min, max=spec.max, target=spec.target_ttft_seconds)
+    return _params(spec, min=spec.min, max=spec.max, target=spec.target_ttft_seconds)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -137,7 +137,36 @@ class ResourceRequirements(SpecModel):
         return value
 
 
-class PrefillAutoscaling(SpecModel):
+class AutoscalingBehavior(SpecModel):
+    """Timing and damping of one pool's autoscaler (Knative KPA windows; formulas in docs/autoscaler.md)."""
+
+    stable_window_seconds: float = Field(
+        default=60.0, ge=1, le=3600, description="Window over which demand is averaged for normal decisions."
+    )
+    panic_window_seconds: float = Field(
+        default=6.0, ge=1, le=3600, description="Short window that detects bursts (panic mode)."
+    )
+    panic_threshold: float = Field(
+        default=2.0, ge=1.1, le=100, description="Panic when the panic-window desire ≥ this × ready replicas."
+    )
+    tolerance: float = Field(
+        default=0.1, ge=0, lt=1, description="No change while |desired / ready − 1| ≤ tolerance."
+    )
+    scale_down_delay_seconds: float = Field(
+        default=300.0, ge=0, le=86400, description="Scale down only to the highest desire of this window."
+    )
+    max_scale_up_step: int | None = Field(
+        default=None, ge=1, le=1000, description="Most replicas added in one decision (unlimited if unset)."
+    )
+    max_scale_down_step: int | None = Field(
+        default=None, ge=1, le=1000, description="Most replicas removed in one decision (unlimited if unset)."
+    )
+    max_metric_age_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Older observations are stale: the autoscaler holds."
+    )
+
+
+class PrefillAutoscaling(AutoscalingBehavior):
     """Autoscaling of the prefill pool on time to first token against its target."""
 
     enabled: bool = Field(default=False, description="Let the autoscaler own this pool's replicas.")
@@ -148,7 +177,7 @@ class PrefillAutoscaling(SpecModel):
     )
 
 
-class DecodeAutoscaling(SpecModel):
+class DecodeAutoscaling(AutoscalingBehavior):
     """Autoscaling of the decode pool on mean KV-cache utilisation against its target."""
 
     enabled: bool = Field(default=False, description="Let the autoscaler own this pool's replicas.")
@@ -191,6 +220,13 @@ class DisaggregationSpec(SpecModel):
     min_uncached_tokens: int = Field(default=512, ge=0, le=1_000_000)
 
 
+class SecretKeyRef(SpecModel):
+    """One key of a Secret in the InferenceService's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Secret name.")
+    key: str = Field(min_length=1, max_length=253, description="Key inside the Secret.")
+
+
 class RedisSpec(SpecModel):
     """The Redis behind the KV pool: managed by Tandem (memory, eviction policy) or external (url)."""
 
@@ -201,12 +237,22 @@ class RedisSpec(SpecModel):
         pattern=r"^(redis|rediss|unix)://",
         description="External Redis URL; when set, no Redis is deployed.",
     )
+    password_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the Redis password: the managed Redis requires it, and the "
+        "engines, router and autoscaler read it from the Secret.",
+    )
 
 
 class KVPoolSpec(SpecModel):
     """The KV pool between prefill and decode (LMCache's Redis layout)."""
 
     backend: Literal["redis"] = "redis"
+    connector: Literal["lmcache", "tandem"] = Field(
+        default="lmcache",
+        description="vLLM KV connector of the engines: lmcache (LMCacheConnectorV1, GPU images) or tandem "
+        "(tandem.kvpool.vllm_connector, runs where LMCache cannot, e.g. CPU).",
+    )
     redis: RedisSpec = Field(default_factory=RedisSpec)
     chunk_size: int = Field(
         default=256, ge=16, le=8192, description="Tokens per KV chunk in the pool (LMCache chunk_size)."
@@ -239,6 +285,32 @@ class FairnessSpec(SpecModel):
     output_weight: float = Field(default=2.0, gt=0, le=1000, description="VTC cost per output token.")
 
 
+class RateLimitSpec(SpecModel):
+    """Per-tenant rate limits (token buckets refilled per minute); unset means unlimited."""
+
+    requests_per_minute: float | None = Field(default=None, gt=0, le=1e9, description="Requests per minute.")
+    tokens_per_minute: float | None = Field(
+        default=None, gt=0, le=1e12, description="Prompt + completion tokens per minute."
+    )
+
+
+class TenantSpec(SpecModel):
+    """One tenant's share and limits; tenants not listed get weight 1 and `router.rateLimits`."""
+
+    name: str = Field(min_length=1, max_length=253, description="Tenant id (header or API key).")
+    weight: float = Field(default=1.0, gt=0, le=1000, description="VTC weight: share of service.")
+    rate_limits: RateLimitSpec | None = Field(default=None, description="Overrides router.rateLimits.")
+
+
+class AuthSpec(SpecModel):
+    """API keys at the gateway: each key maps to a tenant; without a valid key requests get 401."""
+
+    enabled: bool = Field(default=False, description="Require an API key (Authorization: Bearer ...).")
+    api_keys_secret: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the key table (docs/security.md has the format)."
+    )
+
+
 #: Routing policies the gateway implements; `tandem bench --policy` compares them on the same engines.
 #: `tandem`: filters → weighted scorers → picker (docs/routing.md); `prefix`: SGLang-like cache-aware;
 #: `least-load`: fewest queued + running; `round-robin`: in turn.
@@ -255,6 +327,10 @@ class RouterSpec(SpecModel):
     slo: SLOSpec = Field(default_factory=SLOSpec)
     fairness: FairnessSpec = Field(default_factory=FairnessSpec)
     max_queue: int = Field(default=1000, ge=0, le=1_000_000, description="Router queue bound.")
+    auth: AuthSpec = Field(default_factory=AuthSpec)
+    rate_limits: RateLimitSpec = Field(default_factory=RateLimitSpec, description="Per-tenant limits.")
+    tenants: list[TenantSpec] = Field(default_factory=list, description="Per-tenant weights and limits.")
+    log_prompts: bool = Field(default=False, description="Log prompt and output text.")
 
 
 class InferenceServiceSpec(SpecModel):
@@ -318,6 +394,14 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
     for pool_name, pool in pools:
         scaling = pool.autoscaling
         base = f"spec.{pool_name}.autoscaling"
+        if scaling.panic_window_seconds > scaling.stable_window_seconds:
+            errors.append(
+                SpecError(
+                    f"{base}.panicWindowSeconds",
+                    f"must be <= {base}.stableWindowSeconds "
+                    f"({scaling.panic_window_seconds:g} > {scaling.stable_window_seconds:g})",
+                )
+            )
         if scaling.min > scaling.max:
             errors.append(SpecError(f"{base}.min", f"must be <= {base}.max ({scaling.min} > {scaling.max})"))
         elif scaling.enabled and not scaling.min <= pool.replicas <= scaling.max:
@@ -343,6 +427,19 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
                 f"(got {spec.kv_pool.chunk_size})",
             )
         )
+    errors.extend(_router_rules(spec.router))
+    return errors
+
+
+def _router_rules(router: RouterSpec) -> list[SpecError]:
+    errors: list[SpecError] = []
+    if router.auth.enabled and router.auth.api_keys_secret is None:
+        errors.append(SpecError("spec.router.auth.apiKeysSecret", "is required when auth.enabled is true"))
+    seen: set[str] = set()
+    for i, tenant in enumerate(router.tenants):
+        if tenant.name in seen:
+            errors.append(SpecError(f"spec.router.tenants[{i}].name", f"duplicate tenant {tenant.name!r}"))
+        seen.add(tenant.name)
     return errors
 
 
