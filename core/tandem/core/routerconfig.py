@@ -8,6 +8,9 @@ runtime write it without importing the router.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -35,12 +38,49 @@ class KubernetesDiscovery(SpecModel):
     port: int = Field(default=8000, ge=1, le=65535)
 
 
+class FileDiscovery(SpecModel):
+    """Engines listed in a file (an `EndpointList` in JSON) that the router re-reads when it
+    changes. The local runtime writes it as the autoscaler starts and drains engines."""
+
+    kind: Literal["file"] = "file"
+    path: str = Field(min_length=1, description="The endpoint file (absolute, or relative to the cwd).")
+    poll_seconds: float = Field(default=0.5, gt=0, le=60, description="How often the file is checked.")
+
+
+class EndpointList(SpecModel):
+    """Contents of a `kind: file` discovery's file: the ready engines of each pool."""
+
+    prefill: list[EngineURL] = Field(default_factory=list)
+    decode: list[EngineURL] = Field(default_factory=list)
+
+
+def write_endpoint_file(path: Path, endpoints: EndpointList) -> None:
+    """Replace `path` atomically (a temporary file in the same directory, then `os.replace`), so a
+    reader sees the old list or the new one, never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = endpoints.model_dump_json(by_alias=True, indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_endpoint_file(path: Path) -> EndpointList:
+    """Parse an endpoint file. Raises OSError when it cannot be read and ValueError (pydantic's
+    ValidationError included) when it is not an `EndpointList` in JSON."""
+    return EndpointList.model_validate_json(path.read_bytes())
+
+
 class RouterConfig(SpecModel):
     """Everything one gateway process needs besides its listen address."""
 
     service: str = Field(min_length=1, description="Name of the InferenceService this gateway fronts.")
     spec: InferenceServiceSpec
-    discovery: StaticDiscovery | KubernetesDiscovery = Field(discriminator="kind")
+    discovery: StaticDiscovery | KubernetesDiscovery | FileDiscovery = Field(discriminator="kind")
     kv_pool_url: str | None = Field(
         default=None, pattern=r"^(redis|rediss|unix)://", description="The KV pool's Redis URL."
     )

@@ -4,16 +4,26 @@
 - `static`: the URLs from the config, set once at start-up.
 - `kubernetes`: the ready addresses of each pool's Service's EndpointSlices, listed and watched
   (`tandem.router.endpointslices.KubernetesEndpoints`).
+- `file`: an `EndpointList` JSON file, re-read when its inode, modification time or size changes (checked
+  every `pollSeconds`); the local runtime rewrites it atomically as engines start and drain. A file
+  that is missing or unreadable at start leaves both pools empty; one that becomes unreadable later
+  keeps the last good membership (logged), since a half-done edit must not empty the pools.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
-from tandem.core.routerconfig import KubernetesDiscovery, StaticDiscovery
+from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, StaticDiscovery, read_endpoint_file
 from tandem.router.endpoints import EndpointRegistry
 from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints
+
+log = logging.getLogger(__name__)
 
 
 class Discovery(Protocol):
@@ -42,8 +52,64 @@ class StaticEndpoints:
         return None
 
 
+class FileEndpoints:
+    """Engine URLs from an endpoint file, followed while it changes (module docstring)."""
+
+    def __init__(self, config: FileDiscovery) -> None:
+        self._path = Path(config.path)
+        self._poll_s = config.poll_seconds
+        self._seen: tuple[int, int, int] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, registry: EndpointRegistry) -> None:
+        self.reload(registry)
+        self._task = asyncio.create_task(self._follow(registry), name="watch-endpoint-file")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def reload(self, registry: EndpointRegistry) -> bool:
+        """Re-read the file if it changed since the last read; True when the pools were rewritten."""
+        try:
+            stat = self._path.stat()
+        except OSError as exc:
+            if self._seen is None:
+                log.warning("endpoint file unreadable", extra={"path": str(self._path), "error": repr(exc)})
+                self._seen = (-1, -1, -1)
+            return False
+        # The inode too: an atomic replace makes a new one even within the clock's mtime granularity.
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        try:
+            endpoints = read_endpoint_file(self._path)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "endpoint file invalid; keeping the last membership",
+                extra={"path": str(self._path), "error": repr(exc)},
+            )
+            return False
+        registry.set_pool("prefill", endpoints.prefill)
+        registry.set_pool("decode", endpoints.decode)
+        log.info(
+            "pool members changed",
+            extra={"path": str(self._path), "prefill": endpoints.prefill, "decode": endpoints.decode},
+        )
+        return True
+
+    async def _follow(self, registry: EndpointRegistry) -> None:
+        while True:
+            await asyncio.sleep(self._poll_s)
+            self.reload(registry)
+
+
 def discovery_for(
-    config: StaticDiscovery | KubernetesDiscovery,
+    config: StaticDiscovery | KubernetesDiscovery | FileDiscovery,
     *,
     environ: Mapping[str, str],
     kube_api_server: str | None = None,
@@ -53,5 +119,7 @@ def discovery_for(
     raises `ConfigurationError` when neither is available."""
     if isinstance(config, StaticDiscovery):
         return StaticEndpoints(config)
+    if isinstance(config, FileDiscovery):
+        return FileEndpoints(config)
     api = KubeAPI.plain(kube_api_server) if kube_api_server else KubeAPI.in_cluster(environ)
     return KubernetesEndpoints(config, api=api)
