@@ -17,7 +17,7 @@ from tests.router.harness import MODEL, MODEL_NAME, Launcher, RunningRouter, met
 from tests.router.servers import closed_port_url
 from tests.servers import RedisServer
 
-from tandem.core.kvkeys import chunk_hashes, chunk_key
+from tandem.kvpool.keys import chunk_hashes, chunk_key
 from tandem.router.settings import DisaggregationSettings, RouterSettings
 from tandem.sim.app import create_app as create_sim
 from tandem.sim.settings import KVRole, SimSettings

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from tests.servers import RedisServer, free_port, run_redis_server, run_uvicorn
 
-from tandem.core.kvkeys import chunk_hashes, chunk_key, decode_metadata
+from tandem.kvpool.keys import chunk_hashes, chunk_key, decode_metadata
 from tandem.sim.app import create_app
 from tandem.sim.kvpool import KVPool, connect
 from tandem.sim.metrics import SimMetrics

@@ -43,11 +43,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tandem.kvpool.index import KVPoolIndex
 from tandem.router.dispatch import Dispatcher
 from tandem.router.errors import UpstreamError, UpstreamTimeout
 from tandem.router.handoff import decode_body, kv_params_from_prefill, prefill_body
 from tandem.router.kvevents import PrefixSource
-from tandem.router.kvpool import KVPoolIndex
 from tandem.router.proxy import UpstreamCall
 from tandem.router.types import Endpoint, RequestView
 

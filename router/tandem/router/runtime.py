@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from tandem.core.routerconfig import RouterConfig
+from tandem.kvpool.client import password_from_env
+from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.gate import AdmissionGate, Waiter
 from tandem.router.admission.headers import HeaderTenant, TenantResolver
 from tandem.router.admission.metrics import AdmissionMetrics
@@ -26,7 +29,6 @@ from tandem.router.fairness.fcfs import FCFSQueue
 from tandem.router.fairness.vtc import VTCQueue
 from tandem.router.gateway import Gateway
 from tandem.router.kvevents import PrefixSource
-from tandem.router.kvpool import KVPoolIndex, connect
 from tandem.router.metrics import RouterMetrics
 from tandem.router.parsing import served_names
 from tandem.router.proxy import Upstream
@@ -97,7 +99,11 @@ def build_runtime(
     # connector's own handoff.
     if config.kv_pool_url is not None and spec.engine.kind == "sim":
         kv_pool = KVPoolIndex(
-            connect(config.kv_pool_url, timeout_s=settings.disaggregation.kv_pool_timeout_seconds),
+            connect(
+                config.kv_pool_url,
+                timeout_s=settings.disaggregation.kv_pool_timeout_seconds,
+                password=password_from_env(os.environ),  # TANDEM_KVPOOL_PASSWORD, from a Secret
+            ),
             model=spec.model.name,
             chunk_size=spec.kv_pool.chunk_size,
             clock=clock,

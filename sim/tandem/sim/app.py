@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
+from tandem.kvpool.client import password_from_env
 from tandem.sim import generate, routes
 from tandem.sim.engine.blocks import KVEvent, KVEventSink
 from tandem.sim.engine.clock import Clock, ScaledClock
@@ -84,7 +86,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     pool = None
     if settings.kv_pool is not None and settings.kv_role != "none":
-        pool = KVPool(connect(settings.kv_pool), layout=settings.pool_layout(), metrics=state.metrics)
+        # TANDEM_KVPOOL_PASSWORD (from a Secret in a cluster) unless the URL carries a password.
+        client = connect(settings.kv_pool, password=password_from_env(os.environ))
+        pool = KVPool(client, layout=settings.pool_layout(), metrics=state.metrics)
     task = asyncio.create_task(loop.run(), name="tandem-sim-engine")
     state.runtime = Runtime(loop=loop, task=task, pool=pool, kv_publisher=publisher)
     logger.info(

@@ -15,33 +15,19 @@ costs requests no waiting; the first success afterwards is logged too.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
+from tandem.kvpool.client import POOL_ERRORS, connect
 from tandem.sim.engine.kvlayout import ChunkRef, PoolLayout
 from tandem.sim.metrics import SimMetrics
 
+__all__ = ["KVPool", "connect"]
+
 logger = logging.getLogger(__name__)
-POOL_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
-
-
-def connect(url: str, *, timeout_s: float = 2.0) -> Redis:
-    """A client that fails fast (no retries; `timeout_s` to connect and per command); lazy: it
-    connects on first use and reconnects on later ones."""
-    client: Redis = Redis.from_url(
-        url,
-        socket_connect_timeout=timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-    )
-    return client
 
 
 class KVPool:

@@ -1,6 +1,6 @@
 """What the simulator writes to and expects from the external KV pool: LMCache's Redis layout.
 
-A prompt's full `chunk_size`-token chunks are stored under `tandem.core.kvkeys` keys (world size 1,
+A prompt's full `chunk_size`-token chunks are stored under `tandem.kvpool.keys` keys (world size 1,
 worker 0). Per chunk, `<key>kv_bytes` holds `payload_size` real bytes and `<key>metadata` the
 28-byte header with the *true* KV shape [2, layers, chunk_size, kv_heads × head_dim] and `length` =
 the stored byte count. The payload is scaled down by `bytes_scale` so a local Redis stays small:
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.core.kvkeys import (
+from tandem.kvpool.keys import (
     KV_BYTES_SUFFIX,
     METADATA_SUFFIX,
     chunk_hashes,

@@ -1,6 +1,7 @@
-"""The router's view of the KV pool (Redis, LMCache's layout): which prompt chunks are there.
+"""Readiness: which of a prompt's chunks are in the KV pool (Redis, LMCache's layout).
 
-Keys are `tandem.core.kvkeys`'s: the prompt's full `spec.kvPool.chunkSize` chunks, chained hashes,
+This is the question the router's P/D barrier asks ("are this prompt's first N chunks stored?").
+Keys are `tandem.kvpool.keys`'s: the prompt's full `spec.kvPool.chunkSize` chunks, chained hashes,
 `<spec.model.name>@1@0@<hash:x>@bfloat16` plus the `metadata` suffix; a chunk exists when its metadata
 exists (writers store `kv_bytes` first). Two questions, one Redis round trip each:
 
@@ -12,7 +13,7 @@ exists (writers store `kv_bytes` first). Two questions, one Redis round trip eac
 
 Redis failures never raise: the answer is "unavailable" (None / `pool_unavailable`), and for
 `retry_after_s` afterwards the pool is not asked at all, so a dead pool costs requests no waiting.
-The client is built to fail fast (no retries, short timeouts; `connect`).
+The client is built to fail fast (no retries, short timeouts; `tandem.kvpool.client.connect`).
 """
 
 from __future__ import annotations
@@ -24,26 +25,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
-from tandem.core.kvkeys import METADATA_SUFFIX, chunk_hashes, chunk_key
+from tandem.kvpool.client import POOL_ERRORS, connect
+from tandem.kvpool.keys import METADATA_SUFFIX, chunk_hashes, chunk_key
+
+__all__ = ["BarrierOutcome", "BarrierResult", "KVPoolIndex", "connect"]
 
 log = logging.getLogger(__name__)
-POOL_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 FIRST_POLL_S = 0.005
 MAX_POLL_S = 0.1
 
 BarrierOutcome = Literal["ok", "timeout", "pool_unavailable"]
-
-
-def connect(url: str, *, timeout_s: float) -> Redis:
-    """A lazily connecting client that fails fast: no retries, `timeout_s` to connect and per command."""
-    client: Redis = Redis.from_url(
-        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
-    )
-    return client
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +123,10 @@ class KVPoolIndex:
 
     def _failed(self, exc: BaseException) -> None:
         if self._down_until is None:
-            log.warning("kv pool unavailable; P/D falls back to decode-only", extra={"error": repr(exc)})
+            log.warning(
+                "kv pool unavailable; readiness answers 'unavailable' (P/D falls back to decode-only)",
+                extra={"error": repr(exc)},
+            )
         self._down_until = self._clock() + self._retry_after_s
 
     def _succeeded(self) -> None:

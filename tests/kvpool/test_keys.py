@@ -1,4 +1,4 @@
-"""The KV pool key layout (`tandem.core.kvkeys`): chained chunk hashes, keys, metadata.
+"""The KV pool key layout (`tandem.kvpool.keys`): chained chunk hashes, keys, metadata.
 
 Pure: nothing is faked because nothing does I/O.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.core.kvkeys import (
+from tandem.kvpool.keys import (
     DTYPE_TO_INT,
     MEMORY_FORMAT_KV_2LTD,
     ChunkMetadata,

@@ -1,0 +1,80 @@
+"""Redis clients for the KV pool, built one way everywhere: fail fast, and a password when there is one.
+
+The password comes from the URL's userinfo (`redis://:secret@host:6379`) or is passed in; callers at the
+application edge read it from an environment variable (`TANDEM_KVPOOL_PASSWORD` by default, filled from
+a Kubernetes Secret in a cluster) with `password_from_env`, so that it never sits in a command line.
+When both are given, the URL's wins (redis-py's rule).
+
+Clients connect lazily (on first use) and reconnect on later commands. "Fail fast" means no retries and
+`timeout_s` both to connect and per command: the pool is an optimisation, and a caller that waits on a
+dead pool is worse off than one that recomputes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from tandem.kvpool.engine_config import PASSWORD_ENV
+
+__all__ = [
+    "PASSWORD_ENV",
+    "POOL_ERRORS",
+    "connect",
+    "connect_sync",
+    "password_from_env",
+    "redact_url",
+]
+
+#: What a pool operation may raise when the pool is unreachable, slow or refuses us.
+POOL_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+
+def password_from_env(environ: Mapping[str, str], var: str = PASSWORD_ENV) -> str | None:
+    """The password in `environ[var]`; None when unset or empty (an empty password means none)."""
+    return environ.get(var) or None
+
+
+def redact_url(url: str) -> str:
+    """`url` with any password replaced by `***`, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def connect(url: str, *, timeout_s: float = 2.0, password: str | None = None) -> AsyncRedis:
+    """An asyncio client that fails fast (module docstring)."""
+    extra = {} if password is None else {"password": password}
+    client: AsyncRedis = AsyncRedis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=AsyncRetry(NoBackoff(), 0),
+        **extra,
+    )
+    return client
+
+
+def connect_sync(url: str, *, timeout_s: float = 2.0, password: str | None = None) -> redis.Redis:
+    """A blocking client that fails fast, for the CLI and the metrics exporter."""
+    extra = {} if password is None else {"password": password}
+    client: redis.Redis = redis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        **extra,
+    )
+    return client

@@ -1,0 +1,133 @@
+"""The KV pool's key layout: LMCache's Redis format, so the pool is shared with LMCache-configured vLLM.
+
+A chunk of `chunk_size` prompt tokens is stored as two Redis strings (no separator before the suffix):
+- `<key>kv_bytes`: the raw KV tensor bytes, written first;
+- `<key>metadata`: 28 bytes, `struct.pack("=7i", length, memory_fmt, dtype_int, 2, layers, tokens, hidden)`,
+  written second. A chunk exists when its metadata exists.
+with `key = f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"`.
+
+Chunk hashes are `tandem.core.kvkeys.chunk_hashes` (re-exported here): chained over full chunks, so
+chunk i identifies the whole prefix up to its end; like LMCache's builtin hash they can be negative:
+keys look like `qwen@1@0@-7cfefdccc681b183@bfloat16`. Real LMCache hashes differently (Python's `hash`,
+seeded by PYTHONHASHSEED), so treat keys written by real engines as opaque: `parse_key` reads only the
+fields every writer shares (model, world size, worker, dtype), which is what stats and flush need.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from tandem.core.kvkeys import NONE_HASH, chunk_hashes
+
+__all__ = [
+    "DTYPE_TO_INT",
+    "KV_BYTES_SUFFIX",
+    "MEMORY_FORMAT_KV_2LTD",
+    "METADATA_SUFFIX",
+    "NONE_HASH",
+    "ChunkMetadata",
+    "ParsedKey",
+    "chunk_hashes",
+    "chunk_key",
+    "decode_metadata",
+    "encode_metadata",
+    "model_pattern",
+    "parse_key",
+]
+
+KV_BYTES_SUFFIX = "kv_bytes"
+METADATA_SUFFIX = "metadata"
+#: LMCache MemoryFormat.KV_2LTD: a tensor shaped [2 (K and V), layers, tokens, kv_heads * head_dim].
+MEMORY_FORMAT_KV_2LTD = 1
+#: LMCache's DTYPE_TO_INT table.
+DTYPE_TO_INT = {
+    "half": 1,
+    "float16": 2,
+    "bfloat16": 3,
+    "float": 4,
+    "float32": 4,
+    "double": 5,
+    "uint8": 6,
+    "fp8_e4m3fn": 7,
+    "fp8_e5m2": 8,
+}
+_METADATA = struct.Struct("=7i")
+#: `model@world_size@worker_id@chunk_hash@dtype[@tag%value...]` + suffix. The model part is matched
+#: lazily, so a model name containing `@` still parses when the fields after it are well formed.
+_KEY = re.compile(
+    r"^(?P<model>.+?)@(?P<world_size>\d+)@(?P<worker_id>\d+)@(?P<chunk_hash>-?[0-9a-f]+)"
+    r"@(?P<rest>.+?)(?P<suffix>kv_bytes|metadata)$",
+    re.DOTALL,
+)
+
+
+@dataclass(frozen=True)
+class ChunkMetadata:
+    """The decoded `<key>metadata` value."""
+
+    length: int
+    memory_format: int
+    dtype_int: int
+    shape: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    """One pool key split into its fields; `base` is the key without its suffix (shared by the pair)."""
+
+    model: str
+    world_size: int
+    worker_id: int
+    chunk_hash: str  # hex as written (LMCache's may be negative); opaque
+    dtype: str  # the dtype, followed by any `@tag%value` parts LMCache appends
+    suffix: str  # KV_BYTES_SUFFIX or METADATA_SUFFIX
+    base: str
+
+
+def chunk_key(
+    *, model: str, chunk_hash: int, world_size: int = 1, worker_id: int = 0, dtype: str = "bfloat16"
+) -> str:
+    """LMCache's `CacheEngineKey.to_string()` for one chunk (without the kv_bytes/metadata suffix)."""
+    return f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"
+
+
+def parse_key(key: str) -> ParsedKey | None:
+    """The fields of a chunk key (`...kv_bytes` or `...metadata`); None for any other key.
+
+    >>> parse_key("qwen@1@0@-7cfe@bfloat16metadata").model
+    'qwen'
+    """
+    match = _KEY.match(key)
+    if match is None:
+        return None
+    suffix = match["suffix"]
+    return ParsedKey(
+        model=match["model"],
+        world_size=int(match["world_size"]),
+        worker_id=int(match["worker_id"]),
+        chunk_hash=match["chunk_hash"],
+        dtype=match["rest"],
+        suffix=suffix,
+        base=key[: -len(suffix)],
+    )
+
+
+def model_pattern(model: str) -> str:
+    """A Redis SCAN pattern matching every key of one model (`*` and `?` in names escaped)."""
+    escaped = model.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?").replace("[", "\\[")
+    return f"{escaped}@*"
+
+
+def encode_metadata(*, length: int, dtype: str, layers: int, tokens: int, hidden: int) -> bytes:
+    """The 28-byte metadata value for a KV_2LTD chunk of `length` bytes."""
+    return _METADATA.pack(length, MEMORY_FORMAT_KV_2LTD, DTYPE_TO_INT[dtype], 2, layers, tokens, hidden)
+
+
+def decode_metadata(raw: bytes) -> ChunkMetadata:
+    """Inverse of `encode_metadata`; raises ValueError for a value of the wrong size."""
+    if len(raw) != _METADATA.size:
+        raise ValueError(f"metadata must be {_METADATA.size} bytes, got {len(raw)}")
+    length, fmt, dtype_int, d0, d1, d2, d3 = _METADATA.unpack(raw)
+    return ChunkMetadata(length, fmt, dtype_int, (d0, d1, d2, d3))
