@@ -1,0 +1,153 @@
+"""From scrapes to the decider's observations: the collector's pure half.
+
+Every second the collector scrapes each ready engine of a pool (`Scrape`: the time and one reading per
+engine URL, None where the scrape failed) and calls `remember`, which keeps the scrapes of the last
+`keep_s` seconds. The observations are then built from that history:
+
+- **decode** (`decode_observation`): ready = engines scraped; mean `vllm:kv_cache_usage_perc` over them.
+- **prefill** (`prefill_observation`):
+  - TTFT p90 from the `vllm:time_to_first_token_seconds` bucket deltas between the latest scrape and the
+    oldest one still inside `ttft_window_s` (the panic window), summed over engines that have both;
+    None when no request reached its first token in that window.
+  - Queued prefill backlog in tokens = Σ waiting requests × mean prompt length, the mean being
+    Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example: 12 waiting, 90 000 prompt tokens
+    over 300 requests → 12 × 300 = 3600 tokens.
+  - Per-replica prefill rate: Δ`vllm:prompt_tokens_total` / Δt per engine over the same window, kept
+    only when the engine had requests waiting (a saturated engine shows its capacity, an idle one only
+    its load); the rate used is the highest such one seen in `rate_memory_s`. Example: 6000 tokens in 2 s
+    while queueing → 3000 tokens/s.
+
+Missing data is never guessed: a failed scrape or a missing metric on any ready engine makes the
+observation invalid (`valid=False`, with the reason in `problem`), and the decider holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from tandem.autoscaler.decider import DecodeObservation, PrefillObservation
+from tandem.autoscaler.readings import (
+    EngineReading,
+    Histogram,
+    histogram_delta,
+    histogram_quantile,
+    histogram_sum,
+)
+from tandem.autoscaler.windows import Sample, peak, within
+
+TTFT_QUANTILE = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One round over a pool at monotonic time `t`: engine URL → reading (None: the scrape failed)."""
+
+    t: float
+    readings: Mapping[str, EngineReading | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHistory:
+    """Recent scrapes of one pool (oldest first) and measured prefill rates (tokens/s per replica)."""
+
+    scrapes: tuple[Scrape, ...] = ()
+    rates: tuple[Sample, ...] = ()
+
+
+def remember(history: PoolHistory, scrape: Scrape, *, keep_s: float) -> PoolHistory:
+    """`history` with `scrape` appended and scrapes older than `keep_s` before it dropped."""
+    kept = tuple(s for s in history.scrapes if scrape.t - keep_s <= s.t < scrape.t)
+    return replace(history, scrapes=(*kept, scrape))
+
+
+def _problem(scrape: Scrape, needed: tuple[str, ...]) -> str | None:
+    for url, reading in scrape.readings.items():
+        if reading is None:
+            return f"no metrics from {url}"
+        missing = [name for name in needed if getattr(reading, name) is None]
+        if missing:
+            return f"{url} does not report {', '.join(missing)}"
+    return None
+
+
+def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | None]:
+    """The decode pool now (module docstring); the second value says why it is invalid, if it is."""
+    latest = history.scrapes[-1]
+    problem = _problem(latest, ("kv_usage",))
+    if problem is not None:
+        return DecodeObservation(timestamp=latest.t, ready=len(latest.readings), valid=False), problem
+    values = [r.kv_usage for r in latest.readings.values() if r is not None and r.kv_usage is not None]
+    util = sum(values) / len(values) if values else 0.0
+    return DecodeObservation(timestamp=latest.t, ready=len(values), mean_kv_utilization=util), None
+
+
+def _earliest(history: PoolHistory, url: str, *, since: float) -> tuple[float, EngineReading] | None:
+    for scrape in history.scrapes[:-1]:
+        reading = scrape.readings.get(url)
+        if scrape.t >= since and reading is not None:
+            return scrape.t, reading
+    return None
+
+
+def _window_deltas(
+    history: PoolHistory, *, window_s: float
+) -> tuple[list[Histogram], list[tuple[float, EngineReading, EngineReading]]]:
+    """Per engine: the TTFT histogram delta and (Δt, old, new) over the window."""
+    latest = history.scrapes[-1]
+    deltas: list[Histogram] = []
+    spans: list[tuple[float, EngineReading, EngineReading]] = []
+    for url, new in latest.readings.items():
+        found = _earliest(history, url, since=latest.t - window_s)
+        if new is None or found is None:
+            continue
+        t, old = found
+        if new.ttft is not None and old.ttft is not None:
+            deltas.append(histogram_delta(new.ttft, old.ttft))
+        spans.append((latest.t - t, old, new))
+    return deltas, spans
+
+
+def _saturated_rate(dt: float, old: EngineReading, new: EngineReading) -> float | None:
+    if dt <= 0 or old.prompt_tokens is None or new.prompt_tokens is None:
+        return None
+    if not ((old.waiting or 0) > 0 or (new.waiting or 0) > 0) or new.prompt_tokens < old.prompt_tokens:
+        return None
+    return (new.prompt_tokens - old.prompt_tokens) / dt
+
+
+def _backlog_tokens(readings: list[EngineReading]) -> int:
+    tokens = sum(r.prompt_tokens or 0.0 for r in readings)
+    requests = sum(r.ttft.count if r.ttft is not None else 0.0 for r in readings)
+    waiting = sum(r.waiting or 0.0 for r in readings)
+    return round(waiting * tokens / requests) if requests > 0 else 0
+
+
+def prefill_observation(
+    history: PoolHistory, *, ttft_window_s: float, rate_memory_s: float
+) -> tuple[PrefillObservation, PoolHistory, str | None]:
+    """The prefill pool now (module docstring), the history with the newly measured rates, and why the
+    observation is invalid, if it is."""
+    latest = history.scrapes[-1]
+    problem = _problem(latest, ("waiting", "prompt_tokens", "ttft"))
+    if problem is None:
+        try:
+            deltas, spans = _window_deltas(history, window_s=ttft_window_s)
+            pooled = histogram_sum(deltas)
+        except ValueError as exc:
+            problem = str(exc)
+    if problem is not None:
+        invalid = PrefillObservation(timestamp=latest.t, ready=len(latest.readings), valid=False)
+        return invalid, history, problem
+    measured = [r for r in (_saturated_rate(*span) for span in spans) if r is not None]
+    rates = (*history.rates, Sample(latest.t, max(measured))) if measured else history.rates
+    rates = within(rates, now=latest.t, window_s=rate_memory_s)
+    readings = [r for r in latest.readings.values() if r is not None]
+    observation = PrefillObservation(
+        timestamp=latest.t,
+        ready=len(readings),
+        ttft_p90_s=histogram_quantile(TTFT_QUANTILE, pooled) if pooled is not None else None,
+        queued_prefill_tokens=_backlog_tokens(readings),
+        prefill_tokens_per_s=peak(rates) or None,
+    )
+    return observation, replace(history, rates=rates), None

@@ -1,0 +1,114 @@
+"""One engine's `/metrics` text reduced to what the autoscaler reads, and histogram arithmetic.
+
+Pure: text in, values out (prometheus_client's text parser, no I/O). Names are vLLM's
+(research: engine-lab.md, anchors.md §1); Tandem's simulator serves the same ones. When an engine
+reports several series of one name (vLLM with several engine cores, one `engine` label each),
+counters and histograms are summed, queue gauges summed and KV utilisation averaged.
+
+Histogram quantiles follow Prometheus' `histogram_quantile`: find the bucket holding rank q × count
+and interpolate linearly inside it (the first bucket starts at 0); a rank in the +Inf bucket answers
+the largest finite bound. Example: buckets ≤0.1: 2, ≤0.5: 8, ≤1: 10 (cumulative), q = 0.9 → rank 9,
+in (0.5, 1] which holds 2 → 0.5 + (9 − 8) / 2 × 0.5 = 0.75 s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PROMPT_TOKENS = "vllm:prompt_tokens"  # counter family; the sample is vllm:prompt_tokens_total
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative histogram: ascending (upper bound, count ≤ bound) pairs ending with +Inf."""
+
+    buckets: tuple[tuple[float, float], ...]
+
+    @property
+    def count(self) -> float:
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineReading:
+    """What one scrape of one engine said; None where the engine did not report the metric."""
+
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    prompt_tokens: float | None = None
+    ttft: Histogram | None = None
+
+
+def parse_engine_metrics(text: str) -> EngineReading:
+    """The autoscaler's view of one `/metrics` page; raises ValueError when it is not exposition text."""
+    gauges: dict[str, list[float]] = {}
+    prompt_tokens: list[float] = []
+    ttft: dict[float, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if family.name in (KV_USAGE, RUNNING, WAITING) and sample.name == family.name:
+                    gauges.setdefault(family.name, []).append(sample.value)
+                elif family.name == PROMPT_TOKENS and sample.name == f"{PROMPT_TOKENS}_total":
+                    prompt_tokens.append(sample.value)
+                elif family.name == TTFT and sample.name == f"{TTFT}_bucket":
+                    bound = float(sample.labels["le"])
+                    ttft[bound] = ttft.get(bound, 0.0) + sample.value
+    except (ValueError, KeyError, IndexError, TypeError) as exc:  # the parser's ways of saying "not metrics"
+        raise ValueError(f"not Prometheus text: {exc}") from None
+    kv = gauges.get(KV_USAGE)
+    return EngineReading(
+        kv_usage=sum(kv) / len(kv) if kv else None,
+        running=sum(gauges[RUNNING]) if RUNNING in gauges else None,
+        waiting=sum(gauges[WAITING]) if WAITING in gauges else None,
+        prompt_tokens=sum(prompt_tokens) if prompt_tokens else None,
+        ttft=Histogram(tuple(sorted(ttft.items()))) if ttft and math.inf in ttft else None,
+    )
+
+
+def histogram_delta(new: Histogram, old: Histogram) -> Histogram:
+    """Observations between two readings of one engine's histogram. A count that went down means the
+    engine restarted (counters start again at 0), so everything in `new` is new, as Prometheus' rate().
+    Raises ValueError when the bucket bounds differ."""
+    if [b for b, _ in new.buckets] != [b for b, _ in old.buckets]:
+        raise ValueError("histogram bucket bounds changed between scrapes")
+    if any(n < o for (_, n), (_, o) in zip(new.buckets, old.buckets, strict=True)):
+        return new
+    return Histogram(tuple((b, n - o) for (b, n), (_, o) in zip(new.buckets, old.buckets, strict=True)))
+
+
+def histogram_sum(histograms: Iterable[Histogram]) -> Histogram | None:
+    """Bucket-wise sum (one pool's engines); None for none. Raises ValueError when bounds differ."""
+    items = list(histograms)
+    if not items:
+        return None
+    bounds = [b for b, _ in items[0].buckets]
+    if any([b for b, _ in h.buckets] != bounds for h in items):
+        raise ValueError("engines report different histogram buckets")
+    return Histogram(tuple((b, sum(h.buckets[i][1] for h in items)) for i, b in enumerate(bounds)))
+
+
+def histogram_quantile(q: float, histogram: Histogram) -> float | None:
+    """The q-quantile (0 < q < 1) by linear interpolation (module docstring); None when empty."""
+    total = histogram.count
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    finite = [b for b, _ in histogram.buckets if math.isfinite(b)]
+    for bound, cumulative in histogram.buckets:
+        if cumulative >= rank and cumulative > below:
+            if not math.isfinite(bound):
+                return finite[-1] if finite else None
+            return lower + (bound - lower) * (rank - below) / (cumulative - below)
+        lower, below = (bound if math.isfinite(bound) else lower), cumulative
+    return finite[-1] if finite else None

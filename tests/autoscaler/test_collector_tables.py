@@ -1,0 +1,236 @@
+"""The collector's pure half as tables: metrics text → readings, histogram deltas and quantiles,
+scrape histories → the decider's observations.
+
+Everything is real autoscaler code and pure; the metrics text is written here in vLLM's exposition
+format (the names Tandem's simulator and real vLLM serve), and time is plain floats.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tandem.autoscaler.observe import (
+    PoolHistory,
+    Scrape,
+    decode_observation,
+    prefill_observation,
+    remember,
+)
+from tandem.autoscaler.readings import (
+    EngineReading,
+    Histogram,
+    histogram_delta,
+    histogram_quantile,
+    histogram_sum,
+    parse_engine_metrics,
+)
+
+INF = math.inf
+PAGE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1200.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} 8.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 3.1
+"""
+
+
+def hist(*counts: float, bounds: tuple[float, ...] = (0.1, 0.5, 1.0, INF)) -> Histogram:
+    return Histogram(tuple(zip(bounds, counts, strict=True)))
+
+
+def test_a_vllm_page_becomes_a_reading() -> None:
+    reading = parse_engine_metrics(PAGE)
+    assert reading == EngineReading(
+        kv_usage=0.5, running=3.0, waiting=2.0, prompt_tokens=1200.0, ttft=hist(2, 8, 10, 10)
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", EngineReading()),
+        ("vllm:num_requests_waiting 4\n", EngineReading(waiting=4.0)),
+        ('x_bucket{le="1"} 1\n', EngineReading()),
+    ],
+    ids=["empty", "only-waiting", "foreign-metrics"],
+)
+def test_missing_metrics_stay_none(text: str, expected: EngineReading) -> None:
+    assert parse_engine_metrics(text) == expected
+
+
+def test_text_that_is_not_metrics_is_an_error() -> None:
+    with pytest.raises(ValueError, match="not Prometheus text"):
+        parse_engine_metrics("<html>404 not found</html>\n")
+
+
+@pytest.mark.parametrize(
+    ("q", "histogram", "expected"),
+    [
+        (0.9, hist(2, 8, 10, 10), 0.75),  # the module docstring's example
+        (0.5, hist(2, 8, 10, 10), 0.1 + (5 - 2) / 6 * 0.4),
+        (0.1, hist(2, 8, 10, 10), 0.05),  # the first bucket starts at 0
+        (0.9, hist(0, 0, 1, 10), 1.0),  # rank in +Inf → the largest finite bound
+        (0.9, hist(0, 0, 0, 0), None),  # nothing observed
+    ],
+)
+def test_histogram_quantile(q: float, histogram: Histogram, expected: float | None) -> None:
+    got = histogram_quantile(q, histogram)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "expected"),
+    [
+        (hist(3, 9, 12, 12), hist(2, 8, 10, 10), hist(1, 1, 2, 2)),
+        (hist(2, 8, 10, 10), hist(2, 8, 10, 10), hist(0, 0, 0, 0)),
+        (hist(1, 1, 1, 1), hist(2, 8, 10, 10), hist(1, 1, 1, 1)),  # engine restarted: all new
+    ],
+    ids=["growth", "quiet", "reset"],
+)
+def test_histogram_delta(new: Histogram, old: Histogram, expected: Histogram) -> None:
+    assert histogram_delta(new, old) == expected
+
+
+def test_histograms_with_other_buckets_do_not_mix() -> None:
+    other = hist(1, 2, bounds=(1.0, INF))
+    with pytest.raises(ValueError, match="bucket"):
+        histogram_delta(other, hist(2, 8, 10, 10))
+    with pytest.raises(ValueError, match="buckets"):
+        histogram_sum([other, hist(2, 8, 10, 10)])
+    assert histogram_sum([hist(1, 2, 3, 3), hist(1, 1, 1, 1)]) == hist(2, 3, 4, 4)
+    assert histogram_sum([]) is None
+
+
+def reading(**values: float) -> EngineReading:
+    """An engine with `requests` first tokens so far: `slow` of them in (0.5, 1] s, the rest ≤ 0.1 s."""
+    requests, slow = values.pop("requests", 0.0), values.pop("slow", 0.0)
+    fast = requests - slow
+    return EngineReading(
+        kv_usage=values.get("kv", 0.0),
+        waiting=values.get("waiting", 0.0),
+        running=0.0,
+        prompt_tokens=values.get("tokens", 0.0),
+        ttft=hist(fast, fast, requests, requests),
+    )
+
+
+def history(*scrapes: tuple[float, dict[str, EngineReading | None]]) -> PoolHistory:
+    h = PoolHistory()
+    for t, readings in scrapes:
+        h = remember(h, Scrape(t, readings), keep_s=60.0)
+    return h
+
+
+def test_remember_keeps_only_the_last_seconds() -> None:
+    h = history(*((float(t), {}) for t in range(0, 100, 10)))
+    assert [s.t for s in h.scrapes] == [30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0]
+
+
+@pytest.mark.parametrize(
+    ("readings", "valid", "util", "why"),
+    [
+        ({"a": reading(kv=0.2), "b": reading(kv=0.6)}, True, 0.4, None),
+        ({}, True, 0.0, None),
+        ({"a": reading(kv=0.2), "b": None}, False, 0.0, "no metrics from b"),
+        ({"a": EngineReading(waiting=1.0)}, False, 0.0, "a does not report kv_usage"),
+    ],
+    ids=["mean", "no-engines", "failed-scrape", "missing-metric"],
+)
+def test_decode_observation(
+    readings: dict[str, EngineReading | None], valid: bool, util: float, why: str | None
+) -> None:
+    observed, problem = decode_observation(history((5.0, readings)))
+    assert (observed.valid, observed.ready, problem) == (valid, len(readings), why)
+    assert observed.mean_kv_utilization == pytest.approx(util) and observed.timestamp == 5.0
+
+
+def test_prefill_ttft_p90_comes_from_bucket_deltas_inside_the_window() -> None:
+    h = history(
+        (0.0, {"a": reading(requests=100, slow=0)}),  # outside the 6 s window at t = 10
+        (5.0, {"a": reading(requests=100, slow=0), "b": reading(requests=0)}),
+        (10.0, {"a": reading(requests=104, slow=4), "b": reading(requests=6, slow=0)}),
+    )
+    observed, _, problem = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    # window deltas: a 4 slow, b 6 fast → pooled 6 ≤ 0.1 s, 10 ≤ 1 s; rank 9 → 0.5 + 3/4 × 0.5
+    assert problem is None and observed.valid and observed.ready == 2
+    assert observed.ttft_p90_s == pytest.approx(0.875)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "rate"),
+    [
+        (reading(tokens=1000, waiting=3, requests=10), reading(tokens=7000, waiting=3, requests=30), 1200.0),
+        (reading(tokens=1000, waiting=0, requests=10), reading(tokens=7000, waiting=0, requests=30), None),
+    ],
+    ids=["saturated-measures-capacity", "idle-measures-nothing"],
+)
+def test_prefill_rate_is_measured_only_while_requests_wait(
+    old: EngineReading, new: EngineReading, rate: float | None
+) -> None:
+    h = history((0.0, {"a": old}), (5.0, {"a": new}))
+    observed, after, _ = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    assert observed.prefill_tokens_per_s == rate
+    assert len(after.rates) == (1 if rate else 0)
+
+
+def test_prefill_backlog_is_waiting_requests_times_mean_prompt_length() -> None:
+    h = history((0.0, {"a": reading(tokens=60_000, requests=200, waiting=8), "b": reading(
+        tokens=30_000, requests=100, waiting=4)}))  # fmt: skip
+    observed, _, _ = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    assert observed.queued_prefill_tokens == 12 * 300  # the module docstring's example
+
+
+def test_the_highest_saturated_rate_is_remembered_for_a_while() -> None:
+    h = PoolHistory()
+    seen: list[float | None] = []
+    scrapes = [
+        (0.0, reading(tokens=0, waiting=2, requests=1)),
+        (1.0, reading(tokens=3000, waiting=2, requests=2)),  # 3000 tok/s while queueing
+        (2.0, reading(tokens=3100, waiting=0, requests=3)),  # idle: measures nothing
+        (100.0, reading(tokens=3100, waiting=0, requests=3)),  # the 3000 is older than 60 s
+    ]
+    for t, r in scrapes:
+        h = remember(h, Scrape(t, {"a": r}), keep_s=60.0)
+        observed, h, _ = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+        seen.append(observed.prefill_tokens_per_s)
+    assert seen == [None, 3000.0, 3000.0, None]
+
+
+@pytest.mark.parametrize(
+    ("readings", "why"),
+    [
+        ({"a": None}, "no metrics from a"),
+        ({"a": EngineReading(kv_usage=0.1, waiting=0.0)}, "a does not report prompt_tokens, ttft"),
+    ],
+)
+def test_prefill_with_missing_data_is_invalid(readings: dict[str, EngineReading | None], why: str) -> None:
+    observed, _, problem = prefill_observation(
+        history((3.0, readings)), ttft_window_s=6.0, rate_memory_s=60.0
+    )
+    assert not observed.valid and problem == why
+
+
+def test_prefill_with_changing_buckets_is_invalid() -> None:
+    odd = EngineReading(waiting=0.0, prompt_tokens=0.0, ttft=hist(1, 1, bounds=(1.0, INF)))
+    h = history((0.0, {"a": reading(requests=1)}), (1.0, {"a": odd}))
+    observed, _, problem = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    assert not observed.valid and problem is not None and "bucket" in problem
