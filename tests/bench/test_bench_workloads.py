@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tandem.bench.catalog import make_workload, parse_overrides
 from tandem.bench.text import words
 from tandem.bench.workload_file import dump_jsonl, load, parse_jsonl
 from tandem.bench.workloads import (
@@ -21,8 +22,6 @@ from tandem.bench.workloads import (
     TwoTenantParams,
     WorkloadError,
     bounded,
-    make_workload,
-    parse_overrides,
     poisson_offsets,
     shared_prefix,
     two_tenant,

@@ -4,7 +4,8 @@ A `Workload` is the whole plan of a run: every request with its arrival offset (
 run starts, in the engines' time: see `tandem.bench.driver` for time scales), its tenant, its prompt
 (`prompt` → `/v1/completions`, `messages` → `/v1/chat/completions`) and its exact output length.
 
-Built-in generators (`WORKLOADS`; parameters are pydantic models, overridden with `key=value`):
+Built-in generators (registered in `tandem.bench.catalog`; parameters are pydantic models, overridden
+with `key=value`); this module has the two original ones and the shared pieces (types, arrivals):
 
 - `shared-prefix`: SGLang's generated-shared-prefix benchmark. `groups` system prompts of
   `system_prompt_tokens` each; every group has `prompts_per_group` questions of `question_tokens`;
@@ -17,19 +18,19 @@ Built-in generators (`WORKLOADS`; parameters are pydantic models, overridden wit
 
 The same seed gives the same workload, byte for byte, on any machine (`random.Random` seeded with a
 string is hashed with SHA-512, independent of PYTHONHASHSEED). Workload files are in
-`tandem.bench.workload_file`.
+`tandem.bench.workload_file`; multi-turn, tenant skew, burst and ramp in `tandem.bench.generators`;
+trace replay in `tandem.bench.traces`.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.bench.text import words
 
@@ -82,11 +83,13 @@ class Workload:
         return tuple(dict.fromkeys(r.tenant for r in self.requests))
 
 
-class _Params(BaseModel):
+class Params(BaseModel):
+    """Base of every generator's parameters: unknown keys are errors, values are frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SharedPrefixParams(_Params):
+class SharedPrefixParams(Params):
     """SGLang's defaults are 64 groups x 16 prompts, 2048/128/256 tokens; ours are smaller so a run
     fits a laptop, with the same shape (long shared system prompts, short distinct questions)."""
 
@@ -102,7 +105,7 @@ class SharedPrefixParams(_Params):
     api: Api = Field(default="chat", description="chat: system + user messages; completions: one prompt.")
 
 
-class TwoTenantParams(_Params):
+class TwoTenantParams(Params):
     """A heavy tenant that alone would overload the pool and a light one asking for little."""
 
     duration: float = Field(default=30.0, gt=0, le=86_400, description="Seconds of arrivals.")
@@ -132,7 +135,7 @@ def shared_prefix(params: SharedPrefixParams, *, seed: int) -> Workload:
         random.Random(f"tandem-bench:{seed}:shared-prefix:arrivals"), rate=params.rate, count=len(drafts)
     )
     requests = tuple(
-        _request(
+        make_request(
             api=params.api, system=systems[g], user=question, offset_s=offset, tenant="default",
             max_tokens=params.output_tokens, group=f"g{g}",
         )
@@ -155,7 +158,7 @@ def two_tenant(params: TwoTenantParams, *, seed: int) -> Workload:
         arrivals = random.Random(f"tandem-bench:{seed}:two-tenant:arrivals:{tenant}")
         for offset in poisson_until(arrivals, rate=rate, duration_s=params.duration):
             requests.append(
-                _request(
+                make_request(
                     api=params.api, system=None, user=words(text_rng, prompt_tokens), offset_s=offset,
                     tenant=tenant, max_tokens=output_tokens, group=tenant,
                 )
@@ -191,9 +194,11 @@ def poisson_until(rng: random.Random, *, rate: float, duration_s: float) -> list
     return offsets
 
 
-def _request(
+def make_request(
     *, api: Api, system: str | None, user: str, offset_s: float, tenant: str, max_tokens: int, group: str
 ) -> BenchRequest:
+    """A request with an optional system prompt: chat messages, or for `completions` one prompt,
+    system + `"\\n\\n"` + user (SGLang's generated-shared-prefix layout)."""
     if api == "completions":
         prompt = user if system is None else f"{system}\n\n{user}"
         return BenchRequest(offset_s, tenant, max_tokens, prompt=prompt, group=group)
@@ -202,65 +207,6 @@ def _request(
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": user})
     return BenchRequest(offset_s, tenant, max_tokens, messages=tuple(messages), group=group)
-
-
-@dataclass(frozen=True)
-class WorkloadKind:
-    """A built-in generator: its parameter model and the function that builds it."""
-
-    name: str
-    summary: str
-    params: type[_Params]
-    build: Callable[[Any, int], Workload]
-
-
-WORKLOADS: Mapping[str, WorkloadKind] = MappingProxyType(
-    {
-        "shared-prefix": WorkloadKind(
-            "shared-prefix",
-            "groups of prompts sharing long system prompts (SGLang generated-shared-prefix)",
-            SharedPrefixParams,
-            lambda p, seed: shared_prefix(p, seed=seed),
-        ),
-        "two-tenant": WorkloadKind(
-            "two-tenant",
-            "a heavy and a light tenant (x-tenant-id), Poisson arrivals (VTC overload)",
-            TwoTenantParams,
-            lambda p, seed: two_tenant(p, seed=seed),
-        ),
-    }
-)
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
-    """`["groups=8", "system-prompt-tokens=512"]` → `{"groups": "8", "system_prompt_tokens": "512"}`."""
-    overrides: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise WorkloadError(f"--param {pair!r}: expected key=value")
-        overrides[key.strip().replace("-", "_")] = value.strip()
-    return overrides
-
-
-def make_workload(name: str, overrides: Mapping[str, str], *, seed: int) -> Workload:
-    """Build the built-in workload `name` with parameter `overrides` (strings, coerced and checked).
-
-    Raises WorkloadError naming an unknown workload, an unknown parameter or a bad value.
-    """
-    kind = WORKLOADS.get(name)
-    if kind is None:
-        raise WorkloadError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
-    try:
-        params = kind.params.model_validate(dict(overrides))
-    except ValidationError as exc:
-        problems = [
-            f"{'.'.join(str(p) for p in e['loc'])}: "
-            f"{'unknown parameter' if e['type'] == 'extra_forbidden' else e['msg']}"
-            for e in exc.errors()
-        ]
-        raise WorkloadError(f"workload {name}: " + "; ".join(problems)) from None
-    return kind.build(params, seed)
 
 
 def bounded(workload: Workload, *, requests: int | None, duration_s: float | None) -> Workload:

@@ -24,13 +24,14 @@ from typing import Any, NoReturn
 import click
 
 from tandem.bench import workload_file
+from tandem.bench.catalog import WORKLOADS, make_workload, parse_overrides
 from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
 from tandem.bench.report import RunData
 from tandem.bench.runner import Bench, finish, run_endpoint, run_harness
 from tandem.bench.targets import VLLM_ROUTER_INSTALL, TargetError, find_vllm_router, parse_targets
-from tandem.bench.workloads import WORKLOADS, Workload, WorkloadError, bounded, make_workload, parse_overrides
+from tandem.bench.workloads import Workload, WorkloadError, bounded
 from tandem.core.spec import ROUTING_POLICIES
 from tandem.local.binaries import find_redis_server
 from tandem.sim.engine.profiles import PROFILES
