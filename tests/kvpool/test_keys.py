@@ -16,6 +16,7 @@ from tandem.kvpool.keys import (
     decode_metadata,
     encode_metadata,
     model_pattern,
+    parse_key,
 )
 
 CHUNK = 256
@@ -90,3 +91,33 @@ def test_metadata_round_trips_with_the_true_shape() -> None:
 def test_metadata_of_the_wrong_size_is_rejected() -> None:
     with pytest.raises(ValueError, match="28 bytes"):
         decode_metadata(b"\x00" * 27)
+
+
+@pytest.mark.parametrize(
+    ("key", "model", "dtype", "suffix"),
+    [
+        ("qwen@1@0@-7cfefdccc681b183@bfloat16metadata", "qwen", "bfloat16", "metadata"),
+        ("Qwen/Qwen2.5-7B@2@1@56b9e850b372f0d9@halfkv_bytes", "Qwen/Qwen2.5-7B", "half", "kv_bytes"),
+        ("odd@name@1@0@ab@bfloat16@tag%xmetadata", "odd@name", "bfloat16@tag%x", "metadata"),
+    ],
+)
+def test_a_chunk_key_parses_into_its_fields(key: str, model: str, dtype: str, suffix: str) -> None:
+    parsed = parse_key(key)
+    assert parsed is not None
+    assert (parsed.model, parsed.dtype, parsed.suffix) == (model, dtype, suffix)
+    assert parsed.base + parsed.suffix == key
+
+
+def test_a_key_written_by_chunk_key_parses_back() -> None:
+    key = chunk_key(model="m", chunk_hash=-0x1F, world_size=2, worker_id=1, dtype="half") + "kv_bytes"
+    parsed = parse_key(key)
+    assert parsed is not None
+    assert (parsed.model, parsed.world_size, parsed.worker_id, parsed.chunk_hash) == ("m", 2, 1, "-1f")
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["session:42", "qwen@1@0@-7cfe@bfloat16", "qwen@x@0@7cfe@bfloat16metadata", "qwen@1@0@zz@bf16kv_bytes"],
+)
+def test_other_keys_do_not_parse(key: str) -> None:
+    assert parse_key(key) is None

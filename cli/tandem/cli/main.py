@@ -24,6 +24,7 @@ COMMANDS = {
     "operator": "tandem.cli.operator:operator",
     "crd": "tandem.cli.crd:crd",
     "bench": "tandem.cli.bench:bench",
+    "kvpool": "tandem.cli.kvpool:kvpool",
 }
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from tandem.core.quantity import parse_bytes
 from tandem.core.routerconfig import RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
+from tandem.kvpool.redisconf import pool_config, server_args
 
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
@@ -117,17 +117,8 @@ def _pool_sizes(isvc: InferenceService) -> tuple[tuple[Role, int], ...]:
 
 
 def _redis_process(isvc: InferenceService, *, port: int, binary: str, state_dir: Path) -> ProcessPlan:
-    redis = isvc.spec.kv_pool.redis
-    argv = (
-        binary,
-        "--bind", LOOPBACK,
-        "--port", str(port),
-        "--save", "",
-        "--appendonly", "no",
-        "--dir", str(state_dir),
-        "--maxmemory", str(parse_bytes(redis.memory)),
-        "--maxmemory-policy", redis.eviction_policy,
-    )  # fmt: skip
+    config = pool_config(isvc.spec.kv_pool.redis)
+    argv = (binary, *server_args(config, port=port, bind=LOOPBACK, data_dir=str(state_dir)))
     return ProcessPlan(name="redis", role="kvpool", argv=argv, port=port, probe="redis")
 
 

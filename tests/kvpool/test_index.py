@@ -1,0 +1,89 @@
+"""Readiness (`tandem.kvpool.index.KVPoolIndex`): the router's barrier question against a real Redis.
+
+Real: a redis-server on 127.0.0.1 (one with a password too). Faked: the clock that spaces retries of
+an unavailable pool (a list the test advances), so the back-off is checked without waiting.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tests.kvpool.pool import CHUNK, prompt, store_prompt
+from tests.servers import RedisServer, free_port
+
+from tandem.kvpool.client import connect
+from tandem.kvpool.index import KVPoolIndex
+
+
+def _index(url: str, clock: list[float] | None = None, password: str | None = None) -> KVPoolIndex:
+    now = clock if clock is not None else [0.0]
+    client = connect(url, timeout_s=2.0, password=password)
+    return KVPoolIndex(client, model="qwen", chunk_size=CHUNK, clock=lambda: now[0], retry_after_s=1.0)
+
+
+async def test_the_cached_prefix_is_the_leading_run_of_stored_chunks(redis_server: RedisServer) -> None:
+    tokens = prompt(4 * CHUNK + 3)
+    with redis_server.client() as client:
+        store_prompt(client, "qwen", tokens[: 2 * CHUNK])
+        store_prompt(client, "other", tokens)  # another model's chunks do not count
+    index = _index(redis_server.url)
+    try:
+        assert await index.cached_prefix_tokens(tokens) == 2 * CHUNK
+        assert await index.cached_prefix_tokens(prompt(CHUNK - 1)) == 0
+    finally:
+        await index.aclose()
+
+
+async def test_the_barrier_passes_once_every_full_chunk_is_stored(redis_server: RedisServer) -> None:
+    tokens = prompt(3 * CHUNK)
+    with redis_server.client() as client:
+        store_prompt(client, "qwen", tokens)
+    index = _index(redis_server.url)
+    try:
+        result = await index.wait_for_prompt(tokens, timeout_s=5.0)
+    finally:
+        await index.aclose()
+    assert (result.outcome, result.checks) == ("ok", 1)
+
+
+async def test_the_barrier_times_out_on_a_missing_chunk(redis_server: RedisServer) -> None:
+    tokens = prompt(2 * CHUNK)
+    with redis_server.client() as client:
+        store_prompt(client, "qwen", tokens, metadata=False)  # bytes only: not complete
+    index = KVPoolIndex(connect(redis_server.url), model="qwen", chunk_size=CHUNK, clock=time.monotonic)
+    try:
+        result = await index.wait_for_prompt(tokens, timeout_s=0.05)
+    finally:
+        await index.aclose()
+    assert result.outcome == "timeout"
+    assert result.checks >= 1
+
+
+async def test_a_dead_pool_answers_unavailable_and_is_not_asked_again_for_a_while() -> None:
+    clock = [100.0]
+    index = _index(f"redis://127.0.0.1:{free_port()}", clock)
+    try:
+        assert await index.cached_prefix_tokens(prompt(CHUNK)) is None
+        result = await index.wait_for_prompt(prompt(CHUNK), timeout_s=1.0)
+        assert (result.outcome, result.checks) == ("pool_unavailable", 0)  # within retry_after_s
+        clock[0] += 1.5
+        assert (await index.wait_for_prompt(prompt(CHUNK), timeout_s=1.0)).checks == 1
+    finally:
+        await index.aclose()
+
+
+async def test_a_password_protected_pool_needs_the_password(redis_server: RedisServer) -> None:
+    tokens = prompt(CHUNK)
+    with redis_server.client() as client:
+        store_prompt(client, "qwen", tokens)
+        client.config_set("requirepass", "s3cret")
+    without = _index(redis_server.url)
+    with_env = _index(redis_server.url, password="s3cret")
+    in_url = _index(f"redis://:s3cret@127.0.0.1:{redis_server.port}")
+    try:
+        assert await without.cached_prefix_tokens(tokens) is None
+        assert await with_env.cached_prefix_tokens(tokens) == CHUNK
+        assert await in_url.cached_prefix_tokens(tokens) == CHUNK
+    finally:
+        for index in (without, with_env, in_url):
+            await index.aclose()
