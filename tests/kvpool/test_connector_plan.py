@@ -1,0 +1,237 @@
+"""The vLLM connector's pure logic: settings, keys, lookups, load and save planning, failure memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.core.kvkeys import chunk_hashes
+from tandem.kvpool.connector_plan import (
+    ChunkNamer,
+    ConnectorConfigError,
+    FailureMemory,
+    PoolHealth,
+    PoolSettings,
+    SaveTracker,
+    lmcache_dtype,
+    lookup_window,
+    matched_tokens,
+    plan_loads,
+    prompt_chunk_hashes,
+)
+
+C = 256  # chunk size
+B = 128  # CPU block size
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ---- settings and keys
+
+
+def test_settings_from_extra_config_with_defaults() -> None:
+    settings = PoolSettings.from_extra_config({"url": "redis://127.0.0.1:1"}, default_model="/models/x")
+    assert settings == PoolSettings(
+        url="redis://127.0.0.1:1", model="/models/x", chunk_size=256, timeout_s=2.0
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"url": ""}, {"url": "redis://h:1", "chunk_size": 0}, {"url": "redis://h:1", "chunk_size": True},
+     {"url": "redis://h:1", "timeout_s": -1}, {"url": "redis://h:1", "model": ""}],
+)  # fmt: skip
+def test_bad_settings_are_refused(extra: dict[str, object]) -> None:
+    with pytest.raises(ConnectorConfigError):
+        PoolSettings.from_extra_config(extra, default_model="m")
+
+
+def test_chunks_must_be_whole_blocks() -> None:
+    settings = PoolSettings(url="redis://h:1", model="m", chunk_size=192)
+    with pytest.raises(ConnectorConfigError, match="multiple of the engine block size 128"):
+        settings.check_block_size(128)
+    PoolSettings(url="redis://h:1", model="m", chunk_size=256).check_block_size(128)
+
+
+def test_keys_follow_lmcache_layout() -> None:
+    namer = ChunkNamer(model="tiny", world_size=2, worker_id=1, dtype=lmcache_dtype("torch.bfloat16"))
+    assert namer.base(-0x7CFE) == "tiny@2@1@-7cfe@bfloat16"
+    assert namer.kv_bytes(0x56B9) == "tiny@2@1@56b9@bfloat16kv_bytes"
+    assert namer.metadata(0x56B9) == "tiny@2@1@56b9@bfloat16metadata"
+    assert lmcache_dtype("torch.float16") == "half"
+    assert lmcache_dtype("float32") == "float"
+
+
+def test_prompt_hashes_are_the_pools_chained_chunk_hashes() -> None:
+    tokens = list(range(600))
+    hashes = prompt_chunk_hashes(tokens, C)
+    assert hashes == chunk_hashes(tokens, C)
+    assert len(hashes) == 2  # the 88-token tail has no chunk
+    assert prompt_chunk_hashes(tokens[:512], C) == hashes  # a prefix chain: same first chunks
+
+
+# ---- lookup arithmetic
+
+
+def test_a_prompt_of_exactly_whole_chunks_leaves_its_last_chunk_to_compute() -> None:
+    # 512 tokens = 2 chunks, but a sync load must leave a token: only chunk 0 may be loaded.
+    assert lookup_window(num_computed_tokens=0, num_tokens=512, num_chunks=2, chunk_size=C) == range(1)
+    assert lookup_window(num_computed_tokens=0, num_tokens=513, num_chunks=2, chunk_size=C) == range(2)
+
+
+def test_short_prompts_and_local_hits_shrink_the_window() -> None:
+    assert not lookup_window(num_computed_tokens=0, num_tokens=256, num_chunks=1, chunk_size=C)
+    assert not lookup_window(num_computed_tokens=0, num_tokens=100, num_chunks=0, chunk_size=C)
+    # a local hit of 384 tokens (3 blocks): chunk 0 is local, chunk 1 is half local
+    assert lookup_window(num_computed_tokens=384, num_tokens=900, num_chunks=3, chunk_size=C) == range(1, 3)
+    assert not lookup_window(num_computed_tokens=768, num_tokens=900, num_chunks=3, chunk_size=C)
+
+
+def test_preempted_request_counts_its_outputs_but_only_prompt_chunks() -> None:
+    # 600 prompt tokens + 300 generated: still only the prompt's 2 chunks
+    assert lookup_window(num_computed_tokens=0, num_tokens=900, num_chunks=2, chunk_size=C) == range(2)
+
+
+def test_matched_tokens_is_the_run_of_present_chunks_past_the_local_hit() -> None:
+    window = range(1, 4)
+    assert (
+        matched_tokens(window=window, present=[True, True, False], num_computed_tokens=384, chunk_size=C)
+        == 384
+    )
+    assert (
+        matched_tokens(window=window, present=[False, True, True], num_computed_tokens=384, chunk_size=C) == 0
+    )
+    assert matched_tokens(window=range(2), present=[True, True], num_computed_tokens=0, chunk_size=C) == 512
+    assert matched_tokens(window=range(0), present=[], num_computed_tokens=0, chunk_size=C) == 0
+
+
+# ---- load planning (whole blocks)
+
+
+def test_plan_loads_maps_chunks_to_their_blocks() -> None:
+    loads = plan_loads(
+        start_token=0,
+        num_tokens=512,
+        hashes=[11, 22, 33],
+        block_ids=[7, 8, 9, 10, 11],
+        chunk_size=C,
+        block_size=B,
+    )
+    assert [(x.chunk_index, x.chunk_hash, x.skip_blocks, x.block_ids) for x in loads] == [
+        (0, 11, 0, (7, 8)),
+        (1, 22, 0, (9, 10)),
+    ]
+
+
+def test_plan_loads_skips_blocks_already_in_the_local_cache() -> None:
+    # local hit 128 tokens (block 7): chunk 0 loads only its second block
+    loads = plan_loads(
+        start_token=128,
+        num_tokens=384,
+        hashes=[11, 22],
+        block_ids=[7, 8, 9, 10, 11],
+        chunk_size=C,
+        block_size=B,
+    )
+    assert [(x.chunk_index, x.skip_blocks, x.block_ids) for x in loads] == [(0, 1, (8,)), (1, 0, (9, 10))]
+
+
+@pytest.mark.parametrize(("start", "count"), [(64, 192), (0, 300), (0, 0)])
+def test_plan_loads_refuses_unaligned_ranges(start: int, count: int) -> None:
+    with pytest.raises(ValueError):
+        plan_loads(
+            start_token=start,
+            num_tokens=count,
+            hashes=[1, 2],
+            block_ids=[1, 2, 3, 4],
+            chunk_size=C,
+            block_size=B,
+        )
+
+
+def test_plan_loads_refuses_missing_blocks() -> None:
+    with pytest.raises(ValueError, match="needs blocks"):
+        plan_loads(
+            start_token=0, num_tokens=512, hashes=[1, 2], block_ids=[1, 2, 3], chunk_size=C, block_size=B
+        )
+
+
+# ---- save planning
+
+
+def test_save_tracker_hands_out_each_chunk_once_across_chunked_prefill() -> None:
+    tracker = SaveTracker(chunk_size=C, block_size=B)
+    # 700-token prompt, prefill budget 300 tokens per step
+    first = tracker.start("r", hashes=[1, 2], block_ids=[10, 11, 12], computed_tokens=300)
+    assert [(s.chunk_index, s.block_ids) for s in first] == [(0, (10, 11))]
+    second = tracker.advance("r", new_block_ids=[13, 14], computed_tokens=600)
+    assert [(s.chunk_index, s.chunk_hash, s.block_ids) for s in second] == [(1, 2, (12, 13))]
+    assert "r" not in tracker  # every chunk handed out: nothing left to track
+    assert tracker.advance("r", new_block_ids=[15], computed_tokens=700) == []
+
+
+def test_save_tracker_exports_a_locally_cached_prefix() -> None:
+    tracker = SaveTracker(chunk_size=C, block_size=B)
+    # 512 of 600 tokens came from the prefix cache; this step computes the rest
+    saves = tracker.start("r", hashes=[1, 2], block_ids=[4, 5, 6, 7, 8], computed_tokens=600)
+    assert [s.chunk_index for s in saves] == [0, 1]
+
+
+def test_save_tracker_after_preemption_uses_the_new_blocks() -> None:
+    tracker = SaveTracker(chunk_size=C, block_size=B)
+    assert [
+        s.chunk_index for s in tracker.start("r", hashes=[1, 2], block_ids=[1, 2], computed_tokens=256)
+    ] == [0]
+    # preempted, resumed from scratch with new blocks; chunk 0 is not handed out again
+    resumed = tracker.advance("r", new_block_ids=[20, 21, 22, 23], computed_tokens=512, resumed=True)
+    assert [(s.chunk_index, s.block_ids) for s in resumed] == [(1, (22, 23))]
+
+
+def test_save_tracker_waits_for_blocks_and_ignores_short_prompts() -> None:
+    tracker = SaveTracker(chunk_size=C, block_size=B)
+    assert tracker.start("short", hashes=[], block_ids=[1], computed_tokens=100) == []
+    assert "short" not in tracker
+    assert tracker.start("r", hashes=[1], block_ids=[1], computed_tokens=256) == []  # one block of two so far
+    assert [s.block_ids for s in tracker.advance("r", new_block_ids=[2], computed_tokens=256)] == [(1, 2)]
+    tracker.start("gone", hashes=[1, 2], block_ids=[], computed_tokens=0)
+    tracker.finish("gone")
+    assert "gone" not in tracker
+
+
+# ---- failure memory and pool health
+
+
+def test_failure_memory_forgets_after_its_ttl_and_beyond_capacity() -> None:
+    clock = FakeClock()
+    memory = FailureMemory(clock=clock, ttl_s=60, capacity=2)
+    memory.add(1)
+    assert 1 in memory
+    clock.now += 61
+    assert 1 not in memory
+    memory.add(2)
+    memory.add(3)
+    memory.add(4)
+    assert 2 not in memory
+    assert 3 in memory
+    assert 4 in memory
+    assert len(memory) == 2
+    assert "3" not in memory
+
+
+def test_pool_health_logs_an_outage_once_and_backs_off() -> None:
+    clock = FakeClock()
+    health = PoolHealth(clock=clock, retry_after_s=1.0)
+    assert health.usable()
+    assert health.failed() is True
+    assert not health.usable()
+    clock.now += 1.0
+    assert health.usable()
+    assert health.failed() is False  # same outage: no second log line
+    assert health.succeeded() is True
+    assert health.succeeded() is False
+    assert health.usable()
