@@ -84,3 +84,9 @@ class RouterConfig(SpecModel):
     kv_pool_url: str | None = Field(
         default=None, pattern=r"^(redis|rediss|unix)://", description="The KV pool's Redis URL."
     )
+    api_keys_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="API key table (`key: tenant` lines; the mounted apiKeysSecret). Given: every /v1 "
+        "request needs a key from it (docs/security.md).",
+    )

@@ -22,12 +22,16 @@ from starlette.types import Scope
 
 from tandem.core.openai_api import error_body
 from tandem.core.routerconfig import RouterConfig
+from tandem.router.access import load_key_file
 from tandem.router.admission.policy import TTFTPredictor
+from tandem.router.auth.keyfile import KeyFile
 from tandem.router.discovery import Discovery, discovery_for
 from tandem.router.errors import RouterError
 from tandem.router.kvevents import PrefixSource
 from tandem.router.metrics import RouterMetrics
 from tandem.router.middleware import RequestContextMiddleware
+from tandem.router.openapi import openapi_builder
+from tandem.router.parsing import served_names
 from tandem.router.report import RequestReport
 from tandem.router.routes import router
 from tandem.router.runtime import Runtime, build_runtime
@@ -56,9 +60,11 @@ def create_app(
     Raises `ConfigurationError` at once for a configuration this build cannot serve.
     """
     settings = settings or RouterSettings()
+    key_file = load_key_file(config, settings)
     lifespan = _lifespan(
         config=config,
         settings=settings,
+        key_file=key_file,
         discovery=discovery
         or discovery_for(
             config.discovery, environ=os.environ, kube_api_server=settings.discovery.kube_api_server
@@ -73,13 +79,16 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
     app.add_middleware(RequestContextMiddleware, clock=clock, metrics_for=_metrics_for)
     app.add_exception_handler(RouterError, _router_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
     app.include_router(router)
+    app.openapi = openapi_builder(  # type: ignore[method-assign]
+        app, served=served_names(config.spec.model), auth=key_file is not None
+    )
     return app
 
 
@@ -87,6 +96,7 @@ def _lifespan(
     *,
     config: RouterConfig,
     settings: RouterSettings,
+    key_file: KeyFile | None,
     discovery: Discovery,
     client: httpx.AsyncClient | None,
     clock: Callable[[], float],
@@ -109,7 +119,11 @@ def _lifespan(
                 clock=clock,
                 predictor=predictor,
                 prefix=prefix,
+                key_file=key_file,
             )
+            if key_file is not None:
+                await key_file.start()  # follows Secret updates
+                stack.push_async_callback(key_file.stop)
             if runtime.kv_pool is not None:
                 stack.push_async_callback(runtime.kv_pool.aclose)
             await discovery.start(runtime.registry)
@@ -157,11 +171,12 @@ async def _router_error(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, RouterError):  # registered for RouterError only
         raise exc
     _note_error(request, exc.message)
-    return JSONResponse(
-        error_body(exc.status, exc.message, param=exc.param),
-        status_code=exc.status,
-        headers=exc.response_headers(),
-    )
+    body = error_body(exc.status, exc.message, param=exc.param)
+    if exc.openai_type is not None:
+        body["error"]["type"] = exc.openai_type
+    if exc.openai_code is not None:
+        body["error"]["code"] = exc.openai_code
+    return JSONResponse(body, status_code=exc.status, headers=exc.response_headers())
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

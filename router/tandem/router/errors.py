@@ -3,8 +3,11 @@ in a single exception handler (`status` is the HTTP status, `param` the offendin
 
     RouterError
     ├── InvalidRequest            400  body is not JSON, or fails validation
-    │   └── ModelNotFound         404  `model` is not a name this gateway serves
+    │   ├── ModelNotFound         404  `model` is not a name this gateway serves
+    │   └── RequestTooLarge       413  the body is larger than the router accepts
+    ├── Unauthenticated           401  auth is on and the API key is missing or unknown
     ├── Overloaded                429  not admitted: queue full, queue deadline passed, SLO out of reach
+    │   └── RateLimited           429  the tenant's requests- or tokens-per-minute limit
     ├── NoEndpointAvailable       503  no endpoint in rotation, or every attempt failed
     ├── ClientDisconnected        499  the client left before the response started (never sent)
     ├── UpstreamError             502  an engine failed (translated from httpx in `proxy`)
@@ -21,9 +24,15 @@ from typing import ClassVar
 
 
 class RouterError(Exception):
-    """Base of every error the router raises on purpose."""
+    """Base of every error the router raises on purpose.
+
+    `openai_type` / `openai_code` replace the error object's default `type` (from the status) and
+    `code` (the status) where OpenAI uses well-known strings (`invalid_api_key`, `rate_limit_exceeded`).
+    """
 
     status: ClassVar[int] = 500
+    openai_type: ClassVar[str | None] = None
+    openai_code: ClassVar[str | None] = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -47,6 +56,22 @@ class ModelNotFound(InvalidRequest):
         super().__init__(f"The model `{model}` does not exist.", param="model")
 
 
+class RequestTooLarge(InvalidRequest):
+    status = 413
+
+
+class Unauthenticated(RouterError):
+    """No API key, or one that is not in the key table; OpenAI's `invalid_api_key`. The message never
+    quotes the key."""
+
+    status = 401
+    openai_type = "invalid_request_error"
+    openai_code = "invalid_api_key"
+
+    def response_headers(self) -> dict[str, str]:
+        return {"www-authenticate": 'Bearer realm="tandem"'}
+
+
 class Overloaded(RouterError):
     """The admission layer turned the request away. `reason` is the label of
     `tandem_router_admission_rejections_total` (`queue_full`, `deadline`, `slo`); `retry_after_s`
@@ -61,6 +86,17 @@ class Overloaded(RouterError):
 
     def response_headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after_s)}
+
+
+class RateLimited(Overloaded):
+    """The tenant is over a rate limit (`spec.router.rateLimits`); `kind` is `requests` or `tokens`."""
+
+    openai_type = "rate_limit_exceeded"
+    openai_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, kind: str, retry_after_s: int) -> None:
+        super().__init__(message, reason=f"rate_limit_{kind}", retry_after_s=retry_after_s)
+        self.kind = kind
 
 
 class NoEndpointAvailable(RouterError):

@@ -17,12 +17,14 @@ request went decode-only). `x-request-id` is added by the middleware, `Retry-Aft
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.responses import Response
 
 from tandem.router.admission.gate import AdmissionGate, Grant
 from tandem.router.admission.meter import GrantMeter
+from tandem.router.admission.ratelimit import RateLimiter
 from tandem.router.disagg import Disaggregator
 from tandem.router.dispatch import Dispatcher
 from tandem.router.proxy import UpstreamCall
@@ -37,6 +39,10 @@ class Gateway:
     dispatcher: Dispatcher
     disaggregator: Disaggregator
     admission: AdmissionGate
+    #: Charged with each request's output tokens as they stream (its prompt is taken at the door).
+    rate_limiter: RateLimiter | None = None
+    #: Put the output text in the request's log line (`spec.router.logPrompts`, `--log-prompts`).
+    log_prompts: bool = False
 
     async def generate(self, request: RequestView, *, report: RequestReport) -> Response:
         """Serve a validated request. Raises `Overloaded` when it is not admitted and
@@ -69,6 +75,16 @@ class Gateway:
         attempt = await self.dispatcher.open("decode", request=request, call=call, first=decode)
         report.decode_endpoint = attempt.endpoint.name
         response_headers["x-tandem-decode-endpoint"] = attempt.endpoint.name
-        return await render(
-            attempt, headers=response_headers, meter=GrantMeter(grant, strip_usage=strip_usage)
+        meter = GrantMeter(
+            grant,
+            strip_usage=strip_usage,
+            on_output=self._output_charge(request.tenant),
+            on_text=report.record_output if self.log_prompts else None,
         )
+        return await render(attempt, headers=response_headers, meter=meter)
+
+    def _output_charge(self, tenant: str) -> Callable[[int], None] | None:
+        limiter = self.rate_limiter
+        if limiter is None or limiter.limits(tenant).tokens_per_minute is None:
+            return None
+        return lambda tokens: limiter.charge(tenant, tokens)

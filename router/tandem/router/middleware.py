@@ -23,7 +23,7 @@ from tandem.router.types import Route
 log = logging.getLogger("tandem.router")
 
 #: Route label values; any other path is reported as "other" (bounded label cardinality).
-KNOWN_ROUTES = frozenset({*(r.value for r in Route), "/v1/models", "/health", "/metrics"})
+KNOWN_ROUTES = frozenset({*(r.value for r in Route), "/v1/models", "/health", "/metrics", "/openapi.json"})
 GENERATION_ROUTES = frozenset(r.value for r in Route)
 
 

@@ -46,6 +46,18 @@ def validate_generation(route: Route, body: dict[str, Any]) -> GenerationRequest
         raise InvalidRequest(message, param=param) from None
 
 
+#: Most characters of prompt text kept for the log line (`logPrompts`).
+MAX_PROMPT_CHARS = 16_384
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The prompt as one string for the request log line (only with `logPrompts`): the completion
+    prompt, or the chat messages as JSON; cut to `MAX_PROMPT_CHARS`."""
+    prompt = body.get("prompt", body.get("messages"))
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, default=str)
+    return text[:MAX_PROMPT_CHARS]
+
+
 def served_names(spec: ModelSpec) -> frozenset[str]:
     """The `model` values the gateway accepts: the served (public) name and the model name."""
     return frozenset({spec.public_name, spec.name})

@@ -28,6 +28,12 @@ class RequestReport:
     queue_s: float | None = None
     client_disconnected: bool = False
     error: str | None = None
+    #: Prompt and output text: set only when prompts may be logged (`logPrompts`), else never kept.
+    prompt: str | None = None
+    output: str | None = None
+
+    def record_output(self, text: str) -> None:
+        self.output = text
 
     def fields(self, *, now: float) -> dict[str, object]:
         """The log line's structured fields (durations in seconds, rounded to 0.1 ms)."""
@@ -43,6 +49,8 @@ class RequestReport:
             "queue_s": _round(self.queue_s),
             "ttfb_s": _round(None if self.first_byte is None else self.first_byte - self.started),
             "error": self.error,
+            "prompt": self.prompt,
+            "output": self.output,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         out["duration_s"] = _round(now - self.started)

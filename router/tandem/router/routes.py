@@ -17,8 +17,8 @@ from starlette.responses import Response
 from tandem.router.admission.headers import priority_from_headers, slo_from_headers
 from tandem.router.catalog import list_models
 from tandem.router.disconnect import until_disconnected
-from tandem.router.errors import ClientDisconnected
-from tandem.router.parsing import check_model, parse_json_object, validate_generation
+from tandem.router.errors import ClientDisconnected, RequestTooLarge
+from tandem.router.parsing import check_model, parse_json_object, prompt_text, validate_generation
 from tandem.router.report import RequestReport
 from tandem.router.runtime import Runtime
 from tandem.router.types import POOLS, RequestView, Route
@@ -41,38 +41,74 @@ def get_report(request: Request) -> RequestReport:
     return report
 
 
+def get_tenant(request: Request, runtime: Annotated[Runtime, Depends(get_runtime)]) -> str:
+    """The caller's tenant: from its API key when auth is on (401 without a valid one, before the
+    body is read), else from the tenant header."""
+    tenant = runtime.tenants.tenant(request.headers)
+    report = getattr(request.state, "report", None)
+    if isinstance(report, RequestReport):
+        report.tenant = tenant
+    return tenant
+
+
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 ReportDep = Annotated[RequestReport, Depends(get_report)]
+TenantDep = Annotated[str, Depends(get_tenant)]
 
 
 @router.post("/v1/completions")
-async def completions(request: Request, runtime: RuntimeDep, report: ReportDep) -> Response:
-    return await _generate(Route.COMPLETIONS, request=request, runtime=runtime, report=report)
+async def completions(
+    request: Request, runtime: RuntimeDep, report: ReportDep, tenant: TenantDep
+) -> Response:
+    return await _generate(Route.COMPLETIONS, request=request, runtime=runtime, report=report, tenant=tenant)
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request, runtime: RuntimeDep, report: ReportDep) -> Response:
-    return await _generate(Route.CHAT, request=request, runtime=runtime, report=report)
+async def chat_completions(
+    request: Request, runtime: RuntimeDep, report: ReportDep, tenant: TenantDep
+) -> Response:
+    return await _generate(Route.CHAT, request=request, runtime=runtime, report=report, tenant=tenant)
 
 
-async def _generate(route: Route, *, request: Request, runtime: Runtime, report: RequestReport) -> Response:
+async def read_body(request: Request, *, limit: int) -> bytes:
+    """The request body, refused with 413 once it is longer than `limit` bytes (before reading it
+    all when `content-length` says so)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
     try:
-        raw = await request.body()
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
     except ClientDisconnect:
         raise ClientDisconnected("client disconnected while sending the request") from None
+    return b"".join(chunks)
+
+
+async def _generate(
+    route: Route, *, request: Request, runtime: Runtime, report: RequestReport, tenant: str
+) -> Response:
+    raw = await read_body(request, limit=runtime.settings.access.max_request_bytes)
     body = parse_json_object(raw)
     validated = validate_generation(route, body)
     report.model, report.stream = validated.model, validated.stream
     check_model(validated.model, accepted=runtime.accepted_models)
-    report.tenant = runtime.tenants.tenant(request.headers)
+    prompt_ids = prompt_token_ids(validated)
+    if runtime.log_prompts:
+        report.prompt = prompt_text(body)
+    runtime.access.admit(tenant, prompt_tokens=len(prompt_ids))  # 429 over a rate limit
     view = RequestView(
         request_id=report.request_id,
         route=route,
         model=validated.model,
-        tenant=report.tenant,
+        tenant=tenant,
         stream=validated.stream,
         body=body,
-        prompt_token_ids=prompt_token_ids(validated),
+        prompt_token_ids=prompt_ids,
         priority=priority_from_headers(request.headers),
         slo=slo_from_headers(request.headers, default=runtime.default_slo),
     )
@@ -80,7 +116,7 @@ async def _generate(route: Route, *, request: Request, runtime: Runtime, report:
 
 
 @router.get("/v1/models")
-async def models(runtime: RuntimeDep) -> JSONResponse:
+async def models(runtime: RuntimeDep, tenant: TenantDep) -> JSONResponse:
     registry = runtime.registry
     endpoints = [s.endpoint for pool in ("decode", "prefill") for s in registry.candidates(pool)]
     listing = await list_models(

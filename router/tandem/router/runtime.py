@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 from tandem.core.routerconfig import RouterConfig
 from tandem.kvpool.client import password_from_env
 from tandem.kvpool.index import KVPoolIndex, connect
+from tandem.router.access import Access, build_access
 from tandem.router.admission.gate import AdmissionGate, Waiter
-from tandem.router.admission.headers import HeaderTenant, TenantResolver
+from tandem.router.admission.headers import TenantResolver
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import (
     SaturationLimits,
@@ -22,6 +23,7 @@ from tandem.router.admission.policy import (
     load_from_snapshot,
     pool_capacity,
 )
+from tandem.router.auth.keyfile import KeyFile
 from tandem.router.disagg import Disaggregator, Prefiller
 from tandem.router.dispatch import Dispatcher
 from tandem.router.endpoints import EndpointRegistry
@@ -48,6 +50,8 @@ class Runtime:
     gateway: Gateway
     admission: AdmissionGate
     tenants: TenantResolver
+    access: Access
+    log_prompts: bool
     default_slo: SLO
     kv_pool: KVPoolIndex | None
     routing: Routing
@@ -63,10 +67,12 @@ def build_runtime(
     clock: Callable[[], float],
     predictor: TTFTPredictor | None = None,
     prefix: PrefixSource | None = None,
+    key_file: KeyFile | None = None,
 ) -> Runtime:
     """Wire the components; pure construction (discovery is started by the caller, the KV pool's
     client connects on first use). `predictor`: TTFT predictions for early rejection (default: none);
-    `prefix`: the decode endpoints' prefix caches for the P/D decision (default: unknown, 0)."""
+    `prefix`: the decode endpoints' prefix caches for the P/D decision (default: unknown, 0).
+    `key_file`: the API key table (auth on); None: tenants come from the tenant header."""
     spec = config.spec
     registry = EndpointRegistry(
         failure_threshold=settings.rotation.failure_threshold,
@@ -125,7 +131,17 @@ def build_runtime(
         predictor=predictor or routing.state,
         clock=clock,
     )
-    gateway = Gateway(dispatcher=dispatcher, disaggregator=disaggregator, admission=admission)
+    access = build_access(
+        config=config, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
+    )
+    log_prompts = spec.router.log_prompts or settings.access.log_prompts
+    gateway = Gateway(
+        dispatcher=dispatcher,
+        disaggregator=disaggregator,
+        admission=admission,
+        rate_limiter=access.limiter,
+        log_prompts=log_prompts,
+    )
     return Runtime(
         config=config,
         settings=settings,
@@ -135,7 +151,9 @@ def build_runtime(
         upstream=upstream,
         gateway=gateway,
         admission=admission,
-        tenants=HeaderTenant(spec.router.fairness.tenant_header),
+        tenants=access.tenants,
+        access=access,
+        log_prompts=log_prompts,
         default_slo=default_slo,
         kv_pool=kv_pool,
         routing=routing,
@@ -159,7 +177,8 @@ def build_gate(
     queue = queue_type(
         input_weight=spec.router.fairness.input_weight,
         output_weight=spec.router.fairness.output_weight,
-        tenant_weights=settings.tenant_weights,
+        # spec.router.tenants[].weight, overridden by --tenant-weight
+        tenant_weights={**{t.name: t.weight for t in spec.router.tenants}, **settings.tenant_weights},
         max_size=spec.router.max_queue + 1,  # the gate bounds *waiting* requests at maxQueue
     )
     limits = SaturationLimits(

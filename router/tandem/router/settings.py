@@ -139,6 +139,21 @@ class SchedulingSettings(_Settings):
     kv_events: KVEventsSettings = Field(default_factory=KVEventsSettings)
 
 
+class AccessSettings(_Settings):
+    """Who may call the gateway and how much (docs/security.md, "API keys and rate limits").
+
+    The key file itself is `RouterConfig.apiKeysFile` (or `--api-keys-file`); here is how often it is
+    checked for changes. `max_rate_limited_tenants` bounds the tenants whose buckets are kept.
+    `log_prompts` adds prompt and output text to the request log line (also on with
+    `spec.router.logPrompts`). `max_request_bytes`: larger request bodies are refused with 413.
+    """
+
+    api_keys_reload_seconds: float = Field(default=2.0, gt=0, le=3600)
+    max_rate_limited_tenants: int = Field(default=10_000, ge=1, le=10_000_000)
+    log_prompts: bool = False
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1 << 34)
+
+
 class RouterSettings(_Settings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     rotation: RotationSettings = Field(default_factory=RotationSettings)
@@ -147,3 +162,4 @@ class RouterSettings(_Settings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
+    access: AccessSettings = Field(default_factory=AccessSettings)

@@ -82,6 +82,36 @@ def usage_from_body(body: bytes) -> Usage | None:
     return _usage(answer.get("usage")) if isinstance(answer, Mapping) else None
 
 
+#: Most characters of output text kept for the log line (`logPrompts`).
+MAX_TEXT_CHARS = 16_384
+
+
+def _texts_in(choices: object) -> list[str]:
+    """The generated text pieces of one event's (or one answer's) choices."""
+    if not isinstance(choices, list):
+        return []
+    texts: list[str] = []
+    for choice in choices:
+        if not isinstance(choice, Mapping):
+            continue
+        holder = choice.get("delta") or choice.get("message")
+        text = holder.get("content") if isinstance(holder, Mapping) else choice.get("text")
+        if isinstance(text, str) and text:
+            texts.append(text)
+    return texts
+
+
+def output_text_from_body(body: bytes) -> str | None:
+    """The generated text of a non-streaming JSON answer (choices joined), or None."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(answer, Mapping):
+        return None
+    return "".join(_texts_in(answer.get("choices")))[:MAX_TEXT_CHARS]
+
+
 def _tokens_in(choices: object) -> int:
     if not isinstance(choices, list):
         return 0
@@ -100,13 +130,17 @@ class SSETap:
 
     `feed(chunk)` returns the bytes to forward now and the tokens newly counted; `flush()` returns
     the bytes still held back (only when stripping the usage event). `usage` is the final usage event's
-    counts once seen.
+    counts once seen. With `collect_text`, `text` is the generated text so far (at most
+    `MAX_TEXT_CHARS`), for the request log line.
     """
 
-    def __init__(self, *, strip_usage: bool) -> None:
+    def __init__(self, *, strip_usage: bool, collect_text: bool = False) -> None:
         self.strip_usage = strip_usage
+        self.collect_text = collect_text
         self.usage: Usage | None = None
         self.tokens = 0
+        self._text: list[str] = []
+        self._text_chars = 0
         self._pending = b""
         self._parsing = True
 
@@ -135,6 +169,10 @@ class SSETap:
         self.tokens += counted
         return (b"".join(forward) if self.strip_usage else chunk), counted
 
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
     def flush(self) -> bytes:
         """Bytes held back at the end of the stream (an unfinished last event); forward them."""
         held, self._pending = self._pending, b""
@@ -156,8 +194,18 @@ class SSETap:
             if not isinstance(obj, Mapping):
                 continue
             tokens += _tokens_in(obj.get("choices"))
+            if self.collect_text:
+                self._keep_text(obj.get("choices"))
             usage = _usage(obj.get("usage"))
             if usage is not None:
                 self.usage = usage
                 usage_only = usage_only or obj.get("choices") == []
         return tokens, usage_only
+
+    def _keep_text(self, choices: object) -> None:
+        for piece in _texts_in(choices):
+            room = MAX_TEXT_CHARS - self._text_chars
+            if room <= 0:
+                return
+            self._text.append(piece[:room])
+            self._text_chars += min(len(piece), room)

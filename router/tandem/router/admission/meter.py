@@ -4,26 +4,44 @@ Streams: every chunk goes through an `SSETap`; the tokens it counts are charged 
 (`outputWeight` each), and at the end the final usage event corrects both charges. Buffered answers:
 the JSON `usage` is charged when the answer arrives. Errors (status >= 400) charge nothing more.
 Closing settles and releases the grant, which frees its decode capacity for the next request.
+
+Two optional hooks: `on_output(tokens)` is told every output token counted (the tenant's rate-limit
+token bucket), corrected upwards by the final usage; `on_text(text)` gets the answer's generated text
+once, when the response is over (the request log line, only with `logPrompts`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tandem.router.admission.gate import Grant
-from tandem.router.usage import SSETap, usage_from_body
+from tandem.router.usage import SSETap, Usage, output_text_from_body, usage_from_body
 
 
 class GrantMeter:
     """A `ResponseMeter` for one admitted request. `strip_usage`: the router added
     `stream_options.include_usage` itself, so the usage event is not forwarded."""
 
-    def __init__(self, grant: Grant, *, strip_usage: bool) -> None:
+    def __init__(
+        self,
+        grant: Grant,
+        *,
+        strip_usage: bool,
+        on_output: Callable[[int], None] | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> None:
         self._grant = grant
-        self._tap = SSETap(strip_usage=strip_usage)
+        self._tap = SSETap(strip_usage=strip_usage, collect_text=on_text is not None)
+        self._on_output = on_output
+        self._on_text = on_text
+        self._output_told = 0
+        self._text: str | None = None
         self._closed = False
 
     def stream_chunk(self, chunk: bytes, /) -> bytes:
         forward, tokens = self._tap.feed(chunk)
         self._grant.charge_output(tokens)
+        self._tell_output(tokens)
         return forward
 
     def stream_end(self) -> bytes:
@@ -31,7 +49,11 @@ class GrantMeter:
 
     def buffered(self, status: int, body: bytes, /) -> None:
         if status < 400:
-            self._grant.settle(usage_from_body(body))
+            usage = usage_from_body(body)
+            self._grant.settle(usage)
+            self._settle_output(usage)
+            if self._on_text is not None:
+                self._text = output_text_from_body(body)
 
     def close(self) -> None:
         if self._closed:
@@ -39,5 +61,17 @@ class GrantMeter:
         self._closed = True
         try:
             self._grant.settle(self._tap.usage)
+            self._settle_output(self._tap.usage)
+            if self._on_text is not None:
+                self._on_text(self._text if self._text is not None else self._tap.text)
         finally:
             self._grant.release()
+
+    def _tell_output(self, tokens: int) -> None:
+        if self._on_output is not None and tokens > 0:
+            self._output_told += tokens
+            self._on_output(tokens)
+
+    def _settle_output(self, usage: Usage | None) -> None:
+        if usage is not None and usage.completion_tokens is not None:
+            self._tell_output(usage.completion_tokens - self._output_told)
