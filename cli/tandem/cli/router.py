@@ -68,12 +68,20 @@ def load_router_config(path: Path) -> RouterConfig:
     type=click.Path(path_type=Path, dir_okay=False),
     help="RouterConfig file (YAML or JSON).",
 )
+@click.option(
+    "--api-keys-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="API key table (key: tenant lines; docs/security.md): every /v1 request then needs a key. "
+    "Overrides the config's apiKeysFile.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @logging_options
 @tuning_options
 def router(
     config_path: Path,
+    api_keys_file: Path | None,
     host: str,
     port: int,
     log_level: str,
@@ -83,6 +91,8 @@ def router(
     """Serve the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics) in front of the engines named in the config."""
     config = load_router_config(config_path)
+    if api_keys_file is not None:
+        config = config.model_copy(update={"api_keys_file": str(api_keys_file)})
     try:
         settings = settings_from_flags(tuning)  # the tuning flags, validated into RouterSettings
     except click.UsageError as exc:
@@ -94,7 +104,7 @@ def router(
     try:
         app = create_app(config, settings=settings)
     except ConfigurationError as exc:
-        _fail(f"{config_path}: {exc.message}")
+        _fail(exc.message if exc.message.startswith("API keys:") else f"{config_path}: {exc.message}")
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -55,6 +55,7 @@ class Flag:
     default: Any
     help: str
     multiple: bool = False
+    is_flag: bool = False
 
     @property
     def dest(self) -> str:
@@ -101,6 +102,13 @@ FLAGS: tuple[Flag, ...] = (
          "Imbalance guard: requests above the least-loaded engine before one is skipped."),
     Flag("--imbalance-rel", "scheduling", "imbalance_rel_threshold", float, 1.5,
          "Imbalance guard: and this many times its load."),
+    Flag("--log-prompts", "access", "log_prompts", bool, False,
+         "Put prompt and output text in the request log lines (also on with spec.router.logPrompts).",
+         is_flag=True),
+    Flag("--max-request-bytes", "access", "max_request_bytes", int, 32 * 1024 * 1024,
+         "Largest request body accepted; larger ones get 413."),
+    Flag("--api-keys-reload-interval", "access", "api_keys_reload_seconds", float, 2.0,
+         "Seconds between checks of the API key file for changes (a Secret updated in place)."),
 )  # fmt: skip
 _BY_FIELD = {(flag.section, flag.field): flag.name for flag in FLAGS}
 
@@ -113,8 +121,9 @@ def tuning_options(command: F) -> F:
             flag.dest,
             type=flag.type,
             default=flag.default,
-            show_default=flag.default is not None and flag.default != (),
+            show_default=flag.default is not None and flag.default != () and not flag.is_flag,
             multiple=flag.multiple,
+            is_flag=flag.is_flag,
             help=flag.help,
         )(command)
     return command
