@@ -52,4 +52,15 @@ VARIANTS: dict[str, InferenceServiceSpec] = {
         decode={"replicas": 2, "tensorParallel": 2, "autoscaling": {"enabled": True, "max": 8}},
         disaggregation={"mode": "auto"},
     ),
+    "tandem connector, redis password": gpu(
+        kvPool={"connector": "tandem", "redis": {"passwordSecret": {"name": "kv-auth", "key": "password"}}}
+    ),
+    "lmcache, external redis, password": gpu(
+        kvPool={
+            "redis": {"url": "redis://cache.example:6379/2", "passwordSecret": {"name": "kv", "key": "pw"}}
+        }
+    ),
+    "cpu demo, redis password": sim(
+        kvPool={"redis": {"memory": "1Gi", "passwordSecret": {"name": "kv-auth", "key": "password"}}}
+    ),
 }

@@ -34,7 +34,8 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def env(deployment: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(deployment)["env"]}
+    """Plain-valued variables of the (first) container, by name."""
+    return {e["name"]: e["value"] for e in container(deployment)["env"] if "value" in e}
 
 
 def flag(args: list[str], name: str) -> str:
@@ -56,12 +57,17 @@ def test_vllm_pools_run_vllm_with_lmcache_as_producer_on_prefill_and_consumer_on
     assert json.loads(flag(c["args"], "--kv-transfer-config")) == {
         "kv_connector": "LMCacheConnectorV1",
         "kv_role": kv_role,
+        "kv_load_failure_policy": "recompute",
     }
     served = c["args"].index("--served-model-name")
     assert c["args"][served + 1 : served + 3] == ["qwen", "Qwen/Qwen2.5-7B-Instruct"]
     assert flag(c["args"], "--port") == "8000"
     assert c["args"][-4:] == ["--max-model-len", "16384", "--gpu-memory-utilization", "0.90"]
-    assert env(deployment)["LMCACHE_CONFIG_FILE"] == "/etc/lmcache/lmcache.yaml"
+    variables = env(deployment)
+    assert variables["LMCACHE_CONFIG_FILE"] == "/etc/lmcache/lmcache.yaml"
+    assert variables["LMCACHE_REMOTE_URL"] == "redis://demo-kv:6379"
+    assert variables["LMCACHE_CHUNK_SIZE"] == "256"
+    assert variables["LMCACHE_REMOTE_SERDE"] == "naive"
 
 
 @pytest.mark.parametrize(
@@ -298,9 +304,11 @@ def test_replicas_are_create_only_exactly_when_the_pool_autoscales(
 
 
 def test_the_kv_transfer_config_is_the_one_place_the_connector_is_named() -> None:
-    assert kv_transfer_config(Role.PREFILL)["kv_connector"] == "LMCacheConnectorV1"
+    assert kv_transfer_config(gpu(), Role.PREFILL, owner=OWNER)["kv_connector"] == "LMCacheConnectorV1"
+    tandem = gpu(kvPool={"connector": "tandem"})
+    assert kv_transfer_config(tandem, Role.DECODE, owner=OWNER)["kv_connector"] == "TandemConnector"
     with pytest.raises(KeyError):
-        kv_transfer_config(Role.ROUTER)
+        kv_transfer_config(gpu(), Role.ROUTER, owner=OWNER)
 
 
 def test_builders_are_deterministic() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -56,7 +57,7 @@ def redact_url(url: str) -> str:
 
 def connect(url: str, *, timeout_s: float = 2.0, password: str | None = None) -> AsyncRedis:
     """An asyncio client that fails fast (module docstring)."""
-    extra = {} if password is None else {"password": password}
+    extra: dict[str, Any] = {} if password is None else {"password": password}
     client: AsyncRedis = AsyncRedis.from_url(
         url,
         socket_connect_timeout=timeout_s,
@@ -69,7 +70,7 @@ def connect(url: str, *, timeout_s: float = 2.0, password: str | None = None) ->
 
 def connect_sync(url: str, *, timeout_s: float = 2.0, password: str | None = None) -> redis.Redis:
     """A blocking client that fails fast, for the CLI and the metrics exporter."""
-    extra = {} if password is None else {"password": password}
+    extra: dict[str, Any] = {} if password is None else {"password": password}
     client: redis.Redis = redis.Redis.from_url(
         url,
         socket_connect_timeout=timeout_s,

@@ -17,6 +17,7 @@ from tandem.operator.resources.kvpool import (
     LMCACHE_SUFFIX,
     build_lmcache_configmap,
     build_redis_deployment,
+    uses_lmcache,
 )
 from tandem.operator.resources.meta import Images, Owner, Role, child_name
 from tandem.operator.resources.router import (
@@ -38,7 +39,7 @@ def desired_children(spec: InferenceServiceSpec, *, owner: Owner, images: Images
     """Every child the spec asks for, in a creation order where dependencies come first
     (configuration and identity, then the KV pool, then Services, then the workloads)."""
     children: list[Child] = []
-    lmcache = build_lmcache_configmap(spec, owner=owner) if spec.engine.kind == "vllm" else None
+    lmcache = build_lmcache_configmap(spec, owner=owner) if uses_lmcache(spec) else None
     if lmcache is not None:
         children.append(Child(lmcache))
     router_config = build_router_configmap(spec, owner=owner)

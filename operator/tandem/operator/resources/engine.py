@@ -1,22 +1,32 @@
 """The engine pools: one Deployment per role (prefill = KV producer, decode = KV consumer).
 
-`engine.kind: vllm` runs the vLLM image with LMCache as the KV connector; `engine.kind: sim` runs
-`tandem sim` (Tandem's vLLM-compatible simulator) in the Tandem image. Both listen on port 8000 with
-`/health` and `/metrics`, so probes, Services and the router treat them alike. Pure builders.
+`engine.kind: vllm` runs the vLLM image with the KV connector `kvPool.connector` names:
+- `lmcache`: vLLM's LMCacheConnectorV1, configured by LMCache's `LMCACHE_*` environment and the
+  `<name>-lmcache` ConfigMap (`LMCACHE_CONFIG_FILE`; left out when the pool has a password, because
+  LMCache ignores its environment when a file is given and the password may only come from a Secret);
+- `tandem`: `tandem.kvpool.vllm_connector.TandemConnector`, configured entirely by its
+  `--kv-transfer-config` (pool URL, model, chunk size), its password from `TANDEM_KVPOOL_PASSWORD`.
+Both come from the pure builders in `tandem.kvpool.engine_config`. `engine.kind: sim` runs `tandem sim`
+(Tandem's vLLM-compatible simulator) in the Tandem image. All listen on port 8000 with `/health` and
+`/metrics`, so probes, Services and the router treat them alike. Every pod runs non-root with a
+read-only root filesystem (`security.py`). Pure builders.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tandem.core.spec import DecodeSpec, InferenceServiceSpec, PrefillSpec
+from tandem.kvpool import engine_config
+from tandem.kvpool.engine_config import KVRole, lmcache_env, to_json
 from tandem.operator.resources.kvpool import (
     LMCACHE_FILE,
     LMCACHE_SUFFIX,
     build_lmcache_configmap,
     config_hash,
     kv_pool_url,
+    lmcache_pool_url,
+    uses_lmcache,
 )
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
@@ -27,17 +37,28 @@ from tandem.operator.resources.meta import (
     object_meta,
     selector_labels,
 )
+from tandem.operator.resources.security import (
+    TMP_MOUNT,
+    VLLM_UID,
+    container_security_context,
+    password_env,
+    pod_security_context,
+    scratch_volumes,
+)
 
 #: Where the model PVC is mounted (read-only); `model.source.path` is relative to it.
 MODEL_MOUNT = "/models"
 LMCACHE_MOUNT = "/etc/lmcache"
+#: vLLM's HOME (an emptyDir): ~/.cache (Hugging Face downloads, torch.compile and kernel caches) and
+#: ~/.config live here, as the root filesystem is read-only.
+VLLM_HOME = "/home/vllm"
 #: Every engine pod gets the same hash seed: LMCache and vLLM derive prefix-chunk keys from Python's
 #: `hash()`, so producer and consumer must agree on it or the consumer never finds a chunk.
 PYTHONHASHSEED = "0"
 #: How long a terminating engine waits for its running and queued requests to finish.
 DRAIN_SECONDS = 120
 CONFIG_HASH_ANNOTATION = "tandem.dev/config-hash"
-KV_ROLE = {Role.PREFILL: "producer", Role.DECODE: "consumer"}
+KV_ROLE: dict[Role, KVRole] = {Role.PREFILL: "producer", Role.DECODE: "consumer"}
 
 # preStop drain: give the router a few seconds to see the pod leave the EndpointSlice, then wait
 # until the engine reports no running or waiting request (vLLM metric names), at most DRAIN_SECONDS.
@@ -63,12 +84,17 @@ def pool_spec(spec: InferenceServiceSpec, role: Role) -> PrefillSpec | DecodeSpe
     return spec.prefill if role is Role.PREFILL else spec.decode
 
 
-def kv_transfer_config(role: Role) -> dict[str, Any]:
-    """vLLM's `--kv-transfer-config` for a role: LMCache, producer on prefill, consumer on decode.
-
-    The one place a later KV connector choice (`kvPool.connector`) plugs in.
-    """
-    return {"kv_connector": "LMCacheConnectorV1", "kv_role": f"kv_{KV_ROLE[role]}"}
+def kv_transfer_config(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> dict[str, object]:
+    """vLLM's `--kv-transfer-config` for a role: the spec's connector, producer on prefill and
+    consumer on decode (`tandem.kvpool.engine_config.kv_transfer_config`). The pool URL in it never
+    carries the Secret's password (vLLM logs this JSON); the connector reads that from its env."""
+    return engine_config.kv_transfer_config(
+        connector=spec.kv_pool.connector,
+        role=KV_ROLE[role],
+        pool_url=kv_pool_url(spec, owner),
+        model=spec.model.name,
+        chunk_size=spec.kv_pool.chunk_size,
+    )
 
 
 def model_argument(spec: InferenceServiceSpec) -> str:
@@ -84,7 +110,7 @@ def model_argument(spec: InferenceServiceSpec) -> str:
     return spec.model.name
 
 
-def vllm_args(spec: InferenceServiceSpec, role: Role) -> list[str]:
+def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[str]:
     """`vllm serve` arguments of a role; the spec's `engine.args` come last so they can override."""
     # Both names, as the router accepts both in `model` and forwards the body unchanged; the
     # first is the one vLLM reports in its metrics.
@@ -100,7 +126,7 @@ def vllm_args(spec: InferenceServiceSpec, role: Role) -> list[str]:
         "--tensor-parallel-size",
         str(pool_spec(spec, role).tensor_parallel),
         "--kv-transfer-config",
-        json.dumps(kv_transfer_config(role), separators=(",", ":")),
+        to_json(kv_transfer_config(spec, role, owner=owner)),
         *spec.engine.args,
     ]
 
@@ -132,13 +158,25 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
     ]
 
 
-def engine_env(spec: InferenceServiceSpec) -> list[dict[str, str]]:
-    """Environment of every engine container; the spec's `engine.env` wins on a name clash."""
-    env = {"PYTHONHASHSEED": PYTHONHASHSEED}
+def engine_env(spec: InferenceServiceSpec, *, owner: Owner) -> list[dict[str, Any]]:
+    """Environment of every engine container; the spec's `engine.env` wins on a name clash.
+
+    The password variable (from the Secret) comes before LMCache's URL, which refers to it as
+    `$(TANDEM_KVPOOL_PASSWORD)`: Kubernetes expands only variables defined earlier in the list.
+    """
+    env: dict[str, dict[str, Any]] = {"PYTHONHASHSEED": {"value": PYTHONHASHSEED}}
+    env |= {e["name"]: {"valueFrom": e["valueFrom"]} for e in password_env(spec)}
     if spec.engine.kind == "vllm":
-        env["LMCACHE_CONFIG_FILE"] = f"{LMCACHE_MOUNT}/{LMCACHE_FILE}"
-    env |= {var.name: var.value for var in spec.engine.env}
-    return [{"name": name, "value": value} for name, value in env.items()]
+        env["HOME"] = {"value": VLLM_HOME}
+    if uses_lmcache(spec):
+        url = lmcache_pool_url(spec, owner)
+        env |= {
+            k: {"value": v} for k, v in lmcache_env(pool_url=url, chunk_size=spec.kv_pool.chunk_size).items()
+        }
+        if spec.kv_pool.redis.password_secret is None:
+            env["LMCACHE_CONFIG_FILE"] = {"value": f"{LMCACHE_MOUNT}/{LMCACHE_FILE}"}
+    env |= {var.name: {"value": var.value} for var in spec.engine.env}
+    return [{"name": name, **entry} for name, entry in env.items()]
 
 
 def engine_resources(spec: InferenceServiceSpec, role: Role) -> dict[str, Any]:
@@ -172,8 +210,8 @@ def _container(spec: InferenceServiceSpec, role: Role, *, owner: Owner, images: 
         "name": "engine",
         "image": spec.engine.image if vllm else images.tandem,
         "command": ["vllm", "serve"] if vllm else ["tandem"],
-        "args": vllm_args(spec, role) if vllm else sim_args(spec, role, owner=owner),
-        "env": engine_env(spec),
+        "args": vllm_args(spec, role, owner=owner) if vllm else sim_args(spec, role, owner=owner),
+        "env": engine_env(spec, owner=owner),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         **_probes(),
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT]}}},
@@ -184,17 +222,13 @@ def _container(spec: InferenceServiceSpec, role: Role, *, owner: Owner, images: 
     mounts = _volumes(spec, owner)[1]
     if mounts:
         container["volumeMounts"] = mounts
-    if not vllm:
-        container["securityContext"] = {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        }
+    container["securityContext"] = container_security_context()
     return container
 
 
 def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Pod volumes and the engine container's mounts: model PVC, LMCache config, shared memory."""
+    """Pod volumes and the engine container's mounts: model PVC, LMCache config, shared memory, and
+    emptyDirs for what the processes write (/tmp; vLLM's HOME)."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     source = spec.model.source
@@ -203,14 +237,18 @@ def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, A
             {"name": "model", "persistentVolumeClaim": {"claimName": source.pvc, "readOnly": True}}
         )
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
-    if spec.engine.kind == "vllm":
+    if uses_lmcache(spec):
         lmcache = {"name": child_name(owner, LMCACHE_SUFFIX)}
         volumes.append({"name": "lmcache-config", "configMap": lmcache})
         mounts.append({"name": "lmcache-config", "mountPath": LMCACHE_MOUNT, "readOnly": True})
+    scratch = {"tmp": TMP_MOUNT}
+    if spec.engine.kind == "vllm":
         # NCCL (tensor parallelism) needs more shared memory than a container's default 64 MiB.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    return volumes, mounts
+        scratch["home"] = VLLM_HOME
+    scratch_vols, scratch_mounts = scratch_volumes(scratch)
+    return volumes + scratch_vols, mounts + scratch_mounts
 
 
 def build_engine_deployment(
@@ -223,8 +261,9 @@ def build_engine_deployment(
 ) -> dict[str, Any]:
     """Deployment `<name>-prefill` or `<name>-decode` for one engine pool.
 
-    For vLLM, `lmcache` is the LMCache ConfigMap (built when None); the pod template carries its
-    hash, so a change of the pool's configuration rolls the pods.
+    With LMCache, `lmcache` is its ConfigMap (built when None); the pod template carries its hash,
+    so a change of the pool's configuration rolls the pods (a change of the env rolls them anyway).
+    vLLM runs as uid/gid 1000 (its images default to root); the Tandem image's USER is non-root.
     """
     if role not in KV_ROLE:
         raise ValueError(f"not an engine role: {role}")
@@ -237,17 +276,17 @@ def build_engine_deployment(
             "prometheus.io/path": "/metrics",
         },
     }
-    if spec.engine.kind == "vllm":
+    if uses_lmcache(spec):
         lmcache = lmcache or build_lmcache_configmap(spec, owner=owner)
         template_meta["annotations"][CONFIG_HASH_ANNOTATION] = config_hash(lmcache["data"])
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec, role, owner=owner, images=images)],
         "terminationGracePeriodSeconds": DRAIN_SECONDS + 30,
+        "securityContext": pod_security_context(run_as_user=VLLM_UID if spec.engine.kind == "vllm" else None),
+        "automountServiceAccountToken": False,  # engines never call the Kubernetes API
         "enableServiceLinks": False,
+        "volumes": _volumes(spec, owner)[0],
     }
-    volumes = _volumes(spec, owner)[0]
-    if volumes:
-        pod_spec["volumes"] = volumes
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

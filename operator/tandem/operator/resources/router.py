@@ -21,6 +21,12 @@ from tandem.operator.resources.meta import (
     selector_labels,
     to_yaml,
 )
+from tandem.operator.resources.security import (
+    TMP_MOUNT,
+    container_security_context,
+    password_env,
+    pod_security_context,
+)
 from tandem.operator.resources.services import service_name
 
 ROUTER_SUFFIX = "router"
@@ -98,9 +104,9 @@ def build_router_role_binding(owner: Owner) -> dict[str, Any]:
     }
 
 
-def _router_container(images: Images) -> dict[str, Any]:
+def _router_container(spec: InferenceServiceSpec, images: Images) -> dict[str, Any]:
     health = {"httpGet": {"path": "/health", "port": "http"}}
-    return {
+    container: dict[str, Any] = {
         "name": "router",
         "image": images.tandem,
         "command": ["tandem"],
@@ -119,14 +125,17 @@ def _router_container(images: Images) -> dict[str, Any]:
         # liveness (restarting the router would not bring engines back), so liveness is TCP.
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10},
         "resources": ROUTER_RESOURCES,
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": TMP_MOUNT},
+        ],
+        "securityContext": container_security_context(),
     }
+    # The pool's password (from its Secret) for the barrier's look-ups; the URL in the config has none.
+    env = password_env(spec)
+    if env:
+        container["env"] = env
+    return container
 
 
 def build_router_deployment(
@@ -153,8 +162,12 @@ def build_router_deployment(
                 "metadata": {"labels": meta["labels"], "annotations": annotations},
                 "spec": {
                     "serviceAccountName": name,
-                    "containers": [_router_container(images)],
-                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                    "containers": [_router_container(spec, images)],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": name}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                    "securityContext": pod_security_context(),
                     "enableServiceLinks": False,
                 },
             },
