@@ -2,7 +2,9 @@
 
 Starts the KV pool (Redis), the prefill and decode pools (simulated engines) and the gateway as child
 processes, shows progress, prints the endpoint and one ready line, and on Ctrl-C or SIGTERM stops every
-child it started. Exit codes: 0 after a requested stop, 1 when a child fails, 2 for a bad spec.
+child it started. When a pool has `autoscaling.enabled`, the autoscaler runs in this process (a thread,
+`tandem.local.autoscaler`), starts and drains engines, and serves its metrics on `--autoscaler-port`.
+Exit codes: 0 after a requested stop, 1 when a child fails, 2 for a bad spec.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import click
 import yaml
 
 from tandem.cli.documents import load_one
+from tandem.core.spec import InferenceService
+from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
 from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, build_plan
 from tandem.local.supervisor import ChildFailed, Supervisor
@@ -56,6 +60,8 @@ def _start(plan: LocalPlan, supervisor: Supervisor) -> None:
     total = len(plan.processes)
     done = 0
     for stage in stages:
+        if stage and stage[0].role == "router":  # engines are ready: list them for file discovery
+            write_initial_endpoints(plan, supervisor.children)
         children = [supervisor.start(p) for p in stage]
         for child in children:
             done += 1
@@ -73,6 +79,20 @@ def _watch(supervisor: Supervisor) -> None:
                 f"its log ends with:\n{dead.log_tail()}"
             )
         time.sleep(0.5)
+
+
+def _start_autoscaler(
+    isvc: InferenceService, plan: LocalPlan, supervisor: Supervisor, *, port: int
+) -> LocalAutoscaler:
+    if _port_in_use(port):
+        raise ChildFailed(f"autoscaler port {port} on {LOOPBACK} is in use; pick another (--autoscaler-port)")
+    listed = write_initial_endpoints(plan, supervisor.children)
+    assert listed is not None  # plan.endpoint_file is set
+    autoscaler = LocalAutoscaler(
+        isvc=isvc, plan=plan, supervisor=supervisor, listed=listed, metrics_port=port, say=_say,
+    )  # fmt: skip
+    click.echo(f"autoscaler: {autoscaler.start()}")
+    return autoscaler
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -100,7 +120,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     type=click.Path(path_type=Path, file_okay=False),
     help="Where logs and generated config go [default: ./.tandem/<name>].",
 )
-def up(path: Path, port: int, state_dir: Path | None) -> None:
+@click.option(
+    "--autoscaler-port",
+    default=9090,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port of the autoscaler's /metrics on 127.0.0.1 (when a pool has autoscaling.enabled).",
+)
+def up(path: Path, port: int, state_dir: Path | None, autoscaler_port: int) -> None:
     """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
     isvc = load_one(path)
     state_dir = state_dir or Path(".tandem") / isvc.metadata.name
@@ -122,8 +149,11 @@ def up(path: Path, port: int, state_dir: Path | None) -> None:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     code = 0
+    autoscaler: LocalAutoscaler | None = None
     try:
         _start(plan, supervisor)
+        if plan.endpoint_file is not None:
+            autoscaler = _start_autoscaler(isvc, plan, supervisor, port=autoscaler_port)
         click.echo(f"endpoint: {plan.endpoint}")
         click.echo(f"ready: model '{plan.model}' is served at {plan.endpoint} (Ctrl-C to stop)")
         _watch(supervisor)
@@ -135,6 +165,8 @@ def up(path: Path, port: int, state_dir: Path | None) -> None:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if autoscaler is not None:
+            autoscaler.stop()
         supervisor.stop_all()
         _say("stopped: every child process has exited")
     raise SystemExit(code)

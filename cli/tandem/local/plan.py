@@ -2,23 +2,26 @@
 
 The plan mirrors what the operator creates in a cluster: a Redis KV pool (unless the spec names an
 external one), `prefill.replicas` producer engines, `decode.replicas` consumer engines and one gateway
-whose static discovery lists the engines. Nothing here touches the system; ports and binary paths
-come in as arguments.
+whose static discovery lists the engines. When a pool has `autoscaling.enabled`, the gateway uses file
+discovery instead (`<state dir>/endpoints.json`, written by the local runtime as the autoscaler starts
+and drains engines), and `LocalPlan.new_engine` builds the process of any further engine. Nothing here
+touches the system; ports and binary paths come in as arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from tandem.core.routerconfig import RouterConfig, StaticDiscovery
+from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
 from tandem.kvpool.redisconf import pool_config, server_args
 
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
+ENDPOINT_FILE = "endpoints.json"
 
 
 class PlanError(ValueError):
@@ -42,6 +45,10 @@ class ProcessPlan:
         return f"{scheme}://{LOOPBACK}:{self.port}"
 
 
+#: (role, index, port) → the process of one more engine of that pool.
+EngineFactory = Callable[[Literal["prefill", "decode"], int, int], ProcessPlan]
+
+
 @dataclass(frozen=True)
 class LocalPlan:
     processes: tuple[ProcessPlan, ...]
@@ -49,6 +56,10 @@ class LocalPlan:
     router_config_path: Path
     endpoint: str
     model: str
+    #: Set when a pool is autoscaled: the endpoint file the gateway follows (file discovery).
+    endpoint_file: Path | None = None
+    #: Builds further engines for the autoscaler (same arguments as the planned ones).
+    new_engine: EngineFactory | None = None
 
 
 def build_plan(
@@ -84,15 +95,21 @@ def build_plan(
         for i in range(count)
     ]
     processes.extend(engines)
-    config = RouterConfig(
-        service=isvc.metadata.name,
-        spec=spec,
-        discovery=StaticDiscovery(
+
+    def new_engine(role: Literal["prefill", "decode"], index: int, port: int) -> ProcessPlan:
+        return _engine_process(isvc, role=role, index=index, port=port, python=python, pool_url=pool_url)
+
+    autoscaled = spec.prefill.autoscaling.enabled or spec.decode.autoscaling.enabled
+    endpoint_file = state_dir / ENDPOINT_FILE if autoscaled else None
+    discovery: StaticDiscovery | FileDiscovery = (
+        FileDiscovery(path=str(endpoint_file))
+        if endpoint_file is not None
+        else StaticDiscovery(
             prefill=[e.url for e in engines if e.role == "prefill"],
             decode=[e.url for e in engines if e.role == "decode"],
-        ),
-        kv_pool_url=pool_url,
+        )
     )
+    config = RouterConfig(service=isvc.metadata.name, spec=spec, discovery=discovery, kv_pool_url=pool_url)
     config_path = state_dir / "router.yaml"
     router = ProcessPlan(
         name="router",
@@ -109,6 +126,8 @@ def build_plan(
         router_config_path=config_path,
         endpoint=f"http://{LOOPBACK}:{router_port}/v1",
         model=spec.model.public_name,
+        endpoint_file=endpoint_file,
+        new_engine=new_engine if autoscaled else None,
     )
 
 

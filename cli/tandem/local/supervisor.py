@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ class Child:
     plan: ProcessPlan
     process: subprocess.Popen[bytes]
     log_path: Path
+    #: False for engines the autoscaler started: their exit is its business, not a runtime failure.
+    watched: bool = True
 
     def log_tail(self) -> str:
         try:
@@ -43,7 +46,11 @@ class Child:
 
 
 class Supervisor:
-    """Owns the children of one `tandem up`; `stop_all` is safe to call more than once."""
+    """Owns the children of one `tandem up`; `stop_all` is safe to call more than once.
+
+    Thread-safe: the autoscaler starts and stops engines from its own thread while the main thread
+    watches for dead children, so the list of children is only touched under a lock.
+    """
 
     def __init__(
         self,
@@ -55,10 +62,12 @@ class Supervisor:
         self._log_dir = log_dir
         self._clock = clock
         self._sleep = sleep
+        self._lock = threading.Lock()
         self.children: list[Child] = []
 
-    def start(self, plan: ProcessPlan) -> Child:
-        """Start one child with its output in `<log_dir>/<name>.log`."""
+    def start(self, plan: ProcessPlan, *, watched: bool = True) -> Child:
+        """Start one child with its output in `<log_dir>/<name>.log`; `first_dead` reports it only
+        when `watched`."""
         self._log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"{plan.name}.log"
         with log_path.open("wb") as log:
@@ -70,8 +79,9 @@ class Supervisor:
                 env={**os.environ, **plan.env},
                 start_new_session=True,
             )
-        child = Child(plan=plan, process=process, log_path=log_path)
-        self.children.append(child)
+        child = Child(plan=plan, process=process, log_path=log_path, watched=watched)
+        with self._lock:
+            self.children.append(child)
         return child
 
     def wait_ready(self, child: Child, *, timeout: float) -> float:
@@ -97,15 +107,34 @@ class Supervisor:
             self._sleep(0.1)
 
     def first_dead(self) -> Child | None:
-        """A child that has exited, if any."""
-        return next((c for c in self.children if c.process.poll() is not None), None)
+        """A watched child that has exited, if any."""
+        with self._lock:
+            children = [c for c in self.children if c.watched]
+        return next((c for c in children if c.process.poll() is not None), None)
+
+    def stop(self, child: Child, *, grace: float = 10.0) -> int:
+        """Stop one child (no longer watched from here on): SIGTERM to its group, SIGKILL after
+        `grace` seconds; returns its exit code."""
+        with self._lock:
+            if child in self.children:
+                self.children.remove(child)
+        _signal_group(child.process, signal.SIGTERM)
+        try:
+            code = child.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(child.process, signal.SIGKILL)
+            code = child.process.wait()
+        _signal_group(child.process, signal.SIGKILL)
+        return code
 
     def stop_all(self, *, grace: float = 10.0) -> None:
         """SIGTERM every child's process group (last started first), then SIGKILL what remains."""
-        for child in reversed(self.children):
+        with self._lock:
+            children = list(self.children)
+        for child in reversed(children):
             _signal_group(child.process, signal.SIGTERM)
         deadline = self._clock() + grace
-        for child in reversed(self.children):
+        for child in reversed(children):
             remaining = max(0.0, deadline - self._clock())
             try:
                 child.process.wait(timeout=remaining)
@@ -114,7 +143,8 @@ class Supervisor:
                 child.process.wait()
             # The leader may be gone while others in its group live on (e.g. forked workers).
             _signal_group(child.process, signal.SIGKILL)
-        self.children.clear()
+        with self._lock:
+            self.children.clear()
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

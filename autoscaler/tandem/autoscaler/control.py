@@ -1,0 +1,128 @@
+"""The control loop of one pool: discover → scrape → observe → decide → act.
+
+`PoolController.step(now)` runs one round; the I/O is behind two small interfaces the caller
+injects, so the same controller drives Kubernetes Deployments and local processes:
+
+- `PoolTarget`: the pool's ready engines (discovery, as the router sees them), the replica count
+  the actuator is currently asked for, and `scale(n)` to change it;
+- a scrape function: engine URLs → readings (None for a failed scrape).
+
+The controller only acts on a valid decision that differs from the current request; a hold (invalid
+or stale data) changes nothing. What happened comes back as a `PoolOutcome` for metrics, Events and
+status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from tandem.autoscaler.decider import (
+    DeciderParams,
+    DeciderState,
+    Decision,
+    DecodeObservation,
+    PrefillObservation,
+    decide_decode,
+    decide_prefill,
+)
+from tandem.autoscaler.observe import (
+    PoolHistory,
+    Scrape,
+    decode_observation,
+    prefill_observation,
+    remember,
+)
+from tandem.autoscaler.readings import EngineReading
+
+PoolName = Literal["prefill", "decode"]
+ScrapeFn = Callable[[Sequence[str]], Awaitable[dict[str, EngineReading | None]]]
+#: How long a measured per-replica prefill rate is remembered (seconds).
+RATE_MEMORY_S = 600.0
+
+
+class PoolTarget(Protocol):
+    """One pool's engines and replica count, wherever they run."""
+
+    async def endpoints(self) -> list[str]:
+        """Base URLs of the pool's ready engines (what the router routes to)."""
+        ...
+
+    async def requested(self) -> int:
+        """The replica count the pool is currently asked to have."""
+        ...
+
+    async def scale(self, replicas: int, *, reason: str) -> None:
+        """Ask for `replicas`; returns once the request is made (not once they are ready)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolOutcome:
+    """One round of one pool: what was seen, decided and done. `direction` is set when it scaled."""
+
+    service: str
+    pool: PoolName
+    observed: DecodeObservation | PrefillObservation
+    decision: Decision
+    ready: int
+    desired: int
+    panic: bool
+    previous: int
+    direction: Literal["up", "down"] | None = None
+
+
+@dataclass(kw_only=True)
+class PoolController:
+    """Keeps one pool sized; holds the decider state and the scrape history between rounds."""
+
+    service: str
+    pool: PoolName
+    params: DeciderParams
+    target: PoolTarget
+    scrape: ScrapeFn
+    state: DeciderState = field(default_factory=DeciderState)
+    history: PoolHistory = field(default_factory=PoolHistory)
+
+    async def step(self, now: float) -> PoolOutcome:
+        """One round at monotonic time `now` (module docstring)."""
+        urls = await self.target.endpoints()
+        readings = await self.scrape(urls)
+        keep = max(self.params.panic_window_s, 1.0) + 1.0
+        self.history = remember(self.history, Scrape(now, readings), keep_s=keep)
+        observed, decision = self._decide(now)
+        previous = await self.target.requested()
+        direction: Literal["up", "down"] | None = None
+        if decision.valid and decision.desired != previous:
+            direction = "up" if decision.desired > previous else "down"
+            await self.target.scale(decision.desired, reason=decision.reason)
+        return PoolOutcome(
+            service=self.service,
+            pool=self.pool,
+            observed=observed,
+            decision=decision,
+            ready=observed.ready,
+            desired=decision.desired if decision.valid else previous,
+            panic=self.state.panic_since is not None,
+            previous=previous,
+            direction=direction,
+        )
+
+    def _decide(self, now: float) -> tuple[DecodeObservation | PrefillObservation, Decision]:
+        observed: DecodeObservation | PrefillObservation
+        if self.pool == "decode":
+            observed, problem = decode_observation(self.history)
+            decision, self.state = decide_decode(
+                params=self.params, observed=observed, state=self.state, now=now
+            )
+        else:
+            observed, self.history, problem = prefill_observation(
+                self.history, ttft_window_s=self.params.panic_window_s, rate_memory_s=RATE_MEMORY_S
+            )
+            decision, self.state = decide_prefill(
+                params=self.params, observed=observed, state=self.state, now=now
+            )
+        if problem is not None:
+            decision = Decision(desired=decision.desired, reason=f"hold: {problem}", valid=False)
+        return observed, decision

@@ -1,0 +1,96 @@
+"""The autoscaler's Prometheus metrics (names documented in docs/autoscaler.md).
+
+One `AutoscalerMetrics` per process, on a registry of its own (no global registry). Labels are the
+InferenceService name (`service`, `namespace/name` in a cluster) and the pool (`prefill`, `decode`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from tandem.autoscaler.control import PoolOutcome
+from tandem.autoscaler.decider import DecodeObservation
+
+
+class AutoscalerMetrics:
+    """Gauges of the last decision per pool and counters of what was done."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        pool = ("service", "pool")
+        self.desired = Gauge(
+            "tandem_autoscaler_desired_replicas", "Replicas the autoscaler wants.", pool, registry=registry
+        )
+        self.ready = Gauge(
+            "tandem_autoscaler_ready_replicas", "Ready replicas (engines found).", pool, registry=registry
+        )
+        self.panic = Gauge(
+            "tandem_autoscaler_panic", "1 while the pool is in panic mode.", pool, registry=registry
+        )
+        self.kv = Gauge(
+            "tandem_autoscaler_kv_utilization",
+            "Mean KV-cache utilisation of the decode pool (0-1) at the last valid scrape.",
+            ("service",),
+            registry=registry,
+        )
+        self.ttft = Gauge(
+            "tandem_autoscaler_ttft_p90_seconds",
+            "p90 time to first token of the prefill pool over the panic window (0: no first token in it).",
+            ("service",),
+            registry=registry,
+        )
+        self.backlog = Gauge(
+            "tandem_autoscaler_prefill_backlog_tokens",
+            "Estimated prompt tokens waiting in the prefill pool.",
+            ("service",),
+            registry=registry,
+        )
+        self.scale_events = Counter(
+            "tandem_autoscaler_scale_events",
+            "Scale actions taken, by direction (up or down).",
+            ("service", "pool", "direction"),
+            registry=registry,
+        )
+        self.holds = Counter(
+            "tandem_autoscaler_holds",
+            "Decisions that held because the observation was invalid or stale.",
+            pool,
+            registry=registry,
+        )
+
+    def record(self, outcome: PoolOutcome) -> None:
+        """Update the series of one pool after a decision."""
+        labels = (outcome.service, outcome.pool)
+        self.desired.labels(*labels).set(outcome.desired)
+        self.ready.labels(*labels).set(outcome.ready)
+        self.panic.labels(*labels).set(1 if outcome.panic else 0)
+        if not outcome.decision.valid:
+            self.holds.labels(*labels).inc()
+        if outcome.direction is not None:
+            self.scale_events.labels(*labels, outcome.direction).inc()
+        observed = outcome.observed
+        if not observed.valid:
+            return
+        if isinstance(observed, DecodeObservation):
+            self.kv.labels(outcome.service).set(observed.mean_kv_utilization)
+        else:
+            self.ttft.labels(outcome.service).set(observed.ttft_p90_s or 0.0)
+            self.backlog.labels(outcome.service).set(observed.queued_prefill_tokens)
+
+    def forget(self, service: str) -> None:
+        """Drop every series of a service that is gone (or no longer autoscaled)."""
+        for gauge in (self.desired, self.ready, self.panic, self.holds):
+            for pool in ("prefill", "decode"):
+                _remove(gauge, service, pool)
+        for gauge in (self.kv, self.ttft, self.backlog):
+            _remove(gauge, service)
+        for pool in ("prefill", "decode"):
+            for direction in ("up", "down"):
+                _remove(self.scale_events, service, pool, direction)
+
+
+def _remove(metric: Gauge | Counter, *labels: str) -> None:
+    with contextlib.suppress(KeyError):
+        metric.remove(*labels)

@@ -1,0 +1,40 @@
+"""Scraping engines' `/metrics` over HTTP (the collector's I/O half).
+
+Each engine gets one GET per round with a short timeout; an answer that is not a 200 with metrics
+text, a timeout or a connection error is a failed scrape (None), which makes the pool's observation
+invalid: the decider then holds instead of guessing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import httpx
+
+from tandem.autoscaler.readings import EngineReading, parse_engine_metrics
+
+log = logging.getLogger(__name__)
+
+
+class Scraper:
+    """Scrapes many engines at once with one shared client (the caller owns and closes it)."""
+
+    def __init__(self, client: httpx.AsyncClient, *, timeout_s: float = 0.8) -> None:
+        self._client = client
+        self._timeout = timeout_s
+
+    async def scrape(self, urls: Sequence[str]) -> dict[str, EngineReading | None]:
+        """Engine URL → its reading, or None when the scrape failed."""
+        results = await asyncio.gather(*(self.one(url) for url in urls))
+        return dict(zip(urls, results, strict=True))
+
+    async def one(self, url: str) -> EngineReading | None:
+        try:
+            response = await self._client.get(f"{url.rstrip('/')}/metrics", timeout=self._timeout)
+            response.raise_for_status()
+            return parse_engine_metrics(response.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("engine scrape failed", extra={"engine": url, "error": repr(exc)})
+            return None
