@@ -167,3 +167,35 @@ def test_decode_demand_is_ready_times_utilisation_over_target(ready: int, util: 
 @pytest.mark.parametrize(("demand", "replicas"), [(2.0000000001, 2), (2.1, 3), (-0.5, 0), (0.0, 0)])
 def test_ceil_replicas_ignores_float_noise(demand: float, replicas: int) -> None:
     assert ceil_replicas(demand) == replicas
+
+
+def run_both(
+    *, ttft_at: Callable[[float], float], kv_at: Callable[[float], float]
+) -> tuple[list[int], list[int]]:
+    """Both pools of one service on one fake clock, each following its own decisions (2 ready each)."""
+    prefill = prefill_params(PrefillAutoscaling(enabled=True, min=1, max=8, target_ttft_seconds=0.5))
+    decode = decode_params(DecodeAutoscaling(enabled=True, min=1, max=8, target_kv_utilization=0.5))
+    p_state, d_state, p_ready, d_ready = DeciderState(), DeciderState(), 2, 2
+    p_seen, d_seen, t = [], [], 0.0
+    while t <= 60:
+        p_obs = PrefillObservation(timestamp=t, ready=p_ready, ttft_p90_s=ttft_at(t))
+        d_obs = DecodeObservation(timestamp=t, ready=d_ready, mean_kv_utilization=kv_at(t))
+        p_dec, p_state = decide_prefill(params=prefill, observed=p_obs, state=p_state, now=t)
+        d_dec, d_state = decide_decode(params=decode, observed=d_obs, state=d_state, now=t)
+        p_ready, d_ready = p_dec.desired, d_dec.desired
+        p_seen.append(p_ready)
+        d_seen.append(d_ready)
+        t += STEP_S
+    return p_seen, d_seen
+
+
+def test_prefill_scales_on_ttft_while_decode_stays() -> None:
+    prefill, decode = run_both(ttft_at=lambda t: 0.5 if t < 20 else 1.5, kv_at=lambda t: 0.5)
+    assert prefill[0] == 2 and max(prefill) >= 4
+    assert set(decode) == {2}
+
+
+def test_decode_scales_on_kv_while_prefill_stays() -> None:
+    prefill, decode = run_both(ttft_at=lambda t: 0.5, kv_at=lambda t: 0.5 if t < 20 else 1.0)
+    assert decode[0] == 2 and max(decode) >= 4
+    assert set(prefill) == {2}
