@@ -154,12 +154,12 @@ def render_table(snapshot: PoolStats, *, url: str) -> str:
         + (f" (hit ratio {ratio:.2f})" if ratio is not None else ""),
         f"keys      {snapshot.total_keys}",
         "",
-        f"{'MODEL':<32} {'CHUNKS':>8} {'INCOMPLETE':>10} {'ORPHANED':>8} {'KV BYTES':>12}",
+        f"{'MODEL':<32} {'CHUNKS':>8} {'INCOMPLETE':>10} {'ORPHANED':>8} {'MEMORY':>12}",
     ]
     for model, chunks in sorted(snapshot.models.items()):
         lines.append(
             f"{model:<32} {chunks.chunks:>8} {chunks.incomplete:>10} {chunks.orphaned:>8} "
-            f"{_mib(chunks.kv_bytes):>12}"
+            f"{_mib(chunks.memory_bytes):>12}"
         )
     if not snapshot.models:
         lines.append("(no chunks)")

@@ -17,7 +17,7 @@ serves its own, and the router or operator may add it to theirs.
 | `tandem_kvpool_chunks` | gauge | `model` | complete chunk pairs |
 | `tandem_kvpool_incomplete_chunks` | gauge | `model` | `kv_bytes` without `metadata` |
 | `tandem_kvpool_orphaned_chunks` | gauge | `model` | `metadata` without `kv_bytes` |
-| `tandem_kvpool_chunk_bytes` | gauge | `model` | bytes of complete chunks' `kv_bytes` |
+| `tandem_kvpool_chunk_memory_bytes` | gauge | `model` | Redis memory of complete pairs |
 | `tandem_kvpool_scan_truncated` | gauge | | 1 when the key scan stopped at its bound |
 """
 
@@ -80,7 +80,7 @@ def _model_metrics(stats: PoolStats) -> Iterator[Metric]:
         "chunks": ("Complete chunk pairs (kv_bytes and metadata).", "chunks"),
         "incomplete_chunks": ("Chunks with kv_bytes but no metadata.", "incomplete"),
         "orphaned_chunks": ("Chunks with metadata but no kv_bytes (bytes evicted).", "orphaned"),
-        "chunk_bytes": ("Bytes of complete chunks' kv_bytes values.", "kv_bytes"),
+        "chunk_memory_bytes": ("Redis memory of complete chunk pairs in bytes.", "memory_bytes"),
     }
     for name, (doc, attribute) in families.items():
         family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["model"])

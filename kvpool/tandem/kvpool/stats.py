@@ -5,8 +5,10 @@
   look-ups since Redis started (every GET/EXISTS of a chunk key is one look-up; a consumer probing
   for a chunk that is not there is a miss).
 - Chunks per model: one `SCAN` pass over the keys in batches of `scan_count`, reading only chunk keys
-  (`tandem.kvpool.keys.parse_key`). For every key one pipelined probe of its partner (`EXISTS`) and,
-  for `kv_bytes`, its size (`STRLEN`), so each pair is counted once, at its `kv_bytes` key:
+  (`tandem.kvpool.keys.parse_key`). For every key one pipelined probe of its partner and, for
+  `kv_bytes`, of itself, with `MEMORY USAGE` (nil for a missing key; unlike GET or EXISTS it does not
+  count as a keyspace hit or miss, so looking does not skew the hit ratio), and each pair is counted
+  once, at its `kv_bytes` key:
   `chunks` (both halves), `incomplete` (`kv_bytes` but no `metadata`: being written, or the metadata
   was evicted), `orphaned` (`metadata` but no `kv_bytes`: the bytes were evicted; LMCache deletes such
   metadata when it reads it). The pass stops after `max_keys` keys and says so (`truncated`): the
@@ -31,12 +33,13 @@ DEFAULT_MAX_KEYS = 1_000_000
 
 @dataclass
 class ModelChunks:
-    """The chunk pairs of one model (module docstring); `kv_bytes`: bytes of their `kv_bytes` values."""
+    """The chunk pairs of one model (module docstring); `memory_bytes`: Redis' memory for the complete
+    pairs (both keys, values and overhead, as `MEMORY USAGE` reports it)."""
 
     chunks: int = 0
     incomplete: int = 0
     orphaned: int = 0
-    kv_bytes: int = 0
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,26 +129,26 @@ def _count_batch(client: redis.Redis, keys: Iterable[str], models: dict[str, Mod
     with client.pipeline(transaction=False) as pipe:
         for key in parsed:
             if key.suffix == KV_BYTES_SUFFIX:
-                pipe.exists(key.base + METADATA_SUFFIX)
-                pipe.strlen(key.base + KV_BYTES_SUFFIX)
+                pipe.memory_usage(key.base + METADATA_SUFFIX)
+                pipe.memory_usage(key.base + KV_BYTES_SUFFIX)
             else:
-                pipe.exists(key.base + KV_BYTES_SUFFIX)
+                pipe.memory_usage(key.base + KV_BYTES_SUFFIX)
         replies = iter(pipe.execute())
     for key in parsed:
         _count_key(key, replies, models.setdefault(key.model, ModelChunks()))
 
 
 def _count_key(key: ParsedKey, replies: Iterator[Any], model: ModelChunks) -> None:
-    """Consume `key`'s replies (partner EXISTS, then STRLEN for kv_bytes) and count it."""
-    partner_exists = bool(next(replies))
+    """Consume `key`'s replies (the partner's MEMORY USAGE, then its own for kv_bytes) and count it."""
+    partner = next(replies)
     if key.suffix == KV_BYTES_SUFFIX:
-        size = int(next(replies))
-        if partner_exists:
+        own = next(replies)
+        if partner is not None and own is not None:
             model.chunks += 1
-            model.kv_bytes += size
-        else:
+            model.memory_bytes += int(partner) + int(own)
+        elif own is not None:
             model.incomplete += 1
-    elif not partner_exists:
+    elif partner is None:
         model.orphaned += 1
 
 
