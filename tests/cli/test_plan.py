@@ -84,7 +84,6 @@ def test_engine_args_and_env_reach_the_engines() -> None:
 @pytest.mark.parametrize(
     ("spec", "redis_server", "message"),
     [
-        pytest.param({"engine": {"kind": "vllm"}}, "/r", "engine.kind 'vllm'", id="real-vllm"),
         pytest.param({}, None, "no redis-server", id="no-redis"),
     ],
 )

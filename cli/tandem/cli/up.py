@@ -26,8 +26,11 @@ from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
 from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, build_plan
 from tandem.local.supervisor import ChildFailed, Supervisor
+from tandem.local.vllm_engine import local_connector
 
 STARTUP_TIMEOUT = {"kvpool": 30.0, "prefill": 120.0, "decode": 120.0, "router": 60.0}
+#: Real vLLM engines take 35-90 s to answer /health (more on a busy machine or without --enforce-eager).
+VLLM_STARTUP_TIMEOUT = 900.0
 
 
 class _StopRequested(Exception):
@@ -66,8 +69,24 @@ def _start(plan: LocalPlan, supervisor: Supervisor) -> None:
         for child in children:
             done += 1
             _say(f"[{done}/{total}] {child.plan.name:<10} {child.plan.url} starting ...")
-            took = supervisor.wait_ready(child, timeout=STARTUP_TIMEOUT[child.plan.role])
+            took = supervisor.wait_ready(child, timeout=_startup_timeout(plan, child.plan.role))
             _say(f"[{done}/{total}] {child.plan.name:<10} ready in {took:.1f}s")
+
+
+def _startup_timeout(plan: LocalPlan, role: str) -> float:
+    if role in ("prefill", "decode") and any(
+        "vllm.entrypoints.openai.api_server" in p.argv for p in plan.processes
+    ):
+        return VLLM_STARTUP_TIMEOUT
+    return STARTUP_TIMEOUT[role]
+
+
+def _with_engine(isvc: InferenceService, kind: str | None) -> InferenceService:
+    """`isvc` with `spec.engine.kind` replaced by `--engine` (when given)."""
+    if kind is None:
+        return isvc
+    engine = isvc.spec.engine.model_copy(update={"kind": kind})
+    return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"engine": engine})})
 
 
 def _watch(supervisor: Supervisor) -> None:
@@ -116,6 +135,11 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     help="Port of the OpenAI endpoint on 127.0.0.1.",
 )
 @click.option(
+    "--engine",
+    type=click.Choice(["sim", "vllm"]),
+    help="Override spec.engine.kind: sim (Tandem's simulator) or vllm (real vLLM; run from .venv-vllm).",
+)
+@click.option(
     "--state-dir",
     type=click.Path(path_type=Path, file_okay=False),
     help="Where logs and generated config go [default: ./.tandem/<name>].",
@@ -127,9 +151,9 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     type=click.IntRange(1, 65535),
     help="Port of the autoscaler's /metrics on 127.0.0.1 (when a pool has autoscaling.enabled).",
 )
-def up(path: Path, port: int, state_dir: Path | None, autoscaler_port: int) -> None:
+def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int) -> None:
     """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
-    isvc = load_one(path)
+    isvc = _with_engine(load_one(path), engine)
     state_dir = state_dir or Path(".tandem") / isvc.metadata.name
     if _port_in_use(port):
         raise click.ClickException(f"port {port} on {LOOPBACK} is in use; pick another with --port")
@@ -141,6 +165,10 @@ def up(path: Path, port: int, state_dir: Path | None, autoscaler_port: int) -> N
     except PlanError as exc:
         click.echo(f"tandem: error: {exc}", err=True)
         raise SystemExit(2) from None
+    if isvc.spec.engine.kind == "vllm":
+        _, note = local_connector(isvc)
+        if note is not None:
+            _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
     config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

@@ -18,6 +18,7 @@ from typing import Literal
 from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
 from tandem.kvpool.redisconf import pool_config, server_args
+from tandem.local.vllm_engine import EngineRole, engine_command, router_pool_url
 
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
@@ -77,7 +78,7 @@ def build_plan(
     (None is fine when the spec names an external Redis URL).
     """
     spec = isvc.spec
-    if spec.engine.kind != "sim":
+    if spec.engine.kind not in ("sim", "vllm"):
         raise PlanError(
             f"engine.kind {spec.engine.kind!r} is not supported by the local runtime; use engine.kind: sim"
         )
@@ -109,7 +110,12 @@ def build_plan(
             decode=[e.url for e in engines if e.role == "decode"],
         )
     )
-    config = RouterConfig(service=isvc.metadata.name, spec=spec, discovery=discovery, kv_pool_url=pool_url)
+    config = RouterConfig(
+        service=isvc.metadata.name,
+        spec=spec,
+        discovery=discovery,
+        kv_pool_url=router_pool_url(isvc, pool_url),
+    )
     config_path = state_dir / "router.yaml"
     router = ProcessPlan(
         name="router",
@@ -145,6 +151,13 @@ def _engine_process(
     isvc: InferenceService, *, role: Role, index: int, port: int, python: str, pool_url: str
 ) -> ProcessPlan:
     spec = isvc.spec
+    if spec.engine.kind == "vllm" and role in ("prefill", "decode"):
+        ordinal = index if role == "prefill" else spec.prefill.replicas + index
+        engine_role: EngineRole = "prefill" if role == "prefill" else "decode"
+        argv, env = engine_command(
+            isvc, role=engine_role, ordinal=ordinal, port=port, python=python, pool_url=pool_url
+        )
+        return ProcessPlan(name=f"{role}-{index}", role=role, argv=argv, port=port, probe="http", env=env)
     kv_role = "producer" if role == "prefill" else "consumer"
     argv = (
         python, "-m", "tandem.cli", "sim",

@@ -1,0 +1,101 @@
+"""Real vLLM in the local runtime: the engine processes the plan builds for `engine.kind: vllm`. Pure."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from tandem.core.spec import InferenceService, parse_inference_service
+from tandem.local.plan import LocalPlan, ProcessPlan, build_plan
+from tandem.local.vllm_engine import LMCACHE_NOTE, default_args, local_connector
+
+
+def isvc_for(spec: dict[str, Any]) -> InferenceService:
+    doc = {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "model": {"name": "tiny-qwen2", "servedName": "tiny", "source": {"path": "/models/tiny"}},
+            "engine": {"kind": "vllm"},
+            "kvPool": {"connector": "tandem", "chunkSize": 256},
+            **spec,
+        },
+    }
+    return parse_inference_service(doc)
+
+
+def plan_for(spec: dict[str, Any]) -> LocalPlan:
+    return build_plan(
+        isvc_for(spec), ports=itertools.count(9000), router_port=8080, python="/venv/bin/python",
+        redis_server="/usr/bin/redis-server", state_dir=Path("/state"),
+    )  # fmt: skip
+
+
+def engines(plan: LocalPlan) -> dict[str, ProcessPlan]:
+    return {p.name: p for p in plan.processes if p.role in ("prefill", "decode")}
+
+
+def flag(argv: tuple[str, ...], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_engines_are_vllm_api_servers_of_the_same_python_with_the_local_model() -> None:
+    prefill = engines(plan_for({}))["prefill-0"]
+    assert prefill.argv[:3] == ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server")
+    assert flag(prefill.argv, "--model") == "/models/tiny"
+    assert flag(prefill.argv, "--served-model-name") == "tiny"
+    assert flag(prefill.argv, "--port") == str(prefill.port)
+    assert prefill.probe == "http"
+
+
+def test_prefill_produces_and_decode_consumes_through_tandems_connector() -> None:
+    found = engines(plan_for({}))
+    prefill = json.loads(flag(found["prefill-0"].argv, "--kv-transfer-config"))
+    decode = json.loads(flag(found["decode-0"].argv, "--kv-transfer-config"))
+    assert prefill["kv_role"] == "kv_producer"
+    assert decode["kv_role"] == "kv_consumer"
+    assert decode["kv_connector_module_path"] == "tandem.kvpool.vllm_connector"
+    assert decode["kv_load_failure_policy"] == "recompute"
+    assert decode["kv_connector_extra_config"]["url"] == "redis://127.0.0.1:9000"
+    assert decode["kv_connector_extra_config"]["model"] == "tiny-qwen2"
+
+
+def test_engines_are_pinned_to_different_cores_with_one_hash_seed() -> None:
+    found = engines(plan_for({"prefill": {"replicas": 1}, "decode": {"replicas": 1}}))
+    cores = {name: p.env["VLLM_CPU_OMP_THREADS_BIND"] for name, p in found.items()}
+    assert cores["prefill-0"] != cores["decode-0"]
+    assert {p.env["PYTHONHASHSEED"] for p in found.values()} == {"0"}
+    assert all(
+        p.env["HF_HUB_OFFLINE"] == "1" and p.env["VLLM_CPU_KVCACHE_SPACE"] == "1" for p in found.values()
+    )
+
+
+def test_engine_env_and_args_override_the_defaults() -> None:
+    spec = {"engine": {"kind": "vllm", "args": ["--max-model-len=4096", "--no-enforce-eager"],
+                       "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "4"}]}}  # fmt: skip
+    decode = engines(plan_for(spec))["decode-0"]
+    assert decode.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert "--enforce-eager" not in decode.argv
+    assert decode.argv.count("--max-model-len") == 0
+    assert "--max-model-len=4096" in decode.argv
+
+
+def test_default_args_fill_only_what_is_unset() -> None:
+    assert default_args([]) == ["--max-model-len", "2048", "--enforce-eager"]
+    assert default_args(["--max-model-len", "512", "-O3"]) == []
+
+
+def test_the_gateway_gets_no_pool_barrier_for_real_vllm() -> None:
+    # The gateway's tokenizer is not the model's: its chunk keys would never match the engines'.
+    plan = plan_for({})
+    assert plan.router_config.kv_pool_url is None
+    assert plan.processes[0].name == "redis"
+
+
+def test_lmcache_falls_back_to_tandems_connector_with_a_note() -> None:
+    isvc = isvc_for({"kvPool": {"connector": "lmcache"}})
+    assert local_connector(isvc) == ("tandem", LMCACHE_NOTE)
+    assert local_connector(isvc_for({})) == ("tandem", None)
