@@ -31,13 +31,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tandem.core.endpointslices import SERVICE_NAME_LABEL, ready_urls
 from tandem.core.routerconfig import KubernetesDiscovery
 from tandem.router.endpoints import EndpointRegistry
 from tandem.router.errors import ConfigurationError
@@ -45,7 +46,6 @@ from tandem.router.types import Pool
 
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 WATCH_TIMEOUT_S = 300
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
 
@@ -89,22 +89,6 @@ class KubeAPI:
         return httpx.AsyncClient(
             base_url=self.server, verify=verify, trust_env=False, timeout=httpx.Timeout(10.0)
         )
-
-
-def ready_urls(slices: Iterable[Mapping[str, Any]], *, service: str, port: int) -> list[str]:
-    """The engine URLs of `service`'s ready endpoints in `slices` (module docstring), sorted."""
-    urls: set[str] = set()
-    for slice_ in slices:
-        labels = (slice_.get("metadata") or {}).get("labels") or {}
-        if labels.get(SERVICE_NAME_LABEL) != service:
-            continue
-        for endpoint in slice_.get("endpoints") or ():
-            if (endpoint.get("conditions") or {}).get("ready") is False:
-                continue
-            for address in endpoint.get("addresses") or ():
-                host = f"[{address}]" if ":" in address else address
-                urls.add(f"http://{host}:{port}")
-    return sorted(urls)
 
 
 class _Gone(Exception):
