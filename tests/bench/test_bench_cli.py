@@ -21,7 +21,8 @@ from tandem.bench.targets import find_vllm_router
 from tandem.cli.main import cli
 
 SMALL = ["--param", "groups=2", "--param", "prompts_per_group=2", "--param", "system_prompt_tokens=64",
-         "--param", "question_tokens=8", "--param", "output_tokens=3", "--param", "rate=inf"]  # fmt: skip
+         "--param", "question_tokens=8", "--param", "output_tokens=3", "--param", "rate=inf",
+         "--no-plots"]  # fmt: skip
 
 
 def bench(*args: str) -> Result:
@@ -87,6 +88,7 @@ def test_a_dumped_workload_file_drives_an_endpoint_and_the_results_are_written(
         str(path),
         "--out",
         str(out),
+        "--no-plots",
     )
     assert result.exit_code == 0, result.output
     assert "| metric | endpoint |" in result.stdout
@@ -104,9 +106,30 @@ def test_a_dumped_workload_file_drives_an_endpoint_and_the_results_are_written(
 def test_a_run_where_nothing_succeeds_exits_1(endpoint: str, tmp_path: Path) -> None:
     path = tmp_path / "w.jsonl"
     path.write_text('{"offset_s": 0, "max_tokens": 2, "prompt": "status-500"}\n')
-    result = bench("--url", f"{endpoint}/v1", "--workload-file", str(path), "--out", str(tmp_path / "o"))
+    result = bench(
+        "--url", f"{endpoint}/v1", "--workload-file", str(path), "--out", str(tmp_path / "o"), "--no-plots"
+    )
     assert result.exit_code == 1
     assert (
         result.stderr.strip().splitlines()[-1].startswith("tandem: error: run endpoint: no request succeeded")
     )
     assert (tmp_path / "o" / "bench.json").exists(), "results are written anyway"
+
+
+def test_repeated_runs_are_aggregated_as_mean_and_spread_with_plots(endpoint: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = bench("--url", f"{endpoint}/v1", "--repeat", "3", *SMALL[:-1], "--out", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "bench.json").read_text())
+    assert [(r["label"], r["repeat"]) for r in doc["runs"]] == [
+        ("endpoint", 0),
+        ("endpoint", 1),
+        ("endpoint", 2),
+    ]
+    assert doc["aggregate"]["endpoint"]["ok"] == {"n": 3, "mean": 4.0, "sd": 0.0, "min": 4.0, "max": 4.0}
+    assert doc["aggregate"]["endpoint"]["ttft_p50"]["n"] == 3
+    assert "3 runs per target" in result.stdout and "| metric (mean ± sd) | endpoint |" in result.stdout
+    assert "| SLO attainment | 100.0% |" in result.stdout, "the fake endpoint answers well within 1 s"
+    names = sorted(p.name for p in out.glob("requests-*.jsonl"))
+    assert names == ["requests-endpoint-r1.jsonl", "requests-endpoint-r2.jsonl", "requests-endpoint.jsonl"]
+    assert (out / "ttft-cdf.png").stat().st_size > 0 and (out / "requests-timeline.png").stat().st_size > 0

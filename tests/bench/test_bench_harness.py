@@ -23,7 +23,7 @@ from tandem.cli.main import cli
 
 TINY = ["--engines", "2", "--time-scale", "100", "--param", "groups=2", "--param", "prompts_per_group=3",
         "--param", "system_prompt_tokens=256", "--param", "question_tokens=16", "--param", "output_tokens=4",
-        "--param", "rate=inf", "--request-timeout", "60"]  # fmt: skip
+        "--param", "rate=inf", "--request-timeout", "60", "--no-plots"]  # fmt: skip
 
 
 def run_bench(tmp_path: Path, *targets: str) -> tuple[dict[str, Any], str]:
@@ -76,3 +76,43 @@ def test_a_peer_router_runs_in_front_of_the_same_engines(tmp_path: Path) -> None
     assert sorted(c["name"] for c in run["children"]) == ["decode-0", "decode-1", "redis", "vllm-router"]
     assert_stopped(run)
     assert "| metric | vllm-router:cache_aware |" in table
+
+
+PEERS = ["--peer", "vllm-router:round_robin"] if find_vllm_router(python=sys.executable) else []
+
+
+def test_the_overhead_sweep_runs_direct_and_the_router_on_one_engine(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, [
+        "bench", "--overhead-sweep", "1,4", "--sweep-requests", "8", "--policy", "round-robin",
+        "--no-plots", "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "overhead.json").read_text())
+    labels = ["direct", "round-robin"]
+    assert [(r["label"], r["concurrency"]) for r in doc["rows"]] == [
+        (label, c) for label in labels for c in (1, 4)
+    ]
+    for row in doc["rows"]:
+        assert row["ok"] == row["requests"] == 8 and row["errors"] == 0, row
+        assert row["ttft_p50_ms"] > 0 and row["requests_per_s"] > 0
+    for label in labels[1:]:
+        for c in (1, 4):
+            added = doc["levels"][label][str(c)]["added_ttft_p50_ms"]
+            assert added["n"] == 1 and added["mean"] is not None
+        assert doc["sustained"][label]["concurrency"] in (1, 4)
+    assert (
+        "| concurrency | direct TTFT p50 / p99 (ms) | round-robin: added TTFT p50 / p99 (ms)" in result.stdout
+    )
+
+
+@pytest.mark.skipif(not PEERS, reason="vllm-router is not installed (the bench extra)")
+def test_the_peer_in_pd_mode_sends_prefill_then_decode_through_the_sims_kv_pool(tmp_path: Path) -> None:
+    doc, _ = run_bench(tmp_path, "--peer", "vllm-router:round_robin", "--pd")
+    (run,) = doc["runs"]
+    assert run["requests"]["ok"] == 6, run["requests"]
+    assert sorted(c["role"] for c in run["children"]) == ["decode", "decode", "kvpool", "prefill", "router"]
+    prefill, *decode = run["load"]["requests_per_engine"].values()
+    assert prefill == 6 and sum(decode) == 6, "every request: a prefill on P, then a decode on a D"
+    assert run["engines"]["overall"]["delta"]["external_hits"] > 0, (
+        "decode loaded the prefill's KV from Redis"
+    )

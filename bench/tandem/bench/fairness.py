@@ -133,10 +133,39 @@ def tenant_report(requests: Sequence[Timed], weights: ServiceWeights) -> dict[st
             "ttft_s": distribution(v for r in mine if r.ok and (v := r.ttft) is not None),
         }
     gap = max(in_both.values()) - min(in_both.values()) if both else None
+    pair_gap, pair = max_pair_gap(requests, waiting, weights)
     return {
         "weights": {"input": weights.input, "output": weights.output},
         "fair_share": 1 / len(tenants) if tenants else None,
         "backlogged_s": length(both) if both is not None else None,
         "service_gap_backlogged": gap,
+        "max_pair_gap": pair_gap,
+        "max_pair_gap_tenants": list(pair) if pair else None,
         "tenants": per_tenant,
     }
+
+
+def max_pair_gap(
+    requests: Sequence[Timed], waiting: dict[str, list[Interval]], weights: ServiceWeights
+) -> tuple[float | None, tuple[str, str] | None]:
+    """VTC's fairness measure over any number of tenants: for every pair (f, g), the service each got
+    while both were waiting, |W_f(B_fg) − W_g(B_fg)|; the largest over pairs and the pair.
+
+    With two tenants it equals `service_gap_backlogged`. Example: a and b both wait over [0, 10)
+    and get 900 and 300 units there, a and c never wait together → (600, ("a", "b")).
+    None when no two tenants were ever waiting at the same time.
+    """
+    tenants = list(waiting)
+    best: tuple[float | None, tuple[str, str] | None] = (None, None)
+    for i, f in enumerate(tenants):
+        for g in tenants[i + 1 :]:
+            both = intersect(waiting[f], waiting[g])
+            if not both:
+                continue
+            served = [
+                sum(service(r, weights, within=both) for r in requests if r.tenant == t) for t in (f, g)
+            ]
+            gap = abs(served[0] - served[1])
+            if best[0] is None or gap > best[0]:
+                best = (gap, (f, g))
+    return best

@@ -18,6 +18,7 @@ simplest honest reset; it costs a few seconds per target. Everything listens on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 from collections.abc import Callable, Iterator
@@ -118,6 +119,57 @@ def _free_ports() -> Iterator[int]:
             yield port
 
 
+@dataclass
+class Started:
+    """A target's processes, running: the URL to send to, the engines to scrape, the model name, and
+    notes about children that died (filled in when the context ends)."""
+
+    base_url: str
+    engines: list[str]
+    model: str
+    children: list[Child]
+    notes: list[str]
+
+
+@contextlib.contextmanager
+def started(
+    target: Target, *, pool: PoolSettings, tools: Tools, state_dir: Path, progress: Progress
+) -> Iterator[Started]:
+    """Start the pool and the target's gateway (module doc, steps 1-2), and stop every child when the
+    block ends, whatever happened (step 4)."""
+    run_dir = state_dir / target.label.replace(":", "-")
+    policy = target.policy if target.kind == "tandem" and target.policy else "round-robin"
+    isvc = bench_service(pool, policy=policy, direct=target.kind == "direct")
+    ports = _free_ports()
+    plan = build_plan(
+        isvc, ports=ports, router_port=next(ports), python=tools.python,
+        redis_server=tools.redis_server, state_dir=run_dir.resolve(),
+    )  # fmt: skip
+    gateway = _gateway(target, plan=plan, tools=tools, metrics_port=next(ports), router_args=pool.router_args)
+    supervisor = Supervisor(log_dir=run_dir.resolve() / "logs")
+    children: list[Child] = []
+    try:
+        try:
+            _start(
+                target, plan=plan, gateway=gateway, supervisor=supervisor, started=children, progress=progress
+            )
+        except ChildFailed as exc:
+            raise HarnessError(f"[{target.label}] {exc}") from None
+        engines = [p.url for p in plan.processes if p.role in ("prefill", "decode")]
+        decode = [p.url for p in plan.processes if p.role == "decode"]
+        base = gateway.url if gateway is not None else decode[0]
+        running = Started(f"{base}/v1", engines, plan.model, children, [])
+        yield running
+        dead = supervisor.first_dead()
+        if dead is not None:
+            running.notes.append(
+                f"{dead.plan.name} exited with code {dead.process.returncode} during the run"
+            )
+    finally:
+        supervisor.stop_all()
+        progress(f"[{target.label}] stopped {len(children)} processes")
+
+
 def run_target(
     target: Target,
     *,
@@ -129,39 +181,14 @@ def run_target(
     progress: Progress,
 ) -> RunData:
     """Start the pool and the target's gateway, run the workload, stop everything (module doc)."""
-    run_dir = state_dir / target.label.replace(":", "-")
-    policy = target.policy if target.kind == "tandem" and target.policy else "round-robin"
-    isvc = bench_service(pool, policy=policy, direct=target.kind == "direct")
-    ports = _free_ports()
-    plan = build_plan(
-        isvc, ports=ports, router_port=next(ports), python=tools.python,
-        redis_server=tools.redis_server, state_dir=run_dir.resolve(),
-    )  # fmt: skip
-    gateway = _gateway(target, plan=plan, tools=tools, metrics_port=next(ports), router_args=pool.router_args)
-    supervisor = Supervisor(log_dir=run_dir.resolve() / "logs")
-    started: list[Child] = []
-    notes: list[str] = []
-    try:
-        try:
-            _start(
-                target, plan=plan, gateway=gateway, supervisor=supervisor, started=started, progress=progress
-            )
-        except ChildFailed as exc:
-            raise HarnessError(f"[{target.label}] {exc}") from None
-        engines = [p.url for p in plan.processes if p.role in ("prefill", "decode")]
-        decode = [p.url for p in plan.processes if p.role == "decode"]
-        base = gateway.url if gateway is not None else decode[0]
-        settings = replace(driver, base_url=f"{base}/v1", model=plan.model, label=target.label)
+    with started(target, pool=pool, tools=tools, state_dir=state_dir, progress=progress) as run:
+        settings = replace(driver, base_url=run.base_url, model=run.model, label=target.label)
         progress(f"[{target.label}] running {len(workload.requests)} requests against {settings.base_url}")
-        result, before, after = asyncio.run(measure(workload, settings, engines=engines, progress=progress))
-        dead = supervisor.first_dead()
-        if dead is not None:
-            notes.append(f"{dead.plan.name} exited with code {dead.process.returncode} during the run")
-    finally:
-        supervisor.stop_all()
-        progress(f"[{target.label}] stopped {len(started)} processes")
-    children = [_child_info(c) for c in started]
-    return RunData(target.label, target.describe(), result, before, after, children, tuple(notes))
+        result, before, after = asyncio.run(
+            measure(workload, settings, engines=run.engines, progress=progress)
+        )
+    children = [_child_info(c) for c in run.children]
+    return RunData(target.label, target.describe(), result, before, after, children, tuple(run.notes))
 
 
 def _gateway(

@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.bench.aggregate import aggregate, spread_table
 from tandem.bench.counters import EngineCounters, engine_report
 from tandem.bench.fairness import ServiceWeights, tenant_report
 from tandem.bench.records import DriveResult
-from tandem.bench.stats import latency_summary, throughput, timed
+from tandem.bench.stats import Slo, latency_summary, slo_report, throughput, timed
 
 SCHEMA = "tandem-bench/1"
 _ERROR_EXAMPLES = 3
@@ -38,9 +39,18 @@ class RunData:
     engines_after: Mapping[str, EngineCounters | str]
     children: Sequence[Mapping[str, Any]] = ()
     notes: Sequence[str] = field(default_factory=tuple)
+    repeat: int = 0
+
+    @property
+    def file_label(self) -> str:
+        """The label in file names: `vllm-router-cache_aware`; `-r1`, `-r2`... for the later repeats."""
+        base = self.label.replace(":", "-")
+        return base if self.repeat == 0 else f"{base}-r{self.repeat}"
 
 
-def summarize(run: RunData, *, time_scale: float, weights: ServiceWeights) -> dict[str, Any]:
+def summarize(
+    run: RunData, *, time_scale: float, weights: ServiceWeights, slo: Slo | None = None
+) -> dict[str, Any]:
     """Every metric of one run as plain JSON data (engine seconds)."""
     requests = timed(run.result.records, time_scale=time_scale)
     records = run.result.records
@@ -48,6 +58,7 @@ def summarize(run: RunData, *, time_scale: float, weights: ServiceWeights) -> di
     engines = engine_report(run.engines_before, run.engines_after)
     return {
         "label": run.label,
+        "repeat": run.repeat,
         "target": dict(run.target),
         "requests": {
             "total": len(records),
@@ -58,6 +69,7 @@ def summarize(run: RunData, *, time_scale: float, weights: ServiceWeights) -> di
         },
         "latency": latency_summary(requests),
         "throughput": throughput(requests),
+        "slo": slo_report(requests, slo or Slo()),
         "engines": engines,
         "load": _load(engines),
         "fairness": tenant_report(requests, weights),
@@ -92,6 +104,7 @@ def document(
         "machine": dict(machine),
         "workload": dict(workload),
         "runs": list(runs),
+        "aggregate": aggregate(runs),
     }
 
 
@@ -136,6 +149,8 @@ _COMMON_ROWS: tuple[Row, ...] = (
     ("E2E p50 / p90 / p99 (s)", lambda r: _s(r["latency"]["e2e_s"], "p50", "p90", "p99")),
     ("throughput (req/s)", lambda r: _num(r["throughput"]["requests_per_s"], ".2f")),
     ("output tokens/s", lambda r: _num(r["throughput"]["output_tokens_per_s"], ".0f")),
+    ("SLO attainment", lambda r: _pct(r.get("slo", {}).get("attainment"))),
+    ("goodput (req/s)", lambda r: _num(r.get("slo", {}).get("goodput_rps"), ".2f")),
     ("prefix cache hit rate", lambda r: _pct(_overall(r, "prefix_hit_rate"))),
     ("KV pool hit rate", lambda r: _pct(_overall(r, "external_hit_rate"))),
     ("requests per engine", _per_engine),
@@ -174,13 +189,24 @@ def _rows_of(tenant: str) -> list[Row]:
     ]
 
 
+#: Per-tenant rows are listed for at most this many tenants (the JSON has them all).
+TENANT_ROWS = 4
+
+
+def _pair_gap(run: Mapping[str, Any]) -> str:
+    fair = run["fairness"]
+    gap, pair = fair.get("max_pair_gap"), fair.get("max_pair_gap_tenants")
+    return "–" if gap is None else f"{gap:.0f} ({' / '.join(pair or ())})"
+
+
 def _tenant_rows(tenants: Sequence[str]) -> list[Row]:
-    rows: list[Row] = [("both backlogged (s)", lambda r: _num(r["fairness"]["backlogged_s"], ".1f"))]
-    for tenant in tenants:
+    rows: list[Row] = [("all backlogged (s)", lambda r: _num(r["fairness"]["backlogged_s"], ".1f"))]
+    for tenant in tenants[:TENANT_ROWS]:
         rows += _rows_of(tenant)
     rows.append(
-        ("service gap while backlogged", lambda r: _num(r["fairness"]["service_gap_backlogged"], ".0f"))
+        ("service gap while all backlogged", lambda r: _num(r["fairness"]["service_gap_backlogged"], ".0f"))
     )
+    rows.append(("max service gap, any two backlogged", _pair_gap))
     return rows
 
 
@@ -218,12 +244,26 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"- engines: {settings.get('engines_desc', 'external')}; time scale {settings['time_scale']:g} "
         "(times are engine seconds = wall seconds × time scale)",
     ]
+    slo = doc["runs"][0].get("slo") if doc["runs"] else None
+    if slo:
+        lines.append(
+            f"- SLO: TTFT ≤ {slo['ttft_slo_s'] * 1000:g} ms and TPOT ≤ {slo['tpot_slo_s'] * 1000:g} ms "
+            "(attainment: share of all requests meeting both; goodput: those per second)"
+        )
     if fair.get("weights") and len(fair.get("tenants", {})) > 1:
         lines.append(
             f"- service in VTC units: {fair['weights']['input']:g} × prompt + {fair['weights']['output']:g}"
             f" × completion tokens; fair share {_num(fair.get('fair_share'), '.2f')}"
         )
-    lines += ["", markdown_table(doc["runs"])]
+    first = [r for r in doc["runs"] if r.get("repeat", 0) == 0]
+    if len(first) < len(doc["runs"]):
+        repeats = len(doc["runs"]) // max(1, len(first))
+        lines += [
+            "", f"{repeats} runs per target, each on freshly started engines; ± is the sample standard "
+            "deviation over the runs (min and max in bench.json's `aggregate`).", "",
+            spread_table(doc["aggregate"]), "", "The first run of each target in full:",
+        ]  # fmt: skip
+    lines += ["", markdown_table(first)]
     notes = [f"- {r['label']}: {note.splitlines()[0]}" for r in doc["runs"] for note in r["notes"] if note]
     errors = [f"- {r['label']}: {e}" for r in doc["runs"] for e in r["requests"]["error_examples"]]
     if notes or errors:

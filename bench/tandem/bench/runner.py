@@ -9,23 +9,30 @@ token arrival times included, for later plots).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from tandem.bench import plots
 from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
-from tandem.bench.harness import HarnessError, PoolSettings, Tools, measure, run_target
+from tandem.bench.harness import Counters, HarnessError, PoolSettings, Tools, measure, run_target
+from tandem.bench.overhead import SweepSettings, summarize_sweep, sweep_markdown
 from tandem.bench.records import DriveResult
 from tandem.bench.report import RunData, document, markdown, summarize
+from tandem.bench.stats import Slo, timed
 from tandem.bench.targets import Target
+from tandem.bench.timeline import TimelineRecorder, build_timeline, timeline_markdown
 from tandem.bench.workload_file import dump_jsonl
 from tandem.bench.workloads import Workload
 
@@ -42,41 +49,118 @@ class Bench:
     weights: ServiceWeights
     out_dir: Path
     command: tuple[str, ...]
+    slo: Slo = field(default_factory=Slo)
+    repeat: int = 1
 
 
 def run_endpoint(
-    bench: Bench, *, url: str, model: str, engine_metrics: Sequence[str], progress: Progress
-) -> list[RunData]:
-    """Drive a running endpoint once; `engine_metrics` are the engines whose counters to diff."""
+    bench: Bench,
+    *,
+    url: str,
+    model: str,
+    engine_metrics: Sequence[str],
+    timeline: Sequence[str] = (),
+    timeline_interval_s: float = 1.0,
+    progress: Progress,
+) -> tuple[list[RunData], TimelineRecorder | None]:
+    """Drive a running endpoint `bench.repeat` times; `engine_metrics` are the engines whose counters
+    to diff; with `timeline` URLs, their autoscaler gauges are recorded during the (first) run."""
     settings = replace(bench.driver, base_url=url.rstrip("/"), model=model, label="endpoint")
-    progress(f"[endpoint] running {len(bench.workload.requests)} requests against {settings.base_url}")
-    result, before, after = asyncio.run(
-        measure(bench.workload, settings, engines=list(engine_metrics), progress=progress)
-    )
-    return [RunData("endpoint", {"kind": "endpoint", "url": settings.base_url}, result, before, after)]
+    runs: list[RunData] = []
+    recorder: TimelineRecorder | None = None
+    for repeat in range(bench.repeat):
+        progress(f"[endpoint] running {len(bench.workload.requests)} requests against {settings.base_url}")
+        urls = timeline if repeat == 0 else ()
+        result, before, after, recorded = asyncio.run(
+            _measure_recording(
+                bench.workload, settings, list(engine_metrics), urls, timeline_interval_s, progress
+            )
+        )
+        recorder = recorder or recorded
+        target = {"kind": "endpoint", "url": settings.base_url}
+        runs.append(RunData("endpoint", target, result, before, after, repeat=repeat))
+    return runs, recorder
+
+
+async def _measure_recording(
+    workload: Workload,
+    settings: DriverSettings,
+    engines: list[str],
+    urls: Sequence[str],
+    interval_s: float,
+    progress: Progress,
+) -> tuple[DriveResult, Counters, Counters, TimelineRecorder | None]:
+    """`measure`, with a TimelineRecorder scraping `urls` for as long as the workload runs."""
+    if not urls:
+        return (*await measure(workload, settings, engines=engines, progress=progress), None)
+    async with httpx.AsyncClient(trust_env=False) as client:
+        recorder = TimelineRecorder(list(urls), client=client, interval_s=interval_s)
+        task = asyncio.ensure_future(recorder.run())
+        try:
+            result, before, after = await measure(workload, settings, engines=engines, progress=progress)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return result, before, after, recorder
+
+
+def write_timeline(
+    bench: Bench,
+    run: RunData,
+    recorder: TimelineRecorder,
+    *,
+    time_scale: float,
+    plot: bool,
+    progress: Progress,
+) -> str:
+    """timeline.json and timeline.png of an endpoint run; returns the markdown summary."""
+    requests = timed(run.result.records, time_scale=time_scale)
+    doc = build_timeline(recorder.samples, requests, time_scale=time_scale, slo=bench.slo)
+    doc["scrapes"] = recorder.scrapes
+    doc["scrape_errors"] = {
+        url: {"count": n, "first": recorder.first_errors.get(url)} for url, n in recorder.errors.items()
+    }
+    bench.out_dir.mkdir(parents=True, exist_ok=True)
+    (bench.out_dir / "timeline.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    if plot and plots.available():
+        plots.autoscaler_timeline(
+            doc, bench.out_dir / "timeline.png", title=f"{bench.workload.name}: autoscaler timeline"
+        )
+    elif plot:
+        progress("matplotlib is not installed (the bench extra): no timeline.png")
+    for url, err in doc["scrape_errors"].items():
+        progress(f"[timeline] {url}: {err['count']} failed scrapes (first: {err['first']})")
+    return timeline_markdown(doc)
 
 
 def run_harness(
     bench: Bench, *, targets: Sequence[Target], pool: PoolSettings, tools: Tools, progress: Progress
 ) -> list[RunData]:
-    """One cold run per target on identical simulated pools (`tandem.bench.harness`).
+    """`bench.repeat` cold runs per target on identical simulated pools (`tandem.bench.harness`),
+    target after target (all repeats of one target, then the next).
 
     A target whose processes fail to start is reported as a run without requests (its note says
-    why) and the next target still runs.
+    why) and the next run still starts.
     """
     runs = []
     for number, target in enumerate(targets, start=1):
         what = "1 simulated engine, no router" if target.kind == "direct" else pool.describe()
-        progress(f"[{target.label}] target {number}/{len(targets)}: starting {what}")
-        try:
-            run = run_target(
-                target, workload=bench.workload, pool=pool, tools=tools, driver=bench.driver,
-                state_dir=bench.out_dir / "runs", progress=progress,
-            )  # fmt: skip
-        except HarnessError as exc:
-            progress(f"[{target.label}] failed: {exc}")
-            run = RunData(target.label, target.describe(), DriveResult((), 0.0), {}, {}, notes=(str(exc),))
-        runs.append(run)
+        for repeat in range(bench.repeat):
+            of = f", run {repeat + 1}/{bench.repeat}" if bench.repeat > 1 else ""
+            progress(f"[{target.label}] target {number}/{len(targets)}{of}: starting {what}")
+            state = bench.out_dir / "runs" / (f"r{repeat}" if bench.repeat > 1 else "")
+            try:
+                run = run_target(
+                    target, workload=bench.workload, pool=pool, tools=tools, driver=bench.driver,
+                    state_dir=state, progress=progress,
+                )  # fmt: skip
+            except HarnessError as exc:
+                progress(f"[{target.label}] failed: {exc}")
+                run = RunData(
+                    target.label, target.describe(), DriveResult((), 0.0), {}, {}, notes=(str(exc),)
+                )
+            runs.append(replace(run, repeat=repeat))
     return runs
 
 
@@ -140,7 +224,7 @@ def finish(
     bench: Bench, runs: Sequence[RunData], *, settings: Mapping[str, Any], time_scale: float
 ) -> tuple[dict[str, Any], str]:
     """Summarise the runs, write bench.json, bench.md and the records; returns (document, markdown)."""
-    summaries = [summarize(r, time_scale=time_scale, weights=bench.weights) for r in runs]
+    summaries = [summarize(r, time_scale=time_scale, weights=bench.weights, slo=bench.slo) for r in runs]
     doc = document(
         runs=summaries,
         workload=workload_info(bench.workload, seed=bench.seed),
@@ -155,5 +239,73 @@ def finish(
     (bench.out_dir / "bench.md").write_text(text, encoding="utf-8")
     for run in runs:
         lines = "".join(json.dumps(r.to_json()) + "\n" for r in run.result.records)
-        (bench.out_dir / f"requests-{run.label.replace(':', '-')}.jsonl").write_text(lines, encoding="utf-8")
+        (bench.out_dir / f"requests-{run.file_label}.jsonl").write_text(lines, encoding="utf-8")
     return doc, text
+
+
+def write_plots(
+    bench: Bench, runs: Sequence[RunData], *, time_scale: float, progress: Progress
+) -> list[Path]:
+    """`ttft-cdf.png` and `requests-timeline.png` from the first run of every target (engine seconds)."""
+    if not plots.available():
+        progress("matplotlib is not installed (the bench extra): no plots")
+        return []
+    first = [r for r in runs if r.repeat == 0 and r.result.records]
+    views = {r.label: [t for t in timed(r.result.records, time_scale=time_scale) if t.ok] for r in first}
+    views = {label: v for label, v in views.items() if v}
+    if not views:
+        return []
+    title = f"{bench.workload.name}, time scale {time_scale:g}"
+    cdf = bench.out_dir / "ttft-cdf.png"
+    plots.ttft_cdf({k: [t.ttft for t in v if t.ttft is not None] for k, v in views.items()}, cdf, title=title)
+    timeline = bench.out_dir / "requests-timeline.png"
+    data = {
+        label: {
+            "arrival": [t.arrival for t in v if t.ttft is not None],
+            "ttft": [t.ttft for t in v if t.ttft is not None],
+            "start": [t.start for t in v if t.start is not None and t.end is not None],
+            "end": [t.end for t in v if t.start is not None and t.end is not None],
+        }
+        for label, v in views.items()
+    }
+    plots.request_timeline(data, timeline, title=title)
+    return [cdf, timeline]
+
+
+def write_overhead(
+    bench: Bench, rows: Sequence[Mapping[str, Any]], *, sweep: SweepSettings, plot: bool, progress: Progress
+) -> str:
+    """overhead.json (every level row and the summary), overhead.md and overhead.png; returns the markdown."""
+    summary = summarize_sweep(rows)
+    doc = {
+        "schema": "tandem-bench-overhead/1",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": list(bench.command),
+        "machine": machine_info(),
+        "sweep": asdict(sweep),
+        "repeat": bench.repeat,
+        "rows": list(rows),
+        **summary,
+    }
+    text = (
+        f"# tandem bench: router overhead\n\n- command: `{' '.join(bench.command)}`\n"
+        f"- date: {doc['created']}; machine: {doc['machine']['nproc']} cores, {doc['machine']['cpu']}\n"
+        f"- one simulated engine at time scale {sweep.engine_time_scale:g}; {sweep.prompt_tokens} prompt and "
+        f"{sweep.output_tokens} output tokens per request, streamed; wall milliseconds; "
+        f"{bench.repeat} repeat(s), mean ± sd\n\n" + sweep_markdown(summary) + "\n"
+    )
+    bench.out_dir.mkdir(parents=True, exist_ok=True)
+    (bench.out_dir / "overhead.json").write_text(
+        json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8"
+    )
+    (bench.out_dir / "overhead.md").write_text(text, encoding="utf-8")
+    if plot and plots.available():
+        keys = ("added_ttft_p50_ms", "added_ttft_p99_ms")
+        points = [
+            {"label": label, "concurrency": c, **{k: v[k]["mean"] for k in keys}}
+            for label, by in summary["levels"].items() if label != "direct" for c, v in by.items()
+        ]  # fmt: skip
+        plots.overhead(points, bench.out_dir / "overhead.png", title="Router overhead over direct (wall ms)")
+    elif plot:
+        progress("matplotlib is not installed (the bench extra): no overhead.png")
+    return text

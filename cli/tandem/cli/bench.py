@@ -28,9 +28,19 @@ from tandem.bench.catalog import WORKLOADS, make_workload, parse_overrides
 from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
+from tandem.bench.overhead import SweepSettings, parse_levels, run_sweep
 from tandem.bench.report import RunData
-from tandem.bench.runner import Bench, finish, run_endpoint, run_harness
-from tandem.bench.targets import VLLM_ROUTER_INSTALL, TargetError, find_vllm_router, parse_targets
+from tandem.bench.runner import (
+    Bench,
+    finish,
+    run_endpoint,
+    run_harness,
+    write_overhead,
+    write_plots,
+    write_timeline,
+)
+from tandem.bench.stats import Slo
+from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, TargetError, find_vllm_router, parse_targets
 from tandem.bench.workloads import Workload, WorkloadError, bounded
 from tandem.core.spec import ROUTING_POLICIES
 from tandem.local.binaries import find_redis_server
@@ -86,6 +96,15 @@ HELP: Mapping[str, str] = MappingProxyType(
         "engine_arg": "Harness: an extra `tandem sim` argument, e.g. --engine-arg=--num-gpu-blocks=2048.",
         "router_arg": "Harness: an extra `tandem router` argument, e.g. --router-arg=--fairness=fcfs.",
         "max_concurrency": "Most requests in flight per tenant [default: the workload's, else 256].",
+        "repeat": "Run every target (or the endpoint) N times; tables show mean ± sd over the runs.",
+        "slo_ttft_ms": "TTFT objective for SLO attainment and goodput (ms).",
+        "slo_tpot_ms": "TPOT objective for SLO attainment and goodput (ms).",
+        "timeline": "Endpoint mode: scrape this URL's /metrics every second for tandem_autoscaler_* gauges "
+        "and write timeline.json/png; repeatable.",
+        "overhead_sweep": "Harness: measure router overhead over direct at these concurrency levels "
+        "(e.g. 1,4,16,64,256) instead of running a workload.",
+        "sweep_requests": "Overhead sweep: requests per level (at least 2 × the level).",
+        "sweep_time_scale": "Overhead sweep: the single engine's time scale (high = near-zero model time).",
     }
 )
 
@@ -127,6 +146,39 @@ HELP: Mapping[str, str] = MappingProxyType(
 @click.option("--input-weight", type=click.FloatRange(min=0), default=1.0, show_default=True)
 @click.option("--output-weight", type=click.FloatRange(min=0), default=2.0, show_default=True)
 @click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (endpoints that reject it).")
+@click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True, help=HELP["repeat"])
+@click.option(
+    "--slo-ttft-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1000.0,
+    show_default=True,
+    help=HELP["slo_ttft_ms"],
+)
+@click.option(
+    "--slo-tpot-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=100.0,
+    show_default=True,
+    help=HELP["slo_tpot_ms"],
+)
+@click.option("--timeline", multiple=True, metavar="URL", help=HELP["timeline"])
+@click.option("--timeline-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
+@click.option("--overhead-sweep", metavar="LEVELS", help=HELP["overhead_sweep"])
+@click.option(
+    "--sweep-requests",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help=HELP["sweep_requests"],
+)
+@click.option(
+    "--sweep-time-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1000.0,
+    show_default=True,
+    help=HELP["sweep_time_scale"],
+)
+@click.option("--no-plots", is_flag=True, help="Write no PNG plots (they cost about a CPU-second each).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Results directory.")
 @click.option(
     "--dump-workload", type=click.Path(path_type=Path, dir_okay=False), help="Write the workload, exit."
@@ -140,11 +192,7 @@ def bench(**o: Any) -> None:
         return
     if not workload.requests:
         _fail("the workload has no requests within --requests/--duration")
-    harness = bool(o["policy"] or o["peer"] or o["direct"])
-    if harness == bool(o["url"]):
-        _fail("give --url (endpoint mode) or --policy/--peer/--direct (harness mode), not both or neither")
-    if harness and o["engine_metrics"]:
-        _fail("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
+    harness = _mode(o)
     out = o["out"] or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     driver = DriverSettings(
         base_url="", model=o["model"], max_concurrency=o["max_concurrency"] or workload.concurrency or 256,
@@ -154,19 +202,53 @@ def bench(**o: Any) -> None:
     setup = Bench(
         workload=workload, seed=o["seed"], driver=driver, out_dir=out, command=_command(),
         weights=ServiceWeights(input=o["input_weight"], output=o["output_weight"]),
+        slo=Slo(ttft_s=o["slo_ttft_ms"] / 1000, tpot_s=o["slo_tpot_ms"] / 1000), repeat=o["repeat"],
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    extra = ""
     try:
-        runs, settings = _harness(setup, o) if harness else _endpoint(setup, o)
+        if o["overhead_sweep"] is not None:
+            _overhead(setup, o)
+            return
+        if harness:
+            runs, settings = _harness(setup, o)
+        else:
+            runs, settings, extra = _endpoint(setup, o)
     except KeyboardInterrupt:
         _fail("interrupted; every child process has been stopped", EXIT_INTERRUPTED)
     except HarnessError as exc:
         _fail(str(exc), EXIT_FAILED)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    _, text = finish(setup, runs, settings=settings, time_scale=o["time_scale"])
+    _report(setup, runs, settings=settings, extra=extra, time_scale=o["time_scale"], plots=not o["no_plots"])
+
+
+def _mode(o: dict[str, Any]) -> bool:
+    """True for harness mode, False for endpoint mode; exits with code 2 on flags that do not fit."""
+    harness = bool(o["policy"] or o["peer"] or o["direct"])
+    if harness == bool(o["url"]):
+        _fail("give --url (endpoint mode) or --policy/--peer/--direct (harness mode), not both or neither")
+    if harness and o["engine_metrics"]:
+        _fail("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
+    if harness and o["timeline"]:
+        _fail("--timeline is for endpoint mode (--url)")
+    if o["overhead_sweep"] is not None and not harness:
+        _fail("--overhead-sweep runs in harness mode: give --policy and/or --peer")
+    return harness
+
+
+def _report(
+    setup: Bench, runs: list[RunData], *, settings: dict[str, Any], extra: str, time_scale: float, plots: bool
+) -> None:
+    """Write the results and plots, print the table, and exit 1 when a run had no successful request."""
+    _, text = finish(setup, runs, settings=settings, time_scale=time_scale)
+    if extra:
+        text += "\n## Autoscaler timeline\n\n" + extra + "\n"
+        (setup.out_dir / "bench.md").write_text(text, encoding="utf-8")
+    if plots:
+        write_plots(setup, runs, time_scale=time_scale, progress=_say)
     click.echo(text)
-    _say(f"results in {out}/ (bench.json, bench.md, requests-*.jsonl)")
+    _say(f"results in {setup.out_dir}/ (bench.json, bench.md, requests-*.jsonl, *.png)")
     empty = [r for r in runs if not any(rec.ok for rec in r.result.records)]
     if empty:
         errors = [rec.error for rec in empty[0].result.records if rec.error] + list(empty[0].notes)
@@ -174,14 +256,23 @@ def bench(**o: Any) -> None:
         _fail(f"run {empty[0].label}: no request succeeded (first error: {first})", EXIT_FAILED)
 
 
-def _endpoint(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any]]:
-    runs = run_endpoint(
-        setup, url=o["url"], model=o["model"], engine_metrics=o["engine_metrics"], progress=_say
-    )
-    return runs, {"mode": "endpoint", "url": o["url"], "engines_desc": f"{len(o['engine_metrics'])} scraped"}
+def _endpoint(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any], str]:
+    runs, recorder = run_endpoint(
+        setup, url=o["url"], model=o["model"], engine_metrics=o["engine_metrics"], timeline=o["timeline"],
+        timeline_interval_s=o["timeline_interval"], progress=_say,
+    )  # fmt: skip
+    extra = ""
+    if recorder is not None:
+        extra = write_timeline(
+            setup, runs[0], recorder, time_scale=o["time_scale"], plot=not o["no_plots"], progress=_say
+        )
+    settings = {"mode": "endpoint", "url": o["url"], "engines_desc": f"{len(o['engine_metrics'])} scraped",
+                "timeline": list(o["timeline"])}  # fmt: skip
+    return runs, settings, extra
 
 
-def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any]]:
+def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings]:
+    """Targets, binaries and the pool from the flags; exits with code 2 on a bad one."""
     try:
         targets = parse_targets(policies=o["policy"], peers=o["peer"], direct=o["direct"])
     except TargetError as exc:
@@ -202,6 +293,11 @@ def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, 
         time_scale=o["time_scale"], model=o["model"], engine_args=tuple(o["engine_arg"]),
         router_args=tuple(o["router_arg"]), seed=o["seed"],
     )  # fmt: skip
+    return targets, tools, pool
+
+
+def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any]]:
+    targets, tools, pool = _harness_setup(o)
     runs = run_harness(setup, targets=targets, pool=pool, tools=tools, progress=_say)
     settings = {
         "mode": "harness", "targets": [t.label for t in targets], "engines_desc": pool.describe(),
@@ -210,3 +306,25 @@ def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, 
         },
     }  # fmt: skip
     return runs, settings
+
+
+def _overhead(setup: Bench, o: dict[str, Any]) -> None:
+    """The router-overhead sweep (`tandem.bench.overhead`): overhead.json, overhead.md, overhead.png."""
+    try:
+        levels = parse_levels(o["overhead_sweep"])
+    except ValueError as exc:
+        _fail(str(exc))
+    targets, tools, pool = _harness_setup(o)
+    sweep = SweepSettings(
+        levels=levels, requests_per_level=o["sweep_requests"], engine_time_scale=o["sweep_time_scale"],
+        request_timeout_s=min(60.0, o["request_timeout"]),
+    )  # fmt: skip
+    rows = run_sweep(
+        targets, pool=pool, tools=tools, sweep=sweep, repeat=setup.repeat, state_dir=setup.out_dir / "runs",
+        progress=_say,
+    )  # fmt: skip
+    text = write_overhead(setup, rows, sweep=sweep, plot=not o["no_plots"], progress=_say)
+    click.echo(text)
+    _say(f"results in {setup.out_dir}/ (overhead.json, overhead.md, overhead.png)")
+    if not any(r["ok"] for r in rows if r["label"] != "direct"):
+        _fail("overhead sweep: no request through a router succeeded", EXIT_FAILED)

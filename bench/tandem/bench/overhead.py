@@ -1,0 +1,217 @@
+"""Router overhead: the latency a gateway adds over sending straight to the engine, at concurrency 1 to
+256, and the highest request rate one gateway process sustains with streaming.
+
+Method (`tandem bench --overhead-sweep 1,4,16,64,256 --policy round-robin --peer vllm-router:round_robin`):
+- every target, `direct` first, runs in front of **one** simulated engine at a high time scale
+  (`engine_time_scale`, default 1000: a 7 ms decode step takes 7 µs of wall time), so the engine's
+  model time is near zero and what remains is HTTP, streaming and the gateway's own work;
+- at each concurrency C, `max(requests_per_level, 2 × C)` identical-shape streamed completions
+  (`prompt_tokens` in, `output_tokens` out, distinct prompts) are sent closed loop: all released at
+  once and at most C in flight, so a new one is sent when one ends; a few warm-up requests go first;
+- TTFT and E2E are **wall** milliseconds (no time scaling); throughput is successful requests per
+  wall second from the first send to the last end;
+- **added latency** at C = the target's p50 (p99) − direct's p50 (p99) at the same C and repeat;
+- **sustained rate** = the highest throughput over the levels at which every request succeeded.
+
+The client, the gateway and the engine share the host's cores, so on a small machine the numbers
+are an upper bound on overhead and a lower bound on the gateway's capacity; the comparison between
+gateways is what holds, since they run under the same conditions. `--repeat N` repeats the whole
+sweep N times; the table shows mean ± sample standard deviation over the repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tandem.bench.aggregate import spread
+from tandem.bench.driver import DriverSettings, drive
+from tandem.bench.harness import PoolSettings, Progress, Tools, started
+from tandem.bench.records import DriveResult
+from tandem.bench.stats import percentile
+from tandem.bench.targets import Target
+from tandem.bench.text import words
+from tandem.bench.workloads import BenchRequest, Workload
+
+DEFAULT_LEVELS = (1, 4, 16, 64, 256)
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    levels: tuple[int, ...] = DEFAULT_LEVELS
+    requests_per_level: int = 200
+    prompt_tokens: int = 64
+    output_tokens: int = 16
+    engine_time_scale: float = 1000.0
+    warmup_requests: int = 8
+    request_timeout_s: float = 60.0
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """`"1,4,16"` → (1, 4, 16); raises ValueError naming a bad entry."""
+    levels = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"--overhead-sweep: {part!r} is not a positive integer")
+        levels.append(int(part))
+    if not levels:
+        raise ValueError("--overhead-sweep: give concurrency levels, e.g. 1,4,16,64,256")
+    return tuple(sorted(set(levels)))
+
+
+def level_workload(level: int, sweep: SweepSettings, *, seed: int, count: int | None = None) -> Workload:
+    """The requests of one level: all at t=0, distinct prompts of the same length, completions API."""
+    rng = random.Random(f"tandem-bench:{seed}:overhead:{level}")
+    n = count if count is not None else max(sweep.requests_per_level, 2 * level)
+    requests = tuple(
+        BenchRequest(
+            0.0, "default", sweep.output_tokens, prompt=words(rng, sweep.prompt_tokens), group=f"c{level}"
+        )
+        for _ in range(n)
+    )
+    return Workload(f"overhead-c{level}", requests, {"level": level}, level)
+
+
+def level_row(label: str, level: int, repeat: int, result: DriveResult) -> dict[str, Any]:
+    """One target at one concurrency: wall-clock latency percentiles (ms) and throughput (pure)."""
+    records = result.records
+    ok = [r for r in records if r.ok]
+    ttft = [(r.token_times_s[0] - r.start_s) * 1000 for r in ok if r.token_times_s and r.start_s is not None]
+    e2e = [(r.end_s - r.start_s) * 1000 for r in ok if r.end_s is not None and r.start_s is not None]
+    starts = [r.start_s for r in records if r.start_s is not None]
+    ends = [r.end_s for r in ok if r.end_s is not None]
+    span = max(ends) - min(starts) if ends and starts else 0.0
+    return {
+        "label": label, "concurrency": level, "repeat": repeat, "requests": len(records), "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+        "e2e_p50_ms": percentile(e2e, 50), "e2e_p99_ms": percentile(e2e, 99),
+        "requests_per_s": len(ok) / span if span > 0 else None,
+    }  # fmt: skip
+
+
+_ADDED = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def added_over_direct(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every non-direct row with `added_*` fields: its percentile − direct's, same level and repeat.
+
+    Example: direct TTFT p50 2.0 ms, a router 3.5 ms at C = 4 → added_ttft_p50_ms = 1.5.
+    """
+    direct = {(r["concurrency"], r["repeat"]): r for r in rows if r["label"] == "direct"}
+    out = []
+    for r in rows:
+        base = direct.get((r["concurrency"], r["repeat"]))
+        if r["label"] == "direct" or base is None:
+            continue
+        added = {f"added_{k}": _minus(r[k], base[k]) for k in _ADDED}
+        out.append({**r, **added})
+    return out
+
+
+def summarize_sweep(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean ± sd over repeats per (target, level), added latency, and each target's sustained rate."""
+    added = added_over_direct(rows)
+    keys = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "requests_per_s", "added_ttft_p50_ms",
+            "added_ttft_p99_ms", "added_e2e_p50_ms")  # fmt: skip
+    table: dict[str, dict[int, dict[str, Any]]] = {}
+    source = added + [r for r in rows if r["label"] == "direct"]
+    for r in source:
+        cell = table.setdefault(r["label"], {}).setdefault(r["concurrency"], {"rows": []})
+        cell["rows"].append(r)
+    levels: dict[str, dict[int, dict[str, Any]]] = {}
+    sustained: dict[str, Any] = {}
+    for label, by_level in table.items():
+        levels[label] = {
+            c: {k: spread([v for row in cell["rows"] if (v := row.get(k)) is not None]) for k in keys}
+            | {"errors": sum(row["errors"] for row in cell["rows"])}
+            for c, cell in sorted(by_level.items())
+        }
+        clean = [(c, v) for c, v in levels[label].items() if v["errors"] == 0 and v["requests_per_s"]["mean"]]
+        best = max(clean, key=lambda cv: cv[1]["requests_per_s"]["mean"], default=None)
+        sustained[label] = None if best is None else {"concurrency": best[0], **best[1]["requests_per_s"]}
+    return {"levels": levels, "sustained": sustained, "added_rows": added}
+
+
+def _pm(item: Mapping[str, Any], fmt: str = ".1f") -> str:
+    if item["mean"] is None:
+        return "–"
+    mean = format(item["mean"], fmt)
+    return mean if item["n"] < 2 else f"{mean} ± {format(item['sd'], fmt)}"
+
+
+def sweep_markdown(summary: Mapping[str, Any]) -> str:
+    """Two tables: added TTFT p50 / p99 over direct per level, and throughput with the sustained rate."""
+    levels: Mapping[str, Mapping[int, Mapping[str, Any]]] = summary["levels"]
+    routers = [label for label in levels if label != "direct"]
+    concurrencies = sorted({c for by in levels.values() for c in by})
+    lines = ["| concurrency | direct TTFT p50 / p99 (ms) | "
+             + " | ".join(f"{r}: added TTFT p50 / p99 (ms)" for r in routers) + " |",
+             "| ---: | ---: | " + " | ".join("---:" for _ in routers) + " |"]  # fmt: skip
+    for c in concurrencies:
+        d = levels.get("direct", {}).get(c)
+        cells = [f"{_pm(d['ttft_p50_ms'])} / {_pm(d['ttft_p99_ms'])}" if d else "–"]
+        for r in routers:
+            x = levels[r].get(c)
+            cells.append(f"{_pm(x['added_ttft_p50_ms'])} / {_pm(x['added_ttft_p99_ms'])}" if x else "–")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines += ["", "| concurrency | " + " | ".join(f"{label} (req/s)" for label in levels) + " |",
+              "| ---: | " + " | ".join("---:" for _ in levels) + " |"]  # fmt: skip
+    for c in concurrencies:
+        cells = []
+        for label in levels:
+            x = levels[label].get(c)
+            errors = f" ({x['errors']} errors)" if x and x["errors"] else ""
+            cells.append(_pm(x["requests_per_s"]) + errors if x else "–")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    best = summary["sustained"]
+    sustained = [
+        "–" if best[label] is None else f"**{_pm(best[label])}** (C = {best[label]['concurrency']})"
+        for label in levels
+    ]
+    lines.append("| sustained | " + " | ".join(sustained) + " |")
+    return "\n".join(lines)
+
+
+def run_sweep(
+    targets: Sequence[Target],
+    *,
+    pool: PoolSettings,
+    tools: Tools,
+    sweep: SweepSettings,
+    repeat: int,
+    state_dir: Path,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    """Direct, then every target, `repeat` times: start one engine (and the gateway), warm up, and run
+    every level; returns one `level_row` per (repeat, target, level)."""
+    engine_pool = replace(pool, engines=1, pd=False, time_scale=sweep.engine_time_scale)
+    order = [Target("direct"), *[t for t in targets if t.kind != "direct"]]
+    rows: list[dict[str, Any]] = []
+    for r in range(repeat):
+        for target in order:
+            where = state_dir / f"r{r}"
+            with started(target, pool=engine_pool, tools=tools, state_dir=where, progress=progress) as run:
+                base = DriverSettings(
+                    base_url=run.base_url, model=run.model, label=f"{target.label}-warmup", time_scale=1.0,
+                    request_timeout_s=sweep.request_timeout_s, progress_every_s=30.0,
+                )  # fmt: skip
+                asyncio.run(drive(level_workload(4, sweep, seed=r, count=sweep.warmup_requests), base))
+                for level in sweep.levels:
+                    settings = replace(base, label=f"{target.label}-c{level}", max_concurrency=level)
+                    result = asyncio.run(drive(level_workload(level, sweep, seed=r), settings))
+                    row = level_row(target.label, level, r, result)
+                    rows.append(row)
+                    progress(
+                        f"[{target.label}] C={level}: {row['ok']}/{row['requests']} ok, TTFT p50 "
+                        f"{row['ttft_p50_ms'] or 0:.1f} ms, {row['requests_per_s'] or 0:.0f} req/s"
+                    )
+    return rows
