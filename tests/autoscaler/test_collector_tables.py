@@ -25,6 +25,7 @@ from tandem.autoscaler.readings import (
     histogram_quantile,
     histogram_sum,
     parse_engine_metrics,
+    parse_gateway_queue,
 )
 
 INF = math.inf
@@ -234,3 +235,88 @@ def test_prefill_with_changing_buckets_is_invalid() -> None:
     h = history((0.0, {"a": reading(requests=1)}), (1.0, {"a": odd}))
     observed, _, problem = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
     assert not observed.valid and problem is not None and "bucket" in problem
+
+
+# ------------------------------------------------------------------------------- the gateway's queue
+
+ROUTER_PAGE = """\
+# HELP tandem_router_queue_depth Requests waiting in the router's queue.
+# TYPE tandem_router_queue_depth gauge
+tandem_router_queue_depth{priority="0"} 3.0
+tandem_router_queue_depth{priority="1"} 4.0
+# HELP tandem_router_admitted_requests Requests holding decode capacity now.
+# TYPE tandem_router_admitted_requests gauge
+tandem_router_admitted_requests 16.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "queued"),
+    [(ROUTER_PAGE, 7.0), ("tandem_router_admitted_requests 2\n", 0.0), ("", 0.0)],
+    ids=["summed-over-priorities", "no-queue-metric", "empty"],
+)
+def test_the_gateway_page_becomes_its_queue_depth(text: str, queued: float) -> None:
+    assert parse_gateway_queue(text) == queued
+
+
+def test_a_gateway_page_that_is_not_metrics_is_an_error() -> None:
+    with pytest.raises(ValueError, match="not Prometheus text"):
+        parse_gateway_queue('tandem_router_queue_depth{priority="0" 3\n')
+
+
+def gateway_history(
+    readings: dict[str, EngineReading | None], gateways: dict[str, float | None]
+) -> PoolHistory:
+    return remember(PoolHistory(), Scrape(5.0, readings, gateways), keep_s=60.0)
+
+
+@pytest.mark.parametrize(
+    ("gateways", "backlog", "queued"),
+    [
+        ({}, 12 * 300, 0.0),  # no gateway known: the engines' waiting requests only
+        ({"http://gw-0": 5.0, "http://gw-1": 3.0}, (12 + 8) * 300, 8.0),  # the module docstring's example
+        ({"http://gw-0": 0.0}, 12 * 300, 0.0),
+    ],
+    ids=["no-gateway", "two-gateway-replicas", "empty-queue"],
+)
+def test_prefill_backlog_adds_the_gateways_queued_requests(
+    gateways: dict[str, float | None], backlog: int, queued: float
+) -> None:
+    engines: dict[str, EngineReading | None] = {
+        "a": reading(tokens=60_000, requests=200, waiting=8),
+        "b": reading(tokens=30_000, requests=100, waiting=4),
+    }
+    observed, _, problem = prefill_observation(
+        gateway_history(engines, gateways), ttft_window_s=6.0, rate_memory_s=60.0
+    )
+    assert problem is None
+    assert (observed.queued_prefill_tokens, observed.gateway_queued) == (backlog, queued)
+
+
+@pytest.mark.parametrize(
+    ("engines", "gateways", "running", "queued", "why"),
+    [
+        ({"a": EngineReading(kv_usage=0.5, running=6.0)}, {"http://gw": 4.0}, 6.0, 4.0, None),
+        ({"a": EngineReading(kv_usage=0.5)}, {}, 0.0, 0.0, None),  # nothing queued: running not needed
+        ({"a": EngineReading(kv_usage=0.5)}, {"http://gw": 4.0}, 0.0, 0.0, "a does not report running"),
+        ({"a": EngineReading(kv_usage=0.5, running=6.0)}, {"http://gw": None}, 0.0, 0.0,
+         "no metrics from gateway http://gw"),
+    ],
+    ids=["queued-and-running", "no-queue", "queued-without-running", "gateway-scrape-failed"],
+)  # fmt: skip
+def test_decode_observation_carries_the_gateways_queue(
+    engines: dict[str, EngineReading | None],
+    gateways: dict[str, float | None],
+    running: float,
+    queued: float,
+    why: str | None,
+) -> None:
+    observed, problem = decode_observation(gateway_history(engines, gateways))
+    assert (observed.valid, problem) == (why is None, why)
+    assert (observed.running_requests, observed.gateway_queued) == (running, queued)
+
+
+def test_a_failed_gateway_scrape_makes_prefill_invalid() -> None:
+    h = gateway_history({"a": reading(requests=1)}, {"http://gw": None})
+    observed, _, problem = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    assert not observed.valid and problem == "no metrics from gateway http://gw"

@@ -164,6 +164,37 @@ def test_decode_demand_is_ready_times_utilisation_over_target(ready: int, util: 
     assert decode_demand(seen, target=0.7 if ready == 2 else 0.6) == pytest.approx(demand)
 
 
+@pytest.mark.parametrize(
+    ("running", "queued", "demand"),
+    [
+        (20.0, 10.0, 9.0),  # the module docstring's example: 6.0 × (1 + 10 / 20)
+        (20.0, 0.0, 6.0),  # nothing queued: KV alone
+        (0.0, 10.0, 6.0),  # nothing running: no per-request share to count the queue with
+        (4.0, 40.0, 66.0),  # a long gateway queue: 6.0 × 11
+    ],
+    ids=["docstring", "no-queue", "no-running", "long-queue"],
+)
+def test_decode_demand_counts_gateway_queued_requests_as_running_ones(
+    running: float, queued: float, demand: float
+) -> None:
+    seen = DecodeObservation(
+        timestamp=0.0, ready=4, mean_kv_utilization=0.9, running_requests=running, gateway_queued=queued
+    )
+    assert decode_demand(seen, target=0.6) == pytest.approx(demand)
+
+
+def test_a_gateway_queue_scales_decode_although_kv_is_on_target() -> None:
+    params = DeciderParams(min=1, max=8, target=0.5, panic_window_s=6.0, stable_window_s=60.0)
+    seen = DecodeObservation(
+        timestamp=10.0, ready=2, mean_kv_utilization=0.5, running_requests=8.0, gateway_queued=16.0
+    )
+    decision, _ = decide_decode(params=params, observed=seen, state=DeciderState(), now=10.0)
+    assert decision.valid and decision.desired == 6  # 2 × 0.5 / 0.5 × (1 + 16 / 8) = 6.0, panic (≥ 2 × 2)
+    bad = DecodeObservation(timestamp=10.0, ready=2, mean_kv_utilization=0.5, gateway_queued=-1.0)
+    held, _ = decide_decode(params=params, observed=bad, state=DeciderState(), now=10.0)
+    assert not held.valid and held.desired == 2
+
+
 @pytest.mark.parametrize(("demand", "replicas"), [(2.0000000001, 2), (2.1, 3), (-0.5, 0), (0.0, 0)])
 def test_ceil_replicas_ignores_float_noise(demand: float, replicas: int) -> None:
     assert ceil_replicas(demand) == replicas

@@ -5,7 +5,9 @@ injects, so the same controller drives Kubernetes Deployments and local processe
 
 - `PoolTarget`: the pool's ready engines (discovery, as the router sees them), the replica count
   the actuator is currently asked for, and `scale(n)` to change it;
-- a scrape function: engine URLs → readings (None for a failed scrape).
+- a scrape function: engine URLs → readings (None for a failed scrape);
+- optionally a gateway function: the gateway's queue depth per replica URL (None for a failed
+  scrape), whose queued requests count in both pools' demand (`tandem.autoscaler.observe`).
 
 The controller only acts on a valid decision that differs from the current request; a hold (invalid
 or stale data) changes nothing. What happened comes back as a `PoolOutcome` for metrics, Events and
@@ -14,7 +16,7 @@ status.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -38,6 +40,8 @@ from tandem.autoscaler.readings import EngineReading
 
 PoolName = Literal["prefill", "decode"]
 ScrapeFn = Callable[[Sequence[str]], Awaitable[dict[str, EngineReading | None]]]
+#: The gateway's replicas now: URL → requests in its queue (None: that scrape failed).
+GatewayFn = Callable[[], Awaitable[Mapping[str, float | None]]]
 #: How long a measured per-replica prefill rate is remembered (seconds).
 RATE_MEMORY_S = 600.0
 
@@ -82,6 +86,7 @@ class PoolController:
     params: DeciderParams
     target: PoolTarget
     scrape: ScrapeFn
+    gateways: GatewayFn | None = None
     state: DeciderState = field(default_factory=DeciderState)
     history: PoolHistory = field(default_factory=PoolHistory)
 
@@ -89,8 +94,9 @@ class PoolController:
         """One round at monotonic time `now` (module docstring)."""
         urls = await self.target.endpoints()
         readings = await self.scrape(urls)
+        queues = await self.gateways() if self.gateways is not None else {}
         keep = max(self.params.panic_window_s, 1.0) + 1.0
-        self.history = remember(self.history, Scrape(now, readings), keep_s=keep)
+        self.history = remember(self.history, Scrape(now, readings, queues), keep_s=keep)
         observed, decision = self._decide(now)
         previous = await self.target.requested()
         direction: Literal["up", "down"] | None = None

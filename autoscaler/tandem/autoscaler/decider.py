@@ -6,9 +6,14 @@ Everything here is pure: no I/O, no clock, no globals. ``now`` is monotonic seco
 Each observation becomes a *demand* in replica-equivalents (a float). The decider averages demand over a
 stable window (60 s) and a panic window (6 s) and rounds up to replicas:
 
-- decode: ``demand = ready × mean_kv_util / target_kv``.
-  Example: 4 ready at 0.9 KV utilisation, target 0.6 → 4 × 0.9 / 0.6 = 6.0 → 6 replicas.
-- prefill: ``demand = max(ready × ttft_p90 / target_ttft, backlog / (rate × target_ttft))``.
+- decode: ``demand = ready × mean_kv_util / target_kv × (1 + gateway_queued / running)``: requests
+  waiting in the gateway's queue (for decode capacity) count as running ones would, each holding the
+  mean KV share of a running request; without running requests (or without a queue) the factor is 1.
+  Example: 4 ready at 0.9 KV utilisation, target 0.6 → 4 × 0.9 / 0.6 = 6.0 → 6 replicas; the same with
+  20 running and 10 queued in the gateway → 6.0 × (1 + 10 / 20) = 9.0 → 9 replicas.
+- prefill: ``demand = max(ready × ttft_p90 / target_ttft, backlog / (rate × target_ttft))``, where the
+  backlog (tokens) counts the engines' waiting requests and the gateway's queued ones (the collector's
+  job, `tandem.autoscaler.observe`).
   Example: 2 ready, p90 1.5 s, target 0.5 s → 2 × 1.5 / 0.5 = 6.0; 40 000 queued tokens at
   10 000 tokens/s per replica → 40 000 / (10 000 × 0.5) = 8.0; the larger, 8 replicas.
 
@@ -72,18 +77,23 @@ def prefill_params(spec: PrefillAutoscaling) -> DeciderParams:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeObservation:
-    """What the collector saw on the decode pool at ``timestamp`` (monotonic seconds)."""
+    """What the collector saw on the decode pool at ``timestamp`` (monotonic seconds):
+    ``running_requests`` summed over the engines, ``gateway_queued`` requests waiting in the gateway."""
 
     timestamp: float
     ready: int
     valid: bool = True
     mean_kv_utilization: float = 0.0
+    running_requests: float = 0.0
+    gateway_queued: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefillObservation:
     """What the collector saw on the prefill pool; ``ttft_p90_s`` is None when no request finished prefill,
-    ``prefill_tokens_per_s`` is the measured rate of one replica (None or 0 when unknown)."""
+    ``queued_prefill_tokens`` counts the engines' waiting and the gateway's queued requests (of which
+    ``gateway_queued`` requests), ``prefill_tokens_per_s`` is the measured rate of one replica (None or 0
+    when unknown)."""
 
     timestamp: float
     ready: int
@@ -91,6 +101,7 @@ class PrefillObservation:
     ttft_p90_s: float | None = None
     queued_prefill_tokens: int = 0
     prefill_tokens_per_s: float | None = None
+    gateway_queued: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,8 +125,12 @@ class Decision:
 
 
 def decode_demand(observed: DecodeObservation, *, target: float) -> float:
-    """Replica-equivalents of decode load. Example: 4 ready × 0.9 / 0.6 = 6.0."""
-    return observed.ready * observed.mean_kv_utilization / target
+    """Replica-equivalents of decode load. Example: 4 ready × 0.9 / 0.6 = 6.0; with 20 running and 10
+    queued in the gateway, 6.0 × (1 + 10 / 20) = 9.0."""
+    by_kv = observed.ready * observed.mean_kv_utilization / target
+    if observed.running_requests > 0 and observed.gateway_queued > 0:
+        return by_kv * (1.0 + observed.gateway_queued / observed.running_requests)
+    return by_kv
 
 
 def prefill_demand(observed: PrefillObservation, *, target: float) -> float:
@@ -135,6 +150,9 @@ def decide_decode(
     """Decide the decode pool's replicas on mean KV-cache utilisation against ``params.target``."""
     util = observed.mean_kv_utilization
     problem = None if math.isfinite(util) and 0.0 <= util <= 1.0 else f"KV utilisation {util} not in [0, 1]"
+    counts = (observed.running_requests, observed.gateway_queued)
+    if problem is None and not all(math.isfinite(v) and v >= 0 for v in counts):
+        problem = "negative or non-finite request count"
     return _decide(params=params, observed=observed, problem=problem, state=state, now=now)
 
 
@@ -142,7 +160,7 @@ def decide_prefill(
     *, params: DeciderParams, observed: PrefillObservation, state: DeciderState, now: float
 ) -> tuple[Decision, DeciderState]:
     """Decide the prefill pool's replicas on p90 TTFT and queued backlog against ``params.target``."""
-    values = (observed.ttft_p90_s or 0.0, observed.prefill_tokens_per_s or 0.0)
+    values = (observed.ttft_p90_s or 0.0, observed.prefill_tokens_per_s or 0.0, observed.gateway_queued)
     bad = [v for v in values if not math.isfinite(v) or v < 0] or observed.queued_prefill_tokens < 0
     problem = "negative or non-finite prefill metric" if bad else None
     return _decide(params=params, observed=observed, problem=problem, state=state, now=now)

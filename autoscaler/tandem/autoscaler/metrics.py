@@ -47,6 +47,12 @@ class AutoscalerMetrics:
             ("service",),
             registry=registry,
         )
+        self.gateway_queued = Gauge(
+            "tandem_autoscaler_gateway_queued_requests",
+            "Requests waiting in the gateway's queue (all its replicas) at the last valid scrape.",
+            ("service",),
+            registry=registry,
+        )
         self.scale_events = Counter(
             "tandem_autoscaler_scale_events",
             "Scale actions taken, by direction (up or down).",
@@ -73,6 +79,7 @@ class AutoscalerMetrics:
         observed = outcome.observed
         if not observed.valid:
             return
+        self.gateway_queued.labels(outcome.service).set(observed.gateway_queued)
         if isinstance(observed, DecodeObservation):
             self.kv.labels(outcome.service).set(observed.mean_kv_utilization)
         else:
@@ -84,7 +91,7 @@ class AutoscalerMetrics:
         for gauge in (self.desired, self.ready, self.panic, self.holds):
             for pool in ("prefill", "decode"):
                 _remove(gauge, service, pool)
-        for gauge in (self.kv, self.ttft, self.backlog):
+        for gauge in (self.kv, self.ttft, self.backlog, self.gateway_queued):
             _remove(gauge, service)
         for pool in ("prefill", "decode"):
             for direction in ("up", "down"):

@@ -1,30 +1,36 @@
 """From scrapes to the decider's observations: the collector's pure half.
 
-Every second the collector scrapes each ready engine of a pool (`Scrape`: the time and one reading per
-engine URL, None where the scrape failed) and calls `remember`, which keeps the scrapes of the last
-`keep_s` seconds. The observations are then built from that history:
+Every second the collector scrapes each ready engine of a pool and the gateway (`Scrape`: the time,
+one reading per engine URL and the queue depth per gateway URL, None where a scrape failed) and calls
+`remember`, which keeps the scrapes of the last `keep_s` seconds. The gateway's queue
+(`tandem_router_queue_depth`, summed over its replicas) holds requests the engines have not seen yet:
+they wait there for decode capacity, then need a prefill. The observations are built from that history:
 
-- **decode** (`decode_observation`): ready = engines scraped; mean `vllm:kv_cache_usage_perc` over them.
+- **decode** (`decode_observation`): ready = engines scraped; mean `vllm:kv_cache_usage_perc` over them;
+  Σ `vllm:num_requests_running` and the gateway's queued requests (the decider counts each queued
+  request as one more running one; the running count is required only while something is queued).
 - **prefill** (`prefill_observation`):
   - TTFT p90 from the `vllm:time_to_first_token_seconds` bucket deltas between the latest scrape and the
     oldest one still inside `ttft_window_s` (the panic window), summed over engines that have both;
     None when no request reached its first token in that window.
-  - Queued prefill backlog in tokens = Σ waiting requests × mean prompt length, the mean being
-    Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example: 12 waiting, 90 000 prompt tokens
-    over 300 requests → 12 × 300 = 3600 tokens.
+  - Queued prefill backlog in tokens = (Σ engines' waiting requests + gateway's queued requests) × mean
+    prompt length, the mean being Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example:
+    12 waiting in engines and 8 in the gateway, 90 000 prompt tokens over 300 requests →
+    (12 + 8) × 300 = 6000 tokens.
   - Per-replica prefill rate: Δ`vllm:prompt_tokens_total` / Δt per engine over the same window, kept
     only when the engine had requests waiting (a saturated engine shows its capacity, an idle one only
     its load); the rate used is the highest such one seen in `rate_memory_s`. Example: 6000 tokens in 2 s
     while queueing → 3000 tokens/s.
 
-Missing data is never guessed: a failed scrape or a missing metric on any ready engine makes the
-observation invalid (`valid=False`, with the reason in `problem`), and the decider holds.
+Missing data is never guessed: a failed scrape (of an engine or of a gateway) or a missing metric on
+any ready engine makes the observation invalid (`valid=False`, with the reason in `problem`), and the
+decider holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tandem.autoscaler.decider import DecodeObservation, PrefillObservation
 from tandem.autoscaler.readings import (
@@ -41,10 +47,12 @@ TTFT_QUANTILE = 0.9
 
 @dataclass(frozen=True, slots=True)
 class Scrape:
-    """One round over a pool at monotonic time `t`: engine URL → reading (None: the scrape failed)."""
+    """One round over a pool at monotonic time `t`: engine URL → reading, gateway URL → requests in its
+    queue (None: the scrape failed; no gateway: nothing known to be queued)."""
 
     t: float
     readings: Mapping[str, EngineReading | None]
+    gateways: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,9 @@ def remember(history: PoolHistory, scrape: Scrape, *, keep_s: float) -> PoolHist
 
 
 def _problem(scrape: Scrape, needed: tuple[str, ...]) -> str | None:
+    for url, queued in scrape.gateways.items():
+        if queued is None:
+            return f"no metrics from gateway {url}"
     for url, reading in scrape.readings.items():
         if reading is None:
             return f"no metrics from {url}"
@@ -71,15 +82,28 @@ def _problem(scrape: Scrape, needed: tuple[str, ...]) -> str | None:
     return None
 
 
+def gateway_queued(scrape: Scrape) -> float:
+    """Requests queued in the gateway (all its replicas) at this scrape; failed scrapes count 0."""
+    return sum(q for q in scrape.gateways.values() if q is not None)
+
+
 def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | None]:
     """The decode pool now (module docstring); the second value says why it is invalid, if it is."""
     latest = history.scrapes[-1]
-    problem = _problem(latest, ("kv_usage",))
+    queued = gateway_queued(latest)
+    problem = _problem(latest, ("kv_usage", "running") if queued > 0 else ("kv_usage",))
     if problem is not None:
         return DecodeObservation(timestamp=latest.t, ready=len(latest.readings), valid=False), problem
-    values = [r.kv_usage for r in latest.readings.values() if r is not None and r.kv_usage is not None]
-    util = sum(values) / len(values) if values else 0.0
-    return DecodeObservation(timestamp=latest.t, ready=len(values), mean_kv_utilization=util), None
+    readings = [r for r in latest.readings.values() if r is not None]
+    util = sum(r.kv_usage or 0.0 for r in readings) / len(readings) if readings else 0.0
+    observation = DecodeObservation(
+        timestamp=latest.t,
+        ready=len(readings),
+        mean_kv_utilization=util,
+        running_requests=sum(r.running or 0.0 for r in readings),
+        gateway_queued=queued,
+    )
+    return observation, None
 
 
 def _earliest(history: PoolHistory, url: str, *, since: float) -> tuple[float, EngineReading] | None:
@@ -116,10 +140,10 @@ def _saturated_rate(dt: float, old: EngineReading, new: EngineReading) -> float 
     return (new.prompt_tokens - old.prompt_tokens) / dt
 
 
-def _backlog_tokens(readings: list[EngineReading]) -> int:
+def _backlog_tokens(readings: list[EngineReading], *, queued: float) -> int:
     tokens = sum(r.prompt_tokens or 0.0 for r in readings)
     requests = sum(r.ttft.count if r.ttft is not None else 0.0 for r in readings)
-    waiting = sum(r.waiting or 0.0 for r in readings)
+    waiting = sum(r.waiting or 0.0 for r in readings) + queued
     return round(waiting * tokens / requests) if requests > 0 else 0
 
 
@@ -143,11 +167,13 @@ def prefill_observation(
     rates = (*history.rates, Sample(latest.t, max(measured))) if measured else history.rates
     rates = within(rates, now=latest.t, window_s=rate_memory_s)
     readings = [r for r in latest.readings.values() if r is not None]
+    queued = gateway_queued(latest)
     observation = PrefillObservation(
         timestamp=latest.t,
         ready=len(readings),
         ttft_p90_s=histogram_quantile(TTFT_QUANTILE, pooled) if pooled is not None else None,
-        queued_prefill_tokens=_backlog_tokens(readings),
+        queued_prefill_tokens=_backlog_tokens(readings, queued=queued),
         prefill_tokens_per_s=peak(rates) or None,
+        gateway_queued=queued,
     )
     return observation, replace(history, rates=rates), None

@@ -1,4 +1,5 @@
-"""One engine's `/metrics` text reduced to what the autoscaler reads, and histogram arithmetic.
+"""One engine's `/metrics` text reduced to what the autoscaler reads, the gateway's queue depth, and
+histogram arithmetic.
 
 Pure: text in, values out (prometheus_client's text parser, no I/O). Names are vLLM's
 (research: engine-lab.md, anchors.md §1); Tandem's simulator serves the same ones. When an engine
@@ -24,6 +25,8 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 PROMPT_TOKENS = "vllm:prompt_tokens"  # counter family; the sample is vllm:prompt_tokens_total
 TTFT = "vllm:time_to_first_token_seconds"
+#: The gateway's admission queue: requests waiting for decode capacity, one series per priority band.
+GATEWAY_QUEUE = "tandem_router_queue_depth"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,20 @@ def parse_engine_metrics(text: str) -> EngineReading:
         prompt_tokens=sum(prompt_tokens) if prompt_tokens else None,
         ttft=Histogram(tuple(sorted(ttft.items()))) if ttft and math.inf in ttft else None,
     )
+
+
+def parse_gateway_queue(text: str) -> float:
+    """Requests waiting in one gateway's queue: `tandem_router_queue_depth` summed over its priority
+    bands; 0 when the gateway does not export it (it has no admission queue). Raises ValueError when
+    the text is not exposition text. Example: bands 0: 3 and 1: 4 → 7.0."""
+    total = 0.0
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name == GATEWAY_QUEUE:
+                total += sum(s.value for s in family.samples if s.name == GATEWAY_QUEUE)
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"not Prometheus text: {exc}") from None
+    return total
 
 
 def histogram_delta(new: Histogram, old: Histogram) -> Histogram:

@@ -15,7 +15,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from tandem.autoscaler.control import PoolController, PoolName, PoolOutcome, PoolTarget, ScrapeFn
+from tandem.autoscaler.control import (
+    GatewayFn,
+    PoolController,
+    PoolName,
+    PoolOutcome,
+    PoolTarget,
+    ScrapeFn,
+)
 from tandem.autoscaler.decider import DeciderParams, decode_params, prefill_params
 from tandem.autoscaler.metrics import AutoscalerMetrics
 from tandem.core.spec import InferenceServiceSpec
@@ -40,10 +47,18 @@ def controllers_for(
     *,
     targets: Mapping[PoolName, PoolTarget],
     scrape: ScrapeFn,
+    gateways: GatewayFn | None = None,
 ) -> list[PoolController]:
-    """One controller per autoscaled pool of `spec`."""
+    """One controller per autoscaled pool of `spec`; `gateways` reads the gateway's queue (both pools)."""
     return [
-        PoolController(service=service, pool=pool, params=params, target=targets[pool], scrape=scrape)
+        PoolController(
+            service=service,
+            pool=pool,
+            params=params,
+            target=targets[pool],
+            scrape=scrape,
+            gateways=gateways,
+        )
         for pool, params in pool_params(spec).items()
     ]
 
@@ -77,6 +92,7 @@ class Autoscaler:
             kept = old.get(controller.pool)
             if kept is not None:
                 kept.params, kept.target = controller.params, controller.target
+                kept.scrape, kept.gateways = controller.scrape, controller.gateways
                 controller = kept
             merged.append(controller)
         if merged:

@@ -1,8 +1,8 @@
-"""Scraping engines' `/metrics` over HTTP (the collector's I/O half).
+"""Scraping engines' and gateways' `/metrics` over HTTP (the collector's I/O half).
 
-Each engine gets one GET per round with a short timeout; an answer that is not a 200 with metrics
-text, a timeout or a connection error is a failed scrape (None), which makes the pool's observation
-invalid: the decider then holds instead of guessing.
+Each engine (and each gateway replica) gets one GET per round with a short timeout; an answer that is
+not a 200 with metrics text, a timeout or a connection error is a failed scrape (None), which makes the
+pool's observation invalid: the decider then holds instead of guessing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from tandem.autoscaler.readings import EngineReading, parse_engine_metrics
+from tandem.autoscaler.readings import EngineReading, parse_engine_metrics, parse_gateway_queue
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,31 @@ class Scraper:
         return dict(zip(urls, results, strict=True))
 
     async def one(self, url: str) -> EngineReading | None:
+        text = await self._text(url, what="engine")
+        try:
+            return parse_engine_metrics(text) if text is not None else None
+        except ValueError as exc:
+            log.warning("engine metrics unreadable", extra={"endpoint": url, "error": repr(exc)})
+            return None
+
+    async def queues(self, urls: Sequence[str]) -> dict[str, float | None]:
+        """Gateway URL → requests in its queue (`tandem_router_queue_depth`), or None when it failed."""
+        results = await asyncio.gather(*(self.queue(url) for url in urls))
+        return dict(zip(urls, results, strict=True))
+
+    async def queue(self, url: str) -> float | None:
+        text = await self._text(url, what="gateway")
+        try:
+            return parse_gateway_queue(text) if text is not None else None
+        except ValueError as exc:
+            log.warning("gateway metrics unreadable", extra={"endpoint": url, "error": repr(exc)})
+            return None
+
+    async def _text(self, url: str, *, what: str) -> str | None:
         try:
             response = await self._client.get(f"{url.rstrip('/')}/metrics", timeout=self._timeout)
             response.raise_for_status()
-            return parse_engine_metrics(response.text)
-        except (httpx.HTTPError, ValueError) as exc:
-            log.warning("engine scrape failed", extra={"engine": url, "error": repr(exc)})
+        except httpx.HTTPError as exc:
+            log.warning(f"{what} scrape failed", extra={"endpoint": url, "error": repr(exc)})
             return None
+        return response.text

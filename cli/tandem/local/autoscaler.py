@@ -2,7 +2,9 @@
 
 It runs in the `tandem up` process (not as a child) because it starts and stops engine processes
 through the runtime's own `Supervisor`, which must know every child to stop them all on exit. The
-metrics are served on 127.0.0.1:`metrics_port` (`/metrics`, prometheus_client's server).
+metrics are served on 127.0.0.1:`metrics_port` (`/metrics`, prometheus_client's server). The gateway's
+queue depth is read from the local router's `/metrics` every round (requests waiting there count in
+both pools' demand).
 """
 
 from __future__ import annotations
@@ -104,8 +106,16 @@ class LocalAutoscaler:
             autoscaler = Autoscaler(
                 metrics=AutoscalerMetrics(self._registry), report=self._report, interval_s=self._interval
             )
+            gateways = [p.url for p in self._plan.processes if p.role == "router"]
+
+            async def queues() -> dict[str, float | None]:
+                return await scraper.queues(gateways)
+
             autoscaler.set_service(
-                name, controllers_for(name, self._isvc.spec, targets=targets, scrape=scraper.scrape)
+                name,
+                controllers_for(
+                    name, self._isvc.spec, targets=targets, scrape=scraper.scrape, gateways=queues
+                ),
             )
             self._started.set()
             try:
