@@ -54,7 +54,10 @@ class PoolSettings:
 
     `engines`: decode engines (1 for `direct`); `prefill_engines` only with `pd`; `time_scale`:
     simulated seconds per wall second; `engine_args`: extra `tandem sim` flags for every engine;
-    `router_args`: extra `tandem router` flags for Tandem's gateway (e.g. admission limits).
+    `router_args`: extra `tandem router` flags for Tandem's gateway (e.g. admission limits);
+    `slo_ttft_s`/`slo_tpot_s`: the objectives the benchmark scores, in engine seconds. Tandem's gateway
+    gets them as `spec.router.slo` in **wall** seconds (÷ time scale), since it measures and predicts
+    in wall time: its early rejection and queue deadlines then aim at the objectives the table scores.
     """
 
     engines: int = 4
@@ -66,6 +69,8 @@ class PoolSettings:
     engine_args: tuple[str, ...] = ()
     router_args: tuple[str, ...] = ()
     seed: int = 0
+    slo_ttft_s: float = 1.0
+    slo_tpot_s: float = 0.1
 
     def describe(self) -> str:
         pools = f"{self.engines} decode"
@@ -100,7 +105,13 @@ def bench_service(pool: PoolSettings, *, policy: str, direct: bool) -> Inference
             "prefill": {"replicas": pool.prefill_engines if pd else 0},
             "decode": {"replicas": 1 if direct else pool.engines},
             "disaggregation": {"mode": "always" if pd else "off"},
-            "router": {"policy": policy},
+            "router": {
+                "policy": policy,
+                "slo": {
+                    "ttftSeconds": round(pool.slo_ttft_s / pool.time_scale, 6),
+                    "tpotSeconds": round(pool.slo_tpot_s / pool.time_scale, 6),
+                },
+            },
         },
     }
     return parse_inference_service(document)

@@ -291,7 +291,8 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
     pool = PoolSettings(
         engines=o["engines"], prefill_engines=o["prefill_engines"], pd=o["pd"], profile=o["profile"],
         time_scale=o["time_scale"], model=o["model"], engine_args=tuple(o["engine_arg"]),
-        router_args=tuple(o["router_arg"]), seed=o["seed"],
+        router_args=tuple(o["router_arg"]), seed=o["seed"], slo_ttft_s=o["slo_ttft_ms"] / 1000,
+        slo_tpot_s=o["slo_tpot_ms"] / 1000,
     )  # fmt: skip
     return targets, tools, pool
 
