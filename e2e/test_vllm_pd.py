@@ -101,7 +101,8 @@ def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
                 time.sleep(0.05)
 
 
-def _wait_ready(process: subprocess.Popen[str], output: list[str]) -> str:
+def _wait_ready(process: subprocess.Popen[str], output: list[str]) -> tuple[str, threading.Thread]:
+    """Collect `tandem up`'s output in a thread until its `ready:` line; the endpoint and the thread."""
     assert process.stdout is not None
     stdout = process.stdout
     ready = threading.Event()
@@ -112,11 +113,13 @@ def _wait_ready(process: subprocess.Popen[str], output: list[str]) -> str:
             if line.startswith("ready: "):
                 ready.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not ready.wait(1.0):
         assert process.poll() is None and time.monotonic() < deadline, "tandem up failed:\n" + "".join(output)
-    return next(line.split(": ", 1)[1].strip() for line in output if line.startswith("endpoint: "))
+    endpoint = next(line.split(": ", 1)[1].strip() for line in output if line.startswith("endpoint: "))
+    return endpoint, reader
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +145,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     output: list[str] = []
+    reader: threading.Thread | None = None
     try:
-        endpoint = _wait_ready(process, output)
+        endpoint, reader = _wait_ready(process, output)
         discovery = yaml.safe_load((state_dir / "router.yaml").read_text())["discovery"]
         yield Stack(
             process=process, endpoint=endpoint, prefill=discovery["prefill"][0],
@@ -157,6 +161,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if reader is not None:
+            reader.join(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+        # Start-up times, for docs/vllm.md (shown with -rA or -s).
+        print("".join(line for line in output if " ready in " in line))
         if redis_process.poll() is None:
             redis_process.terminate()
             redis_process.wait()

