@@ -1,0 +1,619 @@
+#!/usr/bin/env python3
+"""Soak test of the gateway: many concurrent streams for a long time, watching for leaks.
+
+It starts a stack on 127.0.0.1 (decode-only simulated engines and `tandem router` in front of them,
+each a child process) or targets a running gateway (`--url`), then keeps `--streams` streaming chat
+completions open for `--duration` seconds: each stream, when its answer ends, sends the next one.
+Prompts vary (many system-prompt prefixes, fresh user text, many tenants), so the router's prefix
+index, fair-queue counters and metric labels keep meeting new keys. Every few seconds it samples the
+router process's resident memory (/proc/PID/status VmRSS), open descriptors (/proc/PID/fd) and CPU
+time. At the end it writes samples.csv, summary.json and summary.md (requests, errors by kind, RSS
+start/peak/end and its slope after warm-up, descriptors) with a verdict, and exits 0 on pass, 1 on fail.
+
+    .venv/bin/python scripts/soak.py --streams 1000 --duration 600 --out soak-results/full
+    .venv/bin/python scripts/soak.py --url http://127.0.0.1:8080 --router-pid 1234 --duration 120
+
+Only public Tandem APIs are used: `tandem.core.routerconfig` to write the router's config and the
+`tandem` CLI (`python -m tandem.cli sim|router`) to run the processes. docs/soak.md has the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tandem.core.routerconfig import RouterConfig, StaticDiscovery
+from tandem.core.spec import InferenceServiceSpec
+
+LOOPBACK = "127.0.0.1"
+MODEL = "Qwen/Qwen2.5-7B-Instruct"
+SERVED = "soak"
+WORDS = (
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "kernel",
+    "cache",
+    "block",
+    "prefix",
+    "decode",
+    "prefill",
+    "token",
+    "stream",
+    "batch",
+    "queue",
+    "tenant",
+    "router",
+    "engine",
+    "pool",
+    "shard",
+    "replica",
+    "latency",
+    "budget",
+    "window",
+    "ledger",
+    "vector",
+    "matrix",
+    "tensor",
+    "layer",
+    "head",
+    "river",
+    "mountain",
+    "harbour",
+    "lantern",
+    "copper",
+    "violet",
+    "orchard",
+    "meadow",
+    "signal",
+)
+
+
+@dataclass
+class Options:
+    """Command-line options (see `parse_args`)."""
+
+    streams: int
+    duration: float
+    warmup: float
+    ramp: float
+    engines: int
+    time_scale: float
+    min_tokens: int
+    max_tokens: int
+    tenants: int
+    prefixes: int
+    interval: float
+    drain: float
+    url: str | None
+    router_pid: int | None
+    router_args: list[str]
+    out: Path
+    max_rss_slope: float
+    max_fd_growth: int
+    seed: int
+    load_start: list[float] = field(default_factory=lambda: list(os.getloadavg()))
+
+
+@dataclass
+class Sample:
+    """One reading of the router process and of the load at `t` seconds since the load began."""
+
+    t: float
+    rss_mib: float
+    fds: int
+    cpu_s: float
+    open_streams: int
+    requests: int
+    errors: int
+    engines_cpu_s: float = 0.0
+
+
+@dataclass
+class Tally:
+    """What the clients saw: finished requests, streamed tokens, errors by kind."""
+
+    requests: int = 0
+    ok: int = 0
+    tokens: int = 0
+    open_streams: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    durations: list[float] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------- analysis
+
+
+def slope_per_minute(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, value) points, in value units per minute; 0 for < 2 points.
+
+    Example: (0, 100), (60, 101), (120, 102) → 1.0 per minute."""
+    if len(points) < 2:
+        return 0.0
+    mean_t = statistics.fmean(t for t, _ in points)
+    mean_v = statistics.fmean(v for _, v in points)
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return 0.0
+    cov = sum((t - mean_t) * (v - mean_v) for t, v in points)
+    return cov / var * 60.0
+
+
+def thirds(values: list[float]) -> tuple[float, float]:
+    """Medians of the first and the last third of `values` (a drift measure robust to spikes)."""
+    if not values:
+        return (0.0, 0.0)
+    k = max(1, len(values) // 3)
+    return (statistics.median(values[:k]), statistics.median(values[-k:]))
+
+
+def summarize(
+    samples: list[Sample], idle: tuple[Sample | None, Sample | None], tally: Tally, options: Options
+) -> dict[str, Any]:
+    """The summary and verdict: no errors, RSS slope after warm-up within the limit, descriptor
+    count after warm-up not drifting by more than the limit (medians of first and last third)."""
+    steady = [s for s in samples if s.t >= options.warmup and s.t <= options.duration]
+    sampled = bool(samples) and samples[0].rss_mib > 0
+    rss = [s.rss_mib for s in steady]
+    fds = [float(s.fds) for s in steady]
+    rss_slope = slope_per_minute([(s.t, s.rss_mib) for s in steady])
+    fd_first, fd_last = thirds(fds)
+    checks = {"no errors": not tally.errors and tally.requests > 0}
+    if sampled:
+        checks["rss flat"] = rss_slope <= options.max_rss_slope
+        checks["fds flat"] = fd_last - fd_first <= options.max_fd_growth
+    before, after = idle
+    cpu = samples[-1].cpu_s - samples[0].cpu_s if len(samples) > 1 else 0.0
+    engines_cpu = samples[-1].engines_cpu_s - samples[0].engines_cpu_s if len(samples) > 1 else 0.0
+    return {
+        "verdict": "pass" if all(checks.values()) else "fail",
+        "checks": checks,
+        "requests": tally.requests,
+        "ok": tally.ok,
+        "tokens": tally.tokens,
+        "errors": dict(tally.errors),
+        "stream_seconds_p50": _quantile(tally.durations, 0.5),
+        "stream_seconds_p99": _quantile(tally.durations, 0.99),
+        "router": {
+            "sampled": sampled,
+            "rss_mib_idle_before": before.rss_mib if before else None,
+            "rss_mib_after_warmup": rss[0] if rss else None,
+            "rss_mib_peak": max(rss) if rss else None,
+            "rss_mib_end": rss[-1] if rss else None,
+            "rss_mib_idle_after": after.rss_mib if after else None,
+            "rss_slope_mib_per_min": round(rss_slope, 3),
+            "fds_idle_before": before.fds if before else None,
+            "fds_after_warmup": int(fds[0]) if fds else None,
+            "fds_peak": int(max(fds)) if fds else None,
+            "fds_end": int(fds[-1]) if fds else None,
+            "fds_idle_after": after.fds if after else None,
+            "fds_drift_median_first_to_last_third": fd_last - fd_first,
+            "cpu_seconds": round(cpu, 1),
+        },
+        "engines_cpu_seconds": round(engines_cpu, 1),
+        "load_average": {"start": options.load_start, "end": list(os.getloadavg())},
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
+    }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+def _pair(first: Any, second: Any, third: Any = "") -> str:
+    """`a / b`, `a / b / c`, or `a → b` when `third` is the arrow."""
+    if third == "→":
+        return f"{first} → {second}"
+    return " / ".join(str(v) for v in (first, second, third) if v != "")
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """summary.md: the verdict and the numbers as a table."""
+    r = summary["router"]
+    o = summary["options"]
+    la, p = summary["load_average"], _pair
+    rows = [
+        ("verdict", summary["verdict"].upper()),
+        ("checks", ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in summary["checks"].items())),
+        ("streams × duration", f"{o['streams']} × {o['duration']:.0f} s (warm-up {o['warmup']:.0f} s)"),
+        ("requests (ok)", f"{summary['requests']} ({summary['ok']})"),
+        ("tokens streamed", summary["tokens"]),
+        ("errors", json.dumps(summary["errors"]) if summary["errors"] else "none"),
+        ("stream duration p50 / p99 (s)", p(summary["stream_seconds_p50"], summary["stream_seconds_p99"])),
+        ("RSS idle → after warm-up (MiB)", p(r["rss_mib_idle_before"], r["rss_mib_after_warmup"], "→")),
+        ("RSS peak / end / idle (MiB)", p(r["rss_mib_peak"], r["rss_mib_end"], r["rss_mib_idle_after"])),
+        ("router RSS slope after warm-up (MiB/min)", r["rss_slope_mib_per_min"]),
+        ("router fds idle before → after warm-up", p(r["fds_idle_before"], r["fds_after_warmup"], "→")),
+        ("router fds peak / end / idle after", p(r["fds_peak"], r["fds_end"], r["fds_idle_after"])),
+        ("router fd drift (median first → last third)", r["fds_drift_median_first_to_last_third"]),
+        ("router / engines CPU s during the load", p(r["cpu_seconds"], summary["engines_cpu_seconds"])),
+        ("host load average (1, 5, 15 min) start → end", p(la["start"], la["end"], "→")),
+    ]  # fmt: skip
+    lines = ["# Soak summary", "", "| | |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------- the process
+
+
+def read_process(pid: int) -> tuple[float, int, float]:
+    """(RSS MiB, open descriptors, user + system CPU seconds) of process `pid`, from /proc."""
+    rss_kib = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss_kib = int(line.split()[1])
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return (rss_kib / 1024, fds, ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def sample(pid: int | None, t: float, tally: Tally, engines: list[int] | None = None) -> Sample:
+    rss, fds, cpu = read_process(pid) if pid else (0.0, 0, 0.0)
+    engines_cpu = 0.0
+    for engine in engines or []:
+        with contextlib.suppress(OSError):
+            engines_cpu += read_process(engine)[2]
+    return Sample(
+        t=round(t, 1),
+        rss_mib=round(rss, 1),
+        fds=fds,
+        cpu_s=round(cpu, 2),
+        open_streams=tally.open_streams,
+        requests=tally.requests,
+        errors=sum(tally.errors.values()),
+        engines_cpu_s=round(engines_cpu, 2),
+    )
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's descriptor limit to the hard limit (each stream holds a socket)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+# ------------------------------------------------------------------------------------------ the stack
+
+
+@dataclass
+class Stack:
+    """The child processes this script started (empty with --url) and the gateway's URL."""
+
+    url: str
+    router_pid: int | None
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def engine_pids(self) -> list[int]:
+        return [p.pid for p in self.processes if p.pid != self.router_pid]
+
+    def stop(self) -> None:
+        """Terminate every child, the router first, and wait for each (kill after 10 s)."""
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.processes):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def per_engine(options: Options) -> int:
+    """Streams one engine holds, with 25% headroom for uneven placement."""
+    return math.ceil(options.streams * 1.25 / options.engines)
+
+
+def sim_argv(options: Options, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "tandem.cli", "sim",
+        "--model", MODEL, "--served-model-name", SERVED,
+        "--time-scale", str(options.time_scale),
+        "--max-num-seqs", str(per_engine(options)),
+        "--host", LOOPBACK, "--port", str(port),
+        "--log-level", "warning", "--seed", str(port),
+    ]  # fmt: skip
+
+
+def router_config(options: Options, engines: list[str]) -> dict[str, Any]:
+    """The router's config: decode-only (no P/D, no KV pool), objectives scaled to the slowed sims
+    (at --time-scale 0.01 one simulated 10 ms step takes 1 s), a queue as large as the load."""
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"name": MODEL, "servedName": SERVED},
+            "engine": {"kind": "sim", "sim": {"timeScale": options.time_scale}},
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": options.engines},
+            "disaggregation": {"mode": "off"},
+            "router": {
+                "replicas": 1, "maxQueue": options.streams, "slo": {"ttftSeconds": 600, "tpotSeconds": 60},
+            },
+        }
+    )  # fmt: skip
+    config = RouterConfig(service="soak", spec=spec, discovery=StaticDiscovery(decode=engines))
+    dumped: dict[str, Any] = config.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped
+
+
+def start_stack(options: Options) -> Stack:
+    """Start the simulated engines and the router as child processes; logs go to --out."""
+    stack = Stack(url="", router_pid=None)
+    engines = []
+    for i in range(options.engines):
+        port = free_port()
+        log = (options.out / f"sim-{i}.log").open("wb")
+        stack.processes.append(subprocess.Popen(sim_argv(options, port), stdout=log, stderr=log))
+        engines.append(f"http://{LOOPBACK}:{port}")
+    config_path = options.out / "router.yaml"
+    config_path.write_text(yaml.safe_dump(router_config(options, engines), sort_keys=False))
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "tandem.cli", "router", "--config", str(config_path),
+        "--host", LOOPBACK, "--port", str(port), "--log-level", "warning",
+        "--max-in-flight-per-endpoint", str(per_engine(options)), *options.router_args,
+    ]  # fmt: skip
+    log = (options.out / "router.log").open("wb")
+    router = subprocess.Popen(argv, stdout=log, stderr=log)
+    stack.processes.append(router)
+    stack.url, stack.router_pid = f"http://{LOOPBACK}:{port}", router.pid
+    try:
+        wait_healthy([*engines, stack.url], stack)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def wait_healthy(urls: list[str], stack: Stack, timeout: float = 120.0) -> None:
+    """Poll each /health until 200; fail if a child exits or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        for url in urls:
+            while True:
+                dead = [" ".join(map(str, p.args)) for p in stack.processes if p.poll() is not None]  # type: ignore[arg-type]
+                if dead:
+                    raise SystemExit(f"soak: error: a child exited during start-up: {dead[0]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{url}/health").status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"soak: error: {url} not healthy after {timeout:.0f} s")
+                time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------------------------- load
+
+
+def request_body(rng: random.Random, options: Options) -> tuple[dict[str, Any], dict[str, str]]:
+    """One chat completion: one of `--prefixes` long system prompts (shared prefixes), fresh user
+    text (a new prefix-index key every time), one of `--tenants` tenants, a random output length."""
+    app = rng.randrange(options.prefixes)
+    system = f"You are assistant {app}. " + " ".join(WORDS[(app * 7 + i) % len(WORDS)] for i in range(48))
+    user = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24)))
+    body = {
+        "model": SERVED,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": rng.randint(options.min_tokens, options.max_tokens),
+        "ignore_eos": True,
+        "stream": True,
+    }
+    return body, {"x-tenant-id": f"tenant-{rng.randrange(options.tenants)}"}
+
+
+async def one_stream(
+    client: httpx.AsyncClient, url: str, rng: random.Random, options: Options, tally: Tally
+) -> None:
+    """Send one streaming request and read it to the end; count it and any error by kind."""
+    body, headers = request_body(rng, options)
+    start, tokens, error = time.monotonic(), 0, None
+    tally.open_streams += 1
+    try:
+        async with client.stream(
+            "POST", f"{url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            if response.status_code != 200:
+                await response.aread()
+                error = f"http_{response.status_code}"
+            else:
+                tokens, error = await read_events(response)
+    except httpx.HTTPError as exc:
+        error = type(exc).__name__
+    finally:
+        tally.open_streams -= 1
+    tally.requests += 1
+    tally.tokens += tokens
+    if error is None:
+        tally.ok += 1
+        tally.durations.append(time.monotonic() - start)
+    else:
+        tally.errors[error] += 1
+
+
+async def read_events(response: httpx.Response) -> tuple[int, str | None]:
+    """Tokens in an SSE stream and the error it ended with (None: ended with [DONE])."""
+    tokens = 0
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        payload = line[6:]
+        if payload == "[DONE]":
+            return tokens, None
+        event = json.loads(payload)
+        if "error" in event:
+            return tokens, f"sse_error_{event['error'].get('type', 'unknown')}"
+        tokens += sum(1 for c in event.get("choices", []) if c.get("delta", {}).get("content"))
+    return tokens, "stream_ended_without_done"
+
+
+async def worker(
+    index: int, client: httpx.AsyncClient, url: str, options: Options, tally: Tally, stop_at: float
+) -> None:
+    """One of `--streams` clients: ramp in, then stream back to back until `stop_at`."""
+    rng = random.Random(options.seed * 1_000_003 + index)
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(options.ramp * index / options.streams)
+    while loop.time() < stop_at:
+        await one_stream(client, url, rng, options, tally)
+
+
+async def sampler(stack: Stack, options: Options, tally: Tally, samples: list[Sample], t0: float) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        samples.append(sample(stack.router_pid, loop.time() - t0, tally, stack.engine_pids))
+        await asyncio.sleep(options.interval)
+
+
+async def drive(
+    stack: Stack, options: Options
+) -> tuple[list[Sample], tuple[Sample | None, Sample | None], Tally]:
+    """Run the load; samples taken idle before it, during it, and idle after the drain."""
+    tally, samples = Tally(), list[Sample]()
+    before = sample(stack.router_pid, 0.0, tally) if stack.router_pid else None
+    limits = httpx.Limits(max_connections=options.streams + 16, max_keepalive_connections=options.streams)
+    timeout = httpx.Timeout(connect=30.0, read=120.0, write=30.0, pool=30.0)
+    loop = asyncio.get_running_loop()
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        t0 = loop.time()
+        stop_at = t0 + options.duration
+        probe = asyncio.create_task(sampler(stack, options, tally, samples, t0))
+        progress = asyncio.create_task(report_progress(options, tally, samples))
+        workers = [
+            asyncio.create_task(worker(i, client, stack.url, options, tally, stop_at))
+            for i in range(options.streams)
+        ]
+        for signum in (signal.SIGINT, signal.SIGTERM):  # stop early: cut the streams, still report
+            loop.add_signal_handler(signum, lambda: [task.cancel() for task in workers])
+        _, pending = await asyncio.wait(workers, timeout=options.duration + options.drain)
+        for task in pending:  # streams still open after the drain window: counted, then cut
+            task.cancel()
+        tally.errors.update({"unfinished_after_drain": len(pending)} if pending else {})
+        cancelled = sum(1 for task in workers if task.cancelled())
+        tally.errors.update({"cut_by_signal": cancelled - len(pending)} if cancelled > len(pending) else {})
+        await asyncio.gather(*pending, return_exceptions=True)
+        probe.cancel()
+        progress.cancel()
+    await asyncio.sleep(options.interval)  # let the router notice the closed connections
+    after = sample(stack.router_pid, loop.time() - t0, tally) if stack.router_pid else None
+    return samples, (before, after), tally
+
+
+async def report_progress(options: Options, tally: Tally, samples: list[Sample]) -> None:
+    while True:
+        await asyncio.sleep(30)
+        if not samples:
+            continue
+        last = samples[-1]
+        sys.stderr.write(
+            f"soak: t={last.t:.0f}s open={tally.open_streams} requests={tally.requests} "
+            f"errors={sum(tally.errors.values())} rss={last.rss_mib}MiB fds={last.fds}\n"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--streams", type=int, default=1000, help="concurrent streams (default 1000)")
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of load (default 600)")
+    p.add_argument(
+        "--warmup", type=float, default=120.0, help="seconds excluded from the slope (default 120)"
+    )
+    p.add_argument("--ramp", type=float, default=60.0, help="seconds over which streams open (default 60)")
+    p.add_argument("--engines", type=int, default=4, help="simulated decode engines (default 4)")
+    p.add_argument("--time-scale", type=float, default=0.01, help="sims' --time-scale (default 0.01)")
+    p.add_argument("--min-tokens", type=int, default=32, help="shortest answer, tokens (default 32)")
+    p.add_argument("--max-tokens", type=int, default=128, help="longest answer, tokens (default 128)")
+    p.add_argument("--tenants", type=int, default=2000, help="distinct x-tenant-id values (default 2000)")
+    p.add_argument("--prefixes", type=int, default=64, help="distinct system prompts (default 64)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between samples (default 5)")
+    p.add_argument("--drain", type=float, default=240.0, help="seconds streams may run past --duration")
+    p.add_argument("--url", help="target this running gateway instead of starting a stack")
+    p.add_argument("--router-pid", type=int, help="with --url: the gateway's pid, to sample it")
+    p.add_argument("--router-arg", action="append", default=[], help="extra `tandem router` argument")
+    p.add_argument("--out", type=Path, default=Path("soak-results") / time.strftime("%Y%m%d-%H%M%S"))
+    p.add_argument(
+        "--max-rss-slope", type=float, default=1.0, help="MiB/min allowed after warm-up (default 1)"
+    )
+    p.add_argument(
+        "--max-fd-growth", type=int, default=50, help="fd drift allowed after warm-up (default 50)"
+    )
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    if a.streams < 1 or a.engines < 1 or a.duration <= a.warmup or a.min_tokens > a.max_tokens:
+        p.error("need --streams ≥ 1, --engines ≥ 1, --duration > --warmup, --min-tokens ≤ --max-tokens")
+    return Options(
+        streams=a.streams, duration=a.duration, warmup=a.warmup, ramp=a.ramp, engines=a.engines,
+        time_scale=a.time_scale, min_tokens=a.min_tokens, max_tokens=a.max_tokens, tenants=a.tenants,
+        prefixes=a.prefixes, interval=a.interval, drain=a.drain, url=a.url, router_pid=a.router_pid,
+        router_args=a.router_arg, out=a.out, max_rss_slope=a.max_rss_slope,
+        max_fd_growth=a.max_fd_growth, seed=a.seed,
+    )  # fmt: skip
+
+
+def write_results(options: Options, samples: list[Sample], summary: dict[str, Any]) -> None:
+    lines = [",".join(Sample.__dataclass_fields__)]
+    lines += [",".join(str(v) for v in asdict(s).values()) for s in samples]
+    (options.out / "samples.csv").write_text("\n".join(lines) + "\n")
+    (options.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (options.out / "summary.md").write_text(markdown(summary))
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(argv)
+    options.out.mkdir(parents=True, exist_ok=True)
+    limit = raise_fd_limit()
+    if limit < options.streams + 64:
+        raise SystemExit(f"soak: error: descriptor limit {limit} is too low for {options.streams} streams")
+    if options.url:
+        stack = Stack(url=options.url.rstrip("/"), router_pid=options.router_pid)
+    else:
+        stack = start_stack(options)
+    try:
+        samples, idle, tally = asyncio.run(drive(stack, options))
+    finally:
+        stack.stop()
+    summary = summarize(samples, idle, tally, options)
+    write_results(options, samples, summary)
+    sys.stdout.write(markdown(summary))
+    return 0 if summary["verdict"] == "pass" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
