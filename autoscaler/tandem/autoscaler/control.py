@@ -10,7 +10,9 @@ injects, so the same controller drives Kubernetes Deployments and local processe
   scrape), whose queued requests count in both pools' demand (`tandem.autoscaler.observe`).
 
 The controller only acts on a valid decision that differs from the current request; a hold (invalid
-or stale data) changes nothing. What happened comes back as a `PoolOutcome` for metrics, Events and
+or stale data) changes nothing, and neither does a scale-down while some requested replicas are not
+ready yet (the decider counts ready engines only: shrinking then would undo a scale-up in progress).
+What happened comes back as a `PoolOutcome` for metrics, Events and
 status.
 """
 
@@ -99,6 +101,11 @@ class PoolController:
         self.history = remember(self.history, Scrape(now, readings, queues), keep_s=keep)
         observed, decision = self._decide(now)
         previous = await self.target.requested()
+        if decision.valid and decision.desired < previous and observed.ready < previous:
+            # Replicas asked for are still starting: the decider saw only the ready ones, so a
+            # scale-down now would undo a scale-up (or shrink a fresh pool) before it took effect.
+            wait = f"scale-down waits until the {previous} requested replicas are ready ({observed.ready})"
+            decision = Decision(desired=previous, reason=f"{decision.reason}; {wait}")
         direction: Literal["up", "down"] | None = None
         if decision.valid and decision.desired != previous:
             direction = "up" if decision.desired > previous else "down"

@@ -79,10 +79,12 @@ class Autoscaler:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics
-        self._report = report
+        self.report = report
         self._interval = interval_s
         self._clock = clock
         self.services: dict[str, list[PoolController]] = {}
+        #: When the last round ended (the clock's seconds); None before the first.
+        self.last_round: float | None = None
 
     def set_service(self, service: str, controllers: list[PoolController]) -> None:
         """Add a service, or update its pools: a pool kept keeps its decider state and history."""
@@ -110,7 +112,12 @@ class Autoscaler:
         results = await asyncio.gather(
             *(self._service_round(name, controllers, now) for name, controllers in self.services.items())
         )
+        self.last_round = self._clock()
         return [outcome for outcomes in results for outcome in outcomes]
+
+    def alive(self, within_s: float) -> bool:
+        """True when a round ended less than `within_s` ago (liveness)."""
+        return self.last_round is not None and self._clock() - self.last_round < within_s
 
     async def _service_round(
         self, service: str, controllers: list[PoolController], now: float
@@ -130,7 +137,7 @@ class Autoscaler:
             _log(outcome)
             outcomes.append(outcome)
         try:
-            await self._report(service, outcomes)
+            await self.report(service, outcomes)
         except Exception as exc:  # noqa: BLE001 -- boundary: a failed Event/status write is retried next round
             log.warning("autoscaler report failed: %r", exc, extra={"service": service, "error": repr(exc)})
         return outcomes

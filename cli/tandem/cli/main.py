@@ -25,6 +25,7 @@ COMMANDS = {
     "crd": "tandem.cli.crd:crd",
     "bench": "tandem.cli.bench:bench",
     "kvpool": "tandem.cli.kvpool:kvpool",
+    "autoscaler": "tandem.cli.autoscaler:autoscaler",
     "dev": "tandem.cli.dev:dev",
 }
 

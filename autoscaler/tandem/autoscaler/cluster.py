@@ -1,0 +1,139 @@
+"""What the in-cluster autoscaler needs from Kubernetes, as a Protocol, and the objects it writes.
+
+Pure: no I/O. `ClusterAPI` is implemented over HTTP by `tandem.autoscaler.kube.HttpCluster`; tests can
+give the loop any other implementation. The builders below make the request bodies:
+
+- `scale_patch(n)`: a merge patch of a Deployment's `scale` subresource, `{"spec": {"replicas": n}}`;
+  nothing else of the Deployment is touched (the operator owns the rest, and leaves `replicas` alone
+  while autoscaling is on).
+- `scale_event(...)`: a core/v1 Event on the InferenceService, reason `ScaledUp` / `ScaledDown`, message
+  `decode 2 → 4: panic: 6s window wants 4, ...` (the pool, the numbers and the decider's reason).
+- `autoscaling_status(...)`: the `status.autoscaling.<pool>` block, `{desired, ready, reason,
+  lastScaleTime, panic}`, sent as a merge patch on the status subresource, so it changes only the
+  pools it names (the operator's own status patches name only its own keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from tandem.core.spec import API_VERSION, KIND
+
+COMPONENT = "tandem-autoscaler"
+#: Longest Event message (the API server's own limit is 1 KiB for `note`, events.k8s.io/v1).
+MAX_EVENT_MESSAGE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRef:
+    """One InferenceService: where it is and its uid (for Events); `key` is the metrics label."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class ClusterAPI(Protocol):
+    """The Kubernetes calls of the in-cluster autoscaler. Every method raises `ClusterError` on failure."""
+
+    async def ready_urls(self, namespace: str, service: str, port: int) -> list[str]:
+        """URLs of the ready endpoints of a Service (its EndpointSlices), sorted."""
+        ...
+
+    async def get_scale(self, namespace: str, deployment: str) -> int:
+        """`spec.replicas` of a Deployment's scale subresource."""
+        ...
+
+    async def patch_scale(self, namespace: str, deployment: str, replicas: int) -> None:
+        """Merge-patch the scale subresource to `replicas`."""
+        ...
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Create a core/v1 Event."""
+        ...
+
+    async def patch_status(self, ref: ServiceRef, patch: Mapping[str, Any]) -> None:
+        """Merge-patch the InferenceService's status subresource with `{"status": patch}`."""
+        ...
+
+
+class ClusterError(Exception):
+    """A Kubernetes API call failed: `status` is the HTTP status (0: no answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+
+
+def scale_patch(replicas: int) -> dict[str, Any]:
+    """The scale subresource merge patch. Example: 4 → {"spec": {"replicas": 4}}."""
+    return {"spec": {"replicas": replicas}}
+
+
+def scale_event(
+    ref: ServiceRef,
+    *,
+    pool: Literal["prefill", "decode"],
+    previous: int,
+    desired: int,
+    reason: str,
+    now: str,
+    suffix: str,
+) -> dict[str, Any]:
+    """A Normal Event on the InferenceService saying why a pool was resized. `now` is RFC 3339;
+    `suffix` makes the name unique (`<service>.<suffix>`, as kubectl's recorder names events)."""
+    message = f"{pool} {previous} → {desired}: {reason}"[:MAX_EVENT_MESSAGE]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{ref.name}.{suffix}", "namespace": ref.namespace},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
+        },
+        "type": "Normal",
+        "reason": "ScaledUp" if desired > previous else "ScaledDown",
+        "message": message,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolAutoscalingView:
+    """One pool's `status.autoscaling.<pool>` (camelCase in the API)."""
+
+    desired: int
+    ready: int
+    reason: str
+    panic: bool
+    last_scale_time: str | None = None
+
+    def as_status(self) -> dict[str, Any]:
+        status: dict[str, Any] = {
+            "desired": self.desired,
+            "ready": self.ready,
+            "reason": self.reason[:MAX_EVENT_MESSAGE],
+            "panic": self.panic,
+        }
+        if self.last_scale_time is not None:
+            status["lastScaleTime"] = self.last_scale_time
+        return status
+
+
+def autoscaling_status(pools: Mapping[Literal["prefill", "decode"], PoolAutoscalingView]) -> dict[str, Any]:
+    """The status merge patch body for the given pools: {"autoscaling": {"decode": {...}}}."""
+    return {"autoscaling": {pool: view.as_status() for pool, view in sorted(pools.items())}}

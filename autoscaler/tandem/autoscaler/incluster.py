@@ -1,0 +1,308 @@
+"""`tandem autoscaler` in a cluster: every autoscaled InferenceService's pools, kept sized.
+
+- **Services**: InferenceServices are listed and watched (one namespace or all). Each one whose pools
+  have `autoscaling.enabled` gets a controller per such pool (`tandem.autoscaler.runner`); an edit
+  updates the parameters and keeps the decider's state; deletion, disabling or an invalid spec removes
+  them. Services are keyed `namespace/name` (the metrics' `service` label).
+- **Engines** are found as the router finds them: the ready endpoints of the EndpointSlices of the pool's
+  headless Service `<name>-prefill` / `<name>-decode` (port 8000), from one EndpointSlice informer; the
+  gateway's replicas the same way from `<name>-router` (port 8080), whose queue depth counts in demand.
+- **Actuator** (`KubePool`): the `scale` subresource of the pool's Deployment (same name as its
+  Service), patched only when the decision differs from its `spec.replicas`.
+- **Report** (`KubeReporter`): an Event (`ScaledUp` / `ScaledDown`) on the InferenceService per scale
+  action, and `status.autoscaling.<pool>` = {desired, ready, reason, lastScaleTime, panic} merge-patched
+  on the status subresource when desired, ready, panic or lastScaleTime change, and otherwise at most
+  every `status_every_s` when only the reason text moved (so a steady pool costs no writes).
+
+The EndpointSlice cache is filled before any service is added: a pool must never look empty (and be
+scaled down) only because discovery has not listed yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from tandem.autoscaler.cluster import (
+    ClusterAPI,
+    PoolAutoscalingView,
+    ServiceRef,
+    autoscaling_status,
+    scale_event,
+)
+from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
+from tandem.autoscaler.health import HealthServer
+from tandem.autoscaler.kube import HttpCluster, Informer, KubeAccess, services_path, slices_path
+from tandem.autoscaler.metrics import AutoscalerMetrics
+from tandem.autoscaler.runner import Autoscaler, controllers_for
+from tandem.autoscaler.scraper import Scraper
+from tandem.core.endpointslices import ENGINE_PORT, ROUTER_PORT, pool_workload_name, router_workload_name
+from tandem.core.spec import InferenceServiceSpec, check_rules
+
+log = logging.getLogger(__name__)
+WallClock = Callable[[], datetime]
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(kw_only=True)
+class KubePool:
+    """`tandem.autoscaler.control.PoolTarget` for one pool's Deployment."""
+
+    cluster: ClusterAPI
+    ref: ServiceRef
+    pool: PoolName
+    port: int = ENGINE_PORT
+
+    @property
+    def deployment(self) -> str:
+        return pool_workload_name(self.ref.name, self.pool)
+
+    async def endpoints(self) -> list[str]:
+        return await self.cluster.ready_urls(self.ref.namespace, self.deployment, self.port)
+
+    async def requested(self) -> int:
+        return await self.cluster.get_scale(self.ref.namespace, self.deployment)
+
+    async def scale(self, replicas: int, *, reason: str) -> None:
+        await self.cluster.patch_scale(self.ref.namespace, self.deployment, replicas)
+        log.info(
+            "deployment scaled",
+            extra={"service": self.ref.key, "deployment": self.deployment, "replicas": replicas},
+        )
+
+
+@dataclass(kw_only=True)
+class GatewayQueues:
+    """The queue depth of every ready gateway replica of one InferenceService."""
+
+    cluster: ClusterAPI
+    ref: ServiceRef
+    scraper: Scraper
+    port: int = ROUTER_PORT
+
+    async def __call__(self) -> Mapping[str, float | None]:
+        service = router_workload_name(self.ref.name)
+        urls = await self.cluster.ready_urls(self.ref.namespace, service, self.port)
+        return await self.scraper.queues(urls)
+
+
+@dataclass(kw_only=True)
+class KubeReporter:
+    """Events and `status.autoscaling` (module docstring); `refs` resolves a service key."""
+
+    cluster: ClusterAPI
+    refs: Callable[[str], ServiceRef | None]
+    wall: WallClock = lambda: datetime.now(UTC)
+    clock: Callable[[], float] = time.monotonic
+    status_every_s: float = 30.0
+    last_scale: dict[tuple[str, str], str] = field(default_factory=dict)
+    written: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+
+    async def report(self, service: str, outcomes: Sequence[PoolOutcome]) -> None:
+        ref = self.refs(service)
+        if ref is None or not outcomes:
+            return
+        for outcome in outcomes:
+            if outcome.direction is None:
+                continue
+            now = rfc3339(self.wall())
+            event = scale_event(
+                ref,
+                pool=outcome.pool,
+                previous=outcome.previous,
+                desired=outcome.desired,
+                reason=outcome.decision.reason,
+                now=now,
+                suffix=uuid.uuid4().hex[:16],
+            )
+            self.last_scale[(service, outcome.pool)] = now
+            await self.cluster.create_event(ref.namespace, event)
+        views = {
+            o.pool: PoolAutoscalingView(
+                desired=o.desired,
+                ready=o.ready,
+                reason=o.decision.reason,
+                panic=o.panic,
+                last_scale_time=self.last_scale.get((service, o.pool)),
+            )
+            for o in outcomes
+        }
+        await self._write_status(service, ref, autoscaling_status(views))
+
+    async def _write_status(self, service: str, ref: ServiceRef, patch: dict[str, Any]) -> None:
+        previous, at = self.written.get(service, ({}, -float("inf")))
+        if patch == previous:
+            return
+        if _without_reasons(patch) == _without_reasons(previous) and self.clock() - at < self.status_every_s:
+            return
+        await self.cluster.patch_status(ref, patch)
+        self.written[service] = (patch, self.clock())
+
+    def forget(self, service: str) -> None:
+        self.written.pop(service, None)
+        for key in [k for k in self.last_scale if k[0] == service]:
+            del self.last_scale[key]
+
+
+def _without_reasons(patch: Mapping[str, Any]) -> dict[str, Any]:
+    pools = patch.get("autoscaling") or {}
+    return {pool: {k: v for k, v in fields.items() if k != "reason"} for pool, fields in pools.items()}
+
+
+class ServiceSync:
+    """Keeps `autoscaler`'s services in step with the InferenceServices seen (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cluster: ClusterAPI,
+        scraper: Scraper,
+        autoscaler: Autoscaler,
+        reporter: KubeReporter,
+        ports: tuple[int, int] = (ENGINE_PORT, ROUTER_PORT),
+    ) -> None:
+        self._ports = ports
+        self._cluster = cluster
+        self._scraper = scraper
+        self._autoscaler = autoscaler
+        self._reporter = reporter
+        self.refs: dict[str, ServiceRef] = {}
+
+    def on_change(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """An informer's callback for one InferenceService event."""
+        meta = obj.get("metadata") or {}
+        ref = ServiceRef(
+            str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or "")
+        )
+        if kind == "DELETED" or meta.get("deletionTimestamp"):
+            self._remove(ref.key)
+            return
+        try:
+            spec = InferenceServiceSpec.model_validate(obj.get("spec") or {})
+            problems = [str(error) for error in check_rules(spec)]
+        except ValidationError as exc:
+            problems = [str(exc.errors()[0]["msg"])]
+        if problems:
+            log.warning("invalid spec; not autoscaled", extra={"service": ref.key, "error": problems[0]})
+            self._remove(ref.key)
+            return
+        targets: dict[PoolName, PoolTarget] = {
+            pool: KubePool(cluster=self._cluster, ref=ref, pool=pool, port=self._ports[0])
+            for pool in ("prefill", "decode")
+        }
+        gateways = GatewayQueues(cluster=self._cluster, ref=ref, scraper=self._scraper, port=self._ports[1])
+        controllers = controllers_for(
+            ref.key, spec, targets=targets, scrape=self._scraper.scrape, gateways=gateways
+        )
+        if not controllers:
+            self._remove(ref.key)
+            return
+        if ref.key not in self.refs:
+            log.info("autoscaling", extra={"service": ref.key, "pools": [c.pool for c in controllers]})
+        self.refs[ref.key] = ref
+        self._autoscaler.set_service(ref.key, controllers)
+
+    def _remove(self, key: str) -> None:
+        if self.refs.pop(key, None) is not None:
+            log.info("no longer autoscaled", extra={"service": key})
+        self._autoscaler.remove_service(key)
+        self._reporter.forget(key)
+
+
+async def wait_synced(events: Sequence[asyncio.Event], stop: asyncio.Event) -> bool:
+    """Wait until every event is set (True) or `stop` is (False)."""
+    for event in events:
+        waiter, stopper = asyncio.create_task(event.wait()), asyncio.create_task(stop.wait())
+        _, pending = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if stop.is_set():
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSettings:
+    """`tandem autoscaler`'s settings: the namespace to watch (None: all), the round period, where
+    `/metrics` and `/healthz` are served, the status refresh period for reason-only changes, and the
+    ports of engine and gateway pods (the operator's; tests point them elsewhere)."""
+
+    namespace: str | None = None
+    interval_s: float = 1.0
+    metrics_host: str = "0.0.0.0"  # a pod's metrics are scraped from other pods
+    metrics_port: int = 9090
+    status_every_s: float = 30.0
+    engine_port: int = ENGINE_PORT
+    router_port: int = ROUTER_PORT
+
+
+async def run_in_cluster(
+    settings: ClusterSettings,
+    *,
+    access: KubeAccess,
+    stop: asyncio.Event,
+    registry: CollectorRegistry | None = None,
+    on_listening: Callable[[int], None] = lambda port: None,
+) -> None:
+    """Run until `stop` is set (module docstring). Raises OSError when the metrics port is taken."""
+    registry = registry or CollectorRegistry()
+    async with access.client() as api, httpx.AsyncClient(trust_env=False) as engines:
+        slices = Informer(client=api, access=access, path=slices_path(settings.namespace))
+        cluster = HttpCluster(client=api, access=access, slices=slices)
+        scraper = Scraper(engines)
+        autoscaler = Autoscaler(metrics=AutoscalerMetrics(registry), interval_s=settings.interval_s)
+        sync_holder: list[ServiceSync] = []
+        reporter = KubeReporter(
+            cluster=cluster,
+            refs=lambda key: sync_holder[0].refs.get(key),
+            status_every_s=settings.status_every_s,
+        )
+        autoscaler.report = reporter.report
+        sync = ServiceSync(
+            cluster=cluster,
+            scraper=scraper,
+            autoscaler=autoscaler,
+            reporter=reporter,
+            ports=(settings.engine_port, settings.router_port),
+        )
+        sync_holder.append(sync)
+        services = Informer(
+            client=api, access=access, path=services_path(settings.namespace), on_change=sync.on_change
+        )
+        health = HealthServer(
+            host=settings.metrics_host,
+            port=settings.metrics_port,
+            registry=registry,
+            healthy=lambda: autoscaler.alive(max(10.0, 10 * settings.interval_s)),
+        )
+        await health.start()
+        on_listening(health.port)
+        tasks = [asyncio.create_task(slices.run(), name="watch-endpointslices")]
+        try:
+            if await wait_synced([slices.synced], stop):
+                tasks.append(asyncio.create_task(services.run(), name="watch-inferenceservices"))
+            log.info("autoscaler started", extra={"namespace": settings.namespace or "*"})
+            await autoscaler.run(stop)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await health.stop()

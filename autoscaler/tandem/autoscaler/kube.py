@@ -1,0 +1,242 @@
+"""The Kubernetes API over HTTP (httpx), as the router's EndpointSlice discovery talks to it.
+
+- `KubeAccess`: where the API server is and how to authenticate. `in_cluster(environ)`: the pod's
+  service account token (re-read on every request, since bound tokens rotate) and CA from
+  `/var/run/secrets/kubernetes.io/serviceaccount/`, the server from `KUBERNETES_SERVICE_HOST`/`_PORT`.
+  `plain(url)`: an unauthenticated endpoint such as `kubectl proxy` or a test emulator.
+- `Informer`: one collection (InferenceServices, EndpointSlices), listed then watched
+  (`?watch=true&resourceVersion=<list's>&allowWatchBookmarks=true`), kept in memory by (namespace, name);
+  `on_change(kind, object)` for every ADDED / MODIFIED / DELETED. The watch resumes from the last
+  resourceVersion when the server ends it; `410 Gone` relists (objects gone since are reported
+  DELETED); any other failure relists after a backoff of 0.5 s doubling to 30 s. `synced` is set once
+  the first list is in.
+- `HttpCluster`: `tandem.autoscaler.cluster.ClusterAPI`: ready engine URLs from an EndpointSlice
+  informer's cache (the same rule as the router, `tandem.core.endpointslices.ready_urls`), the scale
+  subresource of Deployments, Events, and the InferenceService's status subresource (merge patches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tandem.autoscaler.cluster import ClusterError, ServiceRef, scale_patch
+from tandem.core.endpointslices import ready_urls
+from tandem.core.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+MERGE_PATCH = "application/merge-patch+json"
+WATCH_TIMEOUT_S = 300
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
+OnChange = Callable[[str, Mapping[str, Any]], None]
+
+
+class KubeConfigError(ValueError):
+    """No way to reach the API server (outside a cluster without --kube-api-server)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubeAccess:
+    """The API server's URL, a bearer token read from `token_file` per request (None: no auth), and
+    the CA bundle to verify TLS with (None: the system CAs)."""
+
+    server: str
+    token_file: Path | None = None
+    ca_file: Path | None = None
+
+    @classmethod
+    def in_cluster(cls, environ: Mapping[str, str]) -> KubeAccess:
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise KubeConfigError(
+                "not in a cluster (KUBERNETES_SERVICE_HOST/_PORT are unset); outside one, "
+                "pass --kube-api-server (e.g. the URL of `kubectl proxy`)"
+            )
+        host = f"[{host}]" if ":" in host else host
+        return cls(
+            server=f"https://{host}:{port}",
+            token_file=SERVICE_ACCOUNT_DIR / "token",
+            ca_file=SERVICE_ACCOUNT_DIR / "ca.crt",
+        )
+
+    @classmethod
+    def plain(cls, url: str) -> KubeAccess:
+        return cls(server=url.rstrip("/"))
+
+    def headers(self) -> dict[str, str]:
+        if self.token_file is None:
+            return {}
+        return {"authorization": f"Bearer {self.token_file.read_text().strip()}"}
+
+    def client(self) -> httpx.AsyncClient:
+        verify: str | bool = str(self.ca_file) if self.ca_file is not None else True
+        return httpx.AsyncClient(
+            base_url=self.server, verify=verify, trust_env=False, timeout=httpx.Timeout(10.0)
+        )
+
+
+def collection(group_version: str, plural: str, namespace: str | None) -> str:
+    """`/apis/g/v[/namespaces/ns]/plural` (`/api/v1/...` for the core group)."""
+    root = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"{root}{scope}/{plural}"
+
+
+def services_path(namespace: str | None) -> str:
+    return collection(f"{GROUP}/{VERSION}", PLURAL, namespace)
+
+
+def slices_path(namespace: str | None) -> str:
+    return collection("discovery.k8s.io/v1", "endpointslices", namespace)
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta["name"])
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class Informer:
+    """A collection listed, then watched (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        access: KubeAccess,
+        path: str,
+        on_change: OnChange | None = None,
+    ) -> None:
+        self._client = client
+        self._access = access
+        self.path = path
+        self._on_change = on_change or (lambda kind, obj: None)
+        self.objects: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.synced = asyncio.Event()
+
+    async def list(self) -> str:
+        """Replace the known objects with a fresh list; returns its resourceVersion."""
+        response = await self._client.get(self.path, headers=self._access.headers())
+        response.raise_for_status()
+        body = response.json()
+        fresh = {_key(item): item for item in body.get("items") or ()}
+        gone = [obj for key, obj in self.objects.items() if key not in fresh]
+        self.objects = fresh
+        self.synced.set()
+        for obj in gone:
+            self._on_change("DELETED", obj)
+        for obj in fresh.values():
+            self._on_change("MODIFIED", obj)
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        backoff, resource_version = FIRST_BACKOFF_S, None
+        while True:
+            try:
+                if resource_version is None:
+                    resource_version = await self.list()
+                resource_version = await self._watch(resource_version)
+                backoff = FIRST_BACKOFF_S
+            except _Gone:
+                resource_version = None
+            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "list/watch failed; retrying",
+                    extra={"path": self.path, "error": repr(exc), "retry_s": backoff},
+                )
+                resource_version = None
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    async def _watch(self, resource_version: str) -> str:
+        params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_TIMEOUT_S)}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        timeout = httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30)
+        async with self._client.stream(
+            "GET", self.path, params=params, headers=self._access.headers(), timeout=timeout
+        ) as response:
+            if response.status_code == 410:
+                raise _Gone
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.strip():
+                    resource_version = self._apply(json.loads(line)) or resource_version
+        return resource_version
+
+    def _apply(self, event: Mapping[str, Any]) -> str | None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Gone
+            raise ValueError(f"watch error: {obj.get('message', obj)}")
+        if kind in ("ADDED", "MODIFIED"):
+            self.objects[_key(obj)] = obj
+            self._on_change(str(kind), obj)
+        elif kind == "DELETED":
+            self.objects.pop(_key(obj), None)
+            self._on_change("DELETED", obj)
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        return str(rv) if rv else None
+
+
+class HttpCluster:
+    """`ClusterAPI` over one httpx client; EndpointSlices come from `slices` (an informer's cache)."""
+
+    def __init__(self, *, client: httpx.AsyncClient, access: KubeAccess, slices: Informer) -> None:
+        self._client = client
+        self._access = access
+        self._slices = slices
+
+    async def ready_urls(self, namespace: str, service: str, port: int) -> list[str]:
+        mine = [s for (ns, _), s in self._slices.objects.items() if ns == namespace]
+        return ready_urls(mine, service=service, port=port)
+
+    async def get_scale(self, namespace: str, deployment: str) -> int:
+        body = await self._call("GET", self._scale_path(namespace, deployment))
+        return int((body.get("spec") or {}).get("replicas") or 0)
+
+    async def patch_scale(self, namespace: str, deployment: str, replicas: int) -> None:
+        await self._call("PATCH", self._scale_path(namespace, deployment), body=scale_patch(replicas))
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        await self._call("POST", collection("v1", "events", namespace), body=event)
+
+    async def patch_status(self, ref: ServiceRef, patch: Mapping[str, Any]) -> None:
+        path = f"{services_path(ref.namespace)}/{ref.name}/status"
+        await self._call("PATCH", path, body={"status": patch})
+
+    @staticmethod
+    def _scale_path(namespace: str, deployment: str) -> str:
+        return f"{collection('apps/v1', 'deployments', namespace)}/{deployment}/scale"
+
+    async def _call(self, method: str, path: str, *, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        headers = self._access.headers()
+        if body is not None:
+            headers["content-type"] = MERGE_PATCH if method == "PATCH" else "application/json"
+        try:
+            response = await self._client.request(
+                method, path, headers=headers, content=json.dumps(body) if body is not None else None
+            )
+        except httpx.HTTPError as exc:
+            raise ClusterError(0, f"{method} {path}: {exc!r}") from None
+        try:
+            data = response.json()
+        except ValueError:
+            data = {"message": response.text[:200]}
+        if not response.is_success:
+            message = data.get("message") if isinstance(data, dict) else None
+            raise ClusterError(response.status_code, f"{method} {path}: {message or response.reason_phrase}")
+        return data if isinstance(data, dict) else {}

@@ -1,0 +1,234 @@
+"""The Kubernetes actuator and the in-cluster loop against an emulated API server.
+
+Real: the autoscaler's HTTP client code (`HttpCluster`, `Informer`), its controllers, reporter and
+`run_in_cluster`, a fake engine that is a real HTTP server on 127.0.0.1 serving vLLM metric text, and
+`/healthz` and `/metrics` over HTTP. Emulated: the Kubernetes API (kmock with the operator tests'
+`StampingEmulator`), where a PATCH of `deployments/<name>/scale` lands on the Deployment itself (as the
+real scale subresource changes `spec.replicas`) and nothing plays the Deployment controller, so the
+EndpointSlices are the test's own. Waits poll with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import kmock as kmock_lib
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CollectorRegistry
+from tests.operator.cluster_state import NAMESPACE, find, isvc, names, path_of
+from tests.servers import run_uvicorn
+
+from tandem.autoscaler.cluster import ServiceRef
+from tandem.autoscaler.control import PoolController, PoolOutcome
+from tandem.autoscaler.decider import DeciderParams, Decision, DecodeObservation
+from tandem.autoscaler.incluster import ClusterSettings, KubePool, KubeReporter, run_in_cluster
+from tandem.autoscaler.kube import HttpCluster, Informer, KubeAccess, slices_path
+from tandem.autoscaler.readings import EngineReading
+
+PATIENCE_S = 60.0
+ISVC_PATH = f"/apis/tandem.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE_S
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.05)
+
+
+async def create(api: kmock_lib.KubernetesEmulator, path: str, body: dict[str, Any]) -> None:
+    """POST an object into the test namespace (`metadata.namespace` set, as an API server does)."""
+    body = {**body, "metadata": {**body["metadata"], "namespace": NAMESPACE}}
+    response = await api.post(path, json=body)
+    assert response.status == 200, await response.text()
+
+
+async def deployment(api: kmock_lib.KubernetesEmulator, name: str, replicas: int) -> None:
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas},
+    }
+    await create(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", body)
+
+
+async def endpoint_slice(api: kmock_lib.KubernetesEmulator, service: str, addresses: list[str]) -> None:
+    body = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": f"{service}-x1", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
+    }
+    await create(api, f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices", body)
+
+
+def scale_patches(api: kmock_lib.KubernetesEmulator) -> list[Any]:
+    """The `spec` of every PATCH of a scale subresource (the emulator adds its own resourceVersion)."""
+    return [
+        r.data["spec"] for r in list(api) if r.method.value == "PATCH" and str(r.url.path).endswith("/scale")
+    ]
+
+
+@pytest.fixture
+async def cluster(api: kmock_lib.KubernetesEmulator) -> AsyncIterator[HttpCluster]:
+    access = KubeAccess.plain(str(api.url))
+    async with access.client() as client:
+        slices = Informer(client=client, access=access, path=slices_path(NAMESPACE))
+        yield HttpCluster(client=client, access=access, slices=slices)
+
+
+def controller(cluster: HttpCluster, util: float) -> PoolController:
+    """A decode controller whose one engine reports `util` (the scrape is a stub; the target is real)."""
+
+    async def scrape(urls: Any) -> dict[str, EngineReading | None]:
+        return {"http://engine-0": EngineReading(kv_usage=util, running=1.0)}
+
+    params = DeciderParams(min=1, max=4, target=0.5, panic_window_s=2.0, stable_window_s=4.0)
+    target = KubePool(cluster=cluster, ref=ServiceRef(NAMESPACE, "demo", "uid-1"), pool="decode")
+    return PoolController(
+        service=f"{NAMESPACE}/demo", pool="decode", params=params, target=target, scrape=scrape
+    )
+
+
+async def test_the_actuator_patches_the_scale_subresource_only_when_the_decision_differs(
+    api: kmock_lib.KubernetesEmulator, cluster: HttpCluster
+) -> None:
+    await deployment(api, "demo-decode", 1)
+    steady = await controller(cluster, util=0.5).step(now=10.0)  # 1 × 0.5 / 0.5 = 1 replica: as is
+    assert (steady.previous, steady.desired, steady.direction) == (1, 1, None)
+    assert scale_patches(api) == []
+
+    loaded = await controller(cluster, util=1.0).step(now=10.0)  # 1 × 1.0 / 0.5 = 2: panic, up
+    assert (loaded.previous, loaded.desired, loaded.direction) == (1, 2, "up")
+    assert scale_patches(api) == [{"replicas": 2}]
+    assert (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] == 2
+
+
+async def test_the_reporter_posts_an_event_and_patches_status_autoscaling(
+    api: kmock_lib.KubernetesEmulator, cluster: HttpCluster
+) -> None:
+    document = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "demo"}}
+    await create(api, ISVC_PATH, {**document, "spec": {"model": {"name": "m"}}})
+    ref = ServiceRef(NAMESPACE, "demo", isvc(api, "demo")["metadata"]["uid"])
+    reporter = KubeReporter(cluster=cluster, refs={ref.key: ref}.get)
+    seen = DecodeObservation(timestamp=1.0, ready=2, mean_kv_utilization=0.9)
+    outcome = PoolOutcome(
+        service=ref.key, pool="decode", observed=seen, decision=Decision(desired=4, reason="panic: wants 4"),
+        ready=2, desired=4, panic=True, previous=2, direction="up",
+    )  # fmt: skip
+    await reporter.report(ref.key, [outcome])
+
+    (event_name,) = names(api, "Event")
+    event = find(api, "Event", event_name) or {}
+    assert event["reason"] == "ScaledUp" and event["type"] == "Normal"
+    assert event["message"] == "decode 2 → 4: panic: wants 4"
+    assert event["involvedObject"] == {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService",
+                                       "name": "demo", "namespace": NAMESPACE, "uid": ref.uid}  # fmt: skip
+    status = isvc(api, "demo")["status"]["autoscaling"]["decode"]
+    assert {k: status[k] for k in ("desired", "ready", "reason", "panic")} == {
+        "desired": 4, "ready": 2, "reason": "panic: wants 4", "panic": True,
+    }  # fmt: skip
+    assert status["lastScaleTime"].endswith("Z")
+
+    writes = len([r for r in list(api) if str(r.url.path).endswith("/status")])
+    quiet = PoolOutcome(
+        service=ref.key, pool="decode", observed=seen, decision=Decision(desired=4, reason="panic: wants 4"),
+        ready=2, desired=4, panic=True, previous=4,
+    )  # fmt: skip
+    await reporter.report(ref.key, [quiet])  # nothing changed: no Event, no status write
+    assert len(names(api, "Event")) == 1
+    assert len([r for r in list(api) if str(r.url.path).endswith("/status")]) == writes
+
+
+VLLM_PAGE = """\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.95
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 12.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+"""
+
+
+@contextlib.contextmanager
+def fake_engine() -> Any:
+    """A real HTTP server on 127.0.0.1 whose /metrics says the KV cache is 95% full."""
+    app = FastAPI()
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        return VLLM_PAGE
+
+    with run_uvicorn(app) as url:
+        yield url
+
+
+SPEC = {
+    "model": {"name": "Qwen/Qwen2.5-7B-Instruct"},
+    "engine": {"kind": "sim"},
+    "decode": {
+        "replicas": 1,
+        "autoscaling": {
+            "enabled": True,
+            "min": 1,
+            "max": 4,
+            "targetKvUtilization": 0.5,
+            "stableWindowSeconds": 4,
+            "panicWindowSeconds": 2,
+            "scaleDownDelaySeconds": 10,
+        },
+    },
+}
+
+
+async def test_a_loaded_engine_behind_an_endpointslice_scales_its_deployment_up(
+    api: kmock_lib.KubernetesEmulator,
+) -> None:
+    with fake_engine() as engine_url:
+        engine_port = int(engine_url.rsplit(":", 1)[1])
+        await deployment(api, "demo-decode", 1)
+        await endpoint_slice(api, "demo-decode", ["127.0.0.1"])
+        body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "demo"}}
+        await create(api, ISVC_PATH, {**body, "spec": SPEC})
+        settings = ClusterSettings(
+            namespace=NAMESPACE,
+            interval_s=0.2,
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            engine_port=engine_port,
+        )
+        stop, ports = asyncio.Event(), list[int]()
+        registry = CollectorRegistry()
+        access = KubeAccess.plain(str(api.url))
+        task = asyncio.create_task(
+            run_in_cluster(settings, access=access, stop=stop, registry=registry, on_listening=ports.append)
+        )
+        try:
+            await until(
+                lambda: (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] >= 2, "scaled"
+            )
+            await until(lambda: "autoscaling" in isvc(api, "demo").get("status", {}), "status written")
+            async with httpx.AsyncClient(trust_env=False) as client:
+                health = await client.get(f"http://127.0.0.1:{ports[0]}/healthz")
+                metrics = await client.get(f"http://127.0.0.1:{ports[0]}/metrics")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, PATIENCE_S)
+    # 1 ready at 0.95 against 0.5 → 1.9 → 2 (panic: ≥ 2 × 1), then 2 requested but 1 ready: held there
+    assert (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] == 2
+    reasons = [(find(api, "Event", n) or {}).get("reason") for n in names(api, "Event")]
+    assert reasons == ["ScaledUp"]
+    decode = isvc(api, "demo")["status"]["autoscaling"]["decode"]
+    assert decode["desired"] == 2 and decode["ready"] == 1 and "lastScaleTime" in decode
+    assert health.status_code == 200 and health.text == "ok\n"
+    assert 'tandem_autoscaler_desired_replicas{pool="decode",service="ns1/demo"} 2.0' in metrics.text
+    assert path_of("Deployment", "demo-decode") + "/scale" in {str(r.url.path) for r in list(api)}
