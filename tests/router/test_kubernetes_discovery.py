@@ -24,9 +24,10 @@ from tests.operator.emulator import StampingEmulator
 from tests.router.harness import MODEL, MODEL_NAME, Launcher
 from tests.router.servers import closed_port_url
 
+from tandem.core.endpointslices import ready_urls
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
 from tandem.router.endpoints import EndpointRegistry
-from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints, SliceWatch, ready_urls
+from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints, SliceWatch
 from tandem.router.errors import ConfigurationError
 from tandem.router.settings import DiscoverySettings, RouterSettings
 from tandem.router.types import Pool
