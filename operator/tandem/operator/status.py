@@ -44,6 +44,27 @@ class PoolStatus(_StatusModel):
     summary: str = Field(description="`ready/desired`, for `kubectl get`.")
 
 
+# Written by `tandem autoscaler` (a merge patch of `status.autoscaling`), never by the operator, whose
+# status patches name only the other keys and so leave this one alone.
+class PoolAutoscalingStatus(_StatusModel):
+    """What the autoscaler last decided for one pool (written by the autoscaler, not the operator)."""
+
+    desired: int = Field(ge=0, description="Replicas the autoscaler asks for.")
+    ready: int = Field(ge=0, description="Ready engines it found (the pool's EndpointSlices).")
+    reason: str = Field(default="", description="Why: the decider's reasoning, or why it holds.")
+    last_scale_time: str | None = Field(
+        default=None, description="When the autoscaler last changed the replicas (RFC 3339)."
+    )
+    panic: bool = Field(default=False, description="True while the pool is in panic mode (no scale-down).")
+
+
+class AutoscalingStatus(_StatusModel):
+    """The autoscaler's view of each autoscaled pool."""
+
+    prefill: PoolAutoscalingStatus | None = None
+    decode: PoolAutoscalingStatus | None = None
+
+
 class InferenceServiceStatus(_StatusModel):
     """What the operator last observed about the InferenceService and its children."""
 
@@ -53,6 +74,9 @@ class InferenceServiceStatus(_StatusModel):
     prefill: PoolStatus | None = None
     decode: PoolStatus | None = None
     endpoint: str | None = Field(default=None, description="In-cluster OpenAI base URL of the router.")
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="Written by the autoscaler: its last decision per autoscaled pool."
+    )
 
 
 @dataclass(frozen=True)
