@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 from tandem.autoscaler.cluster import PoolAutoscalingView, autoscaling_status
 from tandem.operator.crd import crd_manifest
