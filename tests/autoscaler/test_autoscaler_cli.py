@@ -12,12 +12,16 @@ import signal
 import socket
 import sys
 
+import helm_python as helm
 import httpx
 import kmock as kmock_lib
 import pytest
+import yaml
 from click.testing import CliRunner
+from tests.operator.specs import ROOT
 from tests.servers import free_port
 
+from tandem.cli.autoscaler import autoscaler
 from tandem.cli.main import cli
 
 PATIENCE_S = 90.0
@@ -80,3 +84,17 @@ async def test_the_process_serves_healthz_logs_json_and_exits_0_on_sigterm(
     records = [json.loads(line) for line in stderr.decode().splitlines() if line.strip()]
     assert any(r.get("msg") == "autoscaler started" for r in records), records
     assert not [r for r in records if r.get("logger") == "httpx"], "one log line per scrape is noise"
+
+
+def test_the_charts_autoscaler_command_line_parses() -> None:
+    values = {"autoscaler": {"enabled": True, "namespace": "team-a", "metricsPort": 9191}}
+    rendered = helm.Chart.load(ROOT / "charts" / "tandem").render(
+        values, name="tandem", namespace="tandem-system"
+    )
+    deployment = yaml.safe_load(rendered["tandem/templates/autoscaler-deployment.yaml"])
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "autoscaler"
+    params = autoscaler.make_context("autoscaler", list(container["args"][1:])).params
+    assert (params["namespace"], params["metrics_port"], params["interval_seconds"]) == ("team-a", 9191, 1.0)
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9191, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}

@@ -15,13 +15,16 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import helm_python as helm
 import httpx
 import kmock as kmock_lib
 import pytest
+import yaml
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry
 from tests.operator.cluster_state import NAMESPACE, find, isvc, names, path_of
+from tests.operator.specs import ROOT
 from tests.servers import run_uvicorn
 
 from tandem.autoscaler.cluster import ServiceRef
@@ -32,6 +35,7 @@ from tandem.autoscaler.kube import HttpCluster, Informer, KubeAccess, slices_pat
 from tandem.autoscaler.readings import EngineReading
 
 PATIENCE_S = 60.0
+CHART = ROOT / "charts" / "tandem"
 ISVC_PATH = f"/apis/tandem.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
 
 
@@ -232,3 +236,42 @@ async def test_a_loaded_engine_behind_an_endpointslice_scales_its_deployment_up(
     assert health.status_code == 200 and health.text == "ok\n"
     assert 'tandem_autoscaler_desired_replicas{pool="decode",service="ns1/demo"} 2.0' in metrics.text
     assert path_of("Deployment", "demo-decode") + "/scale" in {str(r.url.path) for r in list(api)}
+    made = autoscaler_requests(api)
+    assert {("apps", "deployments/scale", "patch"), ("", "events", "create")} <= made
+    denied = sorted(r for r in made if not allowed_by_chart(*r))
+    assert denied == [], f"the chart's autoscaler ClusterRole would refuse: {denied}"
+
+
+def rbac_verb(request: Any) -> str:
+    """The RBAC verb an API server checks for an HTTP request on a resource URL."""
+    if request.method.value == "GET":
+        if request.name is not None:
+            return "get"
+        return "watch" if request.params.get("watch") in ("true", "1") else "list"
+    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[request.method.value]
+
+
+def autoscaler_requests(api: kmock_lib.KubernetesEmulator) -> set[tuple[str, str, str]]:
+    """(API group, resource[/subresource], verb) of every request the autoscaler made (httpx; the
+    test's own requests go through kmock's aiohttp client)."""
+    seen = set()
+    for request in list(api):
+        agent = {k.lower(): v for k, v in request.headers.items()}.get("user-agent", "")
+        if request.resource is None or not request.resource.plural or "httpx" not in agent:
+            continue
+        resource = (
+            f"{request.resource.plural}/{request.subresource}"
+            if request.subresource
+            else request.resource.plural
+        )
+        seen.add((request.resource.group or "", resource, rbac_verb(request)))
+    return seen
+
+
+def allowed_by_chart(group: str, resource: str, verb: str) -> bool:
+    rendered = helm.Chart.load(CHART).render({"autoscaler": {"enabled": True}}, name="t", namespace="t")
+    roles = [d for d in yaml.safe_load_all(rendered["tandem/templates/clusterrole.yaml"]) if d]
+    (role,) = [r for r in roles if r["metadata"]["name"].endswith("-autoscaler")]
+    return any(
+        group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in role["rules"]
+    )
