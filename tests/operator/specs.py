@@ -63,4 +63,11 @@ VARIANTS: dict[str, InferenceServiceSpec] = {
     "cpu demo, redis password": sim(
         kvPool={"redis": {"memory": "1Gi", "passwordSecret": {"name": "kv-auth", "key": "password"}}}
     ),
+    "api keys, tenants, rate limits": gpu(
+        router={
+            "auth": {"enabled": True, "apiKeysSecret": {"name": "gateway-keys", "key": "keys.yaml"}},
+            "rateLimits": {"requestsPerMinute": 600},
+            "tenants": [{"name": "gold", "weight": 4}],
+        }
+    ),
 }

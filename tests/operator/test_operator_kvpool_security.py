@@ -179,3 +179,29 @@ def test_redis_writes_only_to_its_data_dir_as_the_redis_user() -> None:
     assert flag(c["args"], "--dir") == "/data"
     assert "/data" in {m["mountPath"] for m in c["volumeMounts"]}
     assert pod["automountServiceAccountToken"] is False
+
+
+def test_api_keys_come_from_the_secret_as_a_whole_volume_the_router_config_points_at() -> None:
+    spec = gpu(
+        router={"auth": {"enabled": True, "apiKeysSecret": {"name": "gateway-keys", "key": "keys.yaml"}}}
+    )
+    manifests = [c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES)]
+    (router,) = [m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == "demo-router"]
+    (configmap,) = [
+        m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "demo-router"
+    ]
+    pod = router["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-keys"]
+    assert volume["secret"]["secretName"] == "gateway-keys"
+    assert volume["secret"]["items"] == [{"key": "keys.yaml", "path": "api-keys"}]
+    (mount,) = [m for m in only_container(router)["volumeMounts"] if m["name"] == "api-keys"]
+    assert mount == {"name": "api-keys", "mountPath": "/etc/tandem/auth", "readOnly": True}
+    assert "subPath" not in mount  # a subPath mount never sees Secret updates
+    assert yaml.safe_load(configmap["data"]["router.yaml"])["apiKeysFile"] == "/etc/tandem/auth/api-keys"
+
+
+def test_without_auth_the_router_mounts_no_key_volume() -> None:
+    children = desired_children(gpu(), owner=OWNER, images=IMAGES)
+    for child in children:
+        if child.manifest["kind"] == "Deployment":
+            assert all(v["name"] != "api-keys" for v in child.manifest["spec"]["template"]["spec"]["volumes"])

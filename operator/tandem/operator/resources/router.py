@@ -32,6 +32,10 @@ from tandem.operator.resources.services import service_name
 ROUTER_SUFFIX = "router"
 CONFIG_DIR = "/etc/tandem"
 CONFIG_FILE = "router.yaml"
+#: Where the API-key Secret is mounted (a whole-volume mount, not subPath, so Secret updates reach the
+#: router, which re-reads the file).
+AUTH_DIR = "/etc/tandem/auth"
+API_KEYS_FILE = "api-keys"
 #: The router's own resources (the spec has none for it): a light async proxy.
 ROUTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
@@ -53,6 +57,7 @@ def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
             port=ENGINE_PORT,
         ),
         kv_pool_url=kv_pool_url(spec, owner),
+        api_keys_file=f"{AUTH_DIR}/{API_KEYS_FILE}" if spec.router.auth.enabled else None,
     )
 
 
@@ -131,6 +136,8 @@ def _router_container(spec: InferenceServiceSpec, images: Images) -> dict[str, A
         ],
         "securityContext": container_security_context(),
     }
+    if spec.router.auth.enabled:
+        container["volumeMounts"].append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
     # The pool's password (from its Secret) for the barrier's look-ups; the URL in the config has none.
     env = password_env(spec)
     if env:
@@ -151,6 +158,22 @@ def build_router_deployment(
         "prometheus.io/port": str(ROUTER_PORT),
         "prometheus.io/path": "/metrics",
     }
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": name}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    secret = spec.router.auth.api_keys_secret
+    if spec.router.auth.enabled and secret is not None:
+        volumes.append(
+            {
+                "name": "api-keys",
+                "secret": {
+                    "secretName": secret.name,
+                    "items": [{"key": secret.key, "path": API_KEYS_FILE}],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -163,10 +186,7 @@ def build_router_deployment(
                 "spec": {
                     "serviceAccountName": name,
                     "containers": [_router_container(spec, images)],
-                    "volumes": [
-                        {"name": "config", "configMap": {"name": name}},
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
+                    "volumes": volumes,
                     "securityContext": pod_security_context(),
                     "enableServiceLinks": False,
                 },
