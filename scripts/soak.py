@@ -98,6 +98,7 @@ class Options:
     ramp: float
     engines: int
     time_scale: float
+    engine_blocks: int | None
     min_tokens: int
     max_tokens: int
     tenants: int
@@ -177,6 +178,8 @@ def summarize(
     fds = [float(s.fds) for s in steady]
     rss_slope = slope_per_minute([(s.t, s.rss_mib) for s in steady])
     fd_first, fd_last = thirds(fds)
+    request_rate = slope_per_minute([(s.t, float(s.requests)) for s in steady])  # requests per minute
+    per_thousand = rss_slope * 1024 / request_rate * 1000 if request_rate > 0 else None
     checks = {"no errors": not tally.errors and tally.requests > 0}
     if sampled:
         checks["rss flat"] = rss_slope <= options.max_rss_slope
@@ -201,6 +204,8 @@ def summarize(
             "rss_mib_end": rss[-1] if rss else None,
             "rss_mib_idle_after": after.rss_mib if after else None,
             "rss_slope_mib_per_min": round(rss_slope, 3),
+            "rss_kib_per_1000_requests": round(per_thousand, 1) if per_thousand is not None else None,
+            "requests_per_min_after_warmup": round(request_rate, 1),
             "fds_idle_before": before.fds if before else None,
             "fds_after_warmup": int(fds[0]) if fds else None,
             "fds_peak": int(max(fds)) if fds else None,
@@ -234,6 +239,7 @@ def markdown(summary: dict[str, Any]) -> str:
     r = summary["router"]
     o = summary["options"]
     la, p = summary["load_average"], _pair
+    per_request = p(r["rss_kib_per_1000_requests"], r["requests_per_min_after_warmup"])
     rows = [
         ("verdict", summary["verdict"].upper()),
         ("checks", ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in summary["checks"].items())),
@@ -245,6 +251,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ("RSS idle → after warm-up (MiB)", p(r["rss_mib_idle_before"], r["rss_mib_after_warmup"], "→")),
         ("RSS peak / end / idle (MiB)", p(r["rss_mib_peak"], r["rss_mib_end"], r["rss_mib_idle_after"])),
         ("router RSS slope after warm-up (MiB/min)", r["rss_slope_mib_per_min"]),
+        ("… per 1,000 requests (KiB) / requests per min", per_request),
         ("router fds idle before → after warm-up", p(r["fds_idle_before"], r["fds_after_warmup"], "→")),
         ("router fds peak / end / idle after", p(r["fds_peak"], r["fds_end"], r["fds_idle_after"])),
         ("router fd drift (median first → last third)", r["fds_drift_median_first_to_last_third"]),
@@ -348,6 +355,7 @@ def sim_argv(options: Options, port: int) -> list[str]:
         "--max-num-seqs", str(per_engine(options)),
         "--host", LOOPBACK, "--port", str(port),
         "--log-level", "warning", "--seed", str(port),
+        *(["--num-gpu-blocks", str(options.engine_blocks)] if options.engine_blocks else []),
     ]  # fmt: skip
 
 
@@ -560,8 +568,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--time-scale", type=float, default=0.01, help="sims' --time-scale (default 0.01)")
     p.add_argument("--min-tokens", type=int, default=32, help="shortest answer, tokens (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="longest answer, tokens (default 128)")
-    p.add_argument("--tenants", type=int, default=2000, help="distinct x-tenant-id values (default 2000)")
+    p.add_argument("--tenants", type=int, default=200, help="distinct x-tenant-id values (default 200)")
     p.add_argument("--prefixes", type=int, default=64, help="distinct system prompts (default 64)")
+    p.add_argument("--engine-blocks", type=int, help="sims' --num-gpu-blocks (default: the profile's)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between samples (default 5)")
     p.add_argument("--drain", type=float, default=240.0, help="seconds streams may run past --duration")
     p.add_argument("--url", help="target this running gateway instead of starting a stack")
@@ -580,7 +589,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
         p.error("need --streams ≥ 1, --engines ≥ 1, --duration > --warmup, --min-tokens ≤ --max-tokens")
     return Options(
         streams=a.streams, duration=a.duration, warmup=a.warmup, ramp=a.ramp, engines=a.engines,
-        time_scale=a.time_scale, min_tokens=a.min_tokens, max_tokens=a.max_tokens, tenants=a.tenants,
+        time_scale=a.time_scale, engine_blocks=a.engine_blocks, min_tokens=a.min_tokens,
+        max_tokens=a.max_tokens, tenants=a.tenants,
         prefixes=a.prefixes, interval=a.interval, drain=a.drain, url=a.url, router_pid=a.router_pid,
         router_args=a.router_arg, out=a.out, max_rss_slope=a.max_rss_slope,
         max_fd_growth=a.max_fd_growth, seed=a.seed,
