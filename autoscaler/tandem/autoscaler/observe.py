@@ -22,9 +22,11 @@ they wait there for decode capacity, then need a prefill. The observations are b
     its load); the rate used is the highest such one seen in `rate_memory_s`. Example: 6000 tokens in 2 s
     while queueing → 3000 tokens/s.
 
-Missing data is never guessed: a failed scrape (of an engine or of a gateway) or a missing metric on
-any ready engine makes the observation invalid (`valid=False`, with the reason in `problem`), and the
-decider holds.
+Missing data is never guessed: a failed scrape or a missing metric on any ready engine makes the
+observation invalid (`valid=False`, with the reason in `problem`), and the decider holds. The gateway's
+queue only ever adds demand, so a gateway replica whose scrape failed adds nothing this round (logged by
+the scraper) instead of invalidating the engines' signals: an overloaded gateway answers its `/metrics`
+slowly, and holding then would freeze the autoscaler exactly when load is highest.
 """
 
 from __future__ import annotations
@@ -70,9 +72,6 @@ def remember(history: PoolHistory, scrape: Scrape, *, keep_s: float) -> PoolHist
 
 
 def _problem(scrape: Scrape, needed: tuple[str, ...]) -> str | None:
-    for url, queued in scrape.gateways.items():
-        if queued is None:
-            return f"no metrics from gateway {url}"
     for url, reading in scrape.readings.items():
         if reading is None:
             return f"no metrics from {url}"
@@ -83,7 +82,7 @@ def _problem(scrape: Scrape, needed: tuple[str, ...]) -> str | None:
 
 
 def gateway_queued(scrape: Scrape) -> float:
-    """Requests queued in the gateway (all its replicas) at this scrape; failed scrapes count 0."""
+    """Requests queued in the gateway (all its replicas) at this scrape; a failed scrape adds nothing."""
     return sum(q for q in scrape.gateways.values() if q is not None)
 
 
