@@ -576,7 +576,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--url", help="target this running gateway instead of starting a stack")
     p.add_argument("--router-pid", type=int, help="with --url: the gateway's pid, to sample it")
     p.add_argument("--router-arg", action="append", default=[], help="extra `tandem router` argument")
-    p.add_argument("--out", type=Path, default=Path("soak-results") / time.strftime("%Y%m%d-%H%M%S"))
+    p.add_argument("--out", type=Path, default=Path(".tandem") / "soak" / time.strftime("%Y%m%d-%H%M%S"))
     p.add_argument(
         "--max-rss-slope", type=float, default=1.0, help="MiB/min allowed after warm-up (default 1)"
     )
