@@ -138,7 +138,7 @@ def rule_blocks(text: str) -> Iterator[tuple[str, list[str]]]:
         if in_rules and re.match(r"^\S", line) and not line.startswith("#"):
             in_rules = False
         if in_rules and re.match(r"^\s*- ", line):
-            comments = []
+            comments: list[str] = []
             j = i - 1
             while j >= 0 and lines[j].strip().startswith("#"):
                 comments.insert(0, lines[j].strip())

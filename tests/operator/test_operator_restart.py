@@ -16,7 +16,7 @@ import copy
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import kmock as kmock_lib
 import pytest
 from tests.operator import cluster_state as k8s
