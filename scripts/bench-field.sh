@@ -26,7 +26,7 @@ if [[ "$which" == pd || "$which" == all ]]; then
     --policy tandem --peer vllm-router:round_robin
 fi
 if [[ "$which" == trace || "$which" == all ]]; then
-  run trace --workload mooncake-trace --param speed=2 --seed 0 --engines 4 --time-scale 0.5 \
+  run trace --workload mooncake-trace --param speed=2 --duration 15 --seed 0 --engines 4 --time-scale 0.5 \
     --policy round-robin,tandem --peer vllm-router:cache_aware
 fi
 if [[ "$which" == overhead || "$which" == all ]]; then

@@ -6,7 +6,7 @@ plots (and says so). Every function takes plain data (engine seconds) and a path
 - `ttft_cdf`: the empirical CDF of TTFT per target (x in ms, log scale when it spans > 20×);
 - `request_timeline`: per target, each request's TTFT against its arrival time, and requests in
   flight over time (a step line), so bursts, ramps and queueing show;
-- `overhead`: added TTFT (p50 and p99) over direct per router, against concurrency (log x);
+- `overhead`: added TTFT (p50 and p99) over direct per router, against concurrency (log x, symlog y);
 - `autoscaler_timeline`: ready (solid) and desired (dashed) replicas per pool, the run's rolling
   TTFT p90 against the SLO, and KV utilisation, on one time axis.
 """
@@ -111,6 +111,7 @@ def overhead(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str) -> No
             ys = [r[key] for r in mine]
             ax.plot(xs, ys, style, label=f"{label} {key.split('_')[2]}")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=10)  # linear within ±10 ms, logarithmic beyond
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("added TTFT over direct (ms)")
