@@ -119,7 +119,8 @@ async def test_failures_are_recorded_not_raised(
 ) -> None:
     url, _ = fake
     timeout = 0.3 if prompt == "hang" else 30.0  # a loaded host must not turn the others into timeouts
-    result = await drive(Workload("w", (chat(prompt), chat("fine"))), settings(url, request_timeout_s=timeout))
+    workload = Workload("w", (chat(prompt), chat("fine")))
+    result = await drive(workload, settings(url, request_timeout_s=timeout))
     failed, fine = result.records
     assert not failed.ok and failed.status == status and failed.error is not None
     assert failed.error.startswith(error)
