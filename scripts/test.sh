@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test run: lint, format check, types, import contracts, then pytest (unit, component,
-# Kubernetes and end-to-end tiers). Extra arguments go to pytest, e.g. `bash scripts/test.sh -k router`.
+# Kubernetes and end-to-end tiers), then the slow tier: real vLLM on CPU, prefill and decode behind the
+# gateway with Tandem's KV connector (e2e/test_vllm_pd.py; installs .venv-vllm and builds the tiny model
+# first, a few minutes). TANDEM_SKIP_SLOW=1 leaves the slow tier out. Extra arguments go to the first
+# pytest run, e.g. `TANDEM_SKIP_SLOW=1 bash scripts/test.sh -k router`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh dev
@@ -9,4 +12,11 @@ step "ruff check";  .venv/bin/ruff check .
 step "ruff format"; .venv/bin/ruff format --check .
 step "mypy --strict"; .venv/bin/mypy
 step "import contracts"; .venv/bin/lint-imports
-step "pytest"; .venv/bin/python -m pytest "$@"
+step "pytest"; .venv/bin/python -m pytest -m "not slow" "$@"
+if [ "${TANDEM_SKIP_SLOW:-0}" = 1 ]; then
+  step "slow tier skipped (TANDEM_SKIP_SLOW=1)"
+  exit 0
+fi
+step "slow tier: real vLLM on CPU"
+bash scripts/bootstrap.sh vllm
+TANDEM_SLOW=1 .venv/bin/python -m pytest -m slow e2e/test_vllm_pd.py
