@@ -121,6 +121,8 @@ def _lifespan(
                 prefix=prefix,
                 key_file=key_file,
             )
+            await runtime.loop_lag.start()
+            stack.push_async_callback(runtime.loop_lag.stop)
             if key_file is not None:
                 await key_file.start()  # follows Secret updates
                 stack.push_async_callback(key_file.stop)

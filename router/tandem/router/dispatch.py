@@ -5,19 +5,30 @@ Retry rule: a connect error, timeout, broken connection or 5xx *before the head 
 takes the next candidate (the scheduler picks again among endpoints not yet tried), up to
 `retries` more attempts; then `NoEndpointAvailable` (503). 4xx answers are the client's problem
 and are returned as they are. Every failure is recorded against its endpoint (rotation) and in
-`tandem_router_upstream_errors_total`.
+`tandem_router_upstream_errors_total`, with one exception:
+
+A connect timeout during which the router's own event loop lost at least `excusing_lag_s` (by
+`loop_lag`, the `tandem.router.looplag` monitor) is not counted against the engine's rotation: the
+timer that fired ran on a stalled loop, so it measured the router, not the engine (a loopback
+connect completes in the kernel at once). It is still retried elsewhere and counted in the metric,
+with `kind="loop_lag"`. An engine that is really unreachable is still taken out: by the attempts made
+while the loop keeps up, and by the metrics collector's failed scrapes.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from tandem.router.endpoints import EndpointRegistry
-from tandem.router.errors import NoEndpointAvailable, UpstreamError
+from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout, UpstreamError
+from tandem.router.looplag import LoopLagMonitor
 from tandem.router.metrics import RouterMetrics
 from tandem.router.proxy import Upstream, UpstreamCall, UpstreamReply
 from tandem.router.scheduling import DispatchObserver, NoObserver, Scheduler
 from tandem.router.types import Endpoint, Pool, RequestView
+
+log = logging.getLogger(__name__)
 
 
 class Attempt:
@@ -55,6 +66,10 @@ class Dispatcher:
     retries: int
     #: Told about every attempt (the scheduling state: queued work, routed prefixes, observed TTFT).
     observer: DispatchObserver = field(default_factory=NoObserver)
+    #: The event loop's lag monitor (None: every connect timeout counts against the engine).
+    loop_lag: LoopLagMonitor | None = None
+    #: Seconds of loop lag during a connect timeout that excuse the engine (see the module docstring).
+    excusing_lag_s: float = 2.5
 
     def choose(self, pool: Pool, request: RequestView) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
@@ -94,12 +109,13 @@ class Dispatcher:
         the client's request, for the observer (attempts without one are not observed)."""
         self.registry.begin(endpoint)
         ticket = self.observer.started(endpoint, request) if request is not None else None
+        mark = self.loop_lag.mark() if self.loop_lag is not None else 0.0
         try:
             reply = await self.upstream.open(endpoint, call)
         except UpstreamError as exc:
             self.registry.end(endpoint)
             self.observer.finished(ticket)
-            self.note_failure(endpoint, exc)
+            self.note_failure(endpoint, exc, excused=self._loop_stalled(exc, mark))
             raise
         except BaseException:  # cancelled (client gone, timeout): free the slot, blame no one
             self.registry.end(endpoint)
@@ -109,10 +125,24 @@ class Dispatcher:
         self.observer.answered(ticket, status=reply.status, streamed=reply.streaming)
         return Attempt(reply, self, ticket)
 
-    def note_failure(self, endpoint: Endpoint, error: UpstreamError) -> None:
-        """Count a failure of `endpoint` (rotation and metrics)."""
-        self.registry.record_failure(endpoint)
-        self.metrics.upstream_errors.labels(pool=endpoint.pool, endpoint=endpoint.name, kind=error.kind).inc()
+    def note_failure(self, endpoint: Endpoint, error: UpstreamError, *, excused: bool = False) -> None:
+        """Count a failure of `endpoint` (rotation and metrics); `excused`: the router's stalled
+        loop explains it, so only the metric counts it (`kind="loop_lag"`)."""
+        if excused:
+            log.warning(
+                "upstream connect timeout during event-loop lag: not counted against the endpoint",
+                extra={"endpoint": endpoint.name, "pool": endpoint.pool, "error": error.message},
+            )
+        else:
+            self.registry.record_failure(endpoint)
+        kind = "loop_lag" if excused else error.kind
+        self.metrics.upstream_errors.labels(pool=endpoint.pool, endpoint=endpoint.name, kind=kind).inc()
+
+    def _loop_stalled(self, error: UpstreamError, mark: float) -> bool:
+        """Whether `error` is a connect timeout during which the loop lost `excusing_lag_s`."""
+        if self.loop_lag is None or not isinstance(error, UpstreamConnectTimeout):
+            return False
+        return self.loop_lag.lag_since(mark) >= self.excusing_lag_s
 
 
 def _unavailable(pool: Pool, failures: list[UpstreamError], *, known: int) -> NoEndpointAvailable:

@@ -124,6 +124,12 @@ class UpstreamTimeout(UpstreamError):
     kind = "timeout"
 
 
+class UpstreamConnectTimeout(UpstreamTimeout):
+    """No connection to the engine within the connect timeout (connecting, or waiting for a pooled
+    connection): timed by the router's event loop, so a stalled loop can cause it (see
+    `tandem.router.looplag`)."""
+
+
 class UpstreamBroken(UpstreamError):
     kind = "read"
 

@@ -19,6 +19,7 @@ import httpx
 from tandem.router.errors import (
     UpstreamBroken,
     UpstreamConnectError,
+    UpstreamConnectTimeout,
     UpstreamStatusError,
     UpstreamTimeout,
 )
@@ -42,6 +43,8 @@ def translate_errors(endpoint: Endpoint) -> Iterator[None]:
     """Re-raise httpx transport errors as `UpstreamError`s naming the endpoint."""
     try:
         yield
+    except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise UpstreamConnectTimeout(f"{endpoint.name}: {type(exc).__name__}") from exc
     except httpx.TimeoutException as exc:
         raise UpstreamTimeout(f"{endpoint.name}: {type(exc).__name__}") from exc
     except httpx.ConnectError as exc:

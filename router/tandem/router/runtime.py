@@ -31,6 +31,7 @@ from tandem.router.fairness.fcfs import FCFSQueue
 from tandem.router.fairness.vtc import VTCQueue
 from tandem.router.gateway import Gateway
 from tandem.router.kvevents import PrefixSource
+from tandem.router.looplag import LoopLagMonitor
 from tandem.router.metrics import RouterMetrics
 from tandem.router.parsing import served_names
 from tandem.router.proxy import Upstream
@@ -57,6 +58,8 @@ class Runtime:
     routing: Routing
     accepted_models: frozenset[str]
     started_unix: int
+    #: Started and stopped by the app's lifespan.
+    loop_lag: LoopLagMonitor
 
 
 def build_runtime(
@@ -82,6 +85,7 @@ def build_runtime(
     prometheus = CollectorRegistry()
     metrics = RouterMetrics(prometheus, registry)
     upstream = Upstream(client, settings.proxy)
+    loop_lag = LoopLagMonitor(prometheus)
     routing = build_routing(
         config=config, settings=settings, registry=registry, prometheus=prometheus, client=client, clock=clock
     )
@@ -92,6 +96,9 @@ def build_runtime(
         metrics=metrics,
         retries=settings.proxy.retries,
         observer=routing.state,
+        loop_lag=loop_lag,
+        # A connect timeout of which the loop lost half or more measured the router (dispatch).
+        excusing_lag_s=settings.proxy.connect_timeout_seconds / 2,
     )
     prefiller = Prefiller(
         dispatcher=dispatcher,
@@ -159,6 +166,7 @@ def build_runtime(
         routing=routing,
         accepted_models=served_names(spec.model),
         started_unix=int(time.time()),
+        loop_lag=loop_lag,
     )
 
 

@@ -1,0 +1,136 @@
+"""The event-loop lag monitor and how the dispatcher uses it.
+
+Real: `LagTotal`, `LoopLagMonitor` on the test's loop, `Dispatcher`, `Upstream`, `EndpointRegistry`,
+`RouterMetrics`. Faked: the network (`httpx.MockTransport`) and, for the dispatcher, the amount of lag
+(a monitor whose lag is set by the test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tandem.router.dispatch import Dispatcher
+from tandem.router.endpoints import EndpointRegistry
+from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout
+from tandem.router.looplag import LagTotal, LoopLagMonitor
+from tandem.router.metrics import RouterMetrics
+from tandem.router.proxy import Upstream, UpstreamCall
+from tandem.router.scheduling import RoundRobin
+from tandem.router.settings import ProxySettings
+from tandem.router.types import RequestView, Route
+
+
+def test_lag_total_adds_how_late_each_tick_ran_and_counts_an_overdue_tick_up_to_now() -> None:
+    total = LagTotal()
+    total.expect(10.0)
+    assert total.tick(10.25) == pytest.approx(0.25)
+    total.expect(10.35)
+    assert total.tick(10.3) == 0.0  # early (clock granularity): no negative lag
+    assert total.mark(11.0) == pytest.approx(0.25)
+    total.expect(11.0)
+    assert total.mark(13.0) == pytest.approx(2.25)  # the tick is 2 s overdue: a stall in progress
+    assert total.tick(13.5) == pytest.approx(2.5)
+    assert total.mark(14.0) == pytest.approx(2.75)
+
+
+async def test_the_monitor_sees_a_blocked_loop_and_records_the_lag_in_its_histogram() -> None:
+    prometheus = CollectorRegistry()
+    monitor = LoopLagMonitor(prometheus, interval_s=0.01)
+    assert monitor.lag_since(monitor.mark()) == 0.0  # not started: no lag known
+    await monitor.start()
+    try:
+        await asyncio.sleep(0.05)  # let the ticker run
+        mark = monitor.mark()
+        time.sleep(0.3)  # noqa: ASYNC251 -- the point: block the loop; the tick due within it runs >= 0.29 s late
+        assert monitor.lag_since(mark) >= 0.25
+        deadline = time.monotonic() + 30
+        while (prometheus.get_sample_value("tandem_router_event_loop_lag_seconds_sum") or 0.0) < 0.25:
+            assert time.monotonic() < deadline, "the stall never reached the histogram"
+            await asyncio.sleep(0.01)
+        assert (prometheus.get_sample_value("tandem_router_event_loop_lag_seconds_count") or 0) >= 1
+    finally:
+        await monitor.stop()
+
+
+class SetLag(LoopLagMonitor):
+    """A monitor whose lag during every attempt is what the test says."""
+
+    def __init__(self, lag_s: float) -> None:
+        super().__init__(CollectorRegistry())
+        self.lag_s = lag_s
+
+    def mark(self) -> float:
+        return 0.0
+
+    def lag_since(self, mark: float) -> float:
+        return self.lag_s
+
+
+def dispatcher_over(exc: Exception, lag_s: float) -> tuple[Dispatcher, EndpointRegistry, CollectorRegistry]:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    registry = EndpointRegistry(failure_threshold=1, cooldown_seconds=10, clock=lambda: 0.0)
+    registry.set_pool("decode", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    prometheus = CollectorRegistry()
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    dispatcher = Dispatcher(
+        registry=registry,
+        scheduler=RoundRobin(),
+        upstream=Upstream(client, ProxySettings()),
+        metrics=RouterMetrics(prometheus, registry),
+        retries=1,
+        loop_lag=SetLag(lag_s),
+        excusing_lag_s=2.5,
+    )
+    return dispatcher, registry, prometheus
+
+
+VIEW = RequestView(request_id="r", route=Route.CHAT, model="qwen", tenant="t", stream=True, body={})
+CALL = UpstreamCall(path="/v1/chat/completions", body={}, headers={}, stream=True)
+
+
+def errors(prometheus: CollectorRegistry, kind: str) -> float:
+    return sum(
+        prometheus.get_sample_value(
+            "tandem_router_upstream_errors_total",
+            {"pool": "decode", "endpoint": f"10.0.0.{i}:8000", "kind": kind},
+        )
+        or 0.0
+        for i in (1, 2)
+    )
+
+
+@pytest.mark.parametrize("failure", [httpx.ConnectTimeout("slow"), httpx.PoolTimeout("full")])
+async def test_a_connect_timeout_while_the_loop_was_stalled_keeps_the_engine_in_rotation(
+    failure: Exception,
+) -> None:
+    dispatcher, registry, prometheus = dispatcher_over(failure, lag_s=3.0)
+    with pytest.raises(NoEndpointAvailable) as caught:
+        await dispatcher.open("decode", request=VIEW, call=CALL)
+    assert isinstance(caught.value.__cause__, UpstreamConnectTimeout)
+    assert [s.in_rotation for s in registry.snapshots("decode")] == [True, True]
+    assert [s.consecutive_failures for s in registry.snapshots("decode")] == [0, 0]
+    assert errors(prometheus, "loop_lag") == 2  # both tries, still counted, under their own kind
+    assert errors(prometheus, "timeout") == 0
+
+
+async def test_a_connect_timeout_without_loop_lag_counts_against_the_engine() -> None:
+    dispatcher, registry, prometheus = dispatcher_over(httpx.ConnectTimeout("slow"), lag_s=2.4)
+    with pytest.raises(NoEndpointAvailable):
+        await dispatcher.open("decode", request=VIEW, call=CALL)
+    assert [s.in_rotation for s in registry.snapshots("decode")] == [False, False]
+    assert errors(prometheus, "timeout") == 2
+
+
+@pytest.mark.parametrize("failure", [httpx.ReadTimeout("silent"), httpx.ConnectError("refused")])
+async def test_other_failures_count_against_the_engine_whatever_the_lag(failure: Exception) -> None:
+    dispatcher, registry, _ = dispatcher_over(failure, lag_s=60.0)
+    with pytest.raises(NoEndpointAvailable):
+        await dispatcher.open("decode", request=VIEW, call=CALL)
+    assert [s.consecutive_failures for s in registry.snapshots("decode")] == [1, 1]
