@@ -139,6 +139,7 @@ class Tally:
     open_streams: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     durations: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)  # seconds from sending to the first token
 
 
 # ----------------------------------------------------------------------------------------- analysis
@@ -196,6 +197,8 @@ def summarize(
         "errors": dict(tally.errors),
         "stream_seconds_p50": _quantile(tally.durations, 0.5),
         "stream_seconds_p99": _quantile(tally.durations, 0.99),
+        "ttft_seconds_p50": _quantile(tally.ttfts, 0.5, digits=4),
+        "ttft_seconds_p99": _quantile(tally.ttfts, 0.99, digits=4),
         "router": {
             "sampled": sampled,
             "rss_mib_idle_before": before.rss_mib if before else None,
@@ -213,6 +216,7 @@ def summarize(
             "fds_idle_after": after.fds if after else None,
             "fds_drift_median_first_to_last_third": fd_last - fd_first,
             "cpu_seconds": round(cpu, 1),
+            "cpu_seconds_per_1000_requests": round(cpu * 1000 / tally.requests, 2) if tally.requests else 0,
         },
         "engines_cpu_seconds": round(engines_cpu, 1),
         "load_average": {"start": options.load_start, "end": list(os.getloadavg())},
@@ -220,11 +224,11 @@ def summarize(
     }
 
 
-def _quantile(values: list[float], q: float) -> float | None:
+def _quantile(values: list[float], q: float, *, digits: int = 2) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], digits)
 
 
 def _pair(first: Any, second: Any, third: Any = "") -> str:
@@ -248,6 +252,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ("tokens streamed", summary["tokens"]),
         ("errors", json.dumps(summary["errors"]) if summary["errors"] else "none"),
         ("stream duration p50 / p99 (s)", p(summary["stream_seconds_p50"], summary["stream_seconds_p99"])),
+        ("time to first token p50 / p99 (s)", p(summary["ttft_seconds_p50"], summary["ttft_seconds_p99"])),
         ("RSS idle → after warm-up (MiB)", p(r["rss_mib_idle_before"], r["rss_mib_after_warmup"], "→")),
         ("RSS peak / end / idle (MiB)", p(r["rss_mib_peak"], r["rss_mib_end"], r["rss_mib_idle_after"])),
         ("router RSS slope after warm-up (MiB/min)", r["rss_slope_mib_per_min"]),
@@ -256,6 +261,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ("router fds peak / end / idle after", p(r["fds_peak"], r["fds_end"], r["fds_idle_after"])),
         ("router fd drift (median first → last third)", r["fds_drift_median_first_to_last_third"]),
         ("router / engines CPU s during the load", p(r["cpu_seconds"], summary["engines_cpu_seconds"])),
+        ("router CPU s per 1,000 requests", r["cpu_seconds_per_1000_requests"]),
         ("host load average (1, 5, 15 min) start → end", p(la["start"], la["end"], "→")),
     ]  # fmt: skip
     lines = ["# Soak summary", "", "| | |", "| --- | --- |"]
@@ -459,7 +465,7 @@ async def one_stream(
                 await response.aread()
                 error = f"http_{response.status_code}"
             else:
-                tokens, error = await read_events(response)
+                tokens, error = await read_events(response, start, tally)
     except httpx.HTTPError as exc:
         error = type(exc).__name__
     finally:
@@ -473,8 +479,9 @@ async def one_stream(
         tally.errors[error] += 1
 
 
-async def read_events(response: httpx.Response) -> tuple[int, str | None]:
-    """Tokens in an SSE stream and the error it ended with (None: ended with [DONE])."""
+async def read_events(response: httpx.Response, start: float, tally: Tally) -> tuple[int, str | None]:
+    """Tokens in an SSE stream and the error it ended with (None: ended with [DONE]); the time from
+    `start` to the first token goes into `tally.ttfts`."""
     tokens = 0
     async for line in response.aiter_lines():
         if not line.startswith("data: "):
@@ -485,7 +492,10 @@ async def read_events(response: httpx.Response) -> tuple[int, str | None]:
         event = json.loads(payload)
         if "error" in event:
             return tokens, f"sse_error_{event['error'].get('type', 'unknown')}"
-        tokens += sum(1 for c in event.get("choices", []) if c.get("delta", {}).get("content"))
+        counted = sum(1 for c in event.get("choices", []) if c.get("delta", {}).get("content"))
+        if counted and not tokens:
+            tally.ttfts.append(time.monotonic() - start)
+        tokens += counted
     return tokens, "stream_ended_without_done"
 
 
