@@ -159,3 +159,43 @@ def test_garbage_is_relayed_and_not_counted() -> None:
 )
 def test_usage_of_a_buffered_answer(body: bytes, usage: Usage | None) -> None:
     assert usage_from_body(body) == usage
+
+
+def _chat(delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, **extra}]}
+
+
+#: Event payloads of every shape the byte-level count must either get right or leave to the decoder.
+SHAPES: list[Any] = [
+    _chat({"role": "assistant", "content": ""}),
+    _chat({"content": "Hi"}),
+    _chat({"content": ""}, finish_reason="length"),
+    _chat({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+    _chat({"content": "content"}),  # the key's name as its value
+    _chat({"content": 'say "content": "x"'}),  # the key's name, quoted, inside the text
+    _chat({"content": "\\"}),  # an escaped backslash just before the closing quote
+    _chat({"content": "é ü"}),
+    _chat({"reasoning_content": "hmm"}),
+    _chat({"content": "a"}, logprobs={"content": [{"token": "a", "logprob": -0.1}]}),
+    _chat({"text": "not chat"}),
+    {"choices": [{"index": 0, "delta": {"content": "x"}}, {"index": 1, "delta": {"content": "y"}}]},
+    {"choices": [{"index": 0, "text": " a"}, {"index": 1, "text": ""}]},
+    {"choices": [{"index": 0, "text": "text", "logprobs": {"text_offset": [0], "tokens": ["a"]}}]},
+    {"choices": [{"index": 0, "text": None}]},
+    {"choices": [{"index": 0, "delta": {"content": "x"}}], "usage": {"completion_tokens": 1}},
+    {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+    {"error": {"message": "boom", "type": "BadGatewayError"}},
+    {"choices": "content"},
+]
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
+@pytest.mark.parametrize("ascii_only", [True, False], ids=["ascii", "utf8"])
+def test_counting_from_the_bytes_agrees_with_decoding_every_event(compact: bool, ascii_only: bool) -> None:
+    separators = (",", ":") if compact else (", ", ": ")
+    for payload in SHAPES:
+        raw = b"data: " + json.dumps(payload, separators=separators, ensure_ascii=ascii_only).encode()
+        stream = raw + b"\n\n"
+        quick, decoded = SSETap(strip_usage=False), SSETap(strip_usage=False, collect_text=True)
+        assert quick.feed(stream)[1] == decoded.feed(stream)[1], payload
+        assert quick.usage == decoded.usage, payload

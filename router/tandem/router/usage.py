@@ -7,6 +7,10 @@
 - **Streamed output**: `SSETap` reads a copy of the SSE bytes as they pass. Each `data:` event with
   a non-empty `delta.content` (chat) or `text` (completions) counts as one generated token per choice
   (vLLM sends one event per token); the final usage event, when present, gives the exact total.
+  Events are counted without decoding their JSON where the bytes alone are unambiguous
+  (`_tokens_without_parsing`: the key occurs only as a key with a string value), which is every
+  token event vLLM and the simulator send; anything else (a usage event, `null` content, odd
+  spacing, the text kept for the log line) is decoded, so the count is the same either way.
 - **Usage always on**: `request_usage` adds `stream_options.include_usage: true` to a streaming body
   that did not ask for it; the tap then drops that usage-only event (`"choices": []`) from the
   client's stream, so the client sees the stream it asked for. Only then does the tap hold back the
@@ -26,6 +30,12 @@ from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
 from tandem.core.tokenizer import encode, render_chat
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+#: A key holding generated text with a string value, compact or with one space (`"content": "`).
+_CONTENT_STRING = re.compile(rb'"content": ?"')
+_TEXT_STRING = re.compile(rb'"text": ?"')
+#: The same with a non-empty string value: one token.
+_CONTENT_PIECE = re.compile(rb'"content": ?"[^"]')
+_TEXT_PIECE = re.compile(rb'"text": ?"[^"]')
 #: An unfinished event larger than this is not parsed (counting stops; bytes still flow).
 MAX_EVENT_BYTES = 1 << 20
 
@@ -112,6 +122,28 @@ def output_text_from_body(body: bytes) -> str | None:
     return "".join(_texts_in(answer.get("choices")))[:MAX_TEXT_CHARS]
 
 
+def _tokens_without_parsing(payload: bytes) -> int | None:
+    """The tokens `_tokens_in` would count in this `data:` payload, read from the bytes, or None
+    when only decoding can tell. Sound because a `"` inside a JSON string is always escaped, so
+    `"content"` followed by `:` is a key wherever it occurs; decoding is left to cases where the key
+    also occurs otherwise (a value `"content"`, a `null` or list value, other spacing), where both
+    keys occur, where a chat event (`delta`) has `text`, or where the event has `usage`."""
+    if not (payload.startswith(b"{") and payload.endswith(b"}")) or b'"usage"' in payload:
+        return None
+    contents, texts = payload.count(b'"content"'), payload.count(b'"text"')
+    if contents and texts:
+        return None
+    if contents:
+        if b'"delta"' not in payload or len(_CONTENT_STRING.findall(payload)) != contents:
+            return None
+        return len(_CONTENT_PIECE.findall(payload))
+    if texts:
+        if b'"delta"' in payload or len(_TEXT_STRING.findall(payload)) != texts:
+            return None
+        return len(_TEXT_PIECE.findall(payload))
+    return 0
+
+
 def _tokens_in(choices: object) -> int:
     if not isinstance(choices, list):
         return 0
@@ -149,7 +181,7 @@ class SSETap:
             out = self._pending + chunk if self.strip_usage else chunk
             self._pending = b""
             return out, 0
-        data = self._pending + chunk
+        data = self._pending + chunk if self._pending else chunk
         forward: list[bytes] = []
         counted = 0
         start = 0
@@ -186,6 +218,10 @@ class SSETap:
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
+                continue
+            quick = None if self.collect_text else _tokens_without_parsing(payload)
+            if quick is not None:
+                tokens += quick
                 continue
             try:
                 obj = json.loads(payload)

@@ -58,6 +58,7 @@ class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry, *, max_tenants: int) -> None:
         self._registry = registry
         self.tenants = TenantLabels(max_tenants)
+        self._served: dict[tuple[str, str], Counter] = {}
         self.served_tokens = Counter(
             f"{PREFIX}_tenant_served_tokens",
             "Tokens served per tenant: prompt (at dispatch) and completion (as generated).",
@@ -89,9 +90,17 @@ class AdmissionMetrics:
         """Count served tokens; negative corrections are dropped (counters only grow)."""
         label = self.tenants.label(tenant)
         if prompt > 0:
-            self.served_tokens.labels(tenant=label, kind="prompt").inc(prompt)
+            self._served_child(label, "prompt").inc(prompt)
         if completion > 0:
-            self.served_tokens.labels(tenant=label, kind="completion").inc(completion)
+            self._served_child(label, "completion").inc(completion)
+
+    def _served_child(self, label: str, kind: str) -> Counter:
+        """The series for (`label`, `kind`), looked up once: this runs for every streamed chunk.
+        Bounded like the labels: at most `max_tenants` + 1 tenants × 2 kinds."""
+        child = self._served.get((label, kind))
+        if child is None:
+            child = self._served[label, kind] = self.served_tokens.labels(tenant=label, kind=kind)
+        return child
 
     def waited(self, seconds: float, *, outcome: str) -> None:
         self.queue_wait.labels(outcome=outcome).observe(max(0.0, seconds))
