@@ -26,22 +26,25 @@ from tandem.router.usage import prompt_token_ids
 
 router = APIRouter()
 
+# The dependencies below are `async def` on purpose: FastAPI runs a plain `def` dependency in a worker
+# thread, three thread hops per request for what are attribute and dict look-ups.
 
-def get_runtime(request: Request) -> Runtime:
+
+async def get_runtime(request: Request) -> Runtime:
     runtime = getattr(request.state, "runtime", None)
     if not isinstance(runtime, Runtime):
         raise RuntimeError("the router's lifespan has not run (serve the app with lifespan on)")
     return runtime
 
 
-def get_report(request: Request) -> RequestReport:
+async def get_report(request: Request) -> RequestReport:
     report = getattr(request.state, "report", None)
     if not isinstance(report, RequestReport):
         raise RuntimeError("RequestContextMiddleware is missing from the app")
     return report
 
 
-def get_tenant(request: Request, runtime: Annotated[Runtime, Depends(get_runtime)]) -> str:
+async def get_tenant(request: Request, runtime: Annotated[Runtime, Depends(get_runtime)]) -> str:
     """The caller's tenant: from its API key when auth is on (401 without a valid one, before the
     body is read), else from the tenant header."""
     tenant = runtime.tenants.tenant(request.headers)
