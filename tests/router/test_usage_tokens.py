@@ -169,6 +169,10 @@ def _chat(delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
 SHAPES: list[Any] = [
     _chat({"role": "assistant", "content": ""}),
     _chat({"content": "Hi"}),
+    {**_chat({"content": "Hi"}), "usage": None},  # every chunk, once usage was asked for
+    {**_chat({"content": "usage"}), "usage": None},
+    {**_chat({"content": ""}), "usage": None},
+    {"choices": [{"index": 0, "text": " a"}], "usage": None},
     _chat({"content": ""}, finish_reason="length"),
     _chat({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
     _chat({"content": "content"}),  # the key's name as its value

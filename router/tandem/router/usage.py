@@ -36,6 +36,8 @@ _TEXT_STRING = re.compile(rb'"text": ?"')
 #: The same with a non-empty string value: one token.
 _CONTENT_PIECE = re.compile(rb'"content": ?"[^"]')
 _TEXT_PIECE = re.compile(rb'"text": ?"[^"]')
+#: `"usage": null`, which every chunk carries when usage was asked for (vLLM, the simulator).
+_NO_USAGE = re.compile(rb'"usage": ?null')
 #: An unfinished event larger than this is not parsed (counting stops; bytes still flow).
 MAX_EVENT_BYTES = 1 << 20
 
@@ -127,8 +129,12 @@ def _tokens_without_parsing(payload: bytes) -> int | None:
     when only decoding can tell. Sound because a `"` inside a JSON string is always escaped, so
     `"content"` followed by `:` is a key wherever it occurs; decoding is left to cases where the key
     also occurs otherwise (a value `"content"`, a `null` or list value, other spacing), where both
-    keys occur, where a chat event (`delta`) has `text`, or where the event has `usage`."""
-    if not (payload.startswith(b"{") and payload.endswith(b"}")) or b'"usage"' in payload:
+    keys occur, where a chat event (`delta`) has `text`, or where the event has a `usage` that is
+    not `null`."""
+    if not (payload.startswith(b"{") and payload.endswith(b"}")):
+        return None
+    usages = payload.count(b'"usage"')
+    if usages and len(_NO_USAGE.findall(payload)) != usages:
         return None
     contents, texts = payload.count(b'"content"'), payload.count(b'"text"')
     if contents and texts:
