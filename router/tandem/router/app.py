@@ -149,10 +149,12 @@ def _lifespan(
 
 def default_client(settings: ProxySettings) -> httpx.AsyncClient:
     """The upstream client the app makes when none is injected: no proxies from the environment,
-    no pool cap below what long streams need."""
+    no pool cap below what long streams need, and idle connections dropped after 2 s: engines (vLLM's
+    and the simulator's uvicorn) close idle keep-alive connections after 5 s, and a connection reused
+    just as the engine closes it breaks before any answer with nothing to retry on a one-engine pool."""
     return httpx.AsyncClient(
         timeout=httpx.Timeout(settings.read_timeout_seconds, connect=settings.connect_timeout_seconds),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0),
         trust_env=False,
     )
 
