@@ -31,8 +31,9 @@ from tandem.autoscaler.cluster import ServiceRef
 from tandem.autoscaler.control import PoolController, PoolOutcome
 from tandem.autoscaler.decider import DeciderParams, Decision, DecodeObservation
 from tandem.autoscaler.incluster import ClusterSettings, KubePool, KubeReporter, run_in_cluster
-from tandem.autoscaler.kube import HttpCluster, Informer, KubeAccess, slices_path
+from tandem.autoscaler.kube import HttpCluster, Informer, slices_path
 from tandem.autoscaler.readings import EngineReading
+from tandem.core.kubeaccess import KubeAccess
 
 PATIENCE_S = 60.0
 CHART = ROOT / "charts" / "tandem"

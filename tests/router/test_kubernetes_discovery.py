@@ -25,9 +25,11 @@ from tests.router.harness import MODEL, MODEL_NAME, Launcher
 from tests.router.servers import closed_port_url
 
 from tandem.core.endpointslices import ready_urls
+from tandem.core.kubeaccess import KubeAccess
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
+from tandem.router.discovery import discovery_for
 from tandem.router.endpoints import EndpointRegistry
-from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints, SliceWatch
+from tandem.router.endpointslices import KubernetesEndpoints, SliceWatch
 from tandem.router.errors import ConfigurationError
 from tandem.router.settings import DiscoverySettings, RouterSettings
 from tandem.router.types import Pool
@@ -83,7 +85,7 @@ async def discovered(api: httpx.AsyncClient) -> AsyncIterator[Callable[[], Any]]
 
     async def start() -> EndpointRegistry:
         registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
-        discovery = KubernetesEndpoints(CONFIG, api=KubeAPI.plain(str(api.base_url)))
+        discovery = KubernetesEndpoints(CONFIG, api=KubeAccess.plain(str(api.base_url)))
         await discovery.start(registry)
         started.append(discovery)
         return registry
@@ -144,7 +146,7 @@ async def test_the_watch_follows_pods_becoming_ready_leaving_and_slices_going_aw
 
 async def test_an_unreachable_api_server_leaves_the_pools_empty_without_failing_start() -> None:
     registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
-    discovery = KubernetesEndpoints(CONFIG, api=KubeAPI.plain(closed_port_url()))
+    discovery = KubernetesEndpoints(CONFIG, api=KubeAccess.plain(closed_port_url()))
     await discovery.start(registry)
     try:
         assert registry.endpoints("decode") == registry.endpoints("prefill") == ()
@@ -198,20 +200,20 @@ def test_ready_urls(slices: list[dict[str, Any]], expected: list[str]) -> None:
 
 
 def test_in_cluster_access_comes_from_the_service_account() -> None:
-    api = KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"})
+    api = KubeAccess.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"})
     assert api.server == "https://10.96.0.1:443"
     assert api.token_file is not None and api.token_file.name == "token"
     assert api.ca_file is not None and api.ca_file.name == "ca.crt"
-    v6 = KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"})
+    v6 = KubeAccess.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"})
     assert v6.server == "https://[fd00::1]:443"
     with pytest.raises(ConfigurationError, match="--kube-api-server"):
-        KubeAPI.in_cluster({})
+        discovery_for(CONFIG, environ={})
 
 
 def test_the_token_is_read_at_each_connect(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("first\n")
-    api = KubeAPI(server="https://k", token_file=token)
+    api = KubeAccess(server="https://k", token_file=token)
     assert api.headers() == {"authorization": "Bearer first"}
     token.write_text("rotated")
     assert api.headers() == {"authorization": "Bearer rotated"}
@@ -258,7 +260,7 @@ async def test_watches_resume_from_their_last_resource_version_and_relist_when_i
     changes: list[list[str]] = []
     client = httpx.AsyncClient(base_url="http://api", transport=httpx.MockTransport(handler))
     watch = SliceWatch(
-        client=client, api=KubeAPI.plain("http://api"), namespace=NAMESPACE, service="demo-decode",
+        client=client, api=KubeAccess.plain("http://api"), namespace=NAMESPACE, service="demo-decode",
         port=8000, on_change=changes.append,
     )  # fmt: skip
     task = asyncio.create_task(watch.run(await watch.list()))

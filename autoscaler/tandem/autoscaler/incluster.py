@@ -43,11 +43,12 @@ from tandem.autoscaler.cluster import (
 )
 from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
 from tandem.autoscaler.health import HealthServer
-from tandem.autoscaler.kube import HttpCluster, Informer, KubeAccess, services_path, slices_path
+from tandem.autoscaler.kube import HttpCluster, Informer, services_path, slices_path
 from tandem.autoscaler.metrics import AutoscalerMetrics
 from tandem.autoscaler.runner import Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
 from tandem.core.endpointslices import ENGINE_PORT, ROUTER_PORT, pool_workload_name, router_workload_name
+from tandem.core.kubeaccess import KubeAccess
 from tandem.core.spec import InferenceServiceSpec, check_rules
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,7 @@
 """The Kubernetes API over HTTP (httpx), as the router's EndpointSlice discovery talks to it.
 
-- `KubeAccess`: where the API server is and how to authenticate. `in_cluster(environ)`: the pod's
-  service account token (re-read on every request, since bound tokens rotate) and CA from
-  `/var/run/secrets/kubernetes.io/serviceaccount/`, the server from `KUBERNETES_SERVICE_HOST`/`_PORT`.
-  `plain(url)`: an unauthenticated endpoint such as `kubectl proxy` or a test emulator.
+- `KubeAccess` (`tandem.core.kubeaccess`, shared with the gateway): where the API server is and how to
+  authenticate; `KubeConfigError` is its `KubeAccessError`.
 - `Informer`: one collection (InferenceServices, EndpointSlices), listed then watched
   (`?watch=true&resourceVersion=<list's>&allowWatchBookmarks=true`), kept in memory by (namespace, name);
   `on_change(kind, object)` for every ADDED / MODIFIED / DELETED. The watch resumes from the last
@@ -21,66 +19,20 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tandem.autoscaler.cluster import ClusterError, ServiceRef, scale_patch
 from tandem.core.endpointslices import ready_urls
+from tandem.core.kubeaccess import KubeAccess
 from tandem.core.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
 WATCH_TIMEOUT_S = 300
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
 OnChange = Callable[[str, Mapping[str, Any]], None]
-
-
-class KubeConfigError(ValueError):
-    """No way to reach the API server (outside a cluster without --kube-api-server)."""
-
-
-@dataclass(frozen=True, slots=True)
-class KubeAccess:
-    """The API server's URL, a bearer token read from `token_file` per request (None: no auth), and
-    the CA bundle to verify TLS with (None: the system CAs)."""
-
-    server: str
-    token_file: Path | None = None
-    ca_file: Path | None = None
-
-    @classmethod
-    def in_cluster(cls, environ: Mapping[str, str]) -> KubeAccess:
-        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
-        if not host or not port:
-            raise KubeConfigError(
-                "not in a cluster (KUBERNETES_SERVICE_HOST/_PORT are unset); outside one, "
-                "pass --kube-api-server (e.g. the URL of `kubectl proxy`)"
-            )
-        host = f"[{host}]" if ":" in host else host
-        return cls(
-            server=f"https://{host}:{port}",
-            token_file=SERVICE_ACCOUNT_DIR / "token",
-            ca_file=SERVICE_ACCOUNT_DIR / "ca.crt",
-        )
-
-    @classmethod
-    def plain(cls, url: str) -> KubeAccess:
-        return cls(server=url.rstrip("/"))
-
-    def headers(self) -> dict[str, str]:
-        if self.token_file is None:
-            return {}
-        return {"authorization": f"Bearer {self.token_file.read_text().strip()}"}
-
-    def client(self) -> httpx.AsyncClient:
-        verify: str | bool = str(self.ca_file) if self.ca_file is not None else True
-        return httpx.AsyncClient(
-            base_url=self.server, verify=verify, trust_env=False, timeout=httpx.Timeout(10.0)
-        )
 
 
 def collection(group_version: str, plural: str, namespace: str | None) -> str:

@@ -19,8 +19,8 @@ import signal
 import click
 
 from tandem.autoscaler.incluster import ClusterSettings, run_in_cluster
-from tandem.autoscaler.kube import KubeAccess, KubeConfigError
 from tandem.cli.options import logging_options
+from tandem.core.kubeaccess import KubeAccess, KubeAccessError
 from tandem.core.logs import configure_logging
 
 log = logging.getLogger("tandem.autoscaler")
@@ -91,7 +91,7 @@ def autoscaler(
     (docs/autoscaler.md). Credentials: the pod's service account, or --kube-api-server."""
     try:
         access = KubeAccess.plain(kube_api_server) if kube_api_server else KubeAccess.in_cluster(os.environ)
-    except KubeConfigError as exc:
+    except KubeAccessError as exc:
         _fail(str(exc), EXIT_BAD_CONFIG)
         return
     settings = ClusterSettings(

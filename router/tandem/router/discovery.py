@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from tandem.core.kubeaccess import KubeAccess, KubeAccessError
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, StaticDiscovery, read_endpoint_file
 from tandem.router.endpoints import EndpointRegistry
-from tandem.router.endpointslices import KubeAPI, KubernetesEndpoints
+from tandem.router.endpointslices import KubernetesEndpoints
+from tandem.router.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -121,5 +123,8 @@ def discovery_for(
         return StaticEndpoints(config)
     if isinstance(config, FileDiscovery):
         return FileEndpoints(config)
-    api = KubeAPI.plain(kube_api_server) if kube_api_server else KubeAPI.in_cluster(environ)
+    try:
+        api = KubeAccess.plain(kube_api_server) if kube_api_server else KubeAccess.in_cluster(environ)
+    except KubeAccessError as exc:
+        raise ConfigurationError(f"kubernetes discovery: {exc}") from None
     return KubernetesEndpoints(config, api=api)

@@ -18,9 +18,9 @@ the namespace, one watch per pool, over plain HTTP(S) with httpx (no Kubernetes 
 - **Label filter**: slices are also checked client-side, so an API server (or an emulator) that
   ignores `labelSelector` cannot add another Service's pods.
 
-Credentials (`KubeAPI.in_cluster`): the service account's token (re-read on every connect, since
+Credentials (`KubeAccess.in_cluster`): the service account's token (re-read on every connect, since
 bound tokens rotate) and CA from `/var/run/secrets/kubernetes.io/serviceaccount/`, the server from
-`KUBERNETES_SERVICE_HOST`/`_PORT`. `KubeAPI.plain(url)` is for an unauthenticated endpoint such as
+`KUBERNETES_SERVICE_HOST`/`_PORT`. `KubeAccess.plain(url)` is for an unauthenticated endpoint such as
 `kubectl proxy` or a test emulator. The router's ServiceAccount needs `list` and `watch` on
 `endpointslices.discovery.k8s.io` in the namespace.
 """
@@ -32,63 +32,19 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tandem.core.endpointslices import SERVICE_NAME_LABEL, ready_urls
+from tandem.core.kubeaccess import KubeAccess
 from tandem.core.routerconfig import KubernetesDiscovery
 from tandem.router.endpoints import EndpointRegistry
-from tandem.router.errors import ConfigurationError
 from tandem.router.types import Pool
 
 log = logging.getLogger(__name__)
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 WATCH_TIMEOUT_S = 300
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class KubeAPI:
-    """Where the API server is and how to authenticate: a bearer token read from `token_file` on each
-    connect (None: no auth), TLS verified against `ca_file` (None: the system CAs)."""
-
-    server: str
-    token_file: Path | None = None
-    ca_file: Path | None = None
-
-    @classmethod
-    def in_cluster(cls, environ: Mapping[str, str]) -> KubeAPI:
-        """The pod's own API access; raises `ConfigurationError` outside a cluster."""
-        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
-        if not host or not port:
-            raise ConfigurationError(
-                "kubernetes discovery runs in a cluster (KUBERNETES_SERVICE_HOST/_PORT are unset); "
-                "outside one, point --kube-api-server at `kubectl proxy`"
-            )
-        host = f"[{host}]" if ":" in host else host
-        return cls(
-            server=f"https://{host}:{port}",
-            token_file=SERVICE_ACCOUNT_DIR / "token",
-            ca_file=SERVICE_ACCOUNT_DIR / "ca.crt",
-        )
-
-    @classmethod
-    def plain(cls, url: str) -> KubeAPI:
-        return cls(server=url.rstrip("/"))
-
-    def headers(self) -> dict[str, str]:
-        if self.token_file is None:
-            return {}
-        return {"authorization": f"Bearer {self.token_file.read_text().strip()}"}
-
-    def client(self) -> httpx.AsyncClient:
-        verify: str | bool = str(self.ca_file) if self.ca_file is not None else True
-        return httpx.AsyncClient(
-            base_url=self.server, verify=verify, trust_env=False, timeout=httpx.Timeout(10.0)
-        )
 
 
 class _Gone(Exception):
@@ -102,7 +58,7 @@ class SliceWatch:
         self,
         *,
         client: httpx.AsyncClient,
-        api: KubeAPI,
+        api: KubeAccess,
         namespace: str,
         service: str,
         port: int,
@@ -200,7 +156,7 @@ class KubernetesEndpoints:
     otherwise one is made from `api` and closed by `stop`."""
 
     def __init__(
-        self, config: KubernetesDiscovery, *, api: KubeAPI, client: httpx.AsyncClient | None = None
+        self, config: KubernetesDiscovery, *, api: KubeAccess, client: httpx.AsyncClient | None = None
     ) -> None:
         self._config = config
         self._api = api
