@@ -5,7 +5,6 @@ kinds and the InferenceService resource, on 127.0.0.1."""
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.operator.cluster_state import ISVC
-from tests.operator.emulator import StampingEmulator
+from tests.operator.emulator import StampingEmulator, know_inference_services
 
 
 @pytest.fixture
@@ -27,15 +26,4 @@ def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def api(kmock: kmock_lib.KubernetesEmulator) -> kmock_lib.KubernetesEmulator:
-    with warnings.catch_warnings():
-        # kmock 0.8 reads its bundled resource list with the legacy importlib.resources API.
-        warnings.filterwarnings("ignore", "read_binary is deprecated", DeprecationWarning)
-        kmock.resources.load_bundled()
-    kmock.resources[ISVC] = kmock_lib.ResourceInfo(
-        kind="InferenceService",
-        singular="inferenceservice",
-        namespaced=True,
-        verbs={"list", "watch", "get", "patch", "create", "delete"},
-        subresources={"status"},
-    )
-    return kmock
+    return know_inference_services(kmock, resource=ISVC)

@@ -13,7 +13,6 @@ import asyncio
 import json
 import sys
 import threading
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +31,7 @@ from tandem.operator.settings import OperatorSettings
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.operator.cluster_state import ISVC, PATIENCE, RESYNC_SECONDS
-from tests.operator.emulator import StampingEmulator
+from tests.operator.emulator import StampingEmulator, know_inference_services
 
 
 @pytest.fixture
@@ -43,18 +42,7 @@ def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def api(kmock: kmock_lib.KubernetesEmulator) -> kmock_lib.KubernetesEmulator:
     """The emulated API server knowing the built-in kinds and the InferenceService resource."""
-    with warnings.catch_warnings():
-        # kmock 0.8 reads its bundled resource list with the legacy importlib.resources API.
-        warnings.filterwarnings("ignore", "read_binary is deprecated", DeprecationWarning)
-        kmock.resources.load_bundled()
-    kmock.resources[ISVC] = kmock_lib.ResourceInfo(
-        kind="InferenceService",
-        singular="inferenceservice",
-        namespaced=True,
-        verbs={"list", "watch", "get", "patch", "create", "delete"},
-        subresources={"status"},
-    )
-    return kmock
+    return know_inference_services(kmock, resource=ISVC)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import datetime
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -135,3 +136,20 @@ class StampingEmulator(kmock.KubernetesEmulator):
         if isinstance(exc, jsonpatch.JsonPatchTestFailed):
             exc = kmock.KubernetesError(status=422, reason="Invalid", message=str(exc))
         return await super()._render_error(exc)
+
+
+def know_inference_services(api: kmock.KubernetesEmulator, *, resource: str) -> kmock.KubernetesEmulator:
+    """Teach the emulated API server the built-in kinds and the InferenceService `resource`
+    (`group/version/plural`) with its status subresource; returns it."""
+    with warnings.catch_warnings():
+        # kmock 0.8 reads its bundled resource list with the legacy importlib.resources API.
+        warnings.filterwarnings("ignore", "read_binary is deprecated", DeprecationWarning)
+        api.resources.load_bundled()
+    api.resources[resource] = kmock.ResourceInfo(
+        kind="InferenceService",
+        singular="inferenceservice",
+        namespaced=True,
+        verbs={"list", "watch", "get", "patch", "create", "delete"},
+        subresources={"status"},
+    )
+    return api
