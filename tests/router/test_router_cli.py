@@ -97,7 +97,8 @@ def test_kubernetes_discovery_outside_a_cluster_needs_an_api_server(
     }
     code, err = run("--config", str(write(tmp_path, config_document(discovery=discovery))))
     assert code == 2
-    assert "kubernetes discovery runs in a cluster" in err
+    assert "kubernetes discovery: not in a cluster" in err
+    assert "--kube-api-server" in err
     assert "--kube-api-server" in err
 
 
