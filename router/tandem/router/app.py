@@ -109,13 +109,15 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncExitStack() as stack:
-            http = client
+            http, scrapes = client, client
             if http is None:
                 http = await stack.enter_async_context(default_client(settings.proxy))
+                scrapes = await stack.enter_async_context(scrape_client())
             runtime = build_runtime(
                 config=config,
                 settings=settings,
                 client=http,
+                scrape_client=scrapes,
                 clock=clock,
                 predictor=predictor,
                 prefix=prefix,
@@ -157,6 +159,14 @@ def default_client(settings: ProxySettings) -> httpx.AsyncClient:
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0),
         trust_env=False,
     )
+
+
+def scrape_client() -> httpx.AsyncClient:
+    """The engines' `/metrics` are read through a client of their own: httpcore scans every
+    connection of a pool whenever a request starts or ends, and the upstream pool holds one per open
+    stream (1,000 in the soak), which made each of the collector's scrapes cost as much as a request.
+    Timeouts are the collector's own (`CollectorSettings`)."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64), trust_env=False)
 
 
 def _metrics_for(scope: Scope) -> RouterMetrics | None:

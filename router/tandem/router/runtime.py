@@ -71,11 +71,13 @@ def build_runtime(
     predictor: TTFTPredictor | None = None,
     prefix: PrefixSource | None = None,
     key_file: KeyFile | None = None,
+    scrape_client: httpx.AsyncClient | None = None,
 ) -> Runtime:
     """Wire the components; pure construction (discovery is started by the caller, the KV pool's
     client connects on first use). `predictor`: TTFT predictions for early rejection (default: none);
     `prefix`: the decode endpoints' prefix caches for the P/D decision (default: unknown, 0).
-    `key_file`: the API key table (auth on); None: tenants come from the tenant header."""
+    `key_file`: the API key table (auth on); None: tenants come from the tenant header.
+    `scrape_client`: reads the engines' `/metrics` (default: `client`)."""
     spec = config.spec
     registry = EndpointRegistry(
         failure_threshold=settings.rotation.failure_threshold,
@@ -87,7 +89,12 @@ def build_runtime(
     upstream = Upstream(client, settings.proxy)
     loop_lag = LoopLagMonitor(prometheus)
     routing = build_routing(
-        config=config, settings=settings, registry=registry, prometheus=prometheus, client=client, clock=clock
+        config=config,
+        settings=settings,
+        registry=registry,
+        prometheus=prometheus,
+        client=scrape_client or client,
+        clock=clock,
     )
     dispatcher = Dispatcher(
         registry=registry,
