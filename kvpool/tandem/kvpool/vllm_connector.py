@@ -59,7 +59,6 @@ from vllm.logger import init_logger
 
 from tandem.kvpool.client import POOL_ERRORS, connect_sync, password_from_env, redact_url
 from tandem.kvpool.connector_plan import (
-    COUNTER_HELP,
     ChunkLoad,
     ChunkNamer,
     ChunkSave,
@@ -67,13 +66,13 @@ from tandem.kvpool.connector_plan import (
     PoolHealth,
     PoolSettings,
     SaveTracker,
-    empty_counters,
     lmcache_dtype,
     lookup_window,
     matched_tokens,
     plan_loads,
     prompt_chunk_hashes,
 )
+from tandem.kvpool.connector_stats import TandemConnectorStats, TandemPromMetrics
 from tandem.kvpool.keys import encode_metadata
 
 if TYPE_CHECKING:
@@ -123,65 +122,6 @@ class TandemWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
         if isinstance(other, TandemWorkerMetadata):
             self.failed_hashes |= other.failed_hashes
         return self
-
-
-@dataclass
-class TandemConnectorStats(KVConnectorStats):  # type: ignore[misc]
-    """Counter increments since the last report (`connector_plan.COUNTER_HELP` names)."""
-
-    def __post_init__(self) -> None:
-        if not self.data:
-            self.reset()
-
-    def reset(self) -> None:
-        self.data = empty_counters()
-
-    def add(self, name: str, value: int = 1) -> None:
-        self.data[name] = self.data.get(name, 0) + value
-
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name, value in other.data.items():
-            self.add(name, int(value))
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return {name: value for name, value in self.data.items() if value}
-
-    def is_empty(self) -> bool:
-        return not any(self.data.values())
-
-    def take(self) -> TandemConnectorStats | None:
-        """The increments so far (None when there are none), then start again from zero."""
-        if self.is_empty():
-            return None
-        taken = TandemConnectorStats(data=dict(self.data))
-        self.reset()
-        return taken
-
-
-class TandemPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
-    """`tandem_kvpool_connector_<name>_total` counters, one child per engine."""
-
-    def __init__(
-        self,
-        vllm_config: VllmConfig,
-        metric_types: dict[type, type],
-        labelnames: list[str],
-        per_engine_labelvalues: dict[int, list[object]],
-    ) -> None:
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._counters: dict[str, dict[int, Any]] = {}
-        for name, help_text in COUNTER_HELP.items():
-            counter = self._counter_cls(f"tandem_kvpool_connector_{name}", help_text, labelnames=labelnames)
-            self._counters[name] = {
-                engine: counter.labels(*values) for engine, values in per_engine_labelvalues.items()
-            }
-
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        for name, value in transfer_stats_data.items():
-            child = self._counters.get(name, {}).get(engine_idx)
-            if child is not None and value:
-                child.inc(value)
 
 
 # --------------------------------------------------------------------------- the connector
