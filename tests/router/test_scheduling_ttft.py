@@ -219,3 +219,17 @@ def test_with_the_precise_source_in_flight_prompts_count_until_their_first_token
     assert matched(state) == [0, 0]
     events.cached[A.url] = 512  # now the events say what the engine holds
     assert matched(state) == [512, 0]
+
+
+def test_a_prompt_is_forgotten_once_its_decode_attempt_has_answered_or_ended() -> None:
+    state = SchedulingState(clock=FakeClock())
+    answered = state.started(A, request(PROMPT, request_id="answered"))
+    failed = state.started(B, request(PROMPT, request_id="failed"))
+    assert state.remembered_prompts == 2
+    state.answered(answered, status=200, streamed=True)
+    assert state.remembered_prompts == 1
+    state.finished(failed)  # ended without an answer (connect error, client gone)
+    assert state.remembered_prompts == 0
+    # A retry after that tokenizes again and still sees the prompt routed to A.
+    again = ticket(state.started(B, request(PROMPT, request_id="answered")))
+    assert again.prompt_tokens == len(PROMPT)

@@ -151,8 +151,14 @@ class SchedulingState:
     def queued_tokens(self, url: str) -> int:
         return self._queued.get(url, 0)
 
+    @property
+    def remembered_prompts(self) -> int:
+        """Requests whose prompt tokens are memoised (at most `MEMORY`; a decode answer frees one)."""
+        return len(self._tokens)
+
     def tokens(self, request: RequestView) -> Sequence[int]:
-        """The request's prompt tokens (computed once per request id and body)."""
+        """The request's prompt tokens, computed once per request id and body and kept until its
+        decode attempt has answered (a retry after that tokenizes again)."""
         known = self._tokens.get(request.request_id)
         if known is not None and known[0] is request.body:
             return known[1]
@@ -197,6 +203,10 @@ class SchedulingState:
         self._release(ticket)
         ok = status < 400
         endpoint = ticket.endpoint
+        if endpoint.pool == "decode":
+            # The decode attempt is the request's last use of its tokens: a long-lived gateway keeps
+            # only requests still being routed, not the last `MEMORY` prompts (the soak's RSS slope).
+            self._tokens.pop(ticket.request_id, None)
         if ok and endpoint.pool == "prefill":
             self._prefilled[ticket.request_id] = None
             _bound(self._prefilled)
@@ -211,6 +221,8 @@ class SchedulingState:
     def finished(self, ticket: object, /) -> None:
         if isinstance(ticket, Ticket):
             self._release(ticket)
+            if ticket.endpoint.pool == "decode":
+                self._tokens.pop(ticket.request_id, None)
 
     # -- membership -------------------------------------------------------------------------------
 
