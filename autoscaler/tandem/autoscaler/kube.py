@@ -25,12 +25,11 @@ import httpx
 
 from tandem.autoscaler.cluster import ClusterError, ServiceRef, scale_patch
 from tandem.core.endpointslices import ready_urls
-from tandem.core.kubeaccess import KubeAccess
+from tandem.core.kubeaccess import KubeAccess, WatchGone, watch_events
 from tandem.core.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
-WATCH_TIMEOUT_S = 300
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
 OnChange = Callable[[str, Mapping[str, Any]], None]
 
@@ -53,10 +52,6 @@ def slices_path(namespace: str | None) -> str:
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta["name"])
-
-
-class _Gone(Exception):
-    """The watch's resourceVersion is too old (410): list again."""
 
 
 class Informer:
@@ -101,7 +96,7 @@ class Informer:
                     resource_version = await self.list()
                 resource_version = await self._watch(resource_version)
                 backoff = FIRST_BACKOFF_S
-            except _Gone:
+            except WatchGone:
                 resource_version = None
             except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning(
@@ -113,27 +108,14 @@ class Informer:
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
 
     async def _watch(self, resource_version: str) -> str:
-        params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_TIMEOUT_S)}
-        if resource_version:
-            params["resourceVersion"] = resource_version
-        timeout = httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30)
-        async with self._client.stream(
-            "GET", self.path, params=params, headers=self._access.headers(), timeout=timeout
-        ) as response:
-            if response.status_code == 410:
-                raise _Gone
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line.strip():
-                    resource_version = self._apply(json.loads(line)) or resource_version
+        async for event in watch_events(
+            self._client, self._access, self.path, resource_version=resource_version
+        ):
+            resource_version = self._apply(event) or resource_version
         return resource_version
 
     def _apply(self, event: Mapping[str, Any]) -> str | None:
         kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise _Gone
-            raise ValueError(f"watch error: {obj.get('message', obj)}")
         if kind in ("ADDED", "MODIFIED"):
             self.objects[_key(obj)] = obj
             self._on_change(str(kind), obj)

@@ -5,21 +5,32 @@ the autoscaler share it.
 tokens rotate) and CA from `/var/run/secrets/kubernetes.io/serviceaccount/`, the server from
 `KUBERNETES_SERVICE_HOST`/`_PORT` (IPv6 hosts bracketed). `KubeAccess.plain(url)`: an unauthenticated
 endpoint such as `kubectl proxy` or a test's emulated API server.
+
+`watch_events(client, access, path, resource_version=...)`: one watch of a collection (bookmarks on,
+ended by the server after `WATCH_TIMEOUT_S`), yielding its events; `WatchGone` when the
+resourceVersion is too old (an HTTP 410 or an ERROR event with code 410: the caller lists again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+WATCH_TIMEOUT_S = 300
 
 
 class KubeAccessError(ValueError):
     """No way to reach the API server: not in a cluster, and no `--kube-api-server` given."""
+
+
+class WatchGone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +72,40 @@ class KubeAccess:
         return httpx.AsyncClient(
             base_url=self.server, verify=verify, trust_env=False, timeout=httpx.Timeout(10.0)
         )
+
+
+async def watch_events(
+    client: httpx.AsyncClient,
+    access: KubeAccess,
+    path: str,
+    *,
+    resource_version: str,
+    params: Mapping[str, str] | None = None,
+) -> AsyncIterator[Mapping[str, Any]]:
+    """The events of one watch of `path` from `resource_version` (module docstring); raises `WatchGone`,
+    `ValueError` for another ERROR event, and httpx's errors for transport or status failures."""
+    query = {
+        **(params or {}),
+        "watch": "true",
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": str(WATCH_TIMEOUT_S),
+    }
+    if resource_version:
+        query["resourceVersion"] = resource_version
+    timeout = httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30)
+    async with client.stream(
+        "GET", path, params=query, headers=access.headers(), timeout=timeout
+    ) as response:
+        if response.status_code == 410:
+            raise WatchGone
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("type") == "ERROR":
+                obj = event.get("object") or {}
+                if obj.get("code") == 410:
+                    raise WatchGone
+                raise ValueError(f"watch error: {obj.get('message', obj)}")
+            yield event

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,18 +36,13 @@ from typing import Any
 import httpx
 
 from tandem.core.endpointslices import SERVICE_NAME_LABEL, ready_urls
-from tandem.core.kubeaccess import KubeAccess
+from tandem.core.kubeaccess import KubeAccess, WatchGone, watch_events
 from tandem.core.routerconfig import KubernetesDiscovery
 from tandem.router.endpoints import EndpointRegistry
 from tandem.router.types import Pool
 
 log = logging.getLogger(__name__)
-WATCH_TIMEOUT_S = 300
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
-
-
-class _Gone(Exception):
-    """The watch's resourceVersion is too old (410): list again."""
 
 
 class SliceWatch:
@@ -94,7 +88,7 @@ class SliceWatch:
                     resource_version = await self.list()
                 resource_version = await self._watch(resource_version)
                 backoff = FIRST_BACKOFF_S
-            except _Gone:
+            except WatchGone:
                 resource_version = None
             except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning(
@@ -106,34 +100,19 @@ class SliceWatch:
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
 
     async def _watch(self, resource_version: str) -> str:
-        """One watch request; returns the resourceVersion to resume from when the server ends it."""
-        params = {
-            "labelSelector": self._selector,
-            "watch": "true",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_TIMEOUT_S),
-        }
-        if resource_version:
-            params["resourceVersion"] = resource_version
-        timeout = httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30)
-        async with self._client.stream(
-            "GET", self._path, params=params, headers=self._api.headers(), timeout=timeout
-        ) as response:
-            if response.status_code == 410:
-                raise _Gone
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line.strip():
-                    resource_version = self._apply(json.loads(line)) or resource_version
+        async for event in watch_events(
+            self._client,
+            self._api,
+            self._path,
+            resource_version=resource_version,
+            params={"labelSelector": self._selector},
+        ):
+            resource_version = self._apply(event) or resource_version
         return resource_version
 
     def _apply(self, event: Mapping[str, Any]) -> str | None:
         """Apply one watch event; returns its resourceVersion (None when it has none)."""
         kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise _Gone
-            raise ValueError(f"watch error: {obj.get('message', obj)}")
         metadata = obj.get("metadata") or {}
         if kind in ("ADDED", "MODIFIED"):
             self._slices[metadata["name"]] = obj
