@@ -25,12 +25,11 @@ import httpx
 
 from tandem.autoscaler.cluster import ClusterError, ServiceRef, scale_patch
 from tandem.core.endpointslices import ready_urls
-from tandem.core.kubeaccess import KubeAccess, WatchGone, watch_events
+from tandem.core.kubeaccess import KubeAccess, list_and_watch, watch_events
 from tandem.core.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
-FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
 OnChange = Callable[[str, Mapping[str, Any]], None]
 
 
@@ -89,23 +88,12 @@ class Informer:
 
     async def run(self) -> None:
         """List and watch until cancelled."""
-        backoff, resource_version = FIRST_BACKOFF_S, None
-        while True:
-            try:
-                if resource_version is None:
-                    resource_version = await self.list()
-                resource_version = await self._watch(resource_version)
-                backoff = FIRST_BACKOFF_S
-            except WatchGone:
-                resource_version = None
-            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning(
-                    "list/watch failed; retrying",
-                    extra={"path": self.path, "error": repr(exc), "retry_s": backoff},
-                )
-                resource_version = None
-                await asyncio.sleep(backoff)
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
+        await list_and_watch(self.list, self._watch, on_retry=self._retrying)
+
+    def _retrying(self, exc: BaseException, backoff_s: float) -> None:
+        log.warning(
+            "list/watch failed; retrying", extra={"path": self.path, "error": repr(exc), "retry_s": backoff_s}
+        )
 
     async def _watch(self, resource_version: str) -> str:
         async for event in watch_events(

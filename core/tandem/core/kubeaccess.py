@@ -13,8 +13,9 @@ resourceVersion is too old (an HTTP 410 or an ERROR event with code 410: the cal
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ import httpx
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 WATCH_TIMEOUT_S = 300
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
+#: What a list or a watch may fail with: transport and status errors, malformed documents.
+LIST_WATCH_ERRORS = (httpx.HTTPError, OSError, ValueError, KeyError, TypeError)
 
 
 class KubeAccessError(ValueError):
@@ -109,3 +113,29 @@ async def watch_events(
                     raise WatchGone
                 raise ValueError(f"watch error: {obj.get('message', obj)}")
             yield event
+
+
+async def list_and_watch(
+    list_: Callable[[], Awaitable[str]],
+    watch: Callable[[str], Awaitable[str]],
+    *,
+    on_retry: Callable[[BaseException, float], None],
+    resource_version: str | None = None,
+) -> None:
+    """List (when there is no resourceVersion yet), then watch from it, until cancelled: a watch the
+    server ends resumes from its last resourceVersion, `WatchGone` lists again, and any other failure is
+    reported to `on_retry(error, backoff_s)` and lists again after a backoff of 0.5 s doubling to 30 s."""
+    backoff = FIRST_BACKOFF_S
+    while True:
+        try:
+            if resource_version is None:
+                resource_version = await list_()
+            resource_version = await watch(resource_version)
+            backoff = FIRST_BACKOFF_S
+        except WatchGone:
+            resource_version = None
+        except LIST_WATCH_ERRORS as exc:
+            on_retry(exc, backoff)
+            resource_version = None
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF_S, backoff * 2)

@@ -36,13 +36,12 @@ from typing import Any
 import httpx
 
 from tandem.core.endpointslices import SERVICE_NAME_LABEL, ready_urls
-from tandem.core.kubeaccess import KubeAccess, WatchGone, watch_events
+from tandem.core.kubeaccess import KubeAccess, list_and_watch, watch_events
 from tandem.core.routerconfig import KubernetesDiscovery
 from tandem.router.endpoints import EndpointRegistry
 from tandem.router.types import Pool
 
 log = logging.getLogger(__name__)
-FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
 
 
 class SliceWatch:
@@ -81,23 +80,15 @@ class SliceWatch:
 
     async def run(self, resource_version: str | None) -> None:
         """Watch forever (until cancelled); `resource_version` from a successful `list`, or None."""
-        backoff = FIRST_BACKOFF_S
-        while True:
-            try:
-                if resource_version is None:
-                    resource_version = await self.list()
-                resource_version = await self._watch(resource_version)
-                backoff = FIRST_BACKOFF_S
-            except WatchGone:
-                resource_version = None
-            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning(
-                    "endpointslice watch failed; retrying",
-                    extra={"service": self.service, "error": repr(exc), "retry_s": backoff},
-                )
-                resource_version = None
-                await asyncio.sleep(backoff)
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
+        await list_and_watch(
+            self.list, self._watch, on_retry=self._retrying, resource_version=resource_version
+        )
+
+    def _retrying(self, exc: BaseException, backoff_s: float) -> None:
+        log.warning(
+            "endpointslice watch failed; retrying",
+            extra={"service": self.service, "error": repr(exc), "retry_s": backoff_s},
+        )
 
     async def _watch(self, resource_version: str) -> str:
         async for event in watch_events(
