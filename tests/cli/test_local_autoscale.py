@@ -22,8 +22,8 @@ from tandem.core.routerconfig import FileDiscovery
 from tandem.local.autoscale import LocalEndpoints, LocalPool, loopback_ports
 from tandem.local.plan import ProcessPlan
 from tandem.local.supervisor import Supervisor
-from tandem.router.discovery import FileEndpoints
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.discovery.sources import FileEndpoints
 
 DEADLINE_S = 180.0
 

@@ -19,9 +19,9 @@ import zmq
 import zmq.asyncio
 from tests.kvevents.payloads import batch, stored_array
 
-from tandem.router.kvevents.decode import BlockStored, KVEvent
-from tandem.router.kvevents.index import PrecisePrefixIndex
-from tandem.router.kvevents.ports import ConnectionState, ReplayOutcome
+from tandem.router.discovery.kvevents.decode import BlockStored, KVEvent
+from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
+from tandem.router.discovery.kvevents.ports import ConnectionState, ReplayOutcome
 
 MINUS_ONE = (-1).to_bytes(8, "big", signed=True)
 TOKENS_PER_BATCH = 4

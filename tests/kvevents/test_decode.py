@@ -1,4 +1,4 @@
-"""Decoding KV-event payloads (`tandem.router.kvevents.decode`).
+"""Decoding KV-event payloads (`tandem.router.discovery.kvevents.decode`).
 
 Pure: payloads are built by hand with msgpack in the layouts vLLM's msgspec encoder produces (array
 and map encodings, int and bytes hashes, older and newer field sets), including one captured from a
@@ -19,7 +19,7 @@ from tests.kvevents.payloads import (
     stored_map,
 )
 
-from tandem.router.kvevents.decode import (
+from tandem.router.discovery.kvevents.decode import (
     MASK64,
     AllBlocksCleared,
     BlockRemoved,

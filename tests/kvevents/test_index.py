@@ -1,4 +1,4 @@
-"""The precise prefix index (`tandem.router.kvevents.index.PrecisePrefixIndex`) as stories.
+"""The precise prefix index (`tandem.router.discovery.kvevents.index.PrecisePrefixIndex`) as stories.
 
 Pure: decoded events are built directly; engine block hashes are arbitrary ints (the index must not
 care how the engine hashes). Nothing is faked.
@@ -7,9 +7,9 @@ care how the engine hashes). Nothing is faked.
 from __future__ import annotations
 
 from tandem.core.blockhash import block_keys
-from tandem.router.kvevents import PrefixSource
-from tandem.router.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
-from tandem.router.kvevents.index import PrecisePrefixIndex
+from tandem.router.discovery.kvevents import PrefixSource
+from tandem.router.discovery.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
+from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
 
 A = "http://127.0.0.1:8101"
 B = "http://127.0.0.1:8102"

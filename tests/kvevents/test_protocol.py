@@ -1,4 +1,4 @@
-"""vLLM's KV-event framing and the sequence rules (`tandem.router.kvevents.protocol`).
+"""vLLM's KV-event framing and the sequence rules (`tandem.router.discovery.kvevents.protocol`).
 
 Pure: frames are byte lists as pyzmq delivers them; the tracker is driven by sequence numbers.
 Nothing is faked.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.router.kvevents.protocol import (
+from tandem.router.discovery.kvevents.protocol import (
     END_SEQ,
     FrameError,
     SequenceTracker,

@@ -23,8 +23,8 @@ from fastapi import FastAPI
 from tests.kvevents.harness import RecordingMetrics, eventually
 from tests.servers import free_port, run_uvicorn, wait_healthy
 
-from tandem.router.kvevents.index import PrecisePrefixIndex
-from tandem.router.kvevents.subscriber import EventSource, KVEventSubscriber, SubscriberOptions
+from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
+from tandem.router.discovery.kvevents.subscriber import EventSource, KVEventSubscriber, SubscriberOptions
 from tandem.sim.app import create_app
 from tandem.sim.kvevents_publisher import KVEventPublisher
 from tandem.sim.kvevents_wire import Encoding

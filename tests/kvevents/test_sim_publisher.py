@@ -18,9 +18,9 @@ from pydantic import ValidationError
 from tests.kvevents.harness import eventually
 
 from tandem.cli.sim import sim as sim_command
-from tandem.router.kvevents.decode import BlockRemoved as RemovedOut
-from tandem.router.kvevents.decode import BlockStored as StoredOut
-from tandem.router.kvevents.decode import decode_batch
+from tandem.router.discovery.kvevents.decode import BlockRemoved as RemovedOut
+from tandem.router.discovery.kvevents.decode import BlockStored as StoredOut
+from tandem.router.discovery.kvevents.decode import decode_batch
 from tandem.sim.engine.blocks import BlockRemoved, BlockStored
 from tandem.sim.kvevents_publisher import KVEventPublisher
 from tandem.sim.kvevents_wire import encode_batch, external_hash

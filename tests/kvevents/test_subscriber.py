@@ -1,4 +1,4 @@
-"""The KV-event subscriber (`tandem.router.kvevents.subscriber`) against a scripted publisher.
+"""The KV-event subscriber (`tandem.router.discovery.kvevents.subscriber`) against a scripted publisher.
 
 Real: ZMQ sockets on 127.0.0.1 (the subscriber's SUB and DEALER, the publisher's XPUB and ROUTER),
 the decoder and the index. Scripted: the publisher side (`tests.kvevents.harness.ScriptedPublisher`)
@@ -20,8 +20,8 @@ from tests.kvevents.harness import (
 )
 from tests.servers import free_port
 
-from tandem.router.kvevents.decode import KVEvent
-from tandem.router.kvevents.subscriber import (
+from tandem.router.discovery.kvevents.decode import KVEvent
+from tandem.router.discovery.kvevents.subscriber import (
     EventSource,
     KVEventSubscriber,
     KVEventSubscribers,

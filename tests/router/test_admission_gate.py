@@ -15,14 +15,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from tests.router.harness import FakeClock
 
+from tandem.router.admission.fairness.fcfs import FCFSQueue
+from tandem.router.admission.fairness.vtc import VTCQueue
 from tandem.router.admission.gate import AdmissionGate, Grant, Waiter
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import NoPrediction
 from tandem.router.errors import Overloaded
-from tandem.router.fairness.fcfs import FCFSQueue
-from tandem.router.fairness.vtc import VTCQueue
 from tandem.router.types import SLO, EndpointSnapshot, RequestView, Route
-from tandem.router.usage import Usage
+from tandem.router.upstream.usage import Usage
 
 SLOW = SLO(ttft_s=3600, tpot_s=1)
 

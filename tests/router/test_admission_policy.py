@@ -9,11 +9,6 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 
-from tandem.router.admission.headers import (
-    HeaderTenant,
-    priority_from_headers,
-    slo_from_headers,
-)
 from tandem.router.admission.metrics import OTHER_TENANTS, TenantLabels
 from tandem.router.admission.policy import (
     DEFAULT_RETRY_AFTER_S,
@@ -28,6 +23,11 @@ from tandem.router.admission.policy import (
     slo_out_of_reach,
 )
 from tandem.router.errors import InvalidRequest
+from tandem.router.identity.headers import (
+    HeaderTenant,
+    priority_from_headers,
+    slo_from_headers,
+)
 from tandem.router.types import SLO, Endpoint, EndpointSnapshot, EngineReading, EngineStats
 
 LIMITS = SaturationLimits(max_in_flight=4, max_waiting=5, max_kv_usage=0.8)

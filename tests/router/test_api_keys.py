@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tandem.router.auth.gate import KeyAuth, presented_key
-from tandem.router.auth.keyfile import KeyFile
-from tandem.router.auth.keys import KeyTable, KeyTableError, parse_key_table
 from tandem.router.errors import Unauthenticated
+from tandem.router.identity.auth.gate import KeyAuth, presented_key
+from tandem.router.identity.auth.keyfile import KeyFile
+from tandem.router.identity.auth.keys import KeyTable, KeyTableError, parse_key_table
 
 SECRET_A = "sk-team-a-4f9c2e7d1b8a6035"
 SECRET_B = "sk-team-b-0d1e2f3a4b5c6d7e"

@@ -15,8 +15,8 @@ import pytest
 from tests.router.harness import MODEL, MODEL_NAME, Launcher, RunningRouter
 
 from tandem.core.routerconfig import EndpointList, FileDiscovery, RouterConfig, write_endpoint_file
-from tandem.router.discovery import FileEndpoints, discovery_for
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.discovery.sources import FileEndpoints, discovery_for
 from tandem.router.types import Pool
 
 A, B, C = "http://127.0.0.1:8101", "http://127.0.0.1:8102", "http://127.0.0.1:8103"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tests.router.harness import FakeClock
 
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.types import Endpoint
 
 URL_A, URL_B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from tests.router.harness import FakeClock
 
-from tandem.router.collector import MetricsCollector
-from tandem.router.endpoints import EndpointRegistry
-from tandem.router.enginestats import NotEngineMetrics, parse_engine_metrics
+from tandem.router.discovery.collector import MetricsCollector
+from tandem.router.discovery.enginestats import NotEngineMetrics, parse_engine_metrics
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.settings import CollectorSettings
 from tandem.router.types import POOLS, EngineStats
 

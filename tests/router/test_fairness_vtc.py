@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tandem.router.fairness.fcfs import FCFSQueue
-from tandem.router.fairness.vtc import QueueFull, VTCQueue
+from tandem.router.admission.fairness.fcfs import FCFSQueue
+from tandem.router.admission.fairness.vtc import QueueFull, VTCQueue
 
 W_P, W_Q = 1.0, 2.0
 

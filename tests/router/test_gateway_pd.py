@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from tests.router.harness import MODEL, Launcher, metric
 from tests.router.servers import closed_port_url
 
-from tandem.router.handoff import DEFAULT_DECODE_KV_PARAMS, PREFILL_KV_PARAMS
+from tandem.router.pd.handoff import DEFAULT_DECODE_KV_PARAMS, PREFILL_KV_PARAMS
 from tandem.router.settings import DisaggregationSettings, RouterSettings
 
 NIXL_PARAMS = {

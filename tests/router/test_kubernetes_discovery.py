@@ -27,9 +27,9 @@ from tests.router.servers import closed_port_url
 from tandem.core.endpointslices import ready_urls
 from tandem.core.kubeaccess import KubeAccess
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
-from tandem.router.discovery import discovery_for
-from tandem.router.endpoints import EndpointRegistry
-from tandem.router.endpointslices import KubernetesEndpoints, SliceWatch
+from tandem.router.discovery.kubernetes import KubernetesEndpoints, SliceWatch
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.discovery.sources import discovery_for
 from tandem.router.errors import ConfigurationError
 from tandem.router.settings import DiscoverySettings, RouterSettings
 from tandem.router.types import Pool

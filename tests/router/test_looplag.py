@@ -14,15 +14,15 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tandem.router.dispatch import Dispatcher
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout
-from tandem.router.looplag import LagTotal, LoopLagMonitor
-from tandem.router.metrics import RouterMetrics
-from tandem.router.proxy import Upstream, UpstreamCall
+from tandem.router.observe.looplag import LagTotal, LoopLagMonitor
+from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import RoundRobin
 from tandem.router.settings import ProxySettings
 from tandem.router.types import RequestView, Route
+from tandem.router.upstream.client import Upstream, UpstreamCall
+from tandem.router.upstream.dispatch import Dispatcher
 
 
 def test_lag_total_adds_how_late_each_tick_ran_and_counts_an_overdue_tick_up_to_now() -> None:

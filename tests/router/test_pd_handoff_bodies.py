@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tandem.router.handoff import (
+from tandem.router.pd.handoff import (
     DEFAULT_DECODE_KV_PARAMS,
     PREFILL_KV_PARAMS,
     decode_body,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tests.router.scheduling_builders import A, B
 
-from tandem.router.kvevents import PrefixSource
+from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 
 PROMPT = list(range(1, 1031))  # 64 full blocks of 16, 6 tokens left over

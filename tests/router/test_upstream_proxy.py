@@ -15,8 +15,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tandem.router.dispatch import Dispatcher
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import (
     NoEndpointAvailable,
     UpstreamBroken,
@@ -25,11 +24,12 @@ from tandem.router.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from tandem.router.metrics import RouterMetrics
-from tandem.router.proxy import Upstream, UpstreamCall
+from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import RoundRobin
 from tandem.router.settings import ProxySettings
 from tandem.router.types import Endpoint, RequestView, Route
+from tandem.router.upstream.client import Upstream, UpstreamCall
+from tandem.router.upstream.dispatch import Dispatcher
 
 ENGINE = Endpoint("decode", "http://10.0.0.1:8000")
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
-from tandem.router.usage import SSETap, Usage, prompt_token_ids, request_usage, usage_from_body
+from tandem.router.upstream.usage import SSETap, Usage, prompt_token_ids, request_usage, usage_from_body
 from tandem.sim.protocol import prepare
 
 CHAT = {

@@ -1,7 +1,8 @@
 """Router-side prefix keys: one chained 64-bit key per full block of tokens.
 
 Both of the router's prefix indexes key blocks with `block_keys`: the precise index (fed by engine KV
-events, `tandem.router.kvevents`) and the approximate one (fed by the router's own routing decisions).
+events, `tandem.router.discovery.kvevents`) and the approximate one (fed by the router's own routing
+decisions).
 The router cannot reproduce an engine's own block hash (vLLM's default is SHA-256 over a pickle, seeded
 per process), so it hashes the token ids itself, the way llm-d-kv-cache's "request keys" do.
 

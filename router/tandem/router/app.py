@@ -22,18 +22,18 @@ from starlette.types import Scope
 
 from tandem.core.openai_api import error_body
 from tandem.core.routerconfig import RouterConfig
-from tandem.router.access import load_key_file
+from tandem.router.admission.access import load_key_file
 from tandem.router.admission.policy import TTFTPredictor
-from tandem.router.auth.keyfile import KeyFile
-from tandem.router.discovery import Discovery, discovery_for
+from tandem.router.discovery.kvevents import PrefixSource
+from tandem.router.discovery.sources import Discovery, discovery_for
 from tandem.router.errors import RouterError
-from tandem.router.kvevents import PrefixSource
-from tandem.router.metrics import RouterMetrics
-from tandem.router.middleware import RequestContextMiddleware
-from tandem.router.openapi import openapi_builder
-from tandem.router.parsing import served_names
-from tandem.router.report import RequestReport
-from tandem.router.routes import router
+from tandem.router.http.middleware import RequestContextMiddleware
+from tandem.router.http.openapi import openapi_builder
+from tandem.router.http.routes import router
+from tandem.router.identity.auth.keyfile import KeyFile
+from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.observe.report import RequestReport
+from tandem.router.request.parse import served_names
 from tandem.router.runtime import Runtime, build_runtime
 from tandem.router.settings import ProxySettings, RouterSettings
 

@@ -127,7 +127,7 @@ class UpstreamTimeout(UpstreamError):
 class UpstreamConnectTimeout(UpstreamTimeout):
     """No connection to the engine within the connect timeout (connecting, or waiting for a pooled
     connection): timed by the router's event loop, so a stalled loop can cause it (see
-    `tandem.router.looplag`)."""
+    `tandem.router.observe.looplag`)."""
 
 
 class UpstreamBroken(UpstreamError):

@@ -23,10 +23,10 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from tandem.core.routerconfig import RouterConfig
-from tandem.router.collector import MetricsCollector
-from tandem.router.endpoints import EndpointRegistry
-from tandem.router.kvevents import PrefixSource
-from tandem.router.schedmetrics import SchedulingMetrics
+from tandem.router.discovery.collector import MetricsCollector
+from tandem.router.discovery.kvevents import PrefixSource
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.observe.schedmetrics import SchedulingMetrics
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
@@ -35,7 +35,7 @@ from tandem.router.scheduling.ttft import PrefillRates
 from tandem.router.settings import KVEventsSettings, RouterSettings
 
 if TYPE_CHECKING:
-    from tandem.router.kvevents.subscriber import EventSource, KVEventSubscribers
+    from tandem.router.discovery.kvevents.subscriber import EventSource, KVEventSubscribers
 
 
 @dataclass(slots=True, kw_only=True)
@@ -123,15 +123,15 @@ def _prefix_source(
     if kind != "precise":
         return approximate, None
     # Imported here: zmq is needed only when engines publish KV events.
-    from tandem.router.kvevents.index import PrecisePrefixIndex
-    from tandem.router.kvevents.subscriber import KVEventSubscribers
+    from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
+    from tandem.router.discovery.kvevents.subscriber import KVEventSubscribers
 
     index = PrecisePrefixIndex()
     return index, KVEventSubscribers(sink=index)
 
 
 def _event_sources(urls: Collection[str], settings: KVEventsSettings) -> list[EventSource]:
-    from tandem.router.kvevents.subscriber import EventSource
+    from tandem.router.discovery.kvevents.subscriber import EventSource
 
     sources = []
     for url in urls:

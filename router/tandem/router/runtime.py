@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry
 from tandem.core.routerconfig import RouterConfig
 from tandem.kvpool.client import password_from_env
 from tandem.kvpool.index import KVPoolIndex, connect
-from tandem.router.access import Access, build_access
+from tandem.router.admission.access import Access, build_access
+from tandem.router.admission.fairness.fcfs import FCFSQueue
+from tandem.router.admission.fairness.vtc import VTCQueue
 from tandem.router.admission.gate import AdmissionGate, Waiter
-from tandem.router.admission.headers import TenantResolver
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import (
     SaturationLimits,
@@ -23,21 +24,20 @@ from tandem.router.admission.policy import (
     load_from_snapshot,
     pool_capacity,
 )
-from tandem.router.auth.keyfile import KeyFile
-from tandem.router.disagg import Disaggregator, Prefiller
-from tandem.router.dispatch import Dispatcher
-from tandem.router.endpoints import EndpointRegistry
-from tandem.router.fairness.fcfs import FCFSQueue
-from tandem.router.fairness.vtc import VTCQueue
-from tandem.router.gateway import Gateway
-from tandem.router.kvevents import PrefixSource
-from tandem.router.looplag import LoopLagMonitor
-from tandem.router.metrics import RouterMetrics
-from tandem.router.parsing import served_names
-from tandem.router.proxy import Upstream
+from tandem.router.discovery.kvevents import PrefixSource
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.identity.auth.keyfile import KeyFile
+from tandem.router.identity.headers import TenantResolver
+from tandem.router.observe.looplag import LoopLagMonitor
+from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.pd.disagg import Disaggregator, Prefiller
+from tandem.router.pipeline.gateway import Gateway
+from tandem.router.request.parse import served_names
 from tandem.router.routing import Routing, build_routing
 from tandem.router.settings import AdmissionSettings, RouterSettings
 from tandem.router.types import SLO
+from tandem.router.upstream.client import Upstream
+from tandem.router.upstream.dispatch import Dispatcher
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

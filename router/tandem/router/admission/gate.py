@@ -29,6 +29,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tandem.router.admission.fairness.vtc import QueueFull, Ticket, VTCQueue
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import (
     DrainMeter,
@@ -38,9 +39,8 @@ from tandem.router.admission.policy import (
     slo_out_of_reach,
 )
 from tandem.router.errors import Overloaded
-from tandem.router.fairness.vtc import QueueFull, Ticket, VTCQueue
 from tandem.router.types import SLO, EndpointSnapshot, RequestView
-from tandem.router.usage import Usage
+from tandem.router.upstream.usage import Usage
 
 _MESSAGES = {
     "queue_full": "the router's queue is full ({queued} requests waiting); retry later",

@@ -1,8 +1,8 @@
 """The approximate prefix index: what the router sent where, as each engine's likely prefix cache.
 
 Two `PrefixSource`s answer "how many leading tokens of this prompt does each endpoint cache?"
-(`tandem.router.kvevents.ports.PrefixSource`): the precise index fed by the engines' KV events
-(`tandem.router.kvevents.index.PrecisePrefixIndex`), and this one, fed by the router's own routing
+(`tandem.router.discovery.kvevents.ports.PrefixSource`): the precise index fed by the engines' KV events
+(`tandem.router.discovery.kvevents.index.PrecisePrefixIndex`), and this one, fed by the router's own routing
 decisions, which needs nothing from the engines (llm-d's approximate prefix producer, SGLang's tree).
 
 Per endpoint it keeps a bounded LRU set of block keys, `tandem.core.blockhash.block_keys` over the

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from tandem.router.kvevents.ports import PrefixSource
+from tandem.router.discovery.kvevents.ports import PrefixSource
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.tokens import Tokenize, request_tokens

@@ -3,7 +3,7 @@
 
 - `static`: the URLs from the config, set once at start-up.
 - `kubernetes`: the ready addresses of each pool's Service's EndpointSlices, listed and watched
-  (`tandem.router.endpointslices.KubernetesEndpoints`).
+  (`tandem.router.discovery.kubernetes.KubernetesEndpoints`).
 - `file`: an `EndpointList` JSON file, re-read when its inode, modification time or size changes (checked
   every `pollSeconds`); the local runtime rewrites it atomically as engines start and drain. A file
   that is missing or unreadable at start leaves both pools empty; one that becomes unreadable later
@@ -21,8 +21,8 @@ from typing import Protocol
 
 from tandem.core.kubeaccess import KubeAccess, KubeAccessError
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, StaticDiscovery, read_endpoint_file
-from tandem.router.endpoints import EndpointRegistry
-from tandem.router.endpointslices import KubernetesEndpoints
+from tandem.router.discovery.kubernetes import KubernetesEndpoints
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import ConfigurationError
 
 log = logging.getLogger(__name__)

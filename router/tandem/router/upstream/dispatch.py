@@ -8,7 +8,7 @@ and are returned as they are. Every failure is recorded against its endpoint (ro
 `tandem_router_upstream_errors_total`, with one exception:
 
 A connect timeout during which the router's own event loop lost at least `excusing_lag_s` (by
-`loop_lag`, the `tandem.router.looplag` monitor) is not counted against the engine's rotation: the
+`loop_lag`, the `tandem.router.observe.looplag` monitor) is not counted against the engine's rotation: the
 timer that fired ran on a stalled loop, so it measured the router, not the engine (a loopback
 connect completes in the kernel at once). It is still retried elsewhere and counted in the metric,
 with `kind="loop_lag"`. An engine that is really unreachable is still taken out: by the attempts made
@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout, UpstreamError
-from tandem.router.looplag import LoopLagMonitor
-from tandem.router.metrics import RouterMetrics
-from tandem.router.proxy import Upstream, UpstreamCall, UpstreamReply
+from tandem.router.observe.looplag import LoopLagMonitor
+from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import DispatchObserver, NoObserver, Scheduler
 from tandem.router.types import Endpoint, Pool, RequestView
+from tandem.router.upstream.client import Upstream, UpstreamCall, UpstreamReply
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 - `PrefixSource`: what the scheduler asks ("how many leading tokens of this prompt does each endpoint
   hold?"). Two implementations share it: the precise index fed by engine KV events
-  (`tandem.router.kvevents.index.PrecisePrefixIndex`) and the approximate index fed by the router's
+  (`tandem.router.discovery.kvevents.index.PrecisePrefixIndex`) and the approximate index fed by the router's
   own routing decisions. Both key blocks with `tandem.core.blockhash.block_keys`.
 - `EventSink`: where a subscriber puts decoded events (the precise index).
 - `KVEventMetrics`: counters a subscriber reports; the router wires them to Prometheus. `NoMetrics`
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal, Protocol
 
-from tandem.router.kvevents.decode import KVEvent
+from tandem.router.discovery.kvevents.decode import KVEvent
 
 ReplayOutcome = Literal["ok", "timeout", "error", "unavailable"]
 ConnectionState = Literal["connected", "disconnected"]

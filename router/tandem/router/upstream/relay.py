@@ -27,8 +27,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tandem.core.openai_api import error_body
-from tandem.router.dispatch import Attempt
 from tandem.router.errors import UpstreamError
+from tandem.router.upstream.dispatch import Attempt
 
 SSE_DONE = b"data: [DONE]\n\n"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from tandem.router.auth.keys import KeyTable
 from tandem.router.errors import Unauthenticated
+from tandem.router.identity.auth.keys import KeyTable
 
 AuthFailure = Literal["missing", "invalid"]
 

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tandem.kvpool.index import KVPoolIndex
-from tandem.router.dispatch import Dispatcher
+from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.errors import UpstreamError, UpstreamTimeout
-from tandem.router.handoff import decode_body, kv_params_from_prefill, prefill_body
-from tandem.router.kvevents import PrefixSource
-from tandem.router.proxy import UpstreamCall
+from tandem.router.pd.handoff import decode_body, kv_params_from_prefill, prefill_body
 from tandem.router.types import Endpoint, RequestView
+from tandem.router.upstream.client import UpstreamCall
+from tandem.router.upstream.dispatch import Dispatcher
 
 DisaggregationMode = Literal["always", "auto", "off"]
 

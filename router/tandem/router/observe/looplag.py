@@ -9,7 +9,7 @@ What it is for: an upstream connect timeout is measured by a timer on this loop.
 itself was stalled for much of the timeout (a starved process, a burst of new requests to parse),
 the timer fires late relative to a connect that the kernel completed at once, so the timeout says
 nothing about the engine. The dispatcher asks `lag_since` and does not count such a timeout against
-the engine's rotation (see `tandem.router.dispatch`).
+the engine's rotation (see `tandem.router.upstream.dispatch`).
 
 `LagTotal` is the pure part (times are passed in); `LoopLagMonitor` runs the ticker on the loop.
 """

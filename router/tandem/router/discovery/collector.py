@@ -2,7 +2,7 @@
 
 Every `interval_seconds` (default 1 s) it GETs `<engine>/metrics` from each engine URL of both pools
 at once, with a `timeout_seconds` limit each (default 1 s), parses the vLLM gauges
-(`tandem.router.enginestats`) and hands the result to the registry, which serves it in snapshots
+(`tandem.router.discovery.enginestats`) and hands the result to the registry, which serves it in snapshots
 next to the router's own in-flight counts. Outcomes (`tandem_router_engine_scrapes_total{outcome}`):
 
 | outcome | what happened | effect |
@@ -29,11 +29,11 @@ from typing import Literal
 
 import httpx
 
-from tandem.router.endpoints import EndpointRegistry
-from tandem.router.enginestats import NotEngineMetrics, parse_engine_metrics
+from tandem.router.discovery.enginestats import NotEngineMetrics, parse_engine_metrics
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.settings import CollectorSettings
 
-log = logging.getLogger("tandem.router.collector")
+log = logging.getLogger("tandem.router.discovery.collector")
 
 ScrapeOutcome = Literal["ok", "unusable", "slow", "unreachable"]
 

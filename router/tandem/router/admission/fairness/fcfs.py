@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TypeVar
 
-from tandem.router.fairness.vtc import Ticket, VTCQueue
+from tandem.router.admission.fairness.vtc import Ticket, VTCQueue
 
 T = TypeVar("T")
 

@@ -25,13 +25,13 @@ from starlette.responses import Response
 from tandem.router.admission.gate import AdmissionGate, Grant
 from tandem.router.admission.meter import GrantMeter
 from tandem.router.admission.ratelimit import RateLimiter
-from tandem.router.disagg import Disaggregator
-from tandem.router.dispatch import Dispatcher
-from tandem.router.proxy import UpstreamCall
-from tandem.router.relay import render
-from tandem.router.report import RequestReport
+from tandem.router.observe.report import RequestReport
+from tandem.router.pd.disagg import Disaggregator
 from tandem.router.types import RequestView
-from tandem.router.usage import request_usage
+from tandem.router.upstream.client import UpstreamCall
+from tandem.router.upstream.dispatch import Dispatcher
+from tandem.router.upstream.relay import render
+from tandem.router.upstream.usage import request_usage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tandem.router.endpoints import EndpointRegistry
-from tandem.router.metrics import LATENCY_BUCKETS, PREFIX
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.observe.metrics import LATENCY_BUCKETS, PREFIX
 from tandem.router.scheduling.runner import Decision
 from tandem.router.scheduling.state import SchedulingState, Ticket
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.types import POOLS
 
 PREFIX = "tandem_router"

@@ -14,15 +14,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from tandem.router.admission.headers import priority_from_headers, slo_from_headers
-from tandem.router.catalog import list_models
-from tandem.router.disconnect import until_disconnected
 from tandem.router.errors import ClientDisconnected, RequestTooLarge
-from tandem.router.parsing import check_model, parse_json_object, prompt_text, validate_generation
-from tandem.router.report import RequestReport
+from tandem.router.http.catalog import list_models
+from tandem.router.http.disconnect import until_disconnected
+from tandem.router.identity.headers import priority_from_headers, slo_from_headers
+from tandem.router.observe.report import RequestReport
+from tandem.router.request.parse import check_model, parse_json_object, prompt_text, validate_generation
 from tandem.router.runtime import Runtime
 from tandem.router.types import POOLS, RequestView, Route
-from tandem.router.usage import prompt_token_ids
+from tandem.router.upstream.usage import prompt_token_ids
 
 router = APIRouter()
 

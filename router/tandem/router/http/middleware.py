@@ -16,8 +16,8 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tandem.core.logs import REQUEST_ID
-from tandem.router.metrics import RouterMetrics
-from tandem.router.report import RequestReport
+from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.observe.report import RequestReport
 from tandem.router.types import Route
 
 log = logging.getLogger("tandem.router")

@@ -38,7 +38,7 @@ import httpx
 from tandem.core.endpointslices import SERVICE_NAME_LABEL, ready_urls
 from tandem.core.kubeaccess import KubeAccess, list_and_watch, watch_events
 from tandem.core.routerconfig import KubernetesDiscovery
-from tandem.router.endpoints import EndpointRegistry
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.types import Pool
 
 log = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from tandem.router.kvevents.decode import DecodeError, decode_batch
-from tandem.router.kvevents.ports import EventSink, KVEventMetrics, NoMetrics
-from tandem.router.kvevents.protocol import (
+from tandem.router.discovery.kvevents.decode import DecodeError, decode_batch
+from tandem.router.discovery.kvevents.ports import EventSink, KVEventMetrics, NoMetrics
+from tandem.router.discovery.kvevents.protocol import (
     FrameError,
     SequenceTracker,
     Verdict,
@@ -43,7 +43,7 @@ from tandem.router.kvevents.protocol import (
     replay_request,
 )
 
-logger = logging.getLogger("tandem.router.kvevents")
+logger = logging.getLogger("tandem.router.discovery.kvevents")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from tandem.router.auth.keys import KeyTable, KeyTableError, parse_key_table
+from tandem.router.identity.auth.keys import KeyTable, KeyTableError, parse_key_table
 
 log = logging.getLogger(__name__)
 

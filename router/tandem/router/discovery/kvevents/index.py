@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tandem.core.blockhash import ROOT_KEY, block_keys, namespace_key
-from tandem.router.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tandem.router.discovery.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 GPU = "GPU"
 FULL_ATTENTION = "full_attention"

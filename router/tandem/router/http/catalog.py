@@ -16,8 +16,8 @@ from typing import Any
 
 from tandem.core.spec import ModelSpec
 from tandem.router.errors import UpstreamError
-from tandem.router.proxy import Upstream
 from tandem.router.types import Endpoint
+from tandem.router.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
 

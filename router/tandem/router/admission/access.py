@@ -25,13 +25,13 @@ from prometheus_client.registry import Collector
 
 from tandem.core.routerconfig import RouterConfig
 from tandem.core.spec import RateLimitSpec
-from tandem.router.admission.headers import HeaderTenant, TenantResolver
 from tandem.router.admission.metrics import TenantLabels
 from tandem.router.admission.ratelimit import Limits, RateLimiter
-from tandem.router.auth.gate import AuthFailure, KeyAuth
-from tandem.router.auth.keyfile import KeyFile
-from tandem.router.auth.keys import KeyTableError
 from tandem.router.errors import ConfigurationError, RateLimited
+from tandem.router.identity.auth.gate import AuthFailure, KeyAuth
+from tandem.router.identity.auth.keyfile import KeyFile
+from tandem.router.identity.auth.keys import KeyTableError
+from tandem.router.identity.headers import HeaderTenant, TenantResolver
 from tandem.router.settings import RouterSettings
 
 PREFIX = "tandem_router"

@@ -10,6 +10,6 @@ approximate index. See docs/kv-events.md.
 This file imports only the interfaces, so importing a pure module never pulls in zmq.
 """
 
-from tandem.router.kvevents.ports import EventSink, KVEventMetrics, NoMetrics, PrefixSource
+from tandem.router.discovery.kvevents.ports import EventSink, KVEventMetrics, NoMetrics, PrefixSource
 
 __all__ = ["EventSink", "KVEventMetrics", "NoMetrics", "PrefixSource"]
