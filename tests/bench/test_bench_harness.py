@@ -51,12 +51,19 @@ def test_each_policy_and_direct_run_cold_on_their_own_engines_and_every_child_st
         assert overall["delta"]["requests"] == 6, "the engines' counters started from zero (cold engines)"
         assert_stopped(run)
     assert sorted(c["role"] for c in routed["children"]) == ["decode", "decode", "kvpool", "router"]
+    cpu = routed["gateway"]
+    assert cpu["requests_sent"] == 6 and cpu["cpu_s"] >= 0 and cpu["cpu_s_per_1000"] >= 0, cpu
+    assert direct["gateway"] is None, "direct has no gateway"
+    assert doc["aggregate"]["round-robin"]["gateway_cpu_per_1000"]["n"] == 1
     assert sorted(c["role"] for c in direct["children"]) == ["decode", "kvpool"]
     assert len(routed["load"]["requests_per_engine"]) == 2
     assert sum(routed["load"]["requests_per_engine"].values()) == 6
     assert direct["engines"]["overall"]["prefix_hit_rate"] > 0, "one engine sees every group's prefix again"
     assert doc["settings"]["time_scale"] == 100.0 and doc["machine"]["nproc"] >= 1
     assert "| metric | round-robin | direct |" in table
+    (row,) = [line for line in table.splitlines() if line.startswith("| gateway CPU s per 1,000 requests |")]
+    routed_cell, direct_cell = row.strip("| ").split(" | ")[1:]
+    assert float(routed_cell) >= 0 and direct_cell == "–", row
     assert sorted(p.name for p in tmp_path.glob("requests-*.jsonl")) == [
         "requests-direct.jsonl",
         "requests-round-robin.jsonl",

@@ -208,7 +208,7 @@ def test_one_tenant_has_no_shares() -> None:
     assert report["fair_share"] == 1.0
 
 
-def run_data(label: str, *, hits: float) -> RunData:
+def run_data(label: str, *, hits: float, gateway: dict[str, Any] | None = None) -> RunData:
     records = tuple(record(index=i, start=0.0, tokens=[0.1, 0.2], end=0.2) for i in range(4))
     before: dict[str, EngineCounters | str] = {
         "http://e0": EngineCounters(),
@@ -218,7 +218,8 @@ def run_data(label: str, *, hits: float) -> RunData:
         "http://e0": EngineCounters(prefix_queries=400, prefix_hits=hits, requests=4),
         "http://e1": before["http://e1"],
     }
-    return RunData(label, {"kind": "tandem", "policy": label}, DriveResult(records, 0.2), before, after)
+    target = {"kind": "tandem", "policy": label}
+    return RunData(label, target, DriveResult(records, 0.2), before, after, gateway=gateway)
 
 
 def test_a_summary_has_counts_hit_rates_and_load_per_engine() -> None:
@@ -246,3 +247,18 @@ def test_the_markdown_table_has_one_column_per_run() -> None:
     text = markdown(doc)
     assert "time scale 10 (times are engine seconds" in text
     assert "2 cores" in text
+
+
+def test_the_gateway_cpu_row_shows_when_a_run_had_a_gateway_and_a_dash_for_one_without() -> None:
+    cpu = {"cpu_s": 0.75, "requests_sent": 500, "cpu_s_per_1000": 1.5}
+    weights = ServiceWeights()
+    routed = summarize(run_data("round-robin", hits=100, gateway=cpu), time_scale=1.0, weights=weights)
+    direct = summarize(run_data("direct", hits=100), time_scale=1.0, weights=weights)
+    assert routed["gateway"] == cpu and direct["gateway"] is None
+    table = markdown_table([routed, direct]).splitlines()
+    assert "| gateway CPU s per 1,000 requests | 1.50 | – |" in table
+    assert (
+        table.index("| gateway CPU s per 1,000 requests | 1.50 | – |")
+        == table.index("| preemptions | 0 | 0 |") + 1
+    )
+    assert not any(line.startswith("| gateway CPU") for line in markdown_table([direct]).splitlines())

@@ -58,6 +58,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("engine_ttft", "engine TTFT mean (ms)", _path("engines", "overall", "engine_ttft_mean_s"), 1000),
     Metric("imbalance", "load imbalance (max/mean)", _path("load", "imbalance"), 1, ".2f"),
     Metric("pair_gap", "max service gap, any two backlogged", _path("fairness", "max_pair_gap")),
+    Metric("gateway_cpu_per_1000", "gateway CPU s per 1,000 requests", _path("gateway", "cpu_s_per_1000"), 1,
+           ".2f"),
 )  # fmt: skip
 
 

@@ -7,7 +7,8 @@ For each target (a Tandem policy, a peer router, or `direct`) the harness
 2. starts Redis and the engines and waits for their health, then the target's gateway (`tandem
    router` with `spec.router.policy` = the policy, or vllm-router, or none for `direct`, which
    runs one engine);
-3. scrapes every engine's `/metrics`, drives the workload through the gateway, scrapes again;
+3. scrapes every engine's `/metrics`, drives the workload through the gateway, scrapes again, and
+   reads the gateway's CPU time (its process tree, `tandem.bench.cpu`) just before and just after;
 4. stops every child (process groups, SIGTERM then SIGKILL) whatever happened.
 
 So every target sees the same engines (same profile, count, flags, time scale and seed) started
@@ -30,6 +31,7 @@ import httpx
 import yaml
 
 from tandem.bench.counters import EngineCounters
+from tandem.bench.cpu import cpu_per_1000, tree_cpu_seconds
 from tandem.bench.driver import DriverSettings, drive
 from tandem.bench.engines import scrape_all
 from tandem.bench.records import DriveResult
@@ -141,6 +143,16 @@ class Started:
     children: list[Child]
     notes: list[str]
 
+    @property
+    def gateway_pid(self) -> int | None:
+        """The pid of the gateway's process (role "router"); None for `direct`."""
+        return next((c.process.pid for c in self.children if c.plan.role == "router"), None)
+
+    def gateway_cpu_s(self) -> float | None:
+        """CPU seconds the gateway's process tree has used so far (None without a gateway)."""
+        pid = self.gateway_pid
+        return None if pid is None else tree_cpu_seconds(pid)
+
 
 @contextlib.contextmanager
 def started(
@@ -195,11 +207,17 @@ def run_target(
     with started(target, pool=pool, tools=tools, state_dir=state_dir, progress=progress) as run:
         settings = replace(driver, base_url=run.base_url, model=run.model, label=target.label)
         progress(f"[{target.label}] running {len(workload.requests)} requests against {settings.base_url}")
+        cpu_before = run.gateway_cpu_s()
         result, before, after = asyncio.run(
             measure(workload, settings, engines=run.engines, progress=progress)
         )
+        cpu_after = run.gateway_cpu_s()
     children = [_child_info(c) for c in run.children]
-    return RunData(target.label, target.describe(), result, before, after, children, tuple(run.notes))
+    sent = sum(r.start_s is not None for r in result.records)
+    gateway = None if run.gateway_pid is None else cpu_per_1000(cpu_before, cpu_after, requests=sent)
+    return RunData(
+        target.label, target.describe(), result, before, after, children, tuple(run.notes), gateway=gateway
+    )
 
 
 def _gateway(

@@ -29,7 +29,8 @@ class RunData:
     """What one run produced: the driver's records and the engines' counters around it.
 
     `target` describes what was measured (kind, policy, URL); `notes` are events worth reporting
-    (a child that died); `children` the processes the harness started for it, after they stopped.
+    (a child that died); `children` the processes the harness started for it, after they stopped;
+    `gateway` the gateway's CPU over the run (`tandem.bench.cpu.cpu_per_1000`; None without one).
     """
 
     label: str
@@ -40,6 +41,7 @@ class RunData:
     children: Sequence[Mapping[str, Any]] = ()
     notes: Sequence[str] = field(default_factory=tuple)
     repeat: int = 0
+    gateway: Mapping[str, Any] | None = None
 
     @property
     def file_label(self) -> str:
@@ -73,6 +75,7 @@ def summarize(
         "engines": engines,
         "load": _load(engines),
         "fairness": tenant_report(requests, weights),
+        "gateway": None if run.gateway is None else dict(run.gateway),
         "wall_s": run.result.wall_s,
         "children": [dict(c) for c in run.children],
         "notes": list(run.notes),
@@ -158,6 +161,15 @@ _COMMON_ROWS: tuple[Row, ...] = (
 )
 
 
+def _gateway_cpu(run: Mapping[str, Any]) -> float | None:
+    gateway = run.get("gateway")
+    return None if gateway is None else gateway.get("cpu_s_per_1000")
+
+
+#: Shown when a run had a gateway whose CPU was read (harness mode), not for endpoint runs.
+GATEWAY_CPU_ROW: Row = ("gateway CPU s per 1,000 requests", lambda r: _num(_gateway_cpu(r), ".2f"))
+
+
 def _overall_delta(run: Mapping[str, Any], key: str) -> float | None:
     overall = run["engines"]["overall"]
     return None if overall is None else overall["delta"][key]
@@ -214,6 +226,8 @@ def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """One row per metric, one column per run (label), in GitHub markdown."""
     tenants = list(dict.fromkeys(t for r in runs for t in r["fairness"]["tenants"]))
     rows = list(_COMMON_ROWS) + (_tenant_rows(tenants) if len(tenants) > 1 else [])
+    if any(_gateway_cpu(r) is not None for r in runs):
+        rows.insert(len(_COMMON_ROWS), GATEWAY_CPU_ROW)
     lines = [
         "| metric | " + " | ".join(r["label"] for r in runs) + " |",
         "| --- | " + " | ".join("---:" for _ in runs) + " |",
