@@ -102,11 +102,17 @@ def test_the_overhead_sweep_runs_direct_and_the_router_on_one_engine(tmp_path: P
     for row in doc["rows"]:
         assert row["ok"] == row["requests"] == 8 and row["errors"] == 0, row
         assert row["ttft_p50_ms"] > 0 and row["requests_per_s"] > 0
+        if row["label"] == "direct":
+            assert row["gateway_cpu_s"] is None and row["gateway_cpu_s_per_1000"] is None, row
+        else:
+            assert row["gateway_cpu_s"] >= 0 and row["gateway_cpu_s_per_1000"] >= 0, row
     for label in labels[1:]:
         for c in (1, 4):
             added = doc["levels"][label][str(c)]["added_ttft_p50_ms"]
             assert added["n"] == 1 and added["mean"] is not None
         assert doc["sustained"][label]["concurrency"] in (1, 4)
+        assert doc["levels"][label]["1"]["gateway_cpu_s_per_1000"]["n"] == 1
+    assert "| round-robin: gateway CPU s per 1,000 req |" in result.stdout
     assert (
         "| concurrency | direct TTFT p50 / p99 (ms) | round-robin: added TTFT p50 / p99 (ms)" in result.stdout
     )

@@ -135,19 +135,38 @@ def test_a_level_row_has_wall_latencies_in_ms_and_throughput_from_first_send_to_
     assert row["ok"] == 2 and row["errors"] == 1
     assert row["ttft_p50_ms"] == pytest.approx(3.0) and row["e2e_p99_ms"] == pytest.approx(19.9)
     assert row["requests_per_s"] == pytest.approx(2 / 0.020)
+    assert row["gateway_cpu_s"] is None and row["gateway_cpu_s_per_1000"] is None, "no gateway"
 
 
-def level(label: str, c: int, r: int, p50: float, p99: float, rps: float, errors: int = 0) -> dict[str, Any]:
+@pytest.mark.parametrize(
+    ("readings", "cpu_s", "per_1000"),
+    [((10.0, 10.3), 0.3, 100.0), ((10.0, 10.0), 0.0, 0.0), ((None, 10.3), None, None), (None, None, None)],
+)
+def test_a_level_row_has_the_gateways_cpu_per_1000_requests_sent(
+    readings: tuple[float | None, float | None] | None, cpu_s: float | None, per_1000: float | None
+) -> None:
+    records = (record(0, start=0.0, first=0.002, end=0.010), record(1, start=0.0, first=0.004, end=0.020),
+               record(2, start=0.01, first=0.5, end=0.6, ok=False))  # fmt: skip
+    row = level_row("rr", 4, 0, DriveResult(records, wall_s=0.6), gateway_cpu_s=readings)
+    assert row["gateway_cpu_s"] == (None if cpu_s is None else pytest.approx(cpu_s))
+    assert row["gateway_cpu_s_per_1000"] == (None if per_1000 is None else pytest.approx(per_1000)), (
+        "3 requests sent (one failed): 0.3 s / 3 × 1000 = 100"
+    )
+
+
+def level(
+    label: str, c: int, r: int, p50: float, p99: float, rps: float, errors: int = 0, cpu: float | None = None
+) -> dict[str, Any]:
     return {"label": label, "concurrency": c, "repeat": r, "requests": 10, "ok": 10 - errors,
             "errors": errors, "ttft_p50_ms": p50, "ttft_p99_ms": p99, "e2e_p50_ms": p50 * 2,
-            "e2e_p99_ms": p99 * 2, "requests_per_s": rps}  # fmt: skip
+            "e2e_p99_ms": p99 * 2, "requests_per_s": rps, "gateway_cpu_s_per_1000": cpu}  # fmt: skip
 
 
 def test_added_latency_is_the_routers_percentile_minus_directs_at_the_same_level_and_repeat() -> None:
     rows = [
-        level("direct", 1, 0, 2.0, 4.0, 100), level("rr", 1, 0, 3.5, 7.0, 80),
-        level("direct", 1, 1, 2.2, 4.4, 100), level("rr", 1, 1, 3.9, 6.4, 70),
-        level("direct", 4, 0, 3.0, 6.0, 200), level("rr", 4, 0, 5.0, 9.0, 150, errors=1),
+        level("direct", 1, 0, 2.0, 4.0, 100), level("rr", 1, 0, 3.5, 7.0, 80, cpu=1.5),
+        level("direct", 1, 1, 2.2, 4.4, 100), level("rr", 1, 1, 3.9, 6.4, 70, cpu=2.5),
+        level("direct", 4, 0, 3.0, 6.0, 200), level("rr", 4, 0, 5.0, 9.0, 150, errors=1, cpu=1.25),
     ]  # fmt: skip
     added = added_over_direct(rows)
     got = [(a["concurrency"], a["repeat"], a["added_ttft_p50_ms"], a["added_ttft_p99_ms"]) for a in added]
@@ -159,7 +178,12 @@ def test_added_latency_is_the_routers_percentile_minus_directs_at_the_same_level
     assert summary_["sustained"]["direct"]["concurrency"] == 4
     text = sweep_markdown(summary_)
     assert "| 1 | 2.1 ± 0.1 / 4.2 ± 0.3 | 1.6 ± 0.1 / 2.5 ± 0.7 |" in text
-    assert "| sustained | **75.0 ± 7.1** (C = 1) | **200.0** (C = 4) |" in text
+    assert summary_["levels"]["rr"][1]["gateway_cpu_s_per_1000"]["mean"] == pytest.approx(2.0)
+    assert summary_["levels"]["direct"][1]["gateway_cpu_s_per_1000"]["n"] == 0, "direct has no gateway"
+    assert "| concurrency | rr (req/s) | rr: gateway CPU s per 1,000 req | direct (req/s) |" in text
+    assert "| 1 | 75.0 ± 7.1 | 2.00 ± 0.71 | 100.0 ± 0.0 |" in text
+    assert "| 4 | 150.0 (1 errors) | 1.25 | 200.0 |" in text
+    assert "| sustained | **75.0 ± 7.1** (C = 1) | 2.00 ± 0.71 | **200.0** (C = 4) |" in text
 
 
 @pytest.mark.parametrize(("text", "levels"), [("1,4,16", (1, 4, 16)), ("16, 1,1", (1, 16))])

@@ -11,7 +11,10 @@ Method (`tandem bench --overhead-sweep 1,4,16,64,256 --policy round-robin --peer
 - TTFT and E2E are **wall** milliseconds (no time scaling); throughput is successful requests per
   wall second from the first send to the last end;
 - **added latency** at C = the target's p50 (p99) − direct's p50 (p99) at the same C and repeat;
-- **sustained rate** = the highest throughput over the levels at which every request succeeded.
+- **sustained rate** = the highest throughput over the levels at which every request succeeded;
+- **gateway CPU per 1,000 requests** at C = the CPU seconds of the gateway's process tree
+  (`tandem.bench.cpu`: user + system, workers included) read just before and just after the level,
+  ÷ the level's requests sent × 1000; None for `direct`, which has no gateway.
 
 The client, the gateway and the engine share the host's cores, so on a small machine the numbers
 are an upper bound on overhead and a lower bound on the gateway's capacity; the comparison between
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.bench.aggregate import spread
+from tandem.bench.cpu import cpu_per_1000
 from tandem.bench.driver import DriverSettings, drive
 from tandem.bench.harness import PoolSettings, Progress, Tools, started
 from tandem.bench.records import DriveResult
@@ -76,9 +80,21 @@ def level_workload(level: int, sweep: SweepSettings, *, seed: int, count: int | 
     return Workload(f"overhead-c{level}", requests, {"level": level}, level)
 
 
-def level_row(label: str, level: int, repeat: int, result: DriveResult) -> dict[str, Any]:
-    """One target at one concurrency: wall-clock latency percentiles (ms) and throughput (pure)."""
+def level_row(
+    label: str,
+    level: int,
+    repeat: int,
+    result: DriveResult,
+    *,
+    gateway_cpu_s: tuple[float | None, float | None] | None = None,
+) -> dict[str, Any]:
+    """One target at one concurrency: wall-clock latency percentiles (ms), throughput, and the gateway's
+    CPU from its readings (seconds) before and after the level (pure; `gateway_cpu_s` None: no gateway).
+    """
     records = result.records
+    sent = sum(r.start_s is not None for r in records)
+    before, after = gateway_cpu_s if gateway_cpu_s is not None else (None, None)
+    cpu = cpu_per_1000(before, after, requests=sent)
     ok = [r for r in records if r.ok]
     ttft = [(r.token_times_s[0] - r.start_s) * 1000 for r in ok if r.token_times_s and r.start_s is not None]
     e2e = [(r.end_s - r.start_s) * 1000 for r in ok if r.end_s is not None and r.start_s is not None]
@@ -91,6 +107,7 @@ def level_row(label: str, level: int, repeat: int, result: DriveResult) -> dict[
         "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
         "e2e_p50_ms": percentile(e2e, 50), "e2e_p99_ms": percentile(e2e, 99),
         "requests_per_s": len(ok) / span if span > 0 else None,
+        "gateway_cpu_s": cpu["cpu_s"], "gateway_cpu_s_per_1000": cpu["cpu_s_per_1000"],
     }  # fmt: skip
 
 
@@ -121,7 +138,7 @@ def summarize_sweep(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean ± sd over repeats per (target, level), added latency, and each target's sustained rate."""
     added = added_over_direct(rows)
     keys = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "requests_per_s", "added_ttft_p50_ms",
-            "added_ttft_p99_ms", "added_e2e_p50_ms")  # fmt: skip
+            "added_ttft_p99_ms", "added_e2e_p50_ms", "gateway_cpu_s_per_1000")  # fmt: skip
     table: dict[str, dict[int, dict[str, Any]]] = {}
     source = added + [r for r in rows if r["label"] == "direct"]
     for r in source:
@@ -149,7 +166,8 @@ def _pm(item: Mapping[str, Any], fmt: str = ".1f") -> str:
 
 
 def sweep_markdown(summary: Mapping[str, Any]) -> str:
-    """Two tables: added TTFT p50 / p99 over direct per level, and throughput with the sustained rate."""
+    """Two tables: added TTFT p50 / p99 over direct per level, and throughput (with each router's gateway
+    CPU s per 1,000 requests) and the sustained rate."""
     levels: Mapping[str, Mapping[int, Mapping[str, Any]]] = summary["levels"]
     routers = [label for label in levels if label != "direct"]
     concurrencies = sorted({c for by in levels.values() for c in by})
@@ -163,22 +181,42 @@ def sweep_markdown(summary: Mapping[str, Any]) -> str:
             x = levels[r].get(c)
             cells.append(f"{_pm(x['added_ttft_p50_ms'])} / {_pm(x['added_ttft_p99_ms'])}" if x else "–")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines += ["", "| concurrency | " + " | ".join(f"{label} (req/s)" for label in levels) + " |",
-              "| ---: | " + " | ".join("---:" for _ in levels) + " |"]  # fmt: skip
+    return "\n".join([*lines, "", *_throughput_table(levels, concurrencies, summary["sustained"])])
+
+
+_CPU = "gateway_cpu_s_per_1000"
+
+
+def _throughput_table(
+    levels: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    concurrencies: Sequence[int],
+    sustained: Mapping[str, Any],
+) -> list[str]:
+    """Requests per second per target and level, each router's gateway CPU s per 1,000 requests beside
+    it, and a last row with the sustained rate (and the CPU at that level)."""
+    columns = [(label, key) for label in levels for key in ("requests_per_s", _CPU)
+               if key != _CPU or label != "direct"]  # fmt: skip
+    names = {"requests_per_s": "{} (req/s)", _CPU: "{}: gateway CPU s per 1,000 req"}
+    lines = ["| concurrency | " + " | ".join(names[key].format(label) for label, key in columns) + " |",
+             "| ---: | " + " | ".join("---:" for _ in columns) + " |"]  # fmt: skip
     for c in concurrencies:
         cells = []
-        for label in levels:
+        for label, key in columns:
             x = levels[label].get(c)
-            errors = f" ({x['errors']} errors)" if x and x["errors"] else ""
-            cells.append(_pm(x["requests_per_s"]) + errors if x else "–")
+            errors = f" ({x['errors']} errors)" if x and x["errors"] and key != _CPU else ""
+            cells.append(_pm(x[key], ".2f" if key == _CPU else ".1f") + errors if x else "–")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    best = summary["sustained"]
-    sustained = [
-        "–" if best[label] is None else f"**{_pm(best[label])}** (C = {best[label]['concurrency']})"
-        for label in levels
-    ]
-    lines.append("| sustained | " + " | ".join(sustained) + " |")
-    return "\n".join(lines)
+    best = []
+    for label, key in columns:
+        top = sustained[label]
+        if top is None:
+            best.append("–")
+        elif key == _CPU:
+            best.append(_pm(levels[label][top["concurrency"]][_CPU], ".2f"))
+        else:
+            best.append(f"**{_pm(top)}** (C = {top['concurrency']})")
+    lines.append("| sustained | " + " | ".join(best) + " |")
+    return lines
 
 
 def run_sweep(
@@ -212,11 +250,21 @@ def run_sweep(
                 asyncio.run(drive(level_workload(4, sweep, seed=r, count=sweep.warmup_requests), base))
                 for level in sweep.levels:
                     settings = replace(base, label=f"{target.label}-c{level}", max_concurrency=level)
+                    before = run.gateway_cpu_s()
                     result = asyncio.run(drive(level_workload(level, sweep, seed=r), settings))
-                    row = level_row(target.label, level, r, result)
+                    cpu = None if run.gateway_pid is None else (before, run.gateway_cpu_s())
+                    row = level_row(target.label, level, r, result, gateway_cpu_s=cpu)
                     rows.append(row)
-                    progress(
-                        f"[{target.label}] C={level}: {row['ok']}/{row['requests']} ok, TTFT p50 "
-                        f"{row['ttft_p50_ms'] or 0:.1f} ms, {row['requests_per_s'] or 0:.0f} req/s"
-                    )
+                    progress(_level_line(row))
     return rows
+
+
+def _level_line(row: Mapping[str, Any]) -> str:
+    """The progress line of one level: `[round-robin] C=4: 200/200 ok, TTFT p50 1.9 ms, 850 req/s, gateway
+    1.52 CPU s per 1,000 requests`."""
+    line = (
+        f"[{row['label']}] C={row['concurrency']}: {row['ok']}/{row['requests']} ok, TTFT p50 "
+        f"{row['ttft_p50_ms'] or 0:.1f} ms, {row['requests_per_s'] or 0:.0f} req/s"
+    )
+    cpu = row.get("gateway_cpu_s_per_1000")
+    return line if cpu is None else f"{line}, gateway {cpu:.2f} CPU s per 1,000 requests"
