@@ -38,7 +38,7 @@ def endpoint() -> Iterator[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "give --url (endpoint mode) or --policy/--peer/--direct (harness mode), not both or neither"),
+        ([], "give --url (endpoint mode) or --policy/--peer/--peer-command/--direct (harness mode), not"),
         (["--url", "http://127.0.0.1:9/v1", "--direct"], "not both or neither"),
         (["--direct", "--engine-metrics", "http://x"], "--engine-metrics is for endpoint mode"),
         (["--policy", "round-robin,nope"], "--policy 'nope': choose from "),
@@ -46,6 +46,14 @@ def endpoint() -> Iterator[str]:
         (["--peer", "vllm-router:kv_aware"], "policy must be one of round_robin, cache_aware"),
         (["--peer", "vllm-router:cache_aware", "--vllm-router", "/nonexistent/vllm-router"],
          "--vllm-router /nonexistent/vllm-router: no such file"),
+        (["--peer-command", "p=r --port {port} {colour} {size}"],
+         "--peer-command p: unknown placeholder(s) {colour}, {size}; known: {host}, {port}"),
+        (["--peer-command", "r --port {port}"], "expected NAME=TEMPLATE"),
+        (["--peer-command", "a/b=r --port {port}"], "NAME must be letters, digits and -_."),
+        (["--peer-command", "direct=r --port {port}"], "the label 'direct' is taken"),
+        (["--peer-command", "p=/nonexistent/router --port {port}"],
+         "--peer-command p: '/nonexistent/router' is not an executable file, nor on PATH"),
+        (["--url", "http://127.0.0.1:9/v1", "--peer-command", "p=r {port}"], "not both or neither"),
         (["--direct", "--param", "groups=0"], "workload shared-prefix: groups: Input should be greater"),
         (["--direct", "--workload", "two-tenant", "--param", "colour=red"], "colour: unknown parameter"),
         (["--direct", "--workload-file", "w.jsonl", "--param", "groups=2"], "cannot be combined"),

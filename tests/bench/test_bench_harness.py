@@ -3,14 +3,17 @@
 Real: everything — redis-server, `tandem sim` engines and `tandem router` as child processes on
 127.0.0.1 (started by the harness through tandem.local), the driver's HTTP streams, the engines'
 /metrics, the report files; vllm-router too in the peer test when its binary is installed (the
-`bench` extra). Nothing is faked. The engines run at time scale 100 and the workload is a handful
-of short requests; assertions are on counts, fields and processes, never on speed.
+`bench` extra); as `--peer-command` routers, the tests' own stdlib proxy (forward_router.py) and a
+`tandem sim` standing in for a router. Nothing is faked. The engines run at time scale 100 and the
+workload is a handful of short requests; assertions are on counts, fields and processes, never on
+speed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -129,3 +132,50 @@ def test_the_peer_in_pd_mode_sends_prefill_then_decode_through_the_sims_kv_pool(
     assert run["engines"]["overall"]["delta"]["external_hits"] > 0, (
         "decode loaded the prefill's KV from Redis"
     )
+
+
+PYTHON = shlex.quote(sys.executable)
+FORWARD = f"{PYTHON} {shlex.quote(str(Path(__file__).with_name('forward_router.py')))}"
+
+
+def test_a_command_peer_runs_in_front_of_the_same_engines_with_its_placeholders_filled(
+    tmp_path: Path,
+) -> None:
+    command = f"fwd={FORWARD} --host {{host}} --port {{port}} --model {{model}} {{decode_urls_space}}"
+    doc, table = run_bench(tmp_path, "--peer-command", command, "--direct")
+    assert [r["label"] for r in doc["runs"]] == ["fwd", "direct"]
+    run = doc["runs"][0]
+    assert run["target"] == {"kind": "command", "policy": None, "command": command.partition("=")[2]}
+    assert run["requests"]["ok"] == 6 and run["requests"]["errors"] == 0, run["requests"]
+    assert list(run["load"]["requests_per_engine"].values()) == [3, 3], "both engines, in turn"
+    assert sorted(c["name"] for c in run["children"]) == ["decode-0", "decode-1", "peer-fwd", "redis"]
+    assert run["gateway"]["requests_sent"] == 6 and run["gateway"]["cpu_s_per_1000"] >= 0, run["gateway"]
+    assert_stopped(run)
+    assert "| metric | fwd | direct |" in table
+    assert (tmp_path / "requests-fwd.jsonl").exists()
+    assert (tmp_path / "runs" / "fwd" / "logs" / "peer-fwd.log").exists()
+
+
+def test_a_command_peer_runs_in_the_overhead_sweep(tmp_path: Path) -> None:
+    sim = (
+        f"sim={PYTHON} -m tandem.cli sim --host {{host}} --port {{port}} --served-model-name {{model}} "
+        "--time-scale 1000 --log-level warning"
+    )
+    result = CliRunner().invoke(cli, [
+        "bench", "--overhead-sweep", "2", "--sweep-requests", "6", "--peer-command", sim,
+        "--no-plots", "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "overhead.json").read_text())
+    assert [(r["label"], r["ok"], r["errors"]) for r in doc["rows"]] == [("direct", 6, 0), ("sim", 6, 0)]
+    assert doc["rows"][1]["gateway_cpu_s_per_1000"] >= 0 and doc["rows"][0]["gateway_cpu_s_per_1000"] is None
+    assert "| sim: gateway CPU s per 1,000 req |" in result.stdout
+
+
+def test_a_command_peer_that_exits_at_start_is_reported_with_exit_code_1(tmp_path: Path) -> None:
+    command = f"bad={PYTHON} -c 'import sys; sys.exit(3)' {{port}}"
+    result = CliRunner().invoke(cli, ["bench", "--peer-command", command, *TINY, "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "peer-bad exited with code 3 while starting" in result.stderr
+    (run,) = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert run["requests"]["total"] == 0 and "peer-bad exited with code 3" in run["notes"][0]

@@ -5,8 +5,8 @@ For each target (a Tandem policy, a peer router, or `direct`) the harness
    disaggregation off; with `pd`, prefill engines too and `mode: always`) and plans its processes
    with the local runtime (`tandem.local.plan.build_plan`: Redis KV pool, engines, gateway);
 2. starts Redis and the engines and waits for their health, then the target's gateway (`tandem
-   router` with `spec.router.policy` = the policy, or vllm-router, or none for `direct`, which
-   runs one engine);
+   router` with `spec.router.policy` = the policy, or vllm-router, or a `--peer-command`'s command
+   line, or none for `direct`, which runs one engine) and waits for it to answer `GET /health`;
 3. scrapes every engine's `/metrics`, drives the workload through the gateway, scrapes again, and
    reads the gateway's CPU time (its process tree, `tandem.bench.cpu`) just before and just after;
 4. stops every child (process groups, SIGTERM then SIGKILL) whatever happened.
@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tandem.bench.command_peer import Wiring, fill
 from tandem.bench.counters import EngineCounters
 from tandem.bench.cpu import cpu_per_1000, tree_cpu_seconds
 from tandem.bench.driver import DriverSettings, drive
@@ -178,6 +179,8 @@ def started(
             )
         except ChildFailed as exc:
             raise HarnessError(f"[{target.label}] {exc}") from None
+        except OSError as exc:  # a program that cannot be executed (a --peer-command's, most likely)
+            raise HarnessError(f"[{target.label}] cannot start a process: {exc}") from None
         engines = [p.url for p in plan.processes if p.role in ("prefill", "decode")]
         decode = [p.url for p in plan.processes if p.role == "decode"]
         base = gateway.url if gateway is not None else decode[0]
@@ -232,12 +235,22 @@ def _gateway(
         config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
         plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return dataclasses.replace(router, argv=(*router.argv, *router_args))
+    decode = tuple(p.url for p in plan.processes if p.role == "decode")
+    prefill = tuple(p.url for p in plan.processes if p.role == "prefill")
+    if target.kind == "command" and target.peer is not None:
+        wiring = Wiring(port=router.port, metrics_port=metrics_port, model=plan.model, decode=decode,
+                        prefill=prefill)  # fmt: skip
+        argv = fill(target.peer.argv, wiring)
+        # Loopback without a proxy, whatever the environment says (the engines are on 127.0.0.1).
+        env = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        return ProcessPlan(
+            name=f"peer-{target.label}", role="router", argv=argv, port=router.port, probe="http", env=env
+        )
     if tools.vllm_router is None:
         raise HarnessError(f"--peer {target.label} needs the vllm-router binary: {VLLM_ROUTER_INSTALL}")
     argv = vllm_router_argv(
         tools.vllm_router, port=router.port, metrics_port=metrics_port, policy=str(target.policy),
-        decode=[p.url for p in plan.processes if p.role == "decode"],
-        prefill=[p.url for p in plan.processes if p.role == "prefill"],
+        decode=decode, prefill=prefill,
     )  # fmt: skip
     return ProcessPlan(name="vllm-router", role="router", argv=argv, port=router.port, probe="http")
 

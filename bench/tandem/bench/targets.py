@@ -4,6 +4,8 @@
   `spec.router.policy` set to it; the run's label is the policy (`round-robin`).
 - `vllm-router` + policy: the Rust vLLM router (PyPI `vllm-router`, 0.1.17 was used) with
   `--policy` (`round_robin`, `cache_aware`, ...); label `vllm-router:cache_aware`.
+- `command`: any router the user has, started from a command line template
+  (`tandem.bench.command_peer`); label its NAME.
 - `direct`: no router; the workload goes straight to one engine; label `direct`.
 """
 
@@ -15,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tandem.bench.command_peer import PeerCommand, PeerCommandError, parse_peer_command
 from tandem.core.spec import ROUTING_POLICIES
 
-TargetKind = Literal["tandem", "vllm-router", "direct"]
+TargetKind = Literal["tandem", "vllm-router", "command", "direct"]
 VLLM_ROUTER = "vllm-router"
 #: vllm-router policies that work with plain OpenAI engines (kv_aware needs ZMQ KV events).
 VLLM_ROUTER_POLICIES = ("round_robin", "cache_aware", "random", "power_of_two", "consistent_hash")
@@ -25,13 +28,16 @@ VLLM_ROUTER_INSTALL = "pip install 'vllm-router==0.1.17' (or the tandem[bench] e
 
 
 class TargetError(ValueError):
-    """A `--policy`/`--peer` value that names nothing we can run."""
+    """A `--policy`/`--peer`/`--peer-command` value that names nothing we can run."""
 
 
 @dataclass(frozen=True)
 class Target:
+    """What one run measures; `policy` for `tandem` and `vllm-router`, `peer` for `command`."""
+
     kind: TargetKind
     policy: str | None = None
+    peer: PeerCommand | None = None
 
     @property
     def label(self) -> str:
@@ -39,15 +45,23 @@ class Target:
             return str(self.policy)
         if self.kind == "vllm-router":
             return f"{VLLM_ROUTER}:{self.policy}"
+        if self.kind == "command" and self.peer is not None:
+            return self.peer.name
         return "direct"
 
     def describe(self) -> dict[str, str | None]:
+        if self.peer is not None:
+            return {"kind": self.kind, "policy": None, "command": self.peer.template}
         return {"kind": self.kind, "policy": self.policy}
 
 
-def parse_targets(*, policies: Sequence[str], peers: Sequence[str], direct: bool) -> list[Target]:
-    """`--policy a,b` (repeatable), `--peer vllm-router:P` (repeatable) and `--direct` → targets in
-    that order, without duplicates. Raises TargetError naming the bad value and the choices."""
+def parse_targets(
+    *, policies: Sequence[str], peers: Sequence[str], commands: Sequence[str] = (), direct: bool
+) -> list[Target]:
+    """`--policy a,b` (repeatable), `--peer vllm-router:P` (repeatable), `--peer-command NAME=TEMPLATE`
+    (repeatable) and `--direct` → targets in that order, without duplicates. Raises TargetError naming
+    the bad value and the choices, or a NAME that another target's label (or any policy's, or
+    `direct`) already is."""
     targets: list[Target] = []
     for value in (p.strip() for item in policies for p in item.split(",") if p.strip()):
         if value not in ROUTING_POLICIES:
@@ -56,14 +70,37 @@ def parse_targets(*, policies: Sequence[str], peers: Sequence[str], direct: bool
     for peer in peers:
         name, _, policy = peer.partition(":")
         if name != VLLM_ROUTER:
-            raise TargetError(f"--peer {peer!r}: the only peer is {VLLM_ROUTER}:<policy>")
+            raise TargetError(
+                f"--peer {peer!r}: the only peer is {VLLM_ROUTER}:<policy> (any other: --peer-command)"
+            )
         policy = policy or "cache_aware"
         if policy not in VLLM_ROUTER_POLICIES:
             raise TargetError(f"--peer {peer!r}: policy must be one of {', '.join(VLLM_ROUTER_POLICIES)}")
         targets.append(Target("vllm-router", policy))
+    targets += _command_targets(commands, taken=[t.label for t in targets])
     if direct:
         targets.append(Target("direct"))
     return list(dict.fromkeys(targets))
+
+
+def _command_targets(commands: Sequence[str], *, taken: Sequence[str]) -> list[Target]:
+    """The `--peer-command` targets; a NAME must differ from every other label, also as a file name
+    (`vllm-router:x` is written as `vllm-router-x`)."""
+    reserved = {*ROUTING_POLICIES, "direct"}
+    used = {*taken, *(label.replace(":", "-") for label in taken)}
+    targets: dict[str, Target] = {}
+    for value in commands:
+        try:
+            peer = parse_peer_command(value)
+        except PeerCommandError as exc:
+            raise TargetError(str(exc)) from None
+        known = targets.get(peer.name)
+        if known is not None and known.peer is not None and known.peer.argv == peer.argv:
+            continue  # the same command twice: one target, as for a repeated --policy
+        if peer.name in reserved | used or known is not None:
+            raise TargetError(f"--peer-command {peer.name}: the label {peer.name!r} is taken; choose another")
+        targets[peer.name] = Target("command", peer=peer)
+    return list(targets.values())
 
 
 def find_vllm_router(*, python: str) -> str | None:

@@ -3,8 +3,9 @@ hits and per-tenant service (docs/bench.md).
 
 Two modes:
 - endpoint: `--url http://127.0.0.1:8080/v1 [--engine-metrics URL ...]` drives a running endpoint;
-- harness: `--policy round-robin --peer vllm-router:cache_aware --direct --engines 4` starts
-  simulated engines and, for each target in turn, a gateway in front of the same (restarted) engines.
+- harness: `--policy round-robin --peer vllm-router:cache_aware --peer-command 'NAME=CMD {port} ...'
+  --direct --engines 4` starts simulated engines and, for each target in turn, a gateway in front of
+  the same (restarted) engines.
 
 Results go to `--out` (bench.json, bench.md, requests-*.jsonl) and the markdown table to stdout;
 progress lines go to stderr. Exit codes: 0 done; 1 a child failed or a run had no successful
@@ -25,6 +26,7 @@ import click
 
 from tandem.bench import workload_file
 from tandem.bench.catalog import WORKLOADS, make_workload, parse_overrides
+from tandem.bench.command_peer import PLACEHOLDERS, find_program
 from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
@@ -89,6 +91,9 @@ HELP: Mapping[str, str] = MappingProxyType(
         "engine_metrics": "Endpoint mode: an engine (base or /metrics URL) to scrape; repeatable.",
         "policy": f"Harness: Tandem routing policies, comma-separated ({', '.join(ROUTING_POLICIES)}).",
         "peer": "Harness: a peer router, e.g. vllm-router:cache_aware, vllm-router:round_robin; repeatable.",
+        "peer_command": "Harness: any router, as a command line with placeholders ("
+        + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+        + "), run as the target NAME in front of the same engines; repeatable (docs/bench.md).",
         "direct": "Harness: also run straight against one engine (no router).",
         "vllm_router": "The vllm-router binary for --peer [default: beside this Python, else on PATH].",
         "time_scale": "Simulated seconds per wall second (harness: given to the engines; endpoint mode: the "
@@ -115,6 +120,7 @@ HELP: Mapping[str, str] = MappingProxyType(
 @click.option("--engine-metrics", multiple=True, metavar="URL", help=HELP["engine_metrics"])
 @click.option("--policy", multiple=True, metavar="LIST", help=HELP["policy"])
 @click.option("--peer", multiple=True, metavar="ROUTER:POLICY", help=HELP["peer"])
+@click.option("--peer-command", multiple=True, metavar="NAME=TEMPLATE", help=HELP["peer_command"])
 @click.option("--direct", is_flag=True, help=HELP["direct"])
 @click.option("--vllm-router", type=click.Path(path_type=Path, dir_okay=False), help=HELP["vllm_router"])
 @click.option("--engines", type=click.IntRange(1, 64), default=4, show_default=True, help="Decode engines.")
@@ -225,15 +231,18 @@ def bench(**o: Any) -> None:
 
 def _mode(o: dict[str, Any]) -> bool:
     """True for harness mode, False for endpoint mode; exits with code 2 on flags that do not fit."""
-    harness = bool(o["policy"] or o["peer"] or o["direct"])
+    harness = bool(o["policy"] or o["peer"] or o["peer_command"] or o["direct"])
     if harness == bool(o["url"]):
-        _fail("give --url (endpoint mode) or --policy/--peer/--direct (harness mode), not both or neither")
+        _fail(
+            "give --url (endpoint mode) or --policy/--peer/--peer-command/--direct (harness mode), "
+            "not both or neither"
+        )
     if harness and o["engine_metrics"]:
         _fail("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
     if harness and o["timeline"]:
         _fail("--timeline is for endpoint mode (--url)")
     if o["overhead_sweep"] is not None and not harness:
-        _fail("--overhead-sweep runs in harness mode: give --policy and/or --peer")
+        _fail("--overhead-sweep runs in harness mode: give --policy, --peer and/or --peer-command")
     return harness
 
 
@@ -274,9 +283,14 @@ def _endpoint(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str,
 def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings]:
     """Targets, binaries and the pool from the flags; exits with code 2 on a bad one."""
     try:
-        targets = parse_targets(policies=o["policy"], peers=o["peer"], direct=o["direct"])
+        targets = parse_targets(
+            policies=o["policy"], peers=o["peer"], commands=o["peer_command"], direct=o["direct"]
+        )
     except TargetError as exc:
         _fail(str(exc))
+    for peer in (t.peer for t in targets if t.peer is not None):
+        if find_program(peer) is None:
+            _fail(f"--peer-command {peer.name}: {peer.argv[0]!r} is not an executable file, nor on PATH")
     given: Path | None = o["vllm_router"]
     if given is not None and not given.is_file():
         _fail(f"--vllm-router {given}: no such file")
