@@ -10,6 +10,7 @@ from tandem.core.blockhash import block_keys
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
 from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
+from tandem.router.types import RequestView
 
 A = "http://127.0.0.1:8101"
 B = "http://127.0.0.1:8102"
@@ -65,7 +66,7 @@ def test_longest_prefix_is_per_endpoint_and_unknown_endpoints_match_nothing() ->
     assert index.longest_prefix([A, B, unknown], PROMPT) == {A: 16, B: 4, unknown: 0}
     assert index.longest_prefix(None, PROMPT) == {A: 16, B: 4}
     source: PrefixSource = index
-    assert source.match([B], PROMPT) == {B: 4}
+    assert source.match([B], RequestView(request_id="r", prompt_token_ids=tuple(PROMPT))) == {B: 4}
 
 
 def test_memory_is_bounded_and_the_least_recently_stored_chain_goes_first() -> None:

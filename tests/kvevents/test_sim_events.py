@@ -102,10 +102,10 @@ async def test_the_index_matches_the_full_blocks_of_a_prompt_the_sim_served(enco
     with serve_sim(encoding=encoding) as sim:
         async with follow(sim.source(), index):
             await complete(sim.url, PROMPT)
-            await eventually(lambda: index.match([sim.url], PROMPT)[sim.url] == 192)
+            await eventually(lambda: index.longest_prefix([sim.url], PROMPT)[sim.url] == 192)
             shared_start = PROMPT[:100] + list(range(5000, 5100))
-            assert index.match([sim.url], shared_start) == {sim.url: 96}
-            assert index.match([sim.url], list(range(7000, 7200))) == {sim.url: 0}
+            assert index.longest_prefix([sim.url], shared_start) == {sim.url: 96}
+            assert index.longest_prefix([sim.url], list(range(7000, 7200))) == {sim.url: 0}
             assert index.stats(sim.url).block_size == 16
 
 
@@ -118,12 +118,12 @@ async def test_evictions_in_the_engine_reach_the_index() -> None:
     with serve_sim(num_gpu_blocks=20, max_model_len=256) as sim:
         async with follow(sim.source(), index):
             await complete(sim.url, PROMPT, max_tokens=24)
-            await eventually(lambda: index.match([sim.url], PROMPT)[sim.url] == 192)
+            await eventually(lambda: index.longest_prefix([sim.url], PROMPT)[sim.url] == 192)
             await complete(sim.url, other, max_tokens=24)
-            await eventually(lambda: index.match([sim.url], other)[sim.url] == 192)
+            await eventually(lambda: index.longest_prefix([sim.url], other)[sim.url] == 192)
             expected = sim.engine_prefix_tokens(PROMPT)
             assert 0 < expected < 192
-            await eventually(lambda: index.match([sim.url], PROMPT)[sim.url] == expected)
+            await eventually(lambda: index.longest_prefix([sim.url], PROMPT)[sim.url] == expected)
 
 
 async def test_a_subscriber_started_late_catches_up_by_replay() -> None:
@@ -136,7 +136,7 @@ async def test_a_subscriber_started_late_catches_up_by_replay() -> None:
         await eventually(lambda: sim.publisher.published_batches == 3)
         async with follow(sim.source(), index, metrics):
             # Synced means the catch-up replay is applied: no waiting for live batches.
-            assert index.match([sim.url], PROMPT) == {sim.url: 192}
+            assert index.longest_prefix([sim.url], PROMPT) == {sim.url: 192}
             assert metrics.named("replay")[0] == ("ok", sim.publisher.published_batches)
             assert not metrics.named("lost")
 
@@ -169,6 +169,6 @@ def _late_match(source: EventSource, prompt: list[int]) -> int:
     async def run() -> int:
         index = PrecisePrefixIndex()
         async with follow(source, index):
-            return index.match([source.endpoint], prompt)[source.endpoint]
+            return index.longest_prefix([source.endpoint], prompt)[source.endpoint]
 
     return asyncio.run(run())

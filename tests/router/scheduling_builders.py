@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.types import (
+    DEFAULT_SLO,
     SLO,
     Endpoint,
     EndpointSnapshot,
@@ -25,12 +26,9 @@ def request(
     return RequestView(
         request_id=request_id,
         route=Route.COMPLETIONS,
-        model="qwen",
         tenant="default",
-        stream=True,
-        body={"prompt": "x"},
         prompt_token_ids=tuple(tokens),
-        slo=None if slo_ttft_s is None else SLO(ttft_s=slo_ttft_s, tpot_s=0.05),
+        slo=DEFAULT_SLO if slo_ttft_s is None else SLO(ttft_s=slo_ttft_s, tpot_s=0.05),
     )
 
 

@@ -21,8 +21,8 @@ from tandem.router.admission.gate import AdmissionGate, Grant, Waiter
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import NoPrediction
 from tandem.router.errors import Overloaded
-from tandem.router.types import SLO, EndpointSnapshot, RequestView, Route
-from tandem.router.upstream.usage import Usage
+from tandem.router.scheduling import Routable
+from tandem.router.types import SLO, EndpointSnapshot, RequestView, Route, Usage
 
 SLOW = SLO(ttft_s=3600, tpot_s=1)
 
@@ -38,7 +38,7 @@ class Pool:
 class Predictions:
     ttft_s: dict[str, float] = field(default_factory=dict)  # by request id
 
-    def predicted_ttft(self, request: RequestView, candidates: Sequence[EndpointSnapshot], /) -> float | None:
+    def predicted_ttft(self, request: Routable, candidates: Sequence[EndpointSnapshot], /) -> float | None:
         return self.ttft_s.get(request.request_id)
 
 
@@ -62,7 +62,6 @@ def make_gate(
         predictor=predictor or NoPrediction(),
         metrics=metrics,
         clock=clock,
-        default_slo=SLOW,
         max_queue_wait_s=max_wait_s,
         poll_s=0.01,
     )
@@ -74,10 +73,7 @@ def request(rid: str, tenant: str, *, prompt: int = 10, priority: int = 0, slo: 
     return RequestView(
         request_id=rid,
         route=Route.COMPLETIONS,
-        model="m",
         tenant=tenant,
-        stream=False,
-        body={},
         prompt_token_ids=tuple(range(1, prompt + 1)),
         priority=priority,
         slo=slo,

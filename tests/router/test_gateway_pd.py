@@ -77,7 +77,9 @@ async def test_the_decode_engine_gets_the_original_request_with_the_prefills_par
     assert b" d0-2" in body and body.endswith(b"data: [DONE]\n\n")
     [sent] = decode.received
     assert sent.body == {**original, "kv_transfer_params": NIXL_PARAMS}
-    assert prefill.received[0].headers["x-request-id"] == sent.headers["x-request-id"] == "pd-1"
+    upstream_id = sent.headers["x-request-id"]
+    assert prefill.received[0].headers["x-request-id"] == upstream_id  # one id for both halves
+    assert upstream_id.startswith("pd-1.") and response.headers["x-request-id"] == "pd-1"
     assert response.headers["x-tandem-prefill-endpoint"] == prefill.url.removeprefix("http://")
     assert response.headers["x-tandem-decode-endpoint"] == decode.url.removeprefix("http://")
     assert "x-tandem-pd-fallback" not in response.headers

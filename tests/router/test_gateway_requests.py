@@ -7,6 +7,7 @@ FastAPI app that records what it receives).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import openai
@@ -86,18 +87,66 @@ async def test_the_body_reaches_the_engine_unchanged_with_unknown_fields(launche
     assert engine.received[0].path == "/v1/completions"
 
 
-async def test_an_incoming_request_id_is_kept_and_sent_upstream(launcher: Launcher) -> None:
+async def test_an_incoming_request_id_is_echoed_and_engines_see_it_made_unique(launcher: Launcher) -> None:
+    engine = await launcher.engine("d0")
+    router = await launcher.router(decode=[engine])
+    responses = await asyncio.gather(
+        *(
+            router.http.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": "x", "max_tokens": 1},
+                headers={"x-request-id": "req-42"},
+            )
+            for _ in range(2)
+        )
+    )
+    assert [r.headers["x-request-id"] for r in responses] == ["req-42", "req-42"]
+    assert responses[0].headers["x-tandem-decode-endpoint"] == engine.url.removeprefix("http://")
+    assert "x-tandem-prefill-endpoint" not in responses[0].headers
+    upstream = [r.headers["x-request-id"] for r in engine.received]
+    assert all(u.startswith("req-42.") for u in upstream)
+    assert len(set(upstream)) == 2  # the same client id twice is still two requests to the engine
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["x" * 129, "has space", 'quo"te', "new\tline", ""],
+    ids=["too-long", "space", "quote", "control", "empty"],
+)
+async def test_a_malformed_request_id_is_a_400_naming_the_header(launcher: Launcher, bad: str) -> None:
     engine = await launcher.engine("d0")
     router = await launcher.router(decode=[engine])
     response = await router.http.post(
         "/v1/completions",
         json={"model": MODEL, "prompt": "x", "max_tokens": 1},
-        headers={"x-request-id": "req-42"},
+        headers={"x-request-id": bad},
     )
-    assert response.headers["x-request-id"] == "req-42"
-    assert response.headers["x-tandem-decode-endpoint"] == engine.url.removeprefix("http://")
-    assert "x-tandem-prefill-endpoint" not in response.headers
-    assert engine.received[0].headers["x-request-id"] == "req-42"
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "x-request-id"
+    assert len(response.headers["x-request-id"]) == 32  # a fresh id, not the client's
+    assert engine.received == []
+
+
+async def test_engine_steering_fields_from_clients_are_dropped(launcher: Launcher) -> None:
+    engine = await launcher.engine("d0")
+    router = await launcher.router(decode=[engine])
+    hostile = {
+        "model": MODEL,
+        "prompt": "x",
+        "max_tokens": 1,
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "remote_block_ids": [1, 2, 3],
+            "remote_host": "10.9.9.9",
+        },
+        "priority": -100,
+        "request_id": "someone-elses-request",
+    }
+    response = await router.http.post("/v1/completions", json=hostile)
+    assert response.status_code == 200
+    sent = engine.received[0].body
+    assert not {"kv_transfer_params", "priority", "request_id"} & set(sent)
+    assert sent == {"model": MODEL, "prompt": "x", "max_tokens": 1}
 
 
 async def test_a_request_without_an_id_gets_one_that_the_engine_sees_too(launcher: Launcher) -> None:

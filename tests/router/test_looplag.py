@@ -1,8 +1,9 @@
 """The event-loop lag monitor and how the dispatcher uses it.
 
-Real: `LagTotal`, `LoopLagMonitor` on the test's loop, `Dispatcher`, `Upstream`, `EndpointRegistry`,
-`RouterMetrics`. Faked: the network (`httpx.MockTransport`) and, for the dispatcher, the amount of lag
-(a monitor whose lag is set by the test).
+Real: `LagTotal`, `LoopLagMonitor` on the test's loop, `Dispatcher`, `EndpointRegistry`,
+`RouterMetrics`. Faked: the engines (an `Upstream` that fails every call with the test's error, as
+the real client translates it; tests/router/test_upstream_proxy.py covers the translation) and, for
+the dispatcher, the amount of lag (a monitor whose lag is set by the test).
 """
 
 from __future__ import annotations
@@ -10,18 +11,22 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
 from tandem.router.discovery.registry import EndpointRegistry
-from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout
+from tandem.router.errors import (
+    NoEndpointAvailable,
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from tandem.router.observe.looplag import LagTotal, LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import RoundRobin
-from tandem.router.settings import ProxySettings
-from tandem.router.types import RequestView, Route
-from tandem.router.upstream.client import Upstream, UpstreamCall
+from tandem.router.types import Endpoint, RequestView, Route
+from tandem.router.upstream.client import UpstreamCall, UpstreamReply
 from tandem.router.upstream.dispatch import Dispatcher
 
 
@@ -71,18 +76,26 @@ class SetLag(LoopLagMonitor):
         return self.lag_s
 
 
-def dispatcher_over(exc: Exception, lag_s: float) -> tuple[Dispatcher, EndpointRegistry, CollectorRegistry]:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise exc
+class Failing:
+    """An `Upstream` whose every call fails with `error`."""
 
+    def __init__(self, error: UpstreamError) -> None:
+        self.error = error
+
+    async def open(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply:
+        raise type(self.error)(f"{endpoint.name}: {self.error.message}")
+
+
+def dispatcher_over(
+    error: UpstreamError, lag_s: float
+) -> tuple[Dispatcher, EndpointRegistry, CollectorRegistry]:
     registry = EndpointRegistry(failure_threshold=1, cooldown_seconds=10, clock=lambda: 0.0)
     registry.set_pool("decode", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
     prometheus = CollectorRegistry()
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     dispatcher = Dispatcher(
         registry=registry,
         scheduler=RoundRobin(),
-        upstream=Upstream(client, ProxySettings()),
+        upstream=Failing(error),
         metrics=RouterMetrics(prometheus, registry),
         retries=1,
         loop_lag=SetLag(lag_s),
@@ -91,8 +104,8 @@ def dispatcher_over(exc: Exception, lag_s: float) -> tuple[Dispatcher, EndpointR
     return dispatcher, registry, prometheus
 
 
-VIEW = RequestView(request_id="r", route=Route.CHAT, model="qwen", tenant="t", stream=True, body={})
-CALL = UpstreamCall(path="/v1/chat/completions", body={}, headers={}, stream=True)
+VIEW = RequestView(request_id="r", route=Route.CHAT, tenant="t")
+CALL = UpstreamCall(path="/v1/chat/completions", body=b"{}", headers={}, stream=True)
 
 
 def errors(prometheus: CollectorRegistry, kind: str) -> float:
@@ -106,11 +119,8 @@ def errors(prometheus: CollectorRegistry, kind: str) -> float:
     )
 
 
-@pytest.mark.parametrize("failure", [httpx.ConnectTimeout("slow"), httpx.PoolTimeout("full")])
-async def test_a_connect_timeout_while_the_loop_was_stalled_keeps_the_engine_in_rotation(
-    failure: Exception,
-) -> None:
-    dispatcher, registry, prometheus = dispatcher_over(failure, lag_s=3.0)
+async def test_a_connect_timeout_while_the_loop_was_stalled_keeps_the_engine_in_rotation() -> None:
+    dispatcher, registry, prometheus = dispatcher_over(UpstreamConnectTimeout("connect timeout"), lag_s=3.0)
     with pytest.raises(NoEndpointAvailable) as caught:
         await dispatcher.open("decode", request=VIEW, call=CALL)
     assert isinstance(caught.value.__cause__, UpstreamConnectTimeout)
@@ -121,15 +131,15 @@ async def test_a_connect_timeout_while_the_loop_was_stalled_keeps_the_engine_in_
 
 
 async def test_a_connect_timeout_without_loop_lag_counts_against_the_engine() -> None:
-    dispatcher, registry, prometheus = dispatcher_over(httpx.ConnectTimeout("slow"), lag_s=2.4)
+    dispatcher, registry, prometheus = dispatcher_over(UpstreamConnectTimeout("connect timeout"), lag_s=2.4)
     with pytest.raises(NoEndpointAvailable):
         await dispatcher.open("decode", request=VIEW, call=CALL)
     assert [s.in_rotation for s in registry.snapshots("decode")] == [False, False]
     assert errors(prometheus, "timeout") == 2
 
 
-@pytest.mark.parametrize("failure", [httpx.ReadTimeout("silent"), httpx.ConnectError("refused")])
-async def test_other_failures_count_against_the_engine_whatever_the_lag(failure: Exception) -> None:
+@pytest.mark.parametrize("failure", [UpstreamTimeout("silent"), UpstreamConnectError("refused")])
+async def test_other_failures_count_against_the_engine_whatever_the_lag(failure: UpstreamError) -> None:
     dispatcher, registry, _ = dispatcher_over(failure, lag_s=60.0)
     with pytest.raises(NoEndpointAvailable):
         await dispatcher.open("decode", request=VIEW, call=CALL)

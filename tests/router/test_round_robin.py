@@ -12,7 +12,9 @@ from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView, R
 
 A, B, C = (Endpoint("decode", f"http://10.0.0.{i}:8000") for i in (1, 2, 3))
 REQUEST = RequestView(
-    request_id="r", route=Route.COMPLETIONS, model="qwen", tenant="default", stream=False, body={}
+    request_id="r",
+    route=Route.COMPLETIONS,
+    tenant="default",
 )
 
 

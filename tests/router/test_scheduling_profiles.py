@@ -191,12 +191,13 @@ def test_after_a_prefill_decode_is_chosen_by_load_and_free_kv_only() -> None:
     scheduler = tandem(state)
     tokens = prompt(0, 0)
     prefill = Endpoint("prefill", "http://10.0.1.1:8000")
-    state.approximate.record(A.url, tokens)  # A caches the prompt, but is busier and fuller
+    state.approximate.record(A.url, request(tokens))  # A caches the prompt, but is busier and fuller
     snaps = [snapshot(A, in_flight=3, engine=stats(kv_usage=0.6)), snapshot(B, engine=stats(kv_usage=0.1))]
     view = request(tokens, request_id="pd")
     assert scheduler.decide("decode", view, snaps).endpoint == A  # decode computes the prompt: prefix wins
     ticket = state.started(prefill, view)
     state.answered(ticket, status=200, streamed=False)
+    view.kv_loaded = True  # the P/D stage records a good prefill on the request
     decision = scheduler.decide("decode", view, snaps)
     assert (decision.endpoint, decision.cycle.profile) == (B, "kv-loaded")
 
@@ -208,7 +209,7 @@ def test_after_a_prefill_decode_is_chosen_by_load_and_free_kv_only() -> None:
 def test_each_policy_chooses_by_its_rule(policy: str, expected: str) -> None:
     """A caches the prompt and has 2 requests in flight; B is idle."""
     state = SchedulingState(clock=FakeClock())
-    state.approximate.record(A.url, PROMPT)
+    state.approximate.record(A.url, request(PROMPT))
     scheduler = scheduler_for(policy, SchedulerDeps(state=state))
     snaps = [snapshot(A, in_flight=2), snapshot(B)]
     assert host(scheduler.pick("decode", request(PROMPT), snaps)) == expected
@@ -216,7 +217,7 @@ def test_each_policy_chooses_by_its_rule(policy: str, expected: str) -> None:
 
 def test_the_prefix_policy_goes_least_loaded_when_the_pool_is_imbalanced() -> None:
     state = SchedulingState(clock=FakeClock())
-    state.approximate.record(A.url, PROMPT)
+    state.approximate.record(A.url, request(PROMPT))
     deps = SchedulerDeps(state=state, guard=ImbalanceGuard(abs_threshold=4, rel_threshold=1.5))
     scheduler = scheduler_for("prefix", deps)
     snaps = [snapshot(A, in_flight=9), snapshot(B, in_flight=3), snapshot(C, in_flight=5)]

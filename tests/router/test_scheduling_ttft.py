@@ -7,12 +7,13 @@ Pure: no servers; time is a `FakeClock` moved by hand. The dispatcher's calls (`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import pytest
 from tests.router.harness import FakeClock
 from tests.router.scheduling_builders import A, B, request, snapshot, stats
 
+from tandem.router.discovery.kvevents.ports import KeyedPrompt
 from tandem.router.scheduling import SchedulingState
 from tandem.router.scheduling.state import Ticket
 from tandem.router.scheduling.ttft import PrefillRates, predict_ttft
@@ -150,7 +151,7 @@ def test_only_first_tokens_teach_the_rate() -> None:
     assert state.rates.observations(A.url) == state.rates.observations(B.url) == 0
 
 
-def test_a_prefill_answer_is_a_first_token_and_marks_the_request_prefilled() -> None:
+def test_a_prefill_answer_is_a_first_token_and_a_prefilled_request_decodes_by_load() -> None:
     clock = FakeClock()
     state = SchedulingState(clock=clock)
     prefill = Endpoint("prefill", "http://10.0.1.1:8000")
@@ -160,9 +161,19 @@ def test_a_prefill_answer_is_a_first_token_and_marks_the_request_prefilled() -> 
     clock.advance(0.05)
     state.answered(attempt, status=200, streamed=False)
     assert state.rates.rate(prefill.url) == pytest.approx(1030 / 0.05)
+    view.kv_loaded = True  # what the P/D stage records on the request after a good prefill
     assert state.profile_for("decode", view) == "kv-loaded"
     decode = ticket(state.started(A, view))
     assert (decode.kv_loaded, decode.uncached_tokens) == (True, 0)
+
+
+def test_the_gateways_own_loop_lag_is_not_learned_as_engine_time() -> None:
+    clock = FakeClock()
+    state = SchedulingState(clock=clock)
+    attempt = state.started(A, request(PROMPT, request_id="busy"))
+    clock.advance(0.2)  # 0.15 s of it the gateway's event loop was running late
+    state.answered(attempt, status=200, streamed=True, lag_s=0.15)
+    assert state.rates.rate(A.url) == pytest.approx(1030 / 0.05)
 
 
 def test_admission_gets_a_prediction_only_once_every_candidate_was_observed() -> None:
@@ -180,18 +191,10 @@ def test_admission_gets_a_prediction_only_once_every_candidate_was_observed() ->
     assert state.predicted_ttft(view, snaps) == pytest.approx(6 / 10_300)
 
 
-def test_the_request_slo_or_the_default_reaches_the_cycle() -> None:
-    state = SchedulingState(clock=FakeClock(), default_slo_ttft_s=2.5)
-    cycle, _ = state.candidates("decode", request(PROMPT), [snapshot(A)], profile="prompt")
-    assert cycle.slo_ttft_s == 2.5
+def test_the_requests_slo_reaches_the_cycle() -> None:
+    state = SchedulingState(clock=FakeClock())
     cycle, _ = state.candidates("decode", request(PROMPT, slo_ttft_s=0.3), [snapshot(A)], profile="prompt")
     assert cycle.slo_ttft_s == 0.3
-
-
-def test_prompt_tokens_come_from_the_view_or_from_the_body() -> None:
-    state = SchedulingState(clock=FakeClock())
-    assert len(state.tokens(request(PROMPT))) == 1030
-    assert state.tokens(request(())) == (ord("x") + 1,)  # "x" encoded by tandem.core.tokenizer
 
 
 class EventsIndex:
@@ -200,7 +203,7 @@ class EventsIndex:
     def __init__(self) -> None:
         self.cached: dict[str, int] = {}
 
-    def match(self, endpoints: Iterable[str], token_ids: Sequence[int]) -> dict[str, int]:
+    def match(self, endpoints: Iterable[str], prompt: KeyedPrompt) -> dict[str, int]:
         return {url: self.cached.get(url, 0) for url in endpoints}
 
 
@@ -221,15 +224,15 @@ def test_with_the_precise_source_in_flight_prompts_count_until_their_first_token
     assert matched(state) == [512, 0]
 
 
-def test_a_prompt_is_forgotten_once_its_decode_attempt_has_answered_or_ended() -> None:
-    state = SchedulingState(clock=FakeClock())
-    answered = state.started(A, request(PROMPT, request_id="answered"))
-    failed = state.started(B, request(PROMPT, request_id="failed"))
-    assert state.remembered_prompts == 2
-    state.answered(answered, status=200, streamed=True)
-    assert state.remembered_prompts == 1
-    state.finished(failed)  # ended without an answer (connect error, client gone)
-    assert state.remembered_prompts == 0
-    # A retry after that tokenizes again and still sees the prompt routed to A.
-    again = ticket(state.started(B, request(PROMPT, request_id="answered")))
-    assert again.prompt_tokens == len(PROMPT)
+def test_nothing_is_kept_per_request_id_so_a_reused_id_is_a_new_request() -> None:
+    clock = FakeClock()
+    state = SchedulingState(clock=clock)
+    prefill = Endpoint("prefill", "http://10.0.1.1:8000")
+    first = request(PROMPT, request_id="same")
+    attempt = state.started(prefill, first)
+    state.answered(attempt, status=200, streamed=False)
+    first.kv_loaded = True
+    second = request(PROMPT[:100], request_id="same")  # a client reusing the id for another prompt
+    assert state.profile_for("decode", second) == "prompt"
+    decode = ticket(state.started(A, second))
+    assert (decode.kv_loaded, decode.prompt_tokens, decode.uncached_tokens) == (False, 100, 100)

@@ -1,167 +1,196 @@
-"""The upstream layer and the dispatcher over `httpx.MockTransport`: error translation, what is
-sent, heads and streams, and the retry budget.
+"""The upstream layer and the dispatcher against real sockets: error translation, what is sent,
+heads and streams, connection reuse, and the retry budget.
 
-Real: `Upstream`, `Dispatcher`, `EndpointRegistry`, `RoundRobin`, `RouterMetrics`. Faked: the network
-(every engine is a handler function behind `httpx.MockTransport`).
+Real: `HTTPUpstream` over aiohttp, `Dispatcher`, `EndpointRegistry`, `RoundRobin`, `RouterMetrics`,
+TCP on 127.0.0.1. Faked: the engines (tests/router/raw_engine.py answers byte for byte).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator
 
-import httpx
+import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
+from tests.router.raw_engine import chunk, chunked_head, raw_engine, response
 
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import (
     NoEndpointAvailable,
     UpstreamBroken,
     UpstreamConnectError,
-    UpstreamError,
     UpstreamStatusError,
     UpstreamTimeout,
 )
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import RoundRobin
 from tandem.router.settings import ProxySettings
-from tandem.router.types import Endpoint, RequestView, Route
-from tandem.router.upstream.client import Upstream, UpstreamCall
+from tandem.router.types import Endpoint, RequestView
+from tandem.router.upstream.client import HTTPUpstream, UpstreamCall, new_session
 from tandem.router.upstream.dispatch import Dispatcher
 
-ENGINE = Endpoint("decode", "http://10.0.0.1:8000")
-Handler = Callable[[httpx.Request], httpx.Response]
 
-
-def call(*, stream: bool = False) -> UpstreamCall:
+def call(*, stream: bool = False, read_timeout_s: float | None = None) -> UpstreamCall:
     return UpstreamCall(
         path="/v1/completions",
-        body={"model": "qwen", "prompt": "é", "stream": stream},
+        body='{"model":"qwen","prompt":"é"}'.encode(),
         headers={"x-request-id": "r1"},
         stream=stream,
+        read_timeout_s=read_timeout_s,
     )
 
 
-def upstream(handler: Handler) -> tuple[Upstream, httpx.AsyncClient]:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return Upstream(client, ProxySettings()), client
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    client = new_session()
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
-def raising(exc: Exception) -> Handler:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise exc
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
-    return handler
 
-
-@pytest.mark.parametrize(
-    ("exc", "error", "kind"),
-    [
-        pytest.param(httpx.ConnectError("refused"), UpstreamConnectError, "connect", id="connect"),
-        pytest.param(httpx.ConnectTimeout("slow"), UpstreamTimeout, "timeout", id="connect-timeout"),
-        pytest.param(httpx.ReadTimeout("silent"), UpstreamTimeout, "timeout", id="read-timeout"),
-        pytest.param(httpx.RemoteProtocolError("cut"), UpstreamBroken, "read", id="broken"),
-    ],
-)
-async def test_transport_failures_become_upstream_errors_naming_the_endpoint(
-    exc: Exception, error: type[UpstreamError], kind: str
+async def test_a_refused_connection_is_a_connect_error_naming_the_endpoint(
+    session: aiohttp.ClientSession,
 ) -> None:
-    proxy, client = upstream(raising(exc))
-    async with client:
-        with pytest.raises(error, match=re.escape("10.0.0.1:8000")) as caught:
-            await proxy.open(ENGINE, call())
-    assert caught.value.kind == kind
+    engine = Endpoint("decode", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(UpstreamConnectError, match=re.escape(engine.name)) as caught:
+        await HTTPUpstream(session, ProxySettings()).open(engine, call())
+    assert caught.value.kind == "connect"
 
 
-async def test_the_body_is_sent_as_compact_json_with_the_request_id() -> None:
-    seen: list[httpx.Request] = []
+async def test_an_engine_that_never_answers_is_a_timeout(session: aiohttp.ClientSession) -> None:
+    async def silent(request: bytes, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"ok": True})
+    async with raw_engine(silent) as engine:
+        with pytest.raises(UpstreamTimeout) as caught:
+            await HTTPUpstream(session, ProxySettings()).open(
+                Endpoint("decode", engine.url), call(read_timeout_s=0.2)
+            )
+    assert caught.value.kind == "timeout"
 
-    proxy, client = upstream(handler)
-    async with client:
-        reply = await proxy.open(ENGINE, call())
-    [request] = seen
-    assert str(request.url) == "http://10.0.0.1:8000/v1/completions"
-    assert request.content == '{"model":"qwen","prompt":"é","stream":false}'.encode()
-    assert request.headers["x-request-id"] == "r1"
-    assert request.headers["accept-encoding"] == "identity"
+
+async def test_the_body_goes_as_given_with_the_request_id_and_no_compression(
+    session: aiohttp.ClientSession,
+) -> None:
+    async def ok(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response(200, b'{"ok": true}'))
+
+    async with raw_engine(ok) as engine:
+        reply = await HTTPUpstream(session, ProxySettings()).open(Endpoint("decode", engine.url), call())
+        reply.close()
+    [request] = engine.requests
+    head, _, body = request.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/completions HTTP/1.1")
+    assert body == '{"model":"qwen","prompt":"é"}'.encode()
+    headers = {
+        k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:])
+    }
+    assert headers[b"x-request-id"] == b"r1"
+    assert headers[b"accept-encoding"] == b"identity"
+    assert headers[b"content-type"] == b"application/json"
     assert (reply.status, reply.streaming, json.loads(reply.head)) == (200, False, {"ok": True})
 
 
-async def test_a_5xx_is_an_upstream_status_error_with_the_engines_words() -> None:
-    proxy, client = upstream(lambda r: httpx.Response(503, text="engine overloaded"))
-    async with client:
+async def test_a_5xx_is_an_upstream_status_error_with_the_engines_words(
+    session: aiohttp.ClientSession,
+) -> None:
+    async def overloaded(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response(503, b"engine overloaded", content_type=b"text/plain"))
+
+    async with raw_engine(overloaded) as engine:
         with pytest.raises(UpstreamStatusError, match="answered 503: engine overloaded") as caught:
-            await proxy.open(ENGINE, call())
+            await HTTPUpstream(session, ProxySettings()).open(Endpoint("decode", engine.url), call())
     assert caught.value.upstream_status == 503
 
 
-async def test_a_4xx_to_a_streaming_call_is_buffered_whole() -> None:
-    proxy, client = upstream(lambda r: httpx.Response(400, json={"error": {"message": "bad"}}))
-    async with client:
-        reply = await proxy.open(ENGINE, call(stream=True))
+async def test_a_4xx_to_a_streaming_call_is_buffered_whole(session: aiohttp.ClientSession) -> None:
+    async def bad(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response(400, b'{"error": {"message": "bad"}}'))
+
+    async with raw_engine(bad) as engine:
+        reply = await HTTPUpstream(session, ProxySettings()).open(
+            Endpoint("decode", engine.url), call(stream=True)
+        )
     assert (reply.status, reply.streaming) == (400, False)
     assert json.loads(reply.head) == {"error": {"message": "bad"}}
 
 
-async def chunks(parts: list[bytes], *, fail_after: int | None = None) -> AsyncIterator[bytes]:
-    for i, part in enumerate(parts):
-        if fail_after is not None and i == fail_after:
-            raise httpx.ReadError("connection reset")
-        yield part
+PARTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
 
 
-async def test_a_stream_has_its_first_chunk_as_head_and_the_rest_as_they_come() -> None:
-    parts = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
-    proxy, client = upstream(lambda r: httpx.Response(200, content=chunks(parts)))
-    async with client:
-        reply = await proxy.open(ENGINE, call(stream=True))
-        rest = [chunk async for chunk in reply.rest()]
-        await reply.aclose()
-    assert reply.streaming
-    assert [reply.head, *rest] == parts
+async def test_a_stream_has_its_first_chunk_as_head_the_rest_as_they_come_and_its_connection_is_reused(
+    session: aiohttp.ClientSession,
+) -> None:
+    async def stream(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(chunked_head())
+        for part in PARTS:
+            writer.write(chunk(part))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+
+    upstream = HTTPUpstream(session, ProxySettings())
+    async with raw_engine(stream) as engine:
+        for _ in range(2):
+            reply = await upstream.open(Endpoint("decode", engine.url), call(stream=True))
+            rest = [c async for c in reply.chunks()]
+            assert reply.ended()
+            reply.close()
+            assert reply.streaming and b"".join([reply.head, *rest]) == b"".join(PARTS)
+    assert engine.connections == 1  # read to its end, the connection went back to the pool
 
 
-async def test_a_stream_that_breaks_raises_upstream_broken_from_rest() -> None:
-    parts = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
-    proxy, client = upstream(lambda r: httpx.Response(200, content=chunks(parts, fail_after=2)))
-    async with client:
-        reply = await proxy.open(ENGINE, call(stream=True))
-        received = [reply.head]
-        with pytest.raises(UpstreamBroken, match="connection reset"):
-            async for chunk in reply.rest():
-                received.append(chunk)
-        await reply.aclose()
-    assert received == parts[:2]
+async def test_a_stream_that_breaks_raises_upstream_broken(session: aiohttp.ClientSession) -> None:
+    async def dies(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(chunked_head() + chunk(PARTS[0]))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(chunk(PARTS[1])[:5])  # half a chunk, then the engine is gone
+        await writer.drain()
+        writer.transport.abort()
+
+    async with raw_engine(dies) as engine:
+        reply = await HTTPUpstream(session, ProxySettings()).open(
+            Endpoint("decode", engine.url), call(stream=True)
+        )
+        with pytest.raises(UpstreamBroken, match=re.escape(engine.url.removeprefix("http://"))):
+            async for _ in reply.chunks():
+                pass
+        reply.close()
 
 
-async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_reasons() -> None:
-    hits: list[str] = []
+async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_reasons(
+    session: aiohttp.ClientSession,
+) -> None:
+    async def broken(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response(500, b"this engine is broken", content_type=b"text/plain"))
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        hits.append(str(request.url.host))
-        return httpx.Response(500, text=f"{request.url.host} is broken")
-
-    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
-    registry.set_pool("decode", [f"http://10.0.0.{i}:8000" for i in (1, 2, 3)])
-    metrics = RouterMetrics(CollectorRegistry(), registry)
-    proxy, client = upstream(handler)
-    dispatcher = Dispatcher(
-        registry=registry, scheduler=RoundRobin(), upstream=proxy, metrics=metrics, retries=1
-    )
-    view = RequestView(
-        request_id="r", route=Route.COMPLETIONS, model="qwen", tenant="t", stream=False, body={}
-    )
-    async with client:
+    async with raw_engine(broken) as one, raw_engine(broken) as two, raw_engine(broken) as three:
+        urls = sorted([one.url, two.url, three.url])
+        registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
+        registry.set_pool("decode", urls)
+        dispatcher = Dispatcher(
+            registry=registry,
+            scheduler=RoundRobin(),
+            upstream=HTTPUpstream(session, ProxySettings()),
+            metrics=RouterMetrics(CollectorRegistry(), registry),
+            retries=1,
+        )
         with pytest.raises(NoEndpointAvailable) as caught:
-            await dispatcher.open("decode", request=view, call=call())
-    assert hits == ["10.0.0.1", "10.0.0.2"]
-    assert "10.0.0.1 is broken" in caught.value.message
-    assert "10.0.0.2 is broken" in caught.value.message
+            await dispatcher.open("decode", request=RequestView(request_id="r"), call=call())
+        hits = [len(e.requests) for e in sorted((one, two, three), key=lambda e: e.url)]
+    assert hits == [1, 1, 0]
+    assert caught.value.message.count("this engine is broken") == 2
     assert [s.consecutive_failures for s in registry.snapshots("decode")] == [1, 1, 0]
     assert [s.in_flight for s in registry.snapshots("decode")] == [0, 0, 0]

@@ -1,8 +1,8 @@
-"""Token counting for fair-queue charges: prompt tokens, the usage request, and the SSE tap.
+"""Token counting for fair-queue charges: the usage request, and the SSE tap (its byte-count fast
+path and its per-event path give the same counts).
 
-Pure: request models and byte strings in, counts and bytes out. The prompt counts are checked
-against the simulator's own request preparation (`tandem.sim.protocol.prepare`), so "exact for the
-simulator" is tested, not assumed. Nothing is faked.
+Pure: byte strings in, counts and bytes out. Nothing is faked. (Prompt tokens are tested in
+tests/core/test_modeltokens.py.)
 """
 
 from __future__ import annotations
@@ -12,43 +12,8 @@ from typing import Any
 
 import pytest
 
-from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
-from tandem.router.upstream.usage import SSETap, Usage, prompt_token_ids, request_usage, usage_from_body
-from tandem.sim.protocol import prepare
-
-CHAT = {
-    "model": "m",
-    "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]},
-    ],
-}
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        {"model": "m", "prompt": "Once upon a time, in a land far away"},
-        {"model": "m", "prompt": ["only one prompt"]},
-        {"model": "m", "prompt": [101, 202, 303]},
-        CHAT,
-    ],
-    ids=["text", "list-of-one", "token-ids", "chat"],
-)
-def test_prompt_tokens_match_what_the_simulator_computes(body: dict[str, Any]) -> None:
-    request = (
-        ChatCompletionRequest.model_validate(body)
-        if "messages" in body
-        else CompletionRequest.model_validate(body)
-    )
-    assert (
-        prompt_token_ids(request) == prepare(request, served_model="m", max_model_len=4096).prompt_token_ids
-    )
-
-
-def test_several_prompts_are_counted_together() -> None:
-    request = CompletionRequest.model_validate({"model": "m", "prompt": ["a b", "c"]})
-    assert len(prompt_token_ids(request)) == 3
+from tandem.router.types import Usage
+from tandem.router.upstream.usage import SSETap, request_usage, usage_from_body
 
 
 @pytest.mark.parametrize(

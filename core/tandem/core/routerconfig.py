@@ -90,3 +90,10 @@ class RouterConfig(SpecModel):
         description="API key table (`key: tenant` lines; the mounted apiKeysSecret). Given: every /v1 "
         "request needs a key from it (docs/security.md).",
     )
+    tokenizer_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Directory holding the model's tokenizer.json (and tokenizer_config.json): the "
+        "gateway counts and hashes prompts in the model's own tokens. Unset: the simulator's tokenizer, "
+        "exact for engine.kind sim and an estimate for real engines (docs/router.md, 'Prompt tokens').",
+    )

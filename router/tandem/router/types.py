@@ -1,15 +1,17 @@
-"""The router's shared vocabulary: pools, endpoints, routes and the read-only request view.
+"""The router's shared vocabulary: pools, endpoints, routes, SLOs and a token-backed request view.
 
 Pure data; imports nothing from the web or I/O stack so scheduling policies can depend on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlsplit
+
+from tandem.core.blockhash import block_keys
 
 Pool = Literal["prefill", "decode"]
 POOLS: tuple[Pool, ...] = ("prefill", "decode")
@@ -96,23 +98,43 @@ class SLO:
     tpot_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestView:
-    """A validated generation request as policies see it. `body` is the client's JSON, read-only
-    by contract (policies must not mutate it); `tenant` is the fairness header's value or "default".
+DEFAULT_SLO = SLO(ttft_s=1.0, tpot_s=0.05)
 
-    `prompt_token_ids`: the prompt as `tandem.core.tokenizer` encodes it (chat messages through its
-    ChatML template): exact for the simulator, an estimate for other engines; empty when unknown.
-    `priority`: the `x-priority` band (higher first). `slo`: from `x-slo-ttft-ms`/`x-slo-tpot-ms` or
-    the InferenceService's defaults (None only where a caller built the view without one).
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts from an engine's `usage` object (None where absent or malformed)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestView:
+    """A request with known prompt tokens, as scheduling, admission and P/D see one: what the
+    gateway's own `RequestContext` provides lazily, built here from a token list (tools, tests).
+
+    `tenant` is the fairness header's value or "default"; `priority` the band (higher first); `slo`
+    the objectives; `kv_loaded` whether a prefill succeeded (the decode engine loads the KV).
     """
 
     request_id: str
-    route: Route
-    model: str
-    tenant: str
-    stream: bool
-    body: Mapping[str, Any]
+    route: Route = Route.COMPLETIONS
+    tenant: str = "default"
     prompt_token_ids: tuple[int, ...] = ()
     priority: int = 0
-    slo: SLO | None = None
+    slo: SLO = DEFAULT_SLO
+    kv_loaded: bool = False
+    _keys: dict[int, list[int]] = field(default_factory=dict, repr=False)
+
+    def prompt_tokens(self) -> Sequence[int]:
+        return self.prompt_token_ids
+
+    def prompt_length(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def block_keys(self, block_size: int) -> Sequence[int]:
+        keys = self._keys.get(block_size)
+        if keys is None:
+            keys = self._keys[block_size] = block_keys(self.prompt_token_ids, block_size)
+        return keys

@@ -1,8 +1,8 @@
 """Access control at the gateway: who is calling (API keys → tenants) and how much they may send
 (per-tenant rate limits), with their metrics.
 
-`load_key_file` runs in `create_app` (a bad key file stops start-up with one line); `build_access`
-in the lifespan builds the rest.
+The composition root reads the key file (a bad one stops start-up with one line) and calls
+`build_access` for the rest.
 
 Metrics (docs/router.md):
 - `tandem_router_auth_failures_total{reason}`: 401s; `reason` is `missing` or `invalid`.
@@ -17,20 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tandem.core.routerconfig import RouterConfig
-from tandem.core.spec import RateLimitSpec
+from tandem.core.spec import RateLimitSpec, RouterSpec
 from tandem.router.admission.metrics import TenantLabels
 from tandem.router.admission.ratelimit import Limits, RateLimiter
-from tandem.router.errors import ConfigurationError, RateLimited
+from tandem.router.errors import RateLimited
 from tandem.router.identity.auth.gate import AuthFailure, KeyAuth
 from tandem.router.identity.auth.keyfile import KeyFile
-from tandem.router.identity.auth.keys import KeyTableError
 from tandem.router.identity.headers import HeaderTenant, TenantResolver
 from tandem.router.settings import RouterSettings
 
@@ -52,8 +49,9 @@ class Access:
     rate_limited: Counter
     labels: TenantLabels
 
-    def admit(self, tenant: str, *, prompt_tokens: int) -> None:
-        """Take the request from the tenant's rate limits; raises `RateLimited` (429)."""
+    def admit(self, tenant: str, *, prompt_tokens: Callable[[], int]) -> None:
+        """Take the request from the tenant's rate limits; raises `RateLimited` (429).
+        `prompt_tokens()` is called only when a token limit needs the count."""
         refusal = self.limiter.admit(tenant, prompt_tokens=prompt_tokens)
         if refusal is None:
             return
@@ -65,26 +63,18 @@ class Access:
             retry_after_s=refusal.retry_after_s,
         )
 
-
-def load_key_file(config: RouterConfig, settings: RouterSettings) -> KeyFile | None:
-    """The API key file of `config` (None: auth off). Raises `ConfigurationError` when the spec
-    enables auth without a key file, or when the file cannot be read or parsed."""
-    if config.api_keys_file is None:
-        if config.spec.router.auth.enabled:
-            raise ConfigurationError(
-                "spec.router.auth.enabled is true but no API key file is configured "
-                "(apiKeysFile in the config, or --api-keys-file)"
-            )
-        return None
-    try:
-        return KeyFile(Path(config.api_keys_file), interval_s=settings.access.api_keys_reload_seconds)
-    except KeyTableError as exc:
-        raise ConfigurationError(f"API keys: {exc}") from None
+    def output_charge(self, tenant: str) -> Callable[[int], None] | None:
+        """What to call with each output token counted for `tenant` (its token bucket), or None
+        when the tenant has no token limit."""
+        limiter = self.limiter
+        if limiter.limits(tenant).tokens_per_minute is None:
+            return None
+        return lambda tokens: limiter.charge(tenant, tokens)
 
 
 def build_access(
     *,
-    config: RouterConfig,
+    router: RouterSpec,
     settings: RouterSettings,
     key_file: KeyFile | None,
     prometheus: CollectorRegistry,
@@ -92,7 +82,6 @@ def build_access(
 ) -> Access:
     """The access layer: key authentication when `key_file` is given (else the tenant header),
     and the rate limiter of `spec.router.rateLimits` / `spec.router.tenants[].rateLimits`."""
-    router = config.spec.router
     limiter = RateLimiter(
         default=_limits(router.rate_limits),
         per_tenant={t.name: _limits(t.rate_limits) for t in router.tenants if t.rate_limits is not None},

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tandem.router.admission.fairness.vtc import QueueFull, Ticket, VTCQueue
 from tandem.router.admission.metrics import AdmissionMetrics
@@ -39,8 +40,8 @@ from tandem.router.admission.policy import (
     slo_out_of_reach,
 )
 from tandem.router.errors import Overloaded
-from tandem.router.types import SLO, EndpointSnapshot, RequestView
-from tandem.router.upstream.usage import Usage
+from tandem.router.scheduling.base import Routable
+from tandem.router.types import SLO, EndpointSnapshot, Usage
 
 _MESSAGES = {
     "queue_full": "the router's queue is full ({queued} requests waiting); retry later",
@@ -51,11 +52,21 @@ _MESSAGES = {
 }
 
 
+class Admittable(Routable, Protocol):
+    """A request as admission reads it: a `Routable` with its tenant and priority band."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+
 @dataclass(eq=False)
 class Waiter:
     """A request waiting in the queue (the fair queue's item)."""
 
-    request: RequestView
+    request: Admittable
     slo: SLO
     arrived: float
     deadline: float
@@ -115,7 +126,6 @@ class AdmissionGate:
         predictor: TTFTPredictor,
         metrics: AdmissionMetrics,
         clock: Callable[[], float],
-        default_slo: SLO,
         max_queue_wait_s: float,
         poll_s: float = 0.25,
     ) -> None:
@@ -126,7 +136,6 @@ class AdmissionGate:
         self._predictor = predictor
         self._metrics = metrics
         self._clock = clock
-        self._default_slo = default_slo
         self._max_wait = max_queue_wait_s
         self._poll_s = poll_s
         self._drain = DrainMeter()
@@ -135,11 +144,11 @@ class AdmissionGate:
     def capacity(self) -> int | None:
         return self._capacity()
 
-    async def admit(self, request: RequestView) -> Grant:
+    async def admit(self, request: Admittable) -> Grant:
         """Wait for dispatch capacity; raises `Overloaded` (429). Cancelling the caller withdraws
         the request without charging it."""
         now = self._clock()
-        slo = request.slo or self._default_slo
+        slo = request.slo
         self._metrics.seen(request.tenant)
         if self._capacity() is None:
             self.admitted += 1
@@ -158,7 +167,7 @@ class AdmissionGate:
             waiter.ticket = self.queue.push(
                 waiter,
                 tenant=request.tenant,
-                prompt_tokens=len(request.prompt_token_ids),
+                prompt_tokens=request.prompt_length(),
                 priority=request.priority,
             )
         except QueueFull:
@@ -200,7 +209,7 @@ class AdmissionGate:
 
     def _grant(self, waiter: Waiter, *, now: float) -> None:
         request = waiter.request
-        prompt_tokens = len(request.prompt_token_ids)
+        prompt_tokens = request.prompt_length()
         self.admitted += 1
         self._drain.record(now)
         self._metrics.served(request.tenant, prompt=prompt_tokens)

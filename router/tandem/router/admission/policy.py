@@ -36,7 +36,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tandem.router.types import EndpointSnapshot, RequestView
+from tandem.router.scheduling.base import Routable
+from tandem.router.types import EndpointSnapshot
 
 DEFAULT_RETRY_AFTER_S = 5
 MAX_RETRY_AFTER_S = 60
@@ -106,14 +107,14 @@ class TTFTPredictor(Protocol):
     """
 
     def predicted_ttft(
-        self, request: RequestView, candidates: Sequence[EndpointSnapshot], /
+        self, request: Routable, candidates: Sequence[EndpointSnapshot], /
     ) -> float | None: ...
 
 
 class NoPrediction:
     """The conservative default: never predicts, so nothing is rejected early."""
 
-    def predicted_ttft(self, request: RequestView, candidates: Sequence[EndpointSnapshot], /) -> float | None:
+    def predicted_ttft(self, request: Routable, candidates: Sequence[EndpointSnapshot], /) -> float | None:
         return None
 
 

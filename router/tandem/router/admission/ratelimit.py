@@ -11,7 +11,10 @@ starts with full buckets, so it may burst one minute's allowance and is then hel
   That debt is repaid by refill before the tenant's next request passes. Nothing is reserved for
   `max_tokens` and nothing is refunded.
 - A request is admitted only when *both* buckets have enough; then both are debited. Otherwise nothing
-  is taken and the refusal says which bucket is short and when it will have enough:
+  is taken and the refusal says which bucket is short and when it will have enough. The prompt is
+  counted (tokenized) only when it must be: not for a tenant without a token limit, and not when the
+  buckets already refuse a one-token request (an exhausted tenant's flood costs no tokenizing; such
+  a refusal's wait is that of a one-token request, a lower bound):
   `retry_after_s = ceil((needed - level) / rate)`, at least 1. Worked example: 60 requests per minute
   (1 per second), bucket at 0.25 → a request needs 0.75 more → Retry-After 1 s; 6000 tokens per minute
   (100/s), bucket at -450 after a long answer, prompt 50 tokens → (50 + 450) / 100 = 5 s.
@@ -118,19 +121,26 @@ class RateLimiter:
         """Tenants with buckets held now."""
         return len(self._tenants)
 
-    def admit(self, tenant: str, *, prompt_tokens: int) -> Refusal | None:
-        """Take one request and `prompt_tokens` tokens from `tenant`'s buckets, or take nothing and
-        say why not."""
+    def admit(self, tenant: str, *, prompt_tokens: Callable[[], int]) -> Refusal | None:
+        """Take one request and the prompt's tokens from `tenant`'s buckets, or take nothing and
+        say why not. `prompt_tokens()` counts the prompt; it is called only when a token bucket
+        has at least one token for it (module docstring)."""
         buckets = self._buckets(tenant)
         if buckets is None:
             return None
-        refusal = _refusal(buckets, prompt_tokens)
-        if refusal is None:
-            if buckets.requests is not None:
-                buckets.requests.take(1)
-            if buckets.tokens is not None:
-                buckets.tokens.take(prompt_tokens)
-        return refusal
+        refusal = _refusal(buckets, 1)
+        if refusal is not None:
+            return refusal
+        tokens = prompt_tokens() if buckets.tokens is not None else 0
+        if tokens > 1:
+            refusal = _refusal(buckets, tokens)
+            if refusal is not None:
+                return refusal
+        if buckets.requests is not None:
+            buckets.requests.take(1)
+        if buckets.tokens is not None:
+            buckets.tokens.take(tokens)
+        return None
 
     def charge(self, tenant: str, tokens: int) -> None:
         """Output tokens of an admitted request, as they stream (may leave the bucket in debt)."""

@@ -17,14 +17,14 @@ from typing import Any
 from tandem.core.spec import ModelSpec
 from tandem.router.errors import UpstreamError
 from tandem.router.types import Endpoint
-from tandem.router.upstream.client import Upstream
+from tandem.router.upstream.client import HTTPUpstream
 
 log = logging.getLogger(__name__)
 
 
 async def list_models(
     *,
-    upstream: Upstream,
+    upstream: HTTPUpstream,
     endpoints: Sequence[Endpoint],
     model: ModelSpec,
     created: int,
@@ -50,7 +50,9 @@ async def list_models(
     return {"object": "list", "data": list(merged.values())}
 
 
-async def _engine_models(upstream: Upstream, endpoint: Endpoint, *, timeout_s: float) -> list[dict[str, Any]]:
+async def _engine_models(
+    upstream: HTTPUpstream, endpoint: Endpoint, *, timeout_s: float
+) -> list[dict[str, Any]]:
     try:
         answer = await upstream.get_json(endpoint, "/v1/models", timeout_s=timeout_s)
     except (UpstreamError, ValueError) as exc:

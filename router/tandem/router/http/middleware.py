@@ -1,9 +1,9 @@
-"""Per-request context for every HTTP request: the request id, the request metrics and the one
-log line per request. A pure ASGI middleware, so it sees streamed responses end (or break).
+"""Request ids, metrics and a debug log line for the side routes (`/v1/models`, `/health`,
+`/metrics`, `/openapi.json`, unknown paths): a pure ASGI middleware around the side app. Generation
+requests are counted by the gateway's own shell (`http.server`) instead.
 
-Request id: the client's `x-request-id` when given, else a new uuid4 hex; it is set in
-`tandem.core.logs.REQUEST_ID` for the request's whole life, sent upstream by the gateway, and
-added to every response.
+The client's `x-request-id` is echoed when it is valid (`identity.request_id`), else a new id is used;
+it is set in `tandem.core.logs.REQUEST_ID` while the request runs.
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tandem.core.logs import REQUEST_ID
+from tandem.router.identity.request_id import ALLOWED, MAX_LENGTH
 from tandem.router.observe.metrics import RouterMetrics
-from tandem.router.observe.report import RequestReport
-from tandem.router.types import Route
 
 log = logging.getLogger("tandem.router")
 
 #: Route label values; any other path is reported as "other" (bounded label cardinality).
-KNOWN_ROUTES = frozenset({*(r.value for r in Route), "/v1/models", "/health", "/metrics", "/openapi.json"})
-GENERATION_ROUTES = frozenset(r.value for r in Route)
+KNOWN_ROUTES = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json"}
+)
 
 
-class RequestContextMiddleware:
-    """Wraps the app; `metrics_for(scope)` finds the app's metrics in the lifespan state (None
+class SideRouteMiddleware:
+    """Wraps the side app; `metrics_for(scope)` finds the app's metrics in the lifespan state (None
     before start-up), `clock` gives seconds for durations."""
 
     def __init__(
@@ -46,51 +46,30 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        request_id = Headers(scope=scope).get("x-request-id") or uuid.uuid4().hex
+        given = Headers(scope=scope).get("x-request-id")
+        valid = given is not None and len(given) <= MAX_LENGTH and ALLOWED.fullmatch(given) is not None
+        request_id = given if valid and given is not None else uuid.uuid4().hex
         path = scope["path"]
-        report = RequestReport(
-            request_id=request_id,
-            route=path if path in KNOWN_ROUTES else "other",
-            started=self._clock(),
-        )
-        scope.setdefault("state", {})["report"] = report
-        completed = False
+        route = path if path in KNOWN_ROUTES else "other"
+        started = self._clock()
+        status = 500
 
-        async def send_with_context(message: Message) -> None:
-            nonlocal completed
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                report.status = message["status"]
+                status = message["status"]
                 headers = MutableHeaders(scope=message)
                 if "x-request-id" not in headers:
                     headers.append("x-request-id", request_id)
-            elif message["type"] == "http.response.body":
-                if message.get("body") and report.first_byte is None:
-                    report.first_byte = self._clock()
-                completed = not message.get("more_body", False)
             await send(message)
 
         token = REQUEST_ID.set(request_id)
         try:
-            await self._app(scope, receive, send_with_context)
+            await self._app(scope, receive, send_with_id)
         finally:
-            report.client_disconnected = report.status is not None and not completed
-            self._finish(scope, report)
+            duration = self._clock() - started
+            metrics = self._metrics_for(scope)
+            if metrics is not None:
+                metrics.observe_request(route, status, duration_s=duration, ttfb_s=None)
+            log.debug("request", extra={"route": route, "status": status, "duration_s": round(duration, 4)})
             REQUEST_ID.reset(token)
-
-    def _finish(self, scope: Scope, report: RequestReport) -> None:
-        now = self._clock()
-        status = report.status if report.status is not None else 500
-        report.status = status
-        metrics = self._metrics_for(scope)
-        if metrics is not None:
-            metrics.requests.labels(route=report.route, status=str(status)).inc()
-            metrics.request_duration.labels(route=report.route).observe(now - report.started)
-            if report.route in GENERATION_ROUTES and report.first_byte is not None:
-                metrics.time_to_first_byte.labels(route=report.route).observe(
-                    report.first_byte - report.started
-                )
-        if report.route in GENERATION_ROUTES:
-            level = logging.WARNING if status >= 500 else logging.INFO
-        else:
-            level = logging.DEBUG
-        log.log(level, "request", extra=report.fields(now=now))

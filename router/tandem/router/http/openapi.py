@@ -1,8 +1,8 @@
 """The gateway's OpenAPI document (`GET /openapi.json`): the real request bodies and error shape.
 
-The generation handlers read the raw body themselves (to forward it unchanged and answer errors in
-OpenAI's shape), so FastAPI cannot infer their bodies; this module describes them from the same
-pydantic models that validate them (`tandem.core.openai_api`), with `model` limited to the names
+The generation routes are served by the gateway's own ASGI shell, not by FastAPI, so this module
+adds them to the document, describing their bodies from the same pydantic models that validate
+them (`tandem.core.openai_api`), with `model` limited to the names
 this gateway serves. Every error answer is OpenAI's `{"error": {...}}` object. With auth on, the
 `/v1` operations declare the bearer key (`/health`, `/metrics`, `/openapi.json` stay open).
 Schemathesis fuzzes the gateway from this document (tests/fuzz).
@@ -75,7 +75,9 @@ def _describe(schema: dict[str, Any], *, served: list[str], auth: bool) -> None:
     paths = schema["paths"]
     for path, (model, summary) in _GENERATION.items():
         _request_schema(model, components, served)
-        operation = paths[path]["post"]
+        operation = paths.setdefault(path, {}).setdefault(
+            "post", {"operationId": path.strip("/").replace("/", "_")}
+        )
         operation["summary"] = summary
         operation["requestBody"] = {
             "required": True,

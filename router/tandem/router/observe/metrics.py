@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -91,6 +92,22 @@ class RouterMetrics:
             registry=registry,
         )
         registry.register(EndpointCollector(endpoints))
+        self._request_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+
+    def observe_request(self, route: str, status: int, *, duration_s: float, ttfb_s: float | None) -> None:
+        """Count one answered HTTP request (label children cached: this runs per request)."""
+        children = self._request_children.get((route, status))
+        if children is None:
+            children = self._request_children[(route, status)] = (
+                self.requests.labels(route=route, status=str(status)),
+                self.request_duration.labels(route=route),
+                self.time_to_first_byte.labels(route=route),
+            )
+        requests, duration, ttfb = children
+        requests.inc()
+        duration.observe(duration_s)
+        if ttfb_s is not None:
+            ttfb.observe(ttfb_s)
 
 
 class EndpointCollector(Collector):

@@ -38,20 +38,34 @@ another prefill endpoint: decode-only is the cheaper recovery.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+import orjson
 
 from tandem.kvpool.index import KVPoolIndex
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.errors import UpstreamError, UpstreamTimeout
 from tandem.router.pd.handoff import decode_body, kv_params_from_prefill, prefill_body
-from tandem.router.types import Endpoint, RequestView
+from tandem.router.scheduling.base import Routable
+from tandem.router.types import Endpoint, Route
 from tandem.router.upstream.client import UpstreamCall
 from tandem.router.upstream.dispatch import Dispatcher
 
 DisaggregationMode = Literal["always", "auto", "off"]
+
+
+class PDRequest(Routable, Protocol):
+    """A request as the P/D step reads it: a `Routable` with its route, body and prompt tokens."""
+
+    @property
+    def route(self) -> Route: ...
+
+    @property
+    def body(self) -> Mapping[str, Any]: ...
+
+    def prompt_tokens(self) -> Sequence[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +118,7 @@ class Prefiller:
     timeout_s: float
     clock: Callable[[], float]
 
-    async def prefill(self, request: RequestView, *, headers: Mapping[str, str]) -> PrefillOutcome:
+    async def prefill(self, request: PDRequest, *, headers: Mapping[str, str]) -> PrefillOutcome:
         started = self.clock()
         endpoint, params, fallback = await self._run(request, headers=headers)
         outcome = PrefillOutcome(
@@ -122,7 +136,7 @@ class Prefiller:
         return outcome
 
     async def _run(
-        self, request: RequestView, *, headers: Mapping[str, str]
+        self, request: PDRequest, *, headers: Mapping[str, str]
     ) -> tuple[Endpoint | None, dict[str, Any] | None, str | None]:
         registry = self.dispatcher.registry
         candidates = registry.candidates("prefill")
@@ -141,24 +155,24 @@ class Prefiller:
         if body is None:
             return endpoint, None, "rejected"
         try:
-            answer = json.loads(body)
+            answer = orjson.loads(body)
         except ValueError:
             return endpoint, None, "invalid_response"
         return endpoint, kv_params_from_prefill(answer), None
 
     async def _exchange(
-        self, endpoint: Endpoint, *, request: RequestView, headers: Mapping[str, str]
+        self, endpoint: Endpoint, *, request: PDRequest, headers: Mapping[str, str]
     ) -> bytes | None:
         """The prefill answer's body, or None for a 4xx. Raises `UpstreamError` (recorded)."""
         call = UpstreamCall(
             path=request.route.value,
-            body=prefill_body(request.body),
+            body=orjson.dumps(prefill_body(request.body)),
             headers=headers,
             stream=False,
             read_timeout_s=self.timeout_s,
         )
         attempt = await self.dispatcher.attempt(endpoint, call, request=request)
-        await attempt.finish()
+        attempt.finish()
         return attempt.reply.head if attempt.reply.status < 400 else None
 
 
@@ -189,7 +203,7 @@ class Disaggregator:
     prefix: PrefixSource | None = None
 
     async def run(
-        self, request: RequestView, *, decode: Endpoint | None, headers: Mapping[str, str]
+        self, request: PDRequest, *, decode: Endpoint | None, headers: Mapping[str, str]
     ) -> PDOutcome:
         """Decide, prefill and wait for the KV; never raises because of prefill or the pool."""
         decision = await self._decide(request, decode=decode)
@@ -223,7 +237,7 @@ class Disaggregator:
             barrier_s=barrier_s,
         )
 
-    async def _decide(self, request: RequestView, *, decode: Endpoint | None) -> PDDecision:
+    async def _decide(self, request: PDRequest, *, decode: Endpoint | None) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
         available: int | None = 0
         if self.mode == "auto" and members:
@@ -231,26 +245,25 @@ class Disaggregator:
         return decide(
             self.mode,
             prefill_members=members,
-            prompt_tokens=len(request.prompt_token_ids),
+            prompt_tokens=request.prompt_length(),
             available_tokens=available,
             min_uncached_tokens=self.min_uncached_tokens,
         )
 
-    async def _available_tokens(self, request: RequestView, *, decode: Endpoint | None) -> int | None:
-        prompt = request.prompt_token_ids
+    async def _available_tokens(self, request: PDRequest, *, decode: Endpoint | None) -> int | None:
         local = 0
         if self.prefix is not None and decode is not None:
-            local = self.prefix.match([decode.url], prompt).get(decode.url, 0)
+            local = self.prefix.match([decode.url], request).get(decode.url, 0)
         if self.pool is None:
             return local
-        pooled = await self.pool.cached_prefix_tokens(prompt)
+        pooled = await self.pool.cached_prefix_tokens(request.prompt_tokens())
         return None if pooled is None else max(local, pooled)
 
-    async def _barrier(self, request: RequestView) -> tuple[float | None, str | None]:
+    async def _barrier(self, request: PDRequest) -> tuple[float | None, str | None]:
         """(seconds waited, fallback reason or None); no pool → nothing to wait for."""
         if self.pool is None:
             return None, None
-        result = await self.pool.wait_for_prompt(request.prompt_token_ids, timeout_s=self.barrier_timeout_s)
+        result = await self.pool.wait_for_prompt(request.prompt_tokens(), timeout_s=self.barrier_timeout_s)
         metrics = self.prefiller.dispatcher.metrics
         metrics.pd_kv_barrier_wait.labels(outcome=result.outcome).observe(result.waited_s)
         if result.outcome == "ok":

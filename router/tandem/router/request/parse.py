@@ -1,35 +1,79 @@
-"""Reading a client's generation request: JSON object → validated OpenAI request → served model.
+"""Reading a client's generation request: its JSON body, parsed once, validated, and cleaned of the
+fields only the gateway may set.
 
-Validation uses `tandem.core.openai_api`'s models, which keep unknown fields; the router forwards
-the client's parsed JSON, not the model, so vLLM extensions pass through untouched.
+1. **Body**: at most `max_request_bytes` (413 beyond, before reading it all when `content-length`
+   says so), a JSON object (`orjson`: invalid JSON, `NaN`/`Infinity` and non-objects are 400).
+2. **Validation**: `tandem.core.openai_api`'s models, which keep unknown fields; the gateway forwards
+   the client's parsed JSON, not the model, so vLLM extensions pass through untouched.
+3. **Model**: the served name or the model name, else 404 in vLLM's words.
+4. **Hygiene**: `STEERING_FIELDS` are dropped from the body. They steer an engine's internals (the
+   P/D handoff's `kv_transfer_params`, vLLM's scheduler `priority`, the engine's own `request_id`)
+   and only the gateway sets them: a client's `kv_transfer_params` would otherwise reach a decode
+   engine on the decode-only paths, and a client `priority` would jump the engine's queue past the
+   tenant bands of the gateway's fair queue.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest, validation_message
-from tandem.core.spec import ModelSpec
-from tandem.router.errors import InvalidRequest, ModelNotFound
+from tandem.router.errors import ClientDisconnected, InvalidRequest, ModelNotFound, RequestTooLarge
 from tandem.router.types import Route
 
 GenerationRequest = CompletionRequest | ChatCompletionRequest
+#: Fields only the gateway sets; dropped from client bodies (module docstring).
+STEERING_FIELDS = ("kv_transfer_params", "priority", "request_id")
+#: Most characters of prompt text kept for the log line (`logPrompts`).
+MAX_PROMPT_CHARS = 16_384
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not valid JSON")
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A generation request's cleaned body, its model and whether it streams."""
+
+    body: dict[str, Any]
+    model: str
+    stream: bool
+
+
+def parse_generation(route: Route, raw: bytes, *, accepted: Collection[str]) -> Parsed:
+    """Steps 1-4 of the module docstring for a body already read; raises `InvalidRequest` (400),
+    `ModelNotFound` (404)."""
+    body = parse_json_object(raw)
+    validated = validate_generation(route, body)
+    check_model(validated.model, accepted=accepted)
+    for name in STEERING_FIELDS:
+        body.pop(name, None)
+    return Parsed(body, validated.model, validated.stream)
+
+
+def body_limit_error(declared: str | None, limit: int) -> RequestTooLarge | None:
+    """The 413 for a `content-length` over `limit` bytes, before anything is read."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return RequestTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+    return None
+
+
+def too_large(limit: int) -> RequestTooLarge:
+    return RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
+
+
+def disconnected() -> ClientDisconnected:
+    return ClientDisconnected("client disconnected while sending the request")
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; raises `InvalidRequest` for invalid JSON (NaN and Infinity
     included: they are not JSON and engines reject them) or a non-object."""
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"request body must be a JSON object, not {type(body).__name__}")
@@ -46,21 +90,12 @@ def validate_generation(route: Route, body: dict[str, Any]) -> GenerationRequest
         raise InvalidRequest(message, param=param) from None
 
 
-#: Most characters of prompt text kept for the log line (`logPrompts`).
-MAX_PROMPT_CHARS = 16_384
-
-
 def prompt_text(body: dict[str, Any]) -> str:
     """The prompt as one string for the request log line (only with `logPrompts`): the completion
     prompt, or the chat messages as JSON; cut to `MAX_PROMPT_CHARS`."""
     prompt = body.get("prompt", body.get("messages"))
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, default=str)
+    text = prompt if isinstance(prompt, str) else orjson.dumps(prompt, default=str).decode()
     return text[:MAX_PROMPT_CHARS]
-
-
-def served_names(spec: ModelSpec) -> frozenset[str]:
-    """The `model` values the gateway accepts: the served (public) name and the model name."""
-    return frozenset({spec.public_name, spec.name})
 
 
 def check_model(model: str, *, accepted: Collection[str]) -> None:

@@ -10,7 +10,7 @@ already tried is the caller's job (`EndpointRegistry.candidates`). `scheduler_fo
 Module map: `plugins` (the Filter/Scorer/Picker boundary and its data), `scorers`, `filters`,
 `picker`, `runner` (profiles: clamp, weigh, time, log, reason), `tandem` (policies as profile sets),
 `state` (candidates, queued work, feedback from the dispatcher), `prefix` (the approximate index),
-`ttft` (the predictor and learned rates), `tokens` (prompt tokens of a request).
+`ttft` (the predictor and learned rates).
 
 Imports nothing from the web or I/O stack (no fastapi, httpx, redis).
 """
@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 from tandem.core.spec import ScoringWeights
 from tandem.router.errors import ConfigurationError
-from tandem.router.scheduling.base import DispatchObserver, NoObserver, Scheduler
+from tandem.router.scheduling.base import DispatchObserver, NoObserver, Routable, Scheduler
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.round_robin import RoundRobin
 from tandem.router.scheduling.runner import Decision
@@ -97,6 +97,7 @@ __all__ = [
     "NoObserver",
     "ProfileScheduler",
     "RoundRobin",
+    "Routable",
     "Scheduler",
     "SchedulerDeps",
     "SchedulingState",

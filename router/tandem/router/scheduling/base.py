@@ -1,11 +1,36 @@
-"""The scheduling boundary: the Protocol every policy implements, and the dispatcher's feedback seam."""
+"""The scheduling boundary: what a request looks like to a policy (`Routable`), the Protocol every
+policy implements, and the dispatcher's feedback seam."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
 
-from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView
+from tandem.router.types import SLO, Endpoint, EndpointSnapshot, Pool
+
+
+class Routable(Protocol):
+    """One request as scheduling reads it: the gateway's per-request context, or a `RequestView`.
+
+    `prompt_length()` and `block_keys(size)` are computed on first use and kept by the request
+    itself (`tandem.core.blockhash` keys over its prompt tokens, full blocks only); policies that
+    do not need them never cause a prompt to be tokenized or hashed. `kv_loaded`: a prefill for
+    this request succeeded, so its decode engine loads the prompt's KV instead of computing it.
+    `request_id` is for logs only: no state is ever keyed by it.
+    """
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def slo(self) -> SLO: ...
+
+    @property
+    def kv_loaded(self) -> bool: ...
+
+    def prompt_length(self) -> int: ...
+
+    def block_keys(self, block_size: int, /) -> Sequence[int]: ...
 
 
 class Scheduler(Protocol):
@@ -18,9 +43,7 @@ class Scheduler(Protocol):
     Parameters are positional-only so implementations may name them as they like.
     """
 
-    def pick(
-        self, pool: Pool, request: RequestView, candidates: Sequence[EndpointSnapshot], /
-    ) -> Endpoint: ...
+    def pick(self, pool: Pool, request: Routable, candidates: Sequence[EndpointSnapshot], /) -> Endpoint: ...
 
 
 class DispatchObserver(Protocol):
@@ -29,14 +52,15 @@ class DispatchObserver(Protocol):
 
     `started` is called when an attempt to `endpoint` begins and returns an opaque ticket; then
     `answered` once when the head of the answer arrives (`status`; `streamed`: the head is the first
-    chunk of a successful stream, i.e. the first token), and `finished` once when the attempt is over
+    chunk of a successful stream, i.e. the first token; `lag_s`: how late the gateway's event loop
+    ran since the attempt started), and `finished` once when the attempt is over
     whatever happened (after `answered`, or instead of it on failure or cancellation). Synchronous
     and cheap: they run on the event loop on every request.
     """
 
-    def started(self, endpoint: Endpoint, request: RequestView, /) -> object: ...
+    def started(self, endpoint: Endpoint, request: Routable, /) -> object: ...
 
-    def answered(self, ticket: object, /, *, status: int, streamed: bool) -> None: ...
+    def answered(self, ticket: object, /, *, status: int, streamed: bool, lag_s: float = 0.0) -> None: ...
 
     def finished(self, ticket: object, /) -> None: ...
 
@@ -44,10 +68,10 @@ class DispatchObserver(Protocol):
 class NoObserver:
     """A `DispatchObserver` that follows nothing (the default)."""
 
-    def started(self, endpoint: Endpoint, request: RequestView, /) -> object:
+    def started(self, endpoint: Endpoint, request: Routable, /) -> object:
         return None
 
-    def answered(self, ticket: object, /, *, status: int, streamed: bool) -> None:
+    def answered(self, ticket: object, /, *, status: int, streamed: bool, lag_s: float = 0.0) -> None:
         return None
 
     def finished(self, ticket: object, /) -> None:

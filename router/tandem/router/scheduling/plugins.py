@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView
+from tandem.router.scheduling.base import Routable
+from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,7 +32,7 @@ class Cycle:
 
     pool: Pool
     profile: str
-    request: RequestView
+    request: Routable
     prompt_tokens: int
     slo_ttft_s: float
 

@@ -22,17 +22,15 @@ Pure and single-threaded (the event loop).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from tandem.core.blockhash import block_keys
+from tandem.router.discovery.kvevents.ports import KeyedPrompt
 
 #: vLLM's default block size, used until an engine's `vllm:cache_config_info` is known.
 DEFAULT_BLOCK_SIZE = 16
 #: llm-d's `lruCapacityPerServer`, used until an engine's `num_gpu_blocks` is known.
 DEFAULT_CAPACITY_BLOCKS = 31_250
-#: Prompts whose block keys are kept: one request's pick and dispatch hash its prompt once.
-KEY_MEMORY = 256
 
 
 @dataclass(slots=True)
@@ -56,20 +54,6 @@ class ApproximatePrefixIndex:
         self._default_block_size = default_block_size
         self._default_capacity = default_capacity_blocks
         self._caches: dict[str, _Cache] = {}
-        self._keys: OrderedDict[tuple[int, tuple[int, ...]], list[int]] = OrderedDict()
-
-    def keys(self, token_ids: Sequence[int], block_size: int) -> list[int]:
-        """`block_keys(token_ids, block_size)`, remembered for the last `KEY_MEMORY` prompts (a
-        request is matched at pick time and recorded at dispatch: hashed once)."""
-        memo_key = (block_size, tuple(token_ids))
-        keys = self._keys.get(memo_key)
-        if keys is None:
-            keys = self._keys[memo_key] = block_keys(token_ids, block_size)
-            if len(self._keys) > KEY_MEMORY:
-                self._keys.popitem(last=False)
-        else:
-            self._keys.move_to_end(memo_key)
-        return keys
 
     def configure(self, url: str, *, block_size: int | None, capacity_blocks: int | None) -> None:
         """Size `url`'s cache from its engine's numbers (None: keep the current/default value).
@@ -83,33 +67,31 @@ class ApproximatePrefixIndex:
             cache.capacity = capacity_blocks
             _evict(cache)
 
-    def match(self, endpoints: Iterable[str], token_ids: Sequence[int]) -> dict[str, int]:
-        """`PrefixSource.match`: leading tokens of `token_ids` recorded on each endpoint, in full
+    def match(self, endpoints: Iterable[str], prompt: KeyedPrompt) -> dict[str, int]:
+        """`PrefixSource.match`: leading tokens of `prompt` recorded on each endpoint, in full
         blocks of that endpoint's block size (0 for an endpoint never recorded)."""
-        keys_by_size: dict[int, list[int]] = {}
         matched: dict[str, int] = {}
         for url in endpoints:
             cache = self._caches.get(url)
             if cache is None or not cache.keys:
                 matched[url] = 0
                 continue
-            size = cache.block_size
-            if size not in keys_by_size:
-                keys_by_size[size] = self.keys(token_ids, size)
             hits = 0
-            for key in keys_by_size[size]:
-                if key not in cache.keys:
+            held = cache.keys
+            for key in prompt.block_keys(cache.block_size):
+                if key not in held:
                     break
                 hits += 1
-            matched[url] = hits * size
+            matched[url] = hits * cache.block_size
         return matched
 
-    def record(self, url: str, token_ids: Sequence[int]) -> None:
-        """`token_ids` was sent to `url`: its full blocks become `url`'s most recent keys."""
+    def record(self, url: str, prompt: KeyedPrompt) -> None:
+        """`prompt` was sent to `url`: its full blocks become `url`'s most recent keys."""
         cache = self._cache(url)
-        for key in reversed(self.keys(token_ids, cache.block_size)):
-            cache.keys[key] = None
-            cache.keys.move_to_end(key)
+        held = cache.keys
+        for key in reversed(prompt.block_keys(cache.block_size)):
+            held[key] = None
+            held.move_to_end(key)
         _evict(cache)
 
     def fill(self, url: str) -> float:

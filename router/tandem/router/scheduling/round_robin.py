@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView
+from tandem.router.scheduling.base import Routable
+from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 
 
 class RoundRobin:
@@ -19,7 +20,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._last: dict[Pool, str] = {}
 
-    def pick(self, pool: Pool, request: RequestView, candidates: Sequence[EndpointSnapshot], /) -> Endpoint:
+    def pick(self, pool: Pool, request: Routable, candidates: Sequence[EndpointSnapshot], /) -> Endpoint:
         if not candidates:
             raise ValueError(f"no candidates to pick from in pool {pool!r}")
         ordered = sorted((snap.endpoint for snap in candidates), key=lambda e: e.url)

@@ -9,8 +9,10 @@ traffic as the dispatcher's `DispatchObserver`:
   llm-d do at routing time, so the next request with the same prefix follows it at once);
 - `answered` (the head arrives): the tokens leave `Q_p`; when the head is the first token (a stream's
   first chunk, or a prefill endpoint's one-token answer) the observed TTFT trains the endpoint's
-  prefill rate and is reported beside its prediction; a prefill endpoint's success marks the request
-  as prefilled (its decode then loads the KV instead of computing it);
+  prefill rate and is reported beside its prediction. The observation is *engine* time: the seconds
+  the gateway's own event loop ran late during the attempt (`lag_s`, from the loop-lag monitor) are
+  taken out, so a saturated gateway does not teach the predictor that its engines are slow (which
+  would make admission reject requests the engines would serve at once);
 - `finished` (the attempt is over): a failed attempt's tokens leave `Q_p` too.
 
 With the precise (KV-event) prefix source, a prompt's blocks reach the index only once the engine has
@@ -20,31 +22,31 @@ computed them, so until an attempt's first token its blocks also count as cached
 It also answers the admission layer: `predicted_ttft(request, candidates)` (the best TTFT̂ over the
 candidates; None until every candidate's rate was observed once, so nothing is rejected on a prior).
 
+What it keeps outlives requests (queued work per endpoint, learned rates, the prefix indexes);
+nothing is keyed by a request: per-request facts (tokens, block keys, "was prefilled") are the
+request's own (`Routable`) and its attempt's `Ticket`.
+
 Pure (no I/O; clock injected) and single-threaded: everything runs on the router's event loop.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from tandem.router.discovery.kvevents.ports import PrefixSource
+from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
-from tandem.router.scheduling.tokens import Tokenize, request_tokens
 from tandem.router.scheduling.ttft import PrefillRates
-from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView
+from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 
 #: Profile of a cycle whose endpoint computes the prompt (prefill pool; decode without a prefill).
 PROMPT = "prompt"
 #: Profile of a decode cycle after a successful prefill: the endpoint loads the prompt's KV.
 KV_LOADED = "kv-loaded"
-#: Requests remembered (prompt tokens, "was prefilled"); a request needs them for seconds at most.
-MEMORY = 4096
-
-_V = TypeVar("_V")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -53,7 +55,7 @@ class Ticket:
     `started_at` in clock seconds."""
 
     endpoint: Endpoint
-    request_id: str
+    request: Routable
     prompt_tokens: int
     matched_tokens: int
     uncached_tokens: int
@@ -98,8 +100,6 @@ class SchedulingState:
         approximate: ApproximatePrefixIndex | None = None,
         prefix: PrefixSource | None = None,
         rates: PrefillRates | None = None,
-        tokenize: Tokenize = request_tokens,
-        default_slo_ttft_s: float = 1.0,
         events: SchedulingEvents | None = None,
     ) -> None:
         self.approximate = approximate or ApproximatePrefixIndex()
@@ -107,39 +107,34 @@ class SchedulingState:
         self.rates = rates or PrefillRates()
         self.events: SchedulingEvents = events or NoEvents()
         self._clock = clock
-        self._tokenize = tokenize
-        self._default_slo = default_slo_ttft_s
         self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
-        self._tokens: OrderedDict[str, tuple[Mapping[str, object], Sequence[int]]] = OrderedDict()
-        self._prefilled: OrderedDict[str, None] = OrderedDict()
         # Precise source only: block keys of prompts in flight, per URL (the events lag behind).
         self._pending: dict[str, Counter[int]] = {}
 
     # -- reading ------------------------------------------------------------------------------
 
-    def profile_for(self, pool: Pool, request: RequestView) -> str:
+    def profile_for(self, pool: Pool, request: Routable) -> str:
         """`KV_LOADED` for a decode pick after this request's prefill succeeded, else `PROMPT`."""
-        return KV_LOADED if pool == "decode" and request.request_id in self._prefilled else PROMPT
+        return KV_LOADED if pool == "decode" and request.kv_loaded else PROMPT
 
     def candidates(
-        self, pool: Pool, request: RequestView, snapshots: Sequence[EndpointSnapshot], *, profile: str
+        self, pool: Pool, request: Routable, snapshots: Sequence[EndpointSnapshot], *, profile: str
     ) -> tuple[Cycle, list[Candidate]]:
         """The cycle and one `Candidate` per snapshot (formulas in `Candidate` and `ttft`)."""
-        tokens = self.tokens(request)
-        n = len(tokens)
+        n = request.prompt_length()
         for snapshot in snapshots:
             self._size_index(snapshot)
         urls = [s.endpoint.url for s in snapshots]
-        matched = self._match(urls, tokens) if n else {}
+        matched = self._match(urls, request) if n else {}
         cycle = Cycle(
-            pool=pool, profile=profile, request=request, prompt_tokens=n, slo_ttft_s=self._slo(request)
+            pool=pool, profile=profile, request=request, prompt_tokens=n, slo_ttft_s=request.slo.ttft_s
         )
         return cycle, [
             self._candidate(s, n=n, matched=matched.get(s.endpoint.url, 0), kv_loaded=profile == KV_LOADED)
             for s in snapshots
         ]
 
-    def predicted_ttft(self, request: RequestView, candidates: Sequence[EndpointSnapshot], /) -> float | None:
+    def predicted_ttft(self, request: Routable, candidates: Sequence[EndpointSnapshot], /) -> float | None:
         """The lowest TTFT̂ over `candidates` if `request` were sent now (the admission layer's
         `TTFTPredictor`); None with no candidates or while any candidate's rate is only a prior."""
         if not candidates or not self.rates.known(s.endpoint.url for s in candidates):
@@ -151,34 +146,17 @@ class SchedulingState:
     def queued_tokens(self, url: str) -> int:
         return self._queued.get(url, 0)
 
-    @property
-    def remembered_prompts(self) -> int:
-        """Requests whose prompt tokens are memoised (at most `MEMORY`; a decode answer frees one)."""
-        return len(self._tokens)
-
-    def tokens(self, request: RequestView) -> Sequence[int]:
-        """The request's prompt tokens, computed once per request id and body and kept until its
-        decode attempt has answered (a retry after that tokenizes again)."""
-        known = self._tokens.get(request.request_id)
-        if known is not None and known[0] is request.body:
-            return known[1]
-        tokens = tuple(self._tokenize(request))
-        self._tokens[request.request_id] = (request.body, tokens)
-        _bound(self._tokens)
-        return tokens
-
     # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
 
-    def started(self, endpoint: Endpoint, request: RequestView, /) -> object:
-        tokens = self.tokens(request)
-        n, url = len(tokens), endpoint.url
+    def started(self, endpoint: Endpoint, request: Routable, /) -> object:
+        n, url = request.prompt_length(), endpoint.url
         kv_loaded = self.profile_for(endpoint.pool, request) == KV_LOADED
-        matched = min(n, self._match([url], tokens).get(url, 0)) if n else 0
+        matched = min(n, self._match([url], request).get(url, 0)) if n else 0
         uncached = _uncached(n, matched, kv_loaded=kv_loaded)
         queued = self._queued.get(url, 0)
         ticket = Ticket(
             endpoint=endpoint,
-            request_id=request.request_id,
+            request=request,
             prompt_tokens=n,
             matched_tokens=matched,
             uncached_tokens=uncached,
@@ -189,31 +167,25 @@ class SchedulingState:
         )
         self._queued[url] = queued + uncached
         if n:
-            self.approximate.record(url, tokens)
+            self.approximate.record(url, request)
             if self.prefix is not self.approximate:
-                ticket.pending_keys = tuple(self.approximate.keys(tokens, self.approximate.block_size(url)))
+                ticket.pending_keys = tuple(request.block_keys(self.approximate.block_size(url)))
                 self._pending.setdefault(url, Counter()).update(ticket.pending_keys)
         self.events.dispatched(ticket)
         return ticket
 
-    def answered(self, ticket: object, /, *, status: int, streamed: bool) -> None:
+    def answered(self, ticket: object, /, *, status: int, streamed: bool, lag_s: float = 0.0) -> None:
+        """The head of the attempt's answer arrived; `lag_s`: seconds the gateway's event loop ran
+        late since the attempt started (taken out of the observed TTFT, module docstring)."""
         if not isinstance(ticket, Ticket) or ticket.answered:
             return
         ticket.answered = True
         self._release(ticket)
-        ok = status < 400
         endpoint = ticket.endpoint
-        if endpoint.pool == "decode":
-            # The decode attempt is the request's last use of its tokens: a long-lived gateway keeps
-            # only requests still being routed, not the last `MEMORY` prompts (the soak's RSS slope).
-            self._tokens.pop(ticket.request_id, None)
-        if ok and endpoint.pool == "prefill":
-            self._prefilled[ticket.request_id] = None
-            _bound(self._prefilled)
         first_token = streamed or endpoint.pool == "prefill"
-        if not (ok and first_token) or ticket.kv_loaded:
+        if status >= 400 or not first_token or ticket.kv_loaded:
             return
-        observed = self._clock() - ticket.started_at
+        observed = max(0.0, self._clock() - ticket.started_at - max(0.0, lag_s))
         work = ticket.queued_before + ticket.uncached_tokens
         self.rates.observe(endpoint.url, tokens=work, seconds=observed)
         self.events.first_token(ticket, observed_s=observed)
@@ -221,8 +193,6 @@ class SchedulingState:
     def finished(self, ticket: object, /) -> None:
         if isinstance(ticket, Ticket):
             self._release(ticket)
-            if ticket.endpoint.pool == "decode":
-                self._tokens.pop(ticket.request_id, None)
 
     # -- membership -------------------------------------------------------------------------------
 
@@ -261,9 +231,6 @@ class SchedulingState:
                 snapshot.endpoint.url, block_size=stats.block_size, capacity_blocks=stats.num_gpu_blocks
             )
 
-    def _slo(self, request: RequestView) -> float:
-        return request.slo.ttft_s if request.slo is not None else self._default_slo
-
     def _release(self, ticket: Ticket) -> None:
         if ticket.released:
             return
@@ -281,17 +248,16 @@ class SchedulingState:
             if not self._pending[url]:
                 del self._pending[url]
 
-    def _match(self, urls: Sequence[str], tokens: Sequence[int]) -> dict[str, int]:
+    def _match(self, urls: Sequence[str], request: Routable) -> dict[str, int]:
         """The prefix source's matches; with the precise source, at least what in-flight requests
         are computing now (their blocks are not in the engine's events yet)."""
-        matched = self.prefix.match(urls, tokens)
-        keys_by_size: dict[int, list[int]] = {}
+        matched = self.prefix.match(urls, request)
         for url in urls:
             pending = self._pending.get(url)
             if not pending:
                 continue
             size = self.approximate.block_size(url)
-            keys = keys_by_size.setdefault(size, self.approximate.keys(tokens, size))
+            keys = request.block_keys(size)
             hits = next((i for i, key in enumerate(keys) if key not in pending), len(keys))
             matched[url] = max(matched.get(url, 0), hits * size)
         return matched
@@ -302,8 +268,3 @@ def _uncached(n: int, matched: int, *, kv_loaded: bool) -> int:
     if kv_loaded or n == 0:
         return 0
     return max(1, n - matched)
-
-
-def _bound(memory: OrderedDict[str, _V]) -> None:
-    while len(memory) > MEMORY:
-        memory.popitem(last=False)

@@ -28,13 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tandem.core.spec import ScoringWeights
+from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.picker import MaxScorePicker
 from tandem.router.scheduling.plugins import Candidate, Cycle, Scorer
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
 from tandem.router.scheduling.scorers import DEFAULT_THRESHOLD, KVScorer, LoadScorer, PrefixScorer, TTFTScorer
 from tandem.router.scheduling.state import KV_LOADED, PROMPT, SchedulingState
-from tandem.router.types import Endpoint, EndpointSnapshot, Pool, RequestView
+from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 
 #: SGLang's `cache_threshold`: the prefix-match share above which cache affinity wins.
 DEFAULT_CACHE_THRESHOLD = DEFAULT_THRESHOLD
@@ -60,10 +61,10 @@ class ProfileScheduler:
         self._timer = timer
         self._on_decision = on_decision
 
-    def pick(self, pool: Pool, request: RequestView, candidates: Sequence[EndpointSnapshot], /) -> Endpoint:
+    def pick(self, pool: Pool, request: Routable, candidates: Sequence[EndpointSnapshot], /) -> Endpoint:
         return self.decide(pool, request, candidates).endpoint
 
-    def decide(self, pool: Pool, request: RequestView, candidates: Sequence[EndpointSnapshot]) -> Decision:
+    def decide(self, pool: Pool, request: Routable, candidates: Sequence[EndpointSnapshot]) -> Decision:
         """`pick` with the whole decision (scores, reason, timings)."""
         profile = self.profiles[self.state.profile_for(pool, request)]
         cycle, scored = self.state.candidates(pool, request, candidates, profile=profile.name)

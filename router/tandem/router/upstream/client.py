@@ -1,107 +1,150 @@
-"""Upstream HTTP: the only module that talks to engines, and the one place where httpx exceptions
-become router errors (`translate_errors`), mapped to the most specific `UpstreamError`.
+"""Upstream HTTP: the only module that talks to engines, and the one place where client exceptions
+become router errors (`translate`), mapped to the most specific `UpstreamError`.
 
-The `httpx.AsyncClient` is injected (tests pass `httpx.MockTransport` or a real client); this
-module never creates one. Bodies are sent as compact JSON; `accept-encoding: identity` keeps the
-bytes we relay identical to the bytes the engine wrote.
+The client is aiohttp's (`ClientSession`, created by the composition root with `new_session`):
+measured on the gateway's hot path it costs a fraction of httpx's, whose connection pool scans
+every pooled connection per request (docs/router-performance.md). Its connector keeps idle
+connections per engine in a deque (taking one is O(1)) and drops them after 2 s idle, before engines
+(vLLM's and the simulator's uvicorn) close theirs at 5 s: a connection reused just as the engine
+closes it breaks before any answer, with nothing to retry on a one-engine pool.
+
+Bodies are sent as they are given (bytes, already encoded by the caller); `accept-encoding:
+identity` keeps the bytes we relay identical to the bytes the engine wrote (the session does not
+decompress).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import httpx
+import aiohttp
+import orjson
 
 from tandem.router.errors import (
     UpstreamBroken,
     UpstreamConnectError,
     UpstreamConnectTimeout,
+    UpstreamError,
     UpstreamStatusError,
     UpstreamTimeout,
 )
 from tandem.router.settings import ProxySettings
 from tandem.router.types import Endpoint
 
+#: Seconds an idle upstream connection is kept (engines close theirs after 5 s).
+KEEPALIVE_S = 2.0
+#: Bytes of an error body quoted in an `UpstreamStatusError`.
+SNIPPET = 200
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UpstreamCall:
-    """One POST to an engine. `read_timeout_s` (seconds) overrides the proxy's default silence limit."""
+    """One POST to an engine: `body` is the encoded JSON. `read_timeout_s` (seconds) overrides the
+    proxy's default silence limit between two bytes of the answer."""
 
     path: str
-    body: Mapping[str, Any]
+    body: bytes
     headers: Mapping[str, str]
     stream: bool
     read_timeout_s: float | None = None
 
 
+def translate(endpoint: Endpoint, exc: BaseException) -> UpstreamError | None:
+    """The `UpstreamError` for a client exception, naming the endpoint; None for anything else."""
+    name = endpoint.name
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamConnectTimeout(f"{name}: connect timeout")
+    if isinstance(exc, TimeoutError):  # aiohttp's socket timeouts are TimeoutErrors too
+        return UpstreamTimeout(f"{name}: {type(exc).__name__}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamConnectError(f"{name}: cannot connect ({exc.os_error})")
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        detail = str(exc) or type(exc).__name__
+        return UpstreamBroken(f"{name}: connection broke ({detail})")
+    return None
+
+
 @contextmanager
 def translate_errors(endpoint: Endpoint) -> Iterator[None]:
-    """Re-raise httpx transport errors as `UpstreamError`s naming the endpoint."""
+    """Re-raise client transport errors as `UpstreamError`s naming the endpoint."""
     try:
         yield
-    except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-        raise UpstreamConnectTimeout(f"{endpoint.name}: {type(exc).__name__}") from exc
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout(f"{endpoint.name}: {type(exc).__name__}") from exc
-    except httpx.ConnectError as exc:
-        raise UpstreamConnectError(f"{endpoint.name}: cannot connect ({exc})") from exc
-    except httpx.TransportError as exc:
-        raise UpstreamBroken(f"{endpoint.name}: connection broke ({exc})") from exc
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        error = translate(endpoint, exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 class UpstreamReply:
     """An engine's answer whose status and first bytes have arrived.
 
     Buffered (`streaming` False: a non-streaming call, or any status >= 400): `head` is the whole
-    body and the connection is already released. Streaming: `head` is the first chunk (b"" for an
-    empty body) and `rest()` yields the others as they arrive. `aclose()` is idempotent; closing a
-    stream early closes its connection, which is how the engine learns the client went away.
+    body and the connection is already back in the pool. Streaming: `head` is the first chunk (b""
+    for an empty body) and `chunks()` yields the others as they arrive, each as much as has arrived.
+    `close()` is idempotent and synchronous; closing a stream before its end closes its
+    connection, which is how the engine learns the client went away.
     """
 
+    __slots__ = ("_response", "content_type", "endpoint", "head", "status", "streaming")
+
     def __init__(
-        self, *, endpoint: Endpoint, response: httpx.Response, head: bytes, rest: AsyncIterator[bytes] | None
+        self, *, endpoint: Endpoint, response: aiohttp.ClientResponse, head: bytes, streaming: bool
     ) -> None:
         self.endpoint = endpoint
-        self.status = response.status_code
+        self.status = response.status
         self.content_type = response.headers.get("content-type", "application/json")
         self.head = head
+        self.streaming = streaming
         self._response = response
-        self._rest = rest
 
-    @property
-    def streaming(self) -> bool:
-        return self._rest is not None
-
-    async def rest(self) -> AsyncIterator[bytes]:
-        """The body after `head`, chunk by chunk; raises `UpstreamError` if the engine fails."""
-        if self._rest is None:
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body after `head`; raises `UpstreamError` if the engine fails."""
+        if not self.streaming:
             return
+        content = self._response.content
         with translate_errors(self.endpoint):
-            async for chunk in self._rest:
+            while chunk := await content.readany():
                 yield chunk
 
-    async def aclose(self) -> None:
-        if self._rest is not None and hasattr(self._rest, "aclose"):
-            await self._rest.aclose()  # finalise httpx's chunk generator before its response
-        await self._response.aclose()
+    def ended(self) -> bool:
+        """Whether the whole body has been read (the connection can be reused)."""
+        return not self.streaming or self._response.content.at_eof()
+
+    def close(self) -> None:
+        response = self._response
+        if self.ended():
+            response.release()
+        else:
+            response.close()
 
 
-class Upstream:
-    """Sends calls to engines through one shared `httpx.AsyncClient`."""
+class Upstream(Protocol):
+    """What the dispatcher needs from the engines' HTTP side (a test may script it)."""
 
-    def __init__(self, client: httpx.AsyncClient, settings: ProxySettings) -> None:
-        self._client = client
+    async def open(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply: ...
+
+
+class HTTPUpstream:
+    """Sends calls to engines through one shared `aiohttp.ClientSession`."""
+
+    def __init__(self, session: aiohttp.ClientSession, settings: ProxySettings) -> None:
+        self._session = session
         self._settings = settings
+        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
 
-    def _timeout(self, read: float | None = None) -> httpx.Timeout:
-        connect = self._settings.connect_timeout_seconds
-        return httpx.Timeout(
-            connect=connect, read=read or self._settings.read_timeout_seconds, write=connect, pool=connect
-        )
+    def _timeout(self, read: float | None) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(read)
+        if timeout is None:
+            connect = self._settings.connect_timeout_seconds
+            timeout = self._timeouts[read] = aiohttp.ClientTimeout(
+                total=None, connect=connect, sock_read=read or self._settings.read_timeout_seconds
+            )
+        return timeout
 
     async def open(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply:
         """POST `call` to `endpoint` and wait for the head of the answer (see `UpstreamReply`).
@@ -110,51 +153,63 @@ class Upstream:
         and the other `UpstreamError`s for transport failures; in every error case the connection
         is closed before raising.
         """
-        request = self._client.build_request(
-            "POST",
-            endpoint.url + call.path,
-            content=json.dumps(call.body, separators=(",", ":"), ensure_ascii=False).encode(),
-            headers={
-                "content-type": "application/json",
-                "accept-encoding": "identity",
-                **call.headers,
-            },
-            timeout=self._timeout(call.read_timeout_s),
-        )
+        headers = {"content-type": "application/json", "accept-encoding": "identity", **call.headers}
         with translate_errors(endpoint):
-            response = await self._client.send(request, stream=True)
+            response = await self._session.post(
+                endpoint.url + call.path,
+                data=call.body,
+                headers=headers,
+                timeout=self._timeout(call.read_timeout_s),
+            )
         try:
             reply = await self._read_head(endpoint, response, stream=call.stream)
         except BaseException:
-            await response.aclose()
+            response.close()
             raise
         if reply.status >= 500:
-            await response.aclose()
-            snippet = reply.head[:200].decode("utf-8", errors="replace")
+            response.close()
+            snippet = reply.head[:SNIPPET].decode("utf-8", errors="replace")
             raise UpstreamStatusError(
                 f"{endpoint.name}: answered {reply.status}: {snippet}", upstream_status=reply.status
             )
         return reply
 
     async def _read_head(
-        self, endpoint: Endpoint, response: httpx.Response, *, stream: bool
+        self, endpoint: Endpoint, response: aiohttp.ClientResponse, *, stream: bool
     ) -> UpstreamReply:
         with translate_errors(endpoint):
-            if stream and response.status_code < 400:
-                chunks = response.aiter_raw()
-                head = await anext(chunks, b"")
-                return UpstreamReply(endpoint=endpoint, response=response, head=head, rest=chunks)
-            body = await response.aread()
-        await response.aclose()
-        return UpstreamReply(endpoint=endpoint, response=response, head=body, rest=None)
+            if stream and response.status < 400:
+                head = await response.content.readany()
+                return UpstreamReply(endpoint=endpoint, response=response, head=head, streaming=True)
+            body = await response.read()
+        response.release()
+        return UpstreamReply(endpoint=endpoint, response=response, head=body, streaming=False)
 
     async def get_json(self, endpoint: Endpoint, path: str, *, timeout_s: float) -> Any:
         """GET `path` and parse JSON; raises `UpstreamError` (transport or non-2xx) or ValueError."""
         with translate_errors(endpoint):
-            response = await self._client.get(endpoint.url + path, timeout=timeout_s)
-        if not response.is_success:
+            async with asyncio.timeout(timeout_s):
+                async with self._session.get(endpoint.url + path) as response:
+                    body = await response.read()
+        if not 200 <= response.status < 300:
             raise UpstreamStatusError(
-                f"{endpoint.name}: answered {response.status_code}",
-                upstream_status=response.status_code,
+                f"{endpoint.name}: answered {response.status}", upstream_status=response.status
             )
-        return response.json()
+        return orjson.loads(body)
+
+
+def new_session() -> aiohttp.ClientSession:
+    """The upstream session the gateway makes: no proxies from the environment, no cookies, no
+    decompression, no pool cap below what long streams need, idle connections kept `KEEPALIVE_S`.
+    Create it inside the running event loop (the app's lifespan)."""
+    connector = aiohttp.TCPConnector(
+        limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S, ttl_dns_cache=None, use_dns_cache=True
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        trust_env=False,
+        skip_auto_headers=("User-Agent",),
+        timeout=aiohttp.ClientTimeout(total=None),
+    )

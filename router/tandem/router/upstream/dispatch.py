@@ -24,8 +24,8 @@ from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout, UpstreamError
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
-from tandem.router.scheduling import DispatchObserver, NoObserver, Scheduler
-from tandem.router.types import Endpoint, Pool, RequestView
+from tandem.router.scheduling import DispatchObserver, NoObserver, Routable, Scheduler
+from tandem.router.types import Endpoint, Pool
 from tandem.router.upstream.client import Upstream, UpstreamCall, UpstreamReply
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 class Attempt:
     """An upstream exchange that holds one in-flight slot on its endpoint until `finish`."""
 
+    __slots__ = ("_dispatcher", "_finished", "_ticket", "endpoint", "reply")
+
     def __init__(self, reply: UpstreamReply, dispatcher: Dispatcher, ticket: object = None) -> None:
         self.reply = reply
         self.endpoint = reply.endpoint
@@ -41,15 +43,16 @@ class Attempt:
         self._ticket = ticket
         self._finished = False
 
-    async def finish(self, error: UpstreamError | None = None) -> None:
-        """Close the upstream response and free the slot; idempotent. `error`: the engine failed
-        after the head (e.g. died mid-stream), which counts against it. A client that left is not
-        the engine's fault: call without `error`."""
+    def finish(self, error: UpstreamError | None = None) -> None:
+        """Close the upstream response (back to the pool when it was read to its end) and free the
+        slot; idempotent and synchronous, so it also runs while a task is being cancelled. `error`:
+        the engine failed after the head (e.g. died mid-stream), which counts against it. A client
+        that left is not the engine's fault: call without `error`."""
         if self._finished:
             return
         self._finished = True
         try:
-            await self.reply.aclose()
+            self.reply.close()
         finally:
             self._dispatcher.registry.end(self.endpoint)
             self._dispatcher.observer.finished(self._ticket)
@@ -71,14 +74,14 @@ class Dispatcher:
     #: Seconds of loop lag during a connect timeout that excuse the engine (see the module docstring).
     excusing_lag_s: float = 2.5
 
-    def choose(self, pool: Pool, request: RequestView) -> Endpoint | None:
+    def choose(self, pool: Pool, request: Routable) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
         caller that must know the endpoint before sending (the P/D decision); pass it to `open`."""
         candidates = self.registry.candidates(pool)
         return self.scheduler.pick(pool, request, candidates) if candidates else None
 
     async def open(
-        self, pool: Pool, *, request: RequestView, call: UpstreamCall, first: Endpoint | None = None
+        self, pool: Pool, *, request: Routable, call: UpstreamCall, first: Endpoint | None = None
     ) -> Attempt:
         """Send `call` to an endpoint of `pool` chosen by the scheduler (the first attempt goes to
         `first` when given and still a candidate), retrying as described above. Raises
@@ -103,7 +106,7 @@ class Dispatcher:
         raise _unavailable(pool, failures, known=len(self.registry.endpoints(pool)))
 
     async def attempt(
-        self, endpoint: Endpoint, call: UpstreamCall, *, request: RequestView | None = None
+        self, endpoint: Endpoint, call: UpstreamCall, *, request: Routable | None = None
     ) -> Attempt:
         """One try on `endpoint`, no retry. Raises `UpstreamError` (already recorded). `request`:
         the client's request, for the observer (attempts without one are not observed)."""
@@ -122,7 +125,8 @@ class Dispatcher:
             self.observer.finished(ticket)
             raise
         self.registry.record_success(endpoint)
-        self.observer.answered(ticket, status=reply.status, streamed=reply.streaming)
+        lag = self.loop_lag.lag_since(mark) if self.loop_lag is not None else 0.0
+        self.observer.answered(ticket, status=reply.status, streamed=reply.streaming, lag_s=lag)
         return Attempt(reply, self, ticket)
 
     def note_failure(self, endpoint: Endpoint, error: UpstreamError, *, excused: bool = False) -> None:

@@ -1,9 +1,9 @@
-"""Turning an upstream `Attempt` into the client's response.
+"""Turning an upstream `Attempt` into the client's response, written straight to the ASGI `send`.
 
-Buffered answers (non-streaming, or any error status) are returned with the engine's status,
-body bytes and content type. Streams are relayed chunk by chunk as they arrive, never parsed or
-re-encoded. If the engine fails after bytes went out, the status line is long gone, so the stream
-ends with an OpenAI-style SSE error event and the terminator:
+Buffered answers (non-streaming, or any error status) are sent with the engine's status, body bytes
+and content type. Streams are relayed chunk by chunk as they arrive, never parsed or re-encoded. If
+the engine fails after bytes went out, the status line is long gone, so the stream ends with an
+OpenAI-style SSE error event and the terminator:
 
     data: {"error": {"message": "...", "type": "BadGatewayError", "param": null, "code": 502}}
 
@@ -13,24 +13,26 @@ ends with an OpenAI-style SSE error event and the terminator:
 
 A `ResponseMeter` may watch the answer on its way (the fair queue's token charges): it sees every
 streamed chunk and returns the bytes to forward (the same bytes, unless it strips the usage event the
-router asked for itself), or the buffered body; `close()` runs exactly once when the response is over.
+gateway asked for itself), or the buffered body; `close()` runs exactly once when the response is
+over. Whatever ends the response (last chunk, engine failure, the client leaving, which cancels the
+task), the attempt is finished (its connection back in the pool or closed, its slot freed) and the
+meter closed: both are synchronous, so they also run while the task is being cancelled.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-import anyio
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+import orjson
+from starlette.types import Send
 
 from tandem.core.openai_api import error_body
 from tandem.router.errors import UpstreamError
 from tandem.router.upstream.dispatch import Attempt
 
 SSE_DONE = b"data: [DONE]\n\n"
+Header = tuple[bytes, bytes]
 
 
 class ResponseMeter(Protocol):
@@ -55,87 +57,75 @@ class ResponseMeter(Protocol):
 
 def sse_error_event(message: str, *, status: int = 502) -> bytes:
     """One SSE event carrying OpenAI's error object."""
-    return b"data: " + json.dumps(error_body(status, message)).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"
 
 
-async def render(
-    attempt: Attempt, *, headers: Mapping[str, str], meter: ResponseMeter | None = None
-) -> Response:
-    """The client's response for `attempt`, with extra `headers`; takes ownership of `attempt` and
-    of `meter` (closed when the response is over)."""
+async def relay(
+    attempt: Attempt,
+    *,
+    send: Send,
+    headers: Sequence[Header],
+    meter: ResponseMeter,
+    on_first_byte: Callable[[], None] | None = None,
+) -> int:
+    """Send `attempt`'s answer to the client with extra `headers`; returns the status sent. Takes
+    ownership of `attempt` and `meter` (module docstring). `on_first_byte` is called when the first
+    body bytes are handed to the server."""
     reply = attempt.reply
-    if not reply.streaming:
-        try:
-            await attempt.finish()
-            if meter is not None:
-                meter.buffered(reply.status, reply.head)
-        finally:
-            if meter is not None:
-                meter.close()
-        return Response(
-            reply.head, status_code=reply.status, headers=dict(headers), media_type=reply.content_type
+    content_type = (b"content-type", reply.content_type.encode("latin-1"))
+    try:
+        if not reply.streaming:
+            attempt.finish()
+            meter.buffered(reply.status, reply.head)
+            length = (b"content-length", str(len(reply.head)).encode())
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": reply.status,
+                    "headers": [content_type, length, *headers],
+                }
+            )
+            if on_first_byte is not None:
+                on_first_byte()
+            await send({"type": "http.response.body", "body": reply.head, "more_body": False})
+            return reply.status
+        await send(
+            {"type": "http.response.start", "status": reply.status, "headers": [content_type, *headers]}
         )
-    return RelayResponse(attempt, headers=headers, meter=meter)
+        await _stream(attempt, send=send, meter=meter, on_first_byte=on_first_byte)
+        return reply.status
+    finally:
+        attempt.finish()
+        meter.close()
 
 
-class RelayResponse(StreamingResponse):
-    """Streams an upstream reply; whatever ends the response (last chunk, engine failure, client
-    disconnect, server shutdown), the upstream connection is closed and its slot freed."""
-
-    def __init__(
-        self, attempt: Attempt, *, headers: Mapping[str, str], meter: ResponseMeter | None = None
-    ) -> None:
-        self._attempt = attempt
-        self._meter = meter
-        self._chunks = _relay(attempt, meter)
-        super().__init__(
-            self._chunks,
-            status_code=attempt.reply.status,
-            headers=dict(headers),
-            media_type=attempt.reply.content_type,
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            # Shielded: this cleanup must also run when the serving task is being cancelled.
-            with anyio.CancelScope(shield=True):
-                await self._chunks.aclose()
-                try:
-                    await self._attempt.finish()
-                finally:
-                    if self._meter is not None:
-                        self._meter.close()
-
-
-async def _relay(attempt: Attempt, meter: ResponseMeter | None) -> AsyncGenerator[bytes, None]:
+async def _stream(
+    attempt: Attempt, *, send: Send, meter: ResponseMeter, on_first_byte: Callable[[], None] | None
+) -> None:
     reply = attempt.reply
     last = b""
-
-    def forward(chunk: bytes) -> bytes:
-        return chunk if meter is None else meter.stream_chunk(chunk)
-
-    def held() -> bytes:
-        return b"" if meter is None else meter.stream_end()
-
-    if out := forward(reply.head):
+    first = on_first_byte
+    if out := meter.stream_chunk(reply.head):
+        if first is not None:
+            first()
+            first = None
         last = out
-        yield out
+        await send({"type": "http.response.body", "body": out, "more_body": True})
     try:
-        async for chunk in reply.rest():
-            if out := forward(chunk):
+        async for chunk in reply.chunks():
+            if out := meter.stream_chunk(chunk):
+                if first is not None:
+                    first()
+                    first = None
                 last = out
-                yield out
+                await send({"type": "http.response.body", "body": out, "more_body": True})
     except UpstreamError as exc:
-        await attempt.finish(exc)
-        if tail := held():
-            last = tail
-            yield tail
+        attempt.finish(exc)
+        tail = meter.stream_end()
+        last = tail or last
         separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) or not last else b"\n\n"
         message = f"upstream {attempt.endpoint.name} failed mid-stream: {exc.message}"
-        yield separator + sse_error_event(message) + SSE_DONE
+        body = tail + separator + sse_error_event(message) + SSE_DONE
+        await send({"type": "http.response.body", "body": body, "more_body": False})
         return
-    if tail := held():
-        yield tail
-    await attempt.finish()
+    await send({"type": "http.response.body", "body": meter.stream_end(), "more_body": False})

@@ -1,16 +1,15 @@
-"""Counting a request's tokens for fair-queue charges (pure).
+"""Counting an answer's tokens for fair-queue charges as it streams (pure).
 
-- **Prompt**: `prompt_token_ids` encodes the prompt with `tandem.core.tokenizer` (chat messages
-  through its ChatML template), exactly as the simulator does, so the count is exact there and an
-  estimate (about 3 characters per token for English) for real engines. The charge made with it at
-  dispatch is corrected with the engine's `usage.prompt_tokens` when the answer carries usage.
+- **Prompt**: counted by the gateway's prompt encoder (the request context); the charge made with it
+  at dispatch is corrected with the engine's `usage.prompt_tokens` when the answer carries usage.
 - **Streamed output**: `SSETap` reads a copy of the SSE bytes as they pass. Each `data:` event with
   a non-empty `delta.content` (chat) or `text` (completions) counts as one generated token per choice
-  (vLLM sends one event per token); the final usage event, when present, gives the exact total.
-  Events are counted without decoding their JSON where the bytes alone are unambiguous
-  (`_tokens_without_parsing`: the key occurs only as a key with a string value), which is every
-  token event vLLM and the simulator send; anything else (a usage event, `null` content, odd
-  spacing, the text kept for the log line) is decoded, so the count is the same either way.
+  (vLLM sends one event per token); the final usage event gives the exact total. A chunk of whole
+  events (every token chunk vLLM and the simulator send) is counted from its bytes in one go
+  (`quick_tokens`: the rules of `_tokens_without_parsing`, which are sound because a `"` inside a
+  JSON string is always escaped), without splitting it into events; anything else (a usage event, an
+  event split across chunks, `[DONE]`, the text kept for the log line) goes event by event, decoding
+  JSON where the bytes cannot tell. Both ways count the same.
 - **Usage always on**: `request_usage` adds `stream_options.include_usage: true` to a streaming body
   that did not ask for it; the tap then drops that usage-only event (`"choices": []`) from the
   client's stream, so the client sees the stream it asked for. Only then does the tap hold back the
@@ -20,14 +19,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
-from tandem.core.tokenizer import encode, render_chat
+import orjson
+
+from tandem.router.types import Usage
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 #: A key holding generated text with a string value, compact or with one space (`"content": "`).
@@ -42,19 +40,6 @@ _NO_USAGE = re.compile(rb'"usage": ?null')
 MAX_EVENT_BYTES = 1 << 20
 
 
-def prompt_token_ids(request: CompletionRequest | ChatCompletionRequest) -> tuple[int, ...]:
-    """The prompt's tokens under `tandem.core.tokenizer`; several prompts are concatenated."""
-    if isinstance(request, ChatCompletionRequest):
-        return tuple(encode(render_chat([m.model_dump() for m in request.messages])))
-    prompt = request.prompt
-    if isinstance(prompt, str):
-        return tuple(encode(prompt))
-    ids: list[int] = []
-    for part in prompt:
-        ids.extend(encode(part) if isinstance(part, str) else [part])
-    return tuple(ids)
-
-
 def request_usage(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """`body` with `stream_options.include_usage: true` when it streams without asking for usage,
     and whether it was added (then strip the usage event from the client's stream)."""
@@ -64,14 +49,6 @@ def request_usage(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         return dict(body), False
     kept = dict(options) if isinstance(options, Mapping) else {}
     return {**body, "stream_options": {**kept, "include_usage": True}}, True
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts from an engine's `usage` object (None where absent or malformed)."""
-
-    prompt_tokens: int | None
-    completion_tokens: int | None
 
 
 def _usage(value: object) -> Usage | None:
@@ -88,7 +65,7 @@ def _usage(value: object) -> Usage | None:
 def usage_from_body(body: bytes) -> Usage | None:
     """The `usage` of a non-streaming JSON answer, or None."""
     try:
-        answer = json.loads(body)
+        answer = orjson.loads(body)
     except ValueError:
         return None
     return _usage(answer.get("usage")) if isinstance(answer, Mapping) else None
@@ -116,7 +93,7 @@ def _texts_in(choices: object) -> list[str]:
 def output_text_from_body(body: bytes) -> str | None:
     """The generated text of a non-streaming JSON answer (choices joined), or None."""
     try:
-        answer = json.loads(body)
+        answer = orjson.loads(body)
     except ValueError:
         return None
     if not isinstance(answer, Mapping):
@@ -148,6 +125,15 @@ def _tokens_without_parsing(payload: bytes) -> int | None:
             return None
         return len(_TEXT_PIECE.findall(payload))
     return 0
+
+
+def quick_tokens(chunk: bytes) -> int | None:
+    """Generated tokens of a chunk of whole `data: {...}` events, read from its bytes with the rules
+    of `_tokens_without_parsing` (module docstring), or None when only decoding can tell. Example:
+    `data: {"choices":[{"delta":{"content":"Hi"}}]}\\n\\n` → 1."""
+    if not (chunk.startswith(b"data: {") and chunk.endswith(b"}\n\n")):
+        return None
+    return _tokens_without_parsing(chunk[6:-2])
 
 
 def _tokens_in(choices: object) -> int:
@@ -183,6 +169,11 @@ class SSETap:
         self._parsing = True
 
     def feed(self, chunk: bytes) -> tuple[bytes, int]:
+        if not self._pending and self._parsing and not self.collect_text:
+            quick = quick_tokens(chunk)
+            if quick is not None:
+                self.tokens += quick
+                return chunk, quick
         if not self._parsing:
             out = self._pending + chunk if self.strip_usage else chunk
             self._pending = b""
@@ -230,7 +221,7 @@ class SSETap:
                 tokens += quick
                 continue
             try:
-                obj = json.loads(payload)
+                obj = orjson.loads(payload)
             except ValueError:
                 continue
             if not isinstance(obj, Mapping):

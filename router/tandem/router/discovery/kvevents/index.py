@@ -32,11 +32,12 @@ Rules, per endpoint:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tandem.core.blockhash import ROOT_KEY, block_keys, namespace_key
 from tandem.router.discovery.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tandem.router.discovery.kvevents.ports import KeyedPrompt
 
 GPU = "GPU"
 FULL_ATTENTION = "full_attention"
@@ -125,29 +126,43 @@ class PrecisePrefixIndex:
         endpoint without events. `endpoints=None` asks every known endpoint. The block size is the one
         the endpoint's events carry unless `block_size` is given. Example (blocks of 16): a 100-token
         prompt whose first 5 blocks were stored matches 80 tokens; its last 4 tokens never match."""
-        names = list(self._endpoints) if endpoints is None else list(endpoints)
         root = namespace_key(lora_name) if lora_name else ROOT_KEY
-        keys_by_size: dict[int, list[int]] = {}
+        memo: dict[int, Sequence[int]] = {}
+
+        def keys(size: int) -> Sequence[int]:
+            if size not in memo:
+                memo[size] = block_keys(token_ids, size, parent=root)
+            return memo[size]
+
+        return self._longest(endpoints, keys, block_size=block_size)
+
+    def match(self, endpoints: Iterable[str], prompt: KeyedPrompt) -> dict[str, int]:
+        """`PrefixSource.match`: each endpoint's own block size, base model (root keys)."""
+        return self._longest(endpoints, prompt.block_keys, block_size=None)
+
+    def _longest(
+        self,
+        endpoints: Iterable[str] | None,
+        keys_for: Callable[[int], Sequence[int]],
+        *,
+        block_size: int | None,
+    ) -> dict[str, int]:
+        names = list(self._endpoints) if endpoints is None else list(endpoints)
         matched: dict[str, int] = {}
         for name in names:
             state = self._endpoints.get(name)
             size = block_size or (state.block_size if state is not None else None)
-            if state is None or size is None:
+            if state is None or size is None or not state.blocks:
                 matched[name] = 0
                 continue
-            if size not in keys_by_size:
-                keys_by_size[size] = block_keys(token_ids, size, parent=root)
             hits = 0
-            for key in keys_by_size[size]:
-                if key not in state.blocks:
+            blocks = state.blocks
+            for key in keys_for(size):
+                if key not in blocks:
                     break
                 hits += 1
             matched[name] = hits * size
         return matched
-
-    def match(self, endpoints: Iterable[str], token_ids: Sequence[int]) -> dict[str, int]:
-        """`PrefixSource.match`: `longest_prefix` with each endpoint's own block size, base model."""
-        return self.longest_prefix(endpoints, token_ids)
 
     def _store(self, state: _Endpoint, event: BlockStored) -> None:
         if event.kv_cache_spec_kind not in (None, FULL_ATTENTION):

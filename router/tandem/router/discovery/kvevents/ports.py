@@ -23,14 +23,20 @@ ReplayOutcome = Literal["ok", "timeout", "error", "unavailable"]
 ConnectionState = Literal["connected", "disconnected"]
 
 
+class KeyedPrompt(Protocol):
+    """A prompt as prefix indexes read it: its `tandem.core.blockhash` keys per block size, computed
+    (and kept) by the prompt's owner, so a request is hashed once per block size whatever asks."""
+
+    def block_keys(self, block_size: int, /) -> Sequence[int]: ...
+
+
 class PrefixSource(Protocol):
     """Prefix-cache state per endpoint, for prefix-aware scoring."""
 
-    def match(self, endpoints: Iterable[str], token_ids: Sequence[int]) -> dict[str, int]:
-        """For every endpoint in `endpoints`, how many leading tokens of `token_ids` its KV cache holds
-        (0 when unknown): always a multiple of that endpoint's block size, so at most
-        `len(token_ids) // block_size * block_size`. Synchronous, no I/O, cheap (O(prompt tokens) per
-        distinct block size): it is called on the event loop once per request."""
+    def match(self, endpoints: Iterable[str], prompt: KeyedPrompt) -> dict[str, int]:
+        """For every endpoint in `endpoints`, how many leading tokens of `prompt` its KV cache holds
+        (0 when unknown): always a multiple of that endpoint's block size. Synchronous, no I/O, cheap
+        (dictionary look-ups over the prompt's leading blocks): it runs on the event loop per request."""
         ...
 
 

@@ -1,0 +1,333 @@
+"""The composition root's construction: every component of one gateway process, built once from the
+`EffectiveConfig` and passed down. Nothing is mutated after it is built, nothing lives at module
+level, and the only things that run in the background are listed in `Components.services` (started
+and stopped in order by the app's lifespan, `tandem.router.app`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import httpx
+from prometheus_client import CollectorRegistry
+
+from tandem.core.modeltokens import PromptEncoder
+from tandem.kvpool.index import KVPoolIndex, connect
+from tandem.router.admission.access import Access, build_access
+from tandem.router.admission.fairness.fcfs import FCFSQueue
+from tandem.router.admission.fairness.vtc import VTCQueue
+from tandem.router.admission.gate import AdmissionGate, Waiter
+from tandem.router.admission.metrics import AdmissionMetrics
+from tandem.router.admission.policy import SaturationLimits, TTFTPredictor, load_from_snapshot, pool_capacity
+from tandem.router.config import EffectiveConfig
+from tandem.router.discovery.collector import MetricsCollector
+from tandem.router.discovery.kvevents import PrefixSource
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.http.server import Gateway
+from tandem.router.http.side import Operations
+from tandem.router.identity.auth.keyfile import KeyFile
+from tandem.router.observe.looplag import LoopLagMonitor
+from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.observe.schedmetrics import SchedulingMetrics
+from tandem.router.pd.disagg import Disaggregator, Prefiller
+from tandem.router.pipeline.stages import Admit, Identify, Limit, Parse, Relay, generation_stages
+from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
+from tandem.router.scheduling.filters import ImbalanceGuard
+from tandem.router.scheduling.prefix import ApproximatePrefixIndex
+from tandem.router.scheduling.ttft import PrefillRates
+from tandem.router.settings import KVEventsSettings
+from tandem.router.upstream.client import HTTPUpstream
+from tandem.router.upstream.dispatch import Dispatcher
+
+if TYPE_CHECKING:  # zmq is imported only when engines publish KV events
+    from tandem.router.discovery.kvevents.subscriber import EventSource, KVEventSubscribers
+
+
+class Service(Protocol):
+    """A component with background work: started after discovery filled the registry."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Components:
+    """What one gateway process holds while it serves."""
+
+    config: EffectiveConfig
+    registry: EndpointRegistry
+    prometheus: CollectorRegistry
+    metrics: RouterMetrics
+    upstream: HTTPUpstream
+    dispatcher: Dispatcher
+    admission: AdmissionGate
+    access: Access
+    routing: Routing
+    kv_pool: KVPoolIndex | None
+    loop_lag: LoopLagMonitor
+    gateway: Gateway
+    operations: Operations
+    #: Background work, in start order (stopped in reverse).
+    services: Sequence[Service]
+
+
+def compose(
+    config: EffectiveConfig,
+    *,
+    session: aiohttp.ClientSession,
+    scrapes: httpx.AsyncClient,
+    encoder: PromptEncoder,
+    key_file: KeyFile | None,
+    clock: Callable[[], float],
+    predictor: TTFTPredictor | None = None,
+    prefix: PrefixSource | None = None,
+) -> Components:
+    """Build every component (pure construction: nothing starts, nothing connects)."""
+    settings = config.settings
+    registry = EndpointRegistry(
+        failure_threshold=settings.rotation.failure_threshold,
+        cooldown_seconds=settings.rotation.cooldown_seconds,
+        clock=clock,
+        stale_after=settings.collector.stale_after,
+        unreachable_after=settings.collector.unreachable_after,
+    )
+    prometheus = CollectorRegistry()
+    metrics = RouterMetrics(prometheus, registry)
+    loop_lag = LoopLagMonitor(prometheus)
+    upstream = HTTPUpstream(session, settings.proxy)
+    routing = build_routing(config, registry=registry, prometheus=prometheus, scrapes=scrapes, clock=clock)
+    dispatcher = Dispatcher(
+        registry=registry,
+        scheduler=routing.scheduler,
+        upstream=upstream,
+        metrics=metrics,
+        retries=settings.proxy.retries,
+        observer=routing.state,
+        loop_lag=loop_lag,
+        # A connect timeout of which the loop lost half or more measured the router (dispatch).
+        excusing_lag_s=settings.proxy.connect_timeout_seconds / 2,
+    )
+    kv_pool = _kv_pool(config, clock)
+    disaggregator = Disaggregator(
+        prefiller=Prefiller(
+            dispatcher=dispatcher, timeout_s=settings.disaggregation.prefill_timeout_seconds, clock=clock
+        ),
+        mode=config.spec.disaggregation.mode,
+        min_uncached_tokens=config.spec.disaggregation.min_uncached_tokens,
+        barrier_timeout_s=settings.disaggregation.kv_barrier_timeout_seconds,
+        pool=kv_pool,
+        prefix=prefix or routing.state.prefix,
+    )
+    gate = build_gate(
+        config, registry=registry, prometheus=prometheus, predictor=predictor or routing.state, clock=clock
+    )
+    access = build_access(
+        router=config.spec.router, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
+    )
+    pipeline = generation_stages(
+        identify=Identify(access.tenants, config.default_slo),
+        parse=Parse(config.served_models, settings.access.max_request_bytes, config.log_prompts),
+        limit=Limit(access),
+        admit=Admit(gate),
+        dispatcher=dispatcher,
+        disaggregator=disaggregator,
+        relay_stage=Relay(access.output_charge, config.log_prompts, clock),
+    )
+    collector = MetricsCollector(
+        registry=registry,
+        client=scrapes,
+        settings=settings.collector,
+        on_scrape=routing.metrics.scraped,
+        on_members=routing.follow,
+    )
+    services: list[Service] = [loop_lag]
+    if key_file is not None:
+        services.append(key_file)  # follows Secret updates
+    services += [routing, collector]  # subscribers follow the collector's rounds
+    return Components(
+        config=config,
+        registry=registry,
+        prometheus=prometheus,
+        metrics=metrics,
+        upstream=upstream,
+        dispatcher=dispatcher,
+        admission=gate,
+        access=access,
+        routing=routing,
+        kv_pool=kv_pool,
+        loop_lag=loop_lag,
+        gateway=Gateway(pipeline=pipeline, encoder=encoder, metrics=metrics, clock=clock),
+        operations=Operations(
+            registry=registry,
+            upstream=upstream,
+            prometheus=prometheus,
+            metrics=metrics,
+            tenants=access.tenants,
+            model=config.spec.model,
+            started_unix=int(time.time()),
+            models_timeout_s=settings.proxy.models_timeout_seconds,
+        ),
+        services=tuple(services),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Routing:
+    """The scheduling side of one gateway. `state` is the dispatcher's observer, the admission
+    layer's TTFT predictor and, through `state.prefix`, the P/D decision's prefix source.
+
+    The prefix source (`settings.scheduling.prefix_source`): `approximate` (default), the router's
+    own routing history; `precise`, the engines' KV events, one ZMQ subscriber per engine at
+    `tcp://<engine host>:<kv_events.port>` or the address `kv_events.endpoints[<engine URL>]` names,
+    following discovery each collector round. The approximate index is fed either way: it holds the
+    routed-prefix state the prefix scorer uses to spread new prompts."""
+
+    state: SchedulingState
+    scheduler: Scheduler
+    metrics: SchedulingMetrics
+    kv_events: KVEventsSettings
+    subscribers: KVEventSubscribers | None = None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        if self.subscribers is not None:
+            await self.subscribers.aclose()
+
+    async def follow(self, urls: Collection[str]) -> None:
+        """The engines are now `urls`: forget the others; keep one KV-event subscriber per engine."""
+        self.state.forget(urls)
+        if self.subscribers is not None:
+            await self.subscribers.sync(_event_sources(urls, self.kv_events))
+
+
+def build_routing(
+    config: EffectiveConfig,
+    *,
+    registry: EndpointRegistry,
+    prometheus: CollectorRegistry,
+    scrapes: httpx.AsyncClient,
+    clock: Callable[[], float],
+    timer: Callable[[], float] = time.perf_counter,
+) -> Routing:
+    """The scheduling side: state, policy, its metrics, the metrics collector and, with
+    `prefix_source: precise`, the KV-event subscribers (`tandem.router.routing`)."""
+    tuning = config.settings.scheduling
+    approximate = ApproximatePrefixIndex(
+        default_block_size=tuning.default_block_size, default_capacity_blocks=tuning.default_index_blocks
+    )
+    prefix, subscribers = prefix_source(tuning.prefix_source, approximate=approximate)
+    state = SchedulingState(
+        clock=clock,
+        approximate=approximate,
+        prefix=prefix,
+        rates=PrefillRates(
+            prior_tokens_per_second=tuning.prior_tokens_per_second, smoothing=tuning.rate_smoothing
+        ),
+    )
+    metrics = SchedulingMetrics(prometheus, endpoints=registry, state=state)
+    state.events = metrics
+    deps = SchedulerDeps(
+        state=state,
+        weights=config.spec.router.scoring,
+        guard=ImbalanceGuard(
+            abs_threshold=tuning.imbalance_abs_threshold, rel_threshold=tuning.imbalance_rel_threshold
+        ),
+        cache_threshold=tuning.cache_threshold,
+        timer=timer,
+        on_decision=metrics.decided,
+    )
+    return Routing(
+        state=state,
+        scheduler=scheduler_for(config.spec.router.policy, deps),
+        metrics=metrics,
+        kv_events=tuning.kv_events,
+        subscribers=subscribers,
+    )
+
+
+def build_gate(
+    config: EffectiveConfig,
+    *,
+    registry: EndpointRegistry,
+    prometheus: CollectorRegistry,
+    predictor: TTFTPredictor,
+    clock: Callable[[], float],
+) -> AdmissionGate:
+    """The admission gate over the decode pool, its fair queue and its metrics."""
+    spec, settings = config.spec, config.settings.admission
+    queue_type: type[VTCQueue[Waiter]] = FCFSQueue if settings.fairness == "fcfs" else VTCQueue
+    queue = queue_type(
+        input_weight=spec.router.fairness.input_weight,
+        output_weight=spec.router.fairness.output_weight,
+        tenant_weights=config.tenant_weights,
+        max_size=spec.router.max_queue + 1,  # the gate bounds *waiting* requests at maxQueue
+    )
+    limits = SaturationLimits(
+        max_in_flight=settings.max_in_flight_per_endpoint,
+        max_waiting=settings.max_waiting_per_endpoint,
+        max_kv_usage=settings.max_kv_usage,
+    )
+
+    def capacity() -> int | None:
+        candidates = registry.candidates("decode")
+        if not candidates:
+            return None
+        return pool_capacity((load_from_snapshot(s) for s in candidates), limits)
+
+    metrics = AdmissionMetrics(prometheus, max_tenants=settings.max_tenant_labels)
+    gate = AdmissionGate(
+        queue=queue,
+        max_queue=spec.router.max_queue,
+        capacity=capacity,
+        candidates=lambda: registry.candidates("decode"),
+        predictor=predictor,
+        metrics=metrics,
+        clock=clock,
+        max_queue_wait_s=settings.max_queue_wait_seconds,
+        poll_s=settings.poll_seconds,
+    )
+    metrics.watch(gate)
+    return gate
+
+
+def prefix_source(
+    kind: str, *, approximate: ApproximatePrefixIndex
+) -> tuple[PrefixSource, KVEventSubscribers | None]:
+    if kind != "precise":
+        return approximate, None
+    from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
+    from tandem.router.discovery.kvevents.subscriber import KVEventSubscribers
+
+    index = PrecisePrefixIndex()
+    return index, KVEventSubscribers(sink=index)
+
+
+def _event_sources(urls: Collection[str], settings: KVEventsSettings) -> list[EventSource]:
+    from tandem.router.discovery.kvevents.subscriber import EventSource
+
+    sources = []
+    for url in urls:
+        address = settings.endpoints.get(url)
+        host = urlsplit(url).hostname or "127.0.0.1"
+        events = address.events if address else f"tcp://{host}:{settings.port}"
+        replay = address.replay if address else None
+        if address is None and settings.replay_port is not None:
+            replay = f"tcp://{host}:{settings.replay_port}"
+        sources.append(EventSource(endpoint=url, events_url=events, replay_url=replay, topic=settings.topic))
+    return sources
+
+
+def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex | None:
+    access = config.kv_pool
+    if access is None:
+        return None
+    client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
+    return KVPoolIndex(client, model=access.model, chunk_size=access.chunk_size, clock=clock)

@@ -1,0 +1,116 @@
+"""The gateway's effective configuration: the InferenceService's router config (`RouterConfig`, from
+the operator's ConfigMap or `tandem up`), the process's tuning (`RouterSettings`, from flags) and the
+few facts of the environment (the KV pool's password), resolved once at start-up into one frozen
+object that the composition root builds everything from. Nothing below the composition root reads
+the environment, flags or the spec directly.
+
+Resolution rules (each one written here, nowhere else):
+- served model names: `spec.model.servedName` (or `name`) and `spec.model.name`;
+- default SLO: `spec.router.slo`; logging prompts: `spec.router.logPrompts` or `--log-prompts`;
+- tenant weights: `spec.router.tenants[].weight`, overridden by `--tenant-weight`;
+- the KV pool look-ups (P/D decision, barrier): on with a pool URL and `engine.kind: sim` (only the
+  simulator's chunk keys can be computed here; real vLLM's connectors hash the model's own tokens,
+  issue-tracked separately), with `TANDEM_KVPOOL_PASSWORD` from the environment;
+- the prompt tokenizer: the model's files at `tokenizerPath` when given (a directory without them
+  stops start-up), else Tandem's tokenizer: exact for `engine.kind: sim`, an estimate otherwise
+  (`tokenizer_exact` False, logged once at start-up).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
+from tandem.core.spec import InferenceServiceSpec, ModelSpec
+from tandem.kvpool.client import password_from_env
+from tandem.router.settings import RouterSettings
+from tandem.router.types import SLO
+
+
+def served_names(spec: ModelSpec) -> frozenset[str]:
+    """The `model` values the gateway accepts: the served (public) name and the model name."""
+    return frozenset({spec.public_name, spec.name})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVPoolAccess:
+    """How the gateway reaches the KV pool for P/D decisions and the barrier."""
+
+    url: str
+    password: str | None
+    timeout_s: float
+    model: str
+    chunk_size: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EffectiveConfig:
+    """Everything one gateway process runs with (module docstring); frozen."""
+
+    service: str
+    spec: InferenceServiceSpec
+    settings: RouterSettings
+    discovery: StaticDiscovery | KubernetesDiscovery | FileDiscovery
+    served_models: frozenset[str]
+    default_slo: SLO
+    log_prompts: bool
+    tenant_weights: Mapping[str, float]
+    kv_pool: KVPoolAccess | None
+    api_keys_file: Path | None
+    tokenizer_path: Path | None
+
+    @property
+    def tokenizer_exact(self) -> bool:
+        """Whether prompt tokens are the engines' own (model files given, or the simulator)."""
+        return self.tokenizer_path is not None or self.spec.engine.kind == "sim"
+
+    def describe(self) -> dict[str, Any]:
+        """The log line's view of it at start-up (no secrets)."""
+        return {
+            "service": self.service,
+            "model": self.spec.model.public_name,
+            "policy": self.spec.router.policy,
+            "disaggregation": self.spec.disaggregation.mode,
+            "fairness": self.settings.admission.fairness,
+            "prefix_source": self.settings.scheduling.prefix_source,
+            "kv_pool": self.kv_pool is not None,
+            "auth": self.api_keys_file is not None,
+            "tokenizer": str(self.tokenizer_path) if self.tokenizer_path else "tandem",
+            "tokenizer_exact": self.tokenizer_exact,
+        }
+
+
+def resolve(
+    config: RouterConfig, settings: RouterSettings, *, environ: Mapping[str, str] | None = None
+) -> EffectiveConfig:
+    """The effective configuration of `config` and `settings` (module docstring)."""
+    env = os.environ if environ is None else environ
+    spec = config.spec
+    kv_pool = None
+    if config.kv_pool_url is not None and spec.engine.kind == "sim":
+        kv_pool = KVPoolAccess(
+            url=config.kv_pool_url,
+            password=password_from_env(env),
+            timeout_s=settings.disaggregation.kv_pool_timeout_seconds,
+            model=spec.model.name,
+            chunk_size=spec.kv_pool.chunk_size,
+        )
+    weights = {t.name: t.weight for t in spec.router.tenants} | dict(settings.admission.tenant_weights)
+    return EffectiveConfig(
+        service=config.service,
+        spec=spec,
+        settings=settings,
+        discovery=config.discovery,
+        served_models=served_names(spec.model),
+        default_slo=SLO(ttft_s=spec.router.slo.ttft_seconds, tpot_s=spec.router.slo.tpot_seconds),
+        log_prompts=spec.router.log_prompts or settings.access.log_prompts,
+        tenant_weights=MappingProxyType(weights),
+        kv_pool=kv_pool,
+        api_keys_file=Path(config.api_keys_file) if config.api_keys_file else None,
+        tokenizer_path=Path(config.tokenizer_path) if config.tokenizer_path else None,
+    )

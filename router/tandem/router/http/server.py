@@ -1,0 +1,230 @@
+"""The gateway's ASGI shell: generation requests go through the pipeline; everything else (models,
+health, metrics, the OpenAPI document, unknown paths) goes to the side app (`http.side`).
+
+For `POST /v1/completions` and `POST /v1/chat/completions` the shell
+1. makes the request's `RequestContext` and `Exchange` and runs the `Pipeline` built at start-up
+   (found in the lifespan state, `scope["state"]["gateway"]`);
+2. once the body has been read, watches for the client leaving: a disconnect before the response is
+   over cancels the request's task, which closes its upstream connections (engines abort the work,
+   as vLLM does on disconnect) and records status 499;
+3. answers a `RouterError` in OpenAI's JSON shape with its status and headers (`Retry-After`, ...),
+   and anything unexpected with a 500 and a logged traceback;
+4. runs the request's cleanups (free its decode capacity, close its attempt), counts it in
+   `tandem_router_requests_total` and friends, and logs one structured line.
+
+It is plain ASGI, not a framework's router, because this path runs for every token-streaming request
+and each layer costs (docs/router-performance.md). Other paths are framework code (FastAPI) where
+convenience wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tandem.core.logs import REQUEST_ID
+from tandem.core.modeltokens import PromptEncoder
+from tandem.core.openai_api import error_body
+from tandem.router.errors import ClientDisconnected, RouterError
+from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.pipeline.context import RequestContext
+from tandem.router.pipeline.exchange import Exchange
+from tandem.router.pipeline.stages import ROUTES, Pipeline
+
+log = logging.getLogger("tandem.router")
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """What the shell needs per request, built once at start-up by the composition root."""
+
+    pipeline: Pipeline
+    encoder: PromptEncoder
+    metrics: RouterMetrics
+    clock: Callable[[], float]
+
+
+class GatewayApp:
+    """The ASGI app (module docstring); `side` serves every other route and runs the lifespan."""
+
+    def __init__(self, side: ASGIApp) -> None:
+        self.side = side
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in ROUTES:
+            await self.side(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            await _method_not_allowed(send)
+            return
+        gateway = scope.get("state", {}).get("gateway")
+        if not isinstance(gateway, Gateway):
+            raise RuntimeError("the router's lifespan has not run (serve the app with lifespan on)")
+        await _serve(gateway, scope, receive, send)
+
+
+async def _serve(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    path = scope["path"]
+    provisional = uuid.uuid4().hex
+    ctx = RequestContext(
+        request_id=provisional,
+        upstream_id=provisional,
+        path=path,
+        started=gateway.clock(),
+        encoder=gateway.encoder,
+        route=ROUTES[path],
+    )
+    responder = _Responder(send)
+    exchange = Exchange(scope, receive, responder.send)
+    watch = _Watch(receive, responder)
+    exchange.on_body_read = watch.start
+    token = REQUEST_ID.set(provisional)
+    try:
+        await gateway.pipeline.run(ctx, exchange)
+    except asyncio.CancelledError:
+        if not watch.cancelled_request():
+            raise
+        ctx.client_disconnected = True
+        ctx.error = "client disconnected"
+    except RouterError as exc:
+        await _answer_error(ctx, responder, exc)
+    except Exception as exc:  # top-level boundary: a bug still answers in OpenAI's shape
+        log.error("unexpected error", exc_info=exc)
+        await _answer_error(ctx, responder, None, unexpected=type(exc).__name__)
+    finally:
+        watch.stop()
+        _run_cleanups(ctx)
+        _finish(gateway, ctx, responder)
+        REQUEST_ID.reset(token)
+
+
+class _Responder:
+    """Wraps `send` to know whether (and with what status) the response started and ended."""
+
+    __slots__ = ("_send", "complete", "started", "status")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status: int | None = None
+        self.started = False
+        self.complete = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started, self.status = True, message["status"]
+        elif not message.get("more_body", False):
+            self.complete = True
+        await self._send(message)
+
+
+class _Watch:
+    """After the body is read, the next message is the client's disconnect (module docstring)."""
+
+    __slots__ = ("_receive", "_responder", "_target", "_task", "fired")
+
+    def __init__(self, receive: Receive, responder: _Responder) -> None:
+        self._receive = receive
+        self._responder = responder
+        self._task: asyncio.Task[None] | None = None
+        self._target: asyncio.Task[object] | None = None
+        self.fired = False
+
+    def start(self) -> None:
+        self._target = asyncio.current_task()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        if not self._responder.complete and self._target is not None and not self._target.done():
+            self.fired = True
+            self._target.cancel()
+
+    def cancelled_request(self) -> bool:
+        """Whether this watch cancelled the request (then the cancellation is taken back)."""
+        if not self.fired or self._target is None:
+            return False
+        self._target.uncancel()
+        return self._target.cancelling() == 0
+
+    def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+
+async def _answer_error(
+    ctx: RequestContext, responder: _Responder, exc: RouterError | None, *, unexpected: str | None = None
+) -> None:
+    if exc is None:
+        status, message, headers = 500, "internal router error", {}
+        body = error_body(500, message)
+        ctx.error = f"internal error: {unexpected}"
+    else:
+        if isinstance(exc, ClientDisconnected):
+            ctx.client_disconnected = True
+        status, headers = exc.status, exc.response_headers()
+        body = error_body(exc.status, exc.message, param=exc.param)
+        if exc.openai_type is not None:
+            body["error"]["type"] = exc.openai_type
+        if exc.openai_code is not None:
+            body["error"]["code"] = exc.openai_code
+        ctx.error = exc.message
+    ctx.status = status
+    if responder.started:
+        return  # the response is under way (or gone): nothing more can be said
+    payload = orjson.dumps(body)
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"x-request-id", ctx.request_id.encode()),
+        *((k.encode(), v.encode()) for k, v in headers.items()),
+    ]
+    with contextlib.suppress(OSError):
+        await responder.send({"type": "http.response.start", "status": status, "headers": raw})
+        await responder.send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def _method_not_allowed(send: Send) -> None:
+    payload = orjson.dumps(error_body(405, "Method Not Allowed"))
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"allow", b"POST"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 405, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _run_cleanups(ctx: RequestContext) -> None:
+    while ctx.cleanups:
+        cleanup = ctx.cleanups.pop()
+        try:
+            cleanup()
+        except Exception:  # one failing cleanup must not keep the others from freeing capacity
+            log.exception("request cleanup failed")
+
+
+def _finish(gateway: Gateway, ctx: RequestContext, responder: _Responder) -> None:
+    now = gateway.clock()
+    if responder.started and responder.status is not None:
+        status = responder.status  # a client that left mid-stream is in the log line, not the status
+    elif ctx.client_disconnected:
+        status = 499
+    else:
+        status = ctx.status or 500
+    ctx.status = status
+    gateway.metrics.observe_request(ctx.path, status, duration_s=now - ctx.started, ttfb_s=_ttfb(ctx))
+    level = logging.WARNING if status >= 500 else logging.INFO
+    if log.isEnabledFor(level):
+        log.log(level, "request", extra=ctx.log_fields(now=now))
+
+
+def _ttfb(ctx: RequestContext) -> float | None:
+    return None if ctx.first_byte is None else ctx.first_byte - ctx.started

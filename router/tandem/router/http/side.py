@@ -1,0 +1,156 @@
+"""The side routes: `GET /v1/models`, `/health`, `/metrics` and `/openapi.json`, a FastAPI app that
+also runs the gateway's lifespan and answers every path the gateway shell does not take (unknown
+paths 404, wrong methods 405, in OpenAI's error shape).
+
+Handlers read what they need from `Operations`, built by the composition root and found in the
+lifespan state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import Scope
+
+from tandem.core.openai_api import error_body
+from tandem.core.spec import ModelSpec
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.errors import RouterError
+from tandem.router.http.catalog import list_models
+from tandem.router.http.middleware import SideRouteMiddleware
+from tandem.router.http.openapi import openapi_builder
+from tandem.router.identity.headers import TenantResolver
+from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.types import POOLS
+from tandem.router.upstream.client import HTTPUpstream
+
+log = logging.getLogger("tandem.router")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Operations:
+    """What the side routes read: the engines, the tenant check, the metrics, the model."""
+
+    registry: EndpointRegistry
+    upstream: HTTPUpstream
+    prometheus: CollectorRegistry
+    metrics: RouterMetrics
+    tenants: TenantResolver
+    model: ModelSpec
+    started_unix: int
+    models_timeout_s: float
+
+
+router = APIRouter()
+
+
+async def get_operations(request: Request) -> Operations:
+    operations = getattr(request.state, "operations", None)
+    if not isinstance(operations, Operations):
+        raise RuntimeError("the router's lifespan has not run (serve the app with lifespan on)")
+    return operations
+
+
+OperationsDep = Annotated[Operations, Depends(get_operations)]
+
+
+@router.get("/v1/models")
+async def models(request: Request, ops: OperationsDep) -> JSONResponse:
+    ops.tenants.tenant(request.headers)  # 401 without a valid key when auth is on
+    endpoints = [s.endpoint for pool in ("decode", "prefill") for s in ops.registry.candidates(pool)]
+    listing = await list_models(
+        upstream=ops.upstream,
+        endpoints=endpoints,
+        model=ops.model,
+        created=ops.started_unix,
+        timeout_s=ops.models_timeout_s,
+    )
+    return JSONResponse(listing)
+
+
+@router.get("/health")
+async def health(ops: OperationsDep) -> JSONResponse:
+    """200 while at least one decode endpoint is in rotation, else 503 with the reason."""
+    pools = {
+        pool: {
+            "endpoints": len(snaps := ops.registry.snapshots(pool)),
+            "in_rotation": sum(s.in_rotation for s in snaps),
+        }
+        for pool in POOLS
+    }
+    decode = pools["decode"]
+    if decode["in_rotation"]:
+        return JSONResponse({"status": "ok", "pools": pools})
+    reason = (
+        "no decode endpoint known"
+        if not decode["endpoints"]
+        else f"no decode endpoint in rotation (all {decode['endpoints']} cooling down after failures)"
+    )
+    return JSONResponse({"status": "unavailable", "reason": reason, "pools": pools}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(ops: OperationsDep) -> Response:
+    return Response(generate_latest(ops.prometheus), media_type=CONTENT_TYPE_LATEST)
+
+
+def side_app(
+    *,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]],
+    served: frozenset[str],
+    auth: bool,
+    clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
+    """The FastAPI app of the side routes, running `lifespan`."""
+    app = FastAPI(title="Tandem router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(SideRouteMiddleware, clock=clock, metrics_for=_metrics_for)
+    app.add_exception_handler(RouterError, _router_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    app.include_router(router)
+    app.openapi = openapi_builder(app, served=served, auth=auth)  # type: ignore[method-assign]
+    return app
+
+
+def _metrics_for(scope: Scope) -> RouterMetrics | None:
+    operations = scope.get("state", {}).get("operations")
+    return operations.metrics if isinstance(operations, Operations) else None
+
+
+async def _router_error(request: Request, exc: Exception) -> JSONResponse:
+    """Every `RouterError` as OpenAI's JSON error with the error's status."""
+    if not isinstance(exc, RouterError):  # registered for RouterError only
+        raise exc
+    body = error_body(exc.status, exc.message, param=exc.param)
+    if exc.openai_type is not None:
+        body["error"]["type"] = exc.openai_type
+    if exc.openai_code is not None:
+        body["error"]["code"] = exc.openai_code
+    return JSONResponse(body, status_code=exc.status, headers=exc.response_headers())
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Routing errors (unknown path 404, wrong method 405) in the same shape."""
+    if not isinstance(exc, StarletteHTTPException):
+        raise exc
+    return JSONResponse(
+        error_body(exc.status_code, str(exc.detail)),
+        status_code=exc.status_code,
+        headers=dict(exc.headers or {}),
+    )
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    # Top-level boundary: a bug must still answer in OpenAI's shape and leave a traceback.
+    log.error("unexpected error", exc_info=exc)
+    return JSONResponse(error_body(500, "internal router error"), status_code=500)

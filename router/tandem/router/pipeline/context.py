@@ -1,0 +1,150 @@
+"""`RequestContext`: everything one generation request learns on its way through the gateway.
+
+One object per HTTP request, created by the HTTP shell and filled in by the stages of
+`tandem.router.pipeline.stages` in order; it dies with the request. It replaces process-wide memos
+keyed by request id: the prompt's tokens and block keys, whether its prefill succeeded, and the
+tickets of its attempts live here, so a client that reuses an `x-request-id` can never make one
+request look like another.
+
+The prompt's tokens are computed on first use (`prompt_tokens()`), by the model's tokenizer through
+the process's `PromptEncoder`; block keys per block size likewise (`block_keys(size)`). A request that
+no stage asks about (round robin, no queue, no P/D decision) is never tokenized.
+
+Scheduling, admission and P/D read the context through small Protocols of their own (`Routable`,
+`Admittable`, `PDRequest`), so none of them imports this module; it holds their handles (the
+`Grant`, the decode `Attempt`) for the stages after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.core.modeltokens import Encoded, PromptEncoder
+from tandem.router.admission.gate import Grant
+from tandem.router.types import SLO, Endpoint, Route
+from tandem.router.upstream.dispatch import Attempt
+
+#: The tenant of requests that name none.
+DEFAULT_TENANT = "default"
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class RequestContext:
+    """Per-request facts; times are clock seconds (`started`: when the request arrived).
+
+    Set by the HTTP shell: `request_id` (the client's validated `x-request-id`, else a new one, for
+    logs and the response), `upstream_id` (unique per request, sent to engines), `path` (the label
+    of the route), `started`. By the stages: see `tandem.router.pipeline.stages`.
+    """
+
+    request_id: str
+    upstream_id: str
+    path: str
+    started: float
+    encoder: PromptEncoder | None = None
+    # identify
+    tenant: str = DEFAULT_TENANT
+    slo: SLO = field(default_factory=lambda: SLO(ttft_s=1.0, tpot_s=0.05))
+    priority: int = 0
+    # parse
+    route: Route = Route.COMPLETIONS
+    body: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    stream: bool = False
+    # admission, scheduling, P/D
+    grant: Grant | None = None
+    queue_s: float | None = None
+    decode: Endpoint | None = None
+    kv_loaded: bool = False  # a prefill succeeded: the decode engine loads the prompt's KV
+    prefill_endpoint: str | None = None
+    pd_fallback: str | None = None
+    prefill_s: float | None = None
+    decode_body: dict[str, Any] | None = None  # the body for decode, when P/D changed it
+    # the answer
+    attempt: Attempt | None = None
+    strip_usage: bool = False  # the gateway asked for usage itself: not forwarded to the client
+    decode_endpoint: str | None = None
+    status: int | None = None
+    first_byte: float | None = None
+    client_disconnected: bool = False
+    error: str | None = None
+    #: Prompt and output text: set only when prompts may be logged (`logPrompts`), else never kept.
+    prompt_text: str | None = None
+    output_text: str | None = None
+    #: Run when the request is over, whatever happened, last added first (grants, attempts).
+    cleanups: list[Callable[[], object]] = field(default_factory=list)
+    _encoded: Encoded | None = None
+    _keys: dict[int, Sequence[int]] = field(default_factory=dict)
+
+    # -- the prompt ---------------------------------------------------------------------------
+
+    def encoded(self) -> Encoded:
+        """The prompt's tokens in the model's tokenizer, computed once (module docstring)."""
+        if self._encoded is None:
+            self._encoded = self._encode()
+        return self._encoded
+
+    def prompt_tokens(self) -> Sequence[int]:
+        return self.encoded().ids
+
+    def prompt_length(self) -> int:
+        return len(self.encoded().ids)
+
+    def block_keys(self, block_size: int) -> Sequence[int]:
+        """`tandem.core.blockhash.block_keys` of the prompt in blocks of `block_size`, once."""
+        keys = self._keys.get(block_size)
+        if keys is None:
+            if self.encoder is None:
+                raise RuntimeError("the request has no prompt encoder")
+            keys = self._keys[block_size] = self.encoder.block_keys(self.encoded(), block_size)
+        return keys
+
+    def _encode(self) -> Encoded:
+        encoder = self.encoder
+        if encoder is None:
+            return Encoded((), ())
+        if self.route is Route.CHAT:
+            messages = self.body.get("messages")
+            return encoder.chat(messages) if isinstance(messages, list) else Encoded((), ())
+        prompt = self.body.get("prompt")
+        if isinstance(prompt, str | list):
+            return encoder.completion(prompt)
+        return Encoded((), ())
+
+    def keep_output(self, text: str) -> None:
+        """The generated text, for the log line (only with `logPrompts`)."""
+        self.output_text = text
+
+    # -- the log line -------------------------------------------------------------------------
+
+    def log_fields(self, *, now: float) -> dict[str, object]:
+        """The request log line's structured fields (durations in seconds, rounded to 0.1 ms)."""
+        out: dict[str, object] = {"route": self.path, "status": self.status}
+        optional = {
+            "tenant": self.tenant if self.body else None,
+            "model": self.model or None,
+            "stream": self.stream if self.body else None,
+            "prompt_tokens": len(self._encoded.ids) if self._encoded is not None else None,
+            "decode_endpoint": self.decode_endpoint,
+            "prefill_endpoint": self.prefill_endpoint,
+            "pd_fallback": self.pd_fallback,
+            "prefill_s": _round(self.prefill_s),
+            "queue_s": _round(self.queue_s),
+            "ttfb_s": _round(None if self.first_byte is None else self.first_byte - self.started),
+            "error": self.error,
+            "prompt": self.prompt_text,
+            "output": self.output_text,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        out["duration_s"] = _round(now - self.started)
+        if self.upstream_id != self.request_id:
+            out["upstream_id"] = self.upstream_id
+        if self.client_disconnected:
+            out["client_disconnected"] = True
+        return out
+
+
+def _round(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)

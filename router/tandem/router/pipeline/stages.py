@@ -1,0 +1,243 @@
+"""A generation request's way through the gateway. This file is the map: the stages, in order,
+each one small object with one job, reading and writing the request's `RequestContext`.
+
+    identify → parse → limit → admit → pick → disaggregate → dispatch → relay
+
+| stage | does | fails with |
+|---|---|---|
+| `Identify` | request id, tenant (API key or header), SLO and priority headers | 400, 401 |
+| `Parse` | body read and parsed once, validated, model checked, steering fields dropped | 400, 404, 413 |
+| `Limit` | the tenant's rate limits, before the prompt is tokenized | 429 |
+| `Admit` | waits for decode capacity in fair (VTC) order; holds a `Grant` | 429 |
+| `Pick` | the decode endpoint, so P/D can look at what it already caches | — |
+| `Disaggregate` | the P/D decision, the prefill and the KV barrier (never fails the request) | — |
+| `Dispatch` | the decode request, retried elsewhere before its first byte | 503 |
+| `Relay` | the answer to the client, byte for byte, charging tokens as they stream | — |
+
+`Pipeline.run` runs them in order; a stage raises a `RouterError` to stop the request (the HTTP
+shell, `tandem.router.http.server`, answers it in OpenAI's error shape). What a stage holds until the
+request is over (the grant, the decode attempt) it registers in `ctx.cleanups`, which the shell runs
+whatever happened. The code each stage calls lives in its own package: `identity`, `request`,
+`admission`, `scheduling` (through `upstream.dispatch`), `pd`, `upstream`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+
+from tandem.core.logs import REQUEST_ID
+from tandem.router.admission.access import Access
+from tandem.router.admission.gate import AdmissionGate
+from tandem.router.identity.headers import TenantResolver, priority_from_headers, slo_from_headers
+from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
+from tandem.router.identity.request_id import request_ids
+from tandem.router.pd.disagg import Disaggregator
+from tandem.router.pipeline.context import RequestContext
+from tandem.router.pipeline.exchange import Exchange
+from tandem.router.pipeline.meter import GrantMeter
+from tandem.router.request.parse import parse_generation, prompt_text
+from tandem.router.types import SLO, Route
+from tandem.router.upstream.client import UpstreamCall
+from tandem.router.upstream.dispatch import Attempt, Dispatcher
+from tandem.router.upstream.relay import relay
+from tandem.router.upstream.usage import request_usage
+
+
+class Stage(Protocol):
+    """One step of the request's way; raises `RouterError` to end the request with an error."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """The stages in order (module docstring)."""
+
+    stages: Sequence[Stage]
+
+    async def run(self, ctx: RequestContext, exchange: Exchange) -> None:
+        for stage in self.stages:
+            await stage(ctx, exchange)
+
+
+@dataclass(frozen=True, slots=True)
+class Identify:
+    """Who is asking, and for what service level."""
+
+    tenants: TenantResolver
+    default_slo: SLO
+    name: str = "identify"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        headers = exchange.headers
+        ctx.request_id, ctx.upstream_id = request_ids(headers.get(REQUEST_ID_HEADER))
+        REQUEST_ID.set(ctx.request_id)
+        ctx.tenant = self.tenants.tenant(headers)  # 401 when auth is on and the key is bad
+        ctx.slo = slo_from_headers(headers, default=self.default_slo)
+        ctx.priority = priority_from_headers(headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Parse:
+    """The body, read and parsed once; `log_prompts` keeps the prompt text for the log line."""
+
+    accepted_models: frozenset[str]
+    max_request_bytes: int
+    log_prompts: bool
+    name: str = "parse"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        raw = await exchange.read_body(limit=self.max_request_bytes)
+        parsed = parse_generation(ctx.route, raw, accepted=self.accepted_models)
+        ctx.body, ctx.model, ctx.stream = parsed.body, parsed.model, parsed.stream
+        if self.log_prompts:
+            ctx.prompt_text = prompt_text(parsed.body)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """The tenant's request and token budgets (the prompt is counted only if a token limit asks)."""
+
+    access: Access
+    name: str = "limit"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        self.access.admit(ctx.tenant, prompt_tokens=ctx.prompt_length)
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """A unit of decode capacity, in fair order between tenants."""
+
+    gate: AdmissionGate
+    name: str = "admit"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        grant = await self.gate.admit(ctx)
+        ctx.grant = grant
+        ctx.cleanups.append(grant.release)
+        ctx.queue_s = grant.queued_s
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """The decode endpoint, chosen before P/D (None: none in rotation; `Dispatch` answers 503)."""
+
+    dispatcher: Dispatcher
+    name: str = "pick"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        ctx.decode = self.dispatcher.choose("decode", ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class Disaggregate:
+    """Prefill elsewhere when it pays, then decode loads the KV (never fails the request)."""
+
+    disaggregator: Disaggregator
+    name: str = "disaggregate"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        pd = await self.disaggregator.run(ctx, decode=ctx.decode, headers={"x-request-id": ctx.upstream_id})
+        ctx.decode_body = dict(pd.body) if pd.body is not ctx.body else None
+        ctx.prefill_s = pd.prefill_s
+        if pd.prefill_endpoint is not None:
+            ctx.kv_loaded = True
+            ctx.prefill_endpoint = pd.prefill_endpoint.name
+        ctx.pd_fallback = pd.fallback
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """The decode request; usage is always asked for, so output tokens are charged exactly."""
+
+    dispatcher: Dispatcher
+    name: str = "dispatch"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        body, ctx.strip_usage = request_usage(ctx.decode_body if ctx.decode_body is not None else ctx.body)
+        call = UpstreamCall(
+            path=ctx.route.value,
+            body=orjson.dumps(body),
+            headers={"x-request-id": ctx.upstream_id},
+            stream=ctx.stream,
+        )
+        attempt: Attempt = await self.dispatcher.open("decode", request=ctx, call=call, first=ctx.decode)
+        ctx.attempt = attempt
+        ctx.cleanups.append(attempt.finish)
+        ctx.decode_endpoint = attempt.endpoint.name
+
+
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """The answer, relayed as it arrives, metered for the fair queue and the rate limits."""
+
+    output_charge: Callable[[str], Callable[[int], None] | None]
+    log_prompts: bool
+    clock: Callable[[], float]
+    name: str = "relay"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        attempt, grant = ctx.attempt, ctx.grant
+        if attempt is None or grant is None:
+            raise RuntimeError("relay before dispatch")
+        meter = GrantMeter(
+            grant,
+            strip_usage=ctx.strip_usage,
+            on_output=self.output_charge(ctx.tenant),
+            on_text=ctx.keep_output if self.log_prompts else None,
+        )
+
+        def first_byte() -> None:
+            ctx.first_byte = self.clock()
+
+        ctx.status = await relay(
+            attempt, send=exchange.send, headers=_headers(ctx), meter=meter, on_first_byte=first_byte
+        )
+
+
+def _headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+    """`x-request-id` and the `x-tandem-*` headers naming the engines that served the request."""
+    headers = [(b"x-request-id", ctx.request_id.encode())]
+    if ctx.decode_endpoint is not None:
+        headers.append((b"x-tandem-decode-endpoint", ctx.decode_endpoint.encode()))
+    if ctx.prefill_endpoint is not None:
+        headers.append((b"x-tandem-prefill-endpoint", ctx.prefill_endpoint.encode()))
+    elif ctx.pd_fallback is not None:
+        headers.append((b"x-tandem-pd-fallback", ctx.pd_fallback.encode()))
+    return headers
+
+
+def generation_stages(
+    *,
+    identify: Identify,
+    parse: Parse,
+    limit: Limit,
+    admit: Admit,
+    dispatcher: Dispatcher,
+    disaggregator: Disaggregator,
+    relay_stage: Relay,
+) -> Pipeline:
+    """The generation pipeline, in the order of the module docstring."""
+    return Pipeline(
+        (
+            identify,
+            parse,
+            limit,
+            admit,
+            Pick(dispatcher),
+            Disaggregate(disaggregator),
+            Dispatch(dispatcher),
+            relay_stage,
+        )
+    )
+
+
+ROUTES: Mapping[str, Route] = {route.value: route for route in Route}

@@ -1,0 +1,155 @@
+"""The model's own prompt tokens: the segment-memoised encoder gives exactly what one whole encode
+gives, for Tandem's tokenizer (checked against the simulator's own request preparation) and for Hugging
+Face tokenizers built here; prefix-memoised block keys equal a fresh hash; loading errors name the file.
+
+Real: `tokenizers`, Jinja2, the simulator's `prepare`. Nothing is faked; tokenizer files are trained
+by the tests (tests/core/tokenizer_files.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.core.tokenizer_files import write_byte_level, write_metaspace
+
+from tandem.core.blockhash import block_keys
+from tandem.core.modeltokens import ModelTokenizer, PromptEncoder, TandemTokenizer
+from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
+from tandem.core.tokenizer_files import HFTokenizer, TokenizerFilesError, load_tokenizer
+from tandem.sim.protocol import prepare
+
+CHAT: dict[str, Any] = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "Be brief.\n\nAnswer in English."},
+        {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def byte_level(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
+    return load_tokenizer(write_byte_level(tmp_path_factory.mktemp("byte-level")))
+
+
+@pytest.fixture(scope="module")
+def metaspace(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
+    return load_tokenizer(write_metaspace(tmp_path_factory.mktemp("metaspace")))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "prompt": "Once upon a time, in a land far away"},
+        {"model": "m", "prompt": ["only one prompt"]},
+        {"model": "m", "prompt": [101, 202, 303]},
+        {"model": "m", "prompt": "A system prompt.\n\nQuestion: why?\n\n\nAnswer:  "},
+        CHAT,
+    ],
+    ids=["text", "list-of-one", "token-ids", "paragraphs", "chat"],
+)
+def test_tandem_prompt_tokens_are_what_the_simulator_computes(body: dict[str, Any]) -> None:
+    encoder = PromptEncoder(TandemTokenizer())
+    if "messages" in body:
+        chat = ChatCompletionRequest.model_validate(body)
+        ids = encoder.chat([m.model_dump() for m in chat.messages]).ids
+        expected = prepare(chat, served_model="m", max_model_len=4096).prompt_token_ids
+    else:
+        completion = CompletionRequest.model_validate(body)
+        ids = encoder.completion(body["prompt"]).ids
+        expected = prepare(completion, served_model="m", max_model_len=4096).prompt_token_ids
+    assert ids == expected
+
+
+def test_several_prompt_strings_are_counted_together() -> None:
+    assert len(PromptEncoder(TandemTokenizer()).completion(["a b", "c"]).ids) == 3
+
+
+def test_byte_level_and_tandem_tokenizers_pass_the_self_test_and_metaspace_does_not(
+    byte_level: HFTokenizer, metaspace: HFTokenizer
+) -> None:
+    assert PromptEncoder(TandemTokenizer()).splits
+    assert PromptEncoder(byte_level).splits
+    assert not PromptEncoder(metaspace).splits  # every text gets a ▁ prepended: cutting would change ids
+
+
+_PIECES = st.sampled_from([*"ab Zé東 \n\n\n\t.,:'!?0123-_", "<|im_start|>", "<|im_end|>", "\r\n", "Word"])
+_TEXT = st.lists(_PIECES, max_size=60).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(_TEXT, min_size=1, max_size=4))
+def test_segmented_encoding_equals_one_whole_encode_for_every_tokenizer(
+    texts: list[str], byte_level: HFTokenizer, metaspace: HFTokenizer
+) -> None:
+    tokenizer: ModelTokenizer
+    for tokenizer in (TandemTokenizer(), byte_level, metaspace):
+        encoder = PromptEncoder(tokenizer)
+        for text in texts:  # later texts hit the memo of earlier ones' segments
+            assert list(encoder.text(text).ids) == tokenizer.encode(text), (tokenizer.name, text)
+
+
+def test_a_shared_system_prompt_is_tokenized_once(byte_level: HFTokenizer) -> None:
+    encoder = PromptEncoder(byte_level)
+    system = "\n\n".join(f"Rule {i}: answer politely and briefly." for i in range(30))
+    first = encoder.chat([{"role": "system", "content": system}, {"role": "user", "content": "Hi?"}])
+    calls: list[str] = []
+    real = byte_level.encode
+
+    def counting(text: str, /) -> list[int]:
+        calls.append(text)
+        return real(text)
+
+    byte_level.encode = counting  # type: ignore[method-assign]
+    try:
+        second = encoder.chat([{"role": "system", "content": system}, {"role": "user", "content": "Why?"}])
+    finally:
+        del byte_level.encode
+    assert sum(len(c) for c in calls) < 60  # only the new question's segment was encoded
+    rendered = byte_level.render_chat(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
+    )
+    assert list(second.ids) == byte_level.encode(rendered)
+    assert first.ids[:100] == second.ids[:100]
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 64])
+def test_prefix_memoised_block_keys_equal_a_fresh_hash(block_size: int) -> None:
+    encoder = PromptEncoder(TandemTokenizer())
+    system = "\n\n".join(f"Paragraph {i} says something about caching." for i in range(20))
+    for question in ("What is cached?", "And what is not?", "What is cached?"):
+        encoded = encoder.chat([{"role": "system", "content": system}, {"role": "user", "content": question}])
+        assert encoder.block_keys(encoded, block_size) == tuple(block_keys(encoded.ids, block_size))
+
+
+def test_the_chat_template_joins_text_parts_with_newlines_as_vllm_does(byte_level: HFTokenizer) -> None:
+    rendered = byte_level.render_chat(CHAT["messages"])
+    assert rendered == (
+        "<|im_start|>system\nBe brief.\n\nAnswer in English.<|im_end|>\n"
+        "<|im_start|>user\nHello \nthere<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert byte_level.markers_split and "<|im_start|>" in byte_level.markers
+
+
+def test_missing_tokenizer_files_are_an_error_naming_the_directory(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerFilesError, match=f"no tokenizer.json in {tmp_path}"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_malformed_tokenizer_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(TokenizerFilesError, match=r"tokenizer\.json: cannot load"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_tokenizer_without_a_chat_template_refuses_chats_by_name(tmp_path: Path) -> None:
+    write_byte_level(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({}), encoding="utf-8")
+    tokenizer = load_tokenizer(tmp_path)
+    with pytest.raises(TokenizerFilesError, match="no chat template"):
+        tokenizer.render_chat([{"role": "user", "content": "hi"}])
