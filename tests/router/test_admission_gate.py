@@ -202,15 +202,30 @@ async def test_a_client_leaving_while_queued_withdraws_its_request_uncharged() -
     assert gate.admitted == 0
 
 
-async def test_a_predicted_ttft_beyond_the_objective_is_rejected_early() -> None:
+async def test_a_request_that_must_wait_with_a_predicted_ttft_beyond_its_objective_is_rejected_early() -> (
+    None
+):
     predictions = Predictions({"late": 5.0, "fine": 0.5})
-    gate, registry = make_gate(Pool(capacity=4), FakeClock(), predictor=predictions)
+    gate, registry = make_gate(Pool(capacity=1), FakeClock(), predictor=predictions)
     objective = SLO(ttft_s=1.0, tpot_s=1)
+    running = await gate.admit(request("r0", "a"))
     with pytest.raises(Overloaded) as caught:
         await gate.admit(request("late", "a", slo=objective))
     assert caught.value.reason == "slo" and "5s" in caught.value.message
-    (await gate.admit(request("fine", "a", slo=objective))).release()
+    fine = asyncio.create_task(gate.admit(request("fine", "a", slo=objective)))
+    await settle()
+    running.release()
+    (await fine).release()
     assert sample(registry, "tandem_router_admission_rejections_total", reason="slo") == 1
+
+
+async def test_with_room_free_a_request_goes_at_once_whatever_the_prediction() -> None:
+    predictions = Predictions({"late": 5.0})
+    gate, registry = make_gate(Pool(capacity=4), FakeClock(), predictor=predictions)
+    grant = await gate.admit(request("late", "a", slo=SLO(ttft_s=1.0, tpot_s=1), prompt=7))
+    assert gate.queue.counter("a") == 7  # charged as if it had been queued and popped
+    grant.release()
+    assert sample(registry, "tandem_router_admission_rejections_total", reason="slo") == 0
 
 
 async def test_higher_priority_goes_first_even_for_a_heavier_tenant() -> None:

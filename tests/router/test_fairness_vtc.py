@@ -219,3 +219,19 @@ def test_depths_count_waiting_requests_per_band() -> None:
     assert queue.depths() == {0: 2, 3: 1}
     queue.pop()
     assert queue.depths() == {0: 2}
+
+
+def test_passing_through_charges_exactly_what_a_push_and_a_pop_would() -> None:
+    queued: VTCQueue[str] = VTCQueue()
+    passed: VTCQueue[str] = VTCQueue()
+    for q in (queued, passed):
+        q.push("a1", tenant="a", prompt_tokens=300)
+        q.pop()
+        q.charge_output("a", 50)
+    queued.push("b1", tenant="b", prompt_tokens=40)
+    queued.pop()
+    passed.pass_through(tenant="b", prompt_tokens=40)  # lifted to a's 400 like a push would, then charged
+    assert queued.counters() == passed.counters() == {"a": 400.0, "b": 440.0}
+    passed.push("w", tenant="a", prompt_tokens=1)
+    with pytest.raises(ValueError, match="waiting"):
+        passed.pass_through(tenant="b", prompt_tokens=1)

@@ -10,12 +10,13 @@ Every process calls `configure_logging` once in its composition root. Code logs 
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TextIO
+
+import orjson
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("tandem_request_id", default=None)
 
@@ -43,7 +44,7 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return orjson.dumps(entry, default=str).decode()
 
 
 class TextFormatter(logging.Formatter):

@@ -48,6 +48,10 @@ if TYPE_CHECKING:  # zmq is imported only when engines publish KV events
     from tandem.router.discovery.kvevents.subscriber import EventSource, KVEventSubscribers
 
 
+#: Policies whose scorers read prefix matches.
+PREFIX_POLICIES = frozenset({"tandem", "prefix"})
+
+
 class Service(Protocol):
     """A component with background work: started after discovery filled the registry."""
 
@@ -228,6 +232,10 @@ def build_routing(
         clock=clock,
         approximate=approximate,
         prefix=prefix,
+        # Prefix state costs a hash of every prompt: kept only where something reads it.
+        track_prefixes=config.spec.router.policy in PREFIX_POLICIES
+        or config.spec.disaggregation.mode == "auto"
+        or tuning.prefix_source == "precise",
         rates=PrefillRates(
             prior_tokens_per_second=tuning.prior_tokens_per_second, smoothing=tuning.rate_smoothing
         ),

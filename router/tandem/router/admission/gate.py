@@ -5,10 +5,13 @@
 pure functions of `tandem.router.admission.policy`; the order among waiting requests is the fair
 queue's (`VTCQueue`, or `FCFSQueue` as a baseline). The gate itself only keeps the books:
 
-- `admit`: reject early when the predictor says the TTFT objective is already out of reach; queue the
-  request (the tenant's counter is lifted if it just became backlogged); `pump`; then wait until the
-  request is granted, its deadline passes (429 `deadline`), or the client leaves (ticket withdrawn,
-  nothing charged). A request that cannot be dispatched at once while `max_queue` others wait → 429
+- `admit`: with capacity free and nobody waiting, the request goes at once (its tenant's counter is
+  charged as if it had been queued and popped; no prediction is made: the engines have room, and a
+  gateway that rejects what its engines could start now would only lose requests). Otherwise: reject
+  early when the predictor says the TTFT objective is already out of reach; queue the request (the
+  tenant's counter is lifted if it just became backlogged); `pump`; then wait until the request is
+  granted, its deadline passes (429 `deadline`), or the client leaves (ticket withdrawn, nothing
+  charged). A request that cannot be dispatched at once while `max_queue` others wait → 429
   `queue_full`. With no decode endpoint in rotation at all, a new request is not queued: it goes on
   at once and the dispatcher answers 503 as before.
 - `pump`: while some capacity is free (`admitted < capacity()`), pop the next request in fair order
@@ -150,9 +153,12 @@ class AdmissionGate:
         now = self._clock()
         slo = request.slo
         self._metrics.seen(request.tenant)
-        if self._capacity() is None:
+        capacity = self._capacity()
+        if capacity is None:
             self.admitted += 1
             return Grant(self, tenant=request.tenant, prompt_tokens=0, charged=False)
+        if not len(self.queue) and self.admitted < capacity:
+            return self._pass_through(request, now=now)  # room now, nobody ahead: no wait, no verdict
         predicted = self._predictor.predicted_ttft(request, self._candidates())
         if slo_out_of_reach(predicted, time_left_s=slo.ttft_s):
             raise self._overloaded("slo", predicted=predicted, left=slo.ttft_s)
@@ -217,6 +223,15 @@ class AdmissionGate:
         grant = Grant(self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True)
         grant.queued_s = now - waiter.arrived
         waiter.future.set_result(grant)
+
+    def _pass_through(self, request: Admittable, *, now: float) -> Grant:
+        prompt_tokens = request.prompt_length()
+        self.queue.pass_through(tenant=request.tenant, prompt_tokens=prompt_tokens)
+        self.admitted += 1
+        self._drain.record(now)
+        self._metrics.served(request.tenant, prompt=prompt_tokens)
+        self._metrics.waited(0.0, outcome="dispatched")
+        return Grant(self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True)
 
     def _reject(self, waiter: Waiter, error: Overloaded) -> None:
         if waiter.ticket is not None:

@@ -22,6 +22,9 @@ computed them, so until an attempt's first token its blocks also count as cached
 It also answers the admission layer: `predicted_ttft(request, candidates)` (the best TTFT̂ over the
 candidates; None until every candidate's rate was observed once, so nothing is rejected on a prior).
 
+With `track_prefixes` off (a policy that ignores prefixes, no P/D decision and no KV events to
+follow: the composition root decides) no prompt is hashed or recorded and every match is 0.
+
 What it keeps outlives requests (queued work per endpoint, learned rates, the prefix indexes);
 nothing is keyed by a request: per-request facts (tokens, block keys, "was prefilled") are the
 request's own (`Routable`) and its attempt's `Ticket`.
@@ -101,12 +104,14 @@ class SchedulingState:
         prefix: PrefixSource | None = None,
         rates: PrefillRates | None = None,
         events: SchedulingEvents | None = None,
+        track_prefixes: bool = True,
     ) -> None:
         self.approximate = approximate or ApproximatePrefixIndex()
         self.prefix: PrefixSource = prefix or self.approximate
         self.rates = rates or PrefillRates()
         self.events: SchedulingEvents = events or NoEvents()
         self._clock = clock
+        self.track_prefixes = track_prefixes
         self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
         # Precise source only: block keys of prompts in flight, per URL (the events lag behind).
         self._pending: dict[str, Counter[int]] = {}
@@ -125,7 +130,7 @@ class SchedulingState:
         for snapshot in snapshots:
             self._size_index(snapshot)
         urls = [s.endpoint.url for s in snapshots]
-        matched = self._match(urls, request) if n else {}
+        matched = self._match(urls, request) if n and self.track_prefixes else {}
         cycle = Cycle(
             pool=pool, profile=profile, request=request, prompt_tokens=n, slo_ttft_s=request.slo.ttft_s
         )
@@ -151,7 +156,7 @@ class SchedulingState:
     def started(self, endpoint: Endpoint, request: Routable, /) -> object:
         n, url = request.prompt_length(), endpoint.url
         kv_loaded = self.profile_for(endpoint.pool, request) == KV_LOADED
-        matched = min(n, self._match([url], request).get(url, 0)) if n else 0
+        matched = min(n, self._match([url], request).get(url, 0)) if n and self.track_prefixes else 0
         uncached = _uncached(n, matched, kv_loaded=kv_loaded)
         queued = self._queued.get(url, 0)
         ticket = Ticket(
@@ -166,7 +171,7 @@ class SchedulingState:
             kv_loaded=kv_loaded,
         )
         self._queued[url] = queued + uncached
-        if n:
+        if n and self.track_prefixes:
             self.approximate.record(url, request)
             if self.prefix is not self.approximate:
                 ticket.pending_keys = tuple(request.block_keys(self.approximate.block_size(url)))

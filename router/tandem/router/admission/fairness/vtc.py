@@ -129,6 +129,19 @@ class VTCQueue(Generic[T]):
             self._charge(ticket.tenant, self.input_weight * ticket.prompt_tokens)
         return ticket
 
+    def pass_through(self, *, tenant: str, prompt_tokens: int) -> None:
+        """A request dispatched without ever waiting (nothing queued, room free): exactly what
+        `push` then `pop` would do to the counters, without a ticket. Raises ValueError while
+        requests wait (they go first)."""
+        if self._size:
+            raise ValueError("requests are waiting: queue this one")
+        self._lift(tenant)
+        self._last_departed = tenant
+        self._idle[tenant] = None
+        self._idle.move_to_end(tenant)
+        self._forget_oldest_idle()
+        self._charge(tenant, self.input_weight * prompt_tokens)
+
     def cancel(self, ticket: Ticket[T]) -> None:
         """Withdraw a waiting request (deadline passed, client gone); no charge. Idempotent."""
         if not ticket.done:
