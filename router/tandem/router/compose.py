@@ -141,7 +141,7 @@ def compose(
         admit=Admit(gate),
         dispatcher=dispatcher,
         disaggregator=disaggregator,
-        relay_stage=Relay(access.output_charge, config.log_prompts, clock),
+        relay_stage=Relay(access.output_charge, config.log_prompts),
     )
     collector = MetricsCollector(
         registry=registry,

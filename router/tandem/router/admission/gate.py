@@ -77,8 +77,27 @@ class Waiter:
     ticket: Ticket[Waiter] | None = field(default=None)
 
 
+#: Streamed tokens counted in `tandem_router_tenant_served_tokens_total` at least this often.
+SERVED_BATCH = 32
+
+
 class Grant:
-    """An admitted request's hold on one unit of decode capacity, and its tenant's charges."""
+    """An admitted request's hold on one unit of decode capacity, and its tenant's charges.
+
+    Streamed output is charged to the tenant's counter token by token (the fair queue's order must
+    see it at once); the served-tokens metric is told in batches of `SERVED_BATCH`, and the rest
+    when the grant is settled or released (it runs per streamed chunk, and metrics cost more)."""
+
+    __slots__ = (
+        "_charged",
+        "_gate",
+        "_released",
+        "_unreported",
+        "completion_tokens",
+        "prompt_tokens",
+        "queued_s",
+        "tenant",
+    )
 
     def __init__(self, gate: AdmissionGate, *, tenant: str, prompt_tokens: int, charged: bool) -> None:
         self.tenant = tenant
@@ -88,17 +107,27 @@ class Grant:
         self._gate = gate
         self._charged = charged
         self._released = False
+        self._unreported = 0
 
     def charge_output(self, tokens: int) -> None:
         """Charge `tokens` generated tokens (as they stream back)."""
         if tokens > 0:
             self.completion_tokens += tokens
-            self._gate.charge(self.tenant, completion=tokens)
+            self._gate.queue.charge_output(self.tenant, tokens)
+            self._unreported += tokens
+            if self._unreported >= SERVED_BATCH:
+                self._report()
+
+    def _report(self) -> None:
+        if self._unreported:
+            self._gate.count_served(self.tenant, completion=self._unreported)
+            self._unreported = 0
 
     def settle(self, usage: Usage | None) -> None:
         """Correct the charges with the engine's usage (prompt estimate, streamed token count)."""
         if usage is None:
             return
+        self._report()
         if usage.prompt_tokens is not None and self._charged:
             delta, self.prompt_tokens = usage.prompt_tokens - self.prompt_tokens, usage.prompt_tokens
             self._gate.charge(self.tenant, prompt=delta)
@@ -111,6 +140,7 @@ class Grant:
         """The request is over (answered, failed or abandoned); idempotent."""
         if not self._released:
             self._released = True
+            self._report()
             self._gate.released()
 
 
@@ -208,6 +238,10 @@ class AdmissionGate:
         if completion:
             self.queue.charge_output(tenant, completion)
         self._metrics.served(tenant, prompt=prompt, completion=completion)
+
+    def count_served(self, tenant: str, *, completion: int) -> None:
+        """Count output tokens already charged to the counter (a `Grant`'s batched report)."""
+        self._metrics.served(tenant, completion=completion)
 
     def released(self) -> None:
         self.admitted -= 1

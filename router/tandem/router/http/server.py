@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tandem.core.logs import REQUEST_ID
 from tandem.core.modeltokens import PromptEncoder
@@ -78,12 +78,12 @@ async def _serve(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         upstream_id=provisional,
         path=path,
         started=gateway.clock(),
+        clock=gateway.clock,
         encoder=gateway.encoder,
         route=ROUTES[path],
     )
-    responder = _Responder(send)
-    exchange = Exchange(scope, receive, responder.send)
-    watch = _Watch(receive, responder)
+    exchange = Exchange(scope, receive, send)
+    watch = _Watch(receive, ctx)
     exchange.on_body_read = watch.start
     token = REQUEST_ID.set(provisional)
     try:
@@ -94,44 +94,25 @@ async def _serve(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         ctx.client_disconnected = True
         ctx.error = "client disconnected"
     except RouterError as exc:
-        await _answer_error(ctx, responder, exc)
+        await _answer_error(ctx, send, exc)
     except Exception as exc:  # top-level boundary: a bug still answers in OpenAI's shape
         log.error("unexpected error", exc_info=exc)
-        await _answer_error(ctx, responder, None, unexpected=type(exc).__name__)
+        await _answer_error(ctx, send, None, unexpected=type(exc).__name__)
     finally:
         watch.stop()
         _run_cleanups(ctx)
-        _finish(gateway, ctx, responder)
+        _finish(gateway, ctx)
         REQUEST_ID.reset(token)
-
-
-class _Responder:
-    """Wraps `send` to know whether (and with what status) the response started and ended."""
-
-    __slots__ = ("_send", "complete", "started", "status")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.status: int | None = None
-        self.started = False
-        self.complete = False
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.started, self.status = True, message["status"]
-        elif not message.get("more_body", False):
-            self.complete = True
-        await self._send(message)
 
 
 class _Watch:
     """After the body is read, the next message is the client's disconnect (module docstring)."""
 
-    __slots__ = ("_receive", "_responder", "_target", "_task", "fired")
+    __slots__ = ("_ctx", "_receive", "_target", "_task", "fired")
 
-    def __init__(self, receive: Receive, responder: _Responder) -> None:
+    def __init__(self, receive: Receive, ctx: RequestContext) -> None:
         self._receive = receive
-        self._responder = responder
+        self._ctx = ctx
         self._task: asyncio.Task[None] | None = None
         self._target: asyncio.Task[object] | None = None
         self.fired = False
@@ -143,7 +124,7 @@ class _Watch:
     async def _run(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        if not self._responder.complete and self._target is not None and not self._target.done():
+        if not self._ctx.response_complete and self._target is not None and not self._target.done():
             self.fired = True
             self._target.cancel()
 
@@ -160,7 +141,7 @@ class _Watch:
 
 
 async def _answer_error(
-    ctx: RequestContext, responder: _Responder, exc: RouterError | None, *, unexpected: str | None = None
+    ctx: RequestContext, send: Send, exc: RouterError | None, *, unexpected: str | None = None
 ) -> None:
     if exc is None:
         status, message, headers = 500, "internal router error", {}
@@ -176,9 +157,9 @@ async def _answer_error(
         if exc.openai_code is not None:
             body["error"]["code"] = exc.openai_code
         ctx.error = exc.message
-    ctx.status = status
-    if responder.started:
+    if ctx.response_started:
         return  # the response is under way (or gone): nothing more can be said
+    ctx.response_start(status)
     payload = orjson.dumps(body)
     raw = [
         (b"content-type", b"application/json"),
@@ -187,8 +168,9 @@ async def _answer_error(
         *((k.encode(), v.encode()) for k, v in headers.items()),
     ]
     with contextlib.suppress(OSError):
-        await responder.send({"type": "http.response.start", "status": status, "headers": raw})
-        await responder.send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+    ctx.response_end()
 
 
 async def _method_not_allowed(send: Send) -> None:
@@ -211,14 +193,14 @@ def _run_cleanups(ctx: RequestContext) -> None:
             log.exception("request cleanup failed")
 
 
-def _finish(gateway: Gateway, ctx: RequestContext, responder: _Responder) -> None:
+def _finish(gateway: Gateway, ctx: RequestContext) -> None:
     now = gateway.clock()
-    if responder.started and responder.status is not None:
-        status = responder.status  # a client that left mid-stream is in the log line, not the status
+    if ctx.response_started and ctx.status is not None:
+        status = ctx.status  # a client that left mid-stream is in the log line, not the status
     elif ctx.client_disconnected:
         status = 499
     else:
-        status = ctx.status or 500
+        status = 500
     ctx.status = status
     gateway.metrics.observe_request(ctx.path, status, duration_s=now - ctx.started, ttfb_s=_ttfb(ctx))
     level = logging.WARNING if status >= 500 else logging.INFO
@@ -227,4 +209,4 @@ def _finish(gateway: Gateway, ctx: RequestContext, responder: _Responder) -> Non
 
 
 def _ttfb(ctx: RequestContext) -> float | None:
-    return None if ctx.first_byte is None else ctx.first_byte - ctx.started
+    return None if ctx.first_byte_at is None else ctx.first_byte_at - ctx.started

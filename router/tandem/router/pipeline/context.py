@@ -17,6 +17,7 @@ Scheduling, admission and P/D read the context through small Protocols of their 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class RequestContext:
     upstream_id: str
     path: str
     started: float
+    clock: Callable[[], float] = time.monotonic
     encoder: PromptEncoder | None = None
     # identify
     tenant: str = DEFAULT_TENANT
@@ -67,7 +69,9 @@ class RequestContext:
     strip_usage: bool = False  # the gateway asked for usage itself: not forwarded to the client
     decode_endpoint: str | None = None
     status: int | None = None
-    first_byte: float | None = None
+    response_started: bool = False
+    response_complete: bool = False
+    first_byte_at: float | None = None
     client_disconnected: bool = False
     error: str | None = None
     #: Prompt and output text: set only when prompts may be logged (`logPrompts`), else never kept.
@@ -113,6 +117,18 @@ class RequestContext:
             return encoder.completion(prompt)
         return Encoded((), ())
 
+    # -- what was sent (the relay's `Progress`) ---------------------------------------------
+
+    def response_start(self, status: int, /) -> None:
+        self.status, self.response_started = status, True
+
+    def response_first_byte(self) -> None:
+        if self.first_byte_at is None:
+            self.first_byte_at = self.clock()
+
+    def response_end(self) -> None:
+        self.response_complete = True
+
     def keep_output(self, text: str) -> None:
         """The generated text, for the log line (only with `logPrompts`)."""
         self.output_text = text
@@ -132,7 +148,7 @@ class RequestContext:
             "pd_fallback": self.pd_fallback,
             "prefill_s": _round(self.prefill_s),
             "queue_s": _round(self.queue_s),
-            "ttfb_s": _round(None if self.first_byte is None else self.first_byte - self.started),
+            "ttfb_s": _round(None if self.first_byte_at is None else self.first_byte_at - self.started),
             "error": self.error,
             "prompt": self.prompt_text,
             "output": self.output_text,

@@ -181,7 +181,6 @@ class Relay:
 
     output_charge: Callable[[str], Callable[[int], None] | None]
     log_prompts: bool
-    clock: Callable[[], float]
     name: str = "relay"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -194,13 +193,7 @@ class Relay:
             on_output=self.output_charge(ctx.tenant),
             on_text=ctx.keep_output if self.log_prompts else None,
         )
-
-        def first_byte() -> None:
-            ctx.first_byte = self.clock()
-
-        ctx.status = await relay(
-            attempt, send=exchange.send, headers=_headers(ctx), meter=meter, on_first_byte=first_byte
-        )
+        await relay(attempt, send=exchange.send, headers=_headers(ctx), meter=meter, progress=ctx)
 
 
 def _headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:

@@ -16,7 +16,7 @@ decompress).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -85,7 +85,7 @@ class UpstreamReply:
 
     Buffered (`streaming` False: a non-streaming call, or any status >= 400): `head` is the whole
     body and the connection is already back in the pool. Streaming: `head` is the first chunk (b""
-    for an empty body) and `chunks()` yields the others as they arrive, each as much as has arrived.
+    for an empty body) and each `read()` returns what has arrived since (b"" at the end).
     `close()` is idempotent and synchronous; closing a stream before its end closes its
     connection, which is how the engine learns the client went away.
     """
@@ -102,14 +102,18 @@ class UpstreamReply:
         self.streaming = streaming
         self._response = response
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body after `head`; raises `UpstreamError` if the engine fails."""
+    async def read(self) -> bytes:
+        """The next bytes of the body after `head`, b"" at its end; raises `UpstreamError` if the
+        engine fails. (A loop of `read` rather than an async iterator: it runs per streamed chunk.)"""
         if not self.streaming:
-            return
-        content = self._response.content
-        with translate_errors(self.endpoint):
-            while chunk := await content.readany():
-                yield chunk
+            return b""
+        try:
+            return await self._response.content.readany()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            error = translate(self.endpoint, exc)
+            if error is None:
+                raise
+            raise error from exc
 
     def ended(self) -> bool:
         """Whether the whole body has been read (the connection can be reused)."""

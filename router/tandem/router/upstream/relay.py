@@ -21,7 +21,7 @@ meter closed: both are synchronous, so they also run while the task is being can
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import orjson
@@ -60,17 +60,22 @@ def sse_error_event(message: str, *, status: int = 502) -> bytes:
     return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"
 
 
+class Progress(Protocol):
+    """Told what the relay sent: the response started (with its status), its first body bytes
+    went out, and it is complete."""
+
+    def response_start(self, status: int, /) -> None: ...
+
+    def response_first_byte(self) -> None: ...
+
+    def response_end(self) -> None: ...
+
+
 async def relay(
-    attempt: Attempt,
-    *,
-    send: Send,
-    headers: Sequence[Header],
-    meter: ResponseMeter,
-    on_first_byte: Callable[[], None] | None = None,
-) -> int:
-    """Send `attempt`'s answer to the client with extra `headers`; returns the status sent. Takes
-    ownership of `attempt` and `meter` (module docstring). `on_first_byte` is called when the first
-    body bytes are handed to the server."""
+    attempt: Attempt, *, send: Send, headers: Sequence[Header], meter: ResponseMeter, progress: Progress
+) -> None:
+    """Send `attempt`'s answer to the client with extra `headers`. Takes ownership of `attempt` and
+    `meter` (module docstring)."""
     reply = attempt.reply
     content_type = (b"content-type", reply.content_type.encode("latin-1"))
     try:
@@ -78,47 +83,36 @@ async def relay(
             attempt.finish()
             meter.buffered(reply.status, reply.head)
             length = (b"content-length", str(len(reply.head)).encode())
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": reply.status,
-                    "headers": [content_type, length, *headers],
-                }
-            )
-            if on_first_byte is not None:
-                on_first_byte()
+            progress.response_start(reply.status)
+            start = [content_type, length, *headers]
+            await send({"type": "http.response.start", "status": reply.status, "headers": start})
+            progress.response_first_byte()
             await send({"type": "http.response.body", "body": reply.head, "more_body": False})
-            return reply.status
-        await send(
-            {"type": "http.response.start", "status": reply.status, "headers": [content_type, *headers]}
-        )
-        await _stream(attempt, send=send, meter=meter, on_first_byte=on_first_byte)
-        return reply.status
+            progress.response_end()
+            return
+        progress.response_start(reply.status)
+        start = [content_type, *headers]
+        await send({"type": "http.response.start", "status": reply.status, "headers": start})
+        await _stream(attempt, send=send, meter=meter, progress=progress)
+        progress.response_end()
     finally:
         attempt.finish()
         meter.close()
 
 
-async def _stream(
-    attempt: Attempt, *, send: Send, meter: ResponseMeter, on_first_byte: Callable[[], None] | None
-) -> None:
+async def _stream(attempt: Attempt, *, send: Send, meter: ResponseMeter, progress: Progress) -> None:
     reply = attempt.reply
-    last = b""
-    first = on_first_byte
-    if out := meter.stream_chunk(reply.head):
-        if first is not None:
-            first()
-            first = None
-        last = out
-        await send({"type": "http.response.body", "body": out, "more_body": True})
+    read, feed = reply.read, meter.stream_chunk
+    chunk, last, first = reply.head, b"", True
     try:
-        async for chunk in reply.chunks():
-            if out := meter.stream_chunk(chunk):
-                if first is not None:
-                    first()
-                    first = None
+        while chunk:
+            if out := feed(chunk):
+                if first:
+                    progress.response_first_byte()
+                    first = False
                 last = out
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+            chunk = await read()
     except UpstreamError as exc:
         attempt.finish(exc)
         tail = meter.stream_end()

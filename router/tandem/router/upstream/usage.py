@@ -28,14 +28,6 @@ import orjson
 from tandem.router.types import Usage
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
-#: A key holding generated text with a string value, compact or with one space (`"content": "`).
-_CONTENT_STRING = re.compile(rb'"content": ?"')
-_TEXT_STRING = re.compile(rb'"text": ?"')
-#: The same with a non-empty string value: one token.
-_CONTENT_PIECE = re.compile(rb'"content": ?"[^"]')
-_TEXT_PIECE = re.compile(rb'"text": ?"[^"]')
-#: `"usage": null`, which every chunk carries when usage was asked for (vLLM, the simulator).
-_NO_USAGE = re.compile(rb'"usage": ?null')
 #: An unfinished event larger than this is not parsed (counting stops; bytes still flow).
 MAX_EVENT_BYTES = 1 << 20
 
@@ -110,20 +102,23 @@ def _tokens_without_parsing(payload: bytes) -> int | None:
     not `null`."""
     if not (payload.startswith(b"{") and payload.endswith(b"}")):
         return None
-    usages = payload.count(b'"usage"')
-    if usages and len(_NO_USAGE.findall(payload)) != usages:
+    count = payload.count
+    usages = count(b'"usage"')
+    if usages and count(b'"usage":null') + count(b'"usage": null') != usages:
         return None
-    contents, texts = payload.count(b'"content"'), payload.count(b'"text"')
+    contents, texts = count(b'"content"'), count(b'"text"')
     if contents and texts:
         return None
     if contents:
-        if b'"delta"' not in payload or len(_CONTENT_STRING.findall(payload)) != contents:
+        strings = count(b'"content":"') + count(b'"content": "')
+        if strings != contents or b'"delta"' not in payload:
             return None
-        return len(_CONTENT_PIECE.findall(payload))
+        return strings - count(b'"content":""') - count(b'"content": ""')
     if texts:
-        if b'"delta"' in payload or len(_TEXT_STRING.findall(payload)) != texts:
+        strings = count(b'"text":"') + count(b'"text": "')
+        if strings != texts or b'"delta"' in payload:
             return None
-        return len(_TEXT_PIECE.findall(payload))
+        return strings - count(b'"text":""') - count(b'"text": ""')
     return 0
 
 
