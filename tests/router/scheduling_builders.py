@@ -52,7 +52,7 @@ def stats(
 def snapshot(
     endpoint: Endpoint, *, in_flight: int = 0, engine: EngineStats | None = None, stale: bool = False
 ) -> EndpointSnapshot:
-    reading = None if engine is None else EngineReading(stats=engine, age_s=0.5, stale=stale)
+    reading = None if engine is None else EngineReading(stats=engine, scraped_at=0.5, stale=stale)
     return EndpointSnapshot(
         endpoint=endpoint, in_flight=in_flight, consecutive_failures=0, in_rotation=True, engine=reading
     )

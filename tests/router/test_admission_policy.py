@@ -78,9 +78,9 @@ def test_a_snapshot_gives_engine_numbers_only_when_fresh() -> None:
         )
 
     assert load_from_snapshot(snap(None)) == EndpointLoad(in_flight=3)
-    fresh = EngineReading(stats=stats, age_s=0.1, stale=False)
+    fresh = EngineReading(stats=stats, scraped_at=0.1, stale=False)
     assert load_from_snapshot(snap(fresh)) == EndpointLoad(in_flight=3, waiting=7, kv_usage=0.5)
-    stale = EngineReading(stats=stats, age_s=9.0, stale=True)
+    stale = EngineReading(stats=stats, scraped_at=9.0, stale=True)
     assert load_from_snapshot(snap(stale)) == EndpointLoad(in_flight=3)
 
 

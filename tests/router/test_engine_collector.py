@@ -94,7 +94,7 @@ def test_snapshots_carry_the_last_good_scrape_with_its_age_until_it_is_stale() -
     clock.advance(1.5)
     reading = reg.snapshots("decode")[0].engine
     assert reading is not None
-    assert (reading.stats, reading.age_s, reading.stale, reading.fresh) == (STATS, 1.5, False, STATS)
+    assert (reading.stats, reading.age_s(clock()), reading.stale, reading.fresh) == (STATS, 1.5, False, STATS)
     assert reg.snapshots("prefill")[0].engine == reading
     reg.record_scrape_miss(URL_A, unreachable=False)
     reading = reg.snapshots("decode")[0].engine

@@ -292,7 +292,9 @@ async def test_metrics_expose_the_documented_names(launcher: Launcher) -> None:
         "tandem_router_endpoint_in_flight_requests",
         "tandem_router_endpoint_consecutive_failures",
         "tandem_router_pool_in_flight_requests",
+        "tandem_router_schedule_decision_duration_seconds",
     } <= names
     assert 'tandem_router_requests_total{route="/v1/completions",status="200"} 1.0' in response.text
+    assert 'tandem_router_schedule_decision_duration_seconds_count{pool="decode"} 1.0' in response.text
     endpoint = engine.url.removeprefix("http://")
     assert f'tandem_router_endpoint_up{{endpoint="{endpoint}",pool="decode"}} 1.0' in response.text

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.router.scheduling_builders import A, B
 
 from tandem.router.discovery.kvevents import PrefixSource
@@ -79,3 +81,22 @@ def test_a_prompt_shorter_than_a_block_records_and_matches_nothing() -> None:
     index = ApproximatePrefixIndex()
     index.record(A.url, p([1, 2, 3]))
     assert (index.blocks(A.url), index.match([A.url], p([1, 2, 3]))) == (0, {A.url: 0})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(1, 3), min_size=0, max_size=40), min_size=1, max_size=12),
+    capacity=st.integers(1, 30),
+)
+def test_matches_found_by_binary_search_equal_a_walk_whatever_was_recorded_and_evicted(
+    prompts: list[list[int]], capacity: int
+) -> None:
+    """Prompts over a tiny alphabet share prefixes often; a small capacity evicts often."""
+    index = ApproximatePrefixIndex()
+    index.configure(A.url, block_size=2, capacity_blocks=capacity)
+    for tokens in prompts:
+        index.record(A.url, p(tokens))
+        for probe in prompts:
+            keys = p(probe).block_keys(2)
+            walked = next((i for i, key in enumerate(keys) if not index.holds(A.url, key)), len(keys))
+            assert index.match([A.url], p(probe)) == {A.url: walked * 2}

@@ -249,3 +249,20 @@ def test_load_is_the_larger_of_the_routers_count_and_the_engines() -> None:
     _, candidates = state.candidates("decode", request(PROMPT), snaps, profile="prompt")
     assert [(c.load, c.kv_usage) for c in candidates] == [(8.0, 0.0), (4.0, 0.0), (1.0, None)]
     assert LoadScorer().score(cycle(), candidates)[C.url] == 1.0
+
+
+def test_a_large_pool_is_scored_on_a_shortlist_of_prefix_holders_the_least_busy_and_one_in_turn() -> None:
+    state = SchedulingState(clock=FakeClock())
+    scheduler = tandem(state)
+    pool = [Endpoint("decode", f"http://10.1.0.{i}:8000") for i in range(64)]
+    snaps = [snapshot(e, in_flight=5 + i % 7) for i, e in enumerate(pool)]
+    snaps[40] = snapshot(pool[40], in_flight=0)  # the least busy
+    tokens = prompt(3, 0)
+    for holder in (pool[10], pool[20]):
+        state.approximate.record(holder.url, request(tokens))
+    shortlist = state.shortlist(request(tokens), snaps, prompt_tokens=len(tokens))
+    chosen = {s.endpoint for s in shortlist}
+    assert {pool[10], pool[20], pool[40]} <= chosen and len(chosen) <= 2 + 3 + 1
+    decision = scheduler.decide("decode", request(tokens), snaps)
+    assert decision.endpoint in (pool[10], pool[20])  # the prompt's cache wins, as in a small pool
+    assert decision.offered <= 6

@@ -40,9 +40,13 @@ class Endpoint:
         return urlsplit(self.url).netloc
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, eq=False)
 class EndpointSnapshot:
-    """What the router knows about an endpoint at one instant; the input of scheduling policies.
+    """What the router knows about an endpoint; the input of scheduling policies.
+
+    The registry keeps one per endpoint and updates it in place as requests start and end, failures
+    come and go and scrapes arrive (building 64 copies per decision cost more than the decision).
+    Read-only to everyone else; a decision reads it without awaiting, so what it sees is consistent.
 
     `in_flight`: upstream requests the router has open to it now (>= 0).
     `consecutive_failures`: failures since its last success.
@@ -76,13 +80,17 @@ class EngineStats:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineReading:
-    """The last good `EngineStats` of an endpoint, how old it is (clock seconds since that scrape), and
-    whether it is `stale`: the scrapes since then failed `stale_after` times in a row. Policies must
-    treat stale numbers as unknown, not as current."""
+    """The last good `EngineStats` of an endpoint, when it was scraped (`scraped_at`, clock seconds),
+    and whether it is `stale`: the scrapes since then failed `stale_after` times in a row. Policies
+    must treat stale numbers as unknown, not as current."""
 
     stats: EngineStats
-    age_s: float
+    scraped_at: float
     stale: bool
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the scrape."""
+        return max(0.0, now - self.scraped_at)
 
     @property
     def fresh(self) -> EngineStats | None:

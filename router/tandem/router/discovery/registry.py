@@ -22,19 +22,12 @@ Pure (no I/O) and single-threaded: every call happens on the router's event loop
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from tandem.router.types import POOLS, Endpoint, EndpointSnapshot, EngineReading, EngineStats, Pool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _State:
-    in_flight: int = 0
-    consecutive_failures: int = 0
-    out_until: float | None = None  # clock seconds; None: in rotation
 
 
 @dataclass(slots=True)
@@ -46,10 +39,13 @@ class _Engine:
 
 
 class EndpointRegistry:
-    """Members of each pool (set by discovery) plus per-endpoint state.
+    """Members of each pool (set by discovery) plus per-endpoint state, one live `EndpointSnapshot`
+    per endpoint (updated in place; see `tandem.router.types`).
 
     Invariants: `in_flight >= 0`; an endpoint removed by discovery while requests are in flight keeps
-    its state (and its metrics) until the last one ends, but is never a candidate again.
+    its state (and its metrics) until the last one ends, but is never a candidate again. While every
+    member is in rotation (the usual case) `candidates` hands out one prepared tuple: a decision's
+    cost does not grow with the pool's size here.
     """
 
     def __init__(
@@ -67,8 +63,12 @@ class EndpointRegistry:
         self._stale_after = stale_after
         self._unreachable_after = unreachable_after
         self._members: dict[Pool, tuple[Endpoint, ...]] = {pool: () for pool in POOLS}
-        self._states: dict[Endpoint, _State] = {}
+        self._views: dict[Endpoint, EndpointSnapshot] = {}  # members, and removed ones still draining
+        self._pool_views: dict[Pool, tuple[EndpointSnapshot, ...]] = {pool: () for pool in POOLS}
+        self._out_until: dict[Endpoint, float] = {}  # cooling down after failures (clock seconds)
+        self._down: set[Endpoint] = set()  # not in rotation (cooling down, or unreachable)
         self._engines: dict[str, _Engine] = {}  # by URL, members only
+        self._draining = False  # some removed endpoint still has requests in flight
 
     # -- membership (discovery) -------------------------------------------------------------
 
@@ -78,12 +78,19 @@ class EndpointRegistry:
         members = tuple(dict.fromkeys(Endpoint(pool, url.rstrip("/")) for url in urls))
         self._members[pool] = members
         for endpoint in members:
-            self._states.setdefault(endpoint, _State())
+            if endpoint not in self._views:
+                self._views[endpoint] = EndpointSnapshot(
+                    endpoint=endpoint, in_flight=0, consecutive_failures=0, in_rotation=True
+                )
             self._engines.setdefault(endpoint.url, _Engine())
+        self._pool_views[pool] = tuple(self._views[e] for e in members)
+        self._draining = True
         self._forget_idle_removed()
-        urls = self.urls()
+        urls = set(self.urls())
         for url in [u for u in self._engines if u not in urls]:
             del self._engines[url]
+        for endpoint in members:
+            self._refresh(endpoint)
 
     def endpoints(self, pool: Pool) -> tuple[Endpoint, ...]:
         """The current members of `pool`, in discovery order."""
@@ -95,31 +102,53 @@ class EndpointRegistry:
 
     def tracked(self) -> list[EndpointSnapshot]:
         """Every endpoint with state: current members plus removed ones still draining."""
-        return [self.snapshot(endpoint) for endpoint in self._states]
+        self._expire_cooldowns()
+        return list(self._views.values())
+
+    def now(self) -> float:
+        return self._clock()
 
     # -- reading ----------------------------------------------------------------------------
 
     def snapshot(self, endpoint: Endpoint) -> EndpointSnapshot:
-        state = self._states.get(endpoint, _State())
-        engine = self._engines.get(endpoint.url)
-        return EndpointSnapshot(
-            endpoint=endpoint,
-            in_flight=state.in_flight,
-            consecutive_failures=state.consecutive_failures,
-            in_rotation=self._in_rotation(state) and not self._unreachable(engine),
-            engine=self._reading(engine),
-        )
+        self._expire_cooldowns()
+        view = self._views.get(endpoint)
+        if view is None:
+            return EndpointSnapshot(endpoint=endpoint, in_flight=0, consecutive_failures=0, in_rotation=True)
+        return view
 
-    def snapshots(self, pool: Pool) -> list[EndpointSnapshot]:
+    def snapshots(self, pool: Pool) -> Sequence[EndpointSnapshot]:
         """Every member of `pool`, in or out of rotation."""
-        return [self.snapshot(endpoint) for endpoint in self._members[pool]]
+        self._expire_cooldowns()
+        return self._pool_views[pool]
 
-    def candidates(self, pool: Pool, *, exclude: Collection[Endpoint] = ()) -> list[EndpointSnapshot]:
+    def candidates(self, pool: Pool, *, exclude: Collection[Endpoint] = ()) -> Sequence[EndpointSnapshot]:
         """Members of `pool` in rotation, minus `exclude` (endpoints this request already tried)."""
-        return [snap for snap in self.snapshots(pool) if snap.in_rotation and snap.endpoint not in exclude]
+        views = self.snapshots(pool)
+        if not exclude and not self._down:
+            return views
+        return [v for v in views if v.in_rotation and v.endpoint not in exclude]
 
-    def _in_rotation(self, state: _State) -> bool:
-        return state.out_until is None or self._clock() >= state.out_until
+    def _expire_cooldowns(self) -> None:
+        if not self._out_until:
+            return
+        now = self._clock()
+        for endpoint in [e for e, until in self._out_until.items() if now >= until]:
+            del self._out_until[endpoint]
+            self._refresh(endpoint)
+
+    def _refresh(self, endpoint: Endpoint) -> None:
+        """Recompute the view's rotation and engine reading from the state."""
+        view = self._views.get(endpoint)
+        if view is None:
+            return
+        engine = self._engines.get(endpoint.url)
+        view.in_rotation = endpoint not in self._out_until and not self._unreachable(engine)
+        view.engine = self._reading(engine)
+        if view.in_rotation:
+            self._down.discard(endpoint)
+        else:
+            self._down.add(endpoint)
 
     def _unreachable(self, engine: _Engine | None) -> bool:
         return engine is not None and engine.unreachable >= self._unreachable_after
@@ -128,10 +157,14 @@ class EndpointRegistry:
         if engine is None or engine.stats is None:
             return None
         return EngineReading(
-            stats=engine.stats,
-            age_s=max(0.0, self._clock() - engine.scraped_at),
-            stale=engine.misses >= self._stale_after,
+            stats=engine.stats, scraped_at=engine.scraped_at, stale=engine.misses >= self._stale_after
         )
+
+    def _refresh_url(self, url: str) -> None:
+        for pool in POOLS:
+            endpoint = Endpoint(pool, url)
+            if endpoint in self._views:
+                self._refresh(endpoint)
 
     # -- engine state (the metrics collector) ---------------------------------------------------
 
@@ -143,6 +176,7 @@ class EndpointRegistry:
         if self._unreachable(engine):
             log.info("endpoint reachable again", extra={"endpoint": url})
         engine.stats, engine.scraped_at, engine.misses, engine.unreachable = stats, self._clock(), 0, 0
+        self._refresh_url(url)
 
     def record_scrape_miss(self, url: str, *, unreachable: bool) -> bool:
         """A failed scrape of `url`; `unreachable`: the engine could not be reached (connect error,
@@ -153,6 +187,7 @@ class EndpointRegistry:
             return False
         engine.misses += 1
         engine.unreachable = engine.unreachable + 1 if unreachable else 0
+        self._refresh_url(url)
         if engine.unreachable != self._unreachable_after:
             return False
         log.warning(
@@ -165,41 +200,50 @@ class EndpointRegistry:
 
     def begin(self, endpoint: Endpoint) -> None:
         """An upstream request to `endpoint` starts; pair with exactly one `end`."""
-        self._states.setdefault(endpoint, _State()).in_flight += 1
+        view = self._views.get(endpoint)
+        if view is None:  # not a member (a caller's own endpoint): tracked until it ends
+            view = self._views[endpoint] = EndpointSnapshot(
+                endpoint=endpoint, in_flight=0, consecutive_failures=0, in_rotation=True
+            )
+            self._draining = True
+        view.in_flight += 1
 
     def end(self, endpoint: Endpoint) -> None:
         """An upstream request to `endpoint` is over (response closed, whatever the outcome)."""
-        state = self._states.get(endpoint)
-        if state is not None and state.in_flight > 0:
-            state.in_flight -= 1
-        self._forget_idle_removed()
+        view = self._views.get(endpoint)
+        if view is not None and view.in_flight > 0:
+            view.in_flight -= 1
+        if self._draining and view is not None and not view.in_flight:
+            self._forget_idle_removed()
 
     def record_success(self, endpoint: Endpoint) -> None:
         """The endpoint answered (any status below 500): clear its failure count."""
-        state = self._states.get(endpoint)
-        if state is None:
+        view = self._views.get(endpoint)
+        if view is None:
             return
-        if state.consecutive_failures >= self._threshold:
+        if view.consecutive_failures >= self._threshold:
             log.info("endpoint healthy again", extra={"endpoint": endpoint.name, "pool": endpoint.pool})
-        state.consecutive_failures = 0
-        state.out_until = None
+        view.consecutive_failures = 0
+        if self._out_until.pop(endpoint, None) is not None:
+            self._refresh(endpoint)
 
     def record_failure(self, endpoint: Endpoint) -> bool:
         """The endpoint failed (connect error, timeout, broken response, 5xx). Returns True when this
         failure took it out of rotation."""
-        state = self._states.get(endpoint)
-        if state is None:
+        view = self._views.get(endpoint)
+        if view is None:
             return False
-        state.consecutive_failures += 1
-        if state.consecutive_failures < self._threshold:
+        view.consecutive_failures += 1
+        if view.consecutive_failures < self._threshold:
             return False
-        state.out_until = self._clock() + self._cooldown
+        self._out_until[endpoint] = self._clock() + self._cooldown
+        self._refresh(endpoint)
         log.warning(
             "endpoint out of rotation",
             extra={
                 "endpoint": endpoint.name,
                 "pool": endpoint.pool,
-                "consecutive_failures": state.consecutive_failures,
+                "consecutive_failures": view.consecutive_failures,
                 "cooldown_s": self._cooldown,
             },
         )
@@ -207,5 +251,10 @@ class EndpointRegistry:
 
     def _forget_idle_removed(self) -> None:
         members = {endpoint for pool in POOLS for endpoint in self._members[pool]}
-        for endpoint in [e for e, s in self._states.items() if e not in members and not s.in_flight]:
-            del self._states[endpoint]
+        removed = [e for e in self._views if e not in members]
+        for endpoint in removed:
+            if not self._views[endpoint].in_flight:
+                del self._views[endpoint]
+                self._out_until.pop(endpoint, None)
+                self._down.discard(endpoint)
+        self._draining = len(self._views) > len(members)

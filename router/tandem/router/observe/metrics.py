@@ -24,6 +24,8 @@ PREFIX = "tandem_router"
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 #: Seconds; time to first byte and prefill latency (prompt processing).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+#: Seconds; one scheduling decision (microseconds for a few endpoints and a cached prompt).
+DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05)
 #: Seconds; the KV-pool barrier (usually one Redis round trip, at most its timeout).
 BARRIER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
 
@@ -91,8 +93,24 @@ class RouterMetrics:
             ["reason"],
             registry=registry,
         )
+        self.schedule_decision = Histogram(
+            f"{PREFIX}_schedule_decision_duration_seconds",
+            "Time one scheduling decision took, whole: the prompt's tokens and block keys when the "
+            "policy needs them first, candidates, filters, scorers and picker.",
+            ["pool"],
+            buckets=DECISION_BUCKETS,
+            registry=registry,
+        )
+        self._decision_children: dict[str, Any] = {}
         registry.register(EndpointCollector(endpoints))
         self._request_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+
+    def decision_duration(self, pool: str) -> Any:
+        """The decision histogram's series for `pool` (cached: this runs per request)."""
+        child = self._decision_children.get(pool)
+        if child is None:
+            child = self._decision_children[pool] = self.schedule_decision.labels(pool=pool)
+        return child
 
     def observe_request(self, route: str, status: int, *, duration_s: float, ttfb_s: float | None) -> None:
         """Count one answered HTTP request (label children cached: this runs per request)."""

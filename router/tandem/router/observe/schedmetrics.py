@@ -116,6 +116,7 @@ class EngineStateCollector(Collector):
         stale = GaugeMetricFamily(
             f"{PREFIX}_endpoint_metrics_stale", "1 while the engine's numbers are stale.", labels=labels
         )
+        now = self._endpoints.now()
         for pool in ("prefill", "decode"):
             for snap in self._endpoints.snapshots(pool):
                 if snap.engine is None:
@@ -125,7 +126,7 @@ class EngineStateCollector(Collector):
                 requests.add_metric([*key, "waiting"], stats.waiting)
                 if stats.kv_usage is not None:
                     kv.add_metric(key, stats.kv_usage)
-                age.add_metric(key, snap.engine.age_s)
+                age.add_metric(key, snap.engine.age_s(now))
                 stale.add_metric(key, 1.0 if snap.engine.stale else 0.0)
         yield from (requests, kv, age, stale)
         yield from self._learned()

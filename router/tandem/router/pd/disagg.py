@@ -142,7 +142,7 @@ class Prefiller:
         candidates = registry.candidates("prefill")
         if not candidates:
             return None, None, "no_endpoint"
-        endpoint = self.dispatcher.scheduler.pick("prefill", request, candidates)
+        endpoint = self.dispatcher.pick("prefill", request, candidates)
         try:
             async with asyncio.timeout(self.timeout_s):
                 body = await self._exchange(endpoint, request=request, headers=headers)

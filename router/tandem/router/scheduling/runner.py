@@ -116,15 +116,20 @@ class SchedulerProfile:
         timer: Callable[[], float],
         durations: dict[str, float],
     ) -> list[Scored]:
-        per_scorer: dict[str, Mapping[str, float]] = {}
+        per_scorer: list[tuple[str, float, Mapping[str, float]]] = []
         for weighted in self.scorers:
             started = timer()
-            per_scorer[weighted.scorer.name] = weighted.scorer.score(cycle, candidates)
-            durations[weighted.scorer.name] = timer() - started
+            name = weighted.scorer.name
+            per_scorer.append((name, weighted.weight, weighted.scorer.score(cycle, candidates)))
+            durations[name] = timer() - started
         scored: list[Scored] = []
         for candidate in candidates:
-            scores = {name: _clamp(values.get(candidate.url, 0.0)) for name, values in per_scorer.items()}
-            total = sum(w.weight * scores[w.scorer.name] for w in self.scorers)
+            url, total, scores = candidate.url, 0.0, {}
+            for name, weight, values in per_scorer:
+                value = values.get(url, 0.0)
+                value = value if 0.0 < value <= 1.0 else (1.0 if value > 1.0 else 0.0)  # clamp; NaN → 0
+                scores[name] = value
+                total += weight * value
             scored.append(Scored(candidate=candidate, total=total, scores=scores))
         return scored
 
@@ -142,10 +147,6 @@ class SchedulerProfile:
         if reason == "prefix" and chosen.candidate.matched_tokens <= runner_up.candidate.matched_tokens:
             return "new-prefix"
         return reason
-
-
-def _clamp(value: float) -> float:
-    return 0.0 if not value > 0.0 else min(1.0, value)  # NaN → 0
 
 
 def _log_fields(decision: Decision) -> dict[str, object]:

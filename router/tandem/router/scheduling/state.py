@@ -34,9 +34,11 @@ Pure (no I/O; clock injected) and single-threaded: everything runs on the router
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from tandem.router.discovery.kvevents.ports import PrefixSource
@@ -50,6 +52,10 @@ from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 PROMPT = "prompt"
 #: Profile of a decode cycle after a successful prefill: the endpoint loads the prompt's KV.
 KV_LOADED = "kv-loaded"
+#: Pools larger than this are scored on a shortlist (`SchedulingState.shortlist`).
+SHORTLIST_ABOVE = 8
+SHORTLIST_HOLDERS = 4
+SHORTLIST_LEAST_BUSY = 3
 
 
 @dataclass(slots=True, kw_only=True)
@@ -113,6 +119,8 @@ class SchedulingState:
         self._clock = clock
         self.track_prefixes = track_prefixes
         self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
+        self._sized: dict[str, object] = {}  # url → the engine reading its index was sized from
+        self._turn = 0
         # Precise source only: block keys of prompts in flight, per URL (the events lag behind).
         self._pending: dict[str, Counter[int]] = {}
 
@@ -125,10 +133,14 @@ class SchedulingState:
     def candidates(
         self, pool: Pool, request: Routable, snapshots: Sequence[EndpointSnapshot], *, profile: str
     ) -> tuple[Cycle, list[Candidate]]:
-        """The cycle and one `Candidate` per snapshot (formulas in `Candidate` and `ttft`)."""
+        """The cycle and one `Candidate` per snapshot (formulas in `Candidate` and `ttft`); above
+        `SHORTLIST_ABOVE` snapshots, one per endpoint of the `shortlist`."""
         n = request.prompt_length()
+        if len(snapshots) > SHORTLIST_ABOVE:
+            snapshots = self.shortlist(request, snapshots, prompt_tokens=n)
         for snapshot in snapshots:
-            self._size_index(snapshot)
+            if snapshot.engine is not None and self._sized.get(snapshot.endpoint.url) is not snapshot.engine:
+                self._size_index(snapshot)
         urls = [s.endpoint.url for s in snapshots]
         matched = self._match(urls, request) if n and self.track_prefixes else {}
         cycle = Cycle(
@@ -138,6 +150,31 @@ class SchedulingState:
             self._candidate(s, n=n, matched=matched.get(s.endpoint.url, 0), kv_loaded=profile == KV_LOADED)
             for s in snapshots
         ]
+
+    def shortlist(
+        self, request: Routable, snapshots: Sequence[EndpointSnapshot], *, prompt_tokens: int
+    ) -> list[EndpointSnapshot]:
+        """The endpoints worth scoring in a large pool, found without looking at every endpoint's
+        numbers: those whose routed picture holds the prompt's first block (at most
+        `SHORTLIST_HOLDERS`, the least busy), the `SHORTLIST_LEAST_BUSY` with the fewest requests
+        from this router, and one more in turn (so new prompts still spread over the whole pool).
+        Like SGLang's and Dynamo's routers, which look up the prefix tree first and the load second.
+        Example: 64 endpoints, the prompt's system part routed to 2 of them → those 2, the 3 least
+        busy and the next in turn: 6 candidates instead of 64."""
+        busy = attrgetter("in_flight")
+        keep: dict[Endpoint, EndpointSnapshot] = {}
+        if prompt_tokens and self.track_prefixes:
+            holders = self.approximate.holders(request)
+            if holders:
+                held = [s for s in snapshots if s.endpoint.url in holders]
+                for snap in heapq.nsmallest(SHORTLIST_HOLDERS, held, key=busy):
+                    keep[snap.endpoint] = snap
+        for snap in heapq.nsmallest(SHORTLIST_LEAST_BUSY, snapshots, key=busy):
+            keep.setdefault(snap.endpoint, snap)
+        self._turn = (self._turn + 1) % len(snapshots)
+        turn = snapshots[self._turn]
+        keep.setdefault(turn.endpoint, turn)
+        return list(keep.values())
 
     def predicted_ttft(self, request: Routable, candidates: Sequence[EndpointSnapshot], /) -> float | None:
         """The lowest TTFT̂ over `candidates` if `request` were sent now (the admission layer's
@@ -206,18 +243,21 @@ class SchedulingState:
         self.approximate.forget(keep)
         self.rates.forget(keep)
         self._queued = {url: q for url, q in self._queued.items() if url in keep}
+        self._sized = {url: r for url, r in self._sized.items() if url in keep}
 
     # -- internals --------------------------------------------------------------------------------
 
     def _candidate(self, snapshot: EndpointSnapshot, *, n: int, matched: int, kv_loaded: bool) -> Candidate:
         url = snapshot.endpoint.url
-        stats = snapshot.engine.fresh if snapshot.engine is not None else None
+        engine = snapshot.engine
+        stats = engine.stats if engine is not None and not engine.stale else None
         load = float(snapshot.in_flight)
         if stats is not None:
             load = max(load, float(stats.running + stats.waiting))
         matched = min(n, max(0, matched))
         queued = self._queued.get(url, 0)
         uncached = _uncached(n, matched, kv_loaded=kv_loaded)
+        rate, overhead = self.rates.model(url)
         return Candidate(
             snapshot=snapshot,
             load=load,
@@ -225,16 +265,18 @@ class SchedulingState:
             matched_tokens=matched,
             cache_fill=self.approximate.fill(url),
             queued_tokens=queued,
-            tokens_per_second=self.rates.rate(url),
-            predicted_ttft_s=self.rates.predict(url, queued_tokens=queued, uncached_tokens=uncached),
+            tokens_per_second=rate,
+            predicted_ttft_s=overhead + (queued + uncached) / rate,
         )
 
     def _size_index(self, snapshot: EndpointSnapshot) -> None:
+        """Size the endpoint's routed picture from its engine's reading (once per new reading)."""
         if snapshot.engine is not None:
             stats = snapshot.engine.stats
             self.approximate.configure(
                 snapshot.endpoint.url, block_size=stats.block_size, capacity_blocks=stats.num_gpu_blocks
             )
+            self._sized[snapshot.endpoint.url] = snapshot.engine
 
     def _release(self, ticket: Ticket) -> None:
         if ticket.released:

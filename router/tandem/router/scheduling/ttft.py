@@ -156,6 +156,10 @@ class PrefillRates:
             del self._fits[url]
             self._mean = None
 
+    def model(self, url: str) -> tuple[float, float]:
+        """(tokens per second, overhead seconds) for `url`: learned, else the mean, else the prior."""
+        return self._model(url)
+
     def _model(self, url: str) -> tuple[float, float]:
         fit = self._fits.get(url)
         if fit is not None:

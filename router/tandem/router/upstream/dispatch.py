@@ -18,6 +18,8 @@ while the loop keeps up, and by the metrics collector's failed scrapes.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tandem.router.discovery.registry import EndpointRegistry
@@ -25,7 +27,7 @@ from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout, Up
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import DispatchObserver, NoObserver, Routable, Scheduler
-from tandem.router.types import Endpoint, Pool
+from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 from tandem.router.upstream.client import Upstream, UpstreamCall, UpstreamReply
 
 log = logging.getLogger(__name__)
@@ -73,12 +75,23 @@ class Dispatcher:
     loop_lag: LoopLagMonitor | None = None
     #: Seconds of loop lag during a connect timeout that excuse the engine (see the module docstring).
     excusing_lag_s: float = 2.5
+    #: Times scheduling decisions (seconds).
+    timer: Callable[[], float] = time.perf_counter
 
     def choose(self, pool: Pool, request: Routable) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
         caller that must know the endpoint before sending (the P/D decision); pass it to `open`."""
         candidates = self.registry.candidates(pool)
-        return self.scheduler.pick(pool, request, candidates) if candidates else None
+        return self.pick(pool, request, candidates) if candidates else None
+
+    def pick(self, pool: Pool, request: Routable, candidates: Sequence[EndpointSnapshot]) -> Endpoint:
+        """The scheduler's choice among `candidates` (non-empty), timed as one decision in
+        `tandem_router_schedule_decision_duration_seconds` (prompt tokens and block keys included
+        when the policy asks for them first)."""
+        started = self.timer()
+        endpoint = self.scheduler.pick(pool, request, candidates)
+        self.metrics.decision_duration(pool).observe(self.timer() - started)
+        return endpoint
 
     async def open(
         self, pool: Pool, *, request: Routable, call: UpstreamCall, first: Endpoint | None = None
@@ -95,7 +108,7 @@ class Dispatcher:
             if not tried and first is not None and any(s.endpoint == first for s in candidates):
                 endpoint = first
             else:
-                endpoint = self.scheduler.pick(pool, request, candidates)
+                endpoint = self.pick(pool, request, candidates)
             if failures:
                 self.metrics.retries.labels(pool=pool, reason=failures[-1].kind).inc()
             tried.append(endpoint)
