@@ -37,31 +37,10 @@ from tandem.router.scheduling import SchedulerDeps, SchedulingState, scheduler_f
 from tandem.router.scheduling.tandem import ProfileScheduler
 from tandem.router.types import Endpoint, EndpointSnapshot, EngineReading, EngineStats, Route
 
-WORDS = tuple(
-    [
-        "the",
-        "of",
-        "and",
-        "to",
-        "in",
-        "is",
-        "you",
-        "that",
-        "it",
-        "he",
-        "was",
-        "for",
-        "on",
-        "are",
-        "as",
-        "with",
-        "his",
-        "they",
-        "at",
-        "be",
-        "this",
-    ]
-)
+WORDS = (
+    "the", "of", "and", "to", "in", "is", "you", "that", "it", "he", "was",
+    "for", "on", "are", "as", "with", "his", "they", "at", "be", "this",
+)  # fmt: skip
 
 
 def text(rng: random.Random, words: int) -> str:
