@@ -162,7 +162,7 @@ def test_the_tandem_sim_command_publishes_on_the_flags_endpoints() -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=20)
-    assert '"msg": "kv events published"' in output
+    assert '"msg":"kv events published"' in output
 
 
 def _late_match(source: EventSource, prompt: list[int]) -> int:

@@ -114,4 +114,4 @@ def test_the_command_serves_until_sigterm() -> None:
     # uvicorn drains, runs the lifespan shutdown, then re-raises the signal it caught.
     assert process.returncode in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in output
-    assert '"request_id": "cli-test-1"' in output and '"path": "/v1/completions"' in output
+    assert '"request_id":"cli-test-1"' in output and '"path":"/v1/completions"' in output

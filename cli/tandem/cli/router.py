@@ -8,6 +8,7 @@ exit code 2; so does a configuration this build cannot serve (e.g. kubernetes di
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from tandem.cli.options import logging_options
+from tandem.cli.router_workers import Supervisor, WorkerPlan, bind
 from tandem.cli.routerflags import settings_from_flags, tuning_options
 from tandem.core.logs import configure_logging
 from tandem.core.routerconfig import RouterConfig
@@ -77,6 +79,12 @@ def load_router_config(path: Path) -> RouterConfig:
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Gateway processes serving the port [default: the spec's router.workers, 1].",
+)
 @logging_options
 @tuning_options
 def router(
@@ -84,6 +92,7 @@ def router(
     api_keys_file: Path | None,
     host: str,
     port: int,
+    workers: int | None,
     log_level: str,
     log_format: str,
     **tuning: Any,
@@ -102,9 +111,19 @@ def router(
         # httpx logs every upstream request at info; our one line per request names the engines.
         logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        app = create_app(config, settings=settings)
+        app = create_app(config, settings=settings)  # in the parent too: bad config stops here
     except ConfigurationError as exc:
         _fail(exc.message if exc.message.startswith("API keys:") else f"{config_path}: {exc.message}")
+    count = workers or config.spec.router.workers
+    if count > 1:
+        plan = WorkerPlan(
+            config_path=config_path,
+            api_keys_file=api_keys_file,
+            settings=settings,
+            log_level=log_level,
+            log_format=log_format,
+        )
+        raise SystemExit(_run_workers(plan, host=host, port=port, count=count))
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -120,3 +139,18 @@ def router(
     server.run()
     if not server.started:
         raise SystemExit(1)  # uvicorn has logged why (e.g. the port is taken)
+
+
+def _run_workers(plan: WorkerPlan, *, host: str, port: int, count: int) -> int:
+    """`count` workers on one socket (tandem.cli.router_workers); returns the exit code."""
+    try:
+        reserved = bind(host, port, listen=False)  # holds the address; the workers listen on it
+    except OSError as exc:
+        click.echo(f"tandem: error: cannot listen on {host}:{port}: {exc.strerror}", err=True)
+        return 1
+    with reserved:
+        bound = int(reserved.getsockname()[1])
+        logging.getLogger("tandem.router").info(
+            "router workers", extra={"workers": count, "address": f"{host}:{bound}"}
+        )
+        return Supervisor(replace(plan, host=host, port=bound), count=count).run()

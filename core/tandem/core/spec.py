@@ -322,6 +322,13 @@ class RouterSpec(SpecModel):
     """The OpenAI-compatible gateway: replicas, routing policy and weights, SLOs, fairness, queue."""
 
     replicas: int = Field(default=2, ge=1, le=100)
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Gateway processes per replica serving one port (`tandem router --workers`); they "
+        "share prefix state and fair-queue counters and split the engines' capacity.",
+    )
     policy: RoutingPolicy = Field(default="tandem", description="How the gateway picks engines.")
     scoring: ScoringWeights = Field(default_factory=ScoringWeights)
     slo: SLOSpec = Field(default_factory=SLOSpec)

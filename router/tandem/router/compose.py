@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tandem.core.modeltokens import PromptEncoder
 from tandem.kvpool.index import KVPoolIndex, connect
@@ -43,6 +43,15 @@ from tandem.router.scheduling.ttft import PrefillRates
 from tandem.router.settings import KVEventsSettings
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.upstream.dispatch import Dispatcher
+from tandem.router.workers.bus import Bus, SoloBus, WorkerBus
+from tandem.router.workers.share import (
+    ROUTE,
+    SERVICE,
+    SharedService,
+    apply_routes,
+    apply_service,
+    share_routes,
+)
 
 if TYPE_CHECKING:  # zmq is imported only when engines publish KV events
     from tandem.router.discovery.kvevents.subscriber import EventSource, KVEventSubscribers
@@ -105,7 +114,15 @@ def compose(
     metrics = RouterMetrics(prometheus, registry)
     loop_lag = LoopLagMonitor(prometheus)
     upstream = HTTPUpstream(session, settings.proxy)
-    routing = build_routing(config, registry=registry, prometheus=prometheus, scrapes=scrapes, clock=clock)
+    workers = settings.workers
+    bus: Bus = (
+        WorkerBus(key=workers.key, index=workers.index, count=workers.count)
+        if workers.count > 1
+        else SoloBus()
+    )
+    routing = build_routing(
+        config, registry=registry, prometheus=prometheus, scrapes=scrapes, clock=clock, bus=bus
+    )
     dispatcher = Dispatcher(
         registry=registry,
         scheduler=routing.scheduler,
@@ -129,7 +146,12 @@ def compose(
         prefix=prefix or routing.state.prefix,
     )
     gate = build_gate(
-        config, registry=registry, prometheus=prometheus, predictor=predictor or routing.state, clock=clock
+        config,
+        registry=registry,
+        prometheus=prometheus,
+        predictor=predictor or routing.state,
+        clock=clock,
+        bus=bus,
     )
     access = build_access(
         router=config.spec.router, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
@@ -150,7 +172,9 @@ def compose(
         on_scrape=routing.metrics.scraped,
         on_members=routing.follow,
     )
-    services: list[Service] = [loop_lag]
+    if isinstance(bus, WorkerBus):
+        bus.answer_metrics(lambda: generate_latest(prometheus))
+    services: list[Service] = [bus, loop_lag]
     if key_file is not None:
         services.append(key_file)  # follows Secret updates
     services += [routing, collector]  # subscribers follow the collector's rounds
@@ -173,6 +197,7 @@ def compose(
             prometheus=prometheus,
             metrics=metrics,
             tenants=access.tenants,
+            bus=bus,
             model=config.spec.model,
             started_unix=int(time.time()),
             models_timeout_s=settings.proxy.models_timeout_seconds,
@@ -219,6 +244,7 @@ def build_routing(
     prometheus: CollectorRegistry,
     scrapes: httpx.AsyncClient,
     clock: Callable[[], float],
+    bus: Bus,
     timer: Callable[[], float] = time.perf_counter,
 ) -> Routing:
     """The scheduling side: state, policy, its metrics, the metrics collector and, with
@@ -236,12 +262,14 @@ def build_routing(
         track_prefixes=config.spec.router.policy in PREFIX_POLICIES
         or config.spec.disaggregation.mode == "auto"
         or tuning.prefix_source == "precise",
+        on_record=share_routes(bus) if isinstance(bus, WorkerBus) else None,
         rates=PrefillRates(
             prior_tokens_per_second=tuning.prior_tokens_per_second, smoothing=tuning.rate_smoothing
         ),
     )
     metrics = SchedulingMetrics(prometheus, endpoints=registry, state=state)
     state.events = metrics
+    bus.on(ROUTE, apply_routes(approximate.record_keys))
     deps = SchedulerDeps(
         state=state,
         weights=config.spec.router.scoring,
@@ -268,18 +296,25 @@ def build_gate(
     prometheus: CollectorRegistry,
     predictor: TTFTPredictor,
     clock: Callable[[], float],
+    bus: Bus,
 ) -> AdmissionGate:
-    """The admission gate over the decode pool, its fair queue and its metrics."""
+    """The admission gate over the decode pool, its fair queue and its metrics. With several
+    workers, counters are shared over the bus and each worker admits into its share of every
+    engine (`max_in_flight_per_endpoint` split evenly, rounded up)."""
     spec, settings = config.spec, config.settings.admission
+    shared = SharedService(bus) if isinstance(bus, WorkerBus) else None
     queue_type: type[VTCQueue[Waiter]] = FCFSQueue if settings.fairness == "fcfs" else VTCQueue
     queue = queue_type(
         input_weight=spec.router.fairness.input_weight,
         output_weight=spec.router.fairness.output_weight,
         tenant_weights=config.tenant_weights,
         max_size=spec.router.max_queue + 1,  # the gate bounds *waiting* requests at maxQueue
+        on_charge=shared.charged if shared is not None else None,
     )
+    bus.on(SERVICE, apply_service(queue.add_service))
+    workers = config.settings.workers.count
     limits = SaturationLimits(
-        max_in_flight=settings.max_in_flight_per_endpoint,
+        max_in_flight=-(-settings.max_in_flight_per_endpoint // workers),
         max_waiting=settings.max_waiting_per_endpoint,
         max_kv_usage=settings.max_kv_usage,
     )

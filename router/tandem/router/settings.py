@@ -154,6 +154,15 @@ class AccessSettings(_Settings):
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1 << 34)
 
 
+class WorkersSettings(_Settings):
+    """`tandem router --workers N`: N processes serve one port. `index` and `key` are set by the
+    parent for each worker (`key` names this run's bus sockets); a single process has count 1."""
+
+    count: int = Field(default=1, ge=1, le=64)
+    index: int = Field(default=0, ge=0, le=63)
+    key: str = Field(default="solo", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+
+
 class RouterSettings(_Settings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     rotation: RotationSettings = Field(default_factory=RotationSettings)
@@ -163,3 +172,4 @@ class RouterSettings(_Settings):
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
+    workers: WorkersSettings = Field(default_factory=WorkersSettings)

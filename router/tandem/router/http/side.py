@@ -33,6 +33,7 @@ from tandem.router.identity.headers import TenantResolver
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.types import POOLS
 from tandem.router.upstream.client import HTTPUpstream
+from tandem.router.workers.bus import Bus
 
 log = logging.getLogger("tandem.router")
 
@@ -46,6 +47,7 @@ class Operations:
     prometheus: CollectorRegistry
     metrics: RouterMetrics
     tenants: TenantResolver
+    bus: Bus
     model: ModelSpec
     started_unix: int
     models_timeout_s: float
@@ -101,7 +103,9 @@ async def health(ops: OperationsDep) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(ops: OperationsDep) -> Response:
-    return Response(generate_latest(ops.prometheus), media_type=CONTENT_TYPE_LATEST)
+    """This process's metrics; with several workers, every worker's, labelled `worker`."""
+    text = await ops.bus.gather(lambda: generate_latest(ops.prometheus))
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 def side_app(

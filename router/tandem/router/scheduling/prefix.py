@@ -88,11 +88,16 @@ class ApproximatePrefixIndex:
             matched[url] = _held_prefix(prompt.block_keys(cache.block_size), cache.keys) * cache.block_size
         return matched
 
-    def record(self, url: str, prompt: KeyedPrompt) -> None:
-        """`prompt` was sent to `url`: its full blocks become `url`'s most recent keys."""
+    def record(self, url: str, prompt: KeyedPrompt) -> Sequence[int]:
+        """`prompt` was sent to `url`: its full blocks become `url`'s most recent keys (returned)."""
+        keys = prompt.block_keys(self._cache(url).block_size)
+        self.record_keys(url, keys)
+        return keys
+
+    def record_keys(self, url: str, keys: Sequence[int]) -> None:
+        """`record` with the keys computed already (in `url`'s block size; a sibling worker's)."""
         cache = self._cache(url)
         held = cache.keys
-        keys = prompt.block_keys(cache.block_size)
         for key in reversed(keys):
             held[key] = None
             held.move_to_end(key)

@@ -111,6 +111,7 @@ class SchedulingState:
         rates: PrefillRates | None = None,
         events: SchedulingEvents | None = None,
         track_prefixes: bool = True,
+        on_record: Callable[[str, Sequence[int]], None] | None = None,
     ) -> None:
         self.approximate = approximate or ApproximatePrefixIndex()
         self.prefix: PrefixSource = prefix or self.approximate
@@ -118,6 +119,7 @@ class SchedulingState:
         self.events: SchedulingEvents = events or NoEvents()
         self._clock = clock
         self.track_prefixes = track_prefixes
+        self._on_record = on_record
         self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
         self._sized: dict[str, object] = {}  # url → the engine reading its index was sized from
         self._turn = 0
@@ -209,7 +211,9 @@ class SchedulingState:
         )
         self._queued[url] = queued + uncached
         if n and self.track_prefixes:
-            self.approximate.record(url, request)
+            keys = self.approximate.record(url, request)
+            if self._on_record is not None and keys:
+                self._on_record(url, keys)  # sibling workers record it too
             if self.prefix is not self.approximate:
                 ticket.pending_keys = tuple(request.block_keys(self.approximate.block_size(url)))
                 self._pending.setdefault(url, Counter()).update(ticket.pending_keys)

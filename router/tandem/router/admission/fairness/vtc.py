@@ -23,7 +23,7 @@ and their service over any interval by at most 2U.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -59,6 +59,7 @@ class VTCQueue(Generic[T]):
         output_weight: float = 2.0,
         tenant_weights: Mapping[str, float] | None = None,
         max_size: int = 1000,
+        on_charge: Callable[[str, float], None] | None = None,
     ) -> None:
         if input_weight <= 0 or output_weight <= 0:
             raise ValueError("input_weight and output_weight must be positive")
@@ -66,6 +67,7 @@ class VTCQueue(Generic[T]):
         self.output_weight = output_weight
         self._tenant_weights = dict(tenant_weights or {})
         self.max_size = max_size
+        self._on_charge = on_charge
         self._counters: dict[str, float] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # tenants with a counter but no queue
         self._bands: dict[int, dict[str, deque[Ticket[T]]]] = {}
@@ -166,8 +168,15 @@ class VTCQueue(Generic[T]):
         values = [self.counter(t) for t in self.backlogged()]
         return max(values) - min(values) if len(values) > 1 else 0.0
 
+    def add_service(self, tenant: str, service: float) -> None:
+        """Service a sibling worker charged `tenant` (already weighted): counters are shared."""
+        self._counters[tenant] = self.counter(tenant) + service
+
     def _charge(self, tenant: str, cost: float) -> None:
-        self._counters[tenant] = self.counter(tenant) + cost / self.weight(tenant)
+        service = cost / self.weight(tenant)
+        self._counters[tenant] = self.counter(tenant) + service
+        if self._on_charge is not None:
+            self._on_charge(tenant, service)
 
     def _lift(self, tenant: str) -> None:
         others = [self.counter(t) for t in self.backlogged() if t != tenant]

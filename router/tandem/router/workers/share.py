@@ -1,0 +1,76 @@
+"""What sibling workers share over the bus, as small adapters the composition root plugs in:
+
+- `"route"` events: `[url, keys]`, a prompt's block keys as one worker routed it; every sibling
+  records them in its approximate prefix index, so a prefix sent to engine A by one worker is found
+  on A by the others (without this, N workers would each spread every new prefix on their own and
+  cache it N times).
+- `"service"` events: `{tenant: service}`, the VTC service this worker charged, summed over
+  `interval_s` and sent at most that often; every sibling adds it to its counters, so each worker
+  orders its waiting requests by what each tenant received from the whole gateway. (Capacity is
+  split, not shared: each worker admits into its own share of the engines; docs/router.md.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tandem.router.workers.bus import Bus
+
+ROUTE = "route"
+SERVICE = "service"
+#: Seconds over which a worker's charges are summed before they are sent.
+SERVICE_INTERVAL_S = 0.005
+
+
+class SharedService:
+    """Batches this worker's VTC charges for its siblings (module docstring)."""
+
+    def __init__(self, bus: Bus, *, interval_s: float = SERVICE_INTERVAL_S) -> None:
+        self._bus = bus
+        self._interval = interval_s
+        self._pending: dict[str, float] = {}
+        self._scheduled = False
+
+    def charged(self, tenant: str, service: float) -> None:
+        """The `on_charge` hook of this worker's fair queue."""
+        self._pending[tenant] = self._pending.get(tenant, 0.0) + service
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_later(self._interval, self._send)
+
+    def _send(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, {}
+        if pending:
+            self._bus.publish(SERVICE, pending)
+
+
+def share_routes(bus: Bus) -> Callable[[str, Sequence[int]], None]:
+    """The `on_record` hook of this worker's scheduling state."""
+
+    def routed(url: str, keys: Sequence[int]) -> None:
+        bus.publish(ROUTE, [url, list(keys)])
+
+    return routed
+
+
+def apply_routes(record: Callable[[str, Sequence[int]], None]) -> Callable[[Any], None]:
+    """A sibling's `"route"` event into this worker's index (`record_keys`)."""
+
+    def apply(payload: Any) -> None:
+        url, keys = payload
+        record(str(url), [int(k) for k in keys])
+
+    return apply
+
+
+def apply_service(add: Callable[[str, float], None]) -> Callable[[Any], None]:
+    """A sibling's `"service"` event into this worker's counters (`add_service`)."""
+
+    def apply(payload: Any) -> None:
+        for tenant, service in payload.items():
+            add(str(tenant), float(service))
+
+    return apply
