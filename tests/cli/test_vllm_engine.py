@@ -99,3 +99,11 @@ def test_lmcache_falls_back_to_tandems_connector_with_a_note() -> None:
     isvc = isvc_for({"kvPool": {"connector": "lmcache"}})
     assert local_connector(isvc) == ("tandem", LMCACHE_NOTE)
     assert local_connector(isvc_for({})) == ("tandem", None)
+
+
+def test_the_gateway_reads_the_models_own_tokenizer_from_the_local_model_directory() -> None:
+    assert plan_for({}).router_config.tokenizer_path == "/models/tiny"
+    relative = {"model": {"name": "tiny-qwen2", "source": {"path": ".tandem/models/tiny-qwen2"}}}
+    assert plan_for(relative).router_config.tokenizer_path == str(Path(".tandem/models/tiny-qwen2").resolve())
+    simulated = {"engine": {"kind": "sim"}}
+    assert plan_for(simulated).router_config.tokenizer_path is None  # the simulator's tokenizer is built in

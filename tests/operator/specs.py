@@ -63,6 +63,10 @@ VARIANTS: dict[str, InferenceServiceSpec] = {
     "cpu demo, redis password": sim(
         kvPool={"redis": {"memory": "1Gi", "passwordSecret": {"name": "kv-auth", "key": "password"}}}
     ),
+    "tokenizer from a configmap, 2 workers": gpu(
+        model={"name": "Qwen/Qwen2.5-7B-Instruct", "tokenizer": {"configMap": "qwen-tokenizer"}},
+        router={"workers": 2},
+    ),
     "api keys, tenants, rate limits": gpu(
         router={
             "auth": {"enabled": True, "apiKeysSecret": {"name": "gateway-keys", "key": "keys.yaml"}},

@@ -18,7 +18,7 @@ from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources import Role, desired_children, managed_refs
 from tandem.operator.resources.engine import build_engine_deployment, kv_transfer_config, model_argument
 from tandem.operator.resources.kvpool import build_lmcache_configmap, build_redis_deployment
-from tandem.operator.resources.router import build_router_configmap
+from tandem.operator.resources.router import build_router_configmap, build_router_deployment
 from tandem.operator.resources.services import build_service
 
 
@@ -316,3 +316,39 @@ def test_builders_are_deterministic() -> None:
         first = [c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES)]
         second = [c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES)]
         assert first == second
+
+
+def _router(spec: InferenceServiceSpec) -> tuple[RouterConfig, dict[str, Any]]:
+    config = RouterConfig.model_validate(
+        yaml.safe_load(build_router_configmap(spec, owner=OWNER)["data"]["router.yaml"])
+    )
+    return config, build_router_deployment(
+        spec, owner=OWNER, config=build_router_configmap(spec, owner=OWNER), images=IMAGES
+    )
+
+
+def test_with_real_vllm_the_router_reads_the_tokenizer_from_the_weights_pvc_read_only() -> None:
+    config, deployment = _router(gpu())
+    assert config.tokenizer_path == model_argument(gpu())  # /models/<path>, where vLLM reads it
+    pod = deployment["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod[
+        "volumes"
+    ]
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in container(deployment)[
+        "volumeMounts"
+    ]
+
+
+def test_a_tokenizer_configmap_is_mounted_instead_of_the_weights() -> None:
+    spec = gpu(model={"name": "Qwen/Qwen2.5-7B-Instruct", "tokenizer": {"configMap": "qwen-tokenizer"}})
+    config, deployment = _router(spec)
+    assert config.tokenizer_path == "/etc/tandem/tokenizer"
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tokenizer", "configMap": {"name": "qwen-tokenizer"}} in volumes
+    assert not [v for v in volumes if "persistentVolumeClaim" in v]
+
+
+def test_the_simulator_needs_no_tokenizer_files() -> None:
+    config, deployment = _router(sim())
+    assert config.tokenizer_path is None
+    assert not [m for m in container(deployment)["volumeMounts"] if m["name"] in ("model", "tokenizer")]

@@ -115,6 +115,7 @@ def build_plan(
         spec=spec,
         discovery=discovery,
         kv_pool_url=router_pool_url(isvc, pool_url),
+        tokenizer_path=local_tokenizer_path(isvc),
     )
     config_path = state_dir / "router.yaml"
     router = ProcessPlan(
@@ -135,6 +136,15 @@ def build_plan(
         endpoint_file=endpoint_file,
         new_engine=new_engine if autoscaled else None,
     )
+
+
+def local_tokenizer_path(isvc: InferenceService) -> str | None:
+    """The model's directory for real vLLM (`model.source.path`, made absolute: the gateway reads its
+    tokenizer files there); None for the simulator, whose tokenizer the gateway has built in."""
+    source = isvc.spec.model.source
+    if isvc.spec.engine.kind != "vllm" or source is None or not source.path or source.pvc:
+        return None
+    return str(Path(source.path).resolve())
 
 
 def _pool_sizes(isvc: InferenceService) -> tuple[tuple[Role, int], ...]:

@@ -71,6 +71,15 @@ class ModelSource(SpecModel):
     )
 
 
+class TokenizerSource(SpecModel):
+    """Where the gateway finds the model's tokenizer files (`tokenizer.json`, `tokenizer_config.json`)
+    when the weights' volume cannot be mounted into its pods. A ConfigMap holds at most 1 MiB."""
+
+    config_map: str = Field(
+        pattern=DNS_LABEL_PATTERN, description="ConfigMap with tokenizer.json and tokenizer_config.json."
+    )
+
+
 class ModelSpec(SpecModel):
     """The model the engines serve and the name clients use for it."""
 
@@ -81,6 +90,11 @@ class ModelSpec(SpecModel):
         description="Name clients use in the `model` field; defaults to `name`.",
     )
     source: ModelSource | None = Field(default=None, description="Where the weights come from.")
+    tokenizer: TokenizerSource | None = Field(
+        default=None,
+        description="The tokenizer files for the gateway (engine.kind vllm), when the weights' PVC is "
+        "not to be mounted into the router pods; default: the PVC, read-only.",
+    )
 
     @property
     def public_name(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
 from tandem.core.spec import InferenceServiceSpec
-from tandem.operator.resources.engine import CONFIG_HASH_ANNOTATION
+from tandem.operator.resources.engine import CONFIG_HASH_ANNOTATION, MODEL_MOUNT, model_argument
 from tandem.operator.resources.kvpool import config_hash, kv_pool_url
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
@@ -36,6 +36,8 @@ CONFIG_FILE = "router.yaml"
 #: router, which re-reads the file).
 AUTH_DIR = "/etc/tandem/auth"
 API_KEYS_FILE = "api-keys"
+#: Where the tokenizer ConfigMap is mounted (`spec.model.tokenizer.configMap`).
+TOKENIZER_DIR = "/etc/tandem/tokenizer"
 #: The router's own resources (the spec has none for it): a light async proxy.
 ROUTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
@@ -58,7 +60,22 @@ def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
         ),
         kv_pool_url=kv_pool_url(spec, owner),
         api_keys_file=f"{AUTH_DIR}/{API_KEYS_FILE}" if spec.router.auth.enabled else None,
+        tokenizer_path=tokenizer_path(spec),
     )
+
+
+def tokenizer_path(spec: InferenceServiceSpec) -> str | None:
+    """Where the router reads the model's tokenizer files: the tokenizer ConfigMap's mount, else the
+    weights' PVC mounted read-only as the engines mount it; none for the simulator (its tokenizer
+    is built in) or for a model without files (the router then estimates, docs/router.md)."""
+    if spec.engine.kind != "vllm":
+        return None
+    if spec.model.tokenizer is not None:
+        return TOKENIZER_DIR
+    source = spec.model.source
+    if source is not None and source.pvc:
+        return model_argument(spec)
+    return None
 
 
 def build_router_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict[str, Any]:
@@ -138,6 +155,8 @@ def _router_container(spec: InferenceServiceSpec, images: Images) -> dict[str, A
     }
     if spec.router.auth.enabled:
         container["volumeMounts"].append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
+    for volume, mount in _tokenizer_volume(spec):
+        container["volumeMounts"].append({"name": volume["name"], "mountPath": mount, "readOnly": True})
     # The pool's password (from its Secret) for the barrier's look-ups; the URL in the config has none.
     env = password_env(spec)
     if env:
@@ -174,6 +193,7 @@ def build_router_deployment(
                 },
             }
         )
+    volumes += [volume for volume, _ in _tokenizer_volume(spec)]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -193,3 +213,18 @@ def build_router_deployment(
             },
         },
     }
+
+
+def _tokenizer_volume(spec: InferenceServiceSpec) -> list[tuple[dict[str, Any], str]]:
+    """(volume, mount path) for `tokenizer_path`: the ConfigMap, or the weights' PVC read-only."""
+    if tokenizer_path(spec) is None:
+        return []
+    if spec.model.tokenizer is not None:
+        volume = {"name": "tokenizer", "configMap": {"name": spec.model.tokenizer.config_map}}
+        return [(volume, TOKENIZER_DIR)]
+    assert spec.model.source is not None and spec.model.source.pvc
+    volume = {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": spec.model.source.pvc, "readOnly": True},
+    }
+    return [(volume, MODEL_MOUNT)]
