@@ -66,6 +66,8 @@ class FakeEngine:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)  # a generation request came in
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)  # the client left before the end
     url: str = ""
+    open_requests: int = 0  # generation requests being answered now
+    most_open: int = 0  # the most it ever held at once
 
     def __post_init__(self) -> None:
         self.app = FastAPI()
@@ -90,6 +92,18 @@ class FakeEngine:
         return Response(status_code=200)
 
     async def _generate(self, request: Request, *, chat: bool) -> Response:
+        self.open_requests += 1
+        self.most_open = max(self.most_open, self.open_requests)
+        try:
+            response = await self._answer_request(request, chat=chat)
+        except BaseException:
+            self.open_requests -= 1
+            raise
+        if not isinstance(response, _RecordingStream):
+            self.open_requests -= 1
+        return response
+
+    async def _answer_request(self, request: Request, *, chat: bool) -> Response:
         body = await request.json()
         self.received.append(Received(request.url.path, body, dict(request.headers)))
         self.arrived.set()
@@ -200,6 +214,7 @@ class _RecordingStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            self._engine.open_requests -= 1
             if not (self._progress.done or self._progress.died):
                 self._engine.cancelled.set()
 

@@ -30,18 +30,18 @@ from tandem.router.identity.headers import (
 )
 from tandem.router.types import SLO, Endpoint, EndpointSnapshot, EngineReading, EngineStats
 
-LIMITS = SaturationLimits(max_in_flight=4, max_waiting=5, max_kv_usage=0.8)
+LIMITS = SaturationLimits(max_waiting=5, max_kv_usage=0.8)
 
 
 @pytest.mark.parametrize(
     ("load", "full"),
     [
-        (EndpointLoad(in_flight=3), False),
-        (EndpointLoad(in_flight=4), True),
-        (EndpointLoad(in_flight=0, waiting=5), True),
-        (EndpointLoad(in_flight=0, waiting=4, kv_usage=0.79), False),
-        (EndpointLoad(in_flight=0, kv_usage=0.8), True),
-        (EndpointLoad(in_flight=1, waiting=None, kv_usage=None), False),
+        (EndpointLoad(in_flight=3, limit=4), False),
+        (EndpointLoad(in_flight=4, limit=4), True),
+        (EndpointLoad(in_flight=0, limit=4, waiting=5), True),
+        (EndpointLoad(in_flight=0, limit=4, waiting=4, kv_usage=0.79), False),
+        (EndpointLoad(in_flight=0, limit=4, kv_usage=0.8), True),
+        (EndpointLoad(in_flight=1, limit=4, waiting=None, kv_usage=None), False),
     ],
 )
 def test_an_endpoint_is_saturated_by_in_flight_waiting_or_kv(load: EndpointLoad, full: bool) -> None:
@@ -49,19 +49,19 @@ def test_an_endpoint_is_saturated_by_in_flight_waiting_or_kv(load: EndpointLoad,
 
 
 def test_engine_checks_can_be_turned_off() -> None:
-    limits = SaturationLimits(max_in_flight=4)
-    assert not saturated(EndpointLoad(in_flight=0, waiting=100, kv_usage=1.0), limits)
+    limits = SaturationLimits()
+    assert not saturated(EndpointLoad(in_flight=0, limit=4, waiting=100, kv_usage=1.0), limits)
 
 
 @pytest.mark.parametrize(
     ("loads", "capacity"),
     [
         ([], 0),
-        ([EndpointLoad(in_flight=0)] * 4, 16),
-        # the docstring's example: one engine reports 7 waiting with 3 in flight → keeps its 3
-        ([EndpointLoad(in_flight=0)] * 3 + [EndpointLoad(in_flight=3, waiting=7)], 15),
-        ([EndpointLoad(in_flight=9, kv_usage=0.9)], 4),  # never more than max_in_flight
-        ([EndpointLoad(in_flight=6)], 4),  # over the limit by the router's count: still 4
+        ([EndpointLoad(in_flight=0, limit=4)] * 4, 16),
+        # an engine reporting 7 waiting with 3 in flight (checks on) keeps its 3
+        ([EndpointLoad(in_flight=0, limit=4)] * 3 + [EndpointLoad(in_flight=3, limit=4, waiting=7)], 15),
+        ([EndpointLoad(in_flight=9, limit=4, kv_usage=0.9)], 4),  # never more than the limit
+        ([EndpointLoad(in_flight=6, limit=4)], 4),  # over the limit by the router's count: still 4
     ],
 )
 def test_pool_capacity_sums_each_endpoints_room(loads: list[EndpointLoad], capacity: int) -> None:
@@ -77,11 +77,13 @@ def test_a_snapshot_gives_engine_numbers_only_when_fresh() -> None:
             endpoint=endpoint, in_flight=3, consecutive_failures=0, in_rotation=True, engine=reading
         )
 
-    assert load_from_snapshot(snap(None)) == EndpointLoad(in_flight=3)
+    assert load_from_snapshot(snap(None), limit=4) == EndpointLoad(in_flight=3, limit=4)
     fresh = EngineReading(stats=stats, scraped_at=0.1, stale=False)
-    assert load_from_snapshot(snap(fresh)) == EndpointLoad(in_flight=3, waiting=7, kv_usage=0.5)
+    assert load_from_snapshot(snap(fresh), limit=4) == EndpointLoad(
+        in_flight=3, limit=4, waiting=7, kv_usage=0.5
+    )
     stale = EngineReading(stats=stats, scraped_at=9.0, stale=True)
-    assert load_from_snapshot(snap(stale)) == EndpointLoad(in_flight=3)
+    assert load_from_snapshot(snap(stale), limit=4) == EndpointLoad(in_flight=3, limit=4)
 
 
 @pytest.mark.parametrize(

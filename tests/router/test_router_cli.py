@@ -146,7 +146,9 @@ def test_admission_flags_reach_the_settings() -> None:
     values.update(
         fairness="fcfs",
         max_in_flight_per_endpoint=4,
-        max_kv_usage=None,
+        max_waiting_per_endpoint=5,
+        engine_capacity=8,
+        lookahead=0.25,
         tenant_weight=("gold=2", "team=a=0.5"),
         kube_api_server="http://127.0.0.1:8001",
     )
@@ -155,9 +157,13 @@ def test_admission_flags_reach_the_settings() -> None:
     assert (admission.fairness, admission.max_in_flight_per_endpoint, admission.max_kv_usage) == (
         "fcfs",
         4,
-        None,
+        None,  # off by default
     )
-    assert admission.max_waiting_per_endpoint == 5
+    assert (admission.max_waiting_per_endpoint, admission.engine_capacity, admission.lookahead) == (
+        5,
+        8,
+        0.25,
+    )
     assert admission.tenant_weights == {"gold": 2.0, "team=a": 0.5}
     assert settings.discovery.kube_api_server == "http://127.0.0.1:8001"
 

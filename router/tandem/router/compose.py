@@ -25,6 +25,7 @@ from tandem.router.admission.gate import AdmissionGate, Waiter
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import SaturationLimits, TTFTPredictor, load_from_snapshot, pool_capacity
 from tandem.router.config import EffectiveConfig
+from tandem.router.discovery.capacity import DEFAULT_CAPACITY, EngineCapacity, capacity_from_args
 from tandem.router.discovery.collector import MetricsCollector
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.registry import EndpointRegistry
@@ -114,6 +115,7 @@ def compose(
     metrics = RouterMetrics(prometheus, registry)
     loop_lag = LoopLagMonitor(prometheus)
     upstream = HTTPUpstream(session, settings.proxy)
+    capacity = engine_capacity(config)
     workers = settings.workers
     bus: Bus = (
         WorkerBus(key=workers.key, index=workers.index, count=workers.count)
@@ -133,6 +135,7 @@ def compose(
         loop_lag=loop_lag,
         # A connect timeout of which the loop lost half or more measured the router (dispatch).
         excusing_lag_s=settings.proxy.connect_timeout_seconds / 2,
+        capacity=capacity,
     )
     kv_pool = _kv_pool(config, clock)
     disaggregator = Disaggregator(
@@ -152,6 +155,7 @@ def compose(
         predictor=predictor or routing.state,
         clock=clock,
         bus=bus,
+        capacity=capacity,
     )
     access = build_access(
         router=config.spec.router, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
@@ -297,10 +301,11 @@ def build_gate(
     predictor: TTFTPredictor,
     clock: Callable[[], float],
     bus: Bus,
+    capacity: EngineCapacity,
 ) -> AdmissionGate:
     """The admission gate over the decode pool, its fair queue and its metrics. With several
     workers, counters are shared over the bus and each worker admits into its share of every
-    engine (`max_in_flight_per_endpoint` split evenly, rounded up)."""
+    engine (`EngineCapacity.share`)."""
     spec, settings = config.spec, config.settings.admission
     shared = SharedService(bus) if isinstance(bus, WorkerBus) else None
     queue_type: type[VTCQueue[Waiter]] = FCFSQueue if settings.fairness == "fcfs" else VTCQueue
@@ -312,24 +317,24 @@ def build_gate(
         on_charge=shared.charged if shared is not None else None,
     )
     bus.on(SERVICE, apply_service(queue.add_service))
-    workers = config.settings.workers.count
     limits = SaturationLimits(
-        max_in_flight=-(-settings.max_in_flight_per_endpoint // workers),
-        max_waiting=settings.max_waiting_per_endpoint,
-        max_kv_usage=settings.max_kv_usage,
+        max_waiting=settings.max_waiting_per_endpoint, max_kv_usage=settings.max_kv_usage
     )
+    checks = limits.max_waiting is not None or limits.max_kv_usage is not None
 
-    def capacity() -> int | None:
+    def pool() -> int | None:
         candidates = registry.candidates("decode")
         if not candidates:
             return None
-        return pool_capacity((load_from_snapshot(s) for s in candidates), limits)
+        if not checks:
+            return capacity.total(candidates)
+        return pool_capacity((load_from_snapshot(s, limit=capacity.limit(s)) for s in candidates), limits)
 
     metrics = AdmissionMetrics(prometheus, max_tenants=settings.max_tenant_labels)
     gate = AdmissionGate(
         queue=queue,
         max_queue=spec.router.max_queue,
-        capacity=capacity,
+        capacity=pool,
         candidates=lambda: registry.candidates("decode"),
         predictor=predictor,
         metrics=metrics,
@@ -366,6 +371,20 @@ def _event_sources(urls: Collection[str], settings: KVEventsSettings) -> list[Ev
             replay = f"tcp://{host}:{settings.replay_port}"
         sources.append(EventSource(endpoint=url, events_url=events, replay_url=replay, topic=settings.topic))
     return sources
+
+
+def engine_capacity(config: EffectiveConfig) -> EngineCapacity:
+    """Each engine's dispatch limit: its concurrency from the settings, the spec's engine args or
+    vLLM's default, shared by this process's sibling workers and, in a cluster, by the gateway's
+    replicas (each takes its part of every engine)."""
+    settings = config.settings.admission
+    replicas = config.spec.router.replicas if config.discovery.kind == "kubernetes" else 1
+    return EngineCapacity(
+        initial=settings.engine_capacity or capacity_from_args(config.spec.engine.args) or DEFAULT_CAPACITY,
+        lookahead=settings.lookahead,
+        share=config.settings.workers.count * replicas,
+        cap=settings.max_in_flight_per_endpoint,
+    )
 
 
 def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex | None:

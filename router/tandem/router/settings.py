@@ -56,19 +56,24 @@ class DisaggregationSettings(_Settings):
 class AdmissionSettings(_Settings):
     """The router's queue and fair sharing (docs/router.md, "Admission and the fair queue").
 
-    An endpoint is saturated at `max_in_flight_per_endpoint` requests from this router (vLLM's default
-    `--max-num-seqs` is 256: beyond it the engine only queues), or when the metrics collector reports
-    `max_waiting_per_endpoint` waiting requests or `max_kv_usage` KV use (llm-d's 5 and 0.8; None
-    turns a check off). While every decode endpoint is saturated, requests wait in the router's queue
-    (`spec.router.maxQueue` places) for at most `max_queue_wait_seconds` or their TTFT objective.
+    The gateway sends each engine at most its concurrency plus `lookahead` of it (at least one
+    request), this process's share (`tandem.router.discovery.capacity`): the concurrency starts at
+    `engine_capacity` (default: `--max-num-seqs` in `spec.engine.args`, else 256) and is learned from
+    the engine's running and waiting counts; `max_in_flight_per_endpoint` caps it. Optional extra
+    checks on the engine's scraped numbers (`max_waiting_per_endpoint`, `max_kv_usage`; off by
+    default) hold new requests while an engine reports that much. While every decode endpoint is
+    full, requests wait in the router's fair queue (`spec.router.maxQueue` places) for at most
+    `max_queue_wait_seconds` or their TTFT objective.
     """
 
     fairness: Literal["vtc", "fcfs"] = Field(
         default="vtc", description="Order of waiting requests: vtc (fair between tenants) or fcfs."
     )
-    max_in_flight_per_endpoint: int = Field(default=256, ge=1, le=100_000)
-    max_waiting_per_endpoint: int | None = Field(default=5, ge=0, le=100_000)
-    max_kv_usage: float | None = Field(default=0.8, gt=0, le=1)
+    engine_capacity: int | None = Field(default=None, ge=1, le=65_536)
+    lookahead: float = Field(default=0.1, ge=0, le=1)
+    max_in_flight_per_endpoint: int = Field(default=65_536, ge=1, le=65_536)
+    max_waiting_per_endpoint: int | None = Field(default=None, ge=0, le=100_000)
+    max_kv_usage: float | None = Field(default=None, gt=0, le=1)
     max_queue_wait_seconds: float = Field(default=60.0, gt=0, le=3600)
     tenant_weights: dict[str, Annotated[float, Field(gt=0, le=1000)]] = Field(
         default_factory=dict, description="VTC weight per tenant (default 1): service shares are weighted."

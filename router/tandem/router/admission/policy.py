@@ -2,17 +2,19 @@
 
 Nothing here waits or does I/O; `tandem.router.admission.gate` applies these rules on the event loop.
 
-**Saturation.** An endpoint is saturated when the router has `max_in_flight` requests open to it, or,
-when the metrics collector reports them, when the engine has `max_waiting` or more requests waiting or
-its KV cache is at least `max_kv_usage` full (llm-d's utilization detector uses 5 and 0.8). The gate
-admits while the router's admitted requests are fewer than the decode pool's **capacity**:
+**Saturation.** An endpoint is saturated when the router has its `limit` of requests open to it (the
+engine's learned concurrency plus a small lookahead, this process's share of it:
+`tandem.router.discovery.capacity`), or, only if those checks are configured (off by default: a
+scrape is up to a second old, and holding requests on one stalls the whole pool that long), when the
+engine reports `max_waiting` or more requests waiting or a KV cache at least `max_kv_usage` full. The
+gate admits while the router's admitted requests are fewer than the decode pool's **capacity**:
 
     capacity = Σ over decode endpoints in rotation of
-               max_in_flight                   if the engine's own metrics do not say saturated
-               min(max_in_flight, in_flight)   if they do (it keeps what it runs, takes nothing new)
+               limit                   if the engine's own metrics do not say saturated
+               min(limit, in_flight)   if they do (it keeps what it runs, takes nothing new)
 
-Example: 4 endpoints, `max_in_flight` 4, one reporting 7 waiting with 3 in flight → capacity
-4 + 4 + 4 + 3 = 15; the 16th concurrent request waits in the router's queue, where VTC orders it.
+Example: 4 endpoints with `--max-num-seqs 4` (limit 5 each: one request of lookahead) → capacity 20;
+the 21st concurrent request waits in the router's queue, where VTC orders it.
 
 **Deadline.** A queued request waits at most `min(ttft_slo, max_queue_wait)`: once its TTFT objective
 has passed in the queue its answer would be late anyway, so it is rejected (429) rather than served.
@@ -45,30 +47,33 @@ MAX_RETRY_AFTER_S = 60
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SaturationLimits:
-    """Per-endpoint thresholds; None disables the engine-metric checks."""
+    """Engine-metric thresholds; None (the default) disables each check."""
 
-    max_in_flight: int
     max_waiting: int | None = None
     max_kv_usage: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EndpointLoad:
-    """One decode endpoint's load: the router's own count, plus the engine's reported waiting
-    requests and KV usage (fraction 0..1) when a metrics collector provides them (else None)."""
+    """One decode endpoint's load: the router's own count and its `limit` (the most it may have
+    open), plus the engine's reported waiting requests and KV usage (fraction 0..1) when a metrics
+    collector provides them (else None)."""
 
     in_flight: int
+    limit: int
     waiting: int | None = None
     kv_usage: float | None = None
 
 
-def load_from_snapshot(snapshot: EndpointSnapshot) -> EndpointLoad:
-    """The router's in-flight count plus, when the metrics collector has a fresh reading, the
-    engine's waiting requests and KV usage (a stale or missing reading counts as unknown)."""
+def load_from_snapshot(snapshot: EndpointSnapshot, *, limit: int) -> EndpointLoad:
+    """The router's in-flight count and `limit` plus, when the metrics collector has a fresh
+    reading, the engine's waiting requests and KV usage (a stale or missing reading is unknown)."""
     stats = snapshot.engine.fresh if snapshot.engine is not None else None
     if stats is None:
-        return EndpointLoad(in_flight=snapshot.in_flight)
-    return EndpointLoad(in_flight=snapshot.in_flight, waiting=stats.waiting, kv_usage=stats.kv_usage)
+        return EndpointLoad(in_flight=snapshot.in_flight, limit=limit)
+    return EndpointLoad(
+        in_flight=snapshot.in_flight, limit=limit, waiting=stats.waiting, kv_usage=stats.kv_usage
+    )
 
 
 def engine_saturated(load: EndpointLoad, limits: SaturationLimits) -> bool:
@@ -82,14 +87,13 @@ def engine_saturated(load: EndpointLoad, limits: SaturationLimits) -> bool:
 
 def saturated(load: EndpointLoad, limits: SaturationLimits) -> bool:
     """Whether the endpoint has no room for another request."""
-    return load.in_flight >= limits.max_in_flight or engine_saturated(load, limits)
+    return load.in_flight >= load.limit or engine_saturated(load, limits)
 
 
 def pool_capacity(loads: Iterable[EndpointLoad], limits: SaturationLimits) -> int:
     """How many admitted requests the pool can hold now (formula in the module docstring)."""
     return sum(
-        min(limits.max_in_flight, load.in_flight) if engine_saturated(load, limits) else limits.max_in_flight
-        for load in loads
+        min(load.limit, load.in_flight) if engine_saturated(load, limits) else load.limit for load in loads
     )
 
 

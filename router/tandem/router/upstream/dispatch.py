@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tandem.router.discovery.capacity import EngineCapacity
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout, UpstreamError
 from tandem.router.observe.looplag import LoopLagMonitor
@@ -77,12 +78,23 @@ class Dispatcher:
     excusing_lag_s: float = 2.5
     #: Times scheduling decisions (seconds).
     timer: Callable[[], float] = time.perf_counter
+    #: Each engine's dispatch limit: candidates without room are passed over while others have it.
+    capacity: EngineCapacity | None = None
 
     def choose(self, pool: Pool, request: Routable) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
         caller that must know the endpoint before sending (the P/D decision); pass it to `open`."""
-        candidates = self.registry.candidates(pool)
+        candidates = self._with_room(self.registry.candidates(pool))
         return self.pick(pool, request, candidates) if candidates else None
+
+    def _with_room(self, candidates: Sequence[EndpointSnapshot]) -> Sequence[EndpointSnapshot]:
+        """The candidates below their dispatch limit, or all of them when none is (the gate admitted
+        the request, so one should have room; a racing prefill or retry must still be placed)."""
+        capacity = self.capacity
+        if capacity is None:
+            return candidates
+        roomy = [s for s in candidates if s.in_flight < capacity.limit(s)]
+        return roomy or candidates
 
     def pick(self, pool: Pool, request: Routable, candidates: Sequence[EndpointSnapshot]) -> Endpoint:
         """The scheduler's choice among `candidates` (non-empty), timed as one decision in
@@ -102,7 +114,7 @@ class Dispatcher:
         tried: list[Endpoint] = []
         failures: list[UpstreamError] = []
         for _ in range(1 + self.retries):
-            candidates = self.registry.candidates(pool, exclude=tried)
+            candidates = self._with_room(self.registry.candidates(pool, exclude=tried))
             if not candidates:
                 break
             if not tried and first is not None and any(s.endpoint == first for s in candidates):
