@@ -22,10 +22,12 @@ from tandem.router.admission.policy import (
     saturated,
     slo_out_of_reach,
 )
-from tandem.router.errors import InvalidRequest
+from tandem.router.errors import Forbidden, InvalidRequest
 from tandem.router.identity.headers import (
     HeaderTenant,
-    priority_from_headers,
+    PriorityPolicy,
+    TenantPriority,
+    requested_priority,
     slo_from_headers,
 )
 from tandem.router.types import SLO, Endpoint, EndpointSnapshot, EngineReading, EngineStats
@@ -165,16 +167,56 @@ def test_a_malformed_slo_header_is_a_400_naming_it(name: str, value: str) -> Non
 
 
 @pytest.mark.parametrize(("value", "band"), [(None, 0), ("3", 3), (" -10 ", -10), ("10", 10)])
-def test_priority_bands(value: str | None, band: int) -> None:
+def test_the_priority_header_is_read_as_an_integer_band(value: str | None, band: int | None) -> None:
     headers = Headers({} if value is None else {"x-priority": value})
-    assert priority_from_headers(headers) == band
+    assert requested_priority(headers) == (None if value is None else band)
 
 
 @pytest.mark.parametrize("value", ["11", "-11", "high", "1.5"])
 def test_a_priority_outside_the_bands_is_a_400(value: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        priority_from_headers(Headers({"x-priority": value}))
+        PriorityPolicy().priority("anyone", Headers({"x-priority": value}))
     assert caught.value.param == "x-priority"
+
+
+POLICY = PriorityPolicy(
+    {
+        "gold": TenantPriority(band=5),
+        "batch": TenantPriority(band=-2),
+        "fixed": TenantPriority(1, may_lower=False),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "value", "band"),
+    [
+        ("gold", None, 5),  # the band comes from the configuration
+        ("batch", None, -2),
+        ("stranger", None, 0),  # tenants not listed: band 0
+        ("gold", "2", 2),  # lowering itself is allowed by default
+        ("batch", "-5", -5),
+        ("stranger", "-1", -1),
+        ("gold", "5", 5),  # asking for its own band is fine
+        ("fixed", "1", 1),
+    ],
+)
+def test_a_request_gets_its_tenants_band_or_lowers_itself(tenant: str, value: str | None, band: int) -> None:
+    headers = Headers({} if value is None else {"x-priority": value})
+    assert POLICY.priority(tenant, headers) == band
+
+
+@pytest.mark.parametrize(
+    ("tenant", "value"),
+    [("stranger", "1"), ("stranger", "10"), ("batch", "0"), ("gold", "6"), ("fixed", "0")],
+)
+def test_a_request_can_never_raise_itself_above_its_band_nor_lower_itself_when_not_allowed(
+    tenant: str, value: str
+) -> None:
+    with pytest.raises(Forbidden) as caught:
+        POLICY.priority(tenant, Headers({"x-priority": value}))
+    assert caught.value.status == 403 and caught.value.param == "x-priority"
+    assert repr(tenant) in caught.value.message
 
 
 def test_tenant_labels_name_the_first_tenants_and_fold_the_rest_into_other() -> None:

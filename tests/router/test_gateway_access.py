@@ -19,7 +19,7 @@ from tests.router.fake_engine import FakeEngine
 from tests.router.harness import MODEL, FakeClock, Launcher, RunningRouter, metric, router_config
 
 from tandem.core.tokenizer import encode
-from tandem.router.settings import AccessSettings, RouterSettings
+from tandem.router.settings import AccessSettings, AdmissionSettings, RouterSettings
 
 SECRET_A = "sk-team-a-4f9c2e7d1b8a6035"
 SECRET_B = "sk-team-b-0d1e2f3a4b5c6d7e"
@@ -261,3 +261,63 @@ async def test_openapi_describes_the_real_request_bodies_and_the_key(
         {MODEL, "Qwen/Qwen2.5-7B-Instruct"}
     )
     assert "security" not in document["paths"]["/health"]["get"]
+
+
+async def test_priority_comes_from_the_tenants_band_and_a_client_cannot_raise_itself(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Auth on: team-a (band 0, not listed) tries to jump the queue with x-priority and by naming
+    team-b (band 3) in the tenant header; both are refused or ignored, and team-b's request, queued
+    after team-a's, is still dispatched first because of its configured band."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"{SECRET_A}: team-a\n{SECRET_B}: team-b\n")
+    engine = await launcher.engine("d0", answer_delay=30)
+    config = router_config(
+        decode=[engine.url],
+        spec={"router": {"tenants": [{"name": "team-b", "priority": 3}], "slo": {"ttftSeconds": 600}}},
+    ).model_copy(update={"api_keys_file": str(keys)})
+    one = RouterSettings(admission=AdmissionSettings(max_in_flight_per_endpoint=1, poll_seconds=0.02))
+    router = await launcher.router_for(config, settings=one)
+    for headers in ({"x-priority": "10"}, {"x-priority": "3", "x-tenant-id": "team-b"}, {"x-priority": "1"}):
+        refused = await router.http.post(
+            "/v1/completions", json=COMPLETION, headers={**bearer(SECRET_A), **headers}
+        )
+        assert refused.status_code == 403
+        error = refused.json()["error"]
+        assert error["type"] == "PermissionDeniedError" and error["param"] == "x-priority"
+        assert "team-a" in error["message"] and "band (0)" in error["message"]
+    assert engine.received == []
+    with pytest.raises(openai.PermissionDeniedError):
+        await router.openai.with_options(api_key=SECRET_A).completions.create(
+            model=MODEL, prompt="x", max_tokens=1, extra_headers={"x-priority": "5"}
+        )
+
+    def send(key: str, prompt: str, **headers: str) -> asyncio.Task[Any]:
+        body = {**COMPLETION, "prompt": prompt, "max_tokens": 1}
+        return asyncio.create_task(
+            router.http.post("/v1/completions", json=body, headers={**bearer(key), **headers})
+        )
+
+    async def waiting(band: str, n: int) -> None:
+        for _ in range(500):
+            if await metric(router, "tandem_router_queue_depth", priority=band) == n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"never {n} waiting in band {band}")
+
+    holder = send(SECRET_A, "holder")
+    await engine.arrived.wait()
+    early = send(SECRET_A, "a-first")
+    await waiting("0", 1)
+    lowered = send(SECRET_B, "b-lowered", **{"x-priority": "-1"})  # lowering itself is allowed
+    await waiting("-1", 1)
+    late = send(SECRET_B, "b-later")
+    await waiting("3", 1)
+    holder.cancel()
+    for _ in range(500):
+        if len(engine.received) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert [r.body["prompt"] for r in engine.received] == ["holder", "b-later"]
+    for task in (early, lowered, late):
+        task.cancel()

@@ -314,6 +314,17 @@ class TenantSpec(SpecModel):
     name: str = Field(min_length=1, max_length=253, description="Tenant id (header or API key).")
     weight: float = Field(default=1.0, gt=0, le=1000, description="VTC weight: share of service.")
     rate_limits: RateLimitSpec | None = Field(default=None, description="Overrides router.rateLimits.")
+    priority: int = Field(
+        default=0,
+        ge=-10,
+        le=10,
+        description="Priority band of the tenant's requests: a higher band is always dispatched first.",
+    )
+    allow_lower_priority: bool = Field(
+        default=True,
+        description="Whether a request may lower itself below the tenant's band with x-priority "
+        "(never raise itself above it).",
+    )
 
 
 class AuthSpec(SpecModel):

@@ -161,7 +161,7 @@ def compose(
         router=config.spec.router, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
     )
     pipeline = generation_stages(
-        identify=Identify(access.tenants, config.default_slo),
+        identify=Identify(access.tenants, config.default_slo, access.priorities),
         parse=Parse(config.served_models, settings.access.max_request_bytes, config.log_prompts),
         limit=Limit(access),
         admit=Admit(gate),

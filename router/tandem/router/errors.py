@@ -6,6 +6,7 @@ in a single exception handler (`status` is the HTTP status, `param` the offendin
     │   ├── ModelNotFound         404  `model` is not a name this gateway serves
     │   └── RequestTooLarge       413  the body is larger than the router accepts
     ├── Unauthenticated           401  auth is on and the API key is missing or unknown
+    ├── Forbidden                 403  a priority above the tenant's band
     ├── Overloaded                429  not admitted: queue full, queue deadline passed, SLO out of reach
     │   └── RateLimited           429  the tenant's requests- or tokens-per-minute limit
     ├── NoEndpointAvailable       503  no endpoint in rotation, or every attempt failed
@@ -70,6 +71,13 @@ class Unauthenticated(RouterError):
 
     def response_headers(self) -> dict[str, str]:
         return {"www-authenticate": 'Bearer realm="tandem"'}
+
+
+class Forbidden(RouterError):
+    """The caller is known but asks for something its tenant is not allowed (OpenAI's
+    `PermissionDeniedError`)."""
+
+    status = 403
 
 
 class Overloaded(RouterError):

@@ -28,7 +28,7 @@ from tandem.router.admission.ratelimit import Limits, RateLimiter
 from tandem.router.errors import RateLimited
 from tandem.router.identity.auth.gate import AuthFailure, KeyAuth
 from tandem.router.identity.auth.keyfile import KeyFile
-from tandem.router.identity.headers import HeaderTenant, TenantResolver
+from tandem.router.identity.headers import HeaderTenant, PriorityPolicy, TenantPriority, TenantResolver
 from tandem.router.settings import RouterSettings
 
 PREFIX = "tandem_router"
@@ -40,10 +40,11 @@ def _limits(spec: RateLimitSpec) -> Limits:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Access:
-    """`tenants` resolves (with auth on: authenticates) the caller; `limiter` holds the buckets;
-    `key_file` is the watched key file (None: auth off)."""
+    """`tenants` resolves (with auth on: authenticates) the caller; `priorities` gives its band;
+    `limiter` holds the buckets; `key_file` is the watched key file (None: auth off)."""
 
     tenants: TenantResolver
+    priorities: PriorityPolicy
     limiter: RateLimiter
     key_file: KeyFile | None
     rate_limited: Counter
@@ -114,8 +115,12 @@ def build_access(
 
         tenants = KeyAuth(lambda: key_file.table, on_failure=on_failure)
         prometheus.register(KeyFileCollector(key_file))
+    priorities = PriorityPolicy(
+        {t.name: TenantPriority(t.priority, t.allow_lower_priority) for t in router.tenants}
+    )
     return Access(
         tenants=tenants,
+        priorities=priorities,
         limiter=limiter,
         key_file=key_file,
         rate_limited=rate_limited,

@@ -5,9 +5,17 @@
 | `x-tenant-id` (`spec.router.fairness.tenantHeader`) | any non-empty string | `default` |
 | `x-slo-ttft-ms` | TTFT objective, milliseconds, (0, 3 600 000] | `spec.router.slo.ttftSeconds` |
 | `x-slo-tpot-ms` | time per output token, milliseconds, (0, 60 000] | `spec.router.slo.tpotSeconds` |
-| `x-priority` | integer band in [-10, 10]; higher bands always go first | 0 |
+| `x-priority` | integer band in [-10, 10], at most the tenant's band; higher first | the tenant's band |
 
 A malformed value is the client's error (400 naming the header), not silently the default.
+
+**Priority is policy, not a request's wish.** A tenant's band is configured
+(`spec.router.tenants[].priority`, 0 for tenants not listed); a request may only *lower* itself with
+`x-priority` (when the tenant's `allowLowerPriority` is on, the default), never raise itself: a value
+above the band is refused with 403, as is any value other than the band when lowering is not
+allowed. The tenant is the API key's when auth is on, so a key decides the band; with auth off the
+tenant header names the tenant, and the band is only as trustworthy as that header (docs/security.md).
+Example: tenant `batch` with priority −2 sends `x-priority: -5` → band −5; `x-priority: 0` → 403.
 The tenant comes from a `TenantResolver`: `HeaderTenant` now; when authentication arrives, a resolver
 that maps the API key to its tenant plugs in at the same seam (`Runtime.tenants`).
 """
@@ -16,9 +24,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
-from tandem.router.errors import InvalidRequest
+from tandem.router.errors import Forbidden, InvalidRequest
 from tandem.router.types import SLO
 
 TTFT_HEADER = "x-slo-ttft-ms"
@@ -72,11 +81,11 @@ def slo_from_headers(headers: Mapping[str, str], *, default: SLO) -> SLO:
     )
 
 
-def priority_from_headers(headers: Mapping[str, str]) -> int:
-    """The `x-priority` band (0 when absent). Raises `InvalidRequest` (400) outside [-10, 10]."""
+def requested_priority(headers: Mapping[str, str]) -> int | None:
+    """The `x-priority` value, None when absent. Raises `InvalidRequest` (400) outside [-10, 10]."""
     raw = headers.get(PRIORITY_HEADER)
     if raw is None:
-        return 0
+        return None
     try:
         value = int(raw.strip())
     except ValueError:
@@ -87,3 +96,48 @@ def priority_from_headers(headers: Mapping[str, str]) -> int:
             param=PRIORITY_HEADER,
         )
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPriority:
+    """A tenant's configured band and whether it may lower itself per request."""
+
+    band: int = 0
+    may_lower: bool = True
+
+
+class PriorityPolicy:
+    """Each tenant's band from the configuration; `priority(tenant, headers)` applies the rules of
+    the module docstring. Tenants not in `tenants` get `default`."""
+
+    def __init__(
+        self,
+        tenants: Mapping[str, TenantPriority] | None = None,
+        *,
+        default: TenantPriority = TenantPriority(),
+    ) -> None:
+        self._tenants = dict(tenants or {})
+        self._default = default
+
+    def of(self, tenant: str) -> TenantPriority:
+        return self._tenants.get(tenant, self._default)
+
+    def priority(self, tenant: str, headers: Mapping[str, str]) -> int:
+        """The request's band. Raises `InvalidRequest` (400) for a malformed header and `Forbidden`
+        (403) for one above the tenant's band, or different from it when it may not lower itself."""
+        allowed = self.of(tenant)
+        asked = requested_priority(headers)
+        if asked is None or asked == allowed.band:
+            return allowed.band
+        if asked > allowed.band:
+            raise Forbidden(
+                f"{PRIORITY_HEADER} {asked} is above tenant {tenant!r}'s priority band ({allowed.band}); "
+                "a request may only lower its priority",
+                param=PRIORITY_HEADER,
+            )
+        if not allowed.may_lower:
+            raise Forbidden(
+                f"tenant {tenant!r} may not set {PRIORITY_HEADER} (its band is {allowed.band})",
+                param=PRIORITY_HEADER,
+            )
+        return asked

@@ -5,7 +5,7 @@ each one small object with one job, reading and writing the request's `RequestCo
 
 | stage | does | fails with |
 |---|---|---|
-| `Identify` | request id, tenant (API key or header), SLO and priority headers | 400, 401 |
+| `Identify` | request id, tenant (API key or header), SLO headers, priority band | 400, 401, 403 |
 | `Parse` | body read and parsed once, validated, model checked, steering fields dropped | 400, 404, 413 |
 | `Limit` | the tenant's rate limits, before the prompt is tokenized | 429 |
 | `Admit` | waits for decode capacity in fair (VTC) order; holds a `Grant` | 429 |
@@ -32,7 +32,7 @@ import orjson
 from tandem.core.logs import REQUEST_ID
 from tandem.router.admission.access import Access
 from tandem.router.admission.gate import AdmissionGate
-from tandem.router.identity.headers import TenantResolver, priority_from_headers, slo_from_headers
+from tandem.router.identity.headers import PriorityPolicy, TenantResolver, slo_from_headers
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
 from tandem.router.pd.disagg import Disaggregator
@@ -73,6 +73,7 @@ class Identify:
 
     tenants: TenantResolver
     default_slo: SLO
+    priorities: PriorityPolicy
     name: str = "identify"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -81,7 +82,7 @@ class Identify:
         REQUEST_ID.set(ctx.request_id)
         ctx.tenant = self.tenants.tenant(headers)  # 401 when auth is on and the key is bad
         ctx.slo = slo_from_headers(headers, default=self.default_slo)
-        ctx.priority = priority_from_headers(headers)
+        ctx.priority = self.priorities.priority(ctx.tenant, headers)  # 403 above the tenant's band
 
 
 @dataclass(frozen=True, slots=True)
