@@ -8,6 +8,7 @@ prompt). Assertions are on counts, order and contents, never on how fast anythin
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -163,3 +164,39 @@ async def test_progress_lines_name_the_run(fake: tuple[str, FakeState]) -> None:
 async def test_an_empty_workload_finishes_at_once() -> None:
     result = await drive(Workload("w", ()), settings("http://127.0.0.1:9"))
     assert result.records == ()
+
+
+async def test_each_tenant_has_its_own_bound_and_none_means_unbounded(fake: tuple[str, FakeState]) -> None:
+    url, state = fake
+    state.token_delay = 0.02
+    workload = Workload("w", tuple(chat(f"{t}{i}", tenant=t) for t in ("one", "free") for i in range(4)))
+    result = await drive(
+        workload, settings(url, max_concurrency=3, tenant_concurrency={"one": 1, "free": None})
+    )
+    assert all(r.ok for r in result.records)
+    one = sorted((r.start_s or 0.0, r.end_s or 0.0) for r in result.records if r.tenant == "one")
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(one)), "one at a time"
+    free = [r for r in result.records if r.tenant == "free"]
+    assert max(r.start_s or 0.0 for r in free) < min(r.end_s or 0.0 for r in free), "all four at once"
+    assert settings(url, max_concurrency=3).bound("anyone") == 3
+
+
+async def test_a_closed_loop_keeps_its_slots_busy_until_its_end_and_drops_what_it_never_sent(
+    fake: tuple[str, FakeState],
+) -> None:
+    url, state = fake
+    state.token_delay = 0.05  # each request lasts at least 3 × 50 ms, so 2 streams send < 100 in 1 s
+    heavy = tuple(chat(f"h{i}", tenant="heavy") for i in range(100))
+    workload = Workload("w", (*heavy, chat("l", tenant="light", offset=0.1)), closed_loop={"heavy": 1.0})
+    result = await drive(workload, settings(url, time_scale=2.0, tenant_concurrency={"heavy": 2}))
+    sent = [r for r in result.records if r.tenant == "heavy"]
+    assert 1 <= len(sent) < 100 and result.unissued == 100 - len(sent)
+    assert len(state.received) == len(sent) + 1, "what was never sent was never sent"
+    assert [r.index for r in sent] == sorted(r.index for r in sent), "records stay in workload order"
+    for r in sent:
+        assert r.ok and r.start_s is not None and r.start_s < 0.5, "1 engine second at time scale 2"
+        assert r.arrival_s == r.start_s, "a closed-loop request arrives when it is sent"
+    spans = sorted((r.start_s or 0.0, r.end_s or 0.0) for r in sent)
+    assert all(sum(s <= t < e for s, e in spans) <= 2 for t, _ in spans), "never more than 2 open"
+    (light,) = [r for r in result.records if r.tenant == "light"]
+    assert light.ok and light.arrival_s == 0.05, "open-loop tenants keep their offsets"

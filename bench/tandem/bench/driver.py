@@ -3,17 +3,23 @@
 Contract of `drive(workload, settings)`:
 - **Arrivals.** Request i is released at `offset_s / time_scale` wall seconds after the run starts
   (open loop: arrivals never wait for answers), then waits for a slot of its tenant (at most
-  `max_concurrency` in flight per tenant: each tenant is its own client, so one tenant's backlog
-  never delays another's sends) and is sent.
+  `tenant_concurrency[tenant]` in flight, else `max_concurrency`; None: no bound. Each tenant is its
+  own client, so one tenant's backlog never delays another's sends) and is sent.
+- **Closed loops.** A tenant in `workload.closed_loop` (tenant → offset in engine seconds) issues
+  its requests as its slots free: a request arrives when it is sent (its `arrival_s` is its send
+  time, so its queue time is 0), and none is sent at or after the loop's end. Requests it never
+  sent are left out of the records and counted in `DriveResult.unissued`.
 - **Requests.** `POST {base_url}/chat/completions` (workload messages) or `/completions` (prompt)
   with `stream: true`, `stream_options.include_usage: true`, `max_tokens` and `ignore_eos: true` (so
   output lengths are exact), the tenant in `tenant_header` and `x-request-id: bench-<label>-<i>`.
-- **Records.** One `RequestRecord` per workload item, in workload order, whatever happened: wall
-  seconds since the run start for arrival, send, every content chunk (the first is the first token)
-  and end; token counts from the final `usage` chunk; the HTTP status; an error string or None.
+- **Records.** One `RequestRecord` per workload item (but closed-loop requests never sent), in
+  workload order, whatever happened: wall seconds since the run start for arrival, send, every
+  content chunk (the first is the first token) and end; token counts from the final `usage` chunk;
+  the HTTP status; an error string or None.
 - **Never a hang.** Each request has `request_timeout_s` from send to end; the whole run has a hard
   deadline of the last arrival + `request_timeout_s` + `deadline_slack_s`, after which what is left
-  is cancelled and recorded as such. The count is bounded by the workload.
+  is cancelled and recorded as such (a closed loop's end counts as an arrival here). The count is
+  bounded by the workload.
 
 Times are wall seconds here; `tandem.bench.stats.timed` multiplies them by the time scale.
 """
@@ -24,8 +30,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -40,7 +46,8 @@ _ERROR_BODY_CHARS = 300
 @dataclass(frozen=True)
 class DriverSettings:
     """Where and how to send. `base_url` ends in `/v1`; `time_scale` is engine seconds per wall second
-    (a workload offset of 2 s is released after 2 / time_scale wall seconds)."""
+    (a workload offset of 2 s is released after 2 / time_scale wall seconds). `tenant_concurrency`
+    bounds the tenants it names instead of `max_concurrency` (None: no bound for that tenant)."""
 
     base_url: str
     model: str
@@ -52,6 +59,11 @@ class DriverSettings:
     time_scale: float = 1.0
     progress_every_s: float = 5.0
     deadline_slack_s: float = 5.0
+    tenant_concurrency: Mapping[str, int | None] = field(default_factory=dict)
+
+    def bound(self, tenant: str) -> int | None:
+        """Most requests of `tenant` in flight (None: unbounded)."""
+        return self.tenant_concurrency.get(tenant, self.max_concurrency)
 
 
 def request_body(request: BenchRequest, *, model: str, ignore_eos: bool) -> dict[str, Any]:
@@ -116,7 +128,14 @@ class _Run:
             RequestRecord(i, r.tenant, r.group, r.max_tokens, arrival_s=r.offset_s / scale)
             for i, r in enumerate(workload.requests)
         ]
-        self.slots = {tenant: asyncio.Semaphore(settings.max_concurrency) for tenant in workload.tenants}
+        self.slots: dict[str, contextlib.AbstractAsyncContextManager[Any]] = {
+            tenant: contextlib.nullcontext()
+            if (n := settings.bound(tenant)) is None
+            else asyncio.Semaphore(n)
+            for tenant in workload.tenants
+        }
+        # Closed loops' ends in wall seconds since the start.
+        self.loop_ends = {tenant: until / scale for tenant, until in workload.closed_loop.items()}
 
     def now(self) -> float:
         return self.clock() - self.t0
@@ -124,7 +143,7 @@ class _Run:
     async def run(self) -> DriveResult:
         pairs = zip(self.workload.requests, self.records, strict=True)
         tasks = [asyncio.ensure_future(self._one(request, record)) for request, record in pairs]
-        last_arrival = self.records[-1].arrival_s if self.records else 0.0
+        last_arrival = max([r.arrival_s for r in self.records] + list(self.loop_ends.values()), default=0.0)
         deadline = last_arrival + self.settings.request_timeout_s + self.settings.deadline_slack_s
         reporter = asyncio.ensure_future(self._report()) if self.progress else None
         try:
@@ -140,16 +159,22 @@ class _Run:
                 reporter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reporter
-        for record in self.records:
+        kept = [r for r in self.records if r.tenant not in self.loop_ends or r.start_s is not None]
+        for record in kept:
             if record.end_s is None:
                 record.error = record.error or "cancelled at the run deadline"
-        ends = [r.end_s for r in self.records if r.end_s is not None]
-        return DriveResult(tuple(self.records), max(ends, default=self.now()))
+        ends = [r.end_s for r in kept if r.end_s is not None]
+        return DriveResult(tuple(kept), max(ends, default=self.now()), unissued=len(self.records) - len(kept))
 
     async def _one(self, request: BenchRequest, record: RequestRecord) -> None:
         await asyncio.sleep(max(0.0, record.arrival_s - self.now()))
         async with self.slots[request.tenant]:
-            record.start_s = self.now()
+            now, loop_end = self.now(), self.loop_ends.get(request.tenant)
+            if loop_end is not None:
+                if now >= loop_end:
+                    return  # the closed loop has ended: never sent, left out of the records
+                record.arrival_s = now
+            record.start_s = now
             try:
                 async with asyncio.timeout(self.settings.request_timeout_s):
                     await self._stream(request, record)
@@ -193,13 +218,14 @@ class _Run:
 
     async def _report(self) -> None:
         assert self.progress is not None
-        total = len(self.records)
+        # A closed loop sends only what its time allows, so its requests are no total to count down.
+        of = "" if self.loop_ends else f"/{len(self.records)}"
         while True:
             await asyncio.sleep(self.settings.progress_every_s)
             done = sum(r.end_s is not None for r in self.records)
             running = sum(r.start_s is not None and r.end_s is None for r in self.records)
             errors = sum(r.end_s is not None and not r.ok for r in self.records)
             self.progress(
-                f"[{self.settings.label}] {done}/{total} done, {running} in flight, {errors} errors, "
+                f"[{self.settings.label}] {done}{of} done, {running} in flight, {errors} errors, "
                 f"{self.now():.0f}s"
             )

@@ -50,10 +50,12 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class DriveResult:
-    """All records in workload order, and the wall seconds from the run start to the last end."""
+    """All records in workload order, the wall seconds from the run start to the last end, and how many
+    closed-loop requests were never sent (the loop ended first; they have no record)."""
 
     records: tuple[RequestRecord, ...]
     wall_s: float
+    unissued: int = 0
 
 
 def apply_event(record: RequestRecord, event: Any, *, now: float) -> None:

@@ -204,6 +204,7 @@ def bench(**o: Any) -> None:
         base_url="", model=o["model"], max_concurrency=o["max_concurrency"] or workload.concurrency or 256,
         request_timeout_s=o["request_timeout"], tenant_header=o["tenant_header"],
         ignore_eos=not o["no_ignore_eos"], time_scale=o["time_scale"],
+        tenant_concurrency={} if o["max_concurrency"] else dict(workload.tenant_concurrency),
     )  # fmt: skip
     setup = Bench(
         workload=workload, seed=o["seed"], driver=driver, out_dir=out, command=_command(),
