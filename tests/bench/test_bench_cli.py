@@ -57,6 +57,10 @@ def endpoint() -> Iterator[str]:
         (["--direct", "--param", "groups=0"], "workload shared-prefix: groups: Input should be greater"),
         (["--direct", "--workload", "two-tenant", "--param", "colour=red"], "colour: unknown parameter"),
         (["--direct", "--workload-file", "w.jsonl", "--param", "groups=2"], "cannot be combined"),
+        (["--url", "http://127.0.0.1:9/v1", "--workload", "flood", "--isolation"],
+         "--isolation runs in harness mode (it restarts the engines)"),
+        (["--direct", "--isolation"], "--isolation needs a workload with a heavy_tenant and a light_tenant"),
+        (["--direct", "--workload", "flood", "--isolation", "--overhead-sweep", "1"], "are separate modes"),
     ],
 )  # fmt: skip
 def test_bad_flags_end_with_one_line_and_exit_code_2(args: list[str], message: str | None) -> None:

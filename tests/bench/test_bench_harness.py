@@ -179,3 +179,50 @@ def test_a_command_peer_that_exits_at_start_is_reported_with_exit_code_1(tmp_pat
     assert "peer-bad exited with code 3 while starting" in result.stderr
     (run,) = json.loads((tmp_path / "bench.json").read_text())["runs"]
     assert run["requests"]["total"] == 0 and "peer-bad exited with code 3" in run["notes"][0]
+
+
+FLOOD = ["--workload", "flood", "--isolation", "--engines", "2", "--engine-arg=--max-num-seqs=2",
+         "--time-scale", "10", "--param", "duration=3", "--param", "heavy_streams=8",
+         "--param", "light_rate=2", "--request-timeout", "60"]  # fmt: skip
+
+
+def test_isolation_runs_the_light_tenant_alone_then_the_flood_on_fresh_engines_per_repeat(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(
+        cli, ["bench", "--policy", "tandem", *FLOOD, "--repeat", "2", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    isolation = doc["isolation"]
+    assert isolation["spec"] == {"heavy": "heavy", "light": "light", "window_s": 3.0}
+    assert doc["settings"]["isolation"] == isolation["spec"]
+    assert [(r["label"], r["repeat"], r["phase"]) for r in doc["runs"]] == [
+        ("tandem", 0, "flood"),
+        ("tandem", 1, "flood"),
+    ]
+    assert [(r["repeat"], r["phase"]) for r in isolation["alone_runs"]] == [(0, "alone"), (1, "alone")]
+    for alone, flood, row in zip(isolation["alone_runs"], doc["runs"], isolation["runs"], strict=True):
+        assert list(alone["fairness"]["tenants"]) == ["light"], "alone: the light tenant only"
+        assert list(flood["fairness"]["tenants"]) == ["heavy", "light"]
+        assert alone["engines"]["overall"]["delta"]["requests"] == alone["requests"]["ok"], "fresh engines"
+        assert flood["requests"]["closed_loop_unsent"] > 0, "the heavy loop stopped at the end, not dry"
+        light = flood["fairness"]["tenants"]["light"]["requests"]
+        assert row["light_requests"] == light == alone["requests"]["total"], "the same light requests"
+        assert 0 <= row["light_ok"] + row["light_429"] <= light and row["light_alone_ok"] > 0
+        assert row["isolation_ratio_p90"] > 0 and row["isolation_ratio_p50"] > 0
+        assert row["heavy_requests_per_s"] is not None and row["heavy_output_tokens_per_s"] > 0
+        assert isinstance(row["heavy_429"], int) and "service_gap_backlogged" in row
+        for run in (alone, flood):
+            assert_stopped(run)
+    assert isolation["aggregate"]["tandem"]["isolation_ratio_p90"]["n"] == 2
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("| isolation ratio: light TTFT p90")]
+    assert " ± " in line, line
+    for row in ("light 429s", "heavy 429s", "heavy throughput (req/s)", "light ok under flood",
+                "service gap while both backlogged (VTC units)"):  # fmt: skip
+        assert f"| {row} | " in result.stdout
+    assert {p.name for p in tmp_path.glob("requests-*.jsonl")} == {
+        "requests-tandem.jsonl", "requests-tandem-r1.jsonl", "requests-tandem-alone.jsonl",
+        "requests-tandem-alone-r1.jsonl",
+    }  # fmt: skip
+    assert (tmp_path / "service-over-time.png").stat().st_size > 0

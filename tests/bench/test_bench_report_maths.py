@@ -224,10 +224,30 @@ def run_data(label: str, *, hits: float, gateway: dict[str, Any] | None = None) 
 
 def test_a_summary_has_counts_hit_rates_and_load_per_engine() -> None:
     summary = summarize(run_data("round-robin", hits=100), time_scale=1.0, weights=ServiceWeights())
-    assert summary["requests"] == {"total": 4, "sent": 4, "ok": 4, "errors": 0, "error_examples": []}
+    assert summary["requests"] == {
+        "total": 4, "sent": 4, "closed_loop_unsent": 0, "ok": 4, "errors": 0, "error_examples": []
+    }  # fmt: skip
+    assert summary["phase"] is None
     assert summary["engines"]["overall"]["prefix_hit_rate"] == 0.25
     assert summary["engines"]["engines"]["http://e1"] == {"error": "http://e1/metrics: ConnectError: refused"}
     assert summary["load"] == {"requests_per_engine": {"http://e0": 4}, "imbalance": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("label", "repeat", "phase", "expected"),
+    [
+        ("vllm-router:cache_aware", 0, "", "vllm-router-cache_aware"),
+        ("tandem", 2, "", "tandem-r2"),
+        ("tandem", 0, "flood", "tandem"),
+        ("tandem", 0, "alone", "tandem-alone"),
+        ("vllm-router:round_robin", 1, "alone", "vllm-router-round_robin-alone-r1"),
+    ],
+)
+def test_file_labels_name_the_repeat_and_an_isolation_runs_light_tenant_alone(
+    label: str, repeat: int, phase: str, expected: str
+) -> None:
+    run = RunData(label, {}, DriveResult((), 0.0), {}, {}, repeat=repeat, phase=phase)
+    assert run.file_label == expected
 
 
 def test_the_markdown_table_has_one_column_per_run() -> None:

@@ -85,7 +85,8 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _cell(item: Mapping[str, Any], fmt: str) -> str:
+def spread_cell(item: Mapping[str, Any], fmt: str) -> str:
+    """`mean ± sd` of a `spread` (just the mean for one value; `–` for none). Example: `34 ± 4`."""
     if item["mean"] is None:
         return "–"
     text = format(item["mean"], fmt)
@@ -100,7 +101,7 @@ def spread_table(agg: Mapping[str, Mapping[str, Any]]) -> str:
         "| --- | " + " | ".join("---:" for _ in labels) + " |",
     ]
     for m in METRICS:
-        cells = [_cell(agg[label][m.key], m.fmt) for label in labels]
+        cells = [spread_cell(agg[label][m.key], m.fmt) for label in labels]
         if any(c != "–" for c in cells):
             lines.append(f"| {m.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

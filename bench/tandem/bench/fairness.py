@@ -169,3 +169,32 @@ def max_pair_gap(
             if best[0] is None or gap > best[0]:
                 best = (gap, (f, g))
     return best
+
+
+def service_curves(
+    requests: Sequence[Timed], weights: ServiceWeights
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Per tenant (in order of appearance), its cumulative service over time, as `service` counts it:
+    `(times, totals)` with one point per event, in time order: a prompt at its request's first token,
+    an output chunk when it arrived. Requests that produced nothing add nothing.
+
+    Example (w_in 1, w_out 2): one request of 10 prompt tokens whose 4 completion tokens came in 2
+    chunks at 1.0 s and 1.5 s → `([1.0, 1.0, 1.5], [10.0, 14.0, 18.0])`.
+    """
+    events: dict[str, list[tuple[float, float]]] = {r.tenant: [] for r in requests}
+    for r in requests:
+        if not r.token_times:
+            continue
+        per_chunk = weights.output * r.tokens_out / len(r.token_times)
+        mine = events[r.tenant]
+        mine.append((r.token_times[0], weights.input * (r.prompt_tokens or 0)))
+        mine += [(t, per_chunk) for t in r.token_times]
+    curves: dict[str, tuple[list[float], list[float]]] = {}
+    for tenant, items in events.items():
+        items.sort(key=lambda e: e[0])  # stable: a prompt stays before its first chunk
+        total, totals = 0.0, []
+        for _, units in items:
+            total += units
+            totals.append(total)
+        curves[tenant] = ([t for t, _ in items], totals)
+    return curves

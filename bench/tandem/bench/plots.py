@@ -8,7 +8,9 @@ plots (and says so). Every function takes plain data (engine seconds) and a path
   flight over time (a step line), so bursts, ramps and queueing show;
 - `overhead`: added TTFT (p50 and p99) over direct per router, against concurrency (log x, symlog y);
 - `autoscaler_timeline`: ready (solid) and desired (dashed) replicas per pool, the run's rolling
-  TTFT p90 against the SLO, and KV utilisation, on one time axis.
+  TTFT p90 against the SLO, and KV utilisation, on one time axis;
+- `service_over_time`: each tenant's cumulative service (VTC units) against time, one panel per
+  target, so a tenant starved for a while shows as a flat stretch.
 """
 
 from __future__ import annotations
@@ -154,6 +156,43 @@ def autoscaler_timeline(timeline: Mapping[str, Any], path: Path, *, title: str) 
     for ax in (reps, ttft, kv):
         ax.grid(alpha=0.3)
         _legend(ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+#: Points per tenant curve in `service_over_time`; longer curves are thinned (every k-th point).
+CURVE_POINTS = 4000
+
+
+def service_over_time(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    path: Path,
+    *,
+    title: str,
+    window_s: float | None = None,
+) -> None:
+    """One panel per target (stacked, shared axes): per tenant, `(times, cumulative service)` as a
+    step line; `window_s` (the heavy load's end) as a vertical line when given."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels) + 0.6), sharex=True, sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, (label, curves) in zip(axes[:, 0], panels.items(), strict=True):
+        for tenant, (times, totals) in curves.items():
+            step = max(1, len(times) // CURVE_POINTS)
+            xs, ys = list(times[::step]), list(totals[::step])
+            if times and xs[-1] != times[-1]:
+                xs.append(times[-1])
+                ys.append(totals[-1])
+            ax.step(xs, ys, where="post", label=tenant)
+        if window_s is not None:
+            ax.axvline(window_s, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_title(label, fontsize=9)
+        ax.set_ylabel("service (VTC units)")
+        ax.grid(alpha=0.3)
+        _legend(ax)
+    axes[0, 0].figure.suptitle(title, fontsize=10)
+    axes[-1, 0].set_xlabel("time since start (s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -17,6 +17,7 @@ from typing import Any
 from tandem.bench.aggregate import aggregate, spread_table
 from tandem.bench.counters import EngineCounters, engine_report
 from tandem.bench.fairness import ServiceWeights, tenant_report
+from tandem.bench.isolation import IsolationSpec, isolation_table
 from tandem.bench.records import DriveResult
 from tandem.bench.stats import Slo, latency_summary, slo_report, throughput, timed
 
@@ -30,7 +31,8 @@ class RunData:
 
     `target` describes what was measured (kind, policy, URL); `notes` are events worth reporting
     (a child that died); `children` the processes the harness started for it, after they stopped;
-    `gateway` the gateway's CPU over the run (`tandem.bench.cpu.cpu_per_1000`; None without one).
+    `gateway` the gateway's CPU over the run (`tandem.bench.cpu.cpu_per_1000`; None without one);
+    `phase` is empty, or with `--isolation` `alone` (the light tenant only) or `flood` (everything).
     """
 
     label: str
@@ -42,11 +44,13 @@ class RunData:
     notes: Sequence[str] = field(default_factory=tuple)
     repeat: int = 0
     gateway: Mapping[str, Any] | None = None
+    phase: str = ""
 
     @property
     def file_label(self) -> str:
-        """The label in file names: `vllm-router-cache_aware`; `-r1`, `-r2`... for the later repeats."""
-        base = self.label.replace(":", "-")
+        """The label in file names: `vllm-router-cache_aware`; `-r1`, `-r2`... for the later repeats;
+        `-alone` for an isolation run of the light tenant alone (`round-robin-alone-r1`)."""
+        base = self.label.replace(":", "-") + ("-alone" if self.phase == "alone" else "")
         return base if self.repeat == 0 else f"{base}-r{self.repeat}"
 
 
@@ -61,10 +65,12 @@ def summarize(
     return {
         "label": run.label,
         "repeat": run.repeat,
+        "phase": run.phase or None,
         "target": dict(run.target),
         "requests": {
             "total": len(records),
             "sent": sum(r.start_s is not None for r in records),
+            "closed_loop_unsent": run.result.unissued,
             "ok": sum(r.ok for r in records),
             "errors": len(errors),
             "error_examples": list(dict.fromkeys(errors))[:_ERROR_EXAMPLES],
@@ -269,6 +275,17 @@ def markdown(doc: Mapping[str, Any]) -> str:
             f"- service in VTC units: {fair['weights']['input']:g} × prompt + {fair['weights']['output']:g}"
             f" × completion tokens; fair share {_num(fair.get('fair_share'), '.2f')}"
         )
+    isolation = doc.get("isolation")
+    if isolation:
+        spec = IsolationSpec(**isolation["spec"])
+        lines += [
+            "", f"## Tenant isolation: {spec.light} alone, then under {spec.heavy}'s flood", "",
+            f"Per target and run: {spec.light}'s requests alone on fresh engines, then the whole workload "
+            f"on fresh engines again. Isolation ratio = {spec.light} TTFT p90 under the flood ÷ alone "
+            f"(near 1: isolated); {spec.heavy}'s throughput over [0, {spec.window_s:g} s]. "
+            "The tables after it are the flood runs.", "",
+            isolation_table(isolation["aggregate"], spec), "", "## The flood runs",
+        ]  # fmt: skip
     first = [r for r in doc["runs"] if r.get("repeat", 0) == 0]
     if len(first) < len(doc["runs"]):
         repeats = len(doc["runs"]) // max(1, len(first))

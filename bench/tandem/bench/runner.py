@@ -3,7 +3,9 @@ summarise, and write the results.
 
 Outputs in `out_dir`: `bench.json` (the whole document, `tandem.bench.report.document`), `bench.md`
 (the markdown table with its heading) and `requests-<label>.jsonl` (one driver record per line,
-token arrival times included, for later plots).
+token arrival times included, for later plots). With `Bench.isolation` (`--isolation`), every target
+and repeat runs twice, the light tenant alone and then the flood (`tandem.bench.isolation`):
+`runs` in bench.json are the flood runs, `isolation` has the comparison and the alone runs.
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ import httpx
 
 from tandem.bench import plots
 from tandem.bench.driver import DriverSettings
-from tandem.bench.fairness import ServiceWeights
+from tandem.bench.fairness import ServiceWeights, service_curves
 from tandem.bench.harness import Counters, HarnessError, PoolSettings, Tools, measure, run_target
+from tandem.bench.isolation import (
+    ALONE,
+    FLOOD,
+    IsolationSpec,
+    alone_workload,
+    isolation_document,
+    isolation_row,
+)
 from tandem.bench.overhead import SweepSettings, summarize_sweep, sweep_markdown
 from tandem.bench.records import DriveResult
 from tandem.bench.report import RunData, document, markdown, summarize
@@ -51,6 +61,13 @@ class Bench:
     command: tuple[str, ...]
     slo: Slo = field(default_factory=Slo)
     repeat: int = 1
+    isolation: IsolationSpec | None = None
+
+    def phases(self) -> list[tuple[str, Workload]]:
+        """The runs per target and repeat: the workload; with isolation, the light tenant alone first."""
+        if self.isolation is None:
+            return [("", self.workload)]
+        return [(ALONE, alone_workload(self.workload, self.isolation)), (FLOOD, self.workload)]
 
 
 def run_endpoint(
@@ -138,7 +155,8 @@ def run_harness(
     bench: Bench, *, targets: Sequence[Target], pool: PoolSettings, tools: Tools, progress: Progress
 ) -> list[RunData]:
     """`bench.repeat` cold runs per target on identical simulated pools (`tandem.bench.harness`),
-    target after target (all repeats of one target, then the next).
+    target after target (all repeats of one target, then the next); with isolation, each repeat is
+    two cold runs, the light tenant alone and then the flood (`Bench.phases`).
 
     A target whose processes fail to start is reported as a run without requests (its note says
     why) and the next run still starts.
@@ -147,21 +165,35 @@ def run_harness(
     for number, target in enumerate(targets, start=1):
         what = "1 simulated engine, no router" if target.kind == "direct" else pool.describe()
         for repeat in range(bench.repeat):
-            of = f", run {repeat + 1}/{bench.repeat}" if bench.repeat > 1 else ""
-            progress(f"[{target.label}] target {number}/{len(targets)}{of}: starting {what}")
-            state = bench.out_dir / "runs" / (f"r{repeat}" if bench.repeat > 1 else "")
-            try:
-                run = run_target(
-                    target, workload=bench.workload, pool=pool, tools=tools, driver=bench.driver,
-                    state_dir=state, progress=progress,
-                )  # fmt: skip
-            except HarnessError as exc:
-                progress(f"[{target.label}] failed: {exc}")
-                run = RunData(
-                    target.label, target.describe(), DriveResult((), 0.0), {}, {}, notes=(str(exc),)
+            for phase, workload in bench.phases():
+                of = f", run {repeat + 1}/{bench.repeat}" if bench.repeat > 1 else ""
+                of += f", {phase}" if phase else ""
+                progress(f"[{target.label}] target {number}/{len(targets)}{of}: starting {what}")
+                state = bench.out_dir / "runs" / (f"r{repeat}" if bench.repeat > 1 else "") / phase
+                try:
+                    run = run_target(
+                        target, workload=workload, pool=pool, tools=tools, driver=bench.driver,
+                        state_dir=state, progress=progress,
+                    )  # fmt: skip
+                except HarnessError as exc:
+                    progress(f"[{target.label}] failed: {exc}")
+                    run = RunData(
+                        target.label, target.describe(), DriveResult((), 0.0), {}, {}, notes=(str(exc),)
+                    )
+                runs.append(
+                    replace(run, repeat=repeat, phase=phase, notes=(*run.notes, *_dry(workload, run)))
                 )
-            runs.append(replace(run, repeat=repeat))
     return runs
+
+
+def _dry(workload: Workload, run: RunData) -> tuple[str, ...]:
+    """A note when a closed loop sent every request it had: it may have run dry before its end."""
+    if not workload.closed_loop or not run.result.records or run.result.unissued:
+        return ()
+    tenants = ", ".join(workload.closed_loop)
+    return (
+        f"the closed loop of {tenants} sent every request it had: it may have run dry (raise heavy_requests)",
+    )
 
 
 def machine_info() -> dict[str, Any]:
@@ -223,8 +255,12 @@ def _driver_settings(driver: DriverSettings) -> dict[str, Any]:
 def finish(
     bench: Bench, runs: Sequence[RunData], *, settings: Mapping[str, Any], time_scale: float
 ) -> tuple[dict[str, Any], str]:
-    """Summarise the runs, write bench.json, bench.md and the records; returns (document, markdown)."""
-    summaries = [summarize(r, time_scale=time_scale, weights=bench.weights, slo=bench.slo) for r in runs]
+    """Summarise the runs, write bench.json, bench.md and the records; returns (document, markdown).
+
+    With isolation, `runs` in the document are the flood runs and `isolation` holds the comparison
+    with the alone runs (`_isolation`)."""
+    main = [r for r in runs if r.phase != ALONE]
+    summaries = [summarize(r, time_scale=time_scale, weights=bench.weights, slo=bench.slo) for r in main]
     doc = document(
         runs=summaries,
         workload=workload_info(bench.workload, seed=bench.seed),
@@ -233,6 +269,14 @@ def finish(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         command=bench.command,
     )
+    if bench.isolation is not None:
+        alone = [r for r in runs if r.phase == ALONE]
+        doc["isolation"] = _isolation(
+            bench.isolation, main=list(zip(main, summaries, strict=True)), alone=alone, time_scale=time_scale
+        )
+        doc["isolation"]["alone_runs"] = [
+            summarize(r, time_scale=time_scale, weights=bench.weights, slo=bench.slo) for r in alone
+        ]
     text = markdown(doc)
     bench.out_dir.mkdir(parents=True, exist_ok=True)
     (bench.out_dir / "bench.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -243,14 +287,39 @@ def finish(
     return doc, text
 
 
+def _isolation(
+    spec: IsolationSpec,
+    *,
+    main: Sequence[tuple[RunData, Mapping[str, Any]]],
+    alone: Sequence[RunData],
+    time_scale: float,
+) -> dict[str, Any]:
+    """The isolation rows: each flood run (with its summary) against the alone run of the same target
+    and repeat."""
+    by_key = {(r.label, r.repeat): r for r in alone}
+    rows = []
+    for run, summary in main:
+        pair = by_key.get((run.label, run.repeat))
+        rows.append(
+            isolation_row(
+                label=run.label, repeat=run.repeat, spec=spec, fairness=summary["fairness"],
+                flood=timed(run.result.records, time_scale=time_scale),
+                alone=timed(pair.result.records, time_scale=time_scale) if pair is not None else [],
+            )
+        )  # fmt: skip
+    return isolation_document(spec, rows)
+
+
 def write_plots(
     bench: Bench, runs: Sequence[RunData], *, time_scale: float, progress: Progress
 ) -> list[Path]:
-    """`ttft-cdf.png` and `requests-timeline.png` from the first run of every target (engine seconds)."""
+    """`ttft-cdf.png` and `requests-timeline.png` from the first run of every target (engine seconds),
+    and with two tenants or more `service-over-time.png` (`_service_plot`); isolation's alone runs
+    are left out (they are in the table)."""
     if not plots.available():
         progress("matplotlib is not installed (the bench extra): no plots")
         return []
-    first = [r for r in runs if r.repeat == 0 and r.result.records]
+    first = [r for r in runs if r.repeat == 0 and r.result.records and r.phase != ALONE]
     views = {r.label: [t for t in timed(r.result.records, time_scale=time_scale) if t.ok] for r in first}
     views = {label: v for label, v in views.items() if v}
     if not views:
@@ -269,7 +338,21 @@ def write_plots(
         for label, v in views.items()
     }
     plots.request_timeline(data, timeline, title=title)
-    return [cdf, timeline]
+    return [cdf, timeline, *_service_plot(bench, first, time_scale=time_scale, title=title)]
+
+
+def _service_plot(bench: Bench, first: Sequence[RunData], *, time_scale: float, title: str) -> list[Path]:
+    """`service-over-time.png`: each tenant's cumulative service (`fairness.service_curves`), one
+    panel per target; the heavy load's window end is marked with isolation. Nothing for one tenant."""
+    panels = {
+        r.label: service_curves(timed(r.result.records, time_scale=time_scale), bench.weights) for r in first
+    }
+    if not any(len(curves) > 1 for curves in panels.values()):
+        return []
+    path = bench.out_dir / "service-over-time.png"
+    window = bench.isolation.window_s if bench.isolation is not None else None
+    plots.service_over_time(panels, path, title=f"Cumulative service per tenant: {title}", window_s=window)
+    return [path]
 
 
 def write_overhead(

@@ -56,7 +56,8 @@ def distribution(values: Iterable[float]) -> dict[str, float | int | None]:
 
 @dataclass(frozen=True)
 class Timed:
-    """One request's facts with its times multiplied by the time scale (engine seconds since start)."""
+    """One request's facts with its times multiplied by the time scale (engine seconds since start);
+    `status` is the HTTP status (None: no answer)."""
 
     tenant: str
     ok: bool
@@ -66,6 +67,7 @@ class Timed:
     end: float | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    status: int | None = None
 
     @property
     def tokens_out(self) -> int:
@@ -112,6 +114,7 @@ def timed(records: Iterable[RequestRecord], *, time_scale: float) -> list[Timed]
             end=scale(r.end_s),
             prompt_tokens=r.prompt_tokens,
             completion_tokens=r.completion_tokens,
+            status=r.status,
         )
         for r in records
     ]

@@ -5,7 +5,8 @@ Two modes:
 - endpoint: `--url http://127.0.0.1:8080/v1 [--engine-metrics URL ...]` drives a running endpoint;
 - harness: `--policy round-robin --peer vllm-router:cache_aware --peer-command 'NAME=CMD {port} ...'
   --direct --engines 4` starts simulated engines and, for each target in turn, a gateway in front of
-  the same (restarted) engines.
+  the same (restarted) engines; `--isolation` runs the light tenant alone, then the flood, per
+  target and compares the light tenant's TTFT (tandem.bench.isolation).
 
 Results go to `--out` (bench.json, bench.md, requests-*.jsonl) and the markdown table to stdout;
 progress lines go to stderr. Exit codes: 0 done; 1 a child failed or a run had no successful
@@ -17,6 +18,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType, MappingProxyType
@@ -30,6 +32,7 @@ from tandem.bench.command_peer import PLACEHOLDERS, find_program
 from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
+from tandem.bench.isolation import IsolationSpec, isolation_spec
 from tandem.bench.overhead import SweepSettings, parse_levels, run_sweep
 from tandem.bench.report import RunData
 from tandem.bench.runner import (
@@ -102,6 +105,9 @@ HELP: Mapping[str, str] = MappingProxyType(
         "router_arg": "Harness: an extra `tandem router` argument, e.g. --router-arg=--fairness=fcfs.",
         "max_concurrency": "Most requests in flight per tenant [default: the workload's, else 256].",
         "repeat": "Run every target (or the endpoint) N times; tables show mean ± sd over the runs.",
+        "isolation": "Harness: per target and run, the light tenant alone, then the whole workload, on "
+        "fresh engines each; report the isolation ratio (light TTFT p90 flood ÷ alone). Workloads: flood, "
+        "two-tenant.",
         "slo_ttft_ms": "TTFT objective for SLO attainment and goodput (ms).",
         "slo_tpot_ms": "TPOT objective for SLO attainment and goodput (ms).",
         "timeline": "Endpoint mode: scrape this URL's /metrics every second for tandem_autoscaler_* gauges "
@@ -153,6 +159,7 @@ HELP: Mapping[str, str] = MappingProxyType(
 @click.option("--output-weight", type=click.FloatRange(min=0), default=2.0, show_default=True)
 @click.option("--no-ignore-eos", is_flag=True, help="Do not send ignore_eos (endpoints that reject it).")
 @click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True, help=HELP["repeat"])
+@click.option("--isolation", is_flag=True, help=HELP["isolation"])
 @click.option(
     "--slo-ttft-ms",
     type=click.FloatRange(min=0, min_open=True),
@@ -210,6 +217,7 @@ def bench(**o: Any) -> None:
         workload=workload, seed=o["seed"], driver=driver, out_dir=out, command=_command(),
         weights=ServiceWeights(input=o["input_weight"], output=o["output_weight"]),
         slo=Slo(ttft_s=o["slo_ttft_ms"] / 1000, tpot_s=o["slo_tpot_ms"] / 1000), repeat=o["repeat"],
+        isolation=_isolation(workload, o),
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     extra = ""
@@ -244,7 +252,22 @@ def _mode(o: dict[str, Any]) -> bool:
         _fail("--timeline is for endpoint mode (--url)")
     if o["overhead_sweep"] is not None and not harness:
         _fail("--overhead-sweep runs in harness mode: give --policy, --peer and/or --peer-command")
+    if o["isolation"] and not harness:
+        _fail("--isolation runs in harness mode (it restarts the engines): give --policy, --peer and/or "
+              "--peer-command")  # fmt: skip
     return harness
+
+
+def _isolation(workload: Workload, o: dict[str, Any]) -> IsolationSpec | None:
+    """The isolation spec with `--isolation` (None without); exits with code 2 where it does not fit."""
+    if not o["isolation"]:
+        return None
+    if o["overhead_sweep"] is not None:
+        _fail("--isolation and --overhead-sweep are separate modes; give one")
+    try:
+        return isolation_spec(workload, cut_s=o["duration"])
+    except WorkloadError as exc:
+        _fail(str(exc))
 
 
 def _report(
@@ -315,8 +338,10 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
 def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any]]:
     targets, tools, pool = _harness_setup(o)
     runs = run_harness(setup, targets=targets, pool=pool, tools=tools, progress=_say)
+    isolation = None if setup.isolation is None else asdict(setup.isolation)
     settings = {
         "mode": "harness", "targets": [t.label for t in targets], "engines_desc": pool.describe(),
+        "isolation": isolation,
         "pool": {
             **pool.__dict__, "engine_args": list(pool.engine_args), "router_args": list(pool.router_args),
         },
