@@ -38,7 +38,10 @@ def endpoint() -> Iterator[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "give --url (endpoint mode) or --policy/--peer/--peer-command/--direct (harness mode), not"),
+        ([], "give --url (endpoint mode) or --policy/--variant/--peer/--peer-command/--direct (harness"),
+        (["--variant", "fcfs=tandem", "--url", "http://127.0.0.1:9/v1"], "not both or neither"),
+        (["--variant", "fcfs=nope"], "--variant fcfs: the policy is 'nope'; choose from tandem"),
+        (["--variant", "tandem=tandem --fairness=fcfs"], "--variant tandem: the label 'tandem' is taken"),
         (["--url", "http://127.0.0.1:9/v1", "--direct"], "not both or neither"),
         (["--direct", "--engine-metrics", "http://x"], "--engine-metrics is for endpoint mode"),
         (["--policy", "round-robin,nope"], "--policy 'nope': choose from "),

@@ -226,3 +226,17 @@ def test_isolation_runs_the_light_tenant_alone_then_the_flood_on_fresh_engines_p
         "requests-tandem-alone-r1.jsonl",
     }  # fmt: skip
     assert (tmp_path / "service-over-time.png").stat().st_size > 0
+
+
+def test_a_variants_own_arguments_reach_its_gateway_and_no_other(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, [
+        "bench", "--policy", "round-robin", "--variant", "bad=round-robin --fairness=nope", *TINY,
+        "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    good, bad = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert good["label"] == "round-robin" and good["requests"]["ok"] == 6, (
+        "the policy's gateway has no such flag"
+    )
+    assert bad["target"] == {"kind": "tandem", "policy": "round-robin", "router_args": ["--fairness=nope"]}
+    assert bad["requests"]["total"] == 0 and "router exited with code 2 while starting" in bad["notes"][0]

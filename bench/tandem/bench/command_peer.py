@@ -30,7 +30,8 @@ LOOPBACK = "127.0.0.1"
 #: Placeholders that stand for several URLs; as a whole argument they become one argument each.
 LISTS = ("decode_urls_space", "prefill_urls_space")
 PLACEHOLDERS = ("host", "port", "metrics_port", "model", "decode_urls", "prefill_urls", *LISTS)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: A target label given by the user (`--peer-command NAME=...`, `--variant NAME=...`).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -83,7 +84,7 @@ def parse_peer_command(value: str) -> PeerCommand:
     name = name.strip()
     if not sep:
         raise PeerCommandError(f"--peer-command {value!r}: expected NAME=TEMPLATE")
-    if not _NAME.fullmatch(name):
+    if not NAME.fullmatch(name):
         raise PeerCommandError(
             f"--peer-command {name!r}: NAME must be letters, digits and -_. (starting with a letter or digit)"
         )

@@ -5,7 +5,8 @@ For each target (a Tandem policy, a peer router, or `direct`) the harness
    disaggregation off; with `pd`, prefill engines too and `mode: always`) and plans its processes
    with the local runtime (`tandem.local.plan.build_plan`: Redis KV pool, engines, gateway);
 2. starts Redis and the engines and waits for their health, then the target's gateway (`tandem
-   router` with `spec.router.policy` = the policy, or vllm-router, or a `--peer-command`'s command
+   router` with `spec.router.policy` = the policy and a variant's own arguments after the
+   `--router-arg`s, or vllm-router, or a `--peer-command`'s command
    line, or none for `direct`, which runs one engine) and waits for it to answer `GET /health`;
 3. scrapes every engine's `/metrics`, drives the workload through the gateway, scrapes again, and
    reads the gateway's CPU time (its process tree, `tandem.bench.cpu`) just before and just after;
@@ -234,7 +235,7 @@ def _gateway(
         plan.router_config_path.parent.mkdir(parents=True, exist_ok=True)
         config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
         plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        return dataclasses.replace(router, argv=(*router.argv, *router_args))
+        return dataclasses.replace(router, argv=(*router.argv, *router_args, *target.router_args))
     decode = tuple(p.url for p in plan.processes if p.role == "decode")
     prefill = tuple(p.url for p in plan.processes if p.role == "prefill")
     if target.kind == "command" and target.peer is not None:

@@ -1,7 +1,9 @@
 """What a harness run measures (pure): Tandem's gateway with a policy, a peer router, or one engine.
 
 - `tandem` + policy (a value of `tandem.core.spec.ROUTING_POLICIES`): `tandem router` with
-  `spec.router.policy` set to it; the run's label is the policy (`round-robin`).
+  `spec.router.policy` set to it; the run's label is the policy (`round-robin`). A **variant**
+  (`--variant NAME=POLICY ARG...`) is the same with extra `tandem router` arguments of its own
+  (after `--router-arg`s, so they win), labelled NAME: `--variant 'fcfs=tandem --fairness=fcfs'`.
 - `vllm-router` + policy: the Rust vLLM router (PyPI `vllm-router`, 0.1.17 was used) with
   `--policy` (`round_robin`, `cache_aware`, ...); label `vllm-router:cache_aware`.
 - `command`: any router the user has, started from a command line template
@@ -11,13 +13,14 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tandem.bench.command_peer import PeerCommand, PeerCommandError, parse_peer_command
+from tandem.bench.command_peer import NAME, PeerCommand, PeerCommandError, parse_peer_command
 from tandem.core.spec import ROUTING_POLICIES
 
 TargetKind = Literal["tandem", "vllm-router", "command", "direct"]
@@ -33,40 +36,51 @@ class TargetError(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """What one run measures; `policy` for `tandem` and `vllm-router`, `peer` for `command`."""
+    """What one run measures; `policy` for `tandem` and `vllm-router`, `peer` for `command`; a
+    `tandem` variant's `name` and extra gateway arguments `router_args`."""
 
     kind: TargetKind
     policy: str | None = None
     peer: PeerCommand | None = None
+    name: str | None = None
+    router_args: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         if self.kind == "tandem":
-            return str(self.policy)
+            return self.name or str(self.policy)
         if self.kind == "vllm-router":
             return f"{VLLM_ROUTER}:{self.policy}"
         if self.kind == "command" and self.peer is not None:
             return self.peer.name
         return "direct"
 
-    def describe(self) -> dict[str, str | None]:
+    def describe(self) -> dict[str, str | list[str] | None]:
         if self.peer is not None:
             return {"kind": self.kind, "policy": None, "command": self.peer.template}
+        if self.name is not None:
+            return {"kind": self.kind, "policy": self.policy, "router_args": list(self.router_args)}
         return {"kind": self.kind, "policy": self.policy}
 
 
 def parse_targets(
-    *, policies: Sequence[str], peers: Sequence[str], commands: Sequence[str] = (), direct: bool
+    *,
+    policies: Sequence[str],
+    peers: Sequence[str],
+    commands: Sequence[str] = (),
+    direct: bool,
+    variants: Sequence[str] = (),
 ) -> list[Target]:
-    """`--policy a,b` (repeatable), `--peer vllm-router:P` (repeatable), `--peer-command NAME=TEMPLATE`
-    (repeatable) and `--direct` → targets in that order, without duplicates. Raises TargetError naming
-    the bad value and the choices, or a NAME that another target's label (or any policy's, or
-    `direct`) already is."""
+    """`--policy a,b` (repeatable), `--variant NAME=POLICY ARG...` (repeatable), `--peer vllm-router:P`
+    (repeatable), `--peer-command NAME=TEMPLATE` (repeatable) and `--direct` → targets in that order,
+    without duplicates. Raises TargetError naming the bad value and the choices, or a NAME that
+    another target's label (or any policy's, or `direct`) already is."""
     targets: list[Target] = []
     for value in (p.strip() for item in policies for p in item.split(",") if p.strip()):
         if value not in ROUTING_POLICIES:
             raise TargetError(f"--policy {value!r}: choose from {', '.join(ROUTING_POLICIES)}")
         targets.append(Target("tandem", value))
+    targets += _variant_targets(variants, taken=[t.label for t in targets])
     for peer in peers:
         name, _, policy = peer.partition(":")
         if name != VLLM_ROUTER:
@@ -81,6 +95,47 @@ def parse_targets(
     if direct:
         targets.append(Target("direct"))
     return list(dict.fromkeys(targets))
+
+
+def parse_variant(value: str) -> Target:
+    """`NAME=POLICY ARG...` → a `tandem` target labelled NAME with extra `tandem router` arguments,
+    split as a shell would. Example: `fcfs=tandem --fairness=fcfs` → policy `tandem`, router_args
+    `("--fairness=fcfs",)`. Raises TargetError for a missing `NAME=`, a bad NAME (as `--peer-command`'s),
+    an unsplittable or empty rest, or an unknown policy."""
+    name, sep, rest = value.partition("=")
+    name = name.strip()
+    if not sep or len(name.split()) > 1:  # `tandem --fairness=fcfs`: the NAME was left out
+        raise TargetError(f"--variant {value!r}: expected NAME=POLICY [ROUTER-ARG ...]")
+    if not NAME.fullmatch(name):
+        raise TargetError(
+            f"--variant {name!r}: NAME must be letters, digits and -_. (starting with a letter or digit)"
+        )
+    try:
+        words = shlex.split(rest)
+    except ValueError as exc:
+        raise TargetError(f"--variant {name}: cannot split {rest!r}: {exc}") from None
+    if not words or words[0] not in ROUTING_POLICIES:
+        got = repr(words[0]) if words else "nothing"
+        raise TargetError(f"--variant {name}: the policy is {got}; choose from {', '.join(ROUTING_POLICIES)}")
+    return Target("tandem", words[0], name=name, router_args=tuple(words[1:]))
+
+
+def _variant_targets(values: Sequence[str], *, taken: Sequence[str]) -> list[Target]:
+    """The `--variant` targets; a NAME must differ from every policy, `direct` and other variants
+    (the same variant twice is one target)."""
+    reserved = {*ROUTING_POLICIES, "direct", *taken}
+    targets: dict[str, Target] = {}
+    for value in values:
+        target = parse_variant(value)
+        known = targets.get(target.label)
+        if known == target:
+            continue
+        if target.label in reserved or known is not None:
+            raise TargetError(
+                f"--variant {target.label}: the label {target.label!r} is taken; choose another"
+            )
+        targets[target.label] = target
+    return list(targets.values())
 
 
 def _command_targets(commands: Sequence[str], *, taken: Sequence[str]) -> list[Target]:

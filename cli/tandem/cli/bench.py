@@ -3,10 +3,11 @@ hits and per-tenant service (docs/bench.md).
 
 Two modes:
 - endpoint: `--url http://127.0.0.1:8080/v1 [--engine-metrics URL ...]` drives a running endpoint;
-- harness: `--policy round-robin --peer vllm-router:cache_aware --peer-command 'NAME=CMD {port} ...'
-  --direct --engines 4` starts simulated engines and, for each target in turn, a gateway in front of
-  the same (restarted) engines; `--isolation` runs the light tenant alone, then the flood, per
-  target and compares the light tenant's TTFT (tandem.bench.isolation).
+- harness: `--policy round-robin --variant 'fcfs=tandem --fairness=fcfs' --peer vllm-router:cache_aware
+  --peer-command 'NAME=CMD {port} ...' --direct --engines 4` starts simulated engines and, for each
+  target in turn, a gateway in front of the same (restarted) engines; `--isolation` runs the light
+  tenant alone, then the flood, per target and compares the light tenant's TTFT
+  (tandem.bench.isolation).
 
 Results go to `--out` (bench.json, bench.md, requests-*.jsonl) and the markdown table to stdout;
 progress lines go to stderr. Exit codes: 0 done; 1 a child failed or a run had no successful
@@ -93,6 +94,8 @@ HELP: Mapping[str, str] = MappingProxyType(
         "url": "Endpoint mode: the OpenAI base URL to drive, e.g. http://127.0.0.1:8080/v1.",
         "engine_metrics": "Endpoint mode: an engine (base or /metrics URL) to scrape; repeatable.",
         "policy": f"Harness: Tandem routing policies, comma-separated ({', '.join(ROUTING_POLICIES)}).",
+        "variant": "Harness: Tandem's gateway with POLICY and extra `tandem router` arguments, as the target "
+        "NAME, e.g. 'fcfs=tandem --fairness=fcfs'; repeatable.",
         "peer": "Harness: a peer router, e.g. vllm-router:cache_aware, vllm-router:round_robin; repeatable.",
         "peer_command": "Harness: any router, as a command line with placeholders ("
         + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
@@ -125,6 +128,7 @@ HELP: Mapping[str, str] = MappingProxyType(
 @click.option("--model", default="qwen", show_default=True, help="Model name sent in requests.")
 @click.option("--engine-metrics", multiple=True, metavar="URL", help=HELP["engine_metrics"])
 @click.option("--policy", multiple=True, metavar="LIST", help=HELP["policy"])
+@click.option("--variant", multiple=True, metavar="NAME=POLICY ARGS", help=HELP["variant"])
 @click.option("--peer", multiple=True, metavar="ROUTER:POLICY", help=HELP["peer"])
 @click.option("--peer-command", multiple=True, metavar="NAME=TEMPLATE", help=HELP["peer_command"])
 @click.option("--direct", is_flag=True, help=HELP["direct"])
@@ -240,11 +244,11 @@ def bench(**o: Any) -> None:
 
 def _mode(o: dict[str, Any]) -> bool:
     """True for harness mode, False for endpoint mode; exits with code 2 on flags that do not fit."""
-    harness = bool(o["policy"] or o["peer"] or o["peer_command"] or o["direct"])
+    harness = bool(o["policy"] or o["variant"] or o["peer"] or o["peer_command"] or o["direct"])
     if harness == bool(o["url"]):
         _fail(
-            "give --url (endpoint mode) or --policy/--peer/--peer-command/--direct (harness mode), "
-            "not both or neither"
+            "give --url (endpoint mode) or --policy/--variant/--peer/--peer-command/--direct (harness "
+            "mode), not both or neither"
         )
     if harness and o["engine_metrics"]:
         _fail("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
@@ -308,8 +312,9 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
     """Targets, binaries and the pool from the flags; exits with code 2 on a bad one."""
     try:
         targets = parse_targets(
-            policies=o["policy"], peers=o["peer"], commands=o["peer_command"], direct=o["direct"]
-        )
+            policies=o["policy"], variants=o["variant"], peers=o["peer"], commands=o["peer_command"],
+            direct=o["direct"],
+        )  # fmt: skip
     except TargetError as exc:
         _fail(str(exc))
     for peer in (t.peer for t in targets if t.peer is not None):
