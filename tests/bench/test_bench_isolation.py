@@ -17,6 +17,8 @@ from tandem.bench.isolation import (
     IsolationSpec,
     aggregate_rows,
     alone_workload,
+    isolation_document,
+    isolation_markdown,
     isolation_row,
     isolation_spec,
     isolation_table,
@@ -211,3 +213,11 @@ def test_service_curves_accumulate_prompts_at_the_first_token_and_output_per_chu
         "b": ([0.5, 0.5], [3.0, 5.0]),
         "c": ([], []),
     }
+
+
+def test_the_markdown_section_names_the_tenants_and_the_window() -> None:
+    rows = rows_for("tandem", [2.0])
+    section = isolation_markdown(isolation_document(SPEC, rows))
+    assert section[0] == "## Tenant isolation: light alone, then under heavy's flood"
+    assert "heavy's throughput over [0, 10 s]" in section[2]
+    assert "| isolation ratio: light TTFT p90, flood ÷ alone | 2.00 |" in section[-1]

@@ -215,3 +215,16 @@ def _scaled(item: Mapping[str, Any], scale: float) -> dict[str, Any]:
 def isolation_document(spec: IsolationSpec, rows: Sequence[Row]) -> dict[str, Any]:
     """bench.json's `isolation`: the spec, one row per target and repeat, and their aggregate."""
     return {"spec": asdict(spec), "runs": list(rows), "aggregate": aggregate_rows(rows)}
+
+
+def isolation_markdown(isolation: Mapping[str, Any]) -> list[str]:
+    """bench.md's isolation section (heading, what was run, the table) from bench.json's `isolation`."""
+    spec = IsolationSpec(**isolation["spec"])
+    return [
+        f"## Tenant isolation: {spec.light} alone, then under {spec.heavy}'s flood", "",
+        f"Per target and run: {spec.light}'s requests alone on fresh engines, then the whole workload on "
+        f"fresh engines again. Isolation ratio = {spec.light} TTFT p90 under the flood ÷ alone (near 1: "
+        f"isolated); {spec.heavy}'s throughput over [0, {spec.window_s:g} s]. The tables after it are the "
+        "flood runs.", "",
+        isolation_table(isolation["aggregate"], spec),
+    ]  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 from tandem.bench.aggregate import aggregate, spread_table
 from tandem.bench.counters import EngineCounters, engine_report
 from tandem.bench.fairness import ServiceWeights, tenant_report
-from tandem.bench.isolation import IsolationSpec, isolation_table
+from tandem.bench.isolation import isolation_markdown
 from tandem.bench.records import DriveResult
 from tandem.bench.stats import Slo, latency_summary, slo_report, throughput, timed
 
@@ -275,17 +275,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
             f"- service in VTC units: {fair['weights']['input']:g} × prompt + {fair['weights']['output']:g}"
             f" × completion tokens; fair share {_num(fair.get('fair_share'), '.2f')}"
         )
-    isolation = doc.get("isolation")
-    if isolation:
-        spec = IsolationSpec(**isolation["spec"])
-        lines += [
-            "", f"## Tenant isolation: {spec.light} alone, then under {spec.heavy}'s flood", "",
-            f"Per target and run: {spec.light}'s requests alone on fresh engines, then the whole workload "
-            f"on fresh engines again. Isolation ratio = {spec.light} TTFT p90 under the flood ÷ alone "
-            f"(near 1: isolated); {spec.heavy}'s throughput over [0, {spec.window_s:g} s]. "
-            "The tables after it are the flood runs.", "",
-            isolation_table(isolation["aggregate"], spec), "", "## The flood runs",
-        ]  # fmt: skip
+    if doc.get("isolation"):
+        lines += ["", *isolation_markdown(doc["isolation"]), "", "## The flood runs"]
     first = [r for r in doc["runs"] if r.get("repeat", 0) == 0]
     if len(first) < len(doc["runs"]):
         repeats = len(doc["runs"]) // max(1, len(first))

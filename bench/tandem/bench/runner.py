@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
-import os
-import platform
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -38,12 +34,12 @@ from tandem.bench.isolation import (
     isolation_row,
 )
 from tandem.bench.overhead import SweepSettings, summarize_sweep, sweep_markdown
+from tandem.bench.provenance import machine_info, workload_info
 from tandem.bench.records import DriveResult
 from tandem.bench.report import RunData, document, markdown, summarize
 from tandem.bench.stats import Slo, timed
 from tandem.bench.targets import Target
 from tandem.bench.timeline import TimelineRecorder, build_timeline, timeline_markdown
-from tandem.bench.workload_file import dump_jsonl
 from tandem.bench.workloads import Workload
 
 Progress = Callable[[str], None]
@@ -194,57 +190,6 @@ def _dry(workload: Workload, run: RunData) -> tuple[str, ...]:
     return (
         f"the closed loop of {tenants} sent every request it had: it may have run dry (raise heavy_requests)",
     )
-
-
-def machine_info() -> dict[str, Any]:
-    """Where the numbers were taken: cores, CPU model, OS, Python."""
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": _cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "source": source_info(),
-    }
-
-
-def source_info() -> dict[str, Any]:
-    """The git commit of the code that ran (gateway, engines and bench alike) and whether the work tree
-    had changes; None values when this is not a git checkout."""
-    here = Path(__file__).resolve().parent
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10, check=True
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip()
-
-    status = git("status", "--porcelain")
-    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def workload_info(workload: Workload, *, seed: int) -> dict[str, Any]:
-    """The workload's identity for the report: name, parameters, seed, size and content hash."""
-    return {
-        "name": workload.name,
-        "params": dict(workload.params),
-        "seed": seed,
-        "requests": len(workload.requests),
-        "tenants": list(workload.tenants),
-        "sha256": hashlib.sha256(dump_jsonl(workload).encode("utf-8")).hexdigest(),
-    }
 
 
 def _driver_settings(driver: DriverSettings) -> dict[str, Any]:
