@@ -69,14 +69,24 @@ def make_gate(
     return gate, registry
 
 
-def request(rid: str, tenant: str, *, prompt: int = 10, priority: int = 0, slo: SLO = SLOW) -> RequestView:
+def request(
+    rid: str,
+    tenant: str,
+    *,
+    prompt: int = 10,
+    priority: int = 0,
+    slo: SLO = SLOW,
+    deadline: float | None = None,
+) -> RequestView:
+    """A request; `deadline` is the client's own x-slo-ttft-ms (seconds), which also sets its objective."""
     return RequestView(
         request_id=rid,
         route=Route.COMPLETIONS,
         tenant=tenant,
         prompt_token_ids=tuple(range(1, prompt + 1)),
         priority=priority,
-        slo=slo,
+        slo=slo if deadline is None else SLO(ttft_s=deadline, tpot_s=slo.tpot_s),
+        deadline_s=deadline,
     )
 
 
@@ -149,8 +159,109 @@ async def test_a_full_queue_answers_429_at_once_with_a_retry_after() -> None:
     assert caught.value.response_headers()["retry-after"] == str(caught.value.retry_after_s)
     assert caught.value.retry_after_s >= 1
     assert sample(registry, "tandem_router_admission_rejections_total", reason="queue_full") == 1
-    assert len(gate.queue) == 1 and gate.queue.counter("b") == gate.queue.counter("a")  # lifted, uncharged
+    assert len(gate.queue) == 1 and gate.queue.counter("b") == 0  # refused before it queued: untouched
     queued.cancel()
+
+
+async def test_a_full_queue_pushes_out_the_newest_request_of_the_tenant_over_its_share() -> None:
+    gate, registry = make_gate(Pool(capacity=1), FakeClock(), max_queue=3)
+    running = await gate.admit(request("h0", "heavy"))
+    heavy = [asyncio.create_task(gate.admit(request(f"h{i}", "heavy"))) for i in (1, 2, 3)]
+    await settle()
+    light = asyncio.create_task(gate.admit(request("l1", "light")))
+    await settle()
+    # heavy held the whole queue: its newest request made room for light's.
+    with pytest.raises(Overloaded) as caught:
+        await heavy[2]
+    assert caught.value.reason == "pushed_out" and caught.value.retry_after_s >= 1
+    assert not light.done() and len(gate.queue) == 3
+    # Now heavy holds 2 of 3 places and light 1: a swap would only turn 2/1 into 1/2, so light's
+    # second request and heavy's next are both refused outright.
+    for rid, tenant in (("l2", "light"), ("h4", "heavy")):
+        with pytest.raises(Overloaded) as refused:
+            await gate.admit(request(rid, tenant))
+        assert refused.value.reason == "queue_full"
+    assert sample(registry, "tandem_router_admission_rejections_total", reason="pushed_out") == 1
+    assert sample(registry, "tandem_router_admission_rejections_total", reason="queue_full") == 2
+    for task in (heavy[0], heavy[1], light):
+        assert not task.done()
+        task.cancel()
+    running.release()
+
+
+async def test_fcfs_knows_no_shares_and_refuses_the_newcomer_to_a_full_queue() -> None:
+    gate, _ = make_gate(Pool(capacity=1), FakeClock(), max_queue=2, fcfs=True)
+    await gate.admit(request("h0", "heavy"))
+    heavy = [asyncio.create_task(gate.admit(request(f"h{i}", "heavy"))) for i in (1, 2)]
+    await settle()
+    with pytest.raises(Overloaded) as caught:
+        await gate.admit(request("l1", "light"))
+    assert caught.value.reason == "queue_full"
+    for task in heavy:
+        task.cancel()
+
+
+async def drain_at(
+    clock: FakeClock, running: Grant, waiting: Sequence[asyncio.Task[Grant]], *, every_s: float, n: int
+) -> Grant:
+    """Release the running grant `n` times, `every_s` apart (the queue drains at 1/every_s); each
+    release dispatches exactly one of `waiting`, which becomes the running grant."""
+    seen = {id(t) for t in waiting if t.done()}
+    for _ in range(n):
+        clock.advance(every_s)
+        running.release()
+        await settle()
+        [fresh] = [t for t in waiting if t.done() and id(t) not in seen]
+        seen.add(id(fresh))
+        running = fresh.result()
+    return running
+
+
+async def test_early_rejection_prices_what_is_ahead_of_each_tenant_not_the_queues_length() -> None:
+    """Heavy has 12 requests waiting; the queue drains at 10/s. A heavy request with a 0.5 s deadline
+    has ~1.2 s of its own backlog ahead: refused at once. A light request with the same deadline
+    has one request ahead under VTC: queued, and served first."""
+    clock = FakeClock()
+    gate, registry = make_gate(Pool(capacity=1), clock, max_queue=50)
+    running = await gate.admit(request("h0", "heavy"))
+    heavy = [asyncio.create_task(gate.admit(request(f"h{i}", "heavy"))) for i in range(1, 20)]
+    await settle()
+    running = await drain_at(clock, running, heavy, every_s=0.1, n=7)
+    assert len(gate.queue) == 12
+    with pytest.raises(Overloaded) as caught:
+        await gate.admit(request("late", "heavy", deadline=0.5))
+    assert caught.value.reason == "deadline" and "1.2s of queue ahead" in caught.value.message
+    assert caught.value.retry_after_s == 2  # ceil((12 + 1) / 10)
+    light = asyncio.create_task(gate.admit(request("l1", "light", deadline=0.5)))
+    await settle()
+    assert not light.done() and len(gate.queue) == 13
+    running = await drain_at(clock, running, [*heavy, light], every_s=0.1, n=1)
+    assert not light.done()  # the one ahead of it: heavy's oldest wins the counters' tie by arrival
+    running = await drain_at(clock, running, [*heavy, light], every_s=0.1, n=1)
+    assert light.done() and light.result() is running
+    # Without a deadline of its own, heavy's next request waits (its budget is the queue limit).
+    patient = asyncio.create_task(gate.admit(request("patient", "heavy")))
+    await settle()
+    assert not patient.done()
+    assert sample(registry, "tandem_router_admission_rejections_total", reason="deadline") == 1
+    for task in (*heavy, patient):
+        task.cancel()
+    await settle()
+    assert len(gate.queue) == 0
+
+
+async def test_under_fcfs_the_light_request_has_the_whole_queue_ahead_of_it() -> None:
+    clock = FakeClock()
+    gate, _ = make_gate(Pool(capacity=1), clock, fcfs=True, max_queue=50)
+    running = await gate.admit(request("h0", "heavy"))
+    heavy = [asyncio.create_task(gate.admit(request(f"h{i}", "heavy"))) for i in range(1, 20)]
+    await settle()
+    await drain_at(clock, running, heavy, every_s=0.1, n=7)
+    with pytest.raises(Overloaded) as caught:
+        await gate.admit(request("l1", "light", deadline=0.5))
+    assert caught.value.reason == "deadline"
+    for task in heavy:
+        task.cancel()
 
 
 async def test_max_queue_zero_still_dispatches_when_there_is_room() -> None:
@@ -160,11 +271,11 @@ async def test_max_queue_zero_still_dispatches_when_there_is_room() -> None:
         await gate.admit(request("r1", "a"))
 
 
-async def test_a_request_still_queued_at_its_ttft_objective_gets_429() -> None:
+async def test_a_request_still_queued_at_its_own_deadline_gets_429() -> None:
     clock = FakeClock()
     gate, registry = make_gate(Pool(capacity=1), clock)
     await gate.admit(request("r0", "a"))
-    waiting = asyncio.create_task(gate.admit(request("r1", "b", slo=SLO(ttft_s=2.0, tpot_s=1))))
+    waiting = asyncio.create_task(gate.admit(request("r1", "b", deadline=2.0)))
     await asyncio.sleep(0.03)
     assert not waiting.done()
     clock.advance(2.0)
@@ -205,16 +316,19 @@ async def test_a_client_leaving_while_queued_withdraws_its_request_uncharged() -
 async def test_a_request_that_must_wait_with_a_predicted_ttft_beyond_its_objective_is_rejected_early() -> (
     None
 ):
-    predictions = Predictions({"late": 5.0, "fine": 0.5})
+    predictions = Predictions({"late": 5.0, "fine": 0.5, "patient": 5.0})
     gate, registry = make_gate(Pool(capacity=1), FakeClock(), predictor=predictions)
-    objective = SLO(ttft_s=1.0, tpot_s=1)
     running = await gate.admit(request("r0", "a"))
     with pytest.raises(Overloaded) as caught:
-        await gate.admit(request("late", "a", slo=objective))
-    assert caught.value.reason == "slo" and "5s" in caught.value.message
-    fine = asyncio.create_task(gate.admit(request("fine", "a", slo=objective)))
+        await gate.admit(request("late", "a", deadline=1.0))
+    assert caught.value.reason == "slo" and "predicted 5s" in caught.value.message
+    # Without a deadline of its own, the same prediction refuses nothing: the default objective
+    # steers routing, it is nobody's deadline.
+    patient = asyncio.create_task(gate.admit(request("patient", "a", slo=SLO(ttft_s=1.0, tpot_s=1))))
+    fine = asyncio.create_task(gate.admit(request("fine", "a", deadline=1.0)))
     await settle()
     running.release()
+    (await patient).release()
     (await fine).release()
     assert sample(registry, "tandem_router_admission_rejections_total", reason="slo") == 1
 
@@ -222,7 +336,7 @@ async def test_a_request_that_must_wait_with_a_predicted_ttft_beyond_its_objecti
 async def test_with_room_free_a_request_goes_at_once_whatever_the_prediction() -> None:
     predictions = Predictions({"late": 5.0})
     gate, registry = make_gate(Pool(capacity=4), FakeClock(), predictor=predictions)
-    grant = await gate.admit(request("late", "a", slo=SLO(ttft_s=1.0, tpot_s=1), prompt=7))
+    grant = await gate.admit(request("late", "a", deadline=1.0, prompt=7))
     assert gate.queue.counter("a") == 7  # charged as if it had been queued and popped
     grant.release()
     assert sample(registry, "tandem_router_admission_rejections_total", reason="slo") == 0

@@ -15,12 +15,13 @@ from tandem.router.admission.policy import (
     DrainMeter,
     EndpointLoad,
     SaturationLimits,
+    expected_wait,
     load_from_snapshot,
     pool_capacity,
-    queue_deadline,
+    queue_budget,
     retry_after_seconds,
     saturated,
-    slo_out_of_reach,
+    wait_out_of_reach,
 )
 from tandem.router.errors import Forbidden, InvalidRequest
 from tandem.router.identity.headers import (
@@ -89,50 +90,81 @@ def test_a_snapshot_gives_engine_numbers_only_when_fresh() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ttft", "max_wait", "deadline"),
-    [(1.0, 60.0, 101.0), (120.0, 60.0, 160.0)],
+    ("deadline", "max_wait", "budget"),
+    [(1.0, 60.0, 1.0), (120.0, 60.0, 60.0), (None, 60.0, 60.0)],
 )
-def test_the_queue_deadline_is_the_sooner_of_objective_and_queue_limit(
-    ttft: float, max_wait: float, deadline: float
+def test_the_queue_budget_is_the_requests_own_deadline_capped_by_the_queue_limit(
+    deadline: float | None, max_wait: float, budget: float
 ) -> None:
-    assert queue_deadline(arrived=100.0, ttft_slo_s=ttft, max_queue_wait_s=max_wait) == deadline
+    assert queue_budget(deadline_s=deadline, max_queue_wait_s=max_wait) == budget
+
+
+def test_the_expected_wait_is_what_is_ahead_at_the_drain_rate() -> None:
+    assert expected_wait(ahead=40, drain_per_s=20.0) == 2.0  # the docstring's example
+    assert expected_wait(ahead=40, drain_per_s=None) is None
+    assert expected_wait(ahead=40, drain_per_s=0.0) is None
 
 
 @pytest.mark.parametrize(
-    ("predicted", "left", "reject"),
-    [(None, 0.1, False), (0.5, 1.0, False), (1.0, 1.0, False), (1.5, 1.0, True)],
+    ("wait", "predicted", "budget", "reject"),
+    [
+        (None, None, 0.1, False),  # nothing known: never refused on a guess
+        (2.0, None, 1.0, True),  # the docstring's example: 2 s of queue, a 1 s deadline
+        (2.0, None, 60.0, False),  # the same queue, no deadline of its own
+        (None, 1.5, 1.0, True),  # only the engine's prediction
+        (0.5, 0.5, 1.0, False),
+        (0.6, 0.5, 1.0, True),  # together they miss it
+    ],
 )
-def test_early_rejection_needs_a_prediction_beyond_the_time_left(
-    predicted: float | None, left: float, reject: bool
+def test_early_rejection_needs_what_is_known_of_the_wait_to_exceed_the_budget(
+    wait: float | None, predicted: float | None, budget: float, reject: bool
 ) -> None:
-    assert slo_out_of_reach(predicted, time_left_s=left) is reject
+    assert wait_out_of_reach(wait, predicted, budget_s=budget) is reject
 
 
 @pytest.mark.parametrize(
-    ("queued", "rate", "seconds"),
+    ("ahead", "rate", "seconds"),
     [
         (200, 40.0, 6),  # the docstring's example: ceil(201 / 40)
         (0, 40.0, 1),  # never below one second
         (10_000, 1.0, 60),  # never above a minute
-        (5, None, DEFAULT_RETRY_AFTER_S),  # nothing dispatched yet
+        (5, None, DEFAULT_RETRY_AFTER_S),  # nothing measured yet
         (5, 0.0, DEFAULT_RETRY_AFTER_S),
     ],
 )
-def test_retry_after_is_the_time_to_drain_the_queue(queued: int, rate: float | None, seconds: int) -> None:
-    assert retry_after_seconds(queued=queued, drain_per_s=rate) == seconds
+def test_retry_after_is_the_time_to_drain_what_is_ahead(ahead: int, rate: float | None, seconds: int) -> None:
+    assert retry_after_seconds(ahead=ahead, drain_per_s=rate) == seconds
 
 
-def test_the_drain_meter_follows_a_steady_rate_and_decays_when_idle() -> None:
+def test_the_drain_meter_measures_dispatches_per_second_of_backlog() -> None:
     meter = DrainMeter(tau_s=10.0)
     assert meter.rate(0.0) is None
     t = 0.0
-    for _ in range(2400):  # 40 per second for a minute
+    meter.tick(t, waiting=True)
+    for _ in range(2400):  # a standing queue drained at 40 per second for a minute
         t += 0.025
-        meter.record(t)
+        meter.tick(t, waiting=True, dispatched=1)
     rate = meter.rate(t)
     assert rate is not None and rate == pytest.approx(40.0, rel=0.01)
-    later = meter.rate(t + 10.0)
-    assert later is not None and later == pytest.approx(40.0 / 2.718, rel=0.01)
+    meter.tick(t, waiting=False)
+    # A quiet spell is not a slow drain: the rate is per second of backlog...
+    quiet = meter.rate(t + 5.0)
+    assert quiet is not None and quiet == pytest.approx(40.0, rel=0.01)
+    # ...and a measurement that has faded is no measurement (nothing is refused on it).
+    assert meter.rate(t + 60.0) is None
+
+
+def test_the_drain_meter_docstring_example_and_no_rate_before_enough_backlog() -> None:
+    meter = DrainMeter(tau_s=10.0, min_busy_s=0.5)
+    meter.tick(0.0, waiting=True)
+    meter.tick(0.2, waiting=True, dispatched=4)
+    assert meter.rate(0.2) is None  # 0.2 s of backlog is not enough to tell a rate
+    meter = DrainMeter(tau_s=10.0)
+    meter.tick(0.0, waiting=True)
+    for i in range(1, 101):  # 100 dispatches over 5 s of backlog
+        meter.tick(i * 0.05, waiting=True, dispatched=1)
+    rate = meter.rate(5.0)
+    assert rate is not None and rate == pytest.approx(20.0, rel=0.03)
 
 
 def test_the_tenant_comes_from_its_header_trimmed_and_bounded() -> None:

@@ -235,3 +235,46 @@ def test_passing_through_charges_exactly_what_a_push_and_a_pop_would() -> None:
     passed.push("w", tenant="a", prompt_tokens=1)
     with pytest.raises(ValueError, match="waiting"):
         passed.pass_through(tenant="b", prompt_tokens=1)
+
+
+def test_what_is_ahead_of_a_new_request_follows_the_fair_order_not_the_queue_length() -> None:
+    """The module docstring's example, then weights: a tenant of weight 2 is served twice as often."""
+    q: VTCQueue[str] = VTCQueue(tenant_weights={"gold": 2.0})
+    for i in range(30):
+        q.push(f"h{i}", tenant="heavy", prompt_tokens=10)
+    assert q.ahead(tenant="light") == 1  # none of its own, one heavy request per turn
+    assert q.ahead(tenant="heavy") == 30
+    q.push("l0", tenant="light", prompt_tokens=10)
+    q.push("l1", tenant="light", prompt_tokens=10)
+    assert q.ahead(tenant="heavy") == 30 + 2  # light's two come before heavy's 31st
+    assert q.ahead(tenant="light") == 2 + 3
+    assert q.ahead(tenant="gold") == 1 + 1  # half a turn of each other tenant per gold request, rounded up
+    q.push("urgent", tenant="vip", prompt_tokens=10, priority=1)
+    assert q.ahead(tenant="light") == 1 + 2 + 3  # the higher band first, whatever its counters
+    assert q.ahead(tenant="vip", priority=1) == 1
+    fcfs: FCFSQueue[str] = FCFSQueue()
+    for i in range(30):
+        fcfs.push(f"h{i}", tenant="heavy", prompt_tokens=10)
+    assert fcfs.ahead(tenant="light") == 30
+
+
+def test_a_full_queue_pushes_out_from_the_lowest_band_then_from_the_tenant_holding_most_per_weight() -> None:
+    q: VTCQueue[str] = VTCQueue(tenant_weights={"gold": 3.0})
+    for i in range(3):
+        q.push(f"g{i}", tenant="gold", prompt_tokens=1)
+    q.push("s0", tenant="silver", prompt_tokens=1)
+    q.push("s1", tenant="silver", prompt_tokens=1)
+    # gold holds 3 places at weight 3 (1 per unit) and silver 2 at weight 1: silver is over its share.
+    victim = q.displaceable(tenant="bronze")
+    assert victim is not None and victim.item == "s1"  # silver's newest
+    assert q.displaceable(tenant="silver") is None  # nobody holds more than silver would
+    assert q.displaceable(tenant="gold") is not None  # gold's fourth place (4/3) is below silver's 2
+    q.push("b0", tenant="bronze", prompt_tokens=1, priority=-1)
+    q.push("b1", tenant="bronze", prompt_tokens=1, priority=-1)
+    lowest = q.displaceable(tenant="silver")
+    assert lowest is not None and lowest.item == "b1"  # a lower band yields first, whoever holds what
+    assert q.displaceable(tenant="bronze", priority=-1) is None  # bronze alone in its band
+    fcfs: FCFSQueue[str] = FCFSQueue()
+    fcfs.push("s0", tenant="silver", prompt_tokens=1)
+    fcfs.push("s1", tenant="silver", prompt_tokens=1)
+    assert fcfs.displaceable(tenant="bronze") is None

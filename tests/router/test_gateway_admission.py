@@ -54,6 +54,37 @@ async def test_a_full_queue_answers_429_with_retry_after_in_openai_shape(launche
     first.cancel()
 
 
+async def test_a_queued_request_whose_client_leaves_is_out_of_the_queue_at_once(launcher: Launcher) -> None:
+    decode = await launcher.engine("d0", answer_delay=30)
+    router = await launcher.router(decode=[decode], settings=ONE_AT_A_TIME)
+    first = await hold_the_only_slot(router)
+    body = {"model": MODEL, "prompt": "y", "max_tokens": 1}
+    queued = asyncio.create_task(router.http.post("/v1/completions", json=body, headers={"x-tenant-id": "b"}))
+    for _ in range(500):
+        if await metric(router, "tandem_router_queue_depth", priority="0") == 1:
+            break
+        await asyncio.sleep(0.01)
+    queued.cancel()  # the client hangs up while its request waits
+    for _ in range(500):
+        if await metric(router, "tandem_router_queue_wait_seconds_count", outcome="cancelled") == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert await metric(router, "tandem_router_queue_depth", priority="0") == 0
+    assert await metric(router, "tandem_router_queue_wait_seconds_count", outcome="cancelled") == 1
+    assert [r.body["prompt"] for r in decode.received] == ["x"]  # it never reached the engine
+    first.cancel()
+
+
+async def test_the_default_objective_is_nobodys_deadline_a_queued_request_waits(launcher: Launcher) -> None:
+    decode = await launcher.engine("d0", token_delay=0.3, tokens=2)
+    spec = {"router": {"slo": {"ttftSeconds": 0.05}}}  # a default objective far below the wait
+    router = await launcher.router(decode=[decode], settings=ONE_AT_A_TIME, spec=spec)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    answers = await asyncio.gather(*(router.http.post("/v1/completions", json=body) for _ in range(3)))
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert await metric(router, "tandem_router_admission_rejections_total", reason="deadline") == 0
+
+
 async def test_a_request_that_cannot_start_within_its_ttft_objective_gets_429(launcher: Launcher) -> None:
     decode = await launcher.engine("d0", answer_delay=30)
     router = await launcher.router(decode=[decode], settings=ONE_AT_A_TIME)

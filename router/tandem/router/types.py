@@ -123,7 +123,8 @@ class RequestView:
     gateway's own `RequestContext` provides lazily, built here from a token list (tools, tests).
 
     `tenant` is the fairness header's value or "default"; `priority` the band (higher first); `slo`
-    the objectives; `kv_loaded` whether a prefill succeeded (the decode engine loads the KV).
+    the objectives; `deadline_s` the client's own TTFT deadline (None: none); `kv_loaded` whether a
+    prefill succeeded (the decode engine loads the KV).
     """
 
     request_id: str
@@ -132,6 +133,7 @@ class RequestView:
     prompt_token_ids: tuple[int, ...] = ()
     priority: int = 0
     slo: SLO = DEFAULT_SLO
+    deadline_s: float | None = None
     kv_loaded: bool = False
     _keys: dict[int, list[int]] = field(default_factory=dict, repr=False)
 

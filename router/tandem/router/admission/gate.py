@@ -1,24 +1,29 @@
 """The admission gate: every generation request waits here for a unit of decode capacity.
 
 `AdmissionGate.admit(request)` returns a `Grant` once the request may be dispatched, or raises
-`Overloaded` (429). The rules (saturation, capacity, deadlines, early rejection, Retry-After) are the
-pure functions of `tandem.router.admission.policy`; the order among waiting requests is the fair
-queue's (`VTCQueue`, or `FCFSQueue` as a baseline). The gate itself only keeps the books:
+`Overloaded` (429). The rules (capacity, budgets, honest early rejection, Retry-After) are the pure
+functions of `tandem.router.admission.policy`; the order among waiting requests, what is ahead of a
+new one and whom a full queue pushes out are the fair queue's (`VTCQueue`, or `FCFSQueue` as a
+baseline). The gate itself only keeps the books:
 
 - `admit`: with capacity free and nobody waiting, the request goes at once (its tenant's counter is
   charged as if it had been queued and popped; no prediction is made: the engines have room, and a
-  gateway that rejects what its engines could start now would only lose requests). Otherwise: reject
-  early when the predictor says the TTFT objective is already out of reach; queue the request (the
-  tenant's counter is lifted if it just became backlogged); `pump`; then wait until the request is
-  granted, its deadline passes (429 `deadline`), or the client leaves (ticket withdrawn, nothing
-  charged). A request that cannot be dispatched at once while `max_queue` others wait → 429
-  `queue_full`. With no decode endpoint in rotation at all, a new request is not queued: it goes on
-  at once and the dispatcher answers 503 as before.
+  gateway that rejects what its engines could start now would only lose requests). Otherwise it must
+  wait, and is refused at once (429 `deadline`, or `slo` when the predicted engine time tips it) only
+  if the wait ahead of it at the measured drain rate cannot fit its budget (its own `x-slo-ttft-ms`
+  deadline, capped by `max_queue_wait`); a full queue (`max_queue` waiting) pushes out the newest
+  request of a tenant over its share of the queue (429 `pushed_out` to that one) or refuses the
+  newcomer (429 `queue_full`). Then it waits until granted, until its budget runs out (429
+  `deadline`), or until the client leaves (the disconnect cancels the caller: the ticket is withdrawn
+  at once, nothing charged). With no decode endpoint in rotation at all, a new request is not
+  queued: it goes on at once and the dispatcher answers 503 as before.
 - `pump`: while some capacity is free (`admitted < capacity()`), pop the next request in fair order
-  (which charges `input_weight × prompt tokens` to its tenant) and grant it. It runs when a request
-  arrives, when a grant is released (an upstream request ended, so capacity freed), and every
-  `poll_s` while requests wait (capacity can also return without an event: an endpoint back from
-  cool-down, a new endpoint discovered).
+  (which charges `input_weight × prompt tokens` to its tenant) and grant it; a request whose budget
+  has passed, or whose own deadline the predicted engine time no longer fits, is refused instead.
+  It runs when a request arrives, when a grant is released (an upstream request ended, so capacity
+  freed), and every `poll_s` while requests wait (capacity can also return without an event: an
+  endpoint back from cool-down, a new endpoint discovered). Every change of the backlog ticks the
+  `DrainMeter`, whose rate (dispatches per second of backlog) prices the wait and `Retry-After`.
 - `Grant.charge_output(n)` charges generated tokens as they stream; `Grant.settle(usage)` corrects
   both charges with the engine's usage; `Grant.release()` (idempotent) frees the capacity.
 
@@ -38,25 +43,29 @@ from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import (
     DrainMeter,
     TTFTPredictor,
-    queue_deadline,
+    expected_wait,
+    queue_budget,
     retry_after_seconds,
-    slo_out_of_reach,
+    wait_out_of_reach,
 )
 from tandem.router.errors import Overloaded
 from tandem.router.scheduling.base import Routable
-from tandem.router.types import SLO, EndpointSnapshot, Usage
+from tandem.router.types import EndpointSnapshot, Usage
 
 _MESSAGES = {
     "queue_full": "the router's queue is full ({queued} requests waiting); retry later",
-    "deadline": "no engine could start the request within {budget:g}s (its time to first token "
-    "objective or the router's queue limit); retry later",
-    "slo": "the predicted time to first token ({predicted:.3g}s) exceeds the {left:.3g}s left to the "
-    "request's objective on every engine; retry later",
+    "pushed_out": "the router's queue is full ({queued} requests waiting) and this tenant holds more "
+    "of it than its share: its newest waiting request made room for another tenant's; retry later",
+    "deadline": "the request cannot start within {budget:.3g}s (its x-slo-ttft-ms objective or the "
+    "router's queue limit): {wait:.2g}s of queue ahead of it; retry later",
+    "slo": "the request cannot start within its {budget:.3g}s objective: {wait:.2g}s of queue ahead of "
+    "it and a predicted {predicted:.3g}s to first token on the best engine; retry later",
 }
 
 
 class Admittable(Routable, Protocol):
-    """A request as admission reads it: a `Routable` with its tenant and priority band."""
+    """A request as admission reads it: a `Routable` with its tenant, priority band and its own
+    deadline (seconds to first token the client asked for, None when it asked for none)."""
 
     @property
     def tenant(self) -> str: ...
@@ -64,13 +73,15 @@ class Admittable(Routable, Protocol):
     @property
     def priority(self) -> int: ...
 
+    @property
+    def deadline_s(self) -> float | None: ...
+
 
 @dataclass(eq=False)
 class Waiter:
     """A request waiting in the queue (the fair queue's item)."""
 
     request: Admittable
-    slo: SLO
     arrived: float
     deadline: float
     future: asyncio.Future[Grant]
@@ -181,55 +192,71 @@ class AdmissionGate:
         """Wait for dispatch capacity; raises `Overloaded` (429). Cancelling the caller withdraws
         the request without charging it."""
         now = self._clock()
-        slo = request.slo
         self._metrics.seen(request.tenant)
         capacity = self._capacity()
         if capacity is None:
             self.admitted += 1
             return Grant(self, tenant=request.tenant, prompt_tokens=0, charged=False)
-        if not len(self.queue) and self.admitted < capacity:
-            return self._pass_through(request, now=now)  # room now, nobody ahead: no wait, no verdict
-        predicted = self._predictor.predicted_ttft(request, self._candidates())
-        if slo_out_of_reach(predicted, time_left_s=slo.ttft_s):
-            raise self._overloaded("slo", predicted=predicted, left=slo.ttft_s)
+        if self.admitted < capacity:
+            if not len(self.queue):
+                return self._pass_through(request, now=now)  # room now, nobody ahead: no wait, no verdict
+            self.pump()  # capacity came back without an event: serve those ahead first
+        tenant, priority = request.tenant, request.priority
+        ahead = self.queue.ahead(tenant=tenant, priority=priority)
+        budget = queue_budget(deadline_s=request.deadline_s, max_queue_wait_s=self._max_wait)
+        drain = self._drain.rate(now)
+        wait = expected_wait(ahead=ahead, drain_per_s=drain)
+        predicted = (
+            self._predictor.predicted_ttft(request, self._candidates())
+            if request.deadline_s is not None
+            else None
+        )
+        if wait_out_of_reach(wait, predicted, budget_s=budget):
+            reason = "deadline" if wait is not None and wait > budget else "slo"
+            raise self._overloaded(
+                reason, ahead=ahead, wait=wait or 0.0, predicted=predicted or 0.0, budget=budget
+            )
+        if len(self.queue) >= self.max_queue:
+            victim = self.queue.displaceable(tenant=tenant, priority=priority)
+            if victim is None:
+                raise self._overloaded("queue_full", ahead=len(self.queue), queued=len(self.queue))
+            pushed = victim.item
+            self._reject(
+                pushed, self._overloaded("pushed_out", ahead=len(self.queue), queued=len(self.queue))
+            )
         waiter = Waiter(
             request=request,
-            slo=slo,
             arrived=now,
-            deadline=queue_deadline(arrived=now, ttft_slo_s=slo.ttft_s, max_queue_wait_s=self._max_wait),
+            deadline=now + budget,
             future=asyncio.get_running_loop().create_future(),
         )
         try:
             waiter.ticket = self.queue.push(
-                waiter,
-                tenant=request.tenant,
-                prompt_tokens=request.prompt_length(),
-                priority=request.priority,
+                waiter, tenant=tenant, prompt_tokens=request.prompt_length(), priority=priority
             )
         except QueueFull:
-            raise self._overloaded("queue_full", queued=len(self.queue)) from None
+            raise self._overloaded("queue_full", ahead=len(self.queue), queued=len(self.queue)) from None
+        self._drain.tick(now, waiting=True)
         self.pump()
-        if not waiter.future.done() and len(self.queue) > self.max_queue:
-            self._reject(waiter, self._overloaded("queue_full", queued=len(self.queue) - 1))
         return await self._wait(waiter)
 
     def pump(self) -> None:
         """Grant waiting requests in fair order while capacity is free (module docstring)."""
         now = self._clock()
+        dispatched = 0
         while (ticket := self.queue.peek()) is not None:
             waiter = ticket.item
             if now >= waiter.deadline:
-                self._reject(waiter, self._overloaded("deadline", budget=waiter.deadline - waiter.arrived))
+                self._reject(waiter, self._late(waiter))
                 continue
             if self.admitted >= (self._capacity() or 0):
-                return
-            left = waiter.arrived + waiter.slo.ttft_s - now
-            predicted = self._predictor.predicted_ttft(waiter.request, self._candidates())
-            if slo_out_of_reach(predicted, time_left_s=left):
-                self._reject(waiter, self._overloaded("slo", predicted=predicted, left=left))
+                break
+            if waiter.request.deadline_s is not None and self._predicted_late(waiter, now=now):
                 continue
             self.queue.pop()
             self._grant(waiter, now=now)
+            dispatched += 1
+        self._drain.tick(now, waiting=bool(len(self.queue)), dispatched=dispatched)
 
     def charge(self, tenant: str, *, prompt: int = 0, completion: int = 0) -> None:
         """Charge a tenant's counter and count its served tokens (corrections may be negative)."""
@@ -251,7 +278,6 @@ class AdmissionGate:
         request = waiter.request
         prompt_tokens = request.prompt_length()
         self.admitted += 1
-        self._drain.record(now)
         self._metrics.served(request.tenant, prompt=prompt_tokens)
         self._metrics.waited(now - waiter.arrived, outcome="dispatched")
         grant = Grant(self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True)
@@ -262,7 +288,6 @@ class AdmissionGate:
         prompt_tokens = request.prompt_length()
         self.queue.pass_through(tenant=request.tenant, prompt_tokens=prompt_tokens)
         self.admitted += 1
-        self._drain.record(now)
         self._metrics.served(request.tenant, prompt=prompt_tokens)
         self._metrics.waited(0.0, outcome="dispatched")
         return Grant(self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True)
@@ -270,12 +295,34 @@ class AdmissionGate:
     def _reject(self, waiter: Waiter, error: Overloaded) -> None:
         if waiter.ticket is not None:
             self.queue.cancel(waiter.ticket)
+        self._drain.tick(self._clock(), waiting=bool(len(self.queue)))
         self._metrics.waited(self._clock() - waiter.arrived, outcome="rejected")
         waiter.future.set_exception(error)
 
-    def _overloaded(self, reason: str, **facts: float | int | None) -> Overloaded:
+    def _predicted_late(self, waiter: Waiter, *, now: float) -> bool:
+        """At dispatch, a request with a deadline of its own whose predicted time to first token no
+        longer fits what is left of it is refused rather than sent to answer late."""
+        left = waiter.deadline - now
+        predicted = self._predictor.predicted_ttft(waiter.request, self._candidates())
+        if not wait_out_of_reach(None, predicted, budget_s=left):
+            return False
+        budget = waiter.deadline - waiter.arrived
+        facts = {"wait": now - waiter.arrived, "predicted": predicted or 0.0, "budget": budget}
+        self._reject(waiter, self._overloaded("slo", ahead=0, **facts))
+        return True
+
+    def _late(self, waiter: Waiter) -> Overloaded:
+        return self._overloaded(
+            "deadline",
+            ahead=0,
+            wait=self._clock() - waiter.arrived,
+            predicted=0.0,
+            budget=waiter.deadline - waiter.arrived,
+        )
+
+    def _overloaded(self, reason: str, *, ahead: int, **facts: float | int) -> Overloaded:
         self._metrics.rejected(reason)
-        retry = retry_after_seconds(queued=len(self.queue), drain_per_s=self._drain.rate(self._clock()))
+        retry = retry_after_seconds(ahead=ahead, drain_per_s=self._drain.rate(self._clock()))
         return Overloaded(_MESSAGES[reason].format(**facts), reason=reason, retry_after_s=retry)
 
     async def _wait(self, waiter: Waiter) -> Grant:
@@ -286,8 +333,7 @@ class AdmissionGate:
                 if left <= 0:
                     self.pump()  # rejects it if still waiting at the head; else reject it here
                     if not future.done():
-                        budget = waiter.deadline - waiter.arrived
-                        self._reject(waiter, self._overloaded("deadline", budget=budget))
+                        self._reject(waiter, self._late(waiter))
                     break
                 await asyncio.wait({future}, timeout=min(left, self._poll_s))
                 if not future.done():
@@ -303,6 +349,7 @@ class AdmissionGate:
         if not future.done():
             if waiter.ticket is not None:
                 self.queue.cancel(waiter.ticket)
+            self._drain.tick(self._clock(), waiting=bool(len(self.queue)))
             self._metrics.waited(self._clock() - waiter.arrived, outcome="cancelled")
             future.cancel()
         elif not future.cancelled() and future.exception() is None:

@@ -6,7 +6,7 @@
 - `tandem_router_queue_depth{priority}` (gauge): requests waiting per priority band.
 - `tandem_router_queue_wait_seconds{outcome}` (histogram): time in the queue; `outcome` is
   `dispatched`, `rejected` or `cancelled` (the client left).
-- `tandem_router_admission_rejections_total{reason}` (counter): 429s; `queue_full`, `deadline`, `slo`.
+- `tandem_router_admission_rejections_total{reason}` (counter): 429s; `queue_full`, `pushed_out`, `deadline`, `slo`.
 - `tandem_router_admitted_requests` (gauge): requests holding decode capacity now.
 - `tandem_router_admission_capacity` (gauge): how many the decode pool may hold now (0: none in rotation).
 
@@ -74,7 +74,7 @@ class AdmissionMetrics:
         )
         self.rejections = Counter(
             f"{PREFIX}_admission_rejections",
-            "Requests turned away with 429, by reason (queue_full, deadline, slo).",
+            "Requests turned away with 429, by reason (queue_full, pushed_out, deadline, slo).",
             ["reason"],
             registry=registry,
         )

@@ -16,19 +16,31 @@ gate admits while the router's admitted requests are fewer than the decode pool'
 Example: 4 endpoints with `--max-num-seqs 4` (limit 5 each: one request of lookahead) → capacity 20;
 the 21st concurrent request waits in the router's queue, where VTC orders it.
 
-**Deadline.** A queued request waits at most `min(ttft_slo, max_queue_wait)`: once its TTFT objective
-has passed in the queue its answer would be late anyway, so it is rejected (429) rather than served.
+**Deadline.** A request's own deadline is the TTFT objective its client sent (`x-slo-ttft-ms`); the
+spec's default objective (`spec.router.slo`) steers routing and measures attainment but is nobody's
+deadline, so it never rejects anything. Every queued request also waits at most `max_queue_wait`
+(the router's bound on how long the queue may hold anyone):
 
-**Early rejection** (Mooncake): when a `TTFTPredictor` predicts the best time to first token over the
-candidate endpoints and that already exceeds the time left to the request's TTFT objective, the
-request is rejected at once instead of queueing (checked on arrival and again at dispatch).
+    budget = min(own deadline, max_queue_wait)    (max_queue_wait alone without a deadline)
 
-**Retry-After** for a 429: the time the queue needs to drain to this request's place,
+**Honest early rejection.** A request that must queue is refused at once only when the wait it faces
+cannot fit its budget: the requests the fair queue will dispatch before it (`ahead`, the queue's own
+estimate: `VTCQueue.ahead`) at the queue's measured drain rate, plus, with a deadline of its own and a
+`TTFTPredictor`, the engine's predicted time to first token:
 
-    retry_after = clamp(ceil((queued + 1) / drain_rate), 1, 60) seconds
+    expected_wait = ahead / drain_rate;   reject if expected_wait + predicted_ttft > budget
 
-with `drain_rate` the recent dispatch rate (requests/s, `DrainMeter`); `DEFAULT_RETRY_AFTER_S` (5 s)
-while nothing has been dispatched yet. Example: 200 queued, 40 dispatches/s → ceil(201/40) = 6 s.
+Nothing is refused on a guess: with no drain rate measured yet (`DrainMeter`), only the prediction
+counts. What is ahead depends on who asks: under VTC a tenant below its fair share has little
+ahead of it, so it is not refused while the heavy tenant's own backlog is. Example: 40 requests
+ahead, draining at 20/s → 2 s; a request with `x-slo-ttft-ms: 1000` is refused, one without waits.
+
+**Retry-After** for a 429: the time the queue needs to drain to the request's place,
+
+    retry_after = clamp(ceil((ahead + 1) / drain_rate), 1, 60) seconds
+
+with `drain_rate` the dispatch rate measured while requests were waiting; `DEFAULT_RETRY_AFTER_S`
+(5 s) while none has been measured. Example: 200 ahead, 40 dispatches/s → ceil(201/40) = 6 s.
 """
 
 from __future__ import annotations
@@ -97,9 +109,24 @@ def pool_capacity(loads: Iterable[EndpointLoad], limits: SaturationLimits) -> in
     )
 
 
-def queue_deadline(*, arrived: float, ttft_slo_s: float, max_queue_wait_s: float) -> float:
-    """Clock second after which a request still queued is rejected."""
-    return arrived + min(ttft_slo_s, max_queue_wait_s)
+def queue_budget(*, deadline_s: float | None, max_queue_wait_s: float) -> float:
+    """Seconds a request may wait in the queue: its own deadline, capped by the router's bound."""
+    return max_queue_wait_s if deadline_s is None else min(deadline_s, max_queue_wait_s)
+
+
+def expected_wait(*, ahead: int, drain_per_s: float | None) -> float | None:
+    """Seconds until the queue has dispatched the `ahead` requests before this one (None: no rate)."""
+    if not drain_per_s or drain_per_s <= 0:
+        return None
+    return ahead / drain_per_s
+
+
+def wait_out_of_reach(wait_s: float | None, predicted_ttft_s: float | None, *, budget_s: float) -> bool:
+    """Honest early rejection (module docstring): what is known of the wait and of the engine's
+    time to first token already exceeds the budget. Nothing known → never."""
+    if wait_s is None and predicted_ttft_s is None:
+        return False
+    return (wait_s or 0.0) + (predicted_ttft_s or 0.0) > budget_s
 
 
 class TTFTPredictor(Protocol):
@@ -122,46 +149,55 @@ class NoPrediction:
         return None
 
 
-def slo_out_of_reach(predicted_ttft_s: float | None, *, time_left_s: float) -> bool:
-    """Early rejection: a prediction exists and exceeds the time left to the TTFT objective."""
-    return predicted_ttft_s is not None and predicted_ttft_s > time_left_s
-
-
-def retry_after_seconds(*, queued: int, drain_per_s: float | None) -> int:
+def retry_after_seconds(*, ahead: int, drain_per_s: float | None) -> int:
     """Whole seconds for `Retry-After` (formula and example in the module docstring)."""
     if not drain_per_s or drain_per_s <= 0:
         return DEFAULT_RETRY_AFTER_S
-    return max(1, min(MAX_RETRY_AFTER_S, math.ceil((queued + 1) / drain_per_s)))
+    return max(1, min(MAX_RETRY_AFTER_S, math.ceil((ahead + 1) / drain_per_s)))
 
 
 class DrainMeter:
-    """Recent dispatch rate as an exponentially decayed count with time constant `tau_s`:
+    """The queue's drain rate: dispatches from the queue per second *while requests were waiting*,
+    both counts exponentially decayed with time constant `tau_s`:
 
-        on each dispatch at t:  n ← n·exp(−(t − t_last)/τ) + 1
-        rate(t) = n·exp(−(t − t_last)/τ) / τ
+        n ← n·e^(−dt/τ) + dispatches          (dispatches from the queue)
+        b ← b·e^(−dt/τ) + τ·(1 − e^(−dt/τ))   if requests waited during dt, else b·e^(−dt/τ)
+        rate = n / b                          once b ≥ `min_busy_s`, else None
 
-    At a steady r dispatches/s, n settles at r·τ, so rate = r; after the dispatches stop it decays
-    to 0 with time constant τ. Example, τ = 10 s: 40/s for a minute gives n ≈ 400, rate ≈ 40/s.
+    Normalising by the time requests waited (not by wall time) keeps a quiet spell from reading as
+    a slow drain: the rate is what the engines free while there is a backlog. At a steady r
+    dispatches/s with a standing queue, n → r·τ and b → τ, so rate = r. Example, τ = 10 s: 5 s of
+    backlog with 100 dispatches → n ≈ 79, b ≈ 3.9 → ≈ 20/s.
     """
 
-    def __init__(self, *, tau_s: float = 10.0) -> None:
+    def __init__(self, *, tau_s: float = 10.0, min_busy_s: float = 0.5) -> None:
         if tau_s <= 0:
             raise ValueError("tau_s must be positive")
         self._tau = tau_s
+        self._min_busy = min_busy_s
         self._n = 0.0
+        self._busy = 0.0
         self._last: float | None = None
+        self._waiting = False
 
-    def record(self, now: float) -> None:
-        self._n = self._decayed(now) + 1.0
-        self._last = now
+    def tick(self, now: float, *, waiting: bool, dispatched: int = 0) -> None:
+        """Account the time since the last tick (backlogged or not, as the last tick said), add
+        `dispatched` dispatches from the queue, and note whether requests wait from now on."""
+        self._advance(now)
+        self._n += dispatched
+        self._waiting = waiting
 
     def rate(self, now: float) -> float | None:
-        """Dispatches per second, or None before the first dispatch."""
-        if self._last is None:
+        """Dispatches per second of backlog, or None before `min_busy_s` of backlog was seen."""
+        self._advance(now)
+        if self._busy < self._min_busy:
             return None
-        return self._decayed(now) / self._tau
+        return self._n / self._busy
 
-    def _decayed(self, now: float) -> float:
-        if self._last is None:
-            return 0.0
-        return self._n * math.exp(-max(0.0, now - self._last) / self._tau)
+    def _advance(self, now: float) -> None:
+        if self._last is not None and now > self._last:
+            decay = math.exp(-(now - self._last) / self._tau)
+            self._n *= decay
+            self._busy = self._busy * decay + (self._tau * (1.0 - decay) if self._waiting else 0.0)
+        if self._last is None or now > self._last:
+            self._last = now

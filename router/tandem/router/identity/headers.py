@@ -7,7 +7,10 @@
 | `x-slo-tpot-ms` | time per output token, milliseconds, (0, 60 000] | `spec.router.slo.tpotSeconds` |
 | `x-priority` | integer band in [-10, 10], at most the tenant's band; higher first | the tenant's band |
 
-A malformed value is the client's error (400 naming the header), not silently the default.
+A malformed value is the client's error (400 naming the header), not silently the default. A TTFT
+objective the client sends is also its deadline: admission refuses the request at once (429) when
+the queue ahead of it cannot clear in time, rather than serve it late; without the header the
+default objective steers routing only.
 
 **Priority is policy, not a request's wish.** A tenant's band is configured
 (`spec.router.tenants[].priority`, 0 for tenants not listed); a request may only *lower* itself with
@@ -79,6 +82,12 @@ def slo_from_headers(headers: Mapping[str, str], *, default: SLO) -> SLO:
         ttft_s=default.ttft_s if ttft_ms is None else ttft_ms / 1000,
         tpot_s=default.tpot_s if tpot_ms is None else tpot_ms / 1000,
     )
+
+
+def own_deadline(headers: Mapping[str, str], slo: SLO) -> float | None:
+    """The request's own deadline to first token: its `x-slo-ttft-ms` when the client sent one. The
+    spec's default objective is nobody's deadline (admission never refuses on it)."""
+    return slo.ttft_s if TTFT_HEADER in headers else None
 
 
 def requested_priority(headers: Mapping[str, str]) -> int | None:

@@ -50,6 +50,7 @@ class RequestContext:
     tenant: str = DEFAULT_TENANT
     slo: SLO = field(default_factory=lambda: SLO(ttft_s=1.0, tpot_s=0.05))
     priority: int = 0
+    deadline_s: float | None = None  # the client's own x-slo-ttft-ms, else None
     # parse
     route: Route = Route.COMPLETIONS
     body: dict[str, Any] = field(default_factory=dict)

@@ -32,7 +32,7 @@ import orjson
 from tandem.core.logs import REQUEST_ID
 from tandem.router.admission.access import Access
 from tandem.router.admission.gate import AdmissionGate
-from tandem.router.identity.headers import PriorityPolicy, TenantResolver, slo_from_headers
+from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
 from tandem.router.pd.disagg import Disaggregator
@@ -82,6 +82,7 @@ class Identify:
         REQUEST_ID.set(ctx.request_id)
         ctx.tenant = self.tenants.tenant(headers)  # 401 when auth is on and the key is bad
         ctx.slo = slo_from_headers(headers, default=self.default_slo)
+        ctx.deadline_s = own_deadline(headers, ctx.slo)
         ctx.priority = self.priorities.priority(ctx.tenant, headers)  # 403 above the tenant's band
 
 

@@ -15,6 +15,21 @@ Worked example (weights 1 and 2, tenant A backlogged with c_A = 300, B arrives w
 B is lifted to 300, not left at 0, so it cannot monopolise the engines to "catch up". B's 100-token
 prompt then costs it 100 and A's next 100-token prompt costs A 100: they alternate.
 
+**What is ahead** of a new request (`ahead`, for honest early rejection and Retry-After): every
+request in a higher band, the tenant's own requests already waiting in its band, and from each other
+tenant g of that band as many as VTC serves while this tenant gets its k = own + 1: about
+k·w_g/w_t of them (equal-sized requests; counters within U of each other), at most all g has waiting.
+Example: light (nothing waiting) arrives behind 30 heavy requests → ahead = 0 + min(30, 1) = 1;
+heavy's 31st request → ahead = 30 + min(light's waiting, 31).
+
+**A full queue** (longest queue drop, fair buffer sharing): when a request arrives to a full queue,
+`displaceable` names the request to push out instead of refusing the newcomer: the newest waiting
+request of the lowest band below the newcomer's, else, within its band, the newest of the tenant with
+the most requests waiting per unit of weight, if that tenant holds more of the queue than the
+newcomer's tenant would (weighted). A tenant under its fair share of the queue is therefore never
+refused while another is over it. Example: 100 places, heavy holds 99 and light 1; light's next
+request pushes out heavy's newest; heavy's next request is refused.
+
 Bound (paper, Lemma 4.3 and Theorem 4.4): with U = max(input_weight·L_input, output_weight·M), L_input the
 longest prompt and M the most tokens a batch holds, counters of backlogged tenants differ by at most U,
 and their service over any interval by at most 2U.
@@ -22,6 +37,7 @@ and their service over any interval by at most 2U.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -143,6 +159,45 @@ class VTCQueue(Generic[T]):
         self._idle.move_to_end(tenant)
         self._forget_oldest_idle()
         self._charge(tenant, self.input_weight * prompt_tokens)
+
+    def ahead(self, *, tenant: str, priority: int = 0) -> int:
+        """Requests dispatched before a new request of `tenant` in band `priority` (estimate;
+        module docstring)."""
+        count = sum(
+            len(q)
+            for band_priority, band in self._bands.items()
+            if band_priority > priority
+            for q in band.values()
+        )
+        band = self._bands.get(priority)
+        if not band:
+            return count
+        own = len(band.get(tenant, ()))
+        count += own
+        turns, weight = own + 1, self.weight(tenant)
+        for other, queue in band.items():
+            if other != tenant:
+                count += min(len(queue), math.ceil(turns * self.weight(other) / weight))
+        return count
+
+    def displaceable(self, *, tenant: str, priority: int = 0) -> Ticket[T] | None:
+        """The waiting request to push out so that a new request of `tenant` in band `priority`
+        fits a full queue; None when the newcomer itself should be refused (module docstring)."""
+        lower = [p for p in self._bands if p < priority]
+        if lower:
+            lowest = self._bands[min(lower)]
+            return max((q[-1] for q in lowest.values()), key=lambda t: t.seq)
+        band = self._bands.get(priority)
+        if not band:
+            return None
+
+        def held(t: str) -> float:
+            return len(band.get(t, ())) / self.weight(t)
+
+        victim = max(band, key=lambda t: (held(t), self.counter(t)))
+        if victim == tenant or held(victim) <= (len(band.get(tenant, ())) + 1) / self.weight(tenant):
+            return None
+        return band[victim][-1]
 
     def cancel(self, ticket: Ticket[T]) -> None:
         """Withdraw a waiting request (deadline passed, client gone); no charge. Idempotent."""
