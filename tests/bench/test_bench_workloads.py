@@ -18,13 +18,10 @@ from tandem.bench.catalog import make_workload, parse_overrides
 from tandem.bench.text import words
 from tandem.bench.workload_file import dump_jsonl, load, parse_jsonl
 from tandem.bench.workloads import (
-    BenchRequest,
-    FloodParams,
     SharedPrefixParams,
     TwoTenantParams,
     WorkloadError,
     bounded,
-    flood,
     poisson_offsets,
     shared_prefix,
     two_tenant,
@@ -117,50 +114,6 @@ def test_two_tenants_have_their_own_rates_lengths_and_header_value() -> None:
         assert request.messages is not None
         size = len(encode(request.messages[-1]["content"]))
         assert size == (500 if request.tenant == "heavy" else 50)
-
-
-def test_flood_is_a_closed_loop_heavy_tenant_and_a_poisson_light_one_of_the_same_shape() -> None:
-    params = FloodParams(duration=60, heavy_streams=6, light_rate=2, prompt_tokens=200, output_tokens=16)
-    workload = flood(params, seed=0)
-    heavy = [r for r in workload.requests if r.tenant == "heavy"]
-    light = [r for r in workload.requests if r.tenant == "light"]
-    assert len(heavy) == 4 * 6 * 60, "4 requests per stream and second, all at t=0"
-    assert all(r.offset_s == 0 for r in heavy)
-    assert workload.closed_loop == {"heavy": 60.0}
-    assert workload.tenant_concurrency == {"heavy": 6, "light": None}, "the client never holds light back"
-    assert len(light) / 60 == pytest.approx(2, rel=0.3) and all(r.offset_s < 60 for r in light)
-    for request in workload.requests:
-        assert request.messages is not None and request.max_tokens == 16
-        assert len(encode(request.messages[-1]["content"])) == 200
-    prompts = [r.messages[-1]["content"] for r in workload.requests if r.messages is not None]
-    assert len(set(prompts)) == len(prompts), "no two prompts share more than the chat template"
-
-
-def test_the_flood_light_requests_do_not_depend_on_the_heavy_parameters() -> None:
-    def light(params: FloodParams) -> list[BenchRequest]:
-        return [r for r in flood(params, seed=5).requests if r.tenant == "light"]
-
-    assert light(FloodParams(duration=20)) == light(
-        FloodParams(duration=20, heavy_streams=4, heavy_requests=10)
-    )
-
-
-def test_flood_takes_explicit_heavy_requests_and_a_light_bound_and_refuses_a_huge_default() -> None:
-    workload = make_workload("flood", {"heavy_requests": "30", "light_concurrency": "3"}, seed=0)
-    assert Counter(r.tenant for r in workload.requests)["heavy"] == 30
-    assert workload.tenant_concurrency == {"heavy": 48, "light": 3}
-    with pytest.raises(WorkloadError, match="set heavy_requests"):
-        make_workload("flood", {"heavy_streams": "1000", "duration": "3600"}, seed=0)
-    with pytest.raises(WorkloadError, match="must differ"):
-        make_workload("flood", {"light_tenant": "heavy"}, seed=0)
-
-
-def test_a_duration_bound_ends_closed_loops_too() -> None:
-    workload = make_workload("flood", {"duration": "40", "heavy_requests": "10"}, seed=0)
-    cut = bounded(workload, requests=None, duration_s=10.0)
-    assert cut.closed_loop == {"heavy": 10.0}
-    assert all(r.offset_s < 10 for r in cut.requests)
-    assert bounded(workload, requests=None, duration_s=None).closed_loop == {"heavy": 40.0}
 
 
 @pytest.mark.parametrize(

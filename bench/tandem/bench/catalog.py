@@ -5,7 +5,7 @@ the trace workloads, which read their file).
 | --- | --- | --- |
 | `shared-prefix` | SGLang's generated-shared-prefix | `tandem.bench.workloads` |
 | `two-tenant` | a heavy and a light tenant (VTC overload) | `tandem.bench.workloads` |
-| `flood` | a closed-loop heavy tenant and a Poisson light one (isolation) | `tandem.bench.workloads` |
+| `flood` | a closed-loop heavy tenant and a Poisson light one (isolation) | `tandem.bench.generators` |
 | `multi-turn` | conversations resending their history | `tandem.bench.generators` |
 | `tenant-skew` | Zipf-distributed tenants | `tandem.bench.generators` |
 | `burst` | on/off load | `tandem.bench.generators` |
@@ -25,13 +25,11 @@ from pydantic import ValidationError
 
 from tandem.bench import generators, traces
 from tandem.bench.workloads import (
-    FloodParams,
     Params,
     SharedPrefixParams,
     TwoTenantParams,
     Workload,
     WorkloadError,
-    flood,
     shared_prefix,
     two_tenant,
 )
@@ -60,7 +58,7 @@ WORKLOADS: Mapping[str, WorkloadKind] = MappingProxyType(
             _kind("two-tenant", "a heavy and a light tenant (x-tenant-id), Poisson arrivals (VTC overload)",
                   TwoTenantParams, two_tenant),
             _kind("flood", "a heavy tenant holding N requests open (closed loop) and a light Poisson one",
-                  FloodParams, flood),
+                  generators.FloodParams, generators.flood),
             _kind("multi-turn", "conversations whose turns resend the growing history",
                   generators.MultiTurnParams, generators.multi_turn),
             _kind("tenant-skew", "Zipf-distributed tenants, Poisson arrivals",

@@ -15,14 +15,11 @@ with `key=value`); this module has the two original ones and the shared pieces (
 - `two-tenant`: VTC's overload setting with unequal tenants. A heavy tenant sends long prompts at a
   high rate and a light tenant short prompts at a low rate, each a Poisson process over `duration`
   seconds; prompts share nothing (beyond the chat template's header).
-- `flood`: tenant isolation. A heavy tenant keeps `heavy_streams` requests open for `duration`
-  seconds (closed loop: a new request as soon as one ends) while a light tenant sends Poisson
-  arrivals at `light_rate` with the same prompt shape, unbounded by the client.
 
 The same seed gives the same workload, byte for byte, on any machine (`random.Random` seeded with a
 string is hashed with SHA-512, independent of PYTHONHASHSEED). Workload files are in
-`tandem.bench.workload_file`; multi-turn, tenant skew, burst and ramp in `tandem.bench.generators`;
-trace replay in `tandem.bench.traces`.
+`tandem.bench.workload_file`; multi-turn, tenant skew, burst, ramp and flood in
+`tandem.bench.generators`; trace replay in `tandem.bench.traces`.
 """
 
 from __future__ import annotations
@@ -133,36 +130,6 @@ class TwoTenantParams(Params):
     api: Api = Field(default="chat")
 
 
-#: Heavy requests generated per stream and second of `duration` when `heavy_requests` is not given:
-#: a stream then runs dry only if its requests take under 1/4 s each (64 tokens in 250 ms).
-HEAVY_REQUESTS_PER_STREAM_S = 4
-#: The most heavy requests generated automatically (about 150 MB of prompt text at 512 tokens).
-MAX_AUTO_HEAVY_REQUESTS = 100_000
-
-
-class FloodParams(Params):
-    """A heavy tenant holding `heavy_streams` requests open and a light Poisson tenant, same shape."""
-
-    duration: float = Field(
-        default=40.0, gt=0, le=86_400, description="Seconds of light arrivals and heavy load."
-    )
-    heavy_tenant: str = Field(default="heavy", min_length=1)
-    light_tenant: str = Field(default="light", min_length=1)
-    heavy_streams: int = Field(
-        default=48, ge=1, le=10_000, description="Heavy requests kept open (closed loop)."
-    )
-    heavy_requests: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="Heavy requests generated; default 4 per stream-second."
-    )
-    light_rate: float = Field(default=2.0, gt=0, le=10_000, description="Light tenant's req/s (Poisson).")
-    light_concurrency: int | None = Field(
-        default=None, ge=1, description="Most light requests in flight; default: no client bound."
-    )
-    prompt_tokens: int = Field(default=512, ge=1, le=1_000_000, description="Prompt tokens, both tenants.")
-    output_tokens: int = Field(default=64, ge=1, le=1_000_000, description="Generated tokens, both tenants.")
-    api: Api = Field(default="chat")
-
-
 def shared_prefix(params: SharedPrefixParams, *, seed: int) -> Workload:
     """SGLang's generated-shared-prefix workload (see the module docstring)."""
     text_rng = random.Random(f"tandem-bench:{seed}:shared-prefix:text")
@@ -207,51 +174,6 @@ def two_tenant(params: TwoTenantParams, *, seed: int) -> Workload:
             )  # fmt: skip
     requests.sort(key=lambda r: r.offset_s)
     return Workload("two-tenant", tuple(requests), params.model_dump(), params.concurrency)
-
-
-def flood(params: FloodParams, *, seed: int) -> Workload:
-    """A closed-loop heavy tenant and a Poisson light one (see the module docstring).
-
-    Heavy requests are all at offset 0 and the workload marks the heavy tenant closed loop until
-    `duration` with `heavy_streams` slots, so the driver keeps that many open and stops issuing at
-    `duration`; there are `heavy_requests` of them (default: `HEAVY_REQUESTS_PER_STREAM_S` per
-    stream and second, e.g. 48 streams × 40 s × 4 = 7,680) so the loop does not run dry. Light
-    requests arrive over [0, duration) with no client bound unless `light_concurrency` is set. Each
-    tenant's prompts come from a generator of its own, so the light requests do not depend on the
-    heavy parameters (the same light requests with any `heavy_streams`).
-    """
-    heavy, light = params.heavy_tenant, params.light_tenant
-    if heavy == light:
-        raise WorkloadError("heavy_tenant and light_tenant must differ")
-    count = params.heavy_requests
-    if count is None:
-        count = math.ceil(HEAVY_REQUESTS_PER_STREAM_S * params.heavy_streams * params.duration)
-        if count > MAX_AUTO_HEAVY_REQUESTS:
-            raise WorkloadError(
-                f"flood: {count} heavy requests for {params.heavy_streams} streams over "
-                f"{params.duration:g} s; set heavy_requests"
-            )
-    arrivals = random.Random(f"tandem-bench:{seed}:flood:arrivals:{light}")
-    offsets = {
-        heavy: [0.0] * count,
-        light: poisson_until(arrivals, rate=params.light_rate, duration_s=params.duration),
-    }
-    requests: list[BenchRequest] = []
-    for tenant, times in offsets.items():
-        text_rng = random.Random(f"tandem-bench:{seed}:flood:text:{tenant}")
-        requests += [
-            make_request(
-                api=params.api, system=None, user=words(text_rng, params.prompt_tokens), offset_s=offset,
-                tenant=tenant, max_tokens=params.output_tokens, group=tenant,
-            )
-            for offset in times
-        ]  # fmt: skip
-    requests.sort(key=lambda r: r.offset_s)
-    return Workload(
-        "flood", tuple(requests), params.model_dump(), None,
-        tenant_concurrency={heavy: params.heavy_streams, light: params.light_concurrency},
-        closed_loop={heavy: params.duration},
-    )  # fmt: skip
 
 
 def poisson_offsets(rng: random.Random, *, rate: float, count: int) -> list[float]:
