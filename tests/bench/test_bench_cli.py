@@ -63,6 +63,7 @@ def endpoint() -> Iterator[str]:
         (["--url", "http://127.0.0.1:9/v1", "--workload", "flood", "--isolation"],
          "--isolation runs in harness mode (it restarts the engines)"),
         (["--direct", "--isolation"], "--isolation needs a workload with a heavy_tenant and a light_tenant"),
+        (["--direct", "--workload", "burst", "--isolation"], "(flood, two-tenant); burst has none"),
         (["--direct", "--workload", "flood", "--isolation", "--overhead-sweep", "1"], "are separate modes"),
     ],
 )  # fmt: skip
@@ -141,7 +142,14 @@ def test_repeated_runs_are_aggregated_as_mean_and_spread_with_plots(endpoint: st
         ("endpoint", 1),
         ("endpoint", 2),
     ]
-    assert doc["aggregate"]["endpoint"]["ok"] == {"n": 3, "mean": 4.0, "sd": 0.0, "min": 4.0, "max": 4.0}
+    assert doc["aggregate"]["endpoint"]["ok"] == {
+        "n": 3,
+        "mean": 4.0,
+        "sd": 0.0,
+        "median": 4.0,
+        "min": 4.0,
+        "max": 4.0,
+    }
     assert doc["aggregate"]["endpoint"]["ttft_p50"]["n"] == 3
     assert "3 runs per target" in result.stdout and "| metric (mean ± sd) | endpoint |" in result.stdout
     assert "| SLO attainment | 100.0% |" in result.stdout, "the fake endpoint answers well within 1 s"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -213,19 +214,23 @@ def test_isolation_runs_the_light_tenant_alone_then_the_flood_on_fresh_engines_p
         assert row["isolation_ratio_p90"] > 0 and row["isolation_ratio_p50"] > 0
         assert row["heavy_requests_per_s"] is not None and row["heavy_output_tokens_per_s"] > 0
         assert isinstance(row["heavy_429"], int) and "service_gap_backlogged" in row
+        assert row["heavy_unsent"] == flood["requests"]["closed_loop_unsent"]
         for run in (alone, flood):
             assert_stopped(run)
     assert isolation["aggregate"]["tandem"]["isolation_ratio_p90"]["n"] == 2
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("| isolation ratio: light TTFT p90")]
-    assert " ± " in line, line
-    for row in ("light 429s", "heavy 429s", "heavy throughput (req/s)", "light ok under flood",
-                "service gap while both backlogged (VTC units)"):  # fmt: skip
+    assert re.fullmatch(r"\| [^|]+ \| [0-9.]+ \([0-9.]+–[0-9.]+\) \|", line), "median (min–max) of 2"
+    rows = ("light 429s", "light other errors", "heavy 429s", "heavy other errors", "heavy completed req/s",
+            "light ok under flood", "heavy not sent (loop ended)", "light share while both backlogged",
+            "service gap while both backlogged (VTC units)")  # fmt: skip
+    for row in rows:
         assert f"| {row} | " in result.stdout
     assert {p.name for p in tmp_path.glob("requests-*.jsonl")} == {
         "requests-tandem.jsonl", "requests-tandem-r1.jsonl", "requests-tandem-alone.jsonl",
         "requests-tandem-alone-r1.jsonl",
     }  # fmt: skip
     assert (tmp_path / "service-over-time.png").stat().st_size > 0
+    assert (tmp_path / "isolation.png").stat().st_size > 0
 
 
 def test_a_variants_own_arguments_reach_its_gateway_and_no_other(tmp_path: Path) -> None:

@@ -1,16 +1,20 @@
-"""Tenant isolation maths: the isolation ratio, the heavy tenant's throughput in its window, 429 counts,
-the spread over repeats and the table; which workloads have a light tenant to isolate; and each
-tenant's cumulative service over time (the plot's data).
+"""Tenant isolation maths: the isolation ratio, the heavy tenant's throughput in its window, 429 and
+other error counts, shares while both were backlogged, medians over repeats and the table; which
+workloads have a light tenant to isolate; and each tenant's cumulative service over time (the plot's
+data).
 
-Real: the pure functions of `tandem.bench.isolation` and `tandem.bench.fairness.service_curves`, and
-the workload generators. Faked: requests are `Timed` values written by hand (engine seconds); no
-server or clock is involved.
+Real: the pure functions of `tandem.bench.isolation` and `tandem.bench.fairness.service_curves`, the
+workload generators and matplotlib (the bar chart is written to a temporary directory). Faked:
+requests are `Timed` values written by hand (engine seconds); no server or clock is involved.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tandem.bench import plots
 from tandem.bench.catalog import make_workload
 from tandem.bench.fairness import ServiceWeights, service_curves
 from tandem.bench.isolation import (
@@ -23,6 +27,7 @@ from tandem.bench.isolation import (
     isolation_spec,
     isolation_table,
     light_ttft,
+    other_errors,
     ratio,
     status_count,
     window_throughput,
@@ -109,12 +114,21 @@ def test_the_window_counts_chunks_at_its_edge_and_ends_on_it() -> None:
     assert window_throughput([req("heavy", tokens=(10.0,))], tenant="heavy", window_s=10.0) == (0.1, 0.1)
 
 
-def test_429s_are_counted_per_tenant() -> None:
+def test_429s_and_other_errors_are_counted_per_tenant_apart() -> None:
     requests = [req("light", status=429), req("heavy", status=429), req("heavy", status=429),
-                req("heavy", status=503), req("heavy", tokens=(1.0,))]  # fmt: skip
+                req("heavy", status=503), req("heavy", tokens=(1.0,)), req("heavy", status=None),
+                req("light", status=200)]  # fmt: skip
     assert status_count(requests, tenant="light") == 1
     assert status_count(requests, tenant="heavy") == 2
     assert status_count(requests, tenant="heavy", status=503) == 1
+    assert other_errors(requests, tenant="heavy") == 2, "the 503 and the one without an answer"
+    assert other_errors(requests, tenant="light") == 1, "200 without a token is no success"
+
+
+def test_a_request_never_sent_is_no_error() -> None:
+    never = Timed(tenant="heavy", ok=False, arrival=0.0, start=None, token_times=(), end=None,
+                  prompt_tokens=None, completion_tokens=None, status=None)  # fmt: skip
+    assert other_errors([never], tenant="heavy") == 0 and status_count([never], tenant="heavy") == 0
 
 
 def test_the_light_ttft_is_over_its_ok_requests_only() -> None:
@@ -129,16 +143,23 @@ def test_one_repeat_compares_the_light_tenant_under_flood_with_alone() -> None:
     flood = [req("light", start=s, tokens=(s + 0.09,)) for s in (0.0, 1.0, 2.0)]
     flood += [req("light", start=3.0, status=429)]
     flood += [req("heavy", start=0.0, tokens=(1.0, 2.0), end=2.0, completion=4) for _ in range(5)]
-    flood += [req("heavy", status=429)]
-    fairness = {"service_gap_backlogged": 1234.0, "backlogged_s": 2.5}
-    row = isolation_row(label="tandem", repeat=1, flood=flood, alone=alone, spec=SPEC, fairness=fairness)
+    flood += [req("heavy", status=429), req("heavy", status=502), req("light", status=500)]
+    fairness = {
+        "service_gap_backlogged": 1234.0, "backlogged_s": 2.5,
+        "tenants": {"heavy": {"share_backlogged": 0.75}, "light": {"share_backlogged": 0.25}},
+    }  # fmt: skip
+    row = isolation_row(
+        label="tandem", repeat=1, flood=flood, alone=alone, spec=SPEC, fairness=fairness, unsent=17
+    )
     assert row["isolation_ratio_p90"] == pytest.approx(1.5) and row["isolation_ratio_p50"] == pytest.approx(
         1.5
     )
     assert row["light_ttft_alone_p90_s"] == pytest.approx(0.06)
     assert row["light_ttft_flood_p90_s"] == pytest.approx(0.09)
-    assert (row["light_requests"], row["light_ok"], row["light_alone_ok"]) == (4, 3, 3)
-    assert (row["light_429"], row["heavy_429"], row["heavy_sent"]) == (1, 1, 6)
+    assert (row["light_requests"], row["light_ok"], row["light_alone_ok"]) == (5, 3, 3)
+    assert (row["light_429"], row["heavy_429"], row["heavy_sent"]) == (1, 1, 7)
+    assert (row["light_errors"], row["heavy_errors"], row["heavy_unsent"]) == (1, 1, 17)
+    assert (row["heavy_share_backlogged"], row["light_share_backlogged"]) == (0.75, 0.25)
     assert row["heavy_requests_per_s"] == pytest.approx(0.5), "5 ok heavy requests ended by 10 s"
     assert row["heavy_output_tokens_per_s"] == pytest.approx(2.0), "20 tokens over 10 s"
     assert (row["service_gap_backlogged"], row["backlogged_s"]) == (1234.0, 2.5)
@@ -149,7 +170,7 @@ def test_a_failed_alone_run_leaves_the_ratio_undefined() -> None:
     flood = [req("light", tokens=(0.1,))]
     row = isolation_row(label="x", repeat=0, flood=flood, alone=[], spec=SPEC, fairness={})
     assert row["isolation_ratio_p90"] is None and row["light_ttft_flood_p90_s"] == pytest.approx(0.1)
-    assert row["service_gap_backlogged"] is None
+    assert row["service_gap_backlogged"] is None and row["light_share_backlogged"] is None
 
 
 def rows_for(label: str, ratios: list[float | None]) -> list[dict[str, object]]:
@@ -157,24 +178,24 @@ def rows_for(label: str, ratios: list[float | None]) -> list[dict[str, object]]:
              "light_429": 0} for i, r in enumerate(ratios)]  # fmt: skip
 
 
-def test_repeats_are_summarised_per_target_as_mean_and_sd() -> None:
+def test_repeats_are_summarised_per_target_by_their_median_and_range() -> None:
     agg = aggregate_rows(
-        rows_for("tandem", [1.2, 1.4, 1.6]) + rows_for("vllm-router:round_robin", [8.0, None])
+        rows_for("tandem", [1.2, 3.0, 1.4]) + rows_for("vllm-router:round_robin", [8.0, None])
     )
     tandem, peer = agg["tandem"]["isolation_ratio_p90"], agg["vllm-router:round_robin"]["isolation_ratio_p90"]
-    assert (tandem["n"], tandem["mean"], tandem["sd"]) == (3, pytest.approx(1.4), pytest.approx(0.2))
-    assert (peer["n"], peer["mean"], peer["sd"]) == (1, 8.0, 0.0), "a run without a ratio is left out"
+    assert (tandem["n"], tandem["median"], tandem["min"], tandem["max"]) == (3, 1.4, 1.2, 3.0)
+    assert (peer["n"], peer["median"]) == (1, 8.0), "a run without a ratio is left out"
     assert agg["tandem"]["heavy_429"]["n"] == 0
 
 
 def test_the_isolation_table_has_one_column_per_target_in_display_units() -> None:
-    agg = aggregate_rows(rows_for("tandem", [1.2, 1.4, 1.6]) + rows_for("fcfs", [8.0]))
+    agg = aggregate_rows(rows_for("tandem", [1.2, 3.0, 1.4]) + rows_for("fcfs", [8.0]))
     table = isolation_table(agg, IsolationSpec(heavy="big", light="small", window_s=40.0))
     lines = table.splitlines()
-    assert lines[0] == "| metric (mean ± sd) | tandem | fcfs |"
-    assert "| isolation ratio: small TTFT p90, flood ÷ alone | 1.40 ± 0.20 | 8.00 |" in lines
-    assert "| small TTFT p90 alone (ms) | 50 ± 0 | 50 |" in lines
-    assert "| small 429s | 0 ± 0 | 0 |" in lines
+    assert lines[0] == "| metric (median (min–max) over repeats) | tandem | fcfs |"
+    assert "| isolation ratio: small TTFT p90, flood ÷ alone | 1.40 (1.20–3.00) | 8.00 |" in lines
+    assert "| small TTFT p90 alone (ms) | 50 (50–50) | 50 |" in lines
+    assert "| small 429s | 0 (0–0) | 0 |" in lines
     assert "| big 429s | – | – |" in lines
 
 
@@ -216,8 +237,32 @@ def test_service_curves_accumulate_prompts_at_the_first_token_and_output_per_chu
 
 
 def test_the_markdown_section_names_the_tenants_and_the_window() -> None:
-    rows = rows_for("tandem", [2.0])
-    section = isolation_markdown(isolation_document(SPEC, rows))
-    assert section[0] == "## Tenant isolation: light alone, then under heavy's flood"
-    assert "heavy's throughput over [0, 10 s]" in section[2]
+    section = isolation_markdown(isolation_document(SPEC, rows_for("tandem", [2.0])))
+    assert section[0] == "## Isolation under a flood: light alone, then under heavy's flood"
+    assert "heavy's completed requests over [0, 10 s] ÷ 10 s" in section[2]
+    assert "Medians" not in section[2], "one run: nothing to take a median of"
     assert "| isolation ratio: light TTFT p90, flood ÷ alone | 2.00 |" in section[-1]
+    three = isolation_markdown(isolation_document(SPEC, rows_for("tandem", [2.0, 1.0, 4.0])))
+    assert "Medians over 3 repeats" in three[2]
+    assert "| isolation ratio: light TTFT p90, flood ÷ alone | 2.00 (1.00–4.00) |" in three[-1]
+
+
+@pytest.mark.skipif(not plots.available(), reason="matplotlib (the bench extra) is not installed")
+def test_the_isolation_bar_chart_draws_each_target_and_skips_what_is_undefined(tmp_path: Path) -> None:
+    agg = aggregate_rows(
+        [{"label": "tandem", "repeat": i, "light_ttft_alone_p90_s": 0.05, "light_ttft_flood_p90_s": f,
+          "isolation_ratio_p90": f / 0.05} for i, f in enumerate((0.1, 0.2, 0.15))]
+        + [{"label": "broken", "repeat": 0, "light_ttft_flood_p90_s": 0.3}]
+    )  # fmt: skip
+    keys = {
+        "alone": "light_ttft_alone_p90_s",
+        "flood": "light_ttft_flood_p90_s",
+        "ratio": "isolation_ratio_p90",
+    }
+    bars = {label: {k: agg[label][key] for k, key in keys.items()} for label in agg}
+    assert bars["broken"]["alone"]["median"] is None and bars["tandem"]["ratio"]["median"] == pytest.approx(
+        3.0
+    )
+    path = tmp_path / "isolation.png"
+    plots.isolation_bars(bars, path, title="t", light="light")
+    assert path.read_bytes().startswith(b"\x89PNG")

@@ -82,11 +82,13 @@ def test_the_largest_gap_between_two_backlogged_tenants_is_found_among_all_pairs
 
 
 @pytest.mark.parametrize(("values", "expected"), [
-    ([30.0, 34.0, 38.0], {"n": 3, "mean": 34.0, "sd": 4.0, "min": 30.0, "max": 38.0}),
-    ([5.0], {"n": 1, "mean": 5.0, "sd": 0.0, "min": 5.0, "max": 5.0}),
-    ([], {"n": 0, "mean": None, "sd": None, "min": None, "max": None}),
+    ([30.0, 34.0, 38.0], {"n": 3, "mean": 34.0, "sd": 4.0, "median": 34.0, "min": 30.0, "max": 38.0}),
+    ([1.0, 1.0, 3.0, 3.0], {"n": 4, "mean": 2.0, "sd": (4 / 3) ** 0.5, "median": 2.0, "min": 1.0,
+                            "max": 3.0}),
+    ([5.0], {"n": 1, "mean": 5.0, "sd": 0.0, "median": 5.0, "min": 5.0, "max": 5.0}),
+    ([], {"n": 0, "mean": None, "sd": None, "median": None, "min": None, "max": None}),
 ])  # fmt: skip
-def test_spread_is_the_mean_and_the_sample_standard_deviation(
+def test_spread_is_the_mean_the_sample_standard_deviation_and_the_median(
     values: list[float], expected: dict[str, Any]
 ) -> None:
     assert spread(values) == pytest.approx(expected)
@@ -109,7 +111,9 @@ def test_runs_of_one_target_are_aggregated_and_shown_as_mean_plus_minus_sd() -> 
         summary("direct", None, 0),
     ]
     agg = aggregate(runs)
-    assert agg["rr"]["ttft_p50"] == pytest.approx({"n": 3, "mean": 34.0, "sd": 4.0, "min": 30.0, "max": 38.0})
+    assert agg["rr"]["ttft_p50"] == pytest.approx(
+        {"n": 3, "mean": 34.0, "sd": 4.0, "median": 34.0, "min": 30.0, "max": 38.0}
+    )
     assert agg["direct"]["ttft_p50"]["n"] == 0
     table = spread_table(agg)
     assert "| TTFT p50 (ms) | 34 ± 4 | – |" in table

@@ -4,12 +4,14 @@
 Each key metric (`METRICS`) is read from every run's summary; its mean, sample standard deviation
 (n − 1 in the denominator; 0 for one run), minimum and maximum go to `bench.json`'s `aggregate`, and
 the markdown table shows `mean ± sd`. Example: TTFT p50 of three runs 30, 34 and 38 ms → `34 ± 4`.
-A run where a metric is undefined (no successful request) is left out of that metric's n.
+A run where a metric is undefined (no successful request) is left out of that metric's n. The
+median is kept too, for tables that show `median (min–max)` (`median_cell`: `34 (30–38)`).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,12 +66,16 @@ METRICS: tuple[Metric, ...] = (
 
 
 def spread(values: Sequence[float]) -> dict[str, float | int | None]:
-    """`{n, mean, sd, min, max}`; sd is the sample standard deviation (0 for a single value)."""
+    """`{n, mean, sd, median, min, max}`; sd is the sample standard deviation (0 for a single value),
+    the median of an even count the mean of the middle two."""
     if not values:
-        return {"n": 0, "mean": None, "sd": None, "min": None, "max": None}
+        return {"n": 0, "mean": None, "sd": None, "median": None, "min": None, "max": None}
     mean = sum(values) / len(values)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return {"n": len(values), "mean": mean, "sd": sd, "min": min(values), "max": max(values)}
+    return {
+        "n": len(values), "mean": mean, "sd": sd, "median": statistics.median(values), "min": min(values),
+        "max": max(values),
+    }  # fmt: skip
 
 
 def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -91,6 +97,14 @@ def spread_cell(item: Mapping[str, Any], fmt: str) -> str:
         return "–"
     text = format(item["mean"], fmt)
     return text if item["n"] < 2 else f"{text} ± {format(item['sd'], fmt)}"
+
+
+def median_cell(item: Mapping[str, Any], fmt: str) -> str:
+    """`median (min–max)` of a `spread` (just the value for one; `–` for none). Example: `34 (30–38)`."""
+    if item["median"] is None:
+        return "–"
+    text = format(item["median"], fmt)
+    return text if item["n"] < 2 else f"{text} ({format(item['min'], fmt)}–{format(item['max'], fmt)})"
 
 
 def spread_table(agg: Mapping[str, Mapping[str, Any]]) -> str:

@@ -13,12 +13,19 @@ seconds; TTFT over the light tenant's ok requests, as `tandem.bench.stats` defin
   arrived within it ÷ W (each content chunk carries completion tokens / chunks, as in
   `tandem.bench.fairness`). Example: W = 10 s and 25 requests ended by 10 s → 2.5 req/s; a request of
   64 tokens streamed in 32 chunks, 20 of them by 10 s, counts 40 tokens.
-- **429s**: requests answered HTTP 429 (a rate limit or admission refused them), per tenant; and the
-  light tenant's ok count, under the flood and alone.
-- the flood run's **service gap while both were backlogged** (`tandem.bench.fairness`).
+- **429s** and **other errors** per tenant in the flood run: requests answered HTTP 429 (a rate
+  limit or admission refused them), and requests sent that failed otherwise (another status, an
+  error event, a timeout, cancelled at the run's deadline); heavy requests the closed loop never
+  sent (it had ended) are neither, and are counted apart. And the light tenant's ok count, under the
+  flood and alone.
+- the flood run's **service gap while both were backlogged** (max − min of the tenants' VTC service
+  within the interval both were waiting, `tandem.bench.fairness`) and each tenant's **share** of the
+  service within it. Example: 9,000 and 3,000 units → gap 6,000, shares 0.75 and 0.25.
 
-Over `--repeat` runs every number is summarised per target as mean ± sd (`tandem.bench.aggregate`);
-the ratio's mean is the mean of the per-repeat ratios, each from a repeat's own pair of runs.
+Over `--repeat` runs every number is summarised per target as its median, with the minimum and
+maximum as the spread (`tandem.bench.aggregate.median_cell`: `1.4 (1.2–1.6)`); the ratio's median
+is the median of the per-repeat ratios, each from a repeat's own pair of runs. Example: ratios 1.2,
+1.4 and 3.0 → 1.4 (1.2–3.0).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from tandem.bench.aggregate import spread, spread_cell
+from tandem.bench.aggregate import median_cell, spread
 from tandem.bench.stats import Timed, percentile
 from tandem.bench.workloads import Workload, WorkloadError
 
@@ -84,6 +91,14 @@ def status_count(requests: Sequence[Timed], *, tenant: str, status: int = TOO_MA
     return sum(r.tenant == tenant and r.status == status for r in requests)
 
 
+def other_errors(requests: Sequence[Timed], *, tenant: str) -> int:
+    """Requests of `tenant` that were sent and failed with anything but HTTP 429."""
+    return sum(
+        r.tenant == tenant and r.start is not None and not r.ok and r.status != TOO_MANY_REQUESTS
+        for r in requests
+    )
+
+
 def window_throughput(
     requests: Sequence[Timed], *, tenant: str, window_s: float
 ) -> tuple[float | None, float | None]:
@@ -115,34 +130,42 @@ def isolation_row(
     alone: Sequence[Timed],
     spec: IsolationSpec,
     fairness: Mapping[str, Any],
+    unsent: int = 0,
 ) -> Row:
     """One repeat of one target: the module doc's numbers from its flood and alone runs.
 
-    `fairness` is the flood run's `tandem.bench.fairness.tenant_report` (its service gap and
-    both-backlogged time are copied). An empty `alone` (a run that failed) leaves the ratios None.
+    `fairness` is the flood run's `tandem.bench.fairness.tenant_report` (its service gap, the
+    both-backlogged time and each tenant's share within it are copied); `unsent` the heavy requests
+    the closed loop never sent. An empty `alone` (a run that failed) leaves the ratios None.
     """
     alone_p50, alone_p90 = light_ttft(alone, spec)
     flood_p50, flood_p90 = light_ttft(flood, spec)
     heavy_rps, heavy_tps = window_throughput(flood, tenant=spec.heavy, window_s=spec.window_s)
+    tenants = fairness.get("tenants") or {}
     return {
         "label": label,
         "repeat": repeat,
+        "light_ttft_alone_p50_s": alone_p50,
+        "light_ttft_flood_p50_s": flood_p50,
+        "light_ttft_alone_p90_s": alone_p90,
+        "light_ttft_flood_p90_s": flood_p90,
         "isolation_ratio_p90": ratio(flood_p90, alone_p90),
         "isolation_ratio_p50": ratio(flood_p50, alone_p50),
-        "light_ttft_alone_p50_s": alone_p50,
-        "light_ttft_alone_p90_s": alone_p90,
-        "light_ttft_flood_p50_s": flood_p50,
-        "light_ttft_flood_p90_s": flood_p90,
         "heavy_requests_per_s": heavy_rps,
         "heavy_output_tokens_per_s": heavy_tps,
         "heavy_sent": sum(r.tenant == spec.heavy and r.start is not None for r in flood),
+        "heavy_unsent": unsent,
         "light_requests": sum(r.tenant == spec.light for r in flood),
         "light_ok": sum(r.tenant == spec.light and r.ok for r in flood),
         "light_alone_ok": sum(r.tenant == spec.light and r.ok for r in alone),
         "light_429": status_count(flood, tenant=spec.light),
+        "light_errors": other_errors(flood, tenant=spec.light),
         "heavy_429": status_count(flood, tenant=spec.heavy),
+        "heavy_errors": other_errors(flood, tenant=spec.heavy),
         "service_gap_backlogged": fairness.get("service_gap_backlogged"),
         "backlogged_s": fairness.get("backlogged_s"),
+        "light_share_backlogged": (tenants.get(spec.light) or {}).get("share_backlogged"),
+        "heavy_share_backlogged": (tenants.get(spec.heavy) or {}).get("share_backlogged"),
     }
 
 
@@ -158,28 +181,33 @@ class Line:
 
 
 LINES: tuple[Line, ...] = (
-    Line("isolation_ratio_p90", "isolation ratio: {light} TTFT p90, flood ÷ alone", 1, ".2f"),
-    Line("isolation_ratio_p50", "{light} TTFT p50, flood ÷ alone", 1, ".2f"),
-    Line("light_ttft_alone_p90_s", "{light} TTFT p90 alone (ms)", 1000),
-    Line("light_ttft_flood_p90_s", "{light} TTFT p90 under flood (ms)", 1000),
     Line("light_ttft_alone_p50_s", "{light} TTFT p50 alone (ms)", 1000),
     Line("light_ttft_flood_p50_s", "{light} TTFT p50 under flood (ms)", 1000),
-    Line("heavy_requests_per_s", "{heavy} throughput (req/s)", 1, ".2f"),
+    Line("light_ttft_alone_p90_s", "{light} TTFT p90 alone (ms)", 1000),
+    Line("light_ttft_flood_p90_s", "{light} TTFT p90 under flood (ms)", 1000),
+    Line("isolation_ratio_p90", "isolation ratio: {light} TTFT p90, flood ÷ alone", 1, ".2f"),
+    Line("isolation_ratio_p50", "{light} TTFT p50, flood ÷ alone", 1, ".2f"),
+    Line("heavy_requests_per_s", "{heavy} completed req/s", 1, ".2f"),
     Line("heavy_output_tokens_per_s", "{heavy} output tokens/s", 1, ".0f"),
     Line("light_ok", "{light} ok under flood"),
     Line("light_requests", "{light} requests"),
     Line("light_alone_ok", "{light} ok alone"),
     Line("light_429", "{light} 429s"),
+    Line("light_errors", "{light} other errors"),
     Line("heavy_429", "{heavy} 429s"),
+    Line("heavy_errors", "{heavy} other errors"),
+    Line("heavy_unsent", "{heavy} not sent (loop ended)"),
     Line("service_gap_backlogged", "service gap while both backlogged (VTC units)"),
     Line("backlogged_s", "both backlogged (s)", 1, ".1f"),
+    Line("light_share_backlogged", "{light} share while both backlogged", 1, ".2f"),
+    Line("heavy_share_backlogged", "{heavy} share while both backlogged", 1, ".2f"),
 )
 
 
 def aggregate_rows(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
     """label → row key → `spread` over that label's repeats (None values left out of n).
 
-    Example: ratios 1.2, 1.4 and 1.6 over three repeats → mean 1.4, sd 0.2.
+    Example: ratios 1.2, 1.4 and 3.0 over three repeats → median 1.4, min 1.2, max 3.0.
     """
     by_label: dict[str, list[Row]] = {}
     for row in rows:
@@ -194,14 +222,14 @@ def aggregate_rows(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
 
 
 def isolation_table(agg: Mapping[str, Mapping[str, Any]], spec: IsolationSpec) -> str:
-    """One row per `LINES` entry, one column per target: `mean ± sd` (scaled) or `–`."""
+    """One row per `LINES` entry, one column per target: `median (min–max)` (scaled) or `–`."""
     labels = list(agg)
     lines = [
-        "| metric (mean ± sd) | " + " | ".join(labels) + " |",
+        "| metric (median (min–max) over repeats) | " + " | ".join(labels) + " |",
         "| --- | " + " | ".join("---:" for _ in labels) + " |",
     ]
     for line in LINES:
-        cells = [spread_cell(_scaled(agg[label][line.key], line.scale), line.fmt) for label in labels]
+        cells = [median_cell(_scaled(agg[label][line.key], line.scale), line.fmt) for label in labels]
         lines.append(
             f"| {line.label.format(light=spec.light, heavy=spec.heavy)} | " + " | ".join(cells) + " |"
         )
@@ -220,11 +248,14 @@ def isolation_document(spec: IsolationSpec, rows: Sequence[Row]) -> dict[str, An
 def isolation_markdown(isolation: Mapping[str, Any]) -> list[str]:
     """bench.md's isolation section (heading, what was run, the table) from bench.json's `isolation`."""
     spec = IsolationSpec(**isolation["spec"])
+    repeats = max((int(row["repeat"]) + 1 for row in isolation["runs"]), default=1)
+    spread = f" Medians over {repeats} repeats, (min–max) beside them." if repeats > 1 else ""
     return [
-        f"## Tenant isolation: {spec.light} alone, then under {spec.heavy}'s flood", "",
+        f"## Isolation under a flood: {spec.light} alone, then under {spec.heavy}'s flood", "",
         f"Per target and run: {spec.light}'s requests alone on fresh engines, then the whole workload on "
         f"fresh engines again. Isolation ratio = {spec.light} TTFT p90 under the flood ÷ alone (near 1: "
-        f"isolated); {spec.heavy}'s throughput over [0, {spec.window_s:g} s]. The tables after it are the "
-        "flood runs.", "",
+        f"isolated); {spec.heavy}'s completed requests over [0, {spec.window_s:g} s] ÷ {spec.window_s:g} s; "
+        f"the service gap and shares are the flood run's, while both tenants were backlogged.{spread} "
+        "The tables after it are the flood runs.", "",
         isolation_table(isolation["aggregate"], spec),
     ]  # fmt: skip

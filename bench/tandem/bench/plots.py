@@ -10,7 +10,9 @@ plots (and says so). Every function takes plain data (engine seconds) and a path
 - `autoscaler_timeline`: ready (solid) and desired (dashed) replicas per pool, the run's rolling
   TTFT p90 against the SLO, and KV utilisation, on one time axis;
 - `service_over_time`: each tenant's cumulative service (VTC units) against time, one panel per
-  target, so a tenant starved for a while shows as a flat stretch.
+  target, so a tenant starved for a while shows as a flat stretch;
+- `isolation_bars`: per target, the light tenant's TTFT p90 alone and under the flood (bars, the
+  range over repeats as error bars), with the isolation ratio written above.
 """
 
 from __future__ import annotations
@@ -193,6 +195,40 @@ def service_over_time(
         _legend(ax)
     axes[0, 0].figure.suptitle(title, fontsize=10)
     axes[-1, 0].set_xlabel("time since start (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def isolation_bars(bars: Mapping[str, Mapping[str, Any]], path: Path, *, title: str, light: str) -> None:
+    """Two bars per target: `alone` and `flood`, each a `spread` in seconds (median bar, min–max
+    whiskers; a missing median draws no bar), and `ratio` (a `spread` too) as text above them."""
+    plt = _pyplot()
+    labels = list(bars)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(labels) + 2), 4.2))
+    width = 0.38
+    for offset, (key, name) in ((-width / 2, ("alone", "alone")), (width / 2, ("flood", "under flood"))):
+        xs, heights, low, high = [], [], [], []
+        for i, label in enumerate(labels):
+            item = bars[label][key]
+            if item.get("median") is None:
+                continue
+            ms = item["median"] * 1000
+            xs.append(i + offset)
+            heights.append(ms)
+            low.append(ms - item["min"] * 1000)
+            high.append(item["max"] * 1000 - ms)
+        ax.bar(xs, heights, width, yerr=[low, high], capsize=3, label=f"{light} TTFT p90 {name}")
+    for i, label in enumerate(labels):
+        item, ratio = bars[label]["flood"], bars[label]["ratio"]
+        if ratio.get("median") is not None and item.get("max") is not None:
+            ax.annotate(f"× {ratio['median']:.1f}", (i + width / 2, item["max"] * 1000), ha="center",
+                        va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")  # fmt: skip
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("TTFT p90 (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

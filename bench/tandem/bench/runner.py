@@ -248,7 +248,7 @@ def _isolation(
         rows.append(
             isolation_row(
                 label=run.label, repeat=run.repeat, spec=spec, fairness=summary["fairness"],
-                flood=timed(run.result.records, time_scale=time_scale),
+                unsent=run.result.unissued, flood=timed(run.result.records, time_scale=time_scale),
                 alone=timed(pair.result.records, time_scale=time_scale) if pair is not None else [],
             )
         )  # fmt: skip
@@ -256,11 +256,17 @@ def _isolation(
 
 
 def write_plots(
-    bench: Bench, runs: Sequence[RunData], *, time_scale: float, progress: Progress
+    bench: Bench,
+    runs: Sequence[RunData],
+    *,
+    time_scale: float,
+    progress: Progress,
+    isolation: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """`ttft-cdf.png` and `requests-timeline.png` from the first run of every target (engine seconds),
     and with two tenants or more `service-over-time.png` (`_service_plot`); isolation's alone runs
-    are left out (they are in the table)."""
+    are left out (they are in the table). `isolation` (bench.json's, from `finish`) adds
+    `isolation.png` (`_isolation_plot`)."""
     if not plots.available():
         progress("matplotlib is not installed (the bench extra): no plots")
         return []
@@ -283,7 +289,10 @@ def write_plots(
         for label, v in views.items()
     }
     plots.request_timeline(data, timeline, title=title)
-    return [cdf, timeline, *_service_plot(bench, first, time_scale=time_scale, title=title)]
+    return [
+        cdf, timeline, *_service_plot(bench, first, time_scale=time_scale, title=title),
+        *_isolation_plot(bench, isolation, title=title),
+    ]  # fmt: skip
 
 
 def _service_plot(bench: Bench, first: Sequence[RunData], *, time_scale: float, title: str) -> list[Path]:
@@ -297,6 +306,22 @@ def _service_plot(bench: Bench, first: Sequence[RunData], *, time_scale: float, 
     path = bench.out_dir / "service-over-time.png"
     window = bench.isolation.window_s if bench.isolation is not None else None
     plots.service_over_time(panels, path, title=f"Cumulative service per tenant: {title}", window_s=window)
+    return [path]
+
+
+def _isolation_plot(bench: Bench, isolation: Mapping[str, Any] | None, *, title: str) -> list[Path]:
+    """`isolation.png` from bench.json's `isolation`: per target, the light tenant's TTFT p90 alone
+    and under the flood (medians over repeats, min–max whiskers) and the isolation ratio."""
+    if bench.isolation is None or not isolation:
+        return []
+    keys = {
+        "alone": "light_ttft_alone_p90_s",
+        "flood": "light_ttft_flood_p90_s",
+        "ratio": "isolation_ratio_p90",
+    }
+    bars = {label: {k: agg[key] for k, key in keys.items()} for label, agg in isolation["aggregate"].items()}
+    path = bench.out_dir / "isolation.png"
+    plots.isolation_bars(bars, path, title=f"Isolation under a flood: {title}", light=bench.isolation.light)
     return [path]
 
 

@@ -278,12 +278,12 @@ def _report(
     setup: Bench, runs: list[RunData], *, settings: dict[str, Any], extra: str, time_scale: float, plots: bool
 ) -> None:
     """Write the results and plots, print the table, and exit 1 when a run had no successful request."""
-    _, text = finish(setup, runs, settings=settings, time_scale=time_scale)
+    doc, text = finish(setup, runs, settings=settings, time_scale=time_scale)
     if extra:
         text += "\n## Autoscaler timeline\n\n" + extra + "\n"
         (setup.out_dir / "bench.md").write_text(text, encoding="utf-8")
     if plots:
-        write_plots(setup, runs, time_scale=time_scale, progress=_say)
+        write_plots(setup, runs, time_scale=time_scale, progress=_say, isolation=doc.get("isolation"))
     click.echo(text)
     _say(f"results in {setup.out_dir}/ (bench.json, bench.md, requests-*.jsonl, *.png)")
     empty = [r for r in runs if not any(rec.ok for rec in r.result.records)]
