@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from tests.router.harness import MODEL, Launcher
+from tests.router.harness import MODEL, Launcher, metric
 from tests.router.scheduling_builders import A, snapshot, stats
 
 from tandem.router.discovery.capacity import DEFAULT_CAPACITY, EngineCapacity, capacity_from_args
@@ -37,11 +37,12 @@ def test_the_pools_concurrency_comes_from_max_num_seqs(args: list[str], expected
 @pytest.mark.parametrize(
     ("initial", "lookahead", "share", "cap", "limit"),
     [
-        (4, 0.1, 1, 1000, 5),  # at least one request of lookahead
+        (4, 0.1, 1, 1000, 4),  # 0.4 rounds to no lookahead: a small engine's queue stays empty
+        (8, 0.1, 2, 1000, 5),  # the docstring's example: two workers, ceil((8 + 1) / 2) each
         (256, 0.1, 1, 1000, 282),  # 256 + 26
-        (4, 0.1, 2, 1000, 3),  # two workers: ceil(5 / 2) each
+        (5, 0.1, 2, 1000, 3),  # 0.5 rounds up: ceil(6 / 2)
         (256, 0.1, 1, 100, 100),  # the operator's cap wins
-        (4, 0.0, 1, 1000, 5),  # still one of lookahead: an engine never waits for the gateway
+        (4, 0.25, 1, 1000, 5),
     ],
 )
 def test_the_dispatch_limit_is_capacity_plus_lookahead_shared_and_capped(
@@ -53,21 +54,55 @@ def test_the_dispatch_limit_is_capacity_plus_lookahead_shared_and_capped(
 
 def test_concurrency_is_learned_from_what_the_engine_runs_and_what_waits() -> None:
     capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
-    # Its KV cache holds 100 sequences: it runs 100 and queues the rest.
-    assert capacity.concurrency(snapshot(A, engine=stats(running=100, waiting=30))) == 100
-    # The same reading again teaches nothing new; a busier moment does not raise it while it queues.
-    assert capacity.concurrency(snapshot(A, engine=stats(running=100, waiting=5))) == 100
-    # Running everything it was sent, more than believed: it can run at least that.
-    assert capacity.concurrency(snapshot(A, engine=stats(running=110, waiting=0))) == 110
+
+    def learn(running: int, waiting: int, *, stale: bool = False) -> int:
+        return capacity.concurrency(snapshot(A, engine=stats(running=running, waiting=waiting), stale=stale))
+
+    # Its KV cache holds 100 sequences: it runs 100 and queues the rest, three readings in a row.
+    assert [learn(100, 30), learn(100, 5), learn(100, 12)] == [DEFAULT_CAPACITY, DEFAULT_CAPACITY, 100]
+    # Running everything it was sent, at least as many as believed: one more is tried.
+    assert learn(100, 0) == 101
+    assert learn(110, 0) == 110
     # Less running and nothing waiting says nothing about the limit.
-    assert capacity.concurrency(snapshot(A, engine=stats(running=3, waiting=0))) == 110
+    assert learn(3, 0) == 110
     # Stale numbers are not used.
-    assert capacity.concurrency(snapshot(A, engine=stats(running=7, waiting=9), stale=True)) == 110
+    assert learn(7, 9, stale=True) == 110
+
+
+def test_a_request_caught_waiting_for_the_engines_next_step_does_not_shrink_it() -> None:
+    """At saturation a scrape sometimes lands while a just-arrived request waits for the next engine
+    step: running 3 of 4, waiting 1. Believing it once would cap the engine at 3 for good (the gateway
+    never sends a 4th to see it run one)."""
+    capacity = EngineCapacity(initial=256, lookahead=0.0)
+
+    def learn(running: int, waiting: int) -> int:
+        return capacity.concurrency(snapshot(A, engine=stats(running=running, waiting=waiting)))
+
+    readings = [(40, 0), (39, 1), (40, 0), (39, 1), (39, 1), (40, 0), (38, 1), (39, 1), (40, 0)]
+    assert [learn(r, w) for r, w in readings] == [256] * len(readings)
+    # Held back at the same count three times in a row is the engine's limit (its --max-num-seqs
+    # is not known here) ...
+    assert [learn(39, 2), learn(39, 1), learn(39, 4)] == [256, 256, 39]
+    # ... and if that was a passing state after all, C grows back while the engine runs all it gets.
+    assert [learn(39, 0), learn(40, 0), learn(41, 0)] == [40, 41, 42]
+
+
+def test_below_a_known_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:
+    """Batches of equal requests finish together; a scrape every second can land on the same passing
+    moment each time. With --max-num-seqs 4 known, that is not learned; a full KV cache is."""
+    capacity = EngineCapacity(initial=4, lookahead=0.0, ceiling=4)
+
+    def learn(running: int, waiting: int, kv: float) -> int:
+        return capacity.concurrency(snapshot(A, engine=stats(running=running, waiting=waiting, kv_usage=kv)))
+
+    assert [learn(3, 1, 0.1) for _ in range(5)] == [4] * 5
+    assert [learn(3, 1, 0.95), learn(3, 2, 0.97), learn(3, 1, 0.96)] == [4, 4, 3]
+    assert [learn(3, 0, 0.5), learn(4, 0, 0.5)] == [4, 4]  # grows back, never above the known 4
 
 
 async def test_the_backlog_waits_in_the_gateway_not_in_the_engine(launcher: Launcher) -> None:
     engine = await launcher.engine("d0", tokens=3, token_delay=0.05)
-    settings = RouterSettings(admission=AdmissionSettings(poll_seconds=0.02))
+    settings = RouterSettings(admission=AdmissionSettings(poll_seconds=0.02, handover_tokens=0))
     spec: dict[str, dict[str, Any]] = {
         "engine": {"kind": "sim", "args": ["--max-num-seqs", "2"]},
         "router": {"slo": {"ttftSeconds": 60}},
@@ -82,5 +117,32 @@ async def test_the_backlog_waits_in_the_gateway_not_in_the_engine(launcher: Laun
             pass
 
     await asyncio.gather(*(one(i) for i in range(10)))
-    assert engine.most_open == 3  # --max-num-seqs 2 plus one of lookahead: the rest waited in the gateway
+    assert engine.most_open == 2  # --max-num-seqs 2 (no lookahead at 2): the rest waited in the gateway
     assert len(engine.received) == 10
+
+
+@pytest.mark.parametrize(("handover", "most_open"), [(0, 2), (2, 4)])
+async def test_a_stream_near_its_end_hands_its_slot_to_the_next_request(
+    launcher: Launcher, handover: int, most_open: int
+) -> None:
+    """--max-num-seqs 2, streams of exactly max_tokens = 8: with a handover of 2 tokens, the next
+    two requests reach the engine while the first two stream their last tokens (4 open at once,
+    never more); without it the engine never holds more than its 2."""
+    engine = await launcher.engine("d0", tokens=8, token_delay=0.05)
+    settings = RouterSettings(admission=AdmissionSettings(poll_seconds=0.02, handover_tokens=handover))
+    spec: dict[str, dict[str, Any]] = {
+        "engine": {"kind": "sim", "args": ["--max-num-seqs", "2"]},
+        "router": {"slo": {"ttftSeconds": 60}},
+    }
+    router = await launcher.router(decode=[engine], settings=settings, spec=spec)
+
+    async def one(i: int) -> int:
+        stream = await router.openai.completions.create(
+            model=MODEL, prompt=f"p{i}", max_tokens=8, stream=True
+        )
+        return len([chunk async for chunk in stream if chunk.choices and chunk.choices[0].text])
+
+    assert await asyncio.gather(*(one(i) for i in range(6))) == [8] * 6
+    assert engine.most_open == most_open
+    assert await metric(router, "tandem_router_admitted_requests") == 0
+    assert await metric(router, "tandem_router_pool_in_flight_requests", pool="decode") == 0

@@ -79,7 +79,11 @@ FLAGS: tuple[Flag, ...] = (
          "Requests one engine runs at once, to start from (then learned) [default: --max-num-seqs in "
          "the spec's engine args, else 256]."),
     Flag("--lookahead", "admission", "lookahead", float, 0.1,
-         "Share of an engine's capacity sent beyond it (at least one request) to keep its batches full."),
+         "Share of an engine's capacity sent beyond it (rounded; 0 for an engine of 4) to keep its "
+         "batches full."),
+    Flag("--handover-tokens", "admission", "handover_tokens", int, 2,
+         "A stream this many tokens from its max_tokens gives its engine slot to the next waiting "
+         "request, which starts as it ends (0: off)."),
     Flag("--max-in-flight-per-endpoint", "admission", "max_in_flight_per_endpoint", int, 65536,
          "Most requests the router keeps open to one engine, whatever its capacity."),
     Flag("--max-waiting-per-endpoint", "admission", "max_waiting_per_endpoint", _OffOr(int), None,
@@ -91,6 +95,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--tenant-weight", "admission", "tenant_weights", str, (),
          "TENANT=WEIGHT: a tenant's share of service relative to others (default 1); repeatable.",
          multiple=True),
+    Flag("--replicas", "admission", "replicas", int, None,
+         "Gateway replicas sending to the same engines: each takes its share of their capacity "
+         "[default: spec.router.replicas in a cluster, else 1]."),
+    Flag("--shared-counters", "admission", "shared_counters", click.Choice(["auto", "redis", "off"]), "auto",
+         "Share fair-queue counters between replicas through the KV pool's Redis (auto: with more than "
+         "one replica and a pool)."),
+    Flag("--counter-sync-interval", "admission", "counter_sync_seconds", float, 0.1,
+         "Seconds between syncs of the shared fair-queue counters."),
     Flag("--max-tenant-labels", "admission", "max_tenant_labels", int, 50,
          "Tenants named in metric labels; later ones are counted as 'other'."),
     Flag("--kube-api-server", "discovery", "kube_api_server", str, None,

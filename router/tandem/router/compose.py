@@ -25,7 +25,12 @@ from tandem.router.admission.gate import AdmissionGate, Waiter
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import SaturationLimits, TTFTPredictor, load_from_snapshot, pool_capacity
 from tandem.router.config import EffectiveConfig
-from tandem.router.discovery.capacity import DEFAULT_CAPACITY, EngineCapacity, capacity_from_args
+from tandem.router.discovery.capacity import (
+    DEFAULT_CAPACITY,
+    MAX_CAPACITY,
+    EngineCapacity,
+    capacity_from_args,
+)
 from tandem.router.discovery.collector import MetricsCollector
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.registry import EndpointRegistry
@@ -45,6 +50,8 @@ from tandem.router.settings import KVEventsSettings
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.workers.bus import Bus, SoloBus, WorkerBus
+from tandem.router.workers.counters import SharedCounters
+from tandem.router.workers.counters import register as register_counters
 from tandem.router.workers.share import (
     ROUTE,
     SERVICE,
@@ -148,7 +155,7 @@ def compose(
         pool=kv_pool,
         prefix=prefix or routing.state.prefix,
     )
-    gate = build_gate(
+    gate, counters = build_gate(
         config,
         registry=registry,
         prometheus=prometheus,
@@ -167,7 +174,9 @@ def compose(
         admit=Admit(gate),
         dispatcher=dispatcher,
         disaggregator=disaggregator,
-        relay_stage=Relay(access.output_charge, config.log_prompts),
+        relay_stage=Relay(
+            access.output_charge, config.log_prompts, handover_tokens=settings.admission.handover_tokens
+        ),
     )
     collector = MetricsCollector(
         registry=registry,
@@ -179,6 +188,8 @@ def compose(
     if isinstance(bus, WorkerBus):
         bus.answer_metrics(lambda: generate_latest(prometheus))
     services: list[Service] = [bus, loop_lag]
+    if counters is not None:
+        services.append(counters)
     if key_file is not None:
         services.append(key_file)  # follows Secret updates
     services += [routing, collector]  # subscribers follow the collector's rounds
@@ -302,21 +313,29 @@ def build_gate(
     clock: Callable[[], float],
     bus: Bus,
     capacity: EngineCapacity,
-) -> AdmissionGate:
-    """The admission gate over the decode pool, its fair queue and its metrics. With several
-    workers, counters are shared over the bus and each worker admits into its share of every
-    engine (`EngineCapacity.share`)."""
+) -> tuple[AdmissionGate, SharedCounters | None]:
+    """The admission gate over the decode pool, its fair queue and its metrics. Each worker and
+    replica admits into its share of every engine (`EngineCapacity.share`); the fair queue's
+    counters are shared: through the KV pool's Redis between replicas (`SharedCounters`, returned
+    to be started, which then also serves the sibling workers), else over the workers' bus."""
     spec, settings = config.spec, config.settings.admission
-    shared = SharedService(bus) if isinstance(bus, WorkerBus) else None
     queue_type: type[VTCQueue[Waiter]] = FCFSQueue if settings.fairness == "fcfs" else VTCQueue
     queue = queue_type(
         input_weight=spec.router.fairness.input_weight,
         output_weight=spec.router.fairness.output_weight,
         tenant_weights=config.tenant_weights,
         max_size=spec.router.max_queue + 1,  # the gate bounds *waiting* requests at maxQueue
-        on_charge=shared.charged if shared is not None else None,
     )
-    bus.on(SERVICE, apply_service(queue.add_service))
+    counters: SharedCounters | None = None
+    access = config.shared_counters
+    if access is not None:
+        store = connect(access.url, timeout_s=access.timeout_s, password=access.password)
+        counters = SharedCounters(store, key=access.key, interval_s=access.interval_s, add=queue.add_service)
+        register_counters(counters, prometheus)
+        queue.on_charge = counters.charged
+    elif isinstance(bus, WorkerBus):
+        queue.on_charge = SharedService(bus).charged
+        bus.on(SERVICE, apply_service(queue.add_service))
     limits = SaturationLimits(
         max_waiting=settings.max_waiting_per_endpoint, max_kv_usage=settings.max_kv_usage
     )
@@ -343,7 +362,7 @@ def build_gate(
         poll_s=settings.poll_seconds,
     )
     metrics.watch(gate)
-    return gate
+    return gate, counters
 
 
 def prefix_source(
@@ -378,12 +397,14 @@ def engine_capacity(config: EffectiveConfig) -> EngineCapacity:
     vLLM's default, shared by this process's sibling workers and, in a cluster, by the gateway's
     replicas (each takes its part of every engine)."""
     settings = config.settings.admission
-    replicas = config.spec.router.replicas if config.discovery.kind == "kubernetes" else 1
+    replicas = config.replicas
+    known = settings.engine_capacity or capacity_from_args(config.spec.engine.args)
     return EngineCapacity(
-        initial=settings.engine_capacity or capacity_from_args(config.spec.engine.args) or DEFAULT_CAPACITY,
+        initial=known or DEFAULT_CAPACITY,
         lookahead=settings.lookahead,
         share=config.settings.workers.count * replicas,
         cap=settings.max_in_flight_per_endpoint,
+        ceiling=known or MAX_CAPACITY,
     )
 
 

@@ -11,6 +11,11 @@ Resolution rules (each one written here, nowhere else):
 - the KV pool look-ups (P/D decision, barrier): on with a pool URL and `engine.kind: sim` (only the
   simulator's chunk keys can be computed here; real vLLM's connectors hash the model's own tokens,
   issue-tracked separately), with `TANDEM_KVPOOL_PASSWORD` from the environment;
+- gateway replicas in front of the same engines: `--replicas`, else `spec.router.replicas` with
+  Kubernetes discovery, else 1; with `workers` they divide every engine's capacity;
+- shared fair-queue counters: through the KV pool's Redis (`kvPoolUrl`, whatever the engine) when
+  `--shared-counters redis`, or `auto` with more than one replica and a pool; `redis` without a pool
+  stops start-up;
 - the prompt tokenizer: the model's files at `tokenizerPath` when given (a directory without them
   stops start-up), else Tandem's tokenizer: exact for `engine.kind: sim`, an estimate otherwise
   (`tokenizer_exact` False, logged once at start-up).
@@ -28,6 +33,7 @@ from typing import Any
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceServiceSpec, ModelSpec
 from tandem.kvpool.client import password_from_env
+from tandem.router.errors import ConfigurationError
 from tandem.router.settings import RouterSettings
 from tandem.router.types import SLO
 
@@ -49,6 +55,18 @@ class KVPoolAccess:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SharedCountersAccess:
+    """Where the replicas of one gateway keep their fair-queue counters: a hash `key` in the KV
+    pool's Redis, synced every `interval_s`."""
+
+    url: str
+    password: str | None
+    timeout_s: float
+    key: str
+    interval_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EffectiveConfig:
     """Everything one gateway process runs with (module docstring); frozen."""
 
@@ -63,6 +81,8 @@ class EffectiveConfig:
     kv_pool: KVPoolAccess | None
     api_keys_file: Path | None
     tokenizer_path: Path | None
+    replicas: int = 1
+    shared_counters: SharedCountersAccess | None = None
 
     @property
     def tokenizer_exact(self) -> bool:
@@ -79,6 +99,8 @@ class EffectiveConfig:
             "fairness": self.settings.admission.fairness,
             "prefix_source": self.settings.scheduling.prefix_source,
             "kv_pool": self.kv_pool is not None,
+            "replicas": self.replicas,
+            "shared_counters": self.shared_counters is not None,
             "auth": self.api_keys_file is not None,
             "tokenizer": str(self.tokenizer_path) if self.tokenizer_path else "tandem",
             "tokenizer_exact": self.tokenizer_exact,
@@ -101,6 +123,23 @@ def resolve(
             chunk_size=spec.kv_pool.chunk_size,
         )
     weights = {t.name: t.weight for t in spec.router.tenants} | dict(settings.admission.tenant_weights)
+    admission = settings.admission
+    cluster = spec.router.replicas if config.discovery.kind == "kubernetes" else 1
+    replicas = admission.replicas or cluster
+    shared = None
+    wanted = admission.shared_counters == "redis" or (admission.shared_counters == "auto" and replicas > 1)
+    if wanted and config.kv_pool_url is not None:
+        shared = SharedCountersAccess(
+            url=config.kv_pool_url,
+            password=password_from_env(env),
+            timeout_s=settings.disaggregation.kv_pool_timeout_seconds,
+            key=f"tandem:{config.service}:vtc",
+            interval_s=admission.counter_sync_seconds,
+        )
+    elif admission.shared_counters == "redis":
+        raise ConfigurationError(
+            "--shared-counters redis needs the KV pool's Redis (kvPoolUrl in the router config)"
+        )
     return EffectiveConfig(
         service=config.service,
         spec=spec,
@@ -113,4 +152,6 @@ def resolve(
         kv_pool=kv_pool,
         api_keys_file=Path(config.api_keys_file) if config.api_keys_file else None,
         tokenizer_path=Path(config.tokenizer_path) if config.tokenizer_path else None,
+        replicas=replicas,
+        shared_counters=shared,
     )

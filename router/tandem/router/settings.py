@@ -56,14 +56,19 @@ class DisaggregationSettings(_Settings):
 class AdmissionSettings(_Settings):
     """The router's queue and fair sharing (docs/router.md, "Admission and the fair queue").
 
-    The gateway sends each engine at most its concurrency plus `lookahead` of it (at least one
-    request), this process's share (`tandem.router.discovery.capacity`): the concurrency starts at
+    The gateway sends each engine at most its concurrency plus `lookahead` of it (rounded), this
+    process's share (`tandem.router.discovery.capacity`): the concurrency starts at
     `engine_capacity` (default: `--max-num-seqs` in `spec.engine.args`, else 256) and is learned from
     the engine's running and waiting counts; `max_in_flight_per_endpoint` caps it. Optional extra
     checks on the engine's scraped numbers (`max_waiting_per_endpoint`, `max_kv_usage`; off by
     default) hold new requests while an engine reports that much. While every decode endpoint is
     full, requests wait in the router's fair queue (`spec.router.maxQueue` places) for at most
-    `max_queue_wait_seconds` or their TTFT objective.
+    `max_queue_wait_seconds` or their own TTFT deadline.
+
+    Between gateway replicas (`replicas`: how many gateways send to the same engines; in a cluster
+    `spec.router.replicas`), capacity is split and the fair queue's counters are shared through the
+    KV pool's Redis (`shared_counters`: `auto` = when there is more than one replica and a pool,
+    `redis` = always, start-up fails without a pool; `off`), synced every `counter_sync_seconds`.
     """
 
     fairness: Literal["vtc", "fcfs"] = Field(
@@ -83,6 +88,26 @@ class AdmissionSettings(_Settings):
     )
     poll_seconds: float = Field(
         default=0.25, gt=0, le=10, description="How often waiting requests re-check capacity."
+    )
+    handover_tokens: int = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description="Give a stream's slot to the next request this many tokens "
+        "before its max_tokens (0: off).",
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="Gateway replicas in front of the same engines (default: "
+        "spec.router.replicas in a cluster, else 1).",
+    )
+    shared_counters: Literal["auto", "redis", "off"] = Field(
+        default="auto", description="Share VTC counters between replicas through the KV pool's Redis."
+    )
+    counter_sync_seconds: float = Field(
+        default=0.1, ge=0.01, le=10, description="Seconds between syncs of the shared VTC counters."
     )
 
 

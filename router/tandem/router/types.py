@@ -49,6 +49,8 @@ class EndpointSnapshot:
     Read-only to everyone else; a decision reads it without awaiting, so what it sees is consistent.
 
     `in_flight`: upstream requests the router has open to it now (>= 0).
+    `finishing`: those of them handed over (a few tokens from their end: their slot is as good as
+    free and may be given to the next request; `tandem.router.pipeline.meter`), <= `in_flight`.
     `consecutive_failures`: failures since its last success.
     `in_rotation`: False while it cools down after `failure_threshold` consecutive failures, or while
     the metrics collector cannot reach it.
@@ -60,6 +62,12 @@ class EndpointSnapshot:
     consecutive_failures: int
     in_rotation: bool
     engine: EngineReading | None = None
+    finishing: int = 0
+
+    @property
+    def occupied(self) -> int:
+        """Slots the router holds on it: requests in flight less those handed over."""
+        return self.in_flight - self.finishing
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

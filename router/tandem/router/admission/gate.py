@@ -102,6 +102,7 @@ class Grant:
     __slots__ = (
         "_charged",
         "_gate",
+        "_handed_over",
         "_released",
         "_unreported",
         "completion_tokens",
@@ -118,6 +119,7 @@ class Grant:
         self._gate = gate
         self._charged = charged
         self._released = False
+        self._handed_over = False
         self._unreported = 0
 
     def charge_output(self, tokens: int) -> None:
@@ -147,12 +149,20 @@ class Grant:
             self.completion_tokens = usage.completion_tokens
             self._gate.charge(self.tenant, completion=delta)
 
+    def hand_over(self) -> None:
+        """The answer is a few tokens from its end: its unit of capacity goes to the next waiting
+        request now (the charges still follow it until `release`); idempotent."""
+        if not self._released and not self._handed_over:
+            self._handed_over = True
+            self._gate.released()
+
     def release(self) -> None:
         """The request is over (answered, failed or abandoned); idempotent."""
         if not self._released:
             self._released = True
             self._report()
-            self._gate.released()
+            if not self._handed_over:
+                self._gate.released()
 
 
 class AdmissionGate:

@@ -6,7 +6,8 @@
 - `tandem_router_queue_depth{priority}` (gauge): requests waiting per priority band.
 - `tandem_router_queue_wait_seconds{outcome}` (histogram): time in the queue; `outcome` is
   `dispatched`, `rejected` or `cancelled` (the client left).
-- `tandem_router_admission_rejections_total{reason}` (counter): 429s; `queue_full`, `pushed_out`, `deadline`, `slo`.
+- `tandem_router_admission_rejections_total{reason}` (counter): 429s; `queue_full`, `pushed_out`,
+  `deadline`, `slo`.
 - `tandem_router_admitted_requests` (gauge): requests holding decode capacity now.
 - `tandem_router_admission_capacity` (gauge): how many the decode pool may hold now (0: none in rotation).
 

@@ -7,18 +7,32 @@ tenants, not in the engine's first-come-first-served queue.
 
 Per engine, `C` is its concurrency (vLLM's `--max-num-seqs`, or less when its KV cache is the
 limit). It starts at `initial` (the pool's `--max-num-seqs` from `spec.engine.args`, else vLLM's
-default 256) and follows the engine's own numbers at each new scrape:
+default 256) and follows the engine's own numbers, one step per new scrape:
 
-    waiting > 0 and running > 0  →  C = min(C, running)   the engine ran only `running` of what it had
-    waiting = 0 and running > C  →  C = running           it ran everything: it can run at least that
+    down:  `CONFIRM` readings in a row show waiting > 0 with the same running R < C, and either
+           the engine's KV cache is at least `KV_FULL` used or its `--max-num-seqs` is unknown
+           →  C = R  (the engine holds requests back at R: that is its limit)
+    up:    waiting = 0 and running ≥ C  →  C = max(running, C + 1), at most `ceiling`
+           (it ran everything it was sent: try one more)
 
-and `limit = ceil((C + lookahead) / share)`, capped at `cap`, with `lookahead = max(1, round(0.1·C))`
-requests queued in the engine so its next batch is never short while the gateway's next request is
-on its way, and `share` the number of gateway processes sending to the same engines (workers ×
-replicas; each takes its part). Example: an engine with `--max-num-seqs 4` behind 2 workers: C = 4,
-lookahead 1, each worker sends it at most ceil(5 / 2) = 3. Starting from 256 on an engine whose KV cache
-holds 100 sequences: the first scrape shows running 100 with waiting > 0 → C = 100, limit 110.
-Starting below the truth, C grows by the lookahead per scrape (10% a second) until waiting appears.
+One reading is not enough to go down: a request that has just arrived waits for the engine's next
+step (a few ms), and a scrape that catches that moment would otherwise shrink C for good (the
+gateway would never send enough again to see it grow back). Nor are readings in a row when the
+engine's `--max-num-seqs` is known (`ceiling`, from the spec's engine arguments): a periodic load
+(batches of equal requests finishing together) can show the same passing moment at every scrape,
+so below a known `--max-num-seqs` only a full KV cache is believed: the one thing that keeps vLLM
+from running what it may. A C that went too low still grows back, by one per reading, while the
+engine runs everything it gets. `ceiling` is `initial` when it comes from the engine's arguments
+(the engine will not run more), else `MAX_CAPACITY`.
+
+`limit = ceil((C + lookahead) / share)`, capped at `cap`, with `lookahead = round(fraction · C)`
+requests queued in the engine so its next batch is not short while the gateway's next request is on
+its way (default fraction 0.1: none for an engine of 4, 26 for one of 256; a queued lookahead
+request makes a tenant who arrives later wait behind it, so it stays small), and `share` the number
+of gateway processes sending to the same engines (workers × replicas; each takes its part). Example:
+an engine with `--max-num-seqs 8` behind 2 workers: C = 8, lookahead 1, each worker sends it at
+most ceil(9 / 2) = 5. Starting from 256 on an engine whose KV cache holds 100 sequences: three
+scrapes in a row show running 100 with waiting > 0 → C = 100, limit 110.
 
 Pure (the readings come in; no clock, no I/O).
 """
@@ -35,6 +49,10 @@ from tandem.router.types import EndpointSnapshot, EngineReading
 #: vLLM's default `--max-num-seqs`, the starting point when the spec's engine arguments say nothing.
 DEFAULT_CAPACITY = 256
 MAX_CAPACITY = 65_536
+#: Readings in a row that must show the same held-back running count before C goes down.
+CONFIRM = 3
+#: KV-cache usage (0..1) at which an engine that holds requests back is taken to be full.
+KV_FULL = 0.9
 _MAX_NUM_SEQS = re.compile(r"^--max-num-seqs(?:=(\d+))?$")
 
 
@@ -58,8 +76,10 @@ class EngineCapacity:
     lookahead: float = 0.1
     share: int = 1
     cap: int = MAX_CAPACITY
+    ceiling: int = MAX_CAPACITY
     _learned: dict[str, int] = field(default_factory=dict)
     _seen: dict[str, EngineReading] = field(default_factory=dict)
+    _held: dict[str, tuple[int, int]] = field(default_factory=dict)  # url → (running, readings in a row)
 
     def concurrency(self, snapshot: EndpointSnapshot) -> int:
         """C for this endpoint's engine, updated from a reading not seen before."""
@@ -72,11 +92,11 @@ class EngineCapacity:
     def limit(self, snapshot: EndpointSnapshot) -> int:
         """Requests this gateway process may have open to the endpoint."""
         c = self.concurrency(snapshot)
-        total = c + max(1, round(self.lookahead * c))
+        total = c + math.floor(self.lookahead * c + 0.5)
         return max(1, min(self.cap, math.ceil(total / self.share)))
 
     def has_room(self, snapshot: EndpointSnapshot) -> bool:
-        return snapshot.in_flight < self.limit(snapshot)
+        return snapshot.occupied < self.limit(snapshot)
 
     def total(self, snapshots: Sequence[EndpointSnapshot]) -> int:
         """Σ `limit`: how many requests this process may have open to the pool."""
@@ -87,12 +107,21 @@ class EngineCapacity:
             del self._learned[url]
         for url in [u for u in self._seen if u not in keep]:
             del self._seen[url]
+        for url in [u for u in self._held if u not in keep]:
+            del self._held[url]
 
     def _learn(self, url: str, reading: EngineReading) -> None:
         stats = reading.stats
         c = self._learned.get(url, self.initial)
-        if stats.waiting > 0 and stats.running > 0:
-            c = min(c, stats.running)
-        elif stats.waiting == 0 and stats.running > c:
-            c = stats.running
-        self._learned[url] = max(1, min(MAX_CAPACITY, c))
+        kv_full = stats.kv_usage is not None and stats.kv_usage >= KV_FULL
+        if stats.waiting > 0 and 0 < stats.running < c and (kv_full or self.ceiling >= MAX_CAPACITY):
+            running, seen = self._held.get(url, (stats.running, 0))
+            seen = seen + 1 if running == stats.running else 1
+            self._held[url] = (stats.running, seen)
+            if seen >= CONFIRM:
+                c = stats.running
+        else:
+            self._held.pop(url, None)
+            if stats.waiting == 0 and stats.running >= c:
+                c = max(stats.running, c + 1)
+        self._learned[url] = max(1, min(self.ceiling, MAX_CAPACITY, c))

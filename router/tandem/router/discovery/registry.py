@@ -208,9 +208,18 @@ class EndpointRegistry:
             self._draining = True
         view.in_flight += 1
 
-    def end(self, endpoint: Endpoint) -> None:
+    def hand_over(self, endpoint: Endpoint) -> None:
+        """An upstream request to `endpoint` is about to end: its slot may be given away (`end`
+        must then say `handed_over`)."""
+        view = self._views.get(endpoint)
+        if view is not None and view.finishing < view.in_flight:
+            view.finishing += 1
+
+    def end(self, endpoint: Endpoint, *, handed_over: bool = False) -> None:
         """An upstream request to `endpoint` is over (response closed, whatever the outcome)."""
         view = self._views.get(endpoint)
+        if view is not None and handed_over and view.finishing > 0:
+            view.finishing -= 1
         if view is not None and view.in_flight > 0:
             view.in_flight -= 1
         if self._draining and view is not None and not view.in_flight:

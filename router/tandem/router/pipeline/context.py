@@ -130,6 +130,15 @@ class RequestContext:
     def response_end(self) -> None:
         self.response_complete = True
 
+    def expected_output(self) -> int | None:
+        """Output tokens the answer will have at most, when a stream of one choice names them
+        (`max_tokens` or `max_completion_tokens`); None otherwise (the handover needs it)."""
+        body = self.body
+        if not self.stream or body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+            return None
+        limit = body.get("max_tokens", body.get("max_completion_tokens"))
+        return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
     def keep_output(self, text: str) -> None:
         """The generated text, for the log line (only with `logPrompts`)."""
         self.output_text = text

@@ -5,6 +5,14 @@ Streams: every chunk goes through an `SSETap`; the tokens it counts are charged 
 the JSON `usage` is charged when the answer arrives. Errors (status >= 400) charge nothing more.
 Closing settles and releases the grant, which frees its decode capacity for the next request.
 
+**Handover.** A stream whose length is known (`expected` tokens: its `max_tokens`, one choice) is
+handed over when `handover_tokens` or fewer remain: `on_handover()` runs once, and the dispatcher and
+the admission gate give its slot to the next waiting request, which reaches the engine while this
+one finishes its last steps and starts in the step its slot frees. So the engine's batch stays full
+with no request of lookahead queued in it, and the next request is chosen by the fair queue as late
+as possible (a tenant arriving a moment before the handover is served first). An answer that ends
+sooner (end of sequence) frees its slot at the end as usual.
+
 Two optional hooks: `on_output(tokens)` is told every output token counted (the tenant's rate-limit
 token bucket), corrected upwards by the final usage; `on_text(text)` gets the answer's generated text
 once, when the response is over (the request log line, only with `logPrompts`).
@@ -30,8 +38,15 @@ class GrantMeter:
         strip_usage: bool,
         on_output: Callable[[int], None] | None = None,
         on_text: Callable[[str], None] | None = None,
+        expected: int | None = None,
+        handover_tokens: int = 0,
+        on_handover: Callable[[], None] | None = None,
     ) -> None:
         self._grant = grant
+        self._handover_at = (
+            max(1, expected - handover_tokens) if expected is not None and on_handover is not None else None
+        )
+        self._on_handover = on_handover
         self._tap = SSETap(strip_usage=strip_usage, collect_text=on_text is not None)
         self._on_output = on_output
         self._on_text = on_text
@@ -41,8 +56,13 @@ class GrantMeter:
 
     def stream_chunk(self, chunk: bytes, /) -> bytes:
         forward, tokens = self._tap.feed(chunk)
-        self._grant.charge_output(tokens)
+        grant = self._grant
+        grant.charge_output(tokens)
         self._tell_output(tokens)
+        if self._handover_at is not None and grant.completion_tokens >= self._handover_at:
+            self._handover_at = None
+            assert self._on_handover is not None
+            self._on_handover()
         return forward
 
     def stream_end(self) -> bytes:

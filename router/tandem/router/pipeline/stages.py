@@ -183,17 +183,26 @@ class Relay:
 
     output_charge: Callable[[str], Callable[[int], None] | None]
     log_prompts: bool
+    handover_tokens: int = 0  # 0: a slot frees only when its answer is over
     name: str = "relay"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
         attempt, grant = ctx.attempt, ctx.grant
         if attempt is None or grant is None:
             raise RuntimeError("relay before dispatch")
+
+        def hand_over() -> None:
+            attempt.hand_over()  # the endpoint's slot first: the gate's pump dispatches into it
+            grant.hand_over()
+
         meter = GrantMeter(
             grant,
             strip_usage=ctx.strip_usage,
             on_output=self.output_charge(ctx.tenant),
             on_text=ctx.keep_output if self.log_prompts else None,
+            expected=ctx.expected_output() if self.handover_tokens else None,
+            handover_tokens=self.handover_tokens,
+            on_handover=hand_over,
         )
         await relay(attempt, send=exchange.send, headers=_headers(ctx), meter=meter, progress=ctx)
 

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class Attempt:
     """An upstream exchange that holds one in-flight slot on its endpoint until `finish`."""
 
-    __slots__ = ("_dispatcher", "_finished", "_ticket", "endpoint", "reply")
+    __slots__ = ("_dispatcher", "_finished", "_handed_over", "_ticket", "endpoint", "reply")
 
     def __init__(self, reply: UpstreamReply, dispatcher: Dispatcher, ticket: object = None) -> None:
         self.reply = reply
@@ -45,6 +45,14 @@ class Attempt:
         self._dispatcher = dispatcher
         self._ticket = ticket
         self._finished = False
+        self._handed_over = False
+
+    def hand_over(self) -> None:
+        """The answer is a few tokens from its end: its slot on the endpoint may go to the next
+        request now (it is still open until `finish`); idempotent."""
+        if not self._finished and not self._handed_over:
+            self._handed_over = True
+            self._dispatcher.registry.hand_over(self.endpoint)
 
     def finish(self, error: UpstreamError | None = None) -> None:
         """Close the upstream response (back to the pool when it was read to its end) and free the
@@ -57,7 +65,7 @@ class Attempt:
         try:
             self.reply.close()
         finally:
-            self._dispatcher.registry.end(self.endpoint)
+            self._dispatcher.registry.end(self.endpoint, handed_over=self._handed_over)
             self._dispatcher.observer.finished(self._ticket)
             if error is not None:
                 self._dispatcher.note_failure(self.endpoint, error)
@@ -93,7 +101,7 @@ class Dispatcher:
         capacity = self.capacity
         if capacity is None:
             return candidates
-        roomy = [s for s in candidates if s.in_flight < capacity.limit(s)]
+        roomy = [s for s in candidates if s.occupied < capacity.limit(s)]
         return roomy or candidates
 
     def pick(self, pool: Pool, request: Routable, candidates: Sequence[EndpointSnapshot]) -> Endpoint:

@@ -83,7 +83,7 @@ class VTCQueue(Generic[T]):
         self.output_weight = output_weight
         self._tenant_weights = dict(tenant_weights or {})
         self.max_size = max_size
-        self._on_charge = on_charge
+        self.on_charge = on_charge  # told every charge (tenant, weighted service): shared counters
         self._counters: dict[str, float] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # tenants with a counter but no queue
         self._bands: dict[int, dict[str, deque[Ticket[T]]]] = {}
@@ -230,8 +230,8 @@ class VTCQueue(Generic[T]):
     def _charge(self, tenant: str, cost: float) -> None:
         service = cost / self.weight(tenant)
         self._counters[tenant] = self.counter(tenant) + service
-        if self._on_charge is not None:
-            self._on_charge(tenant, service)
+        if self.on_charge is not None:
+            self.on_charge(tenant, service)
 
     def _lift(self, tenant: str) -> None:
         others = [self.counter(t) for t in self.backlogged() if t != tenant]
