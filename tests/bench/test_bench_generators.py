@@ -177,3 +177,19 @@ def test_a_duration_bound_ends_the_flood_loop_too() -> None:
     assert cut.closed_loop == {"heavy": 10.0}
     assert all(r.offset_s < 10 for r in cut.requests)
     assert bounded(workload, requests=None, duration_s=None).closed_loop == {"heavy": 40.0}
+
+
+def test_flood_output_spread_draws_lengths_within_the_band_and_keeps_the_mean() -> None:
+    fixed = flood(FloodParams(duration=10, heavy_streams=4), seed=3)
+    assert {r.max_tokens for r in fixed.requests} == {64}
+    spread = flood(FloodParams(duration=10, heavy_streams=4, output_spread=0.5), seed=3)
+    lengths = [r.max_tokens for r in spread.requests]
+    assert min(lengths) >= 32 and max(lengths) <= 96 and len(set(lengths)) > 30
+    assert abs(sum(lengths) / len(lengths) - 64) < 2
+    assert [
+        r.max_tokens
+        for r in flood(FloodParams(duration=10, heavy_streams=4, output_spread=0.5), seed=3).requests
+    ] == lengths
+    # The light tenant's arrivals and prompts do not move with the spread.
+    light = [(r.offset_s, r.messages) for r in spread.requests if r.tenant == "light"]
+    assert light == [(r.offset_s, r.messages) for r in fixed.requests if r.tenant == "light"]

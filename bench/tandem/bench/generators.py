@@ -28,7 +28,9 @@ flood.
   are given. The heavy list is generated up front, `HEAVY_REQUESTS_PER_STREAM_S` requests per stream
   and second (48 streams × 40 s × 4 = 7,680 requests), so a stream runs dry only if its requests take
   under 1/4 engine second each (the run's notes say when the loop sent them all); `heavy_requests`
-  sets the count.
+  sets the count. `output_spread` s > 0 draws each request's output length uniformly from
+  [o·(1 − s), o·(1 + s)] (o its size): with equal lengths, batches that start together end together
+  and the engines free their slots in bursts; real outputs vary.
 
 Prompts of `burst`, `ramp` and `tenant-skew` share a system prompt of `shared_prefix_tokens` tokens
 (0: none) and then differ; all lengths are exact in Tandem's tokenizer.
@@ -271,6 +273,9 @@ class FloodParams(Params):
     heavy_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     light_prompt_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     light_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    output_spread: float = Field(
+        default=0.0, ge=0, lt=1, description="Each output length uniform in ±this fraction of its size."
+    )
     api: Api = "chat"
 
 
@@ -313,11 +318,14 @@ def flood(params: FloodParams, *, seed: int) -> Workload:
     requests: list[BenchRequest] = []
     for tenant, (offsets, prompt_tokens, output_tokens) in plan.items():
         text = random.Random(f"tandem-bench:{seed}:flood:text:{tenant}")
+        lengths = random.Random(f"tandem-bench:{seed}:flood:lengths:{tenant}")
         size = prompt_tokens or params.prompt_tokens
+        out = output_tokens or params.output_tokens
+        low, high = max(1, round(out * (1 - params.output_spread))), round(out * (1 + params.output_spread))
         requests += [
             make_request(
                 api=params.api, system=None, user=words(text, size), offset_s=offset, tenant=tenant,
-                max_tokens=output_tokens or params.output_tokens, group=tenant,
+                max_tokens=lengths.randint(low, high) if high > low else out, group=tenant,
             )
             for offset in offsets
         ]  # fmt: skip
