@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.core.tokenizer_files import write_byte_level, write_metaspace
 
 from tandem.core.blockhash import block_keys
-from tandem.core.modeltokens import ModelTokenizer, PromptEncoder, TandemTokenizer
+from tandem.core.modeltokens import ChatTemplateError, ModelTokenizer, PromptEncoder, TandemTokenizer
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
 from tandem.core.tokenizer_files import HFTokenizer, TokenizerFilesError, load_tokenizer
 from tandem.sim.protocol import prepare
@@ -147,9 +147,21 @@ def test_a_malformed_tokenizer_file_is_an_error_naming_it(tmp_path: Path) -> Non
         load_tokenizer(tmp_path)
 
 
-def test_a_tokenizer_without_a_chat_template_refuses_chats_by_name(tmp_path: Path) -> None:
+def test_a_chat_without_a_usable_template_is_counted_from_its_texts(tmp_path: Path) -> None:
+    """No template, or one that refuses the messages: the tokenizer says so by name, and the encoder
+    estimates from the message texts (the engine, not the gateway, refuses such a chat)."""
     write_byte_level(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({}), encoding="utf-8")
     tokenizer = load_tokenizer(tmp_path)
-    with pytest.raises(TokenizerFilesError, match="no chat template"):
-        tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        tokenizer.render_chat(messages)
+    encoder = PromptEncoder(tokenizer)
+    assert encoder.chat(messages).ids == tuple(tokenizer.encode("be brief\nhi there"))
+    assert encoder.template_failures == 1
+    strict = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}x"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": strict}), encoding="utf-8")
+    refusing = load_tokenizer(tmp_path)
+    with pytest.raises(ChatTemplateError, match="user first"):
+        refusing.render_chat(messages)
+    assert PromptEncoder(refusing).chat(messages).ids == tuple(refusing.encode("be brief\nhi there"))

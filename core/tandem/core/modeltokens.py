@@ -36,6 +36,11 @@ on its leading tokens. `Encoded.marks` records, after each segment, a *chain id*
 segment texts so far) and the token count; `PromptEncoder.block_keys` finds the longest mark whose
 keys it computed before (for that block size) and hashes only the blocks after it.
 
+A chat whose template cannot be rendered (the tokenizer has none, or the template refuses the
+messages with `raise_exception`) is counted from its message texts joined by newlines, an estimate:
+the gateway is not where such a request is refused; the engine answers it (vLLM: 400).
+`PromptEncoder.template_failures` counts them.
+
 Pure: no I/O (the Hugging Face tokenizer is handed in already loaded); one encoder per process, used
 from one thread (the event loop).
 """
@@ -73,7 +78,7 @@ Segment = tuple[str, bool]
 
 
 class ModelTokenizer(Protocol):
-    """A model's tokenizer as a gateway needs it. `name` says which (logs, `/metrics` info)."""
+    """A model's tokenizer as a gateway needs it. `name` says which (the start-up log line)."""
 
     @property
     def name(self) -> str: ...
@@ -101,6 +106,10 @@ class ModelTokenizer(Protocol):
         """The chat template applied to `messages` with the generation prompt, as the engine does
         for `/v1/chat/completions`."""
         ...
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot be applied to these messages (none, or it refused them)."""
 
 
 class TandemTokenizer:
@@ -141,6 +150,7 @@ class PromptEncoder:
         key_memo: int = DEFAULT_KEY_MEMO,
     ) -> None:
         self.tokenizer = tokenizer
+        self.template_failures = 0
         self._segments: OrderedDict[Segment, tuple[int, ...]] = OrderedDict()
         self._segment_limit = segment_memo
         self._char_limit = segment_chars
@@ -171,8 +181,14 @@ class PromptEncoder:
         return Encoded(tuple(ids), ())
 
     def chat(self, messages: Sequence[Mapping[str, Any]]) -> Encoded:
-        """A chat: the template rendered, then encoded (no completion prefix: templates carry it)."""
-        return self.text(self.tokenizer.render_chat(messages))
+        """A chat: the template rendered, then encoded (no completion prefix: templates carry it);
+        an estimate from the message texts when the template cannot be applied (module docstring)."""
+        try:
+            rendered = self.tokenizer.render_chat(messages)
+        except ChatTemplateError:
+            self.template_failures += 1
+            rendered = "\n".join(_plain(m.get("content")) for m in messages)
+        return self.text(rendered)
 
     def text(self, text: str, *, prefix: Sequence[int] = ()) -> Encoded:
         """`prefix` + the ids of `text`, segment by segment (module docstring)."""
@@ -253,3 +269,12 @@ class PromptEncoder:
         self.splits = True
         pieces = [self._segment_ids(s) for s in self.segments(text)]
         return [t for piece in pieces for t in piece] == self.tokenizer.encode(text)
+
+
+def _plain(content: object) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""

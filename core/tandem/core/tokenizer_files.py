@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tandem.core.modeltokens import ChatTemplateError
+
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -84,12 +86,18 @@ class HFTokenizer:
         return ids
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], /) -> str:
+        """Raises `ChatTemplateError` without a template, or when it refuses the messages."""
         if self._template is None:
-            raise TokenizerFilesError(f"{self.name}: the tokenizer has no chat template ({CONFIG_FILE})")
+            raise ChatTemplateError(f"{self.name}: the tokenizer has no chat template ({CONFIG_FILE})")
+        import jinja2
+
         prepared = [{**m, "content": _message_content(m.get("content"))} for m in messages]
-        rendered: str = self._template.render(
-            messages=prepared, add_generation_prompt=True, tools=None, documents=None, **self._specials
-        )
+        try:
+            rendered: str = self._template.render(
+                messages=prepared, add_generation_prompt=True, tools=None, documents=None, **self._specials
+            )
+        except (jinja2.exceptions.TemplateError, TypeError, ValueError) as exc:
+            raise ChatTemplateError(f"{self.name}: the chat template refused the messages: {exc}") from None
         return rendered
 
 
