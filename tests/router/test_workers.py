@@ -18,11 +18,20 @@ import httpx
 import yaml
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.router.harness import FakeClock
 from tests.router.processes import MODEL, router_process, sim_processes
 
+from tandem.router.admission.ratelimit import Limits, RateLimiter
 from tandem.router.workers.bus import WorkerBus
 from tandem.router.workers.exposition import label_worker, merge
-from tandem.router.workers.share import SERVICE, SharedService, apply_service
+from tandem.router.workers.share import (
+    LIMITS,
+    SERVICE,
+    SharedLimits,
+    SharedService,
+    apply_limits,
+    apply_service,
+)
 
 
 def test_labelling_adds_the_worker_to_every_sample_with_or_without_labels() -> None:
@@ -95,6 +104,30 @@ async def test_service_charged_on_one_worker_reaches_the_others_counters() -> No
                 break
             await asyncio.sleep(0.01)
         assert counters == {"heavy": 1000.0, "light": 5.0}
+    finally:
+        for bus in buses:
+            await bus.stop()
+
+
+async def test_a_tenants_rate_limit_holds_once_across_workers() -> None:
+    """Two workers, 3 requests a minute: what one takes, the other's buckets lose too, so the
+    tenant gets 3 requests from the pair, not 3 from each."""
+    key = f"test-lim-{os.getpid()}"
+    buses = [WorkerBus(key=key, index=i, count=2) for i in (0, 1)]
+    clock = FakeClock()
+    limiters = [RateLimiter(default=Limits(requests_per_minute=3), per_tenant={}, clock=clock) for _ in buses]
+    for bus, limiter in zip(buses, limiters, strict=True):
+        limiter.on_take = SharedLimits(bus, interval_s=0.001).took
+        bus.on(LIMITS, apply_limits(limiter.absorb))
+    await asyncio.gather(*(bus.start() for bus in buses))
+    try:
+        assert limiters[0].admit("t", prompt_tokens=lambda: 1) is None
+        assert limiters[0].admit("t", prompt_tokens=lambda: 1) is None
+        await asyncio.sleep(0.05)  # the bus delivers within milliseconds
+        assert limiters[1].admit("t", prompt_tokens=lambda: 1) is None
+        await asyncio.sleep(0.05)
+        refusals = [limiter.admit("t", prompt_tokens=lambda: 1) for limiter in limiters]
+        assert all(r is not None and r.kind == "requests" for r in refusals)
     finally:
         for bus in buses:
             await bus.stop()

@@ -53,9 +53,12 @@ from tandem.router.workers.bus import Bus, SoloBus, WorkerBus
 from tandem.router.workers.counters import SharedCounters
 from tandem.router.workers.counters import register as register_counters
 from tandem.router.workers.share import (
+    LIMITS,
     ROUTE,
     SERVICE,
+    SharedLimits,
     SharedService,
+    apply_limits,
     apply_routes,
     apply_service,
     share_routes,
@@ -167,6 +170,9 @@ def compose(
     access = build_access(
         router=config.spec.router, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
     )
+    if isinstance(bus, WorkerBus):  # one rate limit across the workers, not one per worker
+        access.limiter.on_take = SharedLimits(bus).took
+        bus.on(LIMITS, apply_limits(access.limiter.absorb))
     pipeline = generation_stages(
         identify=Identify(access.tenants, config.default_slo, access.priorities),
         parse=Parse(config.served_models, settings.access.max_request_bytes, config.log_prompts),

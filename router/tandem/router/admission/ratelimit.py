@@ -19,6 +19,10 @@ starts with full buckets, so it may burst one minute's allowance and is then hel
   (1 per second), bucket at 0.25 → a request needs 0.75 more → Retry-After 1 s; 6000 tokens per minute
   (100/s), bucket at -450 after a long answer, prompt 50 tokens → (50 + 450) / 100 = 5 s.
 
+Sibling workers (`tandem router --workers N`) share what they take: `on_take(tenant, requests,
+tokens)` is told every debit, and `absorb` debits what a sibling took, so the N processes hold a
+tenant to one limit between them (within the bus's few milliseconds), not N.
+
 Memory is bounded: tenants are kept in least-recently-used order; a tenant whose buckets are full
 again (idle for a minute or so) is indistinguishable from a new one and is dropped, and beyond
 `max_tenants` the least recently used are dropped even if not full (they restart with full buckets).
@@ -112,6 +116,7 @@ class RateLimiter:
     per_tenant: Mapping[str, Limits]
     clock: Callable[[], float]
     max_tenants: int = DEFAULT_MAX_TENANTS
+    on_take: Callable[[str, int, int], None] | None = None
     _tenants: OrderedDict[str, _Buckets] = field(default_factory=OrderedDict)
 
     def limits(self, tenant: str) -> Limits:
@@ -140,6 +145,8 @@ class RateLimiter:
             buckets.requests.take(1)
         if buckets.tokens is not None:
             buckets.tokens.take(tokens)
+        if self.on_take is not None:
+            self.on_take(tenant, 1, tokens)
         return None
 
     def charge(self, tenant: str, tokens: int) -> None:
@@ -148,6 +155,18 @@ class RateLimiter:
             return
         buckets = self._buckets(tenant)
         if buckets is not None and buckets.tokens is not None:
+            buckets.tokens.take(tokens)
+            if self.on_take is not None:
+                self.on_take(tenant, 0, tokens)
+
+    def absorb(self, tenant: str, requests: int, tokens: int) -> None:
+        """Debit what a sibling worker took for `tenant` (never refused; may leave debt)."""
+        buckets = self._buckets(tenant)
+        if buckets is None:
+            return
+        if buckets.requests is not None and requests > 0:
+            buckets.requests.take(requests)
+        if buckets.tokens is not None and tokens > 0:
             buckets.tokens.take(tokens)
 
     def _buckets(self, tenant: str) -> _Buckets | None:

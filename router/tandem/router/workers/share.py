@@ -8,6 +8,9 @@
   `interval_s` and sent at most that often; every sibling adds it to its counters, so each worker
   orders its waiting requests by what each tenant received from the whole gateway. (Capacity is
   split, not shared: each worker admits into its own share of the engines; docs/router.md.)
+- `"limits"` events: `{tenant: [requests, tokens]}`, what this worker took from the tenant's rate-limit
+  buckets, summed and sent like the service; every sibling debits its own buckets, so N workers hold
+  a tenant to its limit once, not N times.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tandem.router.workers.bus import Bus
 
 ROUTE = "route"
 SERVICE = "service"
+LIMITS = "limits"
 #: Seconds over which a worker's charges are summed before they are sent.
 SERVICE_INTERVAL_S = 0.005
 
@@ -45,6 +49,41 @@ class SharedService:
         pending, self._pending = self._pending, {}
         if pending:
             self._bus.publish(SERVICE, pending)
+
+
+class SharedLimits:
+    """Batches what this worker took from rate-limit buckets for its siblings (module docstring)."""
+
+    def __init__(self, bus: Bus, *, interval_s: float = SERVICE_INTERVAL_S) -> None:
+        self._bus = bus
+        self._interval = interval_s
+        self._pending: dict[str, list[int]] = {}
+        self._scheduled = False
+
+    def took(self, tenant: str, requests: int, tokens: int) -> None:
+        """The `on_take` hook of this worker's rate limiter."""
+        pending = self._pending.setdefault(tenant, [0, 0])
+        pending[0] += requests
+        pending[1] += tokens
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_later(self._interval, self._send)
+
+    def _send(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, {}
+        if pending:
+            self._bus.publish(LIMITS, pending)
+
+
+def apply_limits(absorb: Callable[[str, int, int], None]) -> Callable[[Any], None]:
+    """A sibling's `"limits"` event into this worker's buckets (`RateLimiter.absorb`)."""
+
+    def apply(payload: Any) -> None:
+        for tenant, (requests, tokens) in payload.items():
+            absorb(str(tenant), int(requests), int(tokens))
+
+    return apply
 
 
 def share_routes(bus: Bus) -> Callable[[str, Sequence[int]], None]:
