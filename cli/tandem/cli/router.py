@@ -2,7 +2,8 @@
 
 The config file is a `tandem.core.routerconfig.RouterConfig` in YAML or JSON (what the operator puts
 in a ConfigMap and `tandem up` writes). An invalid file ends with one line naming the field and
-exit code 2; so does a configuration this build cannot serve (e.g. kubernetes discovery for now).
+exit code 2; so does a configuration this build cannot serve (e.g. `--shared-counters redis`
+without a KV pool, or a `tokenizerPath` without the model's tokenizer files).
 """
 
 from __future__ import annotations

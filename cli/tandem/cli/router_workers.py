@@ -9,8 +9,8 @@ their addresses: a shared accept queue instead let one worker take every connect
 opens a few keep-alive connections at once (measured: all 500 requests of 8 connections on one of 2).
 
 The parent supervises: a worker that dies is started again (after 1 s, then backing off to 30 s if
-it keeps dying); a worker that exits with the configuration-error code (2) before it ever served
-stops the whole run with that code, since its siblings would fail the same way. SIGTERM or SIGINT to
+it keeps dying); a worker that exits with the configuration-error code (2) stops the whole run with
+that code, since its siblings would fail the same way. SIGTERM or SIGINT to
 the parent stops every worker (SIGTERM, then SIGKILL after the grace period) and exits 0.
 """
 

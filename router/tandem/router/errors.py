@@ -7,11 +7,11 @@ in a single exception handler (`status` is the HTTP status, `param` the offendin
     │   └── RequestTooLarge       413  the body is larger than the router accepts
     ├── Unauthenticated           401  auth is on and the API key is missing or unknown
     ├── Forbidden                 403  a priority above the tenant's band
-    ├── Overloaded                429  not admitted: queue full, queue deadline passed, SLO out of reach
+    ├── Overloaded                429  not admitted: queue full or pushed out, own deadline out of reach
     │   └── RateLimited           429  the tenant's requests- or tokens-per-minute limit
     ├── NoEndpointAvailable       503  no endpoint in rotation, or every attempt failed
     ├── ClientDisconnected        499  the client left before the response started (never sent)
-    ├── UpstreamError             502  an engine failed (translated from httpx in `proxy`)
+    ├── UpstreamError             502  an engine failed (translated from aiohttp in `upstream.client`)
     │   ├── UpstreamConnectError       could not connect
     │   ├── UpstreamTimeout            connect/read/pool timeout
     │   ├── UpstreamBroken             connection broke while reading (engine died mid-response)

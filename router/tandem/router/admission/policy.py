@@ -11,10 +11,11 @@ gate admits while the router's admitted requests are fewer than the decode pool'
 
     capacity = Σ over decode endpoints in rotation of
                limit                   if the engine's own metrics do not say saturated
-               min(limit, in_flight)   if they do (it keeps what it runs, takes nothing new)
+               min(limit, occupied)    if they do (it keeps what it runs, takes nothing new)
 
-Example: 4 endpoints with `--max-num-seqs 4` (limit 5 each: one request of lookahead) → capacity 20;
-the 21st concurrent request waits in the router's queue, where VTC orders it.
+Example: 4 endpoints with `--max-num-seqs 8` (limit 9 each: one request of lookahead) → capacity 36;
+the 37th concurrent request waits in the router's queue, where VTC orders it. (A stream handed over
+near its end no longer counts: `in_flight` here is the endpoint's `occupied`.)
 
 **Deadline.** A request's own deadline is the TTFT objective its client sent (`x-slo-ttft-ms`); the
 spec's default objective (`spec.router.slo`) steers routing and measures attainment but is nobody's
@@ -82,9 +83,9 @@ def load_from_snapshot(snapshot: EndpointSnapshot, *, limit: int) -> EndpointLoa
     reading, the engine's waiting requests and KV usage (a stale or missing reading is unknown)."""
     stats = snapshot.engine.fresh if snapshot.engine is not None else None
     if stats is None:
-        return EndpointLoad(in_flight=snapshot.in_flight, limit=limit)
+        return EndpointLoad(in_flight=snapshot.occupied, limit=limit)
     return EndpointLoad(
-        in_flight=snapshot.in_flight, limit=limit, waiting=stats.waiting, kv_usage=stats.kv_usage
+        in_flight=snapshot.occupied, limit=limit, waiting=stats.waiting, kv_usage=stats.kv_usage
     )
 
 

@@ -19,8 +19,8 @@ above the band is refused with 403, as is any value other than the band when low
 allowed. The tenant is the API key's when auth is on, so a key decides the band; with auth off the
 tenant header names the tenant, and the band is only as trustworthy as that header (docs/security.md).
 Example: tenant `batch` with priority −2 sends `x-priority: -5` → band −5; `x-priority: 0` → 403.
-The tenant comes from a `TenantResolver`: `HeaderTenant` now; when authentication arrives, a resolver
-that maps the API key to its tenant plugs in at the same seam (`Runtime.tenants`).
+The tenant comes from a `TenantResolver`: `HeaderTenant` with auth off, `KeyAuth`
+(`tandem.router.identity.auth.gate`: the API key's tenant) with auth on.
 """
 
 from __future__ import annotations

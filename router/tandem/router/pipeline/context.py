@@ -7,8 +7,9 @@ tickets of its attempts live here, so a client that reuses an `x-request-id` can
 request look like another.
 
 The prompt's tokens are computed on first use (`prompt_tokens()`), by the model's tokenizer through
-the process's `PromptEncoder`; block keys per block size likewise (`block_keys(size)`). A request that
-no stage asks about (round robin, no queue, no P/D decision) is never tokenized.
+the process's `PromptEncoder`; block keys per block size likewise (`block_keys(size)`), only when a
+policy, the P/D decision or KV events ask. (Every dispatched request is counted: the fair queue
+charges its prompt and the TTFT model learns from it; shared prefixes make that a memo hit.)
 
 Scheduling, admission and P/D read the context through small Protocols of their own (`Routable`,
 `Admittable`, `PDRequest`), so none of them imports this module; it holds their handles (the
