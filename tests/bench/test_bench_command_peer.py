@@ -37,6 +37,8 @@ NO_PREFILL = Wiring(port=9000, metrics_port=9001, model="qwen", decode=("http://
          ("r", "--listen=127.0.0.1:9000", "--metrics", "9001")),
         ("r --static-backends {decode_urls} --static-models {model}", WIRING,
          ("r", "--static-backends", f"{WIRING.decode[0]},{WIRING.decode[1]}", "--static-models", "qwen")),
+        ("r --static-backends {decode_urls} --static-models {decode_models}", WIRING,
+         ("r", "--static-backends", ",".join(WIRING.decode), "--static-models", "qwen,qwen")),
         ("r --workers {decode_urls_space} --end", WIRING,
          ("r", "--workers", "http://127.0.0.1:8101", "http://127.0.0.1:8102", "--end")),
         ("r '--workers={decode_urls_space}'", WIRING, ("r", "--workers=http://127.0.0.1:8101 http://127.0.0.1:8102")),

@@ -9,6 +9,7 @@ in every argument is replaced by what the harness planned:
 | `{port}` | the port the router must listen on (on `{host}`) |
 | `{metrics_port}` | another free port, for a metrics listener if the router wants one |
 | `{model}` | the served model name |
+| `{decode_models}` | the model name once per decode engine, comma-separated (a model per URL) |
 | `{decode_urls}` | the decode engines' base URLs, comma-separated (`http://127.0.0.1:8101,http://...`) |
 | `{decode_urls_space}` | the same, space-separated; as a whole argument, one argument per URL |
 | `{prefill_urls}`, `{prefill_urls_space}` | the prefill engines' (`--pd`; empty without) |
@@ -29,7 +30,9 @@ from dataclasses import dataclass
 LOOPBACK = "127.0.0.1"
 #: Placeholders that stand for several URLs; as a whole argument they become one argument each.
 LISTS = ("decode_urls_space", "prefill_urls_space")
-PLACEHOLDERS = ("host", "port", "metrics_port", "model", "decode_urls", "prefill_urls", *LISTS)
+PLACEHOLDERS = (
+    "host", "port", "metrics_port", "model", "decode_models", "decode_urls", "prefill_urls", *LISTS,
+)  # fmt: skip
 #: A target label given by the user (`--peer-command NAME=...`, `--variant NAME=...`).
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -62,7 +65,8 @@ class Wiring:
         """Each placeholder's text inside a longer argument."""
         return {
             "host": LOOPBACK, "port": str(self.port), "metrics_port": str(self.metrics_port),
-            "model": self.model, "decode_urls": ",".join(self.decode), "prefill_urls": ",".join(self.prefill),
+            "model": self.model, "decode_models": ",".join([self.model] * len(self.decode)),
+            "decode_urls": ",".join(self.decode), "prefill_urls": ",".join(self.prefill),
             "decode_urls_space": " ".join(self.decode), "prefill_urls_space": " ".join(self.prefill),
         }  # fmt: skip
 
