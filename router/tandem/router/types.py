@@ -151,6 +151,9 @@ class RequestView:
     def prompt_length(self) -> int:
         return len(self.prompt_token_ids)
 
+    def prompt_size(self) -> int:
+        return len(self.prompt_token_ids)
+
     def block_keys(self, block_size: int) -> Sequence[int]:
         keys = self._keys.get(block_size)
         if keys is None:

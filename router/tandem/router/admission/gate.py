@@ -242,7 +242,7 @@ class AdmissionGate:
         )
         try:
             waiter.ticket = self.queue.push(
-                waiter, tenant=tenant, prompt_tokens=request.prompt_length(), priority=priority
+                waiter, tenant=tenant, prompt_tokens=request.prompt_size(), priority=priority
             )
         except QueueFull:
             raise self._overloaded("queue_full", ahead=len(self.queue), queued=len(self.queue)) from None
@@ -286,7 +286,7 @@ class AdmissionGate:
 
     def _grant(self, waiter: Waiter, *, now: float) -> None:
         request = waiter.request
-        prompt_tokens = request.prompt_length()
+        prompt_tokens = request.prompt_size()
         self.admitted += 1
         self._metrics.served(request.tenant, prompt=prompt_tokens)
         self._metrics.waited(now - waiter.arrived, outcome="dispatched")
@@ -295,7 +295,7 @@ class AdmissionGate:
         waiter.future.set_result(grant)
 
     def _pass_through(self, request: Admittable, *, now: float) -> Grant:
-        prompt_tokens = request.prompt_length()
+        prompt_tokens = request.prompt_size()
         self.queue.pass_through(tenant=request.tenant, prompt_tokens=prompt_tokens)
         self.admitted += 1
         self._metrics.served(request.tenant, prompt=prompt_tokens)

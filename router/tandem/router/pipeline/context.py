@@ -19,7 +19,7 @@ Scheduling, admission and P/D read the context through small Protocols of their 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,7 @@ class RequestContext:
     #: Run when the request is over, whatever happened, last added first (grants, attempts).
     cleanups: list[Callable[[], object]] = field(default_factory=list)
     _encoded: Encoded | None = None
+    _estimate: int | None = None
     _keys: dict[int, Sequence[int]] = field(default_factory=dict)
 
     # -- the prompt ---------------------------------------------------------------------------
@@ -97,6 +98,17 @@ class RequestContext:
 
     def prompt_length(self) -> int:
         return len(self.encoded().ids)
+
+    def prompt_size(self) -> int:
+        """The prompt's tokens when they were counted, else an estimate from its characters
+        (`estimate_tokens`): the fair queue's charge at dispatch and the TTFT model of a policy that
+        never reads the prompt take it, and the engine's usage corrects the charge at the end, so a
+        round-robin gateway never tokenizes."""
+        if self._encoded is not None:
+            return len(self._encoded.ids)
+        if self._estimate is None:
+            self._estimate = estimate_tokens(self.body)
+        return self._estimate
 
     def block_keys(self, block_size: int) -> Sequence[int]:
         """`tandem.core.blockhash.block_keys` of the prompt in blocks of `block_size`, once."""
@@ -175,3 +187,35 @@ class RequestContext:
 
 def _round(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 4)
+
+
+#: Characters per token of the estimate: Tandem's tokenizer reads about 2.5-3 per token of English,
+#: byte-level BPE vocabularies about 4; erring low keeps a charge from being too small.
+CHARS_PER_TOKEN = 3
+
+
+def estimate_tokens(body: Mapping[str, Any]) -> int:
+    """Tokens of a request's prompt estimated from its characters: `prompt` (a string, or a list of
+    strings or of token ids) or the text of every chat message, ÷ `CHARS_PER_TOKEN`, at least 1.
+    Example: a 3,000-character chat → 1,000."""
+    prompt = body.get("prompt")
+    chars = 0
+    if isinstance(prompt, str):
+        chars = len(prompt)
+    elif isinstance(prompt, list):
+        for item in prompt:
+            if isinstance(item, str):
+                chars += len(item)
+            elif isinstance(item, int):
+                chars += CHARS_PER_TOKEN  # a token id
+            elif isinstance(item, list):
+                chars += CHARS_PER_TOKEN * len(item)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                chars += sum(len(p.get("text") or "") for p in content if isinstance(p, Mapping))
+    return max(1, chars // CHARS_PER_TOKEN)

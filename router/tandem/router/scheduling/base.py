@@ -30,6 +30,11 @@ class Routable(Protocol):
 
     def prompt_length(self) -> int: ...
 
+    def prompt_size(self) -> int:
+        """The prompt's tokens if known, else a cheap estimate (for charges the engine's usage
+        corrects later, and for policies that never need the exact count)."""
+        ...
+
     def block_keys(self, block_size: int, /) -> Sequence[int]: ...
 
 

@@ -193,7 +193,7 @@ class SchedulingState:
     # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
 
     def started(self, endpoint: Endpoint, request: Routable, /) -> object:
-        n, url = request.prompt_length(), endpoint.url
+        n, url = (request.prompt_length() if self.track_prefixes else request.prompt_size()), endpoint.url
         kv_loaded = self.profile_for(endpoint.pool, request) == KV_LOADED
         matched = min(n, self._match([url], request).get(url, 0)) if n and self.track_prefixes else 0
         uncached = _uncached(n, matched, kv_loaded=kv_loaded)
