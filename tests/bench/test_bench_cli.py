@@ -65,6 +65,17 @@ def endpoint() -> Iterator[str]:
         (["--direct", "--isolation"], "--isolation needs a workload with a heavy_tenant and a light_tenant"),
         (["--direct", "--workload", "burst", "--isolation"], "(flood, two-tenant); burst has none"),
         (["--direct", "--workload", "flood", "--isolation", "--overhead-sweep", "1"], "are separate modes"),
+        (["--policy", "tandem", "--gateway-replicas", "0"],
+         "--gateway-replicas '0': expected a whole number from 1 to 64"),
+        (["--policy", "tandem", "--gateway-replicas", "two"], "--gateway-replicas 'two': expected a whole"),
+        (["--policy", "tandem", "--gateway-replicas", "65"], "--gateway-replicas '65': expected a whole"),
+        (["--policy", "tandem", "--gateway-replicas", "-1"], "--gateway-replicas '-1': expected a whole"),
+        (["--url", "http://127.0.0.1:9/v1", "--gateway-replicas", "2"],
+         "--gateway-replicas starts Tandem's gateway N times, in harness mode: give --policy or --variant"),
+        (["--policy", "tandem", "--overhead-sweep", "1", "--gateway-replicas", "2"],
+         "the sweep measures one gateway process"),
+        (["--direct", "--peer", "vllm-router:round_robin", "--gateway-replicas", "2"],
+         "--gateway-replicas 2 runs Tandem's gateway as replicas: give --policy or --variant"),
     ],
 )  # fmt: skip
 def test_bad_flags_end_with_one_line_and_exit_code_2(args: list[str], message: str | None) -> None:

@@ -88,7 +88,12 @@ def test_a_peer_command_keeps_its_name_template_and_arguments() -> None:
     assert placeholders(peer.argv) == ["port"]
     target = parse_targets(policies=[], peers=[], commands=["pstack=vllm-router --port {port}"], direct=False)
     assert [(t.kind, t.label) for t in target] == [("command", "pstack")]
-    assert target[0].describe() == {"kind": "command", "policy": None, "command": "vllm-router --port {port}"}
+    assert target[0].describe() == {
+        "kind": "command",
+        "policy": None,
+        "command": "vllm-router --port {port}",
+        "replicas": 1,
+    }
 
 
 @pytest.mark.parametrize(

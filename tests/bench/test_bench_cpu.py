@@ -1,5 +1,5 @@
-"""A process tree's CPU time: parsing /proc/<pid>/stat, summing a subtree, the per-1,000 figure, and
-reading the real /proc.
+"""A process tree's CPU time: parsing /proc/<pid>/stat, summing a subtree (and several, for gateway
+replicas), the per-1,000 figure, and reading the real /proc.
 
 Real: `tandem.bench.cpu`'s pure functions on hand-written stat lines and tables; /proc of this
 machine for this test process and for a child Python that starts a busy grandchild (both stopped by
@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 
-from tandem.bench.cpu import cpu_per_1000, parse_stat, read_table, subtree_ticks, tree_cpu_seconds
+from tandem.bench.cpu import (
+    cpu_per_1000,
+    forest_ticks,
+    parse_stat,
+    read_table,
+    subtree_ticks,
+    tree_cpu_seconds,
+    trees_cpu_seconds,
+)
 
 STAT_TAIL = "S 7 42 42 0 -1 4194304 100 0 0 0 5 3 1 1 20 0 1 0 82240 3133440 359"
 
@@ -64,6 +72,22 @@ def test_a_subtree_sums_the_root_and_every_descendant_and_nothing_else(
 
 
 @pytest.mark.parametrize(
+    ("roots", "expected"),
+    [
+        ((10, 13), (7 + 2 + 4) + 150),
+        ((10, 11), 7 + 2 + 4),
+        ((1, 13), 168),
+        ((10, 99), None),
+        ((), None),
+    ],
+)
+def test_the_replicas_of_a_gateway_sum_their_trees_counting_each_process_once(
+    roots: tuple[int, ...], expected: int | None
+) -> None:
+    assert forest_ticks(TABLE, roots) == expected
+
+
+@pytest.mark.parametrize(
     ("before", "after", "requests", "expected"),
     [
         (12.30, 13.05, 500, {"cpu_s": 0.75, "requests_sent": 500, "cpu_s_per_1000": 1.5}),
@@ -88,6 +112,8 @@ def test_this_process_has_used_some_cpu_and_a_missing_one_none(tmp_path: Path) -
     assert mine is not None and mine > 0, "importing pytest alone takes more than a 10 ms tick"
     assert os.getpid() in read_table()
     assert tree_cpu_seconds(os.getpid(), proc=tmp_path) is None, "no /proc there"
+    both = trees_cpu_seconds((os.getpid(), os.getppid()))
+    assert both is not None and both >= mine, "this process and its parent's tree, which holds it"
 
 
 # The child waits on a grandchild that spins until the file named in argv[1] exists.

@@ -200,3 +200,42 @@ async def test_a_closed_loop_keeps_its_slots_busy_until_its_end_and_drops_what_i
     assert all(sum(s <= t < e for s, e in spans) <= 2 for t, _ in spans), "never more than 2 open"
     (light,) = [r for r in result.records if r.tenant == "light"]
     assert light.ok and light.arrival_s == 0.05, "open-loop tenants keep their offsets"
+
+
+@pytest.fixture
+def fake_pair() -> Iterator[tuple[tuple[str, FakeState], tuple[str, FakeState]]]:
+    first, second = FakeState(), FakeState()
+    with run_uvicorn(create_app(first)) as one, run_uvicorn(create_app(second)) as two:
+        yield (one, first), (two, second)
+
+
+@pytest.mark.parametrize(
+    ("urls", "indices", "expected"),
+    [
+        ((), [0, 1, 5], ["a", "a", "a"]),
+        (("r0", "r1"), [0, 1, 2, 3, 4], ["r0", "r1", "r0", "r1", "r0"]),
+        (("r0", "r1", "r2"), [0, 2, 3, 7], ["r0", "r2", "r0", "r1"]),
+    ],
+)
+def test_request_i_goes_to_replica_i_mod_n_and_one_url_is_the_only_one(
+    urls: tuple[str, ...], indices: list[int], expected: list[str]
+) -> None:
+    spread = DriverSettings(base_url="a", model="qwen", base_urls=urls)
+    assert [spread.url_for(i) for i in indices] == expected
+
+
+async def test_several_base_urls_share_the_workload_by_index_so_every_tenant_reaches_every_replica(
+    fake_pair: tuple[tuple[str, FakeState], tuple[str, FakeState]],
+) -> None:
+    (one, first), (two, second) = fake_pair
+    tenants = ["heavy", "heavy", "light", "heavy", "light", "light"]
+    workload = Workload("w", tuple(chat(f"m{i}", tenant=t) for i, t in enumerate(tenants)))
+    result = await drive(workload, settings(one, base_urls=(f"{one}/v1", f"{two}/v1")))
+    assert all(r.ok for r in result.records)
+    got = [
+        sorted((h["x-request-id"], h["x-tenant-id"]) for _, h in state.received) for state in (first, second)
+    ]
+    assert got == [
+        [("bench-t-0", "heavy"), ("bench-t-2", "light"), ("bench-t-4", "light")],
+        [("bench-t-1", "heavy"), ("bench-t-3", "heavy"), ("bench-t-5", "light")],
+    ]

@@ -146,7 +146,12 @@ def test_a_command_peer_runs_in_front_of_the_same_engines_with_its_placeholders_
     doc, table = run_bench(tmp_path, "--peer-command", command, "--direct")
     assert [r["label"] for r in doc["runs"]] == ["fwd", "direct"]
     run = doc["runs"][0]
-    assert run["target"] == {"kind": "command", "policy": None, "command": command.partition("=")[2]}
+    assert run["target"] == {
+        "kind": "command",
+        "policy": None,
+        "command": command.partition("=")[2],
+        "replicas": 1,
+    }
     assert run["requests"]["ok"] == 6 and run["requests"]["errors"] == 0, run["requests"]
     assert list(run["load"]["requests_per_engine"].values()) == [3, 3], "both engines, in turn"
     assert sorted(c["name"] for c in run["children"]) == ["decode-0", "decode-1", "peer-fwd", "redis"]
@@ -243,5 +248,50 @@ def test_a_variants_own_arguments_reach_its_gateway_and_no_other(tmp_path: Path)
     assert good["label"] == "round-robin" and good["requests"]["ok"] == 6, (
         "the policy's gateway has no such flag"
     )
-    assert bad["target"] == {"kind": "tandem", "policy": "round-robin", "router_args": ["--fairness=nope"]}
+    assert bad["target"] == {
+        "kind": "tandem",
+        "policy": "round-robin",
+        "router_args": ["--fairness=nope"],
+        "replicas": 1,
+    }
     assert bad["requests"]["total"] == 0 and "router exited with code 2 while starting" in bad["notes"][0]
+
+
+def test_gateway_replicas_share_the_flood_and_their_fair_queue_counters_while_direct_runs_once(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(cli, [
+        "bench", "--policy", "tandem", "--direct", "--gateway-replicas", "2",
+        "--router-arg=--counter-sync-interval=0.02", *FLOOD, "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["settings"]["gateway_replicas"] == {"tandem": 2}
+    tandem = [r for r in (*doc["isolation"]["alone_runs"], *doc["runs"]) if r["label"] == "tandem"]
+    assert [r["phase"] for r in tandem] == ["alone", "flood"], "isolation: both phases through the replicas"
+    for run in tandem:
+        assert run["target"] == {"kind": "tandem", "policy": "tandem", "replicas": 2}
+        routers = sorted(c["name"] for c in run["children"] if c["role"] == "router")
+        assert routers == ["router-0", "router-1"]
+        first, second = run["gateway_replicas"]
+        assert first["url"] != second["url"]
+        assert first["requests"] > 0 and second["requests"] > 0, "the spread reached both replicas"
+        assert first["requests"] + second["requests"] == run["requests"]["sent"]
+        assert first["counter_syncs_ok"] > 0 and second["counter_syncs_ok"] > 0, "they shared counters"
+        assert run["gateway"]["cpu_s_per_1000"] is not None and run["gateway"]["cpu_s"] >= 0
+        assert_stopped(run)
+    flood = tandem[1]
+    logs = tmp_path / "runs" / "flood" / "tandem" / "logs"
+    for index, name in enumerate(("router-0.log", "router-1.log")):
+        lines = [json.loads(x) for x in (logs / name).read_text().splitlines() if x.startswith("{")]
+        served = [(e["request_id"], e["tenant"]) for e in lines if e["msg"] == "request" and "tenant" in e]
+        numbers = {int(request_id.removeprefix("bench-tandem-")) for request_id, _ in served}
+        assert numbers and {i % 2 for i in numbers} == {index}, f"{name}: request i goes to replica i mod 2"
+        assert {tenant for _, tenant in served} == {"heavy", "light"}, f"{name}: both tenants reached it"
+    assert flood["requests"]["sent"] == sum(r["requests"] for r in flood["gateway_replicas"])
+    (direct,) = [r for r in doc["runs"] if r["label"] == "direct"]
+    assert direct["target"] == {"kind": "direct", "policy": None} and direct["gateway_replicas"] == []
+    assert not [c for c in direct["children"] if c["role"] == "router"], "direct has no gateway"
+    assert "- gateway replicas: tandem: 2 replicas" in result.stdout
+    assert re.search(r"\| requests per gateway replica \| \d+ / \d+ \| – \|", result.stdout)
+    assert re.search(r"\| gateway replicas \| 2 \| – \|", result.stdout)

@@ -1,5 +1,5 @@
 """Harness targets from the command line: Tandem variants (`--variant NAME=POLICY ARG...`) beside
-policies, peers and command peers.
+policies, peers and command peers, and gateway replicas (`--gateway-replicas`) for Tandem's only.
 
 Real: the pure parser of `tandem.bench.targets`. Nothing is faked; nothing is started (the harness
 test starts a variant's gateway).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.bench.targets import Target, TargetError, parse_targets, parse_variant
+from tandem.bench.targets import Target, TargetError, parse_targets, parse_variant, with_gateway_replicas
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_a_variant_is_a_policy_with_gateway_arguments_of_its_own(
     name = value.partition("=")[0]
     assert target == Target("tandem", policy, name=name, router_args=args)
     assert target.label == name
-    assert target.describe() == {"kind": "tandem", "policy": policy, "router_args": list(args)}
+    assert target.describe() == {"kind": "tandem", "policy": policy, "router_args": list(args), "replicas": 1}
 
 
 @pytest.mark.parametrize(
@@ -58,4 +58,21 @@ def test_variants_come_after_the_policies_and_the_same_variant_twice_is_one_targ
         peers=["vllm-router:round_robin"], commands=["a=r {port}"], direct=True,
     )  # fmt: skip
     assert [t.label for t in targets] == ["tandem", "fcfs", "vllm-router:round_robin", "a", "direct"]
-    assert targets[0].router_args == () and targets[0].describe() == {"kind": "tandem", "policy": "tandem"}
+    assert targets[0].router_args == ()
+    assert targets[0].describe() == {"kind": "tandem", "policy": "tandem", "replicas": 1}
+
+
+def test_gateway_replicas_apply_to_tandem_targets_only_and_are_recorded_in_their_description() -> None:
+    targets = parse_targets(
+        policies=["tandem"], variants=["fcfs=tandem --fairness=fcfs"], peers=["vllm-router:round_robin"],
+        commands=["a=r {port}"], direct=True,
+    )  # fmt: skip
+    replicated = with_gateway_replicas(targets, 2)
+    assert [(t.label, t.replicas) for t in replicated] == [
+        ("tandem", 2), ("fcfs", 2), ("vllm-router:round_robin", 1), ("a", 1), ("direct", 1),
+    ]  # fmt: skip
+    assert [t.describe().get("replicas") for t in replicated] == [2, 2, 1, 1, None], "direct has no gateway"
+    assert replicated[1].describe() == {
+        "kind": "tandem", "policy": "tandem", "router_args": ["--fairness=fcfs"], "replicas": 2,
+    }  # fmt: skip
+    assert with_gateway_replicas(targets, 1) == targets

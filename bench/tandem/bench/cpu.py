@@ -8,13 +8,17 @@ fields 16 and 17), so a worker that ends between two readings still counts and t
 two readings never shrinks because of it. Ticks become seconds ÷ `os.sysconf("SC_CLK_TCK")` (100
 on Linux: a tick is 10 ms, the resolution of every figure here).
 
-`subtree_ticks`, `parse_stat` and `cpu_per_1000` are pure; `tree_cpu_seconds` reads /proc.
+Several trees (the replicas of one gateway, `--gateway-replicas`) are summed, each process once
+(`forest_ticks`).
+
+`subtree_ticks`, `forest_ticks`, `parse_stat` and `cpu_per_1000` are pure; `tree_cpu_seconds` and
+`trees_cpu_seconds` read /proc.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +55,23 @@ def subtree_ticks(table: ProcTable, root: int) -> int | None:
     Example: {1: (0, 5), 10: (1, 7), 11: (10, 2), 12: (1, 100)} with root 10 → 7 + 2 = 9.
     A cycle in the parent links (impossible in /proc, possible in a bad table) is visited once.
     """
-    if root not in table:
+    return forest_ticks(table, (root,))
+
+
+def forest_ticks(table: ProcTable, roots: Sequence[int]) -> int | None:
+    """Ticks of every root and every process below any of them, each process counted once (pure);
+    None when a root is absent (a gateway replica that is gone: its time can no longer be read).
+
+    Example: the table above with roots 10 and 12 → 7 + 2 + 100 = 109; roots 1 and 10 → 114, the
+    processes under 10 being under 1 as well.
+    """
+    if not roots or any(root not in table for root in roots):
         return None
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
     seen: set[int] = set()
-    stack = [root]
+    stack = list(roots)
     total = 0
     while stack:
         pid = stack.pop()
@@ -90,7 +104,13 @@ def read_table(proc: Path = PROC) -> dict[int, tuple[int, int]]:
 def tree_cpu_seconds(pid: int, *, proc: Path = PROC) -> float | None:
     """CPU seconds (user + system) used so far by `pid` and all its descendants; None when `pid` is
     not running or there is no /proc (not Linux)."""
-    ticks = subtree_ticks(read_table(proc), pid)
+    return trees_cpu_seconds((pid,), proc=proc)
+
+
+def trees_cpu_seconds(pids: Sequence[int], *, proc: Path = PROC) -> float | None:
+    """CPU seconds used so far by the process trees of `pids` together (the replicas of one gateway),
+    from one reading of /proc; None when one of them is not running, or there is no /proc."""
+    ticks = forest_ticks(read_table(proc), pids)
     if ticks is None:
         return None
     return ticks / os.sysconf("SC_CLK_TCK")

@@ -9,9 +9,12 @@ Contract of `drive(workload, settings)`:
   its requests as its slots free: a request arrives when it is sent (its `arrival_s` is its send
   time, so its queue time is 0), and none is sent at or after the loop's end. Requests it never
   sent are left out of the records and counted in `DriveResult.unissued`.
-- **Requests.** `POST {base_url}/chat/completions` (workload messages) or `/completions` (prompt)
+- **Requests.** `POST {base}/chat/completions` (workload messages) or `/completions` (prompt)
   with `stream: true`, `stream_options.include_usage: true`, `max_tokens` and `ignore_eos: true` (so
   output lengths are exact), the tenant in `tenant_header` and `x-request-id: bench-<label>-<i>`.
+  `{base}` is `base_url`, or with several `base_urls` (gateway replicas) `base_urls[i mod N]`, i the
+  request's index in the workload: both tenants of a workload reach every replica, as a Kubernetes
+  Service spreads a client's connections over the replicas behind it.
 - **Records.** One `RequestRecord` per workload item (but closed-loop requests never sent), in
   workload order, whatever happened: wall seconds since the run start for arrival, send, every
   content chunk (the first is the first token) and end; token counts from the final `usage` chunk;
@@ -45,9 +48,11 @@ _ERROR_BODY_CHARS = 300
 
 @dataclass(frozen=True)
 class DriverSettings:
-    """Where and how to send. `base_url` ends in `/v1`; `time_scale` is engine seconds per wall second
-    (a workload offset of 2 s is released after 2 / time_scale wall seconds). `tenant_concurrency`
-    bounds the tenants it names instead of `max_concurrency` (None: no bound for that tenant)."""
+    """Where and how to send. `base_url` ends in `/v1`; `base_urls`, when given, are several such URLs
+    (replicas of one gateway) that replace it: request i of the workload goes to `base_urls[i mod N]`
+    (`url_for`). `time_scale` is engine seconds per wall second (a workload offset of 2 s is released
+    after 2 / time_scale wall seconds). `tenant_concurrency` bounds the tenants it names instead of
+    `max_concurrency` (None: no bound for that tenant)."""
 
     base_url: str
     model: str
@@ -60,6 +65,14 @@ class DriverSettings:
     progress_every_s: float = 5.0
     deadline_slack_s: float = 5.0
     tenant_concurrency: Mapping[str, int | None] = field(default_factory=dict)
+    base_urls: tuple[str, ...] = ()
+
+    def url_for(self, index: int) -> str:
+        """The base URL of the workload's request `index`: `base_url`, or `base_urls[index mod N]`.
+
+        Example: two replicas, requests 0..4 → replicas 0, 1, 0, 1, 0, whichever tenant sent them."""
+        urls = self.base_urls or (self.base_url,)
+        return urls[index % len(urls)]
 
     def bound(self, tenant: str) -> int | None:
         """Most requests of `tenant` in flight (None: unbounded)."""
@@ -87,7 +100,7 @@ async def drive(
     progress: Progress | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> DriveResult:
-    """Run the workload against `settings.base_url` (see the module docstring for the contract).
+    """Run the workload against `settings.base_url`, or its `base_urls` (the module docstring's contract).
 
     `client` is used as is when given (the caller owns it); otherwise one is made for loopback
     (no proxies from the environment) and closed at the end.
@@ -194,7 +207,7 @@ class _Run:
         body = request_body(request, model=s.model, ignore_eos=s.ignore_eos)
         headers = {s.tenant_header: request.tenant, "x-request-id": f"bench-{s.label}-{record.index}"}
         async with self.http.stream(
-            "POST", s.base_url.rstrip("/") + path, json=body, headers=headers
+            "POST", s.url_for(record.index).rstrip("/") + path, json=body, headers=headers
         ) as resp:
             record.status = resp.status_code
             if resp.status_code != 200:

@@ -7,9 +7,14 @@ For each target (a Tandem policy, a peer router, or `direct`) the harness
 2. starts Redis and the engines and waits for their health, then the target's gateway (`tandem
    router` with `spec.router.policy` = the policy and a variant's own arguments after the
    `--router-arg`s, or vllm-router, or a `--peer-command`'s command
-   line, or none for `direct`, which runs one engine) and waits for it to answer `GET /health`;
-3. scrapes every engine's `/metrics`, drives the workload through the gateway, scrapes again, and
-   reads the gateway's CPU time (its process tree, `tandem.bench.cpu`) just before and just after;
+   line, or none for `direct`, which runs one engine) and waits for it to answer `GET /health`.
+   A Tandem target with `replicas` N > 1 is N `tandem router` processes on N ports, the same config
+   (its KV pool URL included, so they share their fair-queue counters through that Redis) and
+   `--replicas N` before the `--router-arg`s (so an explicit `--replicas` there wins);
+3. scrapes every engine's `/metrics` (and every Tandem replica's, `tandem.bench.gateways`), drives
+   the workload through the gateway (over the replicas: request i to replica i mod N, as
+   `DriverSettings.url_for` says), scrapes again, and reads the gateway's CPU time (the process
+   trees of all its replicas, `tandem.bench.cpu`) just before and just after;
 4. stops every child (process groups, SIGTERM then SIGKILL) whatever happened.
 
 So every target sees the same engines (same profile, count, flags, time scale and seed) started
@@ -23,7 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,9 +38,10 @@ import yaml
 
 from tandem.bench.command_peer import Wiring, fill
 from tandem.bench.counters import EngineCounters
-from tandem.bench.cpu import cpu_per_1000, tree_cpu_seconds
+from tandem.bench.cpu import cpu_per_1000, trees_cpu_seconds
 from tandem.bench.driver import DriverSettings, drive
 from tandem.bench.engines import scrape_all
+from tandem.bench.gateways import replica_report, scrape_gateways
 from tandem.bench.records import DriveResult
 from tandem.bench.report import RunData
 from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, vllm_router_argv
@@ -136,24 +142,33 @@ def _free_ports() -> Iterator[int]:
 
 @dataclass
 class Started:
-    """A target's processes, running: the URL to send to, the engines to scrape, the model name, and
-    notes about children that died (filled in when the context ends)."""
+    """A target's processes, running: the URLs to send to (one per gateway replica; the engine's for
+    `direct`), the engines to scrape, the model name, the Tandem replicas whose `/metrics` to scrape
+    (none for peers and `direct`), and notes about children that died (filled in when the context
+    ends)."""
 
-    base_url: str
+    base_urls: tuple[str, ...]
     engines: list[str]
     model: str
     children: list[Child]
     notes: list[str]
+    tandem_gateways: tuple[str, ...] = ()
 
     @property
-    def gateway_pid(self) -> int | None:
-        """The pid of the gateway's process (role "router"); None for `direct`."""
-        return next((c.process.pid for c in self.children if c.plan.role == "router"), None)
+    def base_url(self) -> str:
+        """The first (usually the only) URL to send to."""
+        return self.base_urls[0]
+
+    @property
+    def gateway_pids(self) -> tuple[int, ...]:
+        """The pids of the gateway's processes (role "router"), one per replica; none for `direct`."""
+        return tuple(c.process.pid for c in self.children if c.plan.role == "router")
 
     def gateway_cpu_s(self) -> float | None:
-        """CPU seconds the gateway's process tree has used so far (None without a gateway)."""
-        pid = self.gateway_pid
-        return None if pid is None else tree_cpu_seconds(pid)
+        """CPU seconds the gateway's process trees (every replica's) have used so far; None without a
+        gateway, or when a replica is gone."""
+        pids = self.gateway_pids
+        return trees_cpu_seconds(pids) if pids else None
 
 
 @contextlib.contextmanager
@@ -170,22 +185,24 @@ def started(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
         redis_server=tools.redis_server, state_dir=run_dir.resolve(),
     )  # fmt: skip
-    gateway = _gateway(target, plan=plan, tools=tools, metrics_port=next(ports), router_args=pool.router_args)
+    gateways = _gateways(target, plan=plan, tools=tools, ports=ports, router_args=pool.router_args)
     supervisor = Supervisor(log_dir=run_dir.resolve() / "logs")
     children: list[Child] = []
     try:
         try:
             _start(
-                target, plan=plan, gateway=gateway, supervisor=supervisor, started=children, progress=progress
-            )
+                target, plan=plan, gateways=gateways, supervisor=supervisor, started=children,
+                progress=progress,
+            )  # fmt: skip
         except ChildFailed as exc:
             raise HarnessError(f"[{target.label}] {exc}") from None
         except OSError as exc:  # a program that cannot be executed (a --peer-command's, most likely)
             raise HarnessError(f"[{target.label}] cannot start a process: {exc}") from None
         engines = [p.url for p in plan.processes if p.role in ("prefill", "decode")]
         decode = [p.url for p in plan.processes if p.role == "decode"]
-        base = gateway.url if gateway is not None else decode[0]
-        running = Started(f"{base}/v1", engines, plan.model, children, [])
+        urls = tuple(f"{base}/v1" for base in [g.url for g in gateways] or decode[:1])
+        tandem = urls if target.kind == "tandem" else ()
+        running = Started(urls, engines, plan.model, children, [], tandem)
         yield running
         dead = supervisor.first_dead()
         if dead is not None:
@@ -209,33 +226,69 @@ def run_target(
 ) -> RunData:
     """Start the pool and the target's gateway, run the workload, stop everything (module doc)."""
     with started(target, pool=pool, tools=tools, state_dir=state_dir, progress=progress) as run:
-        settings = replace(driver, base_url=run.base_url, model=run.model, label=target.label)
-        progress(f"[{target.label}] running {len(workload.requests)} requests against {settings.base_url}")
-        cpu_before = run.gateway_cpu_s()
-        result, before, after = asyncio.run(
-            measure(workload, settings, engines=run.engines, progress=progress)
+        settings = replace(
+            driver, base_url=run.base_url, base_urls=run.base_urls, model=run.model, label=target.label
         )
-        cpu_after = run.gateway_cpu_s()
+        spread = f" (request i to replica i mod {len(run.base_urls)})" if len(run.base_urls) > 1 else ""
+        against = " and ".join(run.base_urls) + spread
+        progress(f"[{target.label}] running {len(workload.requests)} requests against {against}")
+        measured = asyncio.run(_measure_run(run, workload, settings, progress=progress))
     children = [_child_info(c) for c in run.children]
-    sent = sum(r.start_s is not None for r in result.records)
-    gateway = None if run.gateway_pid is None else cpu_per_1000(cpu_before, cpu_after, requests=sent)
-    return RunData(
-        target.label, target.describe(), result, before, after, children, tuple(run.notes), gateway=gateway
+    sent = sum(r.start_s is not None for r in measured.result.records)
+    gateway = (
+        cpu_per_1000(measured.cpu_before, measured.cpu_after, requests=sent) if run.gateway_pids else None
     )
+    return RunData(
+        target.label, target.describe(), measured.result, measured.before, measured.after, children,
+        tuple(run.notes), gateway=gateway, replicas=measured.replicas,
+    )  # fmt: skip
 
 
-def _gateway(
-    target: Target, *, plan: LocalPlan, tools: Tools, metrics_port: int, router_args: tuple[str, ...]
-) -> ProcessPlan | None:
-    """The target's gateway process (None for `direct`); writes the tandem router's config file."""
+@dataclass(frozen=True)
+class _Measured:
+    """What `_measure_run` read: the driver's result, the engines' counters before and after, the
+    gateway's CPU seconds before and after, and the Tandem replicas' `replica_report`."""
+
+    result: DriveResult
+    before: Counters
+    after: Counters
+    cpu_before: float | None
+    cpu_after: float | None
+    replicas: list[dict[str, Any]]
+
+
+async def _measure_run(
+    run: Started, workload: Workload, settings: DriverSettings, *, progress: Progress
+) -> _Measured:
+    """Scrape the Tandem replicas, read the gateway's CPU, `measure`, read the CPU again, scrape the
+    replicas again: the CPU window holds the workload and the engines' scrapes, not the replicas'."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        first = await scrape_gateways(client, run.tandem_gateways)
+        cpu_before = run.gateway_cpu_s()
+        result, before, after = await measure(workload, settings, engines=run.engines, progress=progress)
+        cpu_after = run.gateway_cpu_s()
+        last = await scrape_gateways(client, run.tandem_gateways)
+    replicas = replica_report(run.tandem_gateways, first, last)
+    return _Measured(result, before, after, cpu_before, cpu_after, replicas)
+
+
+def _gateways(
+    target: Target, *, plan: LocalPlan, tools: Tools, ports: Iterator[int], router_args: tuple[str, ...]
+) -> list[ProcessPlan]:
+    """The target's gateway processes: none for `direct`, `target.replicas` for Tandem's gateway
+    (`tandem_replicas`, which writes its config file), one for a peer. `ports` gives the ports beyond
+    the plan's router port (a peer's metrics port, more replicas)."""
     router = next(p for p in plan.processes if p.role == "router")
     if target.kind == "direct":
-        return None
+        return []
     if target.kind == "tandem":
         plan.router_config_path.parent.mkdir(parents=True, exist_ok=True)
         config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
         plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        return dataclasses.replace(router, argv=(*router.argv, *router_args, *target.router_args))
+        extra = (*router_args, *target.router_args)
+        more = [next(ports) for _ in range(target.replicas - 1)]
+        return tandem_replicas(router, ports=(router.port, *more), extra_args=extra)
+    metrics_port = next(ports)
     decode = tuple(p.url for p in plan.processes if p.role == "decode")
     prefill = tuple(p.url for p in plan.processes if p.role == "prefill")
     if target.kind == "command" and target.peer is not None:
@@ -244,32 +297,58 @@ def _gateway(
         argv = fill(target.peer.argv, wiring)
         # Loopback without a proxy, whatever the environment says (the engines are on 127.0.0.1).
         env = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-        return ProcessPlan(
-            name=f"peer-{target.label}", role="router", argv=argv, port=router.port, probe="http", env=env
-        )
+        return [
+            ProcessPlan(name=f"peer-{target.label}", role="router", argv=argv, port=router.port, probe="http",
+                        env=env)
+        ]  # fmt: skip
     if tools.vllm_router is None:
         raise HarnessError(f"--peer {target.label} needs the vllm-router binary: {VLLM_ROUTER_INSTALL}")
     argv = vllm_router_argv(
         tools.vllm_router, port=router.port, metrics_port=metrics_port, policy=str(target.policy),
         decode=decode, prefill=prefill,
     )  # fmt: skip
-    return ProcessPlan(name="vllm-router", role="router", argv=argv, port=router.port, probe="http")
+    return [ProcessPlan(name="vllm-router", role="router", argv=argv, port=router.port, probe="http")]
+
+
+def tandem_replicas(
+    router: ProcessPlan, *, ports: Sequence[int], extra_args: Sequence[str] = ()
+) -> list[ProcessPlan]:
+    """Tandem's gateway as `len(ports)` replicas of the planned `router` process (pure): the same argv
+    with its `--port` set to each port, then `--replicas N` when N > 1 (each takes 1/N of every engine's
+    capacity), then `extra_args` (the `--router-arg`s and a variant's own, so they win). One replica is
+    the planned process with `extra_args`, named `router`; N are `router-0` ... `router-{N-1}`.
+
+    Example: ports (8080, 8081) → `... --port 8080 --replicas 2` and `... --port 8081 --replicas 2`.
+    """
+    argv = list(router.argv)
+    if "--port" not in argv[:-1]:
+        raise HarnessError(f"the planned gateway's command line has no --port: {' '.join(argv)}")
+    at = argv.index("--port") + 1
+    count = len(ports)
+    replicas = []
+    for index, port in enumerate(ports):
+        argv[at] = str(port)
+        flags = ("--replicas", str(count)) if count > 1 else ()
+        name = router.name if count == 1 else f"{router.name}-{index}"
+        replicas.append(dataclasses.replace(router, name=name, argv=(*argv, *flags, *extra_args), port=port))
+    return replicas
 
 
 def _start(
     target: Target,
     *,
     plan: LocalPlan,
-    gateway: ProcessPlan | None,
+    gateways: Sequence[ProcessPlan],
     supervisor: Supervisor,
     started: list[Child],
     progress: Progress,
 ) -> None:
-    """Start Redis, then every engine at once, then the gateway, waiting for each stage's health."""
+    """Start Redis, then every engine at once, then the gateway's replicas at once, waiting for each
+    stage's health."""
     stages = [
         [p for p in plan.processes if p.role == "kvpool"],
         [p for p in plan.processes if p.role in ("prefill", "decode")],
-        [gateway] if gateway is not None else [],
+        list(gateways),
     ]
     for stage in stages:
         children = [supervisor.start(p) for p in stage]

@@ -252,7 +252,7 @@ def run_sweep(
                     settings = replace(base, label=f"{target.label}-c{level}", max_concurrency=level)
                     before = run.gateway_cpu_s()
                     result = asyncio.run(drive(level_workload(level, sweep, seed=r), settings))
-                    cpu = None if run.gateway_pid is None else (before, run.gateway_cpu_s())
+                    cpu = (before, run.gateway_cpu_s()) if run.gateway_pids else None
                     row = level_row(target.label, level, r, result, gateway_cpu_s=cpu)
                     rows.append(row)
                     progress(_level_line(row))

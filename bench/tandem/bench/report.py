@@ -32,7 +32,9 @@ class RunData:
     `target` describes what was measured (kind, policy, URL); `notes` are events worth reporting
     (a child that died); `children` the processes the harness started for it, after they stopped;
     `gateway` the gateway's CPU over the run (`tandem.bench.cpu.cpu_per_1000`; None without one);
-    `phase` is empty, or with `--isolation` `alone` (the light tenant only) or `flood` (everything).
+    `phase` is empty, or with `--isolation` `alone` (the light tenant only) or `flood` (everything);
+    `replicas` Tandem's gateway replicas' counters over the run (`tandem.bench.gateways.replica_report`;
+    empty for peers, `direct` and endpoint runs).
     """
 
     label: str
@@ -45,6 +47,7 @@ class RunData:
     repeat: int = 0
     gateway: Mapping[str, Any] | None = None
     phase: str = ""
+    replicas: Sequence[Mapping[str, Any]] = ()
 
     @property
     def file_label(self) -> str:
@@ -82,6 +85,7 @@ def summarize(
         "load": _load(engines),
         "fairness": tenant_report(requests, weights),
         "gateway": None if run.gateway is None else dict(run.gateway),
+        "gateway_replicas": [dict(r) for r in run.replicas],
         "wall_s": run.result.wall_s,
         "children": [dict(c) for c in run.children],
         "notes": list(run.notes),
@@ -176,6 +180,32 @@ def _gateway_cpu(run: Mapping[str, Any]) -> float | None:
 GATEWAY_CPU_ROW: Row = ("gateway CPU s per 1,000 requests", lambda r: _num(_gateway_cpu(r), ".2f"))
 
 
+def replica_count(run: Mapping[str, Any]) -> int | None:
+    """The gateway processes of a run's target (`target.replicas`); None for `direct` and endpoints."""
+    count = run.get("target", {}).get("replicas")
+    return None if count is None else int(count)
+
+
+def _per_replica(run: Mapping[str, Any], key: str) -> str:
+    """`30 / 30`: a `gateway_replicas` counter per replica (`?` for a failed scrape); `–` for none."""
+    replicas = run.get("gateway_replicas") or []
+    return " / ".join("?" if r.get(key) is None else f"{r[key]:.0f}" for r in replicas) or "–"
+
+
+def _syncs(run: Mapping[str, Any]) -> str:
+    failed = sum(r.get("counter_syncs_error") or 0 for r in run.get("gateway_replicas") or [])
+    ok = _per_replica(run, "counter_syncs_ok")
+    return ok if not failed else f"{ok} ({failed:.0f} failed)"
+
+
+#: Shown when a target ran more than one gateway replica (`--gateway-replicas`).
+REPLICA_ROWS: tuple[Row, ...] = (
+    ("gateway replicas", lambda r: _num(replica_count(r), "d")),
+    ("requests per gateway replica", lambda r: _per_replica(r, "requests")),
+    ("shared counter syncs per replica", _syncs),
+)
+
+
 def _overall_delta(run: Mapping[str, Any], key: str) -> float | None:
     overall = run["engines"]["overall"]
     return None if overall is None else overall["delta"][key]
@@ -234,6 +264,8 @@ def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
     rows = list(_COMMON_ROWS) + (_tenant_rows(tenants) if len(tenants) > 1 else [])
     if any(_gateway_cpu(r) is not None for r in runs):
         rows.insert(len(_COMMON_ROWS), GATEWAY_CPU_ROW)
+    if any((replica_count(r) or 0) > 1 for r in runs):
+        rows[len(_COMMON_ROWS) : len(_COMMON_ROWS)] = REPLICA_ROWS
     lines = [
         "| metric | " + " | ".join(r["label"] for r in runs) + " |",
         "| --- | " + " | ".join("---:" for _ in runs) + " |",
@@ -246,6 +278,19 @@ def _source(source: Mapping[str, Any] | None) -> str:
     if not source or not source.get("commit"):
         return ""
     return f"; code {source['commit'][:10]}{' with local changes' if source.get('dirty') else ''}"
+
+
+def _replica_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The heading's line on gateway replicas, when a target ran more than one."""
+    counts = {str(r["label"]): n for r in runs if (n := replica_count(r) or 0) > 1}
+    if not counts:
+        return []
+    which = ", ".join(f"{label}: {n} replicas" for label, n in counts.items())
+    return [
+        f"- gateway replicas: {which} (each `tandem router --replicas N`, sharing its fair-queue counters "
+        "through the KV pool's Redis); request i of the workload goes to replica i mod N, so every tenant "
+        "reaches every replica; the other targets run one gateway process"
+    ]
 
 
 def markdown(doc: Mapping[str, Any]) -> str:
@@ -275,6 +320,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
             f"- service in VTC units: {fair['weights']['input']:g} × prompt + {fair['weights']['output']:g}"
             f" × completion tokens; fair share {_num(fair.get('fair_share'), '.2f')}"
         )
+    lines += _replica_lines(doc["runs"])
     if doc.get("isolation"):
         lines += ["", *isolation_markdown(doc["isolation"]), "", "## The flood runs"]
     first = [r for r in doc["runs"] if r.get("repeat", 0) == 0]

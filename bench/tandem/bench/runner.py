@@ -160,6 +160,7 @@ def run_harness(
     runs = []
     for number, target in enumerate(targets, start=1):
         what = "1 simulated engine, no router" if target.kind == "direct" else pool.describe()
+        what += f", {target.replicas} gateway replicas" if target.replicas > 1 else ""
         for repeat in range(bench.repeat):
             for phase, workload in bench.phases():
                 of = f", run {repeat + 1}/{bench.repeat}" if bench.repeat > 1 else ""
@@ -193,8 +194,8 @@ def _dry(workload: Workload, run: RunData) -> tuple[str, ...]:
 
 
 def _driver_settings(driver: DriverSettings) -> dict[str, Any]:
-    """The driver's settings shared by every run (the URL and label differ per run)."""
-    return {k: v for k, v in asdict(driver).items() if k not in ("base_url", "label")}
+    """The driver's settings shared by every run (the URLs and label differ per run)."""
+    return {k: v for k, v in asdict(driver).items() if k not in ("base_url", "base_urls", "label")}
 
 
 def finish(

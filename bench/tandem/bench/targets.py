@@ -9,6 +9,9 @@
 - `command`: any router the user has, started from a command line template
   (`tandem.bench.command_peer`); label its NAME.
 - `direct`: no router; the workload goes straight to one engine; label `direct`.
+
+Tandem targets may run as `replicas` gateway processes in front of the same engines
+(`--gateway-replicas N`, `with_gateway_replicas`); peers and command peers are one process each.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import shlex
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -37,13 +40,15 @@ class TargetError(ValueError):
 @dataclass(frozen=True)
 class Target:
     """What one run measures; `policy` for `tandem` and `vllm-router`, `peer` for `command`; a
-    `tandem` variant's `name` and extra gateway arguments `router_args`."""
+    `tandem` variant's `name` and extra gateway arguments `router_args`; `replicas`: the gateway
+    processes the harness starts for it (more than 1 only for `tandem`)."""
 
     kind: TargetKind
     policy: str | None = None
     peer: PeerCommand | None = None
     name: str | None = None
     router_args: tuple[str, ...] = ()
+    replicas: int = 1
 
     @property
     def label(self) -> str:
@@ -55,12 +60,19 @@ class Target:
             return self.peer.name
         return "direct"
 
-    def describe(self) -> dict[str, str | list[str] | None]:
+    def describe(self) -> dict[str, str | int | list[str] | None]:
+        """bench.json's `target`: kind, policy, a command peer's command, a variant's arguments, and
+        the gateway processes (`replicas`; none for `direct`)."""
+        described: dict[str, str | int | list[str] | None]
         if self.peer is not None:
-            return {"kind": self.kind, "policy": None, "command": self.peer.template}
-        if self.name is not None:
-            return {"kind": self.kind, "policy": self.policy, "router_args": list(self.router_args)}
-        return {"kind": self.kind, "policy": self.policy}
+            described = {"kind": self.kind, "policy": None, "command": self.peer.template}
+        elif self.name is not None:
+            described = {"kind": self.kind, "policy": self.policy, "router_args": list(self.router_args)}
+        else:
+            described = {"kind": self.kind, "policy": self.policy}
+        if self.kind != "direct":
+            described["replicas"] = self.replicas
+        return described
 
 
 def parse_targets(
@@ -95,6 +107,12 @@ def parse_targets(
     if direct:
         targets.append(Target("direct"))
     return list(dict.fromkeys(targets))
+
+
+def with_gateway_replicas(targets: Sequence[Target], replicas: int) -> list[Target]:
+    """The targets with every Tandem target running `replicas` gateway processes (pure); peers,
+    command peers and `direct` are unchanged (one process, or none)."""
+    return [replace(t, replicas=replicas) if t.kind == "tandem" else t for t in targets]
 
 
 def parse_variant(value: str) -> Target:

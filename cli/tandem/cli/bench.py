@@ -7,7 +7,8 @@ Two modes:
   --peer-command 'NAME=CMD {port} ...' --direct --engines 4` starts simulated engines and, for each
   target in turn, a gateway in front of the same (restarted) engines; `--isolation` runs the light
   tenant alone, then the flood, per target and compares the light tenant's TTFT
-  (tandem.bench.isolation).
+  (tandem.bench.isolation); `--gateway-replicas N` runs each Tandem target as N gateway processes
+  sharing their fair-queue counters, request i of the workload going to replica i mod N.
 
 Results go to `--out` (bench.json, bench.md, requests-*.jsonl) and the markdown table to stdout;
 progress lines go to stderr. Exit codes: 0 done; 1 a child failed or a run had no successful
@@ -46,13 +47,21 @@ from tandem.bench.runner import (
     write_timeline,
 )
 from tandem.bench.stats import Slo
-from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, TargetError, find_vllm_router, parse_targets
+from tandem.bench.targets import (
+    VLLM_ROUTER_INSTALL,
+    Target,
+    TargetError,
+    find_vllm_router,
+    parse_targets,
+    with_gateway_replicas,
+)
 from tandem.bench.workloads import Workload, WorkloadError, bounded
 from tandem.core.spec import ROUTING_POLICIES
 from tandem.local.binaries import find_redis_server
 from tandem.sim.engine.profiles import PROFILES
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+MAX_GATEWAY_REPLICAS = 64
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -106,6 +115,9 @@ HELP: Mapping[str, str] = MappingProxyType(
         "scale the endpoint's simulated engines run at).",
         "engine_arg": "Harness: an extra `tandem sim` argument, e.g. --engine-arg=--num-gpu-blocks=2048.",
         "router_arg": "Harness: an extra `tandem router` argument, e.g. --router-arg=--fairness=fcfs.",
+        "gateway_replicas": "Harness: run each Tandem target (--policy, --variant) as N gateway processes "
+        "with `--replicas N`, sharing their fair-queue counters through the KV pool's Redis; request i "
+        "goes to replica i mod N. Peers and --direct run as usual (one process). [default: 1]",
         "max_concurrency": "Most requests in flight per tenant [default: the workload's, else 256].",
         "repeat": "Run every target (or the endpoint) N times; tables show mean ± sd over the runs.",
         "isolation": "Harness: per target and run, the light tenant alone, then the whole workload, on "
@@ -142,6 +154,7 @@ HELP: Mapping[str, str] = MappingProxyType(
 )
 @click.option("--engine-arg", multiple=True, metavar="ARG", help=HELP["engine_arg"])
 @click.option("--router-arg", multiple=True, metavar="ARG", help=HELP["router_arg"])
+@click.option("--gateway-replicas", default="1", metavar="N", help=HELP["gateway_replicas"])
 @click.option(
     "--workload", type=click.Choice(sorted(WORKLOADS)), help="Built-in workload [default: shared-prefix]."
 )
@@ -210,6 +223,7 @@ def bench(**o: Any) -> None:
     if not workload.requests:
         _fail("the workload has no requests within --requests/--duration")
     harness = _mode(o)
+    _check_gateway_replicas(o, harness=harness)
     out = o["out"] or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     driver = DriverSettings(
         base_url="", model=o["model"], max_concurrency=o["max_concurrency"] or workload.concurrency or 256,
@@ -260,6 +274,21 @@ def _mode(o: dict[str, Any]) -> bool:
         _fail("--isolation runs in harness mode (it restarts the engines): give --policy, --peer and/or "
               "--peer-command")  # fmt: skip
     return harness
+
+
+def _check_gateway_replicas(o: dict[str, Any], *, harness: bool) -> None:
+    """Exits with code 2 unless `--gateway-replicas` is a whole number from 1 to 64 that fits the mode
+    (more than 1: harness mode, a workload run, checked against the targets in `_harness_setup`)."""
+    text = str(o["gateway_replicas"]).strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_GATEWAY_REPLICAS:
+        _fail(f"--gateway-replicas {text!r}: expected a whole number from 1 to {MAX_GATEWAY_REPLICAS}")
+    if int(text) == 1:
+        return
+    if not harness:
+        _fail("--gateway-replicas starts Tandem's gateway N times, in harness mode: give --policy or "
+              "--variant, not --url")  # fmt: skip
+    if o["overhead_sweep"] is not None:
+        _fail("--gateway-replicas and --overhead-sweep: the sweep measures one gateway process; give one")
 
 
 def _isolation(workload: Workload, o: dict[str, Any]) -> IsolationSpec | None:
@@ -317,6 +346,11 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
         )  # fmt: skip
     except TargetError as exc:
         _fail(str(exc))
+    replicas = int(o["gateway_replicas"])
+    if replicas > 1 and not any(t.kind == "tandem" for t in targets):
+        _fail(f"--gateway-replicas {replicas} runs Tandem's gateway as replicas: give --policy or --variant "
+              "(peers and --direct run one process)")  # fmt: skip
+    targets = with_gateway_replicas(targets, replicas)
     for peer in (t.peer for t in targets if t.peer is not None):
         if find_program(peer) is None:
             _fail(f"--peer-command {peer.name}: {peer.argv[0]!r} is not an executable file, nor on PATH")
@@ -347,6 +381,7 @@ def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, 
     settings = {
         "mode": "harness", "targets": [t.label for t in targets], "engines_desc": pool.describe(),
         "isolation": isolation,
+        "gateway_replicas": {t.label: t.replicas for t in targets if t.kind != "direct"},
         "pool": {
             **pool.__dict__, "engine_args": list(pool.engine_args), "router_args": list(pool.router_args),
         },
