@@ -288,6 +288,43 @@ async def test_a_request_still_queued_at_its_own_deadline_gets_429() -> None:
     assert sample(registry, "tandem_router_queue_wait_seconds_count", outcome="rejected") == 1
 
 
+async def test_on_the_loops_own_clock_a_deadline_is_met_by_its_own_timer_not_the_poll() -> None:
+    """A gate whose poll is an hour apart still refuses a waiter at its own 50 ms deadline."""
+    loop = asyncio.get_running_loop()
+    gate, _ = make_gate(Pool(capacity=1), FakeClock())
+    gate._clock, gate._poll_s = loop.time, 3600.0
+    await gate.admit(request("r0", "a"))
+    with pytest.raises(Overloaded) as caught:
+        await asyncio.wait_for(gate.admit(request("r1", "b", deadline=0.05)), timeout=5)
+    assert caught.value.reason == "deadline" and len(gate.queue) == 0
+
+
+async def test_held_requests_do_not_wake_up_one_by_one_while_they_wait() -> None:
+    """100 requests held behind a full pool: the gate pumps once per poll (10 ms), not once per
+    waiter per poll (100 × as many), and still serves them all when capacity frees."""
+    pool = Pool(capacity=1)
+    gate, _ = make_gate(pool, FakeClock(), max_queue=200)
+    first = await gate.admit(request("r0", "a"))
+    pumps = 0
+    pump = gate.pump
+
+    def counting_pump() -> None:
+        nonlocal pumps
+        pumps += 1
+        pump()
+
+    gate.pump = counting_pump  # type: ignore[method-assign]
+    held = [asyncio.create_task(gate.admit(request(f"r{i}", f"t{i % 4}"))) for i in range(1, 101)]
+    await settle()
+    pumps = 0
+    await asyncio.sleep(0.05)  # about 5 polls
+    assert 0 < pumps < 100, f"{pumps} pumps for 100 held requests over about 5 polls"
+    pool.capacity = 200
+    first.release()
+    grants = await asyncio.wait_for(asyncio.gather(*held), timeout=5)
+    assert len(grants) == 100 and len(gate.queue) == 0
+
+
 async def test_the_router_queue_limit_caps_a_long_objective() -> None:
     clock = FakeClock()
     gate, _ = make_gate(Pool(capacity=1), clock, max_wait_s=5)

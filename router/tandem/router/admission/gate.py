@@ -28,7 +28,8 @@ baseline). The gate itself only keeps the books:
   both charges with the engine's usage; `Grant.release()` (idempotent) frees the capacity.
 
 Single-threaded: everything runs on the router's event loop. Times come from the injected clock;
-waiting itself uses the loop's timers, capped at `poll_s` per wait, so a fake clock is noticed.
+waiting uses the loop's timers: one per waiter for its deadline, and one gate-wide poll every
+`poll_s` while anyone waits (so a fake clock is noticed, and capacity that returns without an event).
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ class AdmissionGate:
         self._poll_s = poll_s
         self._drain = DrainMeter()
         self.admitted = 0
+        self._waiting: set[Waiter] = set()
+        self._poll_handle: asyncio.TimerHandle | None = None
 
     def capacity(self) -> int | None:
         return self._capacity()
@@ -336,22 +339,47 @@ class AdmissionGate:
         return Overloaded(_MESSAGES[reason].format(**facts), reason=reason, retry_after_s=retry)
 
     async def _wait(self, waiter: Waiter) -> Grant:
+        """Wait for the waiter's outcome: a grant from `pump`, a rejection, its deadline (a timer of
+        its own), or the caller's cancellation. No per-waiter polling: one gate-wide `_poll` pumps
+        and checks deadlines every `poll_s` while anyone waits (a flood holds hundreds of waiters,
+        and each waking up four times a second cost more CPU than the requests it was waiting for)."""
         future = waiter.future
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(max(0.0, waiter.deadline - self._clock()), self._expire, waiter)
+        self._waiting.add(waiter)
+        if self._poll_handle is None:
+            self._poll_handle = loop.call_later(self._poll_s, self._poll)
         try:
-            while not future.done():
-                left = waiter.deadline - self._clock()
-                if left <= 0:
-                    self.pump()  # rejects it if still waiting at the head; else reject it here
-                    if not future.done():
-                        self._reject(waiter, self._late(waiter))
-                    break
-                await asyncio.wait({future}, timeout=min(left, self._poll_s))
-                if not future.done():
-                    self.pump()
+            await asyncio.wait({future})  # never cancels `future` itself when the caller is cancelled
         except asyncio.CancelledError:
             self._abandon(waiter)
             raise
+        finally:
+            timer.cancel()
+            self._waiting.discard(waiter)
         return future.result()
+
+    def _expire(self, waiter: Waiter) -> None:
+        """A waiter's deadline passed: serve those ahead first, then refuse it if it still waits.
+        With an injected clock behind the loop's, nothing yet: `_poll` notices it later."""
+        if waiter.future.done() or self._clock() < waiter.deadline:
+            return
+        self.pump()  # rejects it if it is at the head; otherwise it is rejected here
+        if not waiter.future.done():
+            self._reject(waiter, self._late(waiter))
+
+    def _poll(self) -> None:
+        """Every `poll_s` while requests wait: refuse those past their deadline, then pump
+        (capacity can return without an event)."""
+        self._poll_handle = None
+        if not self._waiting:
+            return
+        now = self._clock()
+        for waiter in [w for w in self._waiting if not w.future.done() and now >= w.deadline]:
+            self._expire(waiter)
+        self.pump()
+        if self._waiting:
+            self._poll_handle = asyncio.get_running_loop().call_later(self._poll_s, self._poll)
 
     def _abandon(self, waiter: Waiter) -> None:
         """The caller is gone (client disconnected): withdraw it, or free what it was granted."""
