@@ -39,6 +39,7 @@ def stats(
     kv_usage: float | None = 0.0,
     block_size: int | None = 16,
     num_gpu_blocks: int | None = 1000,
+    tokens: float | None = None,
 ) -> EngineStats:
     return EngineStats(
         running=running,
@@ -46,6 +47,7 @@ def stats(
         kv_usage=kv_usage,
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
+        tokens=tokens,
     )
 
 

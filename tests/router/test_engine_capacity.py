@@ -60,13 +60,13 @@ def test_concurrency_is_learned_from_what_the_engine_runs_and_what_waits() -> No
 
     # Its KV cache holds 100 sequences: it runs 100 and queues the rest, three readings in a row.
     assert [learn(100, 30), learn(100, 5), learn(100, 12)] == [DEFAULT_CAPACITY, DEFAULT_CAPACITY, 100]
-    # Running everything it was sent, at least as many as believed: one more is tried.
-    assert learn(100, 0) == 101
-    assert learn(110, 0) == 110
+    # Running everything it was sent, at least as many as believed: a quarter more is tried.
+    assert learn(100, 0) == 125
+    assert learn(130, 0) == 157  # 125 + 32
     # Less running and nothing waiting says nothing about the limit.
-    assert learn(3, 0) == 110
+    assert learn(3, 0) == 157
     # Stale numbers are not used.
-    assert learn(7, 9, stale=True) == 110
+    assert learn(7, 9, stale=True) == 157
 
 
 def test_a_request_caught_waiting_for_the_engines_next_step_does_not_shrink_it() -> None:
@@ -83,8 +83,26 @@ def test_a_request_caught_waiting_for_the_engines_next_step_does_not_shrink_it()
     # Held back at the same count three times in a row is the engine's limit (its --max-num-seqs
     # is not known here) ...
     assert [learn(39, 2), learn(39, 1), learn(39, 4)] == [256, 256, 39]
-    # ... and if that was a passing state after all, C grows back while the engine runs all it gets.
-    assert [learn(39, 0), learn(40, 0), learn(41, 0)] == [40, 41, 42]
+    # ... and if that was a passing state after all, C grows back while the engine runs all it gets,
+    # by a quarter per reading.
+    assert [learn(39, 0), learn(49, 0), learn(62, 0), learn(78, 0)] == [49, 62, 78, 98]
+
+
+def test_readings_taken_while_the_engine_is_still_in_the_same_step_say_nothing() -> None:
+    """A slow engine (vLLM on CPU, a long prefill) takes longer than the scrape interval per step:
+    requests that arrived meanwhile wait for the next step while running stays the same. Scrapes in
+    the same step (its prompt + generation token counters have not moved) are not readings in a row."""
+    capacity = EngineCapacity(initial=256, lookahead=0.0)
+
+    def learn(running: int, waiting: int, tokens: float) -> int:
+        return capacity.concurrency(
+            snapshot(A, engine=stats(running=running, waiting=waiting, tokens=tokens))
+        )
+
+    # One long step seen by five scrapes: running 40, more and more waiting; it counts once.
+    assert [learn(40, w, tokens=1000) for w in (3, 9, 14, 20, 26)] == [256] * 5
+    # Three steps that each end holding requests back at the same count are the engine's limit.
+    assert [learn(40, 5, tokens=1500), learn(40, 6, tokens=1900)] == [256, 40]
 
 
 def test_below_a_known_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:

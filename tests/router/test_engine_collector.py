@@ -29,6 +29,11 @@ vllm:num_requests_waiting{engine="0",model_name="qwen"} 1.0
 vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.25
 vllm:prefix_cache_hits_total{engine="0",model_name="qwen"} 96.0
 vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="256"} 1.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="qwen"} 1200.0
+vllm:prompt_tokens_created{engine="0",model_name="qwen"} 1.7e9
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="qwen"} 340.0
 """
 TWO_ENGINES = """vllm:num_requests_running{engine="0"} 3
 vllm:num_requests_running{engine="1"} 2
@@ -46,7 +51,9 @@ vllm:cache_config_info{block_size="32",num_gpu_blocks="100",engine="1"} 1
     [
         pytest.param(
             SIM_PAGE,
-            EngineStats(running=3, waiting=1, kv_usage=0.25, block_size=16, num_gpu_blocks=256),
+            EngineStats(
+                running=3, waiting=1, kv_usage=0.25, block_size=16, num_gpu_blocks=256, tokens=1540.0
+            ),
             id="sim",
         ),
         pytest.param(

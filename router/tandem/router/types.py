@@ -76,7 +76,8 @@ class EngineStats:
 
     `running`/`waiting`: `vllm:num_requests_running`/`_waiting`; `kv_usage`: `vllm:kv_cache_usage_perc`
     (0..1, mean over engines; None if absent); `block_size`/`num_gpu_blocks`: the labels of
-    `vllm:cache_config_info` (None if absent).
+    `vllm:cache_config_info` (None if absent); `tokens`: `vllm:prompt_tokens_total` +
+    `vllm:generation_tokens_total`, which grow only when the engine steps (None if absent).
     """
 
     running: int
@@ -84,6 +85,7 @@ class EngineStats:
     kv_usage: float | None
     block_size: int | None
     num_gpu_blocks: int | None
+    tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,8 +12,15 @@ default 256) and follows the engine's own numbers, one step per new scrape:
     down:  `CONFIRM` readings in a row show waiting > 0 with the same running R < C, and either
            the engine's KV cache is at least `KV_FULL` used or its `--max-num-seqs` is unknown
            →  C = R  (the engine holds requests back at R: that is its limit)
-    up:    waiting = 0 and running ≥ C  →  C = max(running, C + 1), at most `ceiling`
-           (it ran everything it was sent: try one more)
+    up:    waiting = 0 and running ≥ C  →  C = max(running, C + max(1, ⌈C / 4⌉)), at most `ceiling`
+           (it ran everything it was sent: try a quarter more, so a C that went too low is back
+           within a few scrapes: 40 → 50 → 63 → 79 ...)
+
+Only readings taken after the engine has stepped count: when its token counters (`tokens`, vLLM's
+prompt + generation tokens) have not moved since the previous reading, the engine is in the same step
+(a slow engine, e.g. vLLM on CPU or a long prefill, takes longer than the scrape interval), and that
+reading says nothing new: requests that arrived during the step wait for the next one while running
+stays the same, which would otherwise look like a held-back engine three times in a row.
 
 One reading is not enough to go down: a request that has just arrived waits for the engine's next
 step (a few ms), and a scrape that catches that moment would otherwise shrink C for good (the
@@ -21,7 +28,7 @@ gateway would never send enough again to see it grow back). Nor are readings in 
 engine's `--max-num-seqs` is known (`ceiling`, from the spec's engine arguments): a periodic load
 (batches of equal requests finishing together) can show the same passing moment at every scrape,
 so below a known `--max-num-seqs` only a full KV cache is believed: the one thing that keeps vLLM
-from running what it may. A C that went too low still grows back, by one per reading, while the
+from running what it may. A C that went too low still grows back, by a quarter per reading, while the
 engine runs everything it gets. `ceiling` is `initial` when it comes from the engine's arguments
 (the engine will not run more), else `MAX_CAPACITY`.
 
@@ -80,6 +87,7 @@ class EngineCapacity:
     _learned: dict[str, int] = field(default_factory=dict)
     _seen: dict[str, EngineReading] = field(default_factory=dict)
     _held: dict[str, tuple[int, int]] = field(default_factory=dict)  # url → (running, readings in a row)
+    _tokens: dict[str, float] = field(default_factory=dict)  # url → the engine's token counters' sum
 
     def concurrency(self, snapshot: EndpointSnapshot) -> int:
         """C for this endpoint's engine, updated from a reading not seen before."""
@@ -109,9 +117,15 @@ class EngineCapacity:
             del self._seen[url]
         for url in [u for u in self._held if u not in keep]:
             del self._held[url]
+        for url in [u for u in self._tokens if u not in keep]:
+            del self._tokens[url]
 
     def _learn(self, url: str, reading: EngineReading) -> None:
         stats = reading.stats
+        if stats.tokens is not None:
+            if self._tokens.get(url) == stats.tokens:
+                return  # the engine has not stepped since the last reading: nothing new
+            self._tokens[url] = stats.tokens
         c = self._learned.get(url, self.initial)
         kv_full = stats.kv_usage is not None and stats.kv_usage >= KV_FULL
         if stats.waiting > 0 and 0 < stats.running < c and (kv_full or self.ceiling >= MAX_CAPACITY):
@@ -123,5 +137,5 @@ class EngineCapacity:
         else:
             self._held.pop(url, None)
             if stats.waiting == 0 and stats.running >= c:
-                c = max(stats.running, c + 1)
+                c = max(stats.running, c + max(1, math.ceil(c / 4)))
         self._learned[url] = max(1, min(self.ceiling, MAX_CAPACITY, c))

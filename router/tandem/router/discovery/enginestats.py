@@ -8,6 +8,7 @@ The names are vLLM's (research/anchors.md §1.1), which the simulator serves too
 | `waiting` | `vllm:num_requests_waiting` | sum |
 | `kv_usage` | `vllm:kv_cache_usage_perc` (older vLLM: `vllm:gpu_cache_usage_perc`) | mean |
 | `block_size`, `num_gpu_blocks` | labels of `vllm:cache_config_info` | first / sum |
+| `tokens` | `vllm:prompt_tokens_total` + `vllm:generation_tokens_total` (moved by engine steps) | sum |
 
 Example: `vllm:num_requests_running{engine="0"} 3`, `vllm:num_requests_waiting{engine="0"} 1`,
 `vllm:kv_cache_usage_perc{engine="0"} 0.25`, `vllm:cache_config_info{block_size="16",num_gpu_blocks="256"} 1`
@@ -29,7 +30,8 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 CACHE_CONFIG = "vllm:cache_config_info"
-_WANTED = frozenset({RUNNING, WAITING, CACHE_CONFIG, *KV_USAGE})
+TOKENS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+_WANTED = frozenset({RUNNING, WAITING, CACHE_CONFIG, *KV_USAGE, *TOKENS})
 
 
 class NotEngineMetrics(ValueError):
@@ -50,12 +52,14 @@ def parse_engine_metrics(text: str) -> EngineStats:
         raise NotEngineMetrics(f"no {RUNNING} / {WAITING} samples")
     usage = next((samples[name] for name in KV_USAGE if samples.get(name)), [])
     block_size, num_gpu_blocks = _cache_config(samples.get(CACHE_CONFIG, []))
+    tokens = [value for name in TOKENS for _, value in samples.get(name, [])]
     return EngineStats(
         running=round(sum(value for _, value in samples[RUNNING])),
         waiting=round(sum(value for _, value in samples[WAITING])),
         kv_usage=sum(value for _, value in usage) / len(usage) if usage else None,
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
+        tokens=sum(tokens) if tokens else None,
     )
 
 
