@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 from tests.core.tokenizer_files import write_byte_level, write_metaspace
 
 from tandem.core.blockhash import block_keys
-from tandem.core.modeltokens import ChatTemplateError, ModelTokenizer, PromptEncoder, TandemTokenizer
+from tandem.core.modeltokens import (
+    ChatTemplateError,
+    ModelTokenizer,
+    PromptEncoder,
+    SeenTwice,
+    TandemTokenizer,
+)
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
 from tandem.core.tokenizer_files import HFTokenizer, TokenizerFilesError, load_tokenizer
 from tandem.sim.protocol import prepare
@@ -94,10 +100,10 @@ def test_segmented_encoding_equals_one_whole_encode_for_every_tokenizer(
             assert list(encoder.text(text).ids) == tokenizer.encode(text), (tokenizer.name, text)
 
 
-def test_a_shared_system_prompt_is_tokenized_once(byte_level: HFTokenizer) -> None:
+def test_a_shared_system_prompt_is_tokenized_twice_then_served_from_the_memo(byte_level: HFTokenizer) -> None:
+    """The memo admits a segment on its second sighting (the doorkeeper remembers the first)."""
     encoder = PromptEncoder(byte_level)
     system = "\n\n".join(f"Rule {i}: answer politely and briefly." for i in range(30))
-    first = encoder.chat([{"role": "system", "content": system}, {"role": "user", "content": "Hi?"}])
     calls: list[str] = []
     real = byte_level.encode
 
@@ -105,17 +111,49 @@ def test_a_shared_system_prompt_is_tokenized_once(byte_level: HFTokenizer) -> No
         calls.append(text)
         return real(text)
 
-    byte_level.encode = counting  # type: ignore[method-assign]
-    try:
-        second = encoder.chat([{"role": "system", "content": system}, {"role": "user", "content": "Why?"}])
-    finally:
-        del byte_level.encode
-    assert sum(len(c) for c in calls) < 60  # only the new question's segment was encoded
+    def chat(question: str) -> tuple[tuple[int, ...], int]:
+        calls.clear()
+        byte_level.encode = counting  # type: ignore[method-assign]
+        try:
+            encoded = encoder.chat(
+                [{"role": "system", "content": system}, {"role": "user", "content": question}]
+            )
+        finally:
+            del byte_level.encode
+        return encoded.ids, sum(len(c) for c in calls)
+
+    first, first_chars = chat("Hi?")
+    _, second_chars = chat("How?")
+    third, third_chars = chat("Why?")
+    assert first_chars > len(system) and second_chars > len(system), "seen once, then twice: encoded"
+    assert third_chars < 60, "the third time only the new question's segment was encoded"
     rendered = byte_level.render_chat(
         [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
     )
-    assert list(second.ids) == byte_level.encode(rendered)
-    assert first.ids[:100] == second.ids[:100]
+    assert list(third) == byte_level.encode(rendered)
+    assert first[:100] == third[:100]
+
+
+def test_text_seen_once_takes_no_room_in_the_memos() -> None:
+    """A thousand different questions after one system prompt: the memos hold the system prompt's
+    pieces, not the questions (each question costs a bit in the doorkeeper)."""
+    encoder = PromptEncoder(TandemTokenizer())
+    system = "\n\n".join(f"Paragraph {i} says something about caching." for i in range(20))
+    for i in range(1000):
+        question = f"Question number {i}: what about item {i * 7919}?"
+        encoded = encoder.chat([{"role": "system", "content": system}, {"role": "user", "content": question}])
+        assert encoder.block_keys(encoded, 16) == tuple(block_keys(encoded.ids, 16))
+    assert len(encoder._segments) < 40 and len(encoder._keys) < 40
+
+
+def test_the_doorkeeper_says_again_on_a_second_sighting_and_forgets_when_half_full() -> None:
+    seen = SeenTwice(slots=64)
+    assert [seen.again(7), seen.again(7), seen.again(8), seen.again(7 + 64)] == [False, True, False, True]
+    for h in range(100, 131):  # 32 of 64 slots set: the next new one clears it first
+        seen.again(h)
+    assert seen.again(7) is False, "cleared when half full: old sightings are forgotten"
+    with pytest.raises(ValueError, match="power of two"):
+        SeenTwice(slots=100)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16, 64])

@@ -31,6 +31,13 @@ differs (SentencePiece-style tokenizers that prepend a space marker to every tex
 they still get the whole-prompt memo). Example: a 2,048-token system prompt plus a 128-token
 question costs one memo hit and a 128-token encode instead of a 2,176-token encode.
 
+**Admission: a memo keeps what was seen twice.** Most of a gateway's text is seen once (each
+request's new question), and a memo that stored it would fill with entries never read again (an
+unbounded-looking RSS climb until its bound: megabytes of token tuples). So both memos admit an
+entry on its second sighting: a constant-size doorkeeper (`SeenTwice`, one bit per slot of a fixed
+bit array, cleared when half full) remembers the first; a shared system prompt is tokenized twice,
+then served from the memo; a question seen once costs one bit.
+
 Block keys (`tandem.core.blockhash`) are chained, so the keys of a prompt's leading blocks depend only
 on its leading tokens. `Encoded.marks` records, after each segment, a *chain id* (a hash of the
 segment texts so far) and the token count; `PromptEncoder.block_keys` finds the longest mark whose
@@ -69,6 +76,9 @@ DEFAULT_SEGMENT_MEMO = 8192
 DEFAULT_SEGMENT_CHARS = 32 * 1024 * 1024
 #: Most (chain id, block size) entries of known leading block keys.
 DEFAULT_KEY_MEMO = 4096
+
+#: Slots of the doorkeeper's bit array (128 KiB).
+SEEN_SLOTS = 1 << 20
 
 _PARAGRAPH = re.compile(r"\n\n(?=[^\W\d_])")
 #: Appended to a segment whose text goes on (module docstring); its one token is dropped.
@@ -138,6 +148,33 @@ class Encoded:
         return len(self.ids)
 
 
+class SeenTwice:
+    """A doorkeeper of constant size: `again(h)` says whether hash `h` was (probably) offered before,
+    and remembers it. One bit per slot of `slots` (a power of two); cleared when half the slots are
+    set, so it forgets old sightings rather than growing. A collision only admits a once-seen entry
+    early. Example: again(7) → False, again(7) → True, again(8) → False."""
+
+    def __init__(self, slots: int = SEEN_SLOTS) -> None:
+        if slots < 8 or slots & (slots - 1):
+            raise ValueError(f"slots must be a power of two of at least 8, not {slots}")
+        self._bits = bytearray(slots // 8)
+        self._mask = slots - 1
+        self._set = 0
+        self._limit = slots // 2
+
+    def again(self, h: int) -> bool:
+        slot = h & self._mask
+        byte, bit = slot >> 3, 1 << (slot & 7)
+        if self._bits[byte] & bit:
+            return True
+        if self._set >= self._limit:
+            self._bits = bytearray(len(self._bits))
+            self._set = 0
+        self._bits[byte] |= bit
+        self._set += 1
+        return False
+
+
 class PromptEncoder:
     """Segment-memoised tokenization and prefix-memoised block keys (module docstring)."""
 
@@ -157,11 +194,13 @@ class PromptEncoder:
         self._chars = 0
         self._keys: OrderedDict[tuple[int, int], tuple[int, ...]] = OrderedDict()
         self._key_limit = key_memo
+        self._seen = SeenTwice()
         markers = [m for m in tokenizer.markers if m]
         self._marker = re.compile("|".join(re.escape(m) for m in markers)) if markers else None
         self.splits = all(self._split_is_exact(text) for text in SELF_TEST_TEXTS)
         self._segments.clear()
         self._chars = 0
+        self._seen = SeenTwice()
 
     # -- prompts ------------------------------------------------------------------------------
 
@@ -242,7 +281,7 @@ class PromptEncoder:
         keys = known + tuple(block_keys(encoded.ids[start : full * block_size], block_size, parent=parent))
         for chain, count in encoded.marks:
             entry = (chain, block_size)
-            if count // block_size > len(known) and entry not in self._keys:
+            if count // block_size > len(known) and entry not in self._keys and self._seen.again(hash(entry)):
                 self._keys[entry] = keys[: count // block_size]
         while len(self._keys) > self._key_limit:
             self._keys.popitem(last=False)
@@ -257,7 +296,7 @@ class PromptEncoder:
             return ids
         text, goes_on = segment
         ids = tuple(self.tokenizer.encode(text + _SENTINEL)[:-1] if goes_on else self.tokenizer.encode(text))
-        if len(text) <= self._char_limit // 4:
+        if len(text) <= self._char_limit // 4 and self._seen.again(hash(segment)):
             self._segments[segment] = ids
             self._chars += len(text)
             while len(self._segments) > self._segment_limit or self._chars > self._char_limit:
