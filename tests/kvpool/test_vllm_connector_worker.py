@@ -8,6 +8,7 @@ Real vLLM and torch (skipped where vLLM is not importable: only `.venv-vllm` has
 from __future__ import annotations
 
 import time
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from tandem.kvpool import vllm_connector  # noqa: E402 -- needs vLLM, skipped above without it
+with warnings.catch_warnings():  # torch's own modules, imported by vLLM's, use deprecated torch.jit APIs
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from tandem.kvpool import vllm_connector  # needs vLLM, skipped above without it
 from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, PoolHealth, PoolSettings  # noqa: E402
 from tandem.kvpool.connector_stats import TandemConnectorStats  # noqa: E402
 
