@@ -1,7 +1,7 @@
 """The connector's worker side turns any save or load error into a failed transfer, never an exception.
 
 Real vLLM and torch (skipped where vLLM is not importable: only `.venv-vllm` has it), real
-`_WorkerSide`, real `TandemConnectorStats`; the connector around it and Redis are small fakes
+`WorkerSide`, real `TandemConnectorStats`; the connector around it and Redis are small fakes
 (a dict behind a pipeline), and the KV caches are CPU tensors.
 """
 
@@ -19,7 +19,7 @@ pytest.importorskip("vllm")
 
 with warnings.catch_warnings():  # torch's own modules, imported by vLLM's, use deprecated torch.jit APIs
     warnings.simplefilter("ignore", DeprecationWarning)
-    from tandem.kvpool import vllm_connector  # needs vLLM, skipped above without it
+    from tandem.kvpool import connector_worker, vllm_connector  # need vLLM, skipped above without it
 from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, PoolHealth, PoolSettings  # noqa: E402
 from tandem.kvpool.connector_stats import TandemConnectorStats  # noqa: E402
 
@@ -44,7 +44,7 @@ class FakePipeline:
 
 
 class FakeConnector:
-    """What `_WorkerSide` uses of `TandemConnector`, with the real failure methods."""
+    """What `WorkerSide` uses of `TandemConnector`, with the real failure methods."""
 
     connector_failed = vllm_connector.TandemConnector.connector_failed
     pool_failed = vllm_connector.TandemConnector.pool_failed
@@ -72,7 +72,7 @@ class FakeConnector:
 
 def worker(shape: tuple[int, ...] = (2, BLOCKS, N, H, D)) -> tuple[Any, FakeConnector]:
     connector = FakeConnector()
-    side = vllm_connector._WorkerSide(connector)  # type: ignore[arg-type]
+    side = connector_worker.WorkerSide(connector)  # type: ignore[arg-type]
     side.register({"layer.0": torch.ones(shape, dtype=torch.bfloat16)})
     return side, connector
 
@@ -87,7 +87,7 @@ def test_a_tensor_error_in_a_save_is_a_counted_skipped_save() -> None:
     side.layers = [(torch.ones(3), side.layers[0][1])]  # a cache the layout does not fit
     side.save(
         [
-            vllm_connector.SaveRequest(
+            connector_worker.SaveRequest(
                 req_id="r", chunks=[ChunkSave(chunk_index=0, chunk_hash=1, block_ids=(0, 1))]
             )
         ]
@@ -101,7 +101,7 @@ def test_a_tensor_error_in_a_load_reports_the_blocks_for_recompute() -> None:
     side, connector = worker()
     side.save(
         [
-            vllm_connector.SaveRequest(
+            connector_worker.SaveRequest(
                 req_id="r", chunks=[ChunkSave(chunk_index=0, chunk_hash=1, block_ids=(0, 1))]
             )
         ]
@@ -110,7 +110,7 @@ def test_a_tensor_error_in_a_load_reports_the_blocks_for_recompute() -> None:
     kv, layout = side.layers[0]
     side.layers = [(kv[:, :1], layout)]  # one block left: block id 5 is out of range
     chunk = ChunkLoad(chunk_index=0, chunk_hash=1, skip_blocks=0, block_ids=(4, 5))
-    side.load([vllm_connector.LoadRequest(req_id="r", chunks=[chunk])])
+    side.load([connector_worker.LoadRequest(req_id="r", chunks=[chunk])])
     assert side.take_invalid_blocks() == {4, 5}
     assert connector.stats.data["load_failures"] == 1
     assert connector.stats.data["transfer_errors"] == 1

@@ -7,7 +7,8 @@ Selected with (see `tandem.kvpool.engine_config`)::
       "kv_load_failure_policy": "recompute",
       "kv_connector_extra_config": {"url": "redis://127.0.0.1:6379", "model": "m", "chunk_size": 256}}'
 
-How it works (pure logic in `tandem.kvpool.connector_plan`):
+How it works (pure logic in `tandem.kvpool.connector_plan`; the worker side, which moves the bytes, in
+`tandem.kvpool.connector_worker`):
 
 - **Keys.** A prompt's full `chunk_size`-token chunks get chained SHA-256 hashes over the token ids
   (`tandem.core.kvkeys`; no PYTHONHASHSEED dependence), one entry per chunk and rank:
@@ -47,8 +48,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -62,12 +63,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 from vllm.logger import init_logger
 
-from tandem.kvpool import kv_blocks
 from tandem.kvpool.client import POOL_ERRORS, connect_sync, password_from_env, redact_url
 from tandem.kvpool.connector_plan import (
-    ChunkLoad,
     ChunkNamer,
-    ChunkSave,
     FailureMemory,
     PoolHealth,
     PoolSettings,
@@ -79,8 +77,13 @@ from tandem.kvpool.connector_plan import (
     prompt_chunk_hashes,
 )
 from tandem.kvpool.connector_stats import TandemConnectorStats, TandemPromMetrics
-from tandem.kvpool.keys import encode_metadata
-from tandem.kvpool.kv_layout import KVLayout, infer_layout, layout_from_backend
+from tandem.kvpool.connector_worker import (
+    LoadRequest,
+    SaveRequest,
+    TandemConnectorMetadata,
+    TandemWorkerMetadata,
+    WorkerSide,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -94,41 +97,6 @@ if TYPE_CHECKING:
 
 #: Under vLLM's logger tree, so these lines get vLLM's handler, format and level.
 logger = init_logger("vllm.tandem_kvpool_connector")
-
-
-# --------------------------------------------------------------------------- data passed between sides
-
-
-@dataclass
-class LoadRequest:
-    req_id: str
-    chunks: list[ChunkLoad]
-
-
-@dataclass
-class SaveRequest:
-    req_id: str
-    chunks: list[ChunkSave]
-
-
-@dataclass
-class TandemConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """Scheduler → workers, one per step (picklable: plain dataclasses)."""
-
-    loads: list[LoadRequest] = field(default_factory=list)
-    saves: list[SaveRequest] = field(default_factory=list)
-
-
-@dataclass
-class TandemWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
-    """Workers → scheduler: chunk hashes whose load failed, so lookups stop offering them."""
-
-    failed_hashes: set[int] = field(default_factory=set)
-
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        if isinstance(other, TandemWorkerMetadata):
-            self.failed_hashes |= other.failed_hashes
-        return self
 
 
 # --------------------------------------------------------------------------- the connector
@@ -175,7 +143,7 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = _SchedulerSide(self)
         else:
-            self._worker = _WorkerSide(self)
+            self._worker = WorkerSide(self)
         logger.info(
             "TandemConnector %s (%s%s): pool %s, model key %r, chunk %d tokens, block %d, dtype %s",
             role.name.lower(), "producer" if self.produces else "", " consumer" if self.consumes else "",
@@ -440,205 +408,3 @@ class _SchedulerSide:
         self.prompts.pop(req_id, None)
         self.lookups.pop(req_id, None)
         self.tracker.finish(req_id)
-
-
-def _worker_rank() -> int:
-    """This worker's index among world_size ranks (TP rank within its PP stage)."""
-    from vllm.distributed.parallel_state import (
-        get_pp_group,
-        get_tensor_model_parallel_rank,
-        get_tensor_model_parallel_world_size,
-    )
-
-    try:
-        return int(
-            int(get_pp_group().rank_in_group) * get_tensor_model_parallel_world_size()
-            + get_tensor_model_parallel_rank()
-        )
-    except (AssertionError, AttributeError, RuntimeError):
-        return 0
-
-
-def _backend_shape(vllm_config: VllmConfig, layer_name: str) -> Callable[[int], Sequence[int]]:
-    """The layer's attention backend's `get_kv_cache_shape` with its block size, KV heads and head size
-    bound (layers register themselves in `static_forward_context` under the names `register_kv_caches`
-    uses). Raises whatever vLLM raises when that is not there; the caller falls back on the shape."""
-    layer = vllm_config.compilation_config.static_forward_context[layer_name]
-    backend = layer.get_attn_backend()
-    spec = layer.get_kv_cache_spec(vllm_config)
-    cache_dtype = str(vllm_config.cache_config.cache_dtype)
-
-    def shape(num_blocks: int) -> Sequence[int]:
-        return tuple(
-            backend.get_kv_cache_shape(
-                num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size, cache_dtype_str=cache_dtype
-            )
-        )
-
-    return shape
-
-
-class _WorkerSide:
-    """Moves whole blocks between the paged KV cache and Redis; runs in each worker."""
-
-    def __init__(self, connector: TandemConnector) -> None:
-        self.c = connector
-        self.layers: list[kv_blocks.Layer] = []
-        self._backend_unreadable_logged = False
-        self.invalid_blocks: set[int] = set()
-        self.failed_hashes: set[int] = set()
-        self._namer: ChunkNamer | None = None
-
-    @property
-    def namer(self) -> ChunkNamer:
-        if self._namer is None:
-            self._namer = self.c.namer(_worker_rank())
-        return self._namer
-
-    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """Place each layer's block axis; a layout that cannot be placed stops the engine at start-up
-        (`KVLayoutError`, naming the shape) rather than failing every transfer later."""
-        layouts = {name: self._layout(name, kv) for name, kv in sorted(kv_caches.items())}
-        self.layers = [(kv_caches[name], layout) for name, layout in layouts.items()]
-        kv, layout = self.layers[0]
-        logger.info(
-            "TandemConnector: %d layers, KV tensor %s %s, block axis %d (read from the %s), %d B per block",
-            len(self.layers), layout.shape, kv.dtype, layout.block_axis,
-            "attention backend" if layout.source == "backend" else "tensor's shape", self._block_bytes(),
-        )  # fmt: skip
-
-    def _layout(self, layer_name: str, kv: torch.Tensor) -> KVLayout:
-        shape = tuple(kv.shape)
-        try:
-            return layout_from_backend(shape, backend_shape=_backend_shape(self.c.vllm_config, layer_name))
-        except Exception as exc:  # noqa: BLE001 -- boundary: vLLM internals, the backend's code; use the shape
-            if not self._backend_unreadable_logged:
-                self._backend_unreadable_logged = True
-                logger.info(
-                    "TandemConnector: the attention backend's KV layout for %s is not readable (%s: %s); "
-                    "placing the block axis from the tensor's shape",
-                    layer_name, type(exc).__name__, exc,
-                )  # fmt: skip
-        config = self.c.kv_cache_config
-        num_blocks = int(config.num_blocks) if config is not None else None
-        return infer_layout(shape, block_size=self.c.block_size, num_blocks=num_blocks)
-
-    def _block_bytes(self) -> int:
-        return kv_blocks.block_bytes(self.layers)
-
-    def _hidden(self) -> int:
-        return self.layers[0][1].hidden(self.c.block_size)
-
-    # -- save (producer)
-
-    def save(self, saves: list[SaveRequest]) -> None:
-        if not self.layers or not self.c.health.usable():
-            return
-        chunks = {chunk.chunk_hash: chunk for request in saves for chunk in request.chunks}
-        try:
-            missing = self._missing(list(chunks))
-            pipe = self.c.redis.pipeline(transaction=False)
-            written = 0
-            for chunk_hash in missing:
-                value = kv_blocks.gather(self.layers, chunks[chunk_hash].block_ids)
-                pipe.set(self.namer.kv_bytes(chunk_hash), value)
-                pipe.set(self.namer.metadata(chunk_hash), self._metadata(len(value)))
-                written += len(value)
-            if missing:
-                pipe.execute()
-        except POOL_ERRORS as exc:
-            self.c.stats.add("save_failures", len(chunks))
-            self.c.pool_failed("save", exc)
-            return
-        except Exception as exc:  # noqa: BLE001 -- boundary: an escaping error kills the engine; skip the save
-            self.c.stats.add("save_failures", len(chunks))
-            self.c.connector_failed("save", exc)
-            return
-        self.c.pool_ok()
-        self.c.stats.add("chunks_saved", len(missing))
-        self.c.stats.add("chunks_already_stored", len(chunks) - len(missing))
-        self.c.stats.add("bytes_saved", written)
-
-    def _missing(self, hashes: list[int]) -> list[int]:
-        pipe = self.c.redis.pipeline(transaction=False)
-        for chunk_hash in hashes:
-            pipe.exists(self.namer.metadata(chunk_hash))
-        return [h for h, stored in zip(hashes, pipe.execute(), strict=True) if not stored]
-
-    def _metadata(self, length: int) -> bytes:
-        return encode_metadata(
-            length=length,
-            dtype=self.c.dtype,
-            layers=len(self.layers),
-            tokens=self.c.settings.chunk_size,
-            hidden=self._hidden(),
-        )
-
-    # -- load (consumer)
-
-    def load(self, loads: list[LoadRequest]) -> None:
-        for request in loads:
-            try:
-                self._load_request(request)
-            except POOL_ERRORS as exc:
-                self.c.pool_failed("load", exc)
-                self._fail(request.chunks, broken=False)
-            except Exception as exc:  # noqa: BLE001 -- boundary: an escaping error kills the engine; recompute
-                self.c.connector_failed("load", exc)
-                self._fail(request.chunks, broken=False)
-
-    def _load_request(self, request: LoadRequest) -> None:
-        pipe = self.c.redis.pipeline(transaction=False)
-        for chunk in request.chunks:
-            pipe.get(self.namer.kv_bytes(chunk.chunk_hash))
-        values = pipe.execute()
-        self.c.pool_ok()
-        per_chunk = self.c.settings.chunk_size // self.c.block_size
-        expected = self._block_bytes() * per_chunk
-        for position, (chunk, value) in enumerate(zip(request.chunks, values, strict=True)):
-            if not isinstance(value, bytes) or len(value) != expected:
-                self._drop_broken(chunk.chunk_hash)
-                self._fail(request.chunks[position:], broken=True)
-                return
-            try:
-                kv_blocks.scatter(
-                    self.layers,
-                    value,
-                    chunk.block_ids,
-                    blocks_per_chunk=per_chunk,
-                    skip_blocks=chunk.skip_blocks,
-                )
-            except Exception as exc:  # noqa: BLE001 -- boundary: a tensor error; this chunk and the rest recompute
-                self.c.connector_failed("load", exc)
-                self._fail(request.chunks[position:], broken=False)
-                return
-            self.c.stats.add("chunks_loaded")
-            self.c.stats.add("bytes_loaded", len(value))
-
-    def _drop_broken(self, chunk_hash: int) -> None:
-        """Delete an entry whose bytes are missing or of the wrong size, so it is rewritten later."""
-        logger.warning(
-            "KV pool chunk %s is incomplete; deleting it and recomputing", self.namer.base(chunk_hash)
-        )
-        with contextlib.suppress(*POOL_ERRORS):
-            self.c.redis.delete(self.namer.metadata(chunk_hash), self.namer.kv_bytes(chunk_hash))
-
-    def _fail(self, chunks: list[ChunkLoad], *, broken: bool) -> None:
-        """Report the chunks' blocks as not loaded (the engine recomputes them); a broken entry's
-        hash goes back to the scheduler, which stops offering it for a while."""
-        self.c.stats.add("load_failures", len(chunks))
-        for chunk in chunks:
-            self.invalid_blocks.update(chunk.block_ids)
-        if broken and chunks:
-            self.failed_hashes.add(chunks[0].chunk_hash)
-
-    def take_invalid_blocks(self) -> set[int]:
-        blocks, self.invalid_blocks = self.invalid_blocks, set()
-        return blocks
-
-    def take_failed_hashes(self) -> TandemWorkerMetadata | None:
-        if not self.failed_hashes:
-            return None
-        meta = TandemWorkerMetadata(failed_hashes=self.failed_hashes)
-        self.failed_hashes = set()
-        return meta
