@@ -28,18 +28,18 @@ LIMITS = "limits"
 SERVICE_INTERVAL_S = 0.005
 
 
-class SharedService:
-    """Batches this worker's VTC charges for its siblings (module docstring)."""
+class _Batched:
+    """A per-tenant tally sent as one `event` at most every `interval_s` (the first addition after a
+    send schedules the next send); subclasses add to `_pending` and call `_added`."""
 
-    def __init__(self, bus: Bus, *, interval_s: float = SERVICE_INTERVAL_S) -> None:
+    def __init__(self, bus: Bus, event: str, *, interval_s: float) -> None:
         self._bus = bus
+        self._event = event
         self._interval = interval_s
-        self._pending: dict[str, float] = {}
+        self._pending: dict[str, Any] = {}
         self._scheduled = False
 
-    def charged(self, tenant: str, service: float) -> None:
-        """The `on_charge` hook of this worker's fair queue."""
-        self._pending[tenant] = self._pending.get(tenant, 0.0) + service
+    def _added(self) -> None:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_later(self._interval, self._send)
@@ -48,32 +48,33 @@ class SharedService:
         self._scheduled = False
         pending, self._pending = self._pending, {}
         if pending:
-            self._bus.publish(SERVICE, pending)
+            self._bus.publish(self._event, pending)
 
 
-class SharedLimits:
+class SharedService(_Batched):
+    """Batches this worker's VTC charges for its siblings (module docstring)."""
+
+    def __init__(self, bus: Bus, *, interval_s: float = SERVICE_INTERVAL_S) -> None:
+        super().__init__(bus, SERVICE, interval_s=interval_s)
+
+    def charged(self, tenant: str, service: float) -> None:
+        """The `on_charge` hook of this worker's fair queue."""
+        self._pending[tenant] = self._pending.get(tenant, 0.0) + service
+        self._added()
+
+
+class SharedLimits(_Batched):
     """Batches what this worker took from rate-limit buckets for its siblings (module docstring)."""
 
     def __init__(self, bus: Bus, *, interval_s: float = SERVICE_INTERVAL_S) -> None:
-        self._bus = bus
-        self._interval = interval_s
-        self._pending: dict[str, list[int]] = {}
-        self._scheduled = False
+        super().__init__(bus, LIMITS, interval_s=interval_s)
 
     def took(self, tenant: str, requests: int, tokens: int) -> None:
         """The `on_take` hook of this worker's rate limiter."""
         pending = self._pending.setdefault(tenant, [0, 0])
         pending[0] += requests
         pending[1] += tokens
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_later(self._interval, self._send)
-
-    def _send(self) -> None:
-        self._scheduled = False
-        pending, self._pending = self._pending, {}
-        if pending:
-            self._bus.publish(LIMITS, pending)
+        self._added()
 
 
 def apply_limits(absorb: Callable[[str, int, int], None]) -> Callable[[Any], None]:
