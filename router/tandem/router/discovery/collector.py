@@ -22,13 +22,13 @@ The `httpx.AsyncClient` is injected; a round's failures never end the task.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Literal
 
 import httpx
 
+from tandem.core.tasks import stop_task
 from tandem.router.discovery.enginestats import NotEngineMetrics, parse_engine_metrics
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.settings import CollectorSettings
@@ -68,10 +68,7 @@ class MetricsCollector:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def scrape_all(self) -> dict[str, ScrapeOutcome]:
         """One round: every engine URL scraped concurrently; returns each one's outcome."""

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Protocol
 
 from tandem.core.kubeaccess import KubeAccess, KubeAccessError
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, StaticDiscovery, read_endpoint_file
+from tandem.core.tasks import stop_task
 from tandem.router.discovery.kubernetes import KubernetesEndpoints
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import ConfigurationError
@@ -68,11 +68,8 @@ class FileEndpoints:
         self._task = asyncio.create_task(self._follow(registry), name="watch-endpoint-file")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task)
 
     def reload(self, registry: EndpointRegistry) -> bool:
         """Re-read the file if it changed since the last read; True when the pools were rewritten."""

@@ -17,10 +17,11 @@ the engine's rotation (see `tandem.router.upstream.dispatch`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
+
+from tandem.core.tasks import stop_task
 
 #: Seconds between ticks: cheap (ten wake-ups a second) and fine enough to see stalls of 0.1 s.
 TICK_S = 0.1
@@ -77,11 +78,8 @@ class LoopLagMonitor:
         self._task = asyncio.create_task(self._run(), name="tandem-loop-lag")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task)
 
     def mark(self) -> float:
         """The lag total now; pass it to `lag_since` later."""

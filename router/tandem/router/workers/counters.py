@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tandem.core.tasks import stop_task
 from tandem.kvpool.client import POOL_ERRORS
 
 log = logging.getLogger("tandem.router")
@@ -100,11 +101,8 @@ class SharedCounters:
         self._task = asyncio.create_task(self._run(), name="shared-counters")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task)
         with contextlib.suppress(*POOL_ERRORS):
             await self.sync()  # what this replica charged last still counts for the others
         await self._store.aclose()

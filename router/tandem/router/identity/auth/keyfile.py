@@ -11,11 +11,11 @@ Keys are never logged; the log names the file and the number of entries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from pathlib import Path
 
+from tandem.core.tasks import stop_task
 from tandem.router.identity.auth.keys import KeyTable, KeyTableError, parse_key_table
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,7 @@ class KeyFile:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def _watch(self) -> None:
         while True:
