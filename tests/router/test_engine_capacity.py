@@ -12,7 +12,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from tests.router.harness import MODEL, Launcher, metric
+from tests.router.fake_engine import FakeEngine
+from tests.router.harness import MODEL, Launcher, RunningRouter, metric
 from tests.router.scheduling_builders import A, snapshot, stats
 
 from tandem.router.discovery.capacity import DEFAULT_CAPACITY, EngineCapacity, capacity_from_args
@@ -118,23 +119,30 @@ def test_below_a_known_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:
     assert [learn(3, 0, 0.5), learn(4, 0, 0.5)] == [4, 4]  # grows back, never above the known 4
 
 
-async def test_the_backlog_waits_in_the_gateway_not_in_the_engine(launcher: Launcher) -> None:
-    engine = await launcher.engine("d0", tokens=3, token_delay=0.05)
-    settings = RouterSettings(admission=AdmissionSettings(poll_seconds=0.02, handover_tokens=0))
+async def two_seq_router(
+    launcher: Launcher, *, tokens: int, handover: int
+) -> tuple[FakeEngine, RunningRouter]:
+    """A fake engine streaming `tokens` tokens, behind a router told it runs `--max-num-seqs 2`."""
+    engine = await launcher.engine("d0", tokens=tokens, token_delay=0.05)
+    settings = RouterSettings(admission=AdmissionSettings(poll_seconds=0.02, handover_tokens=handover))
     spec: dict[str, dict[str, Any]] = {
         "engine": {"kind": "sim", "args": ["--max-num-seqs", "2"]},
         "router": {"slo": {"ttftSeconds": 60}},
     }
-    router = await launcher.router(decode=[engine], settings=settings, spec=spec)
+    return engine, await launcher.router(decode=[engine], settings=settings, spec=spec)
 
-    async def one(i: int) -> None:
-        stream = await router.openai.completions.create(
-            model=MODEL, prompt=f"p{i}", max_tokens=3, stream=True
-        )
-        async for _ in stream:
-            pass
 
-    await asyncio.gather(*(one(i) for i in range(10)))
+async def streamed_texts(router: RunningRouter, i: int, *, max_tokens: int) -> int:
+    """Request i streamed to its end through the router; its chunks with text."""
+    stream = await router.openai.completions.create(
+        model=MODEL, prompt=f"p{i}", max_tokens=max_tokens, stream=True
+    )
+    return len([chunk async for chunk in stream if chunk.choices and chunk.choices[0].text])
+
+
+async def test_the_backlog_waits_in_the_gateway_not_in_the_engine(launcher: Launcher) -> None:
+    engine, router = await two_seq_router(launcher, tokens=3, handover=0)
+    await asyncio.gather(*(streamed_texts(router, i, max_tokens=3) for i in range(10)))
     assert engine.most_open == 2  # --max-num-seqs 2 (no lookahead at 2): the rest waited in the gateway
     assert len(engine.received) == 10
 
@@ -146,21 +154,8 @@ async def test_a_stream_near_its_end_hands_its_slot_to_the_next_request(
     """--max-num-seqs 2, streams of exactly max_tokens = 8: with a handover of 2 tokens, the next
     two requests reach the engine while the first two stream their last tokens (4 open at once,
     never more); without it the engine never holds more than its 2."""
-    engine = await launcher.engine("d0", tokens=8, token_delay=0.05)
-    settings = RouterSettings(admission=AdmissionSettings(poll_seconds=0.02, handover_tokens=handover))
-    spec: dict[str, dict[str, Any]] = {
-        "engine": {"kind": "sim", "args": ["--max-num-seqs", "2"]},
-        "router": {"slo": {"ttftSeconds": 60}},
-    }
-    router = await launcher.router(decode=[engine], settings=settings, spec=spec)
-
-    async def one(i: int) -> int:
-        stream = await router.openai.completions.create(
-            model=MODEL, prompt=f"p{i}", max_tokens=8, stream=True
-        )
-        return len([chunk async for chunk in stream if chunk.choices and chunk.choices[0].text])
-
-    assert await asyncio.gather(*(one(i) for i in range(6))) == [8] * 6
+    engine, router = await two_seq_router(launcher, tokens=8, handover=handover)
+    assert await asyncio.gather(*(streamed_texts(router, i, max_tokens=8) for i in range(6))) == [8] * 6
     assert engine.most_open == most_open
     assert await metric(router, "tandem_router_admitted_requests") == 0
     assert await metric(router, "tandem_router_pool_in_flight_requests", pool="decode") == 0
