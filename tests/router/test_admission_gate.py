@@ -8,7 +8,7 @@ predictor (a table), and the clock (moved by hand; the gate re-checks it every `
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -44,8 +44,9 @@ class Predictions:
 
 def make_gate(
     pool: Pool,
-    clock: FakeClock,
+    clock: Callable[[], float],
     *,
+    poll_s: float = 0.01,
     max_queue: int = 10,
     fcfs: bool = False,
     predictor: Predictions | None = None,
@@ -63,7 +64,7 @@ def make_gate(
         metrics=metrics,
         clock=clock,
         max_queue_wait_s=max_wait_s,
-        poll_s=0.01,
+        poll_s=poll_s,
     )
     metrics.watch(gate)
     return gate, registry
@@ -290,9 +291,7 @@ async def test_a_request_still_queued_at_its_own_deadline_gets_429() -> None:
 
 async def test_on_the_loops_own_clock_a_deadline_is_met_by_its_own_timer_not_the_poll() -> None:
     """A gate whose poll is an hour apart still refuses a waiter at its own 50 ms deadline."""
-    loop = asyncio.get_running_loop()
-    gate, _ = make_gate(Pool(capacity=1), FakeClock())
-    gate._clock, gate._poll_s = loop.time, 3600.0
+    gate, _ = make_gate(Pool(capacity=1), asyncio.get_running_loop().time, poll_s=3600.0)
     await gate.admit(request("r0", "a"))
     with pytest.raises(Overloaded) as caught:
         await asyncio.wait_for(gate.admit(request("r1", "b", deadline=0.05)), timeout=5)

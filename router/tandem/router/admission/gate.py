@@ -375,9 +375,9 @@ class AdmissionGate:
         if not self._waiting:
             return
         now = self._clock()
+        self.pump()  # serves what it can and refuses the head if it is past its deadline
         for waiter in [w for w in self._waiting if not w.future.done() and now >= w.deadline]:
-            self._expire(waiter)
-        self.pump()
+            self._reject(waiter, self._late(waiter))
         if self._waiting:
             self._poll_handle = asyncio.get_running_loop().call_later(self._poll_s, self._poll)
 
