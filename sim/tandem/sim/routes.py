@@ -1,10 +1,11 @@
-"""The engine's non-generating endpoints, in vLLM's shapes: models, tokenize, detokenize, health,
-version and Prometheus metrics."""
+"""The engine's non-generating endpoints, in vLLM's shapes: models, tokenize, detokenize, the render
+routes, health, version and Prometheus metrics."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import time
+import uuid
 from typing import Any
 
 from fastapi import APIRouter
@@ -12,15 +13,20 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 
+from tandem.core.logs import REQUEST_ID
+from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest
 from tandem.core.tokenizer import TokenizerError, decode, encode, render_chat
+from tandem.sim.middleware import log_fields
 from tandem.sim.protocol import (
     APIError,
     DetokenizeRequest,
     TokenizeRequest,
     check_model,
     parse_json,
+    prepare,
     validate,
 )
+from tandem.sim.render import RenderFields, generate_request, render_id
 from tandem.sim.state import sim_state
 
 router = APIRouter()
@@ -96,3 +102,33 @@ async def detokenize(request: Request) -> JSONResponse:
     except TokenizerError as exc:
         raise APIError(400, str(exc), param="tokens") from None
     return JSONResponse({"prompt": text})
+
+
+@router.post("/v1/completions/render")
+async def render_completion(request: Request) -> JSONResponse:
+    """A completion request → `[GenerateRequest]` (one prompt: a list of one), as vLLM's render route."""
+    return JSONResponse([await _render(request, chat=False)])
+
+
+@router.post("/v1/chat/completions/render")
+async def render_chat_completion(request: Request) -> JSONResponse:
+    """A chat request → `GenerateRequest`: the templated prompt's ids and the resolved sampling."""
+    return JSONResponse(await _render(request, chat=True))
+
+
+async def _render(request: Request, *, chat: bool) -> dict[str, Any]:
+    """What `/v1/(chat/)completions` would run for this body (`protocol.prepare`, same errors), in
+    vLLM's `GenerateRequest` shape (`tandem.sim.render`); nothing reaches the engine."""
+    settings = sim_state(request).settings
+    body = parse_json(await request.body())
+    parsed = validate(ChatCompletionRequest, body) if chat else validate(CompletionRequest, body)
+    gen = prepare(parsed, served_model=settings.served_model_name, max_model_len=settings.max_model_len)
+    fields = validate(RenderFields, body)
+    log_fields(request).update(prompt_tokens=len(gen.prompt_token_ids))
+    request_id = render_id(
+        "chatcmpl" if chat else "cmpl",
+        header_id=request.headers.get("x-request-id"),
+        body_id=fields.request_id,
+        fallback=REQUEST_ID.get() or uuid.uuid4().hex,
+    )
+    return generate_request(gen, request=parsed, fields=fields, request_id=request_id)
