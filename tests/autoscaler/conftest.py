@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.operator.cluster_state import ISVC
-from tests.operator.emulator import StampingEmulator, know_inference_services
+from tests.operator.emulator import StampingEmulator, know_inference_services, parse_namespace_paths
 
 
 @pytest.fixture
@@ -25,5 +25,6 @@ def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def api(kmock: kmock_lib.KubernetesEmulator) -> kmock_lib.KubernetesEmulator:
+def api(kmock: kmock_lib.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch) -> kmock_lib.KubernetesEmulator:
+    parse_namespace_paths(monkeypatch)
     return know_inference_services(kmock, resource=ISVC)

@@ -95,6 +95,18 @@ def test_the_charts_autoscaler_command_line_parses() -> None:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["args"][0] == "autoscaler"
     params = autoscaler.make_context("autoscaler", list(container["args"][1:])).params
-    assert (params["namespace"], params["metrics_port"], params["interval_seconds"]) == ("team-a", 9191, 1.0)
+    assert params["namespaces"] == ("team-a",)
+    assert (params["metrics_port"], params["interval_seconds"]) == (9191, 1.0)
     assert container["ports"] == [{"name": "metrics", "containerPort": 9191, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+
+def test_the_charts_autoscaler_watches_the_operators_namespaces_by_default() -> None:
+    values = {"autoscaler": {"enabled": True}, "operator": {"watchNamespaces": ["team-a", "team-b"]}}
+    rendered = helm.Chart.load(ROOT / "charts" / "tandem").render(
+        values, name="tandem", namespace="tandem-system"
+    )
+    deployment = yaml.safe_load(rendered["tandem/templates/autoscaler-deployment.yaml"])
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    params = autoscaler.make_context("autoscaler", list(container["args"][1:])).params
+    assert params["namespaces"] == ("team-a", "team-b")

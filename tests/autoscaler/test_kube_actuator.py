@@ -5,7 +5,9 @@ Real: the autoscaler's HTTP client code (`HttpCluster`, `Informer`), its control
 `/healthz` and `/metrics` over HTTP. Emulated: the Kubernetes API (kmock with the operator tests'
 `StampingEmulator`), where a PATCH of `deployments/<name>/scale` lands on the Deployment itself (as the
 real scale subresource changes `spec.replicas`) and nothing plays the Deployment controller, so the
-EndpointSlices are the test's own. Waits poll with a generous deadline.
+EndpointSlices are the test's own; in the scaling story the emulator refuses (403) what the chart's
+RBAC does not grant the autoscaler (cluster-wide, or Roles in the watched namespaces;
+tests/operator/rbac.py). Waits poll with a generous deadline.
 """
 
 from __future__ import annotations
@@ -15,16 +17,15 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import helm_python as helm
 import httpx
 import kmock as kmock_lib
 import pytest
-import yaml
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry
 from tests.operator.cluster_state import NAMESPACE, find, isvc, names, path_of
-from tests.operator.specs import ROOT
+from tests.operator.emulator import StampingEmulator
+from tests.operator.rbac import Access, Grants, accesses, chart_documents
 from tests.servers import run_uvicorn
 
 from tandem.autoscaler.cluster import ServiceRef
@@ -36,7 +37,6 @@ from tandem.autoscaler.readings import EngineReading
 from tandem.core.kubeaccess import KubeAccess
 
 PATIENCE_S = 60.0
-CHART = ROOT / "charts" / "tandem"
 ISVC_PATH = f"/apis/tandem.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
 
 
@@ -88,7 +88,7 @@ async def cluster(api: kmock_lib.KubernetesEmulator) -> AsyncIterator[HttpCluste
     access = KubeAccess.plain(str(api.url))
     async with access.client() as client:
         slices = Informer(client=client, access=access, path=slices_path(NAMESPACE))
-        yield HttpCluster(client=client, access=access, slices=slices)
+        yield HttpCluster(client=client, access=access, slices=[slices])
 
 
 def controller(cluster: HttpCluster, util: float) -> PoolController:
@@ -195,9 +195,46 @@ SPEC = {
 }
 
 
+def from_the_autoscaler(request: Any) -> bool:
+    """The autoscaler's requests (httpx); the test's own go through kmock's aiohttp client."""
+    agent = {k.lower(): v for k, v in request.headers.items()}.get("user-agent", "")
+    return "httpx" in agent
+
+
+def autoscaler_grants(namespaces: tuple[str, ...]) -> Grants:
+    """The autoscaler's rights in the chart installed to watch `namespaces` (empty: every one)."""
+    values = {"autoscaler": {"enabled": True}, "operator": {"watchNamespaces": list(namespaces)}}
+    return Grants(chart_documents(values), account="tandem-autoscaler")
+
+
+@pytest.mark.parametrize("namespaces", [(), (NAMESPACE, "team-b")], ids=["cluster-wide", "namespaced"])
 async def test_a_loaded_engine_behind_an_endpointslice_scales_its_deployment_up(
-    api: kmock_lib.KubernetesEmulator,
+    api: kmock_lib.KubernetesEmulator, namespaces: tuple[str, ...]
 ) -> None:
+    # The autoscaler runs under the chart's RBAC: the emulated API server refuses (403) the rest.
+    grants = autoscaler_grants(namespaces)
+    assert isinstance(api, StampingEmulator)
+    api.authorize = grants.authorizer(made_by=from_the_autoscaler)
+    try:
+        await scale_up_story(api, namespaces)
+    finally:  # a refusal explains a stalled story better than the timeout does
+        made = accesses(api, made_by=from_the_autoscaler)
+        denied = grants.refused(made)
+        assert denied == [], f"the chart's autoscaler RBAC refuses: {denied}"
+    assert {
+        Access(NAMESPACE, "apps", "deployments/scale", "patch"),
+        Access(NAMESPACE, "", "events", "create"),
+    } <= made
+    # It watched InferenceServices and EndpointSlices where the chart says: everywhere, or in each
+    # namespace the chart names.
+    for plural in ("inferenceservices", "endpointslices"):
+        watched = {a.namespace for a in made if a.resource == plural and a.verb == "watch"}
+        assert watched == set(namespaces or [None]), plural
+
+
+async def scale_up_story(api: kmock_lib.KubernetesEmulator, namespaces: tuple[str, ...]) -> None:
+    """A loaded engine behind an EndpointSlice: its Deployment is scaled up, with an Event, the
+    status and the metrics saying so."""
     with fake_engine() as engine_url:
         engine_port = int(engine_url.rsplit(":", 1)[1])
         await deployment(api, "demo-decode", 1)
@@ -205,7 +242,7 @@ async def test_a_loaded_engine_behind_an_endpointslice_scales_its_deployment_up(
         body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "demo"}}
         await create(api, ISVC_PATH, {**body, "spec": SPEC})
         settings = ClusterSettings(
-            namespace=NAMESPACE,
+            namespaces=namespaces,
             interval_s=0.2,
             metrics_host="127.0.0.1",
             metrics_port=0,
@@ -237,42 +274,3 @@ async def test_a_loaded_engine_behind_an_endpointslice_scales_its_deployment_up(
     assert health.status_code == 200 and health.text == "ok\n"
     assert 'tandem_autoscaler_desired_replicas{pool="decode",service="ns1/demo"} 2.0' in metrics.text
     assert path_of("Deployment", "demo-decode") + "/scale" in {str(r.url.path) for r in list(api)}
-    made = autoscaler_requests(api)
-    assert {("apps", "deployments/scale", "patch"), ("", "events", "create")} <= made
-    denied = sorted(r for r in made if not allowed_by_chart(*r))
-    assert denied == [], f"the chart's autoscaler ClusterRole would refuse: {denied}"
-
-
-def rbac_verb(request: Any) -> str:
-    """The RBAC verb an API server checks for an HTTP request on a resource URL."""
-    if request.method.value == "GET":
-        if request.name is not None:
-            return "get"
-        return "watch" if request.params.get("watch") in ("true", "1") else "list"
-    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[request.method.value]
-
-
-def autoscaler_requests(api: kmock_lib.KubernetesEmulator) -> set[tuple[str, str, str]]:
-    """(API group, resource[/subresource], verb) of every request the autoscaler made (httpx; the
-    test's own requests go through kmock's aiohttp client)."""
-    seen = set()
-    for request in list(api):
-        agent = {k.lower(): v for k, v in request.headers.items()}.get("user-agent", "")
-        if request.resource is None or not request.resource.plural or "httpx" not in agent:
-            continue
-        resource = (
-            f"{request.resource.plural}/{request.subresource}"
-            if request.subresource
-            else request.resource.plural
-        )
-        seen.add((request.resource.group or "", resource, rbac_verb(request)))
-    return seen
-
-
-def allowed_by_chart(group: str, resource: str, verb: str) -> bool:
-    rendered = helm.Chart.load(CHART).render({"autoscaler": {"enabled": True}}, name="t", namespace="t")
-    roles = [d for d in yaml.safe_load_all(rendered["tandem/templates/clusterrole.yaml"]) if d]
-    (role,) = [r for r in roles if r["metadata"]["name"].endswith("-autoscaler")]
-    return any(
-        group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in role["rules"]
-    )

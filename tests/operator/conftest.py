@@ -31,7 +31,7 @@ from tandem.operator.settings import OperatorSettings
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.operator.cluster_state import ISVC, PATIENCE, RESYNC_SECONDS
-from tests.operator.emulator import StampingEmulator, know_inference_services
+from tests.operator.emulator import StampingEmulator, know_inference_services, parse_namespace_paths
 
 
 @pytest.fixture
@@ -40,8 +40,9 @@ def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def api(kmock: kmock_lib.KubernetesEmulator) -> kmock_lib.KubernetesEmulator:
+def api(kmock: kmock_lib.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch) -> kmock_lib.KubernetesEmulator:
     """The emulated API server knowing the built-in kinds and the InferenceService resource."""
+    parse_namespace_paths(monkeypatch)
     return know_inference_services(kmock, resource=ISVC)
 
 
@@ -63,11 +64,27 @@ def kubeconfig(api: kmock_lib.KubernetesEmulator, tmp_path: Path, monkeypatch: p
     return path
 
 
+@pytest.fixture
+def operator_namespaces() -> tuple[str, ...]:
+    """The namespaces the `operator` fixture watches (`tandem operator --namespace`); empty: all of
+    them. A test parametrizes this name to run the operator namespaced."""
+    return ()
+
+
+@pytest.fixture
+def authorize() -> Callable[[Any], bool] | None:
+    """The emulated API server's authorizer while the `operator` fixture runs (None: every request
+    allowed); a test module overrides this fixture to run the operator under given rights."""
+    return None
+
+
 @contextmanager
-def running_operator(server: str) -> Iterator[None]:
+def running_operator(server: str, *, namespaces: tuple[str, ...] = ()) -> Iterator[None]:
     """Run the operator in its own thread until the block ends."""
     configuration = client.Configuration(host=server, api_key={"authorization": "Bearer test"})
-    settings = OperatorSettings(tandem_image="tandem:test", resync_seconds=RESYNC_SECONDS)
+    settings = OperatorSettings(
+        tandem_image="tandem:test", resync_seconds=RESYNC_SECONDS, namespaces=namespaces
+    )
     stop, ready = threading.Event(), threading.Event()
     cluster = KubeCluster(client.ApiClient(configuration), timeout=5.0)
     coroutine = run_operator(settings, cluster=cluster, stop_flag=stop, ready_flag=ready)
@@ -84,14 +101,20 @@ def running_operator(server: str) -> Iterator[None]:
 
 @pytest.fixture
 async def operator(
-    api: kmock_lib.KubernetesEmulator, kubeconfig: Path
+    api: kmock_lib.KubernetesEmulator,
+    kubeconfig: Path,
+    operator_namespaces: tuple[str, ...],
+    authorize: Callable[[Any], bool] | None,
 ) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """The operator, running; yields a function that restarts it (stop, then start a new one)."""
+    """The operator, running (in `operator_namespaces`, under `authorize`); yields a function that
+    restarts it (stop, then start a new one)."""
+    assert isinstance(api, StampingEmulator)
+    api.authorize = authorize
     server = str(api.url).rstrip("/")
     stack: list[Any] = []
 
     def start() -> None:
-        manager = running_operator(server)
+        manager = running_operator(server, namespaces=operator_namespaces)
         manager.__enter__()
         stack.append(manager)
 

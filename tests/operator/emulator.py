@@ -8,7 +8,11 @@ This subclass adds, as a real API server does (see shared research/k8s-lab.md):
   the snapshot and the event-bus subscription taken atomically (no lost events);
 - HTTP 422 for a failed JSON-patch `test` op (kopf's optimistic concurrency), not 500;
 - the garbage collector: once an object is gone, objects whose every owner reference names a uid
-  that no longer exists are deleted too (background cascading deletion).
+  that no longer exists are deleted too (background cascading deletion);
+- an authorizer, when a test sets `authorize`: a resource request it refuses is answered 403
+  Forbidden, as an API server's RBAC authorizer would (the request stays in the log);
+- `/api/v1/namespaces[/<name>]` read as the Namespace resource (`parse_namespace_paths`, which the
+  `api` fixtures call): kmock takes `namespaces` there for the start of a namespaced path and answers 500.
 Not emulated: schema validation, defaulting, label selectors, server-side apply, controllers (tests
 play the Deployment controller by writing `status` themselves).
 """
@@ -19,13 +23,31 @@ import copy
 import datetime
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import attrs
 import jsonpatch
 import kmock
-from kmock._internal import enums, rendering
+import pytest
+from kmock._internal import enums, parsing, rendering
+
+_kmock_parse_path = parsing.parse_path
+
+
+def parse_path(path: str) -> parsing.ParsedPath:
+    """kmock's URL parsing, except that `/api/v1/namespaces` and `/api/v1/namespaces/<name>` are the
+    cluster-scoped Namespace resource (a namespaced path has at least a plural after the name)."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        name = parts[3] if len(parts) == 4 else None
+        return parsing.ParsedPath(group="", version="v1", plural="namespaces", name=name)
+    return _kmock_parse_path(path)
+
+
+def parse_namespace_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Use `parse_path` for the rest of the test (kmock calls it by its module attribute)."""
+    monkeypatch.setattr(parsing, "parse_path", parse_path)
 
 
 def merged(base: Any, patch: Any) -> Any:
@@ -46,12 +68,20 @@ class StampingEmulator(kmock.KubernetesEmulator):
     """The emulator described in the module docstring."""
 
     _rv: int = 0
+    #: The authorizer: False refuses a resource request with 403 Forbidden. None: everything allowed.
+    authorize: Callable[[rendering.Request], bool] | None = None
 
     def _next_rv(self) -> str:
         self._rv += 1
         return str(self._rv)
 
     async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None and self.authorize is not None and not self.authorize(request):
+            raise kmock.KubernetesError(
+                status=403,
+                reason="Forbidden",
+                message=f"{request.method.value} {request.url.path}: forbidden",
+            )
         if request.resource is not None and isinstance(request.data, dict | list):
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
                 meta = request.data.setdefault("metadata", {})

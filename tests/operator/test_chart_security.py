@@ -2,10 +2,11 @@
 
 Real: the Helm chart rendered by Helm's own Go SDK (helm-python-sdk), the kustomize base's files,
 deploy/Dockerfile's text, and (for the RBAC coverage story) the operator running against the
-emulated API server of tests/operator/conftest.py, whose every request is checked against the
-ClusterRole the chart renders. Not exercised: a real API server's RBAC authorizer, a container
-runtime enforcing the security contexts, a Docker build (none here).
-"""
+emulated API server of tests/operator/conftest.py. Emulated: the API server's RBAC authorizer, which
+refuses (403) each of the operator's requests that the RBAC the chart renders, cluster-wide or
+namespaced, does not grant (tests/operator/rbac.py); the story then checks every request the
+operator made against those grants. Not exercised: a container runtime enforcing the security
+contexts, a Docker build (none here)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 import yaml
 from tests.operator import cluster_state as k8s
 from tests.operator.cluster_state import NAMESPACE, eventually
+from tests.operator.rbac import Access, Grants, accesses, chart_documents
 from tests.operator.specs import ROOT
 
 CHART = ROOT / "charts" / "tandem"
@@ -180,45 +182,10 @@ def test_no_rbac_rule_uses_a_wildcard_or_a_verb_that_escalates(values: str) -> N
             assert "resourceNames" not in rule or rule["resourceNames"], where
 
 
-def operator_rules() -> list[dict[str, Any]]:
-    (role,) = [
-        d
-        for d in documents(None)
-        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tandem-operator"
-    ]
-    rules: list[dict[str, Any]] = role["rules"]
-    return rules
-
-
-def allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
-    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
-
-
-def rbac_verb(request: Any) -> str:
-    """The RBAC verb an API server checks for an HTTP request on a resource URL."""
-    method = request.method.value
-    if method == "GET":
-        if request.name is not None:
-            return "get"
-        return "watch" if request.params.get("watch") in ("true", "1") else "list"
-    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
-
-
-def operator_requests(api: kmock_lib.KubernetesEmulator) -> set[tuple[str, str, str]]:
-    """(API group, resource[/subresource], verb) of every resource request the operator made
-    (kopf and the reconcile both authenticate with the kubeconfig's token; the tests' own requests
-    carry none). Discovery (/api, /apis, /version) is open to every account and left out."""
-    seen = set()
-    for request in list(api):
-        if request.resource is None or "authorization" not in {h.lower() for h in request.headers}:
-            continue
-        if not request.resource.plural:  # discovery of a group version: /apis/apps/v1
-            continue
-        resource = request.resource.plural or ""
-        if request.subresource:
-            resource = f"{resource}/{request.subresource}"
-        seen.add((request.resource.group or "", resource, rbac_verb(request)))
-    return seen
+def authenticated(request: Any) -> bool:
+    """The operator's requests: kopf and the reconcile both send the kubeconfig's token; the tests'
+    own requests carry none."""
+    return "authorization" in {h.lower() for h in request.headers}
 
 
 DEMO: dict[str, Any] = {
@@ -234,9 +201,21 @@ DEMO: dict[str, Any] = {
 }
 
 
-async def test_every_request_the_operator_makes_in_a_lifecycle_is_allowed_by_its_cluster_role(
-    api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]]
-) -> None:
+def operator_grants(namespaces: tuple[str, ...]) -> Grants:
+    """The operator's rights in the chart rendered with `operator.watchNamespaces: namespaces`."""
+    chart = chart_documents({"operator": {"watchNamespaces": list(namespaces)}})
+    return Grants(chart, account="tandem-operator")
+
+
+@pytest.fixture
+def authorize(operator_namespaces: tuple[str, ...]) -> Callable[[Any], bool]:
+    """The operator runs under the chart's RBAC for its namespaces: the emulated API server refuses
+    (403) what the chart does not grant, as a real one would."""
+    return operator_grants(operator_namespaces).authorizer(made_by=authenticated)
+
+
+async def lifecycle(api: kmock_lib.KubernetesEmulator, restart: Callable[[], Awaitable[None]]) -> None:
+    """Create, ready, switch to an external Redis, an invalid spec, a restart, deletion."""
     await k8s.apply(api, copy.deepcopy(DEMO))
     await eventually(lambda: k8s.find(api, "Deployment", "demo-router") is not None, "children")
     for name in ("demo-prefill", "demo-decode", "demo-kv", "demo-router"):
@@ -246,15 +225,32 @@ async def test_every_request_the_operator_makes_in_a_lifecycle_is_allowed_by_its
     await eventually(lambda: k8s.find(api, "Deployment", "demo-kv") is None, "managed Redis deleted")
     await k8s.patch_spec(api, "demo", {"decode": {"autoscaling": {"min": 9, "max": 4}}})
     await eventually(lambda: k8s.condition(api, "demo", "Ready").get("reason") == "InvalidSpec", "Event")
-    await operator()  # a restart: kopf lists, watches and resumes
+    await restart()  # kopf lists, watches and resumes
     await k8s.delete(api, "demo")
     await eventually(lambda: k8s.find(api, "InferenceService", "demo") is None, "deleted")
 
-    made = operator_requests(api)
-    rules = operator_rules()
-    assert ("", "events", "create") in made and ("apps", "deployments", "delete") in made
-    denied = sorted(r for r in made if not allows(rules, *r))
-    assert denied == [], f"the chart's ClusterRole would refuse: {denied}"
+
+@pytest.mark.parametrize(
+    "operator_namespaces", [(), (NAMESPACE, "team-b")], ids=["cluster-wide", "namespaced"]
+)
+async def test_every_request_the_operator_makes_in_a_lifecycle_is_allowed_by_the_rbac_the_chart_renders(
+    api: kmock_lib.KubernetesEmulator,
+    operator: Callable[[], Awaitable[None]],
+    operator_namespaces: tuple[str, ...],
+) -> None:
+    try:
+        await lifecycle(api, operator)
+    finally:  # a refusal explains a stalled lifecycle better than the timeout does
+        made = accesses(api, made_by=authenticated)
+        denied = operator_grants(operator_namespaces).refused(made)
+        assert denied == [], f"the chart's RBAC refuses: {denied}"
+    assert {
+        Access(NAMESPACE, "", "events", "create"),
+        Access(NAMESPACE, "apps", "deployments", "delete"),
+    } <= made
+    # It watched InferenceServices where the chart says: everywhere, or in each watched namespace.
+    watched = {a.namespace for a in made if a.resource == "inferenceservices" and a.verb == "watch"}
+    assert watched == set(operator_namespaces or [None])
 
 
 # -------------------------------------------------------------------------------------------- image

@@ -56,7 +56,17 @@ ALL_FEATURES: dict[str, Any] = {
     },
     "autoscaler": {"enabled": True, "intervalSeconds": 5, "nodeSelector": {"kubernetes.io/os": "linux"}},
 }
-VALUES = {"default": None, "all features": ALL_FEATURES}
+#: operator.watchNamespaces set: Roles and RoleBindings in those namespaces, nothing cluster-wide.
+NAMESPACED: dict[str, Any] = {
+    "operator": {"watchNamespaces": ["team-a", "team-b"]},
+    "autoscaler": {"enabled": True},
+}
+VALUES = {
+    "default": None,
+    "all features": ALL_FEATURES,
+    "autoscaler in one namespace": {"autoscaler": {"enabled": True, "namespace": "team-a"}},
+}
+RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
 @functools.cache
@@ -133,10 +143,90 @@ def test_all_features_render_the_autoscaler_and_watch_the_given_namespaces() -> 
     assert "--tandem-image=registry.example/tandem:1.2.3" in operator["args"]
     autoscaler = deployments["tandem-autoscaler"]["spec"]["template"]["spec"]["containers"][0]
     assert autoscaler["args"][0] == "autoscaler"
-    assert {d["metadata"]["name"] for d in by_kind(documents, "ClusterRole")} == {
-        "tandem-operator",
-        "tandem-autoscaler",
+    assert "--namespace=team-a" in autoscaler["args"] and "--namespace=team-b" in autoscaler["args"]
+
+
+def rbac_objects(documents: list[dict[str, Any]]) -> set[tuple[str, str | None, str]]:
+    """(kind, namespace, name) of every RBAC object."""
+    return {
+        (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+        for d in documents
+        if d["kind"] in RBAC_KINDS
     }
+
+
+def test_a_namespaced_install_grants_roles_in_the_watched_namespaces_and_nothing_cluster_wide() -> None:
+    documents = render(NAMESPACED)
+    assert rbac_objects(documents) == {
+        (kind, namespace, f"tandem-{component}")
+        for kind in ("Role", "RoleBinding")
+        for namespace in ("team-a", "team-b")
+        for component in ("operator", "autoscaler")
+    }
+    for binding in by_kind(documents, "RoleBinding"):
+        name = binding["metadata"]["name"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "tandem-system"}]
+    accounts = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]) for d in by_kind(documents, "ServiceAccount")
+    }
+    assert accounts == {("tandem-system", "tandem-operator"), ("tandem-system", "tandem-autoscaler")}
+
+
+@pytest.mark.parametrize("component", ["operator", "autoscaler"])
+def test_each_namespaced_role_holds_the_cluster_roles_rules_less_the_cluster_scoped_crd_read(
+    component: str,
+) -> None:
+    name = f"tandem-{component}"
+    (cluster_role,) = [
+        d
+        for d in by_kind(render({"autoscaler": {"enabled": True}}), "ClusterRole")
+        if d["metadata"]["name"] == name
+    ]
+    # CRDs are cluster-scoped (a Role cannot grant them), and a namespaced operator does not read them.
+    expected = [r for r in cluster_role["rules"] if r["resources"] != ["customresourcedefinitions"]]
+    roles = [d for d in by_kind(render(NAMESPACED), "Role") if d["metadata"]["name"] == name]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert role["rules"] == expected, role["metadata"]["namespace"]
+
+
+def test_an_autoscaler_namespace_narrows_the_autoscalers_rights_to_that_namespace() -> None:
+    documents = render({"autoscaler": {"enabled": True, "namespace": "team-a"}})
+    assert rbac_objects(documents) == {
+        ("ClusterRole", None, "tandem-operator"),
+        ("ClusterRoleBinding", None, "tandem-operator"),
+        ("Role", "team-a", "tandem-autoscaler"),
+        ("RoleBinding", "team-a", "tandem-autoscaler"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "namespaces"),
+    [
+        ({"autoscaler": {"enabled": True}}, []),
+        ({"autoscaler": {"enabled": True, "namespace": "team-a"}}, ["team-a"]),
+        (NAMESPACED, ["team-a", "team-b"]),
+        (
+            {"autoscaler": {"enabled": True, "namespace": "team-b"}, "operator": NAMESPACED["operator"]},
+            ["team-b"],
+        ),
+    ],
+)
+def test_the_autoscaler_watches_its_own_namespace_else_the_operators(
+    values: dict[str, Any], namespaces: list[str]
+) -> None:
+    (deployment,) = [
+        d for d in by_kind(render(values), "Deployment") if d["metadata"]["name"] == "tandem-autoscaler"
+    ]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a.removeprefix("--namespace=") for a in args if a.startswith("--namespace=")] == namespaces
+
+
+def test_an_autoscaler_namespace_the_operator_does_not_watch_is_refused() -> None:
+    values = {"autoscaler": {"enabled": True, "namespace": "team-c"}, "operator": NAMESPACED["operator"]}
+    with pytest.raises(helm.HelmRenderError, match=r'autoscaler\.namespace "team-c" must be one of'):
+        render(values)
 
 
 @pytest.mark.parametrize("values", sorted(VALUES))
@@ -166,14 +256,25 @@ def rule_allows(rules: list[dict[str, Any]], *, group: str, resource: str, verb:
     return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
 
 
-def operator_rules() -> list[dict[str, Any]]:
-    (role,) = [d for d in by_kind(render(None), "ClusterRole") if d["metadata"]["name"] == "tandem-operator"]
+def operator_rules(install: str = "cluster-wide") -> list[dict[str, Any]]:
+    """The operator's ClusterRole rules, or (namespaced) those of its Role in team-a."""
+    if install == "cluster-wide":
+        roles = [
+            d for d in by_kind(render(None), "ClusterRole") if d["metadata"]["name"] == "tandem-operator"
+        ]
+    else:
+        roles = [
+            d for d in by_kind(render(NAMESPACED), "Role")
+            if d["metadata"]["name"] == "tandem-operator" and d["metadata"]["namespace"] == "team-a"
+        ]  # fmt: skip
+    (role,) = roles
     rules: list[dict[str, Any]] = role["rules"]
     return rules
 
 
-def test_the_operator_role_allows_everything_the_operator_does() -> None:
-    rules = operator_rules()
+@pytest.mark.parametrize("install", ["cluster-wide", "namespaced"])
+def test_the_operator_role_allows_everything_the_operator_does(install: str) -> None:
+    rules = operator_rules(install)
     for (api_version, _), plural in PLURALS.items():
         group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
         for verb in ("get", "create", "patch", "delete"):
@@ -185,8 +286,9 @@ def test_the_operator_role_allows_everything_the_operator_does() -> None:
     assert rule_allows(rules, group="", resource="events", verb="create")
 
 
-def test_the_operator_holds_every_permission_it_grants_the_router() -> None:
-    rules = operator_rules()
+@pytest.mark.parametrize("install", ["cluster-wide", "namespaced"])
+def test_the_operator_holds_every_permission_it_grants_the_router(install: str) -> None:
+    rules = operator_rules(install)
     for rule in build_router_role(OWNER)["rules"]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:

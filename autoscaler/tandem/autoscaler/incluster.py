@@ -1,12 +1,14 @@
 """`tandem autoscaler` in a cluster: every autoscaled InferenceService's pools, kept sized.
 
-- **Services**: InferenceServices are listed and watched (one namespace or all). Each one whose pools
-  have `autoscaling.enabled` gets a controller per such pool (`tandem.autoscaler.runner`); an edit
-  updates the parameters and keeps the decider's state; deletion, disabling or an invalid spec removes
-  them. Services are keyed `namespace/name` (the metrics' `service` label).
+- **Services**: InferenceServices are listed and watched (in each given namespace, or in every one
+  through one cluster-wide watch). Each one whose pools have `autoscaling.enabled` gets a controller
+  per such pool (`tandem.autoscaler.runner`); an edit updates the parameters and keeps the decider's
+  state; deletion, disabling or an invalid spec removes them. Services are keyed `namespace/name`
+  (the metrics' `service` label).
 - **Engines** are found as the router finds them: the ready endpoints of the EndpointSlices of the pool's
-  headless Service `<name>-prefill` / `<name>-decode` (port 8000), from one EndpointSlice informer; the
-  gateway's replicas the same way from `<name>-router` (port 8080), whose queue depth counts in demand.
+  headless Service `<name>-prefill` / `<name>-decode` (port 8000), from EndpointSlice informers (one per
+  namespace, as for services); the gateway's replicas the same way from `<name>-router` (port 8080),
+  whose queue depth counts in demand.
 - **Actuator** (`KubePool`): the `scale` subresource of the pool's Deployment (same name as its
   Service), patched only when the decision differs from its `spec.replicas`.
 - **Report** (`KubeReporter`): an Event (`ScaledUp` / `ScaledDown`) on the InferenceService per scale
@@ -240,11 +242,11 @@ async def wait_synced(events: Sequence[asyncio.Event], stop: asyncio.Event) -> b
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSettings:
-    """`tandem autoscaler`'s settings: the namespace to watch (None: all), the round period, where
+    """`tandem autoscaler`'s settings: the namespaces to watch (empty: all), the round period, where
     `/metrics` and `/healthz` are served, the status refresh period for reason-only changes, and the
     ports of engine and gateway pods (the operator's; tests point them elsewhere)."""
 
-    namespace: str | None = None
+    namespaces: tuple[str, ...] = ()
     interval_s: float = 1.0
     metrics_host: str = "0.0.0.0"  # a pod's metrics are scraped from other pods
     metrics_port: int = 9090
@@ -264,7 +266,10 @@ async def run_in_cluster(
     """Run until `stop` is set (module docstring). Raises OSError when the metrics port is taken."""
     registry = registry or CollectorRegistry()
     async with access.client() as api, httpx.AsyncClient(trust_env=False) as engines:
-        slices = Informer(client=api, access=access, path=slices_path(settings.namespace))
+        # One list and watch per namespace: a namespaced install grants the autoscaler nothing
+        # cluster-wide (docs/security.md); None is the cluster-wide collection.
+        scopes: tuple[str | None, ...] = settings.namespaces or (None,)
+        slices = [Informer(client=api, access=access, path=slices_path(ns)) for ns in scopes]
         cluster = HttpCluster(client=api, access=access, slices=slices)
         scraper = Scraper(engines)
         autoscaler = Autoscaler(metrics=AutoscalerMetrics(registry), interval_s=settings.interval_s)
@@ -283,9 +288,10 @@ async def run_in_cluster(
             ports=(settings.engine_port, settings.router_port),
         )
         sync_holder.append(sync)
-        services = Informer(
-            client=api, access=access, path=services_path(settings.namespace), on_change=sync.on_change
-        )
+        services = [
+            Informer(client=api, access=access, path=services_path(ns), on_change=sync.on_change)
+            for ns in scopes
+        ]
         health = HealthServer(
             host=settings.metrics_host,
             port=settings.metrics_port,
@@ -294,11 +300,11 @@ async def run_in_cluster(
         )
         await health.start()
         on_listening(health.port)
-        tasks = [asyncio.create_task(slices.run(), name="watch-endpointslices")]
+        tasks = [asyncio.create_task(s.run(), name=f"watch {s.path}") for s in slices]
         try:
-            if await wait_synced([slices.synced], stop):
-                tasks.append(asyncio.create_task(services.run(), name="watch-inferenceservices"))
-            log.info("autoscaler started", extra={"namespace": settings.namespace or "*"})
+            if await wait_synced([s.synced for s in slices], stop):
+                tasks += [asyncio.create_task(s.run(), name=f"watch {s.path}") for s in services]
+            log.info("autoscaler started", extra={"namespaces": list(settings.namespaces) or "*"})
             await autoscaler.run(stop)
         finally:
             for task in tasks:

@@ -8,9 +8,10 @@
   resourceVersion when the server ends it; `410 Gone` relists (objects gone since are reported
   DELETED); any other failure relists after a backoff of 0.5 s doubling to 30 s. `synced` is set once
   the first list is in.
-- `HttpCluster`: `tandem.autoscaler.cluster.ClusterAPI`: ready engine URLs from an EndpointSlice
-  informer's cache (the same rule as the router, `tandem.core.endpointslices.ready_urls`), the scale
-  subresource of Deployments, Events, and the InferenceService's status subresource (merge patches).
+- `HttpCluster`: `tandem.autoscaler.cluster.ClusterAPI`: ready engine URLs from the EndpointSlice
+  informers' caches, one per namespace watched or one for all (the same rule as the router,
+  `tandem.core.endpointslices.ready_urls`), the scale subresource of Deployments, Events, and the
+  InferenceService's status subresource (merge patches).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -115,15 +116,16 @@ class Informer:
 
 
 class HttpCluster:
-    """`ClusterAPI` over one httpx client; EndpointSlices come from `slices` (an informer's cache)."""
+    """`ClusterAPI` over one httpx client; EndpointSlices come from `slices` (informers' caches, one
+    per namespace watched or one for every namespace)."""
 
-    def __init__(self, *, client: httpx.AsyncClient, access: KubeAccess, slices: Informer) -> None:
+    def __init__(self, *, client: httpx.AsyncClient, access: KubeAccess, slices: Sequence[Informer]) -> None:
         self._client = client
         self._access = access
         self._slices = slices
 
     async def ready_urls(self, namespace: str, service: str, port: int) -> list[str]:
-        mine = [s for (ns, _), s in self._slices.objects.items() if ns == namespace]
+        mine = [s for slices in self._slices for (ns, _), s in slices.objects.items() if ns == namespace]
         return ready_urls(mine, service=service, port=port)
 
     async def get_scale(self, namespace: str, deployment: str) -> int:

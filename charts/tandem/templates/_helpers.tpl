@@ -46,3 +46,106 @@ app.kubernetes.io/component: {{ .component }}
 {{- "default" }}
 {{- end }}
 {{- end }}
+
+{{/* Namespaces the autoscaler watches, as a JSON list; [] means every namespace. It is
+autoscaler.namespace when set (which must then be one the operator watches: the autoscaler only
+scales pools the operator manages), else operator.watchNamespaces. */}}
+{{- define "tandem.autoscalerNamespaces" -}}
+{{- $watched := .Values.operator.watchNamespaces | default list }}
+{{- with .Values.autoscaler.namespace }}
+{{- if and $watched (not (has . $watched)) }}
+{{- fail (printf "autoscaler.namespace %q must be one of operator.watchNamespaces %v: the operator does not manage the pools of other namespaces" . $watched) }}
+{{- end }}
+{{- list . | toJson }}
+{{- else }}
+{{- $watched | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* Where each component the chart runs holds its rights, as JSON {component: namespaces}: a Role
+and a RoleBinding in each of the namespaces, or, for [], a ClusterRole and a ClusterRoleBinding
+(every namespace). docs/security.md, "Namespaced install". */}}
+{{- define "tandem.rbacScopes" -}}
+{{- $scopes := dict "operator" (.Values.operator.watchNamespaces | default list) }}
+{{- if .Values.autoscaler.enabled }}
+{{- $_ := set $scopes "autoscaler" (include "tandem.autoscalerNamespaces" . | fromJsonArray) }}
+{{- end }}
+{{- $scopes | toJson }}
+{{- end }}
+
+{{/* The operator's rules on namespaced resources: its ClusterRole's, or its Role's in each watched
+namespace. One YAML list item per rule, each with the comment saying what it is for. */}}
+{{- define "tandem.operatorRules" -}}
+# kopf lists and watches InferenceServices (every reconcile starts from a watch event, a resume
+# or its timer) and patches them for its bookkeeping: the finalizer and its annotations
+# (last-handled configuration, handler progress). `get` has no caller today (kopf reads
+# through list and watch); it is the one read kept beyond need, see docs/security.md.
+- apiGroups: [tandem.dev]
+  resources: [inferenceservices]
+  verbs: [get, list, watch, patch]
+# The status: conditions, replica counts, endpoint (kopf patches the status subresource; it
+# never reads it separately, the watch delivers it).
+- apiGroups: [tandem.dev]
+  resources: [inferenceservices/status]
+  verbs: [patch]
+# Children carry an owner reference with blockOwnerDeletion, which the API server's
+# OwnerReferencesPermissionEnforcement admission plugin allows only with this.
+- apiGroups: [tandem.dev]
+  resources: [inferenceservices/finalizers]
+  verbs: [update]
+# Children: the prefill, decode, Redis and router Deployments. Each reconcile gets each child
+# by name (no list or watch), creates it if missing or patches what differs; delete: the
+# reconcile prunes a child the spec no longer asks for (the managed Redis once an external
+# Redis URL is given).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch, delete]
+# Children: the pool and router Services, the LMCache and router ConfigMaps, the router's
+# ServiceAccount; verbs as for Deployments (pruned: the managed Redis's Service, the LMCache
+# ConfigMap once engine.kind is sim).
+- apiGroups: [""]
+  resources: [services, configmaps, serviceaccounts]
+  verbs: [get, create, patch, delete]
+# Children: the router's Role and RoleBinding (read EndpointSlices in its own namespace);
+# verbs as for Deployments (delete: the prune path covers every managed child).
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch, delete]
+# Kubernetes lets the operator grant only what it holds itself (RBAC escalation prevention):
+# the router's Role grants get/list/watch on EndpointSlices, so the operator holds them too.
+# The operator itself never reads EndpointSlices.
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+# Warning events on InferenceServices (invalid spec, blocked apply), posted through kopf.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
+
+{{/* The autoscaler's rules: its ClusterRole's, or its Role's in each namespace it watches. */}}
+{{- define "tandem.autoscalerRules" -}}
+# Which pools to scale, within which bounds, to which targets (spec.*.autoscaling): listed, then
+# watched. No `get`: the autoscaler never reads one InferenceService by name.
+- apiGroups: [tandem.dev]
+  resources: [inferenceservices]
+  verbs: [list, watch]
+# status.autoscaling (desired, ready, reason, lastScaleTime, panic per pool), a merge patch.
+- apiGroups: [tandem.dev]
+  resources: [inferenceservices/status]
+  verbs: [patch]
+# A pool's replica count, and nothing else of its Deployment: read each round, patched on a
+# decision that differs from it.
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [get, patch]
+# The ready engine and gateway pods to scrape (the pool Services' EndpointSlices, as the router
+# finds them): listed, then watched.
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+# ScaledUp / ScaledDown Events on the InferenceService, one per scale action.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}

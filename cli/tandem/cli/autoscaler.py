@@ -1,9 +1,10 @@
 """`tandem autoscaler`: keep every autoscaled InferenceService's pools sized, in a cluster.
 
-It watches InferenceServices (one namespace or all), scrapes each autoscaled pool's engines (found
-through the EndpointSlices of the pool's Service, as the router finds them) and the gateway's queue,
-and sets the `scale` subresource of the pool's Deployment, with an Event and `status.autoscaling` on
-the InferenceService (tandem.autoscaler.incluster). `/metrics` and `/healthz` on --metrics-port.
+It watches InferenceServices (in the given namespaces, or in all), scrapes each autoscaled pool's
+engines (found through the EndpointSlices of the pool's Service, as the router finds them) and the
+gateway's queue, and sets the `scale` subresource of the pool's Deployment, with an Event and
+`status.autoscaling` on the InferenceService (tandem.autoscaler.incluster). `/metrics` and `/healthz`
+on --metrics-port.
 
 Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot run (the metrics port is taken), 2 for a bad
 configuration (no API server: outside a cluster without --kube-api-server).
@@ -48,8 +49,10 @@ async def _main(settings: ClusterSettings, access: KubeAccess) -> None:
 @click.option(
     "-n",
     "--namespace",
-    default=None,
-    help="Namespace whose InferenceServices are autoscaled. Default: every namespace (cluster-wide).",
+    "namespaces",
+    multiple=True,
+    help="Namespace whose InferenceServices are autoscaled (repeatable). Default: every namespace "
+    "(cluster-wide).",
 )
 @click.option(
     "--interval-seconds",
@@ -78,7 +81,7 @@ async def _main(settings: ClusterSettings, access: KubeAccess) -> None:
 )
 @logging_options
 def autoscaler(
-    namespace: str | None,
+    namespaces: tuple[str, ...],
     interval_seconds: float,
     metrics_host: str,
     metrics_port: int,
@@ -95,7 +98,7 @@ def autoscaler(
         _fail(str(exc), EXIT_BAD_CONFIG)
         return
     settings = ClusterSettings(
-        namespace=namespace,
+        namespaces=namespaces,
         interval_s=interval_seconds,
         metrics_host=metrics_host,
         metrics_port=metrics_port,

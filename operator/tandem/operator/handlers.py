@@ -86,8 +86,10 @@ def build_registry(*, resync_seconds: float) -> kopf.OperatorRegistry:
     return registry
 
 
-def kopf_settings() -> kopf.OperatorSettings:
-    """kopf's settings: our annotation prefix and finalizer; only warnings become Events."""
+def kopf_settings(*, namespaced: bool) -> kopf.OperatorSettings:
+    """kopf's settings: our annotation prefix and finalizer; only warnings become Events. With
+    `namespaced` (explicit namespaces), no cluster scanning: the operator then needs no right outside
+    its namespaces (docs/security.md)."""
     settings = kopf.OperatorSettings()
     settings.posting.level = logging.WARNING
     # A timer's reconcile runs in a worker thread, which cannot be cancelled: on shutdown or
@@ -98,6 +100,11 @@ def kopf_settings() -> kopf.OperatorSettings:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
+    # kopf watches CustomResourceDefinitions (and, given namespaces, lists Namespaces to expand
+    # patterns): both cluster-scoped reads. Namespaces are exact DNS labels here, and the
+    # InferenceService CRD exists before the operator starts (Helm installs crds/ first), so a
+    # namespaced operator skips both and serves what discovery shows at start-up.
+    settings.scanning.disabled = namespaced
     return settings
 
 
@@ -114,7 +121,7 @@ async def run_operator(
     )
     await kopf.operator(
         registry=build_registry(resync_seconds=settings.resync_seconds),
-        settings=kopf_settings(),
+        settings=kopf_settings(namespaced=bool(settings.namespaces)),
         memo=kopf.Memo(tandem=context),
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
