@@ -92,3 +92,23 @@ def test_what_cannot_run_locally_is_refused_with_the_reason(
 ) -> None:
     with pytest.raises(PlanError, match=message):
         plan_for(spec, redis_server=redis_server)
+
+
+def test_with_precise_prefix_state_each_simulated_engine_publishes_on_its_own_socket() -> None:
+    plan = plan_for({"router": {"prefixSource": "precise"}})
+    addresses = plan.router_config.kv_events
+    assert addresses is not None and plan.router_config.spec.router.prefix_source == "precise"
+    engines = [p for p in plan.processes if p.role in ("prefill", "decode")]
+    binds = set()
+    for process in engines:
+        argv = list(process.argv)
+        events = argv[argv.index("--kv-events-endpoint") + 1]
+        replay = argv[argv.index("--kv-events-replay-endpoint") + 1]
+        assert (events, replay) == addresses.for_engine(process.url)
+        binds.add(events)
+    assert len(binds) == len(engines)  # one machine, one loopback address: never a shared socket
+    scaled = plan_for({"router": {"prefixSource": "precise"}, "decode": {"autoscaling": {"enabled": True}}})
+    assert scaled.new_engine is not None  # an engine the autoscaler starts later publishes too
+    later = scaled.new_engine("decode", 9, 9999)
+    argv = list(later.argv)
+    assert argv[argv.index("--kv-events-endpoint") + 1] == "ipc:///state/kv-events/9999.pub"

@@ -23,7 +23,7 @@ def flags(**overrides: Any) -> dict[str, Any]:
 def test_the_defaults_are_the_settings_defaults() -> None:
     settings = settings_from_flags(flags())
     assert (settings.collector.interval_seconds, settings.collector.timeout_seconds) == (1.0, 1.0)
-    assert settings.scheduling.prefix_source == "approximate"
+    assert settings.scheduling.prefix_source is None  # spec.router.prefixSource decides
     assert settings.scheduling.kv_events.port == 5557
     assert (settings.scheduling.imbalance_abs_threshold, settings.scheduling.imbalance_rel_threshold) == (
         64,

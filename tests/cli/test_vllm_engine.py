@@ -88,11 +88,11 @@ def test_default_args_fill_only_what_is_unset() -> None:
     assert default_args(["--max-model-len", "512", "-O3"]) == []
 
 
-def test_the_gateway_gets_no_pool_barrier_for_real_vllm() -> None:
-    # The gateway's tokenizer is not the model's: its chunk keys would never match the engines'.
+def test_the_gateway_gets_the_pool_and_the_models_tokenizer_so_it_can_compute_the_chunk_keys() -> None:
     plan = plan_for({})
-    assert plan.router_config.kv_pool_url is None
     assert plan.processes[0].name == "redis"
+    assert plan.router_config.kv_pool_url == plan.processes[0].url
+    assert plan.router_config.tokenizer_path == "/models/tiny"
 
 
 def test_lmcache_falls_back_to_tandems_connector_with_a_note() -> None:
@@ -107,3 +107,27 @@ def test_the_gateway_reads_the_models_own_tokenizer_from_the_local_model_directo
     assert plan_for(relative).router_config.tokenizer_path == str(Path(".tandem/models/tiny-qwen2").resolve())
     simulated = {"engine": {"kind": "sim"}}
     assert plan_for(simulated).router_config.tokenizer_path is None  # the simulator's tokenizer is built in
+
+
+def test_precise_prefix_state_makes_every_engine_publish_kv_events_where_the_gateway_listens() -> None:
+    plan = plan_for({"router": {"prefixSource": "precise"}})
+    addresses = plan.router_config.kv_events
+    assert addresses is not None
+    for process in engines(plan).values():
+        config = json.loads(flag(process.argv, "--kv-events-config"))
+        events, replay = addresses.for_engine(process.url)  # the gateway connects where it binds
+        assert config == {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": events,
+            "replay_endpoint": replay,
+            "topic": "",
+        }
+        assert events == f"ipc:///state/kv-events/{process.port}.pub"
+        assert process.dirs == (Path("/state/kv-events"),)  # created before the engine binds there
+
+
+def test_without_precise_prefix_state_no_engine_publishes_kv_events() -> None:
+    plan = plan_for({})
+    assert plan.router_config.kv_events is None
+    assert all("--kv-events-config" not in p.argv and not p.dirs for p in engines(plan).values())

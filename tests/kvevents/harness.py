@@ -128,6 +128,7 @@ class RecordingIndex(PrecisePrefixIndex):
         super().__init__()
         self.applied_hashes: list[int] = []
         self.clears: list[str] = []
+        self.forgotten: list[str] = []
 
     def apply(self, endpoint: str, events: Iterable[KVEvent]) -> None:
         events = list(events)
@@ -137,6 +138,10 @@ class RecordingIndex(PrecisePrefixIndex):
     def clear(self, endpoint: str) -> None:
         self.clears.append(endpoint)
         super().clear(endpoint)
+
+    def forget(self, endpoint: str) -> None:
+        self.forgotten.append(endpoint)
+        super().forget(endpoint)
 
 
 class RecordingMetrics:
@@ -171,3 +176,6 @@ class RecordingMetrics:
 
     def connection(self, endpoint: str, state: ConnectionState) -> None:
         self.calls.append(("connection", state))
+
+    def forget(self, endpoint: str) -> None:
+        self.calls.append(("forget",))

@@ -135,5 +135,5 @@ def test_an_engine_hash_announced_again_under_another_chain_moves() -> None:
     index.apply(A, [stored(11, PROMPT[:4]), stored(12, PROMPT[4:8], parent=11)])  # then in full
     assert index.longest_prefix([A], PROMPT) == {A: 8}
     assert index.stats(A).blocks == 2
-    index.remove_endpoint(A)
+    index.forget(A)
     assert index.endpoints() == [] and index.stats(A).blocks == 0

@@ -185,22 +185,47 @@ async def test_the_topic_filter_keeps_other_engines_out(start: Start, index: Rec
     assert index.applied_hashes == [1000]
 
 
-async def test_subscribers_follow_discovery(index: RecordingIndex) -> None:
+async def test_subscribers_follow_discovery(index: RecordingIndex, metrics: RecordingMetrics) -> None:
     publisher = ScriptedPublisher()
     await publisher.start()
     publisher.keep(0, stored_batch(0))
-    subscribers = KVEventSubscribers(sink=index, options=FAST)
+    subscribers = KVEventSubscribers(sink=index, metrics=metrics, options=FAST)
     try:
         await subscribers.sync([EventSource(ENGINE, publisher.events_url, publisher.replay_url)])
         subscriber = subscribers.get(ENGINE)
         assert subscriber is not None
         await subscriber.wait_synced()
-        assert matched(index, 1)
+        assert matched(index, 1) and ENGINE in index.endpoints()
         await subscribers.sync([])
-        assert subscribers.get(ENGINE) is None and index.clears == [ENGINE] and not matched(index, 1)
+        assert subscribers.get(ENGINE) is None and not matched(index, 1)
+        # Left discovery: forgotten entirely (not merely cleared), its connection gauge dropped.
+        assert index.forgotten == [ENGINE] and index.clears == [] and ENGINE not in index.endpoints()
+        assert metrics.named("forget") == [()]
     finally:
         await subscribers.aclose()
         await publisher.aclose()
+
+
+async def test_an_endpoint_whose_addresses_change_is_cleared_and_followed_anew(index: RecordingIndex) -> None:
+    first, second = ScriptedPublisher(), ScriptedPublisher()
+    await first.start()
+    await second.start()
+    first.keep(0, stored_batch(0))
+    subscribers = KVEventSubscribers(sink=index, options=FAST)
+    try:
+        await subscribers.sync([EventSource(ENGINE, first.events_url, first.replay_url)])
+        subscriber = subscribers.get(ENGINE)
+        assert subscriber is not None
+        await subscriber.wait_synced()
+        assert matched(index, 1)
+        await subscribers.sync([EventSource(ENGINE, second.events_url, second.replay_url)])
+        assert index.clears == [ENGINE] and index.forgotten == [] and not matched(index, 1)
+        replaced = subscribers.get(ENGINE)
+        assert replaced is not None and replaced.source.events_url == second.events_url
+    finally:
+        await subscribers.aclose()
+        await first.aclose()
+        await second.aclose()
 
 
 class FailsOnce(RecordingIndex):

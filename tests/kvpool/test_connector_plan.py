@@ -12,6 +12,7 @@ from tandem.kvpool.connector_plan import (
     PoolHealth,
     PoolSettings,
     SaveTracker,
+    engine_kv_dtype,
     lmcache_dtype,
     lookup_window,
     matched_tokens,
@@ -235,3 +236,23 @@ def test_pool_health_logs_an_outage_once_and_backs_off() -> None:
     assert health.succeeded() is True
     assert health.succeeded() is False
     assert health.usable()
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "expected"),
+    [
+        ([], {"torch_dtype": "bfloat16"}, "bfloat16"),
+        ([], {"dtype": "float16"}, "half"),
+        ([], {"torch_dtype": "float32"}, "half"),  # vLLM's auto serves a float32 checkpoint in float16
+        (["--dtype", "half"], {"torch_dtype": "bfloat16"}, "half"),
+        (["--dtype=bfloat16"], {"torch_dtype": "float16"}, "bfloat16"),
+        (["--dtype", "auto"], {"torch_dtype": "float16"}, "half"),
+        (["--kv-cache-dtype", "fp8", "--dtype", "half"], None, "fp8"),
+        (["--kv-cache-dtype", "auto", "--dtype", "float"], None, "float"),
+        ([], None, "bfloat16"),
+    ],
+)
+def test_the_pool_keys_dtype_is_what_the_engine_names_its_kv_cache(
+    args: list[str], config: dict[str, object] | None, expected: str
+) -> None:
+    assert engine_kv_dtype(args, config) == expected

@@ -67,6 +67,8 @@ VARIANTS: dict[str, InferenceServiceSpec] = {
         model={"name": "Qwen/Qwen2.5-7B-Instruct", "tokenizer": {"configMap": "qwen-tokenizer"}},
         router={"workers": 2},
     ),
+    "precise prefix state from kv events": gpu(router={"prefixSource": "precise"}),
+    "precise prefix state, simulated engines": sim(router={"prefixSource": "precise"}),
     "api keys, tenants, rate limits": gpu(
         router={
             "auth": {"enabled": True, "apiKeysSecret": {"name": "gateway-keys", "key": "keys.yaml"}},

@@ -352,3 +352,40 @@ def test_the_simulator_needs_no_tokenizer_files() -> None:
     config, deployment = _router(sim())
     assert config.tokenizer_path is None
     assert not [m for m in container(deployment)["volumeMounts"] if m["name"] in ("model", "tokenizer")]
+
+
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE], ids=["prefill", "decode"])
+def test_with_precise_prefix_state_vllm_engines_publish_kv_events_where_the_router_connects(
+    role: Role,
+) -> None:
+    spec = gpu(router={"prefixSource": "precise"})
+    c = container(engine(spec, role))
+    assert json.loads(flag(c["args"], "--kv-events-config")) == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558",
+        "topic": "",
+    }
+    assert {"name": "kv-events", "containerPort": 5557, "protocol": "TCP"} in c["ports"]
+    assert {"name": "kv-replay", "containerPort": 5558, "protocol": "TCP"} in c["ports"]
+    config, _ = _router(spec)
+    assert config.kv_events is not None
+    assert config.kv_events.for_engine("http://10.1.2.3:8000") == (
+        "tcp://10.1.2.3:5557",
+        "tcp://10.1.2.3:5558",
+    )
+
+
+def test_simulated_engines_publish_the_same_way() -> None:
+    args = container(engine(sim(router={"prefixSource": "precise"}), Role.DECODE))["args"]
+    assert flag(args, "--kv-events-endpoint") == "tcp://*:5557"
+    assert flag(args, "--kv-events-replay-endpoint") == "tcp://*:5558"
+
+
+def test_without_precise_prefix_state_no_engine_publishes_and_the_router_subscribes_to_none() -> None:
+    for spec in (gpu(), sim()):
+        c = container(engine(spec, Role.DECODE))
+        assert "--kv-events-config" not in c["args"] and "--kv-events-endpoint" not in c["args"]
+        assert [p["name"] for p in c["ports"]] == ["http"]
+        assert _router(spec)[0].kv_events is None

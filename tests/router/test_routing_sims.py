@@ -195,3 +195,10 @@ async def test_with_the_precise_kv_event_index_tandem_also_beats_round_robin_3x(
     baseline = await run("round-robin")
     precise = await run("tandem", precise=True)
     assert precise.hit_rate >= 3 * baseline.hit_rate, (precise.hit_rate, baseline.hit_rate)
+    # The subscribers' account: stored blocks applied per engine, every engine connected, the index
+    # holding blocks, nothing lost or undecodable.
+    assert precise.metric("tandem_router_kv_events_total", kind="BlockStored") >= GROUPS
+    assert precise.metric("tandem_router_kv_event_connected") == ENGINES
+    assert precise.metric("tandem_router_kv_index_blocks") > 0
+    assert precise.metric("tandem_router_kv_event_decode_errors_total") == 0
+    assert precise.metric("tandem_router_kv_event_batches_lost_total") == 0

@@ -215,13 +215,44 @@ def matched(state: SchedulingState) -> list[int]:
 
 def test_with_the_precise_source_in_flight_prompts_count_until_their_first_token() -> None:
     events = EventsIndex()
-    state = SchedulingState(clock=FakeClock(), prefix=events)
+    state = SchedulingState(clock=FakeClock(), prefix=events, pending_ttl_s=0)
     first = state.started(A, request(PROMPT, request_id="first"))
     assert matched(state) == [1024, 0]  # the engine has not reported the blocks yet
     state.answered(first, status=200, streamed=True)
     assert matched(state) == [0, 0]
     events.cached[A.url] = 512  # now the events say what the engine holds
     assert matched(state) == [512, 0]
+
+
+def test_with_the_precise_source_answered_prompts_count_for_the_ttl_while_events_lag() -> None:
+    clock, events = FakeClock(), EventsIndex()
+    state = SchedulingState(clock=clock, prefix=events, pending_ttl_s=2.0)
+    first = state.started(A, request(PROMPT, request_id="first"))
+    state.answered(first, status=200, streamed=True)
+    state.finished(first)
+    clock.advance(1.9)
+    assert matched(state) == [1024, 0]  # answered 1.9 s ago: its events may still be on their way
+    again = state.started(A, request(PROMPT, request_id="again"))  # a repeat refreshes the TTL
+    state.answered(again, status=200, streamed=True)
+    clock.advance(1.9)
+    assert matched(state) == [1024, 0]
+    clock.advance(0.2)
+    assert matched(state) == [0, 0]  # past the TTL only the engine's own events count
+    events.cached[A.url] = 256
+    assert matched(state) == [256, 0]
+
+
+def test_a_failed_attempt_leaves_nothing_behind_and_a_departed_endpoint_is_forgotten() -> None:
+    clock, events = FakeClock(), EventsIndex()
+    state = SchedulingState(clock=clock, prefix=events, pending_ttl_s=2.0)
+    failed = state.started(A, request(PROMPT, request_id="failed"))
+    state.finished(failed)  # no answer: the engine computed nothing
+    assert matched(state) == [0, 0]
+    kept = state.started(B, request(PROMPT, request_id="kept"))
+    state.answered(kept, status=200, streamed=True)
+    assert matched(state) == [0, 1024]
+    state.forget([A.url])
+    assert matched(state) == [0, 0]
 
 
 def test_nothing_is_kept_per_request_id_so_a_reused_id_is_a_new_request() -> None:
@@ -236,3 +267,10 @@ def test_nothing_is_kept_per_request_id_so_a_reused_id_is_a_new_request() -> Non
     assert state.profile_for("decode", second) == "prompt"
     decode = ticket(state.started(A, second))
     assert (decode.kv_loaded, decode.prompt_tokens, decode.uncached_tokens) == (False, 100, 100)
+
+
+def test_an_error_answer_does_not_count_as_cached() -> None:
+    state = SchedulingState(clock=FakeClock(), prefix=EventsIndex(), pending_ttl_s=2.0)
+    refused = state.started(A, request(PROMPT, request_id="refused"))
+    state.answered(refused, status=400, streamed=False)
+    assert matched(state) == [0, 0]

@@ -98,8 +98,11 @@ class Tools:
     vllm_router: str | None
 
 
-def bench_service(pool: PoolSettings, *, policy: str, direct: bool) -> InferenceService:
-    """The InferenceService a run plans from (pure); `direct` means one decode engine, no P/D."""
+def bench_service(
+    pool: PoolSettings, *, policy: str, direct: bool, prefix_source: str = "approximate"
+) -> InferenceService:
+    """The InferenceService a run plans from (pure); `direct` means one decode engine, no P/D;
+    `prefix_source: precise` makes the engines publish KV events (the gateway subscribes)."""
     pd = pool.pd and not direct
     document = {
         "apiVersion": "tandem.dev/v1alpha1",
@@ -117,6 +120,7 @@ def bench_service(pool: PoolSettings, *, policy: str, direct: bool) -> Inference
             "disaggregation": {"mode": "always" if pd else "off"},
             "router": {
                 "policy": policy,
+                "prefixSource": prefix_source,
                 "slo": {
                     "ttftSeconds": round(pool.slo_ttft_s / pool.time_scale, 6),
                     "tpotSeconds": round(pool.slo_tpot_s / pool.time_scale, 6),
@@ -179,7 +183,10 @@ def started(
     block ends, whatever happened (step 4)."""
     run_dir = state_dir / target.label.replace(":", "-")
     policy = target.policy if target.kind == "tandem" and target.policy else "round-robin"
-    isvc = bench_service(pool, policy=policy, direct=target.kind == "direct")
+    router_args = (*pool.router_args, *target.router_args) if target.kind == "tandem" else ()
+    isvc = bench_service(
+        pool, policy=policy, direct=target.kind == "direct", prefix_source=_prefix_source(router_args)
+    )
     ports = _free_ports()
     plan = build_plan(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
@@ -270,6 +277,17 @@ async def _measure_run(
         last = await scrape_gateways(client, run.tandem_gateways)
     replicas = replica_report(run.tandem_gateways, first, last)
     return _Measured(result, before, after, cpu_before, cpu_after, replicas)
+
+
+def _prefix_source(router_args: Sequence[str]) -> str:
+    """`precise` when the gateway's flags ask for it (`--prefix-source precise`): its engines then
+    publish KV events; else `approximate`."""
+    args = list(router_args)
+    for index, arg in enumerate(args):
+        following = args[index + 1 : index + 2]
+        if arg == "--prefix-source=precise" or (arg == "--prefix-source" and following == ["precise"]):
+            return "precise"
+    return "approximate"
 
 
 def _gateways(

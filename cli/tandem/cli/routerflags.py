@@ -112,9 +112,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-timeout", "collector", "timeout_seconds", float, 1.0,
          "Longest wait for one engine's /metrics, seconds."),
     Flag("--prefix-source", "scheduling", "prefix_source", click.Choice(["approximate", "precise"]),
-         "approximate", "Prefix-cache state: the router's routing history, or the engines' KV events."),
+         None, "Prefix-cache state: the router's routing history, or the engines' KV events "
+         "[default: spec.router.prefixSource]."),
+    Flag("--pending-ttl", "scheduling", "pending_ttl_seconds", float, 2.0,
+         "With --prefix-source precise: seconds a routed prompt's blocks still count as cached on its "
+         "engine after its first token, until its KV events arrive."),
     Flag("--kv-events-port", "scheduling", "kv_events", int, 5557,
-         "With --prefix-source precise: the port engines publish KV events on (tcp://<engine host>:PORT)."),
+         "With --prefix-source precise: the port engines publish KV events on (tcp://<engine host>:PORT), "
+         "unless the router config's kvEvents says where."),
     Flag("--imbalance-abs", "scheduling", "imbalance_abs_threshold", float, 64.0,
          "Imbalance guard: requests above the least-loaded engine before one is skipped."),
     Flag("--imbalance-rel", "scheduling", "imbalance_rel_threshold", float, 1.5,

@@ -4,21 +4,31 @@ The plan mirrors what the operator creates in a cluster: a Redis KV pool (unless
 external one), `prefill.replicas` producer engines, `decode.replicas` consumer engines and one gateway
 whose static discovery lists the engines. When a pool has `autoscaling.enabled`, the gateway uses file
 discovery instead (`<state dir>/endpoints.json`, written by the local runtime as the autoscaler starts
-and drains engines), and `LocalPlan.new_engine` builds the process of any further engine. Nothing here
+and drains engines), and `LocalPlan.new_engine` builds the process of any further engine. With
+`router.prefixSource: precise` every engine publishes its KV events on Unix sockets named after its
+HTTP port (`tandem.core.kvevents.local_addresses`) and the router config says where. Nothing here
 touches the system; ports and binary paths come in as arguments.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tandem.core.kvevents import (
+    KVEventsAddresses,
+    ipc_folder,
+    local_addresses,
+    sim_kv_events_args,
+    vllm_kv_events_config,
+)
 from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
 from tandem.kvpool.redisconf import pool_config, server_args
-from tandem.local.vllm_engine import EngineRole, engine_command, router_pool_url
+from tandem.local.vllm_engine import EngineRole, engine_command
 
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
@@ -39,6 +49,8 @@ class ProcessPlan:
     port: int
     probe: Literal["http", "redis"]
     env: dict[str, str] = field(default_factory=dict)
+    #: Folders that must exist before it starts (its KV-event sockets' folder).
+    dirs: tuple[Path, ...] = ()
 
     @property
     def url(self) -> str:
@@ -90,15 +102,15 @@ def build_plan(
         redis = _redis_process(isvc, port=next(ports), binary=redis_server, state_dir=state_dir)
         processes.append(redis)
         pool_url = redis.url
-    engines = [
-        _engine_process(isvc, role=role, index=i, port=next(ports), python=python, pool_url=pool_url)
-        for role, count in _pool_sizes(isvc)
-        for i in range(count)
-    ]
-    processes.extend(engines)
+    events = local_addresses(state_dir) if spec.router.prefix_source == "precise" else None
 
     def new_engine(role: Literal["prefill", "decode"], index: int, port: int) -> ProcessPlan:
-        return _engine_process(isvc, role=role, index=index, port=port, python=python, pool_url=pool_url)
+        return _engine_process(
+            isvc, role=role, index=index, port=port, python=python, pool_url=pool_url, events=events
+        )
+
+    engines = [new_engine(role, i, next(ports)) for role, count in _pool_sizes(isvc) for i in range(count)]
+    processes.extend(engines)
 
     autoscaled = spec.prefill.autoscaling.enabled or spec.decode.autoscaling.enabled
     endpoint_file = state_dir / ENDPOINT_FILE if autoscaled else None
@@ -114,8 +126,9 @@ def build_plan(
         service=isvc.metadata.name,
         spec=spec,
         discovery=discovery,
-        kv_pool_url=router_pool_url(isvc, pool_url),
+        kv_pool_url=pool_url,
         tokenizer_path=local_tokenizer_path(isvc),
+        kv_events=events,
     )
     config_path = state_dir / "router.yaml"
     router = ProcessPlan(
@@ -147,7 +160,7 @@ def local_tokenizer_path(isvc: InferenceService) -> str | None:
     return str(Path(source.path).resolve())
 
 
-def _pool_sizes(isvc: InferenceService) -> tuple[tuple[Role, int], ...]:
+def _pool_sizes(isvc: InferenceService) -> tuple[tuple[Literal["prefill", "decode"], int], ...]:
     return (("prefill", isvc.spec.prefill.replicas), ("decode", isvc.spec.decode.replicas))
 
 
@@ -158,16 +171,31 @@ def _redis_process(isvc: InferenceService, *, port: int, binary: str, state_dir:
 
 
 def _engine_process(
-    isvc: InferenceService, *, role: Role, index: int, port: int, python: str, pool_url: str
+    isvc: InferenceService,
+    *,
+    role: Role,
+    index: int,
+    port: int,
+    python: str,
+    pool_url: str,
+    events: KVEventsAddresses | None,
 ) -> ProcessPlan:
     spec = isvc.spec
+    bind = events.for_engine(f"http://{LOOPBACK}:{port}") if events is not None else None
+    folder = ipc_folder(events) if events is not None else None
+    dirs = (folder,) if folder is not None else ()
     if spec.engine.kind == "vllm" and role in ("prefill", "decode"):
         ordinal = index if role == "prefill" else spec.prefill.replicas + index
         engine_role: EngineRole = "prefill" if role == "prefill" else "decode"
         argv, env = engine_command(
             isvc, role=engine_role, ordinal=ordinal, port=port, python=python, pool_url=pool_url
         )
-        return ProcessPlan(name=f"{role}-{index}", role=role, argv=argv, port=port, probe="http", env=env)
+        if bind is not None:
+            config = vllm_kv_events_config(endpoint=bind[0], replay=bind[1])
+            argv = (*argv, "--kv-events-config", json.dumps(config))
+        return ProcessPlan(
+            name=f"{role}-{index}", role=role, argv=argv, port=port, probe="http", env=env, dirs=dirs
+        )
     kv_role = "producer" if role == "prefill" else "consumer"
     argv = (
         python, "-m", "tandem.cli", "sim",
@@ -180,7 +208,10 @@ def _engine_process(
         "--kv-chunk-size", str(spec.kv_pool.chunk_size),
         "--host", LOOPBACK,
         "--port", str(port),
+        *(sim_kv_events_args(endpoint=bind[0], replay=bind[1]) if bind is not None else ()),
         *spec.engine.args,
     )  # fmt: skip
     env = {e.name: e.value for e in spec.engine.env}
-    return ProcessPlan(name=f"{role}-{index}", role=role, argv=argv, port=port, probe="http", env=env)
+    return ProcessPlan(
+        name=f"{role}-{index}", role=role, argv=argv, port=port, probe="http", env=env, dirs=dirs
+    )

@@ -69,6 +69,8 @@ class Supervisor:
         """Start one child with its output in `<log_dir>/<name>.log`; `first_dead` reports it only
         when `watched`."""
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        for folder in plan.dirs:
+            folder.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"{plan.name}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(

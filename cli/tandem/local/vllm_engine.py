@@ -41,13 +41,6 @@ def local_connector(isvc: InferenceService) -> tuple[ConnectorKind, str | None]:
     return "tandem", None
 
 
-def router_pool_url(isvc: InferenceService, pool_url: str) -> str | None:
-    """The KV pool URL the gateway gets. None for real vLLM: the gateway's barrier would hash its own
-    tokenization of the prompt, which is not the model's, so it would never see the chunks. It is not
-    needed either: a prefill engine answers only after its connector stored the prompt's chunks."""
-    return None if isvc.spec.engine.kind == "vllm" else pool_url
-
-
 def model_path(isvc: InferenceService) -> str:
     source = isvc.spec.model.source
     if source is not None and source.path:

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.spec import DNS_LABEL_PATTERN, InferenceServiceSpec, SpecModel
 
 EngineURL = Annotated[str, Field(pattern=r"^https?://[^/\s]+/?$")]
@@ -96,4 +97,9 @@ class RouterConfig(SpecModel):
         description="Directory holding the model's tokenizer.json (and tokenizer_config.json): the "
         "gateway counts and hashes prompts in the model's own tokens. Unset: the simulator's tokenizer, "
         "exact for engine.kind sim and an estimate for real engines (docs/router.md, 'Prompt tokens').",
+    )
+    kv_events: KVEventsAddresses | None = Field(
+        default=None,
+        description="Where each engine publishes KV events (spec.router.prefixSource: precise), as "
+        "templates over its base URL; unset: `tcp://{host}:<--kv-events-port>`.",
     )

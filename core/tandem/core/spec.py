@@ -341,6 +341,9 @@ class AuthSpec(SpecModel):
 #: `least-load`: fewest queued + running; `round-robin`: in turn.
 RoutingPolicy = Literal["tandem", "prefix", "least-load", "round-robin"]
 ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
+#: Where prefix-cache state comes from: the gateway's own routing history, or the engines' KV events
+#: (docs/routing.md, "Precise prefix state").
+PrefixSourceKind = Literal["approximate", "precise"]
 
 
 class RouterSpec(SpecModel):
@@ -355,6 +358,11 @@ class RouterSpec(SpecModel):
         "share prefix state and fair-queue counters and split the engines' capacity.",
     )
     policy: RoutingPolicy = Field(default="tandem", description="How the gateway picks engines.")
+    prefix_source: PrefixSourceKind = Field(
+        default="approximate",
+        description="Prefix-cache state: `approximate`, the gateway's routing history; `precise`, the "
+        "engines' KV events (the engines publish them over ZMQ, the gateway subscribes to each).",
+    )
     scoring: ScoringWeights = Field(default_factory=ScoringWeights)
     slo: SLOSpec = Field(default_factory=SLOSpec)
     fairness: FairnessSpec = Field(default_factory=FairnessSpec)

@@ -85,6 +85,34 @@ def lmcache_dtype(torch_dtype_name: str) -> str:
     return _LMCACHE_DTYPE.get(name, name)
 
 
+def engine_kv_dtype(engine_args: Sequence[str], model_config: Mapping[str, object] | None) -> str:
+    """The dtype part of the pool's keys that vLLM started with `engine_args` writes (the connector
+    names its KV cache dtype, `--kv-cache-dtype`, else the model dtype), for a reader that cannot
+    ask the engine: `--kv-cache-dtype` unless `auto`, else `--dtype` unless `auto`, else the model's
+    `config.json` `dtype` (or `torch_dtype`), float32 read as float16 as vLLM's `auto` does, else
+    bfloat16. Example: no flags and `"torch_dtype": "bfloat16"` → `bfloat16`; `--dtype half` → `half`."""
+    for flag in ("--kv-cache-dtype", "--dtype"):
+        value = _flag_value(engine_args, flag)
+        if value is not None and value != "auto":
+            return lmcache_dtype({"half": "float16", "float": "float32"}.get(value, value))
+    configured = (model_config or {}).get("dtype") or (model_config or {}).get("torch_dtype")
+    if isinstance(configured, str):
+        name = configured.removeprefix("torch.")
+        return lmcache_dtype("float16" if name == "float32" else name)
+    return "bfloat16"
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The last value given to `flag` (`--flag v` or `--flag=v`), if any."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 @dataclass(frozen=True)
 class ChunkNamer:
     """Redis keys of one rank's chunks: `{model}@{world_size}@{worker_id}@{hash:x}@{dtype}` + suffix."""

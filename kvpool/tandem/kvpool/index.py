@@ -2,8 +2,9 @@
 
 This is the question the router's P/D barrier asks ("are this prompt's first N chunks stored?").
 Keys are `tandem.kvpool.keys`'s: the prompt's full `spec.kvPool.chunkSize` chunks, chained hashes,
-`<spec.model.name>@1@0@<hash:x>@bfloat16` plus the `metadata` suffix; a chunk exists when its metadata
-exists (writers store `kv_bytes` first). Two questions, one Redis round trip each:
+`<spec.model.name>@1@0@<hash:x>@<dtype>` (the engines' KV dtype, bfloat16 unless told) plus the
+`metadata` suffix; a chunk exists when its metadata exists (writers store `kv_bytes` first).
+Two questions, one Redis round trip each:
 
 - `cached_prefix_tokens(prompt)`: tokens of the longest run of chunks from chunk 0 in the pool
   (`EXISTS <key>metadata` per chunk in one pipeline), for the conditional P/D decision.
@@ -56,9 +57,11 @@ class KVPoolIndex:
         chunk_size: int,
         clock: Callable[[], float],
         retry_after_s: float = 1.0,
+        dtype: str = "bfloat16",
     ) -> None:
         self._client = client
         self.model = model
+        self.dtype = dtype
         self.chunk_size = chunk_size
         self._clock = clock
         self._retry_after_s = retry_after_s
@@ -70,7 +73,7 @@ class KVPoolIndex:
     def metadata_keys(self, prompt: Sequence[int]) -> list[str]:
         """The metadata key of every full chunk of `prompt`, in order."""
         return [
-            chunk_key(model=self.model, chunk_hash=h) + METADATA_SUFFIX
+            chunk_key(model=self.model, chunk_hash=h, dtype=self.dtype) + METADATA_SUFFIX
             for h in chunk_hashes(prompt, self.chunk_size)
         ]
 

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.modeltokens import PromptEncoder
 from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.access import Access, build_access
@@ -232,16 +232,17 @@ class Routing:
     """The scheduling side of one gateway. `state` is the dispatcher's observer, the admission
     layer's TTFT predictor and, through `state.prefix`, the P/D decision's prefix source.
 
-    The prefix source (`settings.scheduling.prefix_source`): `approximate` (default), the router's
-    own routing history; `precise`, the engines' KV events, one ZMQ subscriber per engine at
-    `tcp://<engine host>:<kv_events.port>` or the address `kv_events.endpoints[<engine URL>]` names,
-    following discovery each collector round. The approximate index is fed either way: it holds the
-    routed-prefix state the prefix scorer uses to spread new prompts."""
+    The prefix source (`config.prefix_source`): `approximate` (default), the router's own routing
+    history; `precise`, the engines' KV events, one ZMQ subscriber per engine at the address
+    `kv_events.endpoints[<engine URL>]` names, else `config.kv_events`' templates filled in with the
+    engine's host and port, following discovery each collector round. The approximate index is fed
+    either way: it holds the routed-prefix state the prefix scorer uses to spread new prompts."""
 
     state: SchedulingState
     scheduler: Scheduler
     metrics: SchedulingMetrics
     kv_events: KVEventsSettings
+    addresses: KVEventsAddresses
     subscribers: KVEventSubscribers | None = None
 
     async def start(self) -> None:
@@ -255,7 +256,7 @@ class Routing:
         """The engines are now `urls`: forget the others; keep one KV-event subscriber per engine."""
         self.state.forget(urls)
         if self.subscribers is not None:
-            await self.subscribers.sync(_event_sources(urls, self.kv_events))
+            await self.subscribers.sync(_event_sources(urls, self.kv_events, self.addresses))
 
 
 def build_routing(
@@ -274,7 +275,7 @@ def build_routing(
     approximate = ApproximatePrefixIndex(
         default_block_size=tuning.default_block_size, default_capacity_blocks=tuning.default_index_blocks
     )
-    prefix, subscribers = prefix_source(tuning.prefix_source, approximate=approximate)
+    prefix, subscribers = prefix_source(config.prefix_source, approximate=approximate, prometheus=prometheus)
     state = SchedulingState(
         clock=clock,
         approximate=approximate,
@@ -282,11 +283,12 @@ def build_routing(
         # Prefix state costs a hash of every prompt: kept only where something reads it.
         track_prefixes=config.spec.router.policy in PREFIX_POLICIES
         or config.spec.disaggregation.mode == "auto"
-        or tuning.prefix_source == "precise",
+        or config.prefix_source == "precise",
         on_record=share_routes(bus) if isinstance(bus, WorkerBus) else None,
         rates=PrefillRates(
             prior_tokens_per_second=tuning.prior_tokens_per_second, smoothing=tuning.rate_smoothing
         ),
+        pending_ttl_s=tuning.pending_ttl_seconds,
     )
     metrics = SchedulingMetrics(prometheus, endpoints=registry, state=state)
     state.events = metrics
@@ -306,6 +308,7 @@ def build_routing(
         scheduler=scheduler_for(config.spec.router.policy, deps),
         metrics=metrics,
         kv_events=tuning.kv_events,
+        addresses=config.kv_events,
         subscribers=subscribers,
     )
 
@@ -372,28 +375,28 @@ def build_gate(
 
 
 def prefix_source(
-    kind: str, *, approximate: ApproximatePrefixIndex
+    kind: str, *, approximate: ApproximatePrefixIndex, prometheus: CollectorRegistry
 ) -> tuple[PrefixSource, KVEventSubscribers | None]:
     if kind != "precise":
         return approximate, None
     from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
     from tandem.router.discovery.kvevents.subscriber import KVEventSubscribers
+    from tandem.router.observe.kveventmetrics import KVEventMetrics
 
     index = PrecisePrefixIndex()
-    return index, KVEventSubscribers(sink=index)
+    return index, KVEventSubscribers(sink=index, metrics=KVEventMetrics(prometheus, index=index))
 
 
-def _event_sources(urls: Collection[str], settings: KVEventsSettings) -> list[EventSource]:
+def _event_sources(
+    urls: Collection[str], settings: KVEventsSettings, addresses: KVEventsAddresses
+) -> list[EventSource]:
+    """One source per engine URL: the settings' explicit address for it, else the templates'."""
     from tandem.router.discovery.kvevents.subscriber import EventSource
 
     sources = []
     for url in urls:
-        address = settings.endpoints.get(url)
-        host = urlsplit(url).hostname or "127.0.0.1"
-        events = address.events if address else f"tcp://{host}:{settings.port}"
-        replay = address.replay if address else None
-        if address is None and settings.replay_port is not None:
-            replay = f"tcp://{host}:{settings.replay_port}"
+        explicit = settings.endpoints.get(url)
+        events, replay = (explicit.events, explicit.replay) if explicit else addresses.for_engine(url)
         sources.append(EventSource(endpoint=url, events_url=events, replay_url=replay, topic=settings.topic))
     return sources
 
@@ -419,4 +422,6 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
     if access is None:
         return None
     client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
-    return KVPoolIndex(client, model=access.model, chunk_size=access.chunk_size, clock=clock)
+    return KVPoolIndex(
+        client, model=access.model, chunk_size=access.chunk_size, clock=clock, dtype=access.dtype
+    )

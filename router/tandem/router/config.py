@@ -8,14 +8,21 @@ Resolution rules (each one written here, nowhere else):
 - served model names: `spec.model.servedName` (or `name`) and `spec.model.name`;
 - default SLO: `spec.router.slo`; logging prompts: `spec.router.logPrompts` or `--log-prompts`;
 - tenant weights: `spec.router.tenants[].weight`, overridden by `--tenant-weight`;
-- the KV pool look-ups (P/D decision, barrier): on with a pool URL and `engine.kind: sim` (only the
-  simulator's chunk keys can be computed here; real vLLM's connectors hash the model's own tokens,
-  issue-tracked separately), with `TANDEM_KVPOOL_PASSWORD` from the environment;
+- the KV pool look-ups (P/D decision, barrier): on with a pool URL where the gateway computes the
+  engines' own chunk keys: `engine.kind: sim`, or `vllm` with Tandem's connector and the model's
+  tokenizer files (`tokenizerPath`: the keys hash the model's own tokens; the key's dtype is the
+  engines' KV dtype, `tandem.kvpool.connector_plan.engine_kv_dtype` over `engine.args` and the
+  model's `config.json` beside the tokenizer). Off with LMCache's connector (its chunk hash is its
+  own) and without tokenizer files. `TANDEM_KVPOOL_PASSWORD` from the environment;
 - gateway replicas in front of the same engines: `--replicas`, else `spec.router.replicas` with
   Kubernetes discovery, else 1; with `workers` they divide every engine's capacity;
 - shared fair-queue counters: through the KV pool's Redis (`kvPoolUrl`, whatever the engine) when
   `--shared-counters redis`, or `auto` with more than one replica and a pool; `redis` without a pool
   stops start-up;
+- the prefix source: `--prefix-source`, else `spec.router.prefixSource`; the engines' KV-event
+  addresses: per engine URL from `--kv-events` settings' `endpoints`, else the router config's
+  `kvEvents` templates (what the operator and `tandem up` made the engines bind), else
+  `tcp://{host}:<--kv-events-port>` (and `<replay_port>`);
 - the prompt tokenizer: the model's files at `tokenizerPath` when given (a directory without them
   stops start-up), else Tandem's tokenizer: exact for `engine.kind: sim`, an estimate otherwise
   (`tokenizer_exact` False, logged once at start-up).
@@ -23,6 +30,7 @@ Resolution rules (each one written here, nowhere else):
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,11 +38,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
-from tandem.core.spec import InferenceServiceSpec, ModelSpec
+from tandem.core.spec import InferenceServiceSpec, ModelSpec, PrefixSourceKind
 from tandem.kvpool.client import password_from_env
+from tandem.kvpool.connector_plan import engine_kv_dtype
 from tandem.router.errors import ConfigurationError
-from tandem.router.settings import RouterSettings
+from tandem.router.settings import KVEventsSettings, RouterSettings
 from tandem.router.types import SLO
 
 
@@ -52,6 +62,7 @@ class KVPoolAccess:
     timeout_s: float
     model: str
     chunk_size: int
+    dtype: str = "bfloat16"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +75,10 @@ class SharedCountersAccess:
     timeout_s: float
     key: str
     interval_s: float
+
+
+#: vLLM's default publisher address, on each engine's host; no replay.
+DEFAULT_KV_EVENTS = KVEventsAddresses(events="tcp://{host}:5557")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +96,8 @@ class EffectiveConfig:
     kv_pool: KVPoolAccess | None
     api_keys_file: Path | None
     tokenizer_path: Path | None
+    prefix_source: PrefixSourceKind = "approximate"
+    kv_events: KVEventsAddresses = DEFAULT_KV_EVENTS
     replicas: int = 1
     shared_counters: SharedCountersAccess | None = None
 
@@ -97,7 +114,7 @@ class EffectiveConfig:
             "policy": self.spec.router.policy,
             "disaggregation": self.spec.disaggregation.mode,
             "fairness": self.settings.admission.fairness,
-            "prefix_source": self.settings.scheduling.prefix_source,
+            "prefix_source": self.prefix_source,
             "kv_pool": self.kv_pool is not None,
             "replicas": self.replicas,
             "shared_counters": self.shared_counters is not None,
@@ -114,13 +131,15 @@ def resolve(
     env = os.environ if environ is None else environ
     spec = config.spec
     kv_pool = None
-    if config.kv_pool_url is not None and spec.engine.kind == "sim":
+    dtype = _pool_dtype(config)
+    if config.kv_pool_url is not None and dtype is not None:
         kv_pool = KVPoolAccess(
             url=config.kv_pool_url,
             password=password_from_env(env),
             timeout_s=settings.disaggregation.kv_pool_timeout_seconds,
             model=spec.model.name,
             chunk_size=spec.kv_pool.chunk_size,
+            dtype=dtype,
         )
     weights = {t.name: t.weight for t in spec.router.tenants} | dict(settings.admission.tenant_weights)
     admission = settings.admission
@@ -152,6 +171,31 @@ def resolve(
         kv_pool=kv_pool,
         api_keys_file=Path(config.api_keys_file) if config.api_keys_file else None,
         tokenizer_path=Path(config.tokenizer_path) if config.tokenizer_path else None,
+        prefix_source=settings.scheduling.prefix_source or spec.router.prefix_source,
+        kv_events=config.kv_events or _flag_addresses(settings.scheduling.kv_events),
         replicas=replicas,
         shared_counters=shared,
     )
+
+
+def _pool_dtype(config: RouterConfig) -> str | None:
+    """The dtype of the pool keys the gateway can compute, or None when it cannot compute the
+    engines' keys at all (module docstring)."""
+    spec = config.spec
+    if spec.engine.kind == "sim":
+        return "bfloat16"
+    if spec.engine.kind != "vllm" or spec.kv_pool.connector != "tandem" or config.tokenizer_path is None:
+        return None
+    model_config = None
+    path = Path(config.tokenizer_path) / "config.json"
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+        model_config = loaded if isinstance(loaded, dict) else None
+    except (OSError, ValueError):
+        pass  # no readable config.json beside the tokenizer: the flags or the default decide
+    return engine_kv_dtype(spec.engine.args, model_config)
+
+
+def _flag_addresses(settings: KVEventsSettings) -> KVEventsAddresses:
+    replay = f"tcp://{{host}}:{settings.replay_port}" if settings.replay_port is not None else None
+    return KVEventsAddresses(events=f"tcp://{{host}}:{settings.port}", replay=replay)

@@ -151,14 +151,17 @@ class SchedulingSettings(_Settings):
     """Tuning of the scheduler (docs/routing.md); the scorer weights are `spec.router.scoring`.
 
     `prefix_source`: `approximate` (the router's own routing history) or `precise` (the engines' KV
-    events). Imbalance guard: an endpoint is skipped while its load exceeds the least loaded one's by
-    more than `imbalance_abs_threshold` requests and `imbalance_rel_threshold` times (SGLang: 64, 1.5).
+    events); None: `spec.router.prefixSource`. With `precise`, a routed prompt's blocks count as
+    cached on its engine until its first token and `pending_ttl_seconds` after (the events lag).
+    Imbalance guard: an endpoint is skipped while its load exceeds the least loaded one's by more
+    than `imbalance_abs_threshold` requests and `imbalance_rel_threshold` times (SGLang: 64, 1.5).
     `cache_threshold`: the prompt share cached somewhere below which a prompt counts as new (SGLang:
     0.3; the prefix scorer spreads new prompts, the `prefix` policy goes least-loaded). TTFT
     predictor: `prior_tokens_per_second` until a rate is observed, `rate_smoothing` the EWMA weight.
     Approximate index: block size and capacity per engine until `vllm:cache_config_info` says."""
 
-    prefix_source: Literal["approximate", "precise"] = "approximate"
+    prefix_source: Literal["approximate", "precise"] | None = None
+    pending_ttl_seconds: float = Field(default=2.0, ge=0, le=600)
     imbalance_abs_threshold: float = Field(default=64.0, ge=0, le=1_000_000)
     imbalance_rel_threshold: float = Field(default=1.5, ge=1, le=1000)
     cache_threshold: float = Field(default=0.3, gt=0, le=1)

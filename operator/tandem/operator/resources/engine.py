@@ -16,6 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.core.kvevents import (
+    KV_EVENTS_PORT,
+    KV_EVENTS_REPLAY_PORT,
+    cluster_binds,
+    sim_kv_events_args,
+    vllm_kv_events_config,
+)
 from tandem.core.spec import DecodeSpec, InferenceServiceSpec, PrefillSpec
 from tandem.kvpool import engine_config
 from tandem.kvpool.engine_config import KVRole, lmcache_env, to_json
@@ -127,8 +134,20 @@ def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[s
         str(pool_spec(spec, role).tensor_parallel),
         "--kv-transfer-config",
         to_json(kv_transfer_config(spec, role, owner=owner)),
+        *_kv_events_args(spec, vllm=True),
         *spec.engine.args,
     ]
+
+
+def _kv_events_args(spec: InferenceServiceSpec, *, vllm: bool) -> list[str]:
+    """With `router.prefixSource: precise`, the engine publishes its KV events on every interface,
+    vLLM's ports (`tandem.core.kvevents`), where the router's subscribers connect."""
+    if spec.router.prefix_source != "precise":
+        return []
+    events, replay = cluster_binds()
+    if vllm:
+        return ["--kv-events-config", to_json(vllm_kv_events_config(endpoint=events, replay=replay))]
+    return sim_kv_events_args(endpoint=events, replay=replay)
 
 
 def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[str]:
@@ -154,6 +173,7 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
         "0.0.0.0",
         "--port",
         str(ENGINE_PORT),
+        *_kv_events_args(spec, vllm=False),
         *spec.engine.args,
     ]
 
@@ -212,7 +232,7 @@ def _container(spec: InferenceServiceSpec, role: Role, *, owner: Owner, images: 
         "command": ["vllm", "serve"] if vllm else ["tandem"],
         "args": vllm_args(spec, role, owner=owner) if vllm else sim_args(spec, role, owner=owner),
         "env": engine_env(spec, owner=owner),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}, *_kv_events_ports(spec)],
         **_probes(),
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT]}}},
     }
@@ -297,3 +317,12 @@ def build_engine_deployment(
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
+
+
+def _kv_events_ports(spec: InferenceServiceSpec) -> list[dict[str, object]]:
+    if spec.router.prefix_source != "precise":
+        return []
+    return [
+        {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+        {"name": "kv-replay", "containerPort": KV_EVENTS_REPLAY_PORT, "protocol": "TCP"},
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.core.kvevents import cluster_addresses
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources.engine import CONFIG_HASH_ANNOTATION, MODEL_MOUNT, model_argument
@@ -61,6 +62,7 @@ def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
         kv_pool_url=kv_pool_url(spec, owner),
         api_keys_file=f"{AUTH_DIR}/{API_KEYS_FILE}" if spec.router.auth.enabled else None,
         tokenizer_path=tokenizer_path(spec),
+        kv_events=cluster_addresses() if spec.router.prefix_source == "precise" else None,
     )
 
 

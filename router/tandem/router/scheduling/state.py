@@ -16,8 +16,9 @@ traffic as the dispatcher's `DispatchObserver`:
 - `finished` (the attempt is over): a failed attempt's tokens leave `Q_p` too.
 
 With the precise (KV-event) prefix source, a prompt's blocks reach the index only once the engine has
-computed them, so until an attempt's first token its blocks also count as cached on its endpoint
-(llm-d's "speculative indexing"): the next request with the same prefix follows it at once.
+computed them and its events have crossed the network, so until an attempt's first token, and for
+`pending_ttl_s` after it, its blocks also count as cached on its endpoint (llm-d's "speculative
+indexing"): the next request with the same prefix follows it at once, and a burst keeps its affinity.
 
 It also answers the admission layer: `predicted_ttft(request, candidates)` (the best TTFT̂ over the
 candidates; None until every candidate's rate was observed once, so nothing is rejected on a prior).
@@ -35,7 +36,7 @@ Pure (no I/O; clock injected) and single-threaded: everything runs on the router
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -112,6 +113,7 @@ class SchedulingState:
         events: SchedulingEvents | None = None,
         track_prefixes: bool = True,
         on_record: Callable[[str, Sequence[int]], None] | None = None,
+        pending_ttl_s: float = 2.0,
     ) -> None:
         self.approximate = approximate or ApproximatePrefixIndex()
         self.prefix: PrefixSource = prefix or self.approximate
@@ -123,8 +125,11 @@ class SchedulingState:
         self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
         self._sized: dict[str, object] = {}  # url → the engine reading its index was sized from
         self._turn = 0
-        # Precise source only: block keys of prompts in flight, per URL (the events lag behind).
+        # Precise source only: block keys of prompts in flight, per URL (the events lag behind), and
+        # of prompts answered in the last `pending_ttl_s` (key → expiry, oldest first).
         self._pending: dict[str, Counter[int]] = {}
+        self._recent: dict[str, OrderedDict[int, float]] = {}
+        self._pending_ttl_s = pending_ttl_s
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -226,7 +231,7 @@ class SchedulingState:
         if not isinstance(ticket, Ticket) or ticket.answered:
             return
         ticket.answered = True
-        self._release(ticket)
+        self._release(ticket, computed=status < 400)
         endpoint = ticket.endpoint
         first_token = streamed or endpoint.pool == "prefill"
         if status >= 400 or not first_token or ticket.kv_loaded:
@@ -247,6 +252,8 @@ class SchedulingState:
         self.approximate.forget(keep)
         self.rates.forget(keep)
         self._queued = {url: q for url, q in self._queued.items() if url in keep}
+        self._pending = {url: p for url, p in self._pending.items() if url in keep}
+        self._recent = {url: r for url, r in self._recent.items() if url in keep}
         self._sized = {url: r for url, r in self._sized.items() if url in keep}
 
     # -- internals --------------------------------------------------------------------------------
@@ -282,7 +289,9 @@ class SchedulingState:
             )
             self._sized[snapshot.endpoint.url] = snapshot.engine
 
-    def _release(self, ticket: Ticket) -> None:
+    def _release(self, ticket: Ticket, *, computed: bool = False) -> None:
+        """The attempt's work left the queue; `computed`: its engine answered it (the prompt's
+        blocks are in its cache), so with the precise source they stay counted for the TTL."""
         if ticket.released:
             return
         ticket.released = True
@@ -298,20 +307,45 @@ class SchedulingState:
             self._pending[url] = +pending  # drops keys at zero
             if not self._pending[url]:
                 del self._pending[url]
+            if computed and self._pending_ttl_s > 0:
+                self._remember(url, ticket.pending_keys)
+
+    def _remember(self, url: str, keys: Sequence[int]) -> None:
+        """Keep an answered prompt's keys for `pending_ttl_s`, dropping expired ones first."""
+        now = self._clock()
+        recent = self._recent.setdefault(url, OrderedDict())
+        while recent:
+            key, expiry = next(iter(recent.items()))
+            if expiry > now:
+                break
+            del recent[key]
+        until = now + self._pending_ttl_s
+        for key in keys:
+            recent[key] = until
+            recent.move_to_end(key)
 
     def _match(self, urls: Sequence[str], request: Routable) -> dict[str, int]:
-        """The prefix source's matches; with the precise source, at least what in-flight requests
-        are computing now (their blocks are not in the engine's events yet)."""
+        """The prefix source's matches; with the precise source, at least what in-flight and just
+        answered requests computed there (their blocks may not be in the engine's events yet)."""
         matched = self.prefix.match(urls, request)
+        now = self._clock()
         for url in urls:
             pending = self._pending.get(url)
-            if not pending:
+            recent = self._recent.get(url)
+            if not pending and not recent:
                 continue
             size = self.approximate.block_size(url)
             keys = request.block_keys(size)
-            hits = next((i for i, key in enumerate(keys) if key not in pending), len(keys))
+            hits = next(
+                (i for i, key in enumerate(keys) if not _held(key, pending, recent, now)),
+                len(keys),
+            )
             matched[url] = max(matched.get(url, 0), hits * size)
         return matched
+
+
+def _held(key: int, pending: Counter[int] | None, recent: OrderedDict[int, float] | None, now: float) -> bool:
+    return (pending is not None and key in pending) or (recent is not None and recent.get(key, 0.0) > now)
 
 
 def _uncached(n: int, matched: int, *, kv_loaded: bool) -> int:

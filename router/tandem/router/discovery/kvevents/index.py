@@ -100,8 +100,8 @@ class PrecisePrefixIndex:
         if state is not None:
             self._reset(state)
 
-    def remove_endpoint(self, endpoint: str) -> None:
-        """Forget `endpoint` entirely (it left discovery)."""
+    def forget(self, endpoint: str) -> None:
+        """Forget `endpoint` entirely, stats included (it left discovery)."""
         self._endpoints.pop(endpoint, None)
 
     def stats(self, endpoint: str) -> EndpointStats:

@@ -46,7 +46,11 @@ class EventSink(Protocol):
     def apply(self, endpoint: str, events: Iterable[KVEvent]) -> None: ...
 
     def clear(self, endpoint: str) -> None:
-        """The endpoint's engine restarted (or left): forget what it cached."""
+        """The endpoint's engine restarted: forget what it cached."""
+        ...
+
+    def forget(self, endpoint: str) -> None:
+        """The endpoint left discovery: drop everything kept for it."""
         ...
 
 
@@ -76,6 +80,10 @@ class KVEventMetrics(Protocol):
 
     def connection(self, endpoint: str, state: ConnectionState) -> None: ...
 
+    def forget(self, endpoint: str) -> None:
+        """The endpoint left discovery: drop its per-connection state (counters stay)."""
+        ...
+
 
 class NoMetrics:
     """A `KVEventMetrics` that records nothing."""
@@ -102,4 +110,7 @@ class NoMetrics:
         pass
 
     def connection(self, endpoint: str, state: ConnectionState) -> None:
+        pass
+
+    def forget(self, endpoint: str) -> None:
         pass

@@ -270,13 +270,19 @@ class KVEventSubscribers:
         return self._subscribers.get(endpoint)
 
     async def sync(self, sources: Iterable[EventSource]) -> None:
-        """Start subscribers for new sources, stop (and clear the sink for) ones that left or changed."""
+        """Start subscribers for new sources; stop the ones whose endpoint left discovery (the sink
+        and the metrics forget it) or whose addresses changed (the sink clears it: a new engine)."""
         wanted = {source.endpoint: source for source in sources}
         for endpoint, subscriber in list(self._subscribers.items()):
             if wanted.get(endpoint) != subscriber.source:
                 del self._subscribers[endpoint]
                 await subscriber.aclose()
-                self._sink.clear(endpoint)
+                if endpoint in wanted:
+                    self._sink.clear(endpoint)
+                else:
+                    self._sink.forget(endpoint)
+                    if self._metrics is not None:
+                        self._metrics.forget(endpoint)
         if self._context is None:
             self._context = zmq.asyncio.Context()
         for endpoint, source in wanted.items():
