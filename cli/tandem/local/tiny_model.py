@@ -2,8 +2,11 @@
 
 What is built (deterministic for a given seed):
 - a byte-level BPE tokenizer, vocabulary 4096, trained here on the Python standard library's `*.py`
-  files, with the specials `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, `<|pad|>` and a ChatML chat
-  template (as Qwen2 chat models use);
+  files, with Qwen2's pre-tokenizer (its split regex, then byte-level without a regex of its own:
+  `transformers` loads every `qwen2` model's tokenizer as `Qwen2Tokenizer`, which installs exactly
+  this pre-tokenizer whatever `tokenizer.json` says, so `tokenizer.json` must say the same for a
+  reader of the file, such as the gateway, to get vLLM's ids), with the specials `<|endoftext|>`,
+  `<|im_start|>`, `<|im_end|>`, `<|pad|>` and a ChatML chat template (as Qwen2 chat models use);
 - `Qwen2ForCausalLM` with hidden size 256, intermediate 512, 2 layers, 4 attention heads, 2 KV heads,
   head dim 64, tied embeddings, bf16, weights drawn from a seeded normal distribution. Its KV is 1 KiB
   per token (2 layers × K and V × 2 heads × 64 × 2 bytes), so a 256-token chunk is 256 KiB.
@@ -36,6 +39,12 @@ MODEL_SHAPE = {
     "head_dim": 64,
 }
 MAX_POSITIONS = 4096
+#: Qwen2's pre-tokenization split (contractions, letters with one leading non-letter, single digits,
+#: punctuation runs with trailing newlines, newline runs, other whitespace).
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
 #: Standard deviation of the random weights: large enough that greedy decoding has clear winners
 #: (the default 0.02 gives near-flat logits, where bf16 rounding decides ties).
 INIT_STD = 0.2
@@ -55,12 +64,17 @@ def _texts(files: list[Path]) -> Iterator[str]:
 def build(directory: Path, *, seed: int = 0) -> Path:
     """Write tokenizer and model files into `directory` (created if needed); returns it."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,

@@ -1,0 +1,183 @@
+"""The slow tier's real-vLLM stack: `tandem up --engine vllm` (from .venv-vllm) on the tiny local model
+(`tandem dev tiny-model`), with a Redis KV pool the test starts itself (so it can stop it), and the
+small HTTP helpers the tests share. Used by e2e/test_vllm_pd.py and e2e/test_vllm_routing.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import yaml
+
+from tandem.local.binaries import find_redis_server
+
+ROOT = Path(__file__).parents[1]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+MODEL_DIR = ROOT / ".tandem" / "models" / "tiny-qwen2"
+EXAMPLE = ROOT / "deploy" / "examples" / "local-vllm.yaml"
+READY_TIMEOUT_S = 900.0
+CHUNK = 256
+MODEL_KEY = "tiny-qwen2"
+SERVED = "tiny"
+
+
+def require_vllm() -> None:
+    """Asked for (TANDEM_SLOW=1) but not installed is a failure, not a skip: a skipped slow tier
+    would look like a passing one."""
+    if not VLLM_PYTHON.exists() or not (MODEL_DIR / "config.json").exists():
+        pytest.fail(".venv-vllm or the tiny model is missing: run `make setup-vllm`")
+
+
+@dataclass
+class Stack:
+    process: subprocess.Popen[str]
+    endpoint: str
+    prefill: list[str]
+    decode: list[str]
+    redis_process: subprocess.Popen[bytes]
+    redis_url: str
+    state_dir: Path
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def gateway(self) -> str:
+        return self.endpoint.removesuffix("/v1")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    binary = find_redis_server()
+    assert binary is not None, "redis-server is not installed"
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen(
+        [*argv, "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    with redis.Redis(port=port) as client:
+        while True:
+            try:
+                client.ping()
+                return process
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and process.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+
+
+def _wait_ready(process: subprocess.Popen[str], output: list[str]) -> tuple[str, threading.Thread]:
+    """Collect `tandem up`'s output in a thread until its `ready:` line; the endpoint and the thread."""
+    assert process.stdout is not None
+    stdout = process.stdout
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in stdout:
+            output.append(line)
+            if line.startswith("ready: "):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not ready.wait(1.0):
+        assert process.poll() is None and time.monotonic() < deadline, "tandem up failed:\n" + "".join(output)
+    endpoint = next(line.split(": ", 1)[1].strip() for line in output if line.startswith("endpoint: "))
+    return endpoint, reader
+
+
+@contextlib.contextmanager
+def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Iterator[Stack]:
+    """`tandem up --engine vllm` on the example, its spec sections updated by `spec` (one level deep)."""
+    if not MODEL_DIR.exists():
+        tiny = subprocess.run(
+            [str(VLLM_PYTHON), "-m", "tandem.cli", "dev", "tiny-model", str(MODEL_DIR)], cwd=ROOT, check=False
+        )
+        assert tiny.returncode == 0, "tandem dev tiny-model failed"
+    redis_port = free_port()
+    redis_process = _start_redis(redis_port, state_dir)
+    redis_url = f"redis://127.0.0.1:{redis_port}"
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["spec"]["model"]["source"]["path"] = str(MODEL_DIR)
+    document["spec"]["kvPool"]["redis"] = {"url": redis_url}
+    for section, values in (spec or {}).items():
+        document["spec"][section] = {**document["spec"].get(section, {}), **values}
+    spec_path = state_dir / "isvc.yaml"
+    spec_path.write_text(yaml.safe_dump(document))
+    command = [str(VLLM_PYTHON), "-m", "tandem.cli", "up", "--engine", "vllm", "-f", str(spec_path)]
+    command += ["--port", str(free_port()), "--state-dir", str(state_dir)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    output: list[str] = []
+    reader: threading.Thread | None = None
+    try:
+        endpoint, reader = _wait_ready(process, output)
+        discovery = yaml.safe_load((state_dir / "router.yaml").read_text())["discovery"]
+        yield Stack(
+            process=process, endpoint=endpoint, prefill=list(discovery["prefill"]),
+            decode=list(discovery["decode"]), redis_process=redis_process, redis_url=redis_url,
+            state_dir=state_dir, output=output,
+        )  # fmt: skip
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if reader is not None:
+            reader.join(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+        # Start-up times, for docs/vllm.md (shown with -rA or -s).
+        print("".join(line for line in output if " ready in " in line))
+        if redis_process.poll() is None:
+            redis_process.terminate()
+            redis_process.wait()
+
+
+def complete(base: str, text: str, *, max_tokens: int = 12) -> dict[str, Any]:
+    body = {
+        "model": SERVED,
+        "prompt": text,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    response = httpx.post(f"{base}/v1/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def tokenize(base: str, text: str) -> list[int]:
+    response = httpx.post(f"{base}/tokenize", json={"model": SERVED, "prompt": text}, timeout=60)
+    assert response.status_code == 200, response.text
+    tokens: list[int] = response.json()["tokens"]
+    return tokens
+
+
+def counter(base: str, name: str, **labels: str) -> float:
+    """Sum of one metric's samples on a /metrics page, over the samples carrying `labels`."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", re.MULTILINE)
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    return sum(float(value) for found, value in pattern.findall(text) if all(w in found for w in wanted))
