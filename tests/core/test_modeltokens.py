@@ -203,3 +203,16 @@ def test_a_chat_without_a_usable_template_is_counted_from_its_texts(tmp_path: Pa
     with pytest.raises(ChatTemplateError, match="user first"):
         refusing.render_chat(messages)
     assert PromptEncoder(refusing).chat(messages).ids == tuple(refusing.encode("be brief\nhi there"))
+
+
+def test_a_template_saved_beside_the_config_is_the_chat_template(tmp_path: Path) -> None:
+    """transformers (since 4.43) saves the template as chat_template.jinja, not in the config."""
+    write_byte_level(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}), encoding="utf-8")
+    template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(template, encoding="utf-8")
+    messages = [{"role": "user", "content": "hi"}]
+    assert load_tokenizer(tmp_path).render_chat(messages) == "[user]hi"
+    inline = "{{ messages[0]['content'] }}!"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": inline}), encoding="utf-8")
+    assert load_tokenizer(tmp_path).render_chat(messages) == "hi!"  # the config's own wins

@@ -1,5 +1,6 @@
 """Loading a model's own tokenizer from its files: `tokenizer.json` (Hugging Face `tokenizers`) and
-`tokenizer_config.json` (its chat template and special tokens), as a `ModelTokenizer`.
+`tokenizer_config.json` (its chat template and special tokens; the template in `chat_template.jinja`
+when the config has none, as `transformers` saves it since 4.43), as a `ModelTokenizer`.
 
 Where the files come from is the caller's business: the model's local directory (`tandem up
 --engine vllm`), the model's volume mounted into the gateway's pod, or a ConfigMap holding the two
@@ -28,6 +29,7 @@ from tandem.core.modeltokens import ChatTemplateError
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -88,7 +90,9 @@ class HFTokenizer:
     def render_chat(self, messages: Sequence[Mapping[str, Any]], /) -> str:
         """Raises `ChatTemplateError` without a template, or when it refuses the messages."""
         if self._template is None:
-            raise ChatTemplateError(f"{self.name}: the tokenizer has no chat template ({CONFIG_FILE})")
+            raise ChatTemplateError(
+                f"{self.name}: the tokenizer has no chat template ({CONFIG_FILE} or {TEMPLATE_FILE})"
+            )
         import jinja2
 
         prepared = [{**m, "content": _message_content(m.get("content"))} for m in messages]
@@ -143,6 +147,8 @@ def load_tokenizer(directory: str | Path) -> HFTokenizer:
     if isinstance(template, list):  # several named templates: vLLM takes "default"
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
         template = named.get("default")
+    if template is None:  # transformers >= 4.43 saves it beside the config
+        template = _read_optional(path / TEMPLATE_FILE)
     specials = {k: v for k in _SPECIAL_NAMES if (v := _token_text(config.get(k))) is not None}
     return HFTokenizer(
         tokenizer,
@@ -150,3 +156,12 @@ def load_tokenizer(directory: str | Path) -> HFTokenizer:
         chat_template=template if isinstance(template, str) else None,
         special_tokens=specials,
     )
+
+
+def _read_optional(file: Path) -> str | None:
+    if not file.is_file():
+        return None
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TokenizerFilesError(f"{file}: cannot read: {exc}") from None
