@@ -79,6 +79,9 @@ def test_pd_answers_equal_colocated_and_kv_comes_from_the_pool(stack: Stack) -> 
     assert after - before == expected_hits
     assert counter(stack.decode[0], "tandem_kvpool_connector_chunks_loaded_total") >= expected_hits // CHUNK
     assert counter(stack.prefill[0], "tandem_kvpool_connector_chunks_saved_total") > 0
+    # The gateway computed the same chunk keys from the model's tokens: its barrier saw them stored.
+    assert counter(stack.gateway, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="ok") >= 3
+    assert counter(stack.gateway, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="timeout") == 0
 
 
 def test_a_chunk_that_lost_its_bytes_is_recomputed(stack: Stack) -> None:
