@@ -23,7 +23,6 @@ scaled down) only because discovery has not listed yet.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -52,6 +51,7 @@ from tandem.autoscaler.scraper import Scraper
 from tandem.core.endpointslices import ENGINE_PORT, ROUTER_PORT, pool_workload_name, router_workload_name
 from tandem.core.kubeaccess import KubeAccess
 from tandem.core.spec import InferenceServiceSpec, check_rules
+from tandem.core.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 WallClock = Callable[[], datetime]
@@ -231,10 +231,7 @@ async def wait_synced(events: Sequence[asyncio.Event], stop: asyncio.Event) -> b
     for event in events:
         waiter, stopper = asyncio.create_task(event.wait()), asyncio.create_task(stop.wait())
         _, pending = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(pending)
         if stop.is_set():
             return False
     return True
@@ -307,9 +304,5 @@ async def run_in_cluster(
             log.info("autoscaler started", extra={"namespaces": list(settings.namespaces) or "*"})
             await autoscaler.run(stop)
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await stop_tasks(tasks)
             await health.stop()

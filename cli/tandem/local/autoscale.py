@@ -18,7 +18,6 @@ All methods run on the autoscaler's event loop; blocking waits go to worker thre
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ import httpx
 
 from tandem.autoscaler.readings import parse_engine_metrics
 from tandem.core.routerconfig import EndpointList, write_endpoint_file
+from tandem.core.tasks import stop_tasks
 from tandem.local.plan import EngineFactory
 from tandem.local.supervisor import Child, ChildFailed, Supervisor
 
@@ -125,12 +125,7 @@ class LocalPool:
 
     async def close(self) -> None:
         """Cancel pending starts and drains (the runtime then stops every process)."""
-        tasks = [task for _, task in (*self.starting.values(), *self.draining.values())]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(task for _, task in (*self.starting.values(), *self.draining.values()))
         await self.client.aclose()
 
     def _start_one(self, reason: str) -> None:

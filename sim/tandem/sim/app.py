@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
+from tandem.core.tasks import stop_tasks
 from tandem.kvpool.client import password_from_env
 from tandem.sim import generate, routes
 from tandem.sim.engine.blocks import KVEvent, KVEventSink
@@ -107,8 +108,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         runtime, state.runtime = state.runtime, None
         assert runtime is not None
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop_tasks([task])
         if runtime.background:
             await asyncio.gather(*runtime.background, return_exceptions=True)
         if pool is not None:

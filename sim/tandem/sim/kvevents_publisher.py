@@ -27,6 +27,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from tandem.core.tasks import stop_tasks
 from tandem.sim.engine.blocks import KVEvent
 from tandem.sim.kvevents_wire import Encoding, encode_batch
 
@@ -110,9 +111,7 @@ class KVEventPublisher:
 
     async def aclose(self) -> None:
         """Stop the tasks and close the sockets at once (queued batches are dropped)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks)
         self._tasks.clear()
         if self._context is not None:
             self._context.destroy(linger=0)

@@ -28,7 +28,6 @@ bound tokens rotate) and CA from `/var/run/secrets/kubernetes.io/serviceaccount/
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,6 +37,7 @@ import httpx
 from tandem.core.endpointslices import SERVICE_NAME_LABEL, ready_urls
 from tandem.core.kubeaccess import KubeAccess, list_and_watch, watch_events
 from tandem.core.routerconfig import KubernetesDiscovery
+from tandem.core.tasks import stop_tasks
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.types import Pool
 
@@ -161,11 +161,7 @@ class KubernetesEndpoints:
             self._tasks.append(asyncio.create_task(watch.run(resource_version), name=f"watch-{service}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         self._tasks.clear()
         if self._owns_client and self._client is not None:
             await self._client.aclose()

@@ -32,6 +32,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from tandem.core.tasks import stop_tasks
 from tandem.router.discovery.kvevents.decode import DecodeError, decode_batch
 from tandem.router.discovery.kvevents.ports import EventSink, KVEventMetrics, NoMetrics
 from tandem.router.discovery.kvevents.protocol import (
@@ -107,9 +108,7 @@ class KVEventSubscriber:
     async def aclose(self) -> None:
         """Stop following; closes the sockets (and the ZMQ context, if this subscriber made it)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await stop_tasks([task] if task is not None else [])
         if self._owns_context and self._context is not None:
             self._context.destroy(linger=0)
             self._context = None
