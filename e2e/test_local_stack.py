@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import httpx
 import pytest
 import redis
 import yaml
+from e2e.stacks import wait_ready
 from openai import OpenAI
 
 ROOT = Path(__file__).parents[1]
@@ -71,24 +71,6 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_for_ready(process: subprocess.Popen[str], output: list[str]) -> str:
-    """Collect the CLI's output in a thread until its `ready:` line; return the printed endpoint."""
-    assert process.stdout is not None
-    stdout = process.stdout
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in stdout:
-            output.append(line)
-            if line.startswith("ready: "):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(READY_TIMEOUT):
-        raise AssertionError(f"tandem up did not become ready:\n{''.join(output)}")
-    return next(line.split(": ", 1)[1].strip() for line in output if line.startswith("endpoint: "))
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     state_dir = tmp_path_factory.mktemp("state")
@@ -114,7 +96,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     output: list[str] = []
     try:
-        endpoint = wait_for_ready(process, output)
+        endpoint, _ = wait_ready(process, output, timeout_s=READY_TIMEOUT)
         yield Stack(process=process, endpoint=endpoint, state_dir=state_dir, output=output)
     finally:
         if process.poll() is None:

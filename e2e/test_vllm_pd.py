@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from e2e.vllm_stack import CHUNK, MODEL_KEY, Stack, complete, counter, require_vllm, running_stack, tokenize
+from e2e.stacks import CHUNK, MODEL_KEY, Stack, complete, counter, require_vllm, running_stack, tokenize
 
 from tandem.core.kvkeys import chunk_hashes
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e.vllm_stack import MODEL_DIR, SERVED, Stack, complete, counter, require_vllm, running_stack, tokenize
+from e2e.stacks import MODEL_DIR, SERVED, Stack, complete, counter, require_vllm, running_stack, tokenize
 
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.tokenizer_files import load_tokenizer

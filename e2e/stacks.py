@@ -1,6 +1,7 @@
-"""The slow tier's real-vLLM stack: `tandem up --engine vllm` (from .venv-vllm) on the tiny local model
-(`tandem dev tiny-model`), with a Redis KV pool the test starts itself (so it can stop it), and the
-small HTTP helpers the tests share. Used by e2e/test_vllm_pd.py and e2e/test_vllm_routing.py."""
+"""Stacks the end-to-end tests start with `tandem up`: reading its output until it is ready (every
+e2e test), and the slow tier's real-vLLM stack, `tandem up --engine vllm` (from .venv-vllm) on the
+tiny local model (`tandem dev tiny-model`) with a Redis KV pool the test starts itself (so it can stop
+it), plus the small HTTP helpers those tests share (e2e/test_vllm_pd.py, e2e/test_vllm_routing.py)."""
 
 from __future__ import annotations
 
@@ -80,8 +81,11 @@ def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
                 time.sleep(0.05)
 
 
-def _wait_ready(process: subprocess.Popen[str], output: list[str]) -> tuple[str, threading.Thread]:
-    """Collect `tandem up`'s output in a thread until its `ready:` line; the endpoint and the thread."""
+def wait_ready(
+    process: subprocess.Popen[str], output: list[str], *, timeout_s: float = READY_TIMEOUT_S
+) -> tuple[str, threading.Thread]:
+    """Collect `tandem up`'s output in a thread until its `ready:` line; the endpoint it printed and
+    the reading thread. Fails with the output so far if the process ends or `timeout_s` passes."""
     assert process.stdout is not None
     stdout = process.stdout
     ready = threading.Event()
@@ -94,7 +98,7 @@ def _wait_ready(process: subprocess.Popen[str], output: list[str]) -> tuple[str,
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while not ready.wait(1.0):
         assert process.poll() is None and time.monotonic() < deadline, "tandem up failed:\n" + "".join(output)
     endpoint = next(line.split(": ", 1)[1].strip() for line in output if line.startswith("endpoint: "))
@@ -128,7 +132,7 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
     output: list[str] = []
     reader: threading.Thread | None = None
     try:
-        endpoint, reader = _wait_ready(process, output)
+        endpoint, reader = wait_ready(process, output)
         discovery = yaml.safe_load((state_dir / "router.yaml").read_text())["discovery"]
         yield Stack(
             process=process, endpoint=endpoint, prefill=list(discovery["prefill"]),
