@@ -12,6 +12,7 @@ harness start many engine processes.
 from __future__ import annotations
 
 import importlib
+from typing import IO, Any
 
 import click
 
@@ -30,8 +31,24 @@ COMMANDS = {
 }
 
 
+class Failure(click.ClickException):
+    """A `click.ClickException` shown as every Tandem failure is: `tandem: error: ...` on stderr."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"tandem: error: {self.format_message()}", err=True)
+
+
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands are imported on first use, and whose failures (a command's
+    `click.ClickException`) read `tandem: error: ...` like the rest; usage errors keep click's form."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if type(exc) is not click.ClickException:  # UsageError & co. (exit 2, with a hint)
+                raise
+            raise Failure(exc.message) from None  # same exit code, 1
 
     def __init__(self, *args: object, lazy: dict[str, str], **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
