@@ -19,6 +19,7 @@ import click
 #: Subcommand name → "module:attribute" of its click command, in the order `--help` lists them.
 COMMANDS = {
     "up": "tandem.cli.up:up",
+    "status": "tandem.cli.status:status",
     "validate": "tandem.cli.validate:validate",
     "sim": "tandem.cli.sim:sim",
     "router": "tandem.cli.router:router",

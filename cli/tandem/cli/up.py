@@ -1,14 +1,20 @@
 """`tandem up -f FILE`: run one InferenceService on this machine, no cluster and no GPU needed.
 
 Starts the KV pool (Redis), the prefill and decode pools (simulated engines) and the gateway as child
-processes, shows progress, prints the endpoint and one ready line, and on Ctrl-C or SIGTERM stops every
-child it started. When a pool has `autoscaling.enabled`, the autoscaler runs in this process (a thread,
+processes, shows progress (which engines it still waits for), prints a table of every component (URL,
+health, metrics), a request to try, the endpoint and one ready line, and on Ctrl-C or SIGTERM stops
+every child it started. `<state dir>/state.json` records the running stack for `tandem status`. When a
+pool has `autoscaling.enabled`, the autoscaler runs in this process (a thread,
 `tandem.local.autoscaler`), starts and drains engines, and serves its metrics on `--autoscaler-port`.
-Exit codes: 0 after a requested stop, 1 when a child fails, 2 for a bad spec.
+Exit codes: 0 after a requested stop, 1 when a child fails or the port or state directory is taken,
+2 for a bad spec.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import socket
 import sys
@@ -16,15 +22,29 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import click
 import yaml
 
 from tandem.cli.documents import load_one
+from tandem.cli.status import render_table, status_rows
 from tandem.core.spec import InferenceService
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
-from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, build_plan
+from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, Role, build_plan
+from tandem.local.startup import start_stack
+from tandem.local.state import (
+    STATE_FILE,
+    Phase,
+    StackState,
+    StateError,
+    alive,
+    read_state,
+    remove_state,
+    stack_state,
+    write_state,
+)
 from tandem.local.supervisor import ChildFailed, Supervisor
 from tandem.local.vllm_engine import local_connector
 
@@ -53,27 +73,53 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-def _start(plan: LocalPlan, supervisor: Supervisor) -> None:
-    """Start the children stage by stage (pool, engines, gateway), waiting for each stage's health."""
-    stages = [
-        [p for p in plan.processes if p.role == "kvpool"],
-        [p for p in plan.processes if p.role in ("prefill", "decode")],
-        [p for p in plan.processes if p.role == "router"],
-    ]
-    total = len(plan.processes)
-    done = 0
-    for stage in stages:
-        if stage and stage[0].role == "router":  # engines are ready: list them for file discovery
-            write_initial_endpoints(plan, supervisor.children)
-        children = [supervisor.start(p) for p in stage]
-        for child in children:
-            done += 1
-            _say(f"[{done}/{total}] {child.plan.name:<10} {child.plan.url} starting ...")
-            took = supervisor.wait_ready(child, timeout=_startup_timeout(plan, child.plan.role))
-            _say(f"[{done}/{total}] {child.plan.name:<10} ready in {took:.1f}s")
+def _fail(message: str, *, code: int) -> NoReturn:
+    click.echo(f"tandem: error: {message}", err=True)
+    raise SystemExit(code)
 
 
-def _startup_timeout(plan: LocalPlan, role: str) -> float:
+class _Recorder:
+    """Keeps `<state dir>/state.json` in step with the stack, for `tandem status`."""
+
+    def __init__(self, isvc: InferenceService, plan: LocalPlan, supervisor: Supervisor, state_dir: Path):
+        self._name = isvc.metadata.name
+        self._plan = plan
+        self._supervisor = supervisor
+        self._state_dir = state_dir
+        self.path = state_dir / STATE_FILE
+        self.phase: Phase = "starting"
+        self.autoscaler_port: int | None = None
+
+    def save(self) -> StackState:
+        state = stack_state(
+            self._plan, list(self._supervisor.children), name=self._name, pid=os.getpid(),
+            phase=self.phase, state_dir=self._state_dir, autoscaler_port=self.autoscaler_port,
+        )  # fmt: skip
+        write_state(self.path, state)
+        return state
+
+    def save_quietly(self) -> None:
+        """`save` from the autoscaler's thread: a failed write must not stop its round."""
+        with contextlib.suppress(OSError):
+            self.save()
+
+    def remove(self) -> None:
+        remove_state(self.path, pid=os.getpid())
+
+
+def _refuse_second_run(state_dir: Path) -> None:
+    """One `tandem up` per state directory: a second would share its logs, config and Redis dir."""
+    with contextlib.suppress(StateError):
+        running = read_state(state_dir / STATE_FILE)
+        if running.pid != os.getpid() and alive(running.pid):
+            _fail(
+                f"{running.name} already runs from {state_dir} (tandem up pid {running.pid}, "
+                f"{running.endpoint}); stop it first, or pass another --state-dir",
+                code=1,
+            )
+
+
+def _startup_timeout(plan: LocalPlan, role: Role) -> float:
     if role in ("prefill", "decode") and any(
         "vllm.entrypoints.openai.api_server" in p.argv for p in plan.processes
     ):
@@ -101,21 +147,89 @@ def _watch(supervisor: Supervisor) -> None:
 
 
 def _start_autoscaler(
-    isvc: InferenceService, plan: LocalPlan, supervisor: Supervisor, *, port: int
+    isvc: InferenceService, plan: LocalPlan, supervisor: Supervisor, recorder: _Recorder, *, port: int
 ) -> LocalAutoscaler:
     if _port_in_use(port):
         raise ChildFailed(f"autoscaler port {port} on {LOOPBACK} is in use; pick another (--autoscaler-port)")
     listed = write_initial_endpoints(plan, supervisor.children)
     assert listed is not None  # plan.endpoint_file is set
+
+    def say(message: str) -> None:  # every message follows an engine started, ready or stopped
+        _say(message)
+        recorder.save_quietly()
+
     autoscaler = LocalAutoscaler(
-        isvc=isvc, plan=plan, supervisor=supervisor, listed=listed, metrics_port=port, say=_say,
+        isvc=isvc, plan=plan, supervisor=supervisor, listed=listed, metrics_port=port, say=say,
     )  # fmt: skip
     click.echo(f"autoscaler: {autoscaler.start()}")
+    recorder.autoscaler_port = port
     return autoscaler
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise _StopRequested(signal.Signals(signum).name)
+
+
+def _summary(isvc: InferenceService, state: StackState, *, status_command: str) -> list[str]:
+    """What a person needs once the stack is ready: every component, how to look again, a request."""
+    body = {"model": state.model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}
+    lines = [
+        *render_table(status_rows(state)),
+        f"status again: {status_command}",
+        f"try it: curl -s {state.endpoint}/chat/completions -H 'content-type: application/json' "
+        f"-d '{json.dumps(body)}'",
+    ]
+    if isvc.spec.engine.kind == "sim":
+        lines.append(
+            f"(simulated engines compute no model: answers are random words, timed like "
+            f"{isvc.spec.engine.sim.profile}; see docs/sim.md)"
+        )
+    return lines
+
+
+def _status_command(isvc: InferenceService, state_dir: Path) -> str:
+    if state_dir == Path(".tandem") / isvc.metadata.name:
+        return "tandem status"
+    return f"tandem status --state-dir {state_dir}"
+
+
+def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler_port: int) -> int:
+    """Start the stack, watch it until a signal or a failure, stop it; returns the exit code."""
+    supervisor = Supervisor(log_dir=state_dir.resolve() / "logs")
+    recorder = _Recorder(isvc, plan, supervisor, state_dir.resolve())
+    _say(f"starting {isvc.metadata.name}: logs in {state_dir / 'logs'}")
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    code = 0
+    autoscaler: LocalAutoscaler | None = None
+    try:
+        recorder.save()
+        start_stack(
+            plan, supervisor, timeout_for=lambda role: _startup_timeout(plan, role), say=_say,
+            on_started=recorder.save,
+        )  # fmt: skip
+        if plan.endpoint_file is not None:
+            autoscaler = _start_autoscaler(isvc, plan, supervisor, recorder, port=autoscaler_port)
+        recorder.phase = "ready"
+        for line in _summary(isvc, recorder.save(), status_command=_status_command(isvc, state_dir)):
+            click.echo(line)
+        click.echo(f"endpoint: {plan.endpoint}")
+        click.echo(f"ready: model '{plan.model}' is served at {plan.endpoint} (Ctrl-C to stop)")
+        _watch(supervisor)
+    except _StopRequested as stop:
+        _say(f"{stop}: stopping")
+    except ChildFailed as exc:
+        click.echo(f"tandem: error: {exc}", err=True)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if autoscaler is not None:
+            autoscaler.stop()
+        supervisor.stop_all()
+        recorder.remove()
+        _say("stopped: every child process has exited")
+    return code
 
 
 @click.command()
@@ -142,7 +256,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Where logs and generated config go [default: ./.tandem/<name>].",
+    help="Where logs, generated config and state.json (read by `tandem status`) go "
+    "[default: ./.tandem/<name>].",
 )
 @click.option(
     "--autoscaler-port",
@@ -155,16 +270,16 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
     """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
     isvc = _with_engine(load_one(path), engine)
     state_dir = state_dir or Path(".tandem") / isvc.metadata.name
+    _refuse_second_run(state_dir)
     if _port_in_use(port):
-        raise click.ClickException(f"port {port} on {LOOPBACK} is in use; pick another with --port")
+        _fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
     try:
         plan = build_plan(
             isvc, ports=_free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
         )  # fmt: skip
     except PlanError as exc:
-        click.echo(f"tandem: error: {exc}", err=True)
-        raise SystemExit(2) from None
+        _fail(str(exc), code=2)
     if isvc.spec.engine.kind == "vllm":
         _, note = local_connector(isvc)
         if note is not None:
@@ -172,29 +287,4 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
     state_dir.mkdir(parents=True, exist_ok=True)
     config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    supervisor = Supervisor(log_dir=state_dir.resolve() / "logs")
-    _say(f"starting {isvc.metadata.name}: logs in {state_dir / 'logs'}")
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    code = 0
-    autoscaler: LocalAutoscaler | None = None
-    try:
-        _start(plan, supervisor)
-        if plan.endpoint_file is not None:
-            autoscaler = _start_autoscaler(isvc, plan, supervisor, port=autoscaler_port)
-        click.echo(f"endpoint: {plan.endpoint}")
-        click.echo(f"ready: model '{plan.model}' is served at {plan.endpoint} (Ctrl-C to stop)")
-        _watch(supervisor)
-    except _StopRequested as stop:
-        _say(f"{stop}: stopping")
-    except ChildFailed as exc:
-        click.echo(f"tandem: error: {exc}", err=True)
-        code = 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if autoscaler is not None:
-            autoscaler.stop()
-        supervisor.stop_all()
-        _say("stopped: every child process has exited")
-    raise SystemExit(code)
+    raise SystemExit(_run(isvc, plan, state_dir=state_dir, autoscaler_port=autoscaler_port))

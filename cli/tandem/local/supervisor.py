@@ -2,6 +2,9 @@
 
 Every child runs in its own session (process group), writes to its own log file, and is stopped with
 SIGTERM to the whole group, then SIGKILL after a grace period, so nothing it spawned is left behind.
+Start-up is waited for a stage at a time (`wait_all_ready`): every child of the stage is polled
+together, each is reported as it becomes ready, and the ones still starting are named every few
+seconds, so a slow engine (real vLLM takes a minute) is never waited for in silence.
 """
 
 from __future__ import annotations
@@ -12,17 +15,19 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import redis
-
+from tandem.local.health import check
 from tandem.local.plan import ProcessPlan
 
 Progress = Callable[[str], None]
+Probe = Callable[[ProcessPlan], bool]
 _LOG_TAIL_BYTES = 2000
+#: Seconds between two `waiting for ...` lines while a stage starts.
+WAITING_EVERY_S = 5.0
+_POLL_S = 0.1
 
 
 class ChildFailed(RuntimeError):
@@ -36,6 +41,8 @@ class Child:
     log_path: Path
     #: False for engines the autoscaler started: their exit is its business, not a runtime failure.
     watched: bool = True
+    #: The supervisor's clock when the process was started (seconds).
+    started_at: float = 0.0
 
     def log_tail(self) -> str:
         try:
@@ -58,10 +65,12 @@ class Supervisor:
         log_dir: Path,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        probe: Probe | None = None,
     ) -> None:
         self._log_dir = log_dir
         self._clock = clock
         self._sleep = sleep
+        self._probe = probe or probe_ready
         self._lock = threading.Lock()
         self.children: list[Child] = []
 
@@ -81,32 +90,63 @@ class Supervisor:
                 env={**os.environ, **plan.env},
                 start_new_session=True,
             )
-        child = Child(plan=plan, process=process, log_path=log_path, watched=watched)
+        child = Child(
+            plan=plan, process=process, log_path=log_path, watched=watched, started_at=self._clock()
+        )
         with self._lock:
             self.children.append(child)
         return child
 
     def wait_ready(self, child: Child, *, timeout: float) -> float:
-        """Block until the child answers its probe; returns the seconds it took.
+        """Block until the child answers its probe; returns the seconds since it was started.
 
         Raises ChildFailed if it exits first or is not ready within `timeout` seconds.
         """
-        started = self._clock()
+        took: list[float] = []
+        self.wait_all_ready(
+            [child], timeout=timeout, on_ready=lambda _, seconds: took.append(seconds), say=lambda _: None
+        )
+        return took[0]
+
+    def wait_all_ready(
+        self,
+        children: Sequence[Child],
+        *,
+        timeout: float,
+        on_ready: Callable[[Child, float], None],
+        say: Progress,
+        every: float = WAITING_EVERY_S,
+    ) -> None:
+        """Poll every child until each answers its probe, calling `on_ready(child, seconds since it
+        started)` once per child as it becomes ready, and `say("waiting for prefill-0 (12s) ...")`
+        every `every` seconds while some are not.
+
+        Raises ChildFailed when one exits first, or when some are not ready `timeout` seconds after
+        this call (the message names the first of them and quotes its log).
+        """
+        began = self._clock()
+        pending = list(children)
+        next_note = began + every
         while True:
-            code = child.process.poll()
-            if code is not None:
+            for child in list(pending):
+                _raise_if_exited(child)
+                if self._probe(child.plan):
+                    pending.remove(child)
+                    on_ready(child, self._clock() - child.started_at)
+            if not pending:
+                return
+            now = self._clock()
+            if now - began > timeout:
+                first = pending[0]
                 raise ChildFailed(
-                    f"{child.plan.name} exited with code {code} while starting; "
-                    f"its log ends with:\n{child.log_tail()}"
+                    f"{first.plan.name} was not ready after {timeout:.0f}s; "
+                    f"its log ends with:\n{first.log_tail()}"
                 )
-            if _probe(child.plan):
-                return self._clock() - started
-            if self._clock() - started > timeout:
-                raise ChildFailed(
-                    f"{child.plan.name} was not ready after {timeout:.0f}s; "
-                    f"its log ends with:\n{child.log_tail()}"
-                )
-            self._sleep(0.1)
+            if now >= next_note:
+                say(_waiting_line(pending, now=now))
+                while next_note <= now:  # on the 5 s grid, however long a probe took
+                    next_note += every
+            self._sleep(_POLL_S)
 
     def first_dead(self) -> Child | None:
         """A watched child that has exited, if any."""
@@ -154,17 +194,25 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
         os.killpg(process.pid, sig)
 
 
-def _probe(plan: ProcessPlan) -> bool:
+def probe_ready(plan: ProcessPlan) -> bool:
     """One readiness check: Redis answers PING, an HTTP server answers GET /health with 200."""
-    if plan.probe == "redis":
-        client = redis.Redis(host="127.0.0.1", port=plan.port, socket_timeout=0.5)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
-    try:
-        return httpx.get(f"{plan.url}/health", timeout=0.5).status_code == 200
-    except httpx.HTTPError:
-        return False
+    url = plan.url if plan.probe == "redis" else f"{plan.url}/health"
+    return check(url).ok
+
+
+def _raise_if_exited(child: Child) -> None:
+    code = child.process.poll()
+    if code is not None:
+        raise ChildFailed(
+            f"{child.plan.name} exited with code {code} while starting; "
+            f"its log ends with:\n{child.log_tail()}"
+        )
+
+
+def _waiting_line(pending: Sequence[Child], *, now: float) -> str:
+    """`waiting for prefill-0 (12s) ...`; children started together share one count of seconds."""
+    by_seconds: dict[int, list[str]] = {}
+    for child in pending:
+        by_seconds.setdefault(round(now - child.started_at), []).append(child.plan.name)
+    parts = [f"{', '.join(names)} ({seconds}s)" for seconds, names in by_seconds.items()]
+    return f"waiting for {', '.join(parts)} ..."
