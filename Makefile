@@ -1,11 +1,18 @@
 # The two commands of the README: `make up` (run the local stack) and `make test` (run every check).
-.PHONY: setup up test lint setup-vllm up-vllm test-vllm
+# `make up PORT=8081` (and `make up-vllm PORT=...`) serve the OpenAI endpoint on another port of 127.0.0.1;
+# `make status` shows what runs (tandem status).
+.PHONY: setup up status test lint setup-vllm up-vllm test-vllm
+
+PORT ?= 8080
 
 setup:
 	bash scripts/bootstrap.sh
 
 up: setup
-	.venv/bin/tandem up -f deploy/examples/local-sim.yaml
+	.venv/bin/tandem up -f deploy/examples/local-sim.yaml --port $(PORT)
+
+status:
+	.venv/bin/tandem status
 
 test:
 	bash scripts/test.sh
@@ -15,7 +22,7 @@ setup-vllm:
 	bash scripts/bootstrap.sh vllm
 
 up-vllm: setup setup-vllm
-	.venv-vllm/bin/tandem up --engine vllm -f deploy/examples/local-vllm.yaml
+	.venv-vllm/bin/tandem up --engine vllm -f deploy/examples/local-vllm.yaml --port $(PORT)
 
 # The slow tier: real vLLM prefill and decode behind the gateway (several minutes).
 test-vllm: setup-vllm
