@@ -33,6 +33,7 @@ from tandem.core.spec import InferenceService
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
 from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, Role, build_plan
+from tandem.local.scrape import write_prometheus_config
 from tandem.local.startup import start_stack
 from tandem.local.state import (
     STATE_FILE,
@@ -287,4 +288,5 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
     state_dir.mkdir(parents=True, exist_ok=True)
     config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    write_prometheus_config(state_dir / "prometheus.yml", plan, autoscaler_port=autoscaler_port)
     raise SystemExit(_run(isvc, plan, state_dir=state_dir, autoscaler_port=autoscaler_port))
