@@ -25,7 +25,8 @@ from tests.router.harness import MODEL, MODEL_NAME, Launcher
 from tests.router.servers import closed_port_url
 
 from tandem.core.endpointslices import ready_urls
-from tandem.core.kubeaccess import KubeAccess
+from tandem.core.kubeaccess import KubeAccess, WatchGone, request_json, watch_events
+from tandem.core.kubeerror import KubeError
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
 from tandem.router.discovery.kubernetes import KubernetesEndpoints, SliceWatch
 from tandem.router.discovery.registry import EndpointRegistry
@@ -271,3 +272,39 @@ async def test_watches_resume_from_their_last_resource_version_and_relist_when_i
     await client.aclose()
     assert seen == [None, "5", "7", None, "20", None, "21"]
     assert changes == [["http://10.0.0.1:8000"], ["http://10.0.0.2:8000"], ["http://10.0.0.3:8000"]]
+
+
+async def test_every_failure_of_the_kubernetes_client_is_a_kube_error() -> None:
+    """Scripted answers (httpx.MockTransport): a refused request, an answer that is not JSON, no
+    answer at all, a malformed watch line, a watch ERROR event and a 410 all surface as `KubeError`
+    with the status (0: none), and the 410 as its `WatchGone`."""
+    answers = {
+        "/forbidden": httpx.Response(403, json={"kind": "Status", "message": "no list for you"}),
+        "/html": httpx.Response(502, text="<html>bad gateway</html>"),
+        "/garbled": httpx.Response(200, content=b"{not json\n"),
+        "/error": httpx.Response(200, json={"type": "ERROR", "object": {"code": 500, "message": "etcd"}}),
+        "/gone": httpx.Response(410, json={"kind": "Status", "code": 410}),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/down":
+            raise httpx.ConnectError("connection refused")
+        return answers[request.url.path]
+
+    api = KubeAccess.plain("http://api")
+    async with httpx.AsyncClient(base_url="http://api", transport=httpx.MockTransport(handler)) as client:
+        failures: list[KubeError] = []
+        for path in ("/forbidden", "/html", "/down"):
+            with pytest.raises(KubeError) as caught:
+                await request_json(client, api, "GET", path)
+            failures.append(caught.value)
+        for path in ("/garbled", "/error", "/gone"):
+            with pytest.raises(KubeError) as caught:
+                async for _ in watch_events(client, api, path, resource_version="1"):
+                    pass
+            failures.append(caught.value)
+    assert [(f.status, f.transient) for f in failures] == [
+        (403, False), (502, True), (0, True), (0, True), (500, True), (410, False),
+    ]  # fmt: skip
+    assert "no list for you" in str(failures[0]) and "bad gateway" in str(failures[1])
+    assert isinstance(failures[-1], WatchGone)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from tandem.core.kubeerror import KubeError
 from tandem.core.spec import API_VERSION, KIND
 
 COMPONENT = "tandem-autoscaler"
@@ -63,12 +64,8 @@ class ClusterAPI(Protocol):
         ...
 
 
-class ClusterError(Exception):
-    """A Kubernetes API call failed: `status` is the HTTP status (0: no answer)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
+#: A Kubernetes API call failed: Tandem's one Kubernetes error (`status`: the HTTP status, 0: no answer).
+ClusterError = KubeError
 
 
 def scale_patch(replicas: int) -> dict[str, Any]:

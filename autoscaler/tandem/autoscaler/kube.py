@@ -1,7 +1,8 @@
-"""The Kubernetes API over HTTP (httpx), as the router's EndpointSlice discovery talks to it.
+"""The Kubernetes API with Tandem's client (`tandem.core.kubeaccess`, httpx), as the router's
+EndpointSlice discovery talks to it; every failure is `tandem.core.kubeerror.KubeError` (`ClusterError`).
 
 - `KubeAccess` (`tandem.core.kubeaccess`, shared with the gateway): where the API server is and how to
-  authenticate; `KubeConfigError` is its `KubeAccessError`.
+  authenticate.
 - `Informer`: one collection (InferenceServices, EndpointSlices), listed then watched
   (`?watch=true&resourceVersion=<list's>&allowWatchBookmarks=true`), kept in memory by (namespace, name);
   `on_change(kind, object)` for every ADDED / MODIFIED / DELETED. The watch resumes from the last
@@ -17,20 +18,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from tandem.autoscaler.cluster import ClusterError, ServiceRef, scale_patch
+from tandem.autoscaler.cluster import ServiceRef, scale_patch
 from tandem.core.endpointslices import ready_urls
-from tandem.core.kubeaccess import KubeAccess, list_and_watch, watch_events
+from tandem.core.kubeaccess import KubeAccess, list_and_watch, request_json, watch_events
 from tandem.core.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
-MERGE_PATCH = "application/merge-patch+json"
 OnChange = Callable[[str, Mapping[str, Any]], None]
 
 
@@ -74,9 +73,7 @@ class Informer:
 
     async def list(self) -> str:
         """Replace the known objects with a fresh list; returns its resourceVersion."""
-        response = await self._client.get(self.path, headers=self._access.headers())
-        response.raise_for_status()
-        body = response.json()
+        body = await request_json(self._client, self._access, "GET", self.path)
         fresh = {_key(item): item for item in body.get("items") or ()}
         gone = [obj for key, obj in self.objects.items() if key not in fresh]
         self.objects = fresh
@@ -147,20 +144,4 @@ class HttpCluster:
         return f"{collection('apps/v1', 'deployments', namespace)}/{deployment}/scale"
 
     async def _call(self, method: str, path: str, *, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        headers = self._access.headers()
-        if body is not None:
-            headers["content-type"] = MERGE_PATCH if method == "PATCH" else "application/json"
-        try:
-            response = await self._client.request(
-                method, path, headers=headers, content=json.dumps(body) if body is not None else None
-            )
-        except httpx.HTTPError as exc:
-            raise ClusterError(0, f"{method} {path}: {exc!r}") from None
-        try:
-            data = response.json()
-        except ValueError:
-            data = {"message": response.text[:200]}
-        if not response.is_success:
-            message = data.get("message") if isinstance(data, dict) else None
-            raise ClusterError(response.status_code, f"{method} {path}: {message or response.reason_phrase}")
-        return data if isinstance(data, dict) else {}
+        return await request_json(self._client, self._access, method, path, body=body)

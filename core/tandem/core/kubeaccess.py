@@ -6,9 +6,15 @@ tokens rotate) and CA from `/var/run/secrets/kubernetes.io/serviceaccount/`, the
 `KUBERNETES_SERVICE_HOST`/`_PORT` (IPv6 hosts bracketed). `KubeAccess.plain(url)`: an unauthenticated
 endpoint such as `kubectl proxy` or a test's emulated API server.
 
+`request_json(client, access, method, path, ...)`: one request, its JSON object back.
 `watch_events(client, access, path, resource_version=...)`: one watch of a collection (bookmarks on,
 ended by the server after `WATCH_TIMEOUT_S`), yielding its events; `WatchGone` when the
 resourceVersion is too old (an HTTP 410 or an ERROR event with code 410: the caller lists again).
+`list_and_watch` is the loop around them.
+
+Every failure is a `tandem.core.kubeerror.KubeError` (`WatchGone` is one, status 410): httpx's errors,
+non-2xx answers and malformed documents are translated here, at the boundary. This module and httpx are
+Tandem's one Kubernetes client family (docs/decisions.md, "One Kubernetes client family").
 """
 
 from __future__ import annotations
@@ -22,19 +28,23 @@ from typing import Any
 
 import httpx
 
+from tandem.core.kubeerror import KubeError
+
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 WATCH_TIMEOUT_S = 300
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
-#: What a list or a watch may fail with: transport and status errors, malformed documents.
-LIST_WATCH_ERRORS = (httpx.HTTPError, OSError, ValueError, KeyError, TypeError)
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubeAccessError(ValueError):
     """No way to reach the API server: not in a cluster, and no `--kube-api-server` given."""
 
 
-class WatchGone(Exception):
+class WatchGone(KubeError):
     """The watch's resourceVersion is too old (410): list again."""
+
+    def __init__(self, message: str = "the watch's resourceVersion is gone") -> None:
+        super().__init__(410, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +88,49 @@ class KubeAccess:
         )
 
 
+async def request_json(
+    client: httpx.AsyncClient,
+    access: KubeAccess,
+    method: str,
+    path: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One request; its answer's JSON object. A body is sent as JSON, or as a JSON merge patch for
+    PATCH. Raises `KubeError` with the answer's status and message (0: no answer)."""
+    headers = access.headers()
+    if body is not None:
+        headers["content-type"] = MERGE_PATCH if method == "PATCH" else "application/json"
+    try:
+        response = await client.request(
+            method,
+            path,
+            params=params,
+            headers=headers,
+            content=json.dumps(body) if body is not None else None,
+        )
+    except httpx.HTTPError as exc:
+        raise KubeError(0, f"{method} {path}: {exc!r}") from None
+    except OSError as exc:  # reading the token file
+        raise KubeError(0, f"{method} {path}: {exc}") from None
+    return _answer(method, path, response.status_code, response.content, response.reason_phrase)
+
+
+def _answer(method: str, path: str, status: int, content: bytes, reason: str) -> dict[str, Any]:
+    """The JSON object of an answer, or `KubeError` for a failed or malformed one."""
+    try:
+        data = json.loads(content or b"{}")
+    except ValueError:
+        data = {"message": content[:200].decode(errors="replace")}
+    if not 200 <= status <= 299:
+        message = data.get("message") if isinstance(data, dict) else None
+        raise KubeError(status, f"{method} {path}: {message or reason}")
+    if not isinstance(data, dict):
+        raise KubeError(0, f"{method} {path}: the answer is not a JSON object")
+    return data
+
+
 async def watch_events(
     client: httpx.AsyncClient,
     access: KubeAccess,
@@ -87,7 +140,7 @@ async def watch_events(
     params: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Mapping[str, Any]]:
     """The events of one watch of `path` from `resource_version` (module docstring); raises `WatchGone`,
-    `ValueError` for another ERROR event, and httpx's errors for transport or status failures."""
+    and `KubeError` for another ERROR event, a failed answer, a lost connection or a malformed line."""
     query = {
         **(params or {}),
         "watch": "true",
@@ -97,22 +150,38 @@ async def watch_events(
     if resource_version:
         query["resourceVersion"] = resource_version
     timeout = httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30)
-    async with client.stream(
-        "GET", path, params=query, headers=access.headers(), timeout=timeout
-    ) as response:
-        if response.status_code == 410:
-            raise WatchGone
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.strip():
-                continue
-            event = json.loads(line)
-            if event.get("type") == "ERROR":
-                obj = event.get("object") or {}
-                if obj.get("code") == 410:
-                    raise WatchGone
-                raise ValueError(f"watch error: {obj.get('message', obj)}")
-            yield event
+    try:
+        async with client.stream(
+            "GET", path, params=query, headers=access.headers(), timeout=timeout
+        ) as response:
+            if response.status_code == 410:
+                raise WatchGone
+            if not response.is_success:
+                await response.aread()
+                _answer("WATCH", path, response.status_code, response.content, response.reason_phrase)
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield _event(path, line)
+    except httpx.HTTPError as exc:
+        raise KubeError(0, f"WATCH {path}: {exc!r}") from None
+    except OSError as exc:  # reading the token file
+        raise KubeError(0, f"WATCH {path}: {exc}") from None
+
+
+def _event(path: str, line: str) -> Mapping[str, Any]:
+    """One watch line as an event; `WatchGone` or `KubeError` for an ERROR event or a malformed line."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        raise KubeError(0, f"WATCH {path}: not a JSON event: {line[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise KubeError(0, f"WATCH {path}: not a JSON event: {line[:200]!r}")
+    if event.get("type") == "ERROR":
+        obj = event.get("object") or {}
+        if obj.get("code") == 410:
+            raise WatchGone(str(obj.get("message") or "the watch's resourceVersion is gone"))
+        raise KubeError(int(obj.get("code") or 0), f"WATCH {path}: {obj.get('message', obj)}")
+    return event
 
 
 async def list_and_watch(
@@ -123,8 +192,9 @@ async def list_and_watch(
     resource_version: str | None = None,
 ) -> None:
     """List (when there is no resourceVersion yet), then watch from it, until cancelled: a watch the
-    server ends resumes from its last resourceVersion, `WatchGone` lists again, and any other failure is
-    reported to `on_retry(error, backoff_s)` and lists again after a backoff of 0.5 s doubling to 30 s."""
+    server ends resumes from its last resourceVersion, `WatchGone` lists again, and any other
+    `KubeError` (and a malformed object: `KeyError`, `TypeError`, `ValueError`) is reported to
+    `on_retry(error, backoff_s)` and lists again after a backoff of 0.5 s doubling to 30 s."""
     backoff = FIRST_BACKOFF_S
     while True:
         try:
@@ -134,7 +204,7 @@ async def list_and_watch(
             backoff = FIRST_BACKOFF_S
         except WatchGone:
             resource_version = None
-        except LIST_WATCH_ERRORS as exc:
+        except (KubeError, KeyError, TypeError, ValueError) as exc:
             on_retry(exc, backoff)
             resource_version = None
             await asyncio.sleep(backoff)

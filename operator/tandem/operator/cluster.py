@@ -8,21 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from tandem.core.kubeerror import KubeError
 from tandem.operator.objects import ObjectRef
 
-
-class ClusterError(Exception):
-    """The API server refused or failed a request; `status` is the HTTP status (0: no answer)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        self.message = message
-        super().__init__(f"HTTP {status}: {message}" if status else message)
-
-    @property
-    def transient(self) -> bool:
-        """Whether retrying the same request later may succeed (conflicts, throttling, outages)."""
-        return self.status in (0, 409, 429) or self.status >= 500
+#: The API server refused or failed a request: Tandem's one Kubernetes error (`status`: the HTTP
+#: status, 0: no answer; `transient`: whether a retry later may succeed).
+ClusterError = KubeError
 
 
 class Cluster(Protocol):

@@ -2,7 +2,7 @@
 
 For `discovery: {kind: kubernetes, namespace, prefillService, decodeService, port}` the router lists and
 then watches `discovery.k8s.io/v1` EndpointSlices labelled `kubernetes.io/service-name=<service>` in
-the namespace, one watch per pool, over plain HTTP(S) with httpx (no Kubernetes client library):
+the namespace, one watch per pool, with Tandem's Kubernetes client (`tandem.core.kubeaccess`, httpx):
 
 - **Members**: every address of every endpoint whose `conditions.ready` is not false (Kubernetes:
   "nil should be interpreted as ready"), as `http://<address>:<port>` with the config's `port`
@@ -35,7 +35,8 @@ from typing import Any
 import httpx
 
 from tandem.core.endpointslices import SERVICE_NAME_LABEL, ready_urls
-from tandem.core.kubeaccess import KubeAccess, list_and_watch, watch_events
+from tandem.core.kubeaccess import KubeAccess, list_and_watch, request_json, watch_events
+from tandem.core.kubeerror import KubeError
 from tandem.core.routerconfig import KubernetesDiscovery
 from tandem.core.tasks import stop_tasks
 from tandem.router.discovery.registry import EndpointRegistry
@@ -69,11 +70,9 @@ class SliceWatch:
 
     async def list(self) -> str:
         """Replace the known slices with a fresh list; returns its resourceVersion."""
-        response = await self._client.get(
-            self._path, params={"labelSelector": self._selector}, headers=self._api.headers()
+        body = await request_json(
+            self._client, self._api, "GET", self._path, params={"labelSelector": self._selector}
         )
-        response.raise_for_status()
-        body = response.json()
         self._slices = {item["metadata"]["name"]: item for item in body.get("items") or ()}
         self._publish()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
@@ -152,7 +151,7 @@ class KubernetesEndpoints:
             resource_version: str | None
             try:
                 resource_version = await watch.list()
-            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
+            except (KubeError, KeyError, TypeError, ValueError) as exc:
                 log.warning(
                     "cannot list endpointslices; the pool stays empty until the watch succeeds",
                     extra={"service": service, "error": repr(exc)},
