@@ -1,7 +1,7 @@
 # The two commands of the README: `make up` (run the local stack) and `make test` (run every check).
 # `make up PORT=8081` (and `make up-vllm PORT=...`) serve the OpenAI endpoint on another port of 127.0.0.1;
 # `make status` shows what runs (tandem status).
-.PHONY: setup up status test lint setup-vllm up-vllm test-vllm
+.PHONY: setup up status test setup-vllm up-vllm test-vllm
 
 PORT ?= 8080
 
