@@ -1,6 +1,6 @@
 """Fixtures for the operator tests: the emulated API server and the operator running against it.
 
-Real: the operator (kopf with our registry and handlers, the `kubernetes` client, every builder
+Real: the operator (kopf with our registry and handlers, Tandem's Kubernetes client, every builder
 and the reconcile), talking HTTP to 127.0.0.1. Emulated: the Kubernetes API (kmock plus
 `emulator.StampingEmulator`); the Deployment controller is played by the tests (`mark_ready`).
 kopf runs in its own thread and event loop, as `kopf.testing.KopfRunner` does: run in the test's
@@ -20,8 +20,8 @@ from typing import Any
 
 import kmock as kmock_lib
 import pytest
-from kubernetes import client
 
+from tandem.core.kubeaccess import KubeAccess
 from tandem.operator.handlers import run_operator
 from tandem.operator.kube import KubeCluster
 from tandem.operator.settings import OperatorSettings
@@ -81,12 +81,11 @@ def authorize() -> Callable[[Any], bool] | None:
 @contextmanager
 def running_operator(server: str, *, namespaces: tuple[str, ...] = ()) -> Iterator[None]:
     """Run the operator in its own thread until the block ends."""
-    configuration = client.Configuration(host=server, api_key={"authorization": "Bearer test"})
     settings = OperatorSettings(
         tandem_image="tandem:test", resync_seconds=RESYNC_SECONDS, namespaces=namespaces
     )
     stop, ready = threading.Event(), threading.Event()
-    cluster = KubeCluster(client.ApiClient(configuration), timeout=5.0)
+    cluster = KubeCluster(KubeAccess(server=server, token="test"), timeout=5.0)
     coroutine = run_operator(settings, cluster=cluster, stop_flag=stop, ready_flag=ready)
     thread = threading.Thread(target=asyncio.run, args=(coroutine,), name="operator")
     thread.start()
@@ -96,6 +95,7 @@ def running_operator(server: str, *, namespaces: tuple[str, ...] = ()) -> Iterat
     finally:
         stop.set()
         thread.join(PATIENCE)
+        cluster.close()
         assert not thread.is_alive(), "the operator did not stop"
 
 

@@ -1,7 +1,7 @@
 """Operator faults and bad input: restarts that must not rewrite children, and InferenceServices the
 operator must refuse with a condition and an Event naming the field.
 
-Real: the operator as `tandem operator` runs it (kopf, handlers, the `kubernetes` client, builders,
+Real: the operator as `tandem operator` runs it (kopf, handlers, Tandem's Kubernetes client, builders,
 reconcile) over HTTP on 127.0.0.1; a restart stops that operator (thread and event loop) and starts
 a fresh one against the same stored objects. Emulated: the API server (kmock + StampingEmulator),
 which, unlike a real one, validates nothing: that is what lets the structural cases below reach the

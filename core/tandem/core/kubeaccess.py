@@ -4,9 +4,11 @@ the autoscaler share it.
 `KubeAccess.in_cluster(environ)`: the pod's service-account token (re-read on every request, since bound
 tokens rotate) and CA from `/var/run/secrets/kubernetes.io/serviceaccount/`, the server from
 `KUBERNETES_SERVICE_HOST`/`_PORT` (IPv6 hosts bracketed). `KubeAccess.plain(url)`: an unauthenticated
-endpoint such as `kubectl proxy` or a test's emulated API server.
+endpoint such as `kubectl proxy` or a test's emulated API server. A kubeconfig's fixed `token` and
+`tls` context (its CA, client certificate, insecure flag) are filled by the operator's kubeconfig reader.
 
-`request_json(client, access, method, path, ...)`: one request, its JSON object back.
+`request_json(client, access, method, path, ...)`: one request, its JSON object back (`send_json`: the
+same over a synchronous client, for the operator's handlers in kopf's thread pool).
 `watch_events(client, access, path, resource_version=...)`: one watch of a collection (bookmarks on,
 ended by the server after `WATCH_TIMEOUT_S`), yielding its events; `WatchGone` when the
 resourceVersion is too old (an HTTP 410 or an ERROR event with code 410: the caller lists again).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +52,15 @@ class WatchGone(KubeError):
 
 @dataclass(frozen=True, slots=True)
 class KubeAccess:
-    """The API server's URL, a bearer token read from `token_file` per request (None: no auth), and the
-    CA bundle to verify TLS with (None: the system CAs)."""
+    """The API server's URL, a bearer token read from `token_file` per request (else the fixed `token`;
+    neither: no auth), and how to verify TLS: the `tls` context when given, else the CA bundle
+    `ca_file` (None: the system CAs)."""
 
     server: str
     token_file: Path | None = None
     ca_file: Path | None = None
+    token: str | None = None
+    tls: ssl.SSLContext | None = None
 
     @classmethod
     def in_cluster(cls, environ: Mapping[str, str]) -> KubeAccess:
@@ -77,15 +83,27 @@ class KubeAccess:
         return cls(server=url.rstrip("/"))
 
     def headers(self) -> dict[str, str]:
-        if self.token_file is None:
-            return {}
-        return {"authorization": f"Bearer {self.token_file.read_text().strip()}"}
+        if self.token_file is not None:
+            return {"authorization": f"Bearer {self.token_file.read_text().strip()}"}
+        if self.token:
+            return {"authorization": f"Bearer {self.token}"}
+        return {}
 
     def client(self) -> httpx.AsyncClient:
-        verify: str | bool = str(self.ca_file) if self.ca_file is not None else True
         return httpx.AsyncClient(
-            base_url=self.server, verify=verify, trust_env=False, timeout=httpx.Timeout(10.0)
+            base_url=self.server, verify=self._verify(), trust_env=False, timeout=httpx.Timeout(10.0)
         )
+
+    def sync_client(self, *, timeout_s: float = 30.0) -> httpx.Client:
+        """A synchronous client (for code that runs in threads); `timeout_s` per request."""
+        return httpx.Client(
+            base_url=self.server, verify=self._verify(), trust_env=False, timeout=httpx.Timeout(timeout_s)
+        )
+
+    def _verify(self) -> ssl.SSLContext | str | bool:
+        if self.tls is not None:
+            return self.tls
+        return str(self.ca_file) if self.ca_file is not None else True
 
 
 async def request_json(
@@ -99,22 +117,49 @@ async def request_json(
 ) -> dict[str, Any]:
     """One request; its answer's JSON object. A body is sent as JSON, or as a JSON merge patch for
     PATCH. Raises `KubeError` with the answer's status and message (0: no answer)."""
-    headers = access.headers()
-    if body is not None:
-        headers["content-type"] = MERGE_PATCH if method == "PATCH" else "application/json"
     try:
-        response = await client.request(
-            method,
-            path,
-            params=params,
-            headers=headers,
-            content=json.dumps(body) if body is not None else None,
-        )
+        request = _request(client, access, method, path, params=params, body=body)
+        response = await client.send(request)
     except httpx.HTTPError as exc:
         raise KubeError(0, f"{method} {path}: {exc!r}") from None
     except OSError as exc:  # reading the token file
         raise KubeError(0, f"{method} {path}: {exc}") from None
     return _answer(method, path, response.status_code, response.content, response.reason_phrase)
+
+
+def send_json(
+    client: httpx.Client,
+    access: KubeAccess,
+    method: str,
+    path: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`request_json` over a synchronous client."""
+    try:
+        response = client.send(_request(client, access, method, path, params=params, body=body))
+    except httpx.HTTPError as exc:
+        raise KubeError(0, f"{method} {path}: {exc!r}") from None
+    except OSError as exc:  # reading the token file
+        raise KubeError(0, f"{method} {path}: {exc}") from None
+    return _answer(method, path, response.status_code, response.content, response.reason_phrase)
+
+
+def _request(
+    client: httpx.Client | httpx.AsyncClient,
+    access: KubeAccess,
+    method: str,
+    path: str,
+    *,
+    params: Mapping[str, str] | None,
+    body: Mapping[str, Any] | None,
+) -> httpx.Request:
+    headers = {"accept": "application/json", **access.headers()}
+    if body is not None:
+        headers["content-type"] = MERGE_PATCH if method == "PATCH" else "application/json"
+    content = json.dumps(body) if body is not None else None
+    return client.build_request(method, path, params=params, headers=headers, content=content)
 
 
 def _answer(method: str, path: str, status: int, content: bytes, reason: str) -> dict[str, Any]:

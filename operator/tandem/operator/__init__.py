@@ -6,5 +6,6 @@ Pure core (no Kubernetes client, checked by import-linter):
 - `diff`: the merge patch that makes a live object cover a desired one;
 - `status`: conditions and phase from what the Deployments report;
 - `reconcile`: one level-triggered pass over a `cluster.Cluster`.
-Shell: `kube` (the Cluster over the `kubernetes` client) and `handlers` (kopf registration).
+Shell: `kube` (the Cluster over Tandem's Kubernetes client, `tandem.core.kubeaccess`) and `handlers`
+(kopf registration).
 """

@@ -1,7 +1,7 @@
 """The operator's view of the Kubernetes API: four verbs on namespaced objects, as a Protocol.
 
-The reconcile logic talks only to this Protocol; `tandem.operator.kube` implements it with the
-official client, and tests may implement it in memory. Pure: no I/O here.
+The reconcile logic talks only to this Protocol; `tandem.operator.kube` implements it with
+Tandem's client (`tandem.core.kubeaccess`), and tests may implement it in memory. Pure: no I/O here.
 """
 
 from __future__ import annotations

@@ -1,21 +1,28 @@
-"""`Cluster` implemented with the official `kubernetes` client (synchronous; the kopf handlers that
-call it run in kopf's thread pool).
+"""`Cluster` over Tandem's Kubernetes client (`tandem.core.kubeaccess`, httpx; synchronous, since the
+kopf handlers that call it run in kopf's thread pool).
 
-Objects are plain dicts on both sides: requests go through the client's generic `call_api`, so one
-small path table covers every kind the operator manages, and foreign errors are translated into
-`ClusterError` here, at the boundary.
+Objects are plain dicts on both sides: one small path table covers every kind the operator manages,
+and every failure is `tandem.core.kubeerror.KubeError` (`ClusterError`), translated in `kubeaccess`.
+
+Credentials (`connect`): a kubeconfig file's current context, read with the fields kopf's own
+kubeconfig login reads (server; CA file or data, `insecure-skip-tls-verify`; token, token file, or
+client certificate and key as files or data; relative paths from the file's folder), else the pod's
+service account (`KubeAccess.in_cluster`: the token re-read per request), else `~/.kube/config`.
 """
 
 from __future__ import annotations
 
-import json
+import base64
+import os
+import ssl
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
+import yaml
 
+from tandem.core.kubeaccess import KubeAccess, KubeAccessError, send_json
 from tandem.operator.cluster import ClusterError
 from tandem.operator.objects import ObjectRef
 
@@ -28,25 +35,69 @@ PLURALS = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
 }
-MERGE_PATCH = "application/merge-patch+json"
 
 
-def connect(kubeconfig: str | None) -> client.ApiClient:
-    """An API client: the kubeconfig file `kubeconfig` when given (its current context), else the
-    pod's service account when running in a cluster, else `~/.kube/config`; ClusterError if none
-    of them works."""
-    configuration = client.Configuration()
+def connect(kubeconfig: str | None, *, environ: Mapping[str, str] | None = None) -> KubeAccess:
+    """The API access (module docstring): the kubeconfig file `kubeconfig` when given, else the pod's
+    service account when `environ` (default: the process's) says it runs in a cluster, else
+    `~/.kube/config`; ClusterError if none of them works."""
     try:
         if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return client.ApiClient(configuration)
+            return from_kubeconfig(Path(kubeconfig))
         try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except ConfigException:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except (ConfigException, OSError) as exc:
-        raise ClusterError(0, f"no usable Kubernetes credentials: {exc}") from None
-    return client.ApiClient(configuration)
+            return KubeAccess.in_cluster(os.environ if environ is None else environ)
+        except KubeAccessError:
+            return from_kubeconfig(Path.home() / ".kube" / "config")
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError, ssl.SSLError) as exc:
+        raise ClusterError(0, f"no usable Kubernetes credentials: {exc!r}") from None
+
+
+def from_kubeconfig(path: Path) -> KubeAccess:
+    """The access of the kubeconfig's current context (module docstring); KeyError, ValueError,
+    OSError or ssl.SSLError for a file that does not describe one."""
+    doc = yaml.safe_load(path.read_text()) or {}
+
+    def entry(section: str, name: object) -> dict[str, Any]:
+        key = section.rstrip("s")  # "clusters" -> "cluster"
+        for item in doc.get(section) or ():
+            if item.get("name") == name:
+                return dict(item.get(key) or {})
+        raise KeyError(f"{path}: no {key} named {name!r}")
+
+    context = entry("contexts", doc.get("current-context"))
+    cluster, user = entry("clusters", context["cluster"]), entry("users", context.get("user"))
+    server = str(cluster["server"]).rstrip("/")
+    token_file = user.get("tokenFile")
+    return KubeAccess(
+        server=server,
+        token_file=path.parent / token_file if token_file else None,
+        token=user.get("token"),
+        tls=_tls(cluster, user, base=path.parent) if server.startswith("https:") else None,
+    )
+
+
+def _tls(cluster: Mapping[str, Any], user: Mapping[str, Any], *, base: Path) -> ssl.SSLContext:
+    """The TLS context of a kubeconfig's cluster and user entries."""
+    ca_file, ca_data = cluster.get("certificate-authority"), cluster.get("certificate-authority-data")
+    context = ssl.create_default_context(
+        cafile=str(base / ca_file) if ca_file else None,
+        cadata=base64.b64decode(ca_data).decode() if ca_data else None,
+    )
+    if cluster.get("insecure-skip-tls-verify"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    cert_file, key_file = user.get("client-certificate"), user.get("client-key")
+    cert_data, key_data = user.get("client-certificate-data"), user.get("client-key-data")
+    if cert_file and key_file:
+        context.load_cert_chain(str(base / cert_file), str(base / key_file))
+    elif cert_data and key_data:
+        # ssl loads a certificate chain from files only: write them to a private folder for the call.
+        with tempfile.TemporaryDirectory() as folder:
+            cert, key = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+            cert.write_bytes(base64.b64decode(cert_data))
+            key.write_bytes(base64.b64decode(key_data))
+            context.load_cert_chain(str(cert), str(key))
+    return context
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -65,15 +116,15 @@ def object_path(ref: ObjectRef) -> str:
 
 
 class KubeCluster:
-    """`tandem.operator.cluster.Cluster` over an `ApiClient`; `timeout` is per request, in seconds."""
+    """`tandem.operator.cluster.Cluster` over `access`; `timeout` is per request, in seconds."""
 
-    def __init__(self, api: client.ApiClient, *, timeout: float = 30.0) -> None:
-        self._api = api
-        self._timeout = timeout
+    def __init__(self, access: KubeAccess, *, timeout: float = 30.0) -> None:
+        self._access = access
+        self._client = access.sync_client(timeout_s=timeout)
 
     def get(self, ref: ObjectRef) -> dict[str, Any] | None:
         try:
-            return self._call("GET", object_path(ref))
+            return send_json(self._client, self._access, "GET", object_path(ref))
         except ClusterError as exc:
             if exc.status == 404:
                 return None
@@ -82,47 +133,24 @@ class KubeCluster:
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         ref = ObjectRef.of(manifest)
         path = collection_path(ref.api_version, ref.kind, ref.namespace)
-        return self._call("POST", path, body=manifest)
+        return send_json(self._client, self._access, "POST", path, body=manifest)
 
     def patch(self, ref: ObjectRef, patch: dict[str, Any]) -> dict[str, Any]:
-        return self._call("PATCH", object_path(ref), body=patch, content_type=MERGE_PATCH)
+        """A JSON merge patch (`kubeaccess` sends a PATCH's body as one)."""
+        return send_json(self._client, self._access, "PATCH", object_path(ref), body=patch)
 
     def delete(self, ref: ObjectRef) -> None:
         try:
-            self._call("DELETE", object_path(ref), body={"propagationPolicy": "Background"})
+            send_json(
+                self._client,
+                self._access,
+                "DELETE",
+                object_path(ref),
+                body={"propagationPolicy": "Background"},
+            )
         except ClusterError as exc:
             if exc.status != 404:
                 raise
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: dict[str, Any] | None = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        request = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        try:
-            response = self._api.call_api(*request, _request_timeout=self._timeout)
-            response.read()  # type: ignore[no-untyped-call]
-        except ApiException as exc:
-            raise ClusterError(int(exc.status or 0), str(exc.reason)) from None
-        except urllib3.exceptions.HTTPError as exc:
-            raise ClusterError(0, f"{method} {path}: {exc}") from None
-        try:
-            data = json.loads(response.data or b"{}")
-        except ValueError:
-            data = {"message": (response.data or b"")[:200].decode(errors="replace")}
-        if not 200 <= response.status <= 299:
-            raise ClusterError(response.status, str(data.get("message") or response.reason))
-        if not isinstance(data, dict):
-            raise ClusterError(response.status, f"{method} {path}: answer is not an object")
-        return data
+    def close(self) -> None:
+        self._client.close()
