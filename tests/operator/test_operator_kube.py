@@ -45,6 +45,12 @@ def test_a_kubeconfig_gives_its_current_contexts_server_and_token(tmp_path: Path
     assert access.tls is None
 
 
+def test_an_auth_providers_cached_token_is_used_as_kopf_uses_it(tmp_path: Path) -> None:
+    provider = {"auth-provider": {"name": "oidc", "config": {"access-token": "cached"}}}
+    access = connect(kubeconfig(tmp_path, cluster={"server": "http://api"}, user=provider))
+    assert access.headers() == {"authorization": "Bearer cached"}
+
+
 def test_a_token_file_is_found_next_to_the_kubeconfig_and_read_per_request(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("first\n")
     access = connect(kubeconfig(tmp_path, cluster={"server": "http://api"}, user={"tokenFile": "token"}))

@@ -5,8 +5,9 @@ Objects are plain dicts on both sides: one small path table covers every kind th
 and every failure is `tandem.core.kubeerror.KubeError` (`ClusterError`), translated in `kubeaccess`.
 
 Credentials (`connect`): a kubeconfig file's current context, read with the fields kopf's own
-kubeconfig login reads (server; CA file or data, `insecure-skip-tls-verify`; token, token file, or
-client certificate and key as files or data; relative paths from the file's folder), else the pod's
+kubeconfig login reads (server; CA file or data, `insecure-skip-tls-verify`; token, token file, an
+auth provider's cached access token, or client certificate and key as files or data; relative paths
+from the file's folder; exec plugins are not run), else the pod's
 service account (`KubeAccess.in_cluster`: the token re-read per request), else `~/.kube/config`.
 """
 
@@ -68,10 +69,12 @@ def from_kubeconfig(path: Path) -> KubeAccess:
     cluster, user = entry("clusters", context["cluster"]), entry("users", context.get("user"))
     server = str(cluster["server"]).rstrip("/")
     token_file = user.get("tokenFile")
+    # An auth provider's cached token, as kopf uses it (the provider itself is not run).
+    provider_token = ((user.get("auth-provider") or {}).get("config") or {}).get("access-token")
     return KubeAccess(
         server=server,
         token_file=path.parent / token_file if token_file else None,
-        token=user.get("token"),
+        token=user.get("token") or provider_token,
         tls=_tls(cluster, user, base=path.parent) if server.startswith("https:") else None,
     )
 
