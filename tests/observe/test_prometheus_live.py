@@ -219,7 +219,7 @@ def _prometheus_config(written: dict[str, Any], *, exporter_port: int) -> dict[s
 
 def _send_traffic(endpoint: str, *, wave: int) -> None:
     """Streams and plain answers for two tenants, a new and a repeated long prompt (disaggregated,
-    then decode-only from the pool); in the first wave, a rate-limited tenant's second request (429)."""
+    then decode-only from the pool); a rate-limited tenant's refused requests (429)."""
     long_prompt = " ".join(f"word{i}" for i in range(300))
     with httpx.Client(base_url=endpoint, timeout=60, trust_env=False) as client:
         for tenant in ("team-a", "team-b"):
@@ -238,13 +238,15 @@ def _send_traffic(endpoint: str, *, wave: int) -> None:
                 headers=headers,
             )
             assert answer.status_code == 200, answer.text
-        if wave == 1:
-            limited = {"x-tenant-id": "limited"}
-            body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-            statuses = [
-                client.post("/chat/completions", json=body, headers=limited).status_code for _ in range(2)
-            ]
-            assert statuses == [200, 429]
+        # The rate-limited tenant (1 request a minute): 200 then 429 in the first wave, 429 in the
+        # second, so its refusals' counter has samples before and after it moves.
+        limited = {"x-tenant-id": "limited"}
+        body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        statuses = [
+            client.post("/chat/completions", json=body, headers=limited).status_code
+            for _ in range(2 if wave == 1 else 1)
+        ]
+        assert statuses == ([200, 429] if wave == 1 else [429])
 
 
 #: Every component scraped once (before the traffic, so that rates see the counters move).
@@ -252,12 +254,17 @@ SCRAPED = ['up{tandem_role="router"} == 1', "vllm:num_requests_running", "tandem
            "tandem_autoscaler_desired_replicas"]  # fmt: skip
 #: The first wave's series scraped: counters that a request creates start at their first sample, so
 #: only a second wave makes their rates move.
-CREATED = ["tandem_router_tenant_served_tokens_total", "vllm:generation_tokens_total > 0"]
+CREATED = [
+    "tandem_router_tenant_served_tokens_total",
+    "vllm:generation_tokens_total > 0",
+    "tandem_router_rate_limited_total",
+]
 #: The traffic's rates, the recording rules and the autoscaler's scale-down.
 SETTLED = [
     'tandem_service:ttft_slo_miss_ratio:rate5m{tandem_service="obs"}',
     "rate(tandem_router_tenant_served_tokens_total[1m]) > 0",
     "rate(vllm:generation_tokens_total[1m]) > 0",
+    "rate(tandem_router_rate_limited_total[1m]) > 0",
     "tandem_autoscaler_scale_events_total",
 ]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 import httpx
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.modeltokens import PromptEncoder
@@ -122,6 +122,8 @@ def compose(
         unreachable_after=settings.collector.unreachable_after,
     )
     prometheus = CollectorRegistry()
+    # The gateway process's own CPU, memory and file descriptors (process_*): its cost per request.
+    ProcessCollector(registry=prometheus)
     metrics = RouterMetrics(prometheus, registry)
     loop_lag = LoopLagMonitor(prometheus)
     upstream = HTTPUpstream(session, settings.proxy)
