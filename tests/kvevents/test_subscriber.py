@@ -260,3 +260,17 @@ async def test_a_failing_sink_does_not_end_the_subscription() -> None:
         await subscriber.aclose()
         await publisher.aclose()
     assert index.failures == 1 and index.applied_hashes == [1001]
+
+
+async def test_a_burst_of_live_batches_is_applied_in_order_without_gaps(
+    start: Start, index: RecordingIndex, metrics: RecordingMetrics
+) -> None:
+    """Batches sent faster than the subscriber wakes are all applied, in order, none counted missing."""
+    publisher, subscriber = await start(ScriptedPublisher())
+    await publisher.wait_subscribed()
+    await subscriber.wait_synced()
+    for seq in range(150):  # sent back to back, before the subscriber wakes
+        await publisher.publish(seq, stored_batch(seq))
+    await eventually(lambda: subscriber.tracker.last_applied == 149)
+    assert index.applied_hashes == [1000 + seq for seq in range(150)]
+    assert matched(index, 150) and metrics.named("gap") == [] and metrics.named("lost") == []
