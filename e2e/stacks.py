@@ -21,6 +21,7 @@ import httpx
 import pytest
 import redis
 import yaml
+from tests.servers import stop_process
 
 from tandem.local.binaries import find_redis_server
 
@@ -140,22 +141,14 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
             state_dir=state_dir, output=output,
         )  # fmt: skip
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, timeout_s=60)
         if reader is not None:
             reader.join(timeout=30)
         if process.stdout is not None:
             process.stdout.close()
         # Start-up times, for docs/vllm.md (shown with -rA or -s).
         print("".join(line for line in output if " ready in " in line))
-        if redis_process.poll() is None:
-            redis_process.terminate()
-            redis_process.wait()
+        stop_process(redis_process)
 
 
 def complete(base: str, text: str, *, max_tokens: int = 12) -> dict[str, Any]:

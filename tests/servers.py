@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import redis
@@ -102,12 +103,18 @@ def run_redis_server(*, port: int | None = None, binary: str | None = None) -> I
             _wait_for_redis(server, process)
             yield server
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
+
+
+def stop_process(process: subprocess.Popen[Any], *, timeout_s: float = 5.0) -> None:
+    """Ask a child to stop (SIGTERM), kill it if it has not after `timeout_s`, and reap it."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_for_redis(server: RedisServer, process: subprocess.Popen[bytes]) -> None:

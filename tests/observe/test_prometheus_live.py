@@ -47,7 +47,7 @@ from tests.observe.promql import (
     probe,
     variables,
 )
-from tests.servers import free_port
+from tests.servers import free_port, stop_process
 
 from tandem.local.binaries import find_redis_server
 from tandem.local.scrape import JOBS
@@ -152,13 +152,7 @@ class Processes:
 
     def stop_all(self) -> None:
         for process in reversed(self.children):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process, timeout_s=60)
 
 
 def _start_stack(tmp: Path) -> tuple[subprocess.Popen[str], list[str]]:
@@ -323,13 +317,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             yield result
     finally:
         processes.stop_all()
-        if stack.poll() is None:
-            stack.terminate()
-        try:
-            stack.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            stack.kill()
-            stack.wait()
+        stop_process(stack, timeout_s=60)
         if stack.stdout is not None:
             stack.stdout.close()
 
