@@ -33,6 +33,8 @@ from tandem.bench.isolation import (
     isolation_document,
     isolation_row,
 )
+from tandem.bench.oracle import PoolCapacity, compare, oracle
+from tandem.bench.oracle import markdown as oracle_markdown
 from tandem.bench.overhead import SweepSettings, summarize_sweep, sweep_markdown
 from tandem.bench.provenance import machine_info, workload_info
 from tandem.bench.records import DriveResult
@@ -126,10 +128,16 @@ def write_timeline(
     time_scale: float,
     plot: bool,
     progress: Progress,
+    capacities: Sequence[PoolCapacity] = (),
 ) -> str:
-    """timeline.json and timeline.png of an endpoint run; returns the markdown summary."""
+    """timeline.json and timeline.png of an endpoint run; returns the markdown summary. With
+    `capacities` (`--oracle`), each pool's replica-seconds against the oracle's (`tandem.bench.oracle`)."""
     requests = timed(run.result.records, time_scale=time_scale)
     doc = build_timeline(recorder.samples, requests, time_scale=time_scale, slo=bench.slo)
+    if capacities:
+        arrivals = [r.arrival / time_scale for r in requests]
+        runs = [oracle(arrivals, c, duration_s=doc["duration_s"]) for c in capacities]
+        doc["oracle"] = compare(doc["replica_seconds"], runs, duration_s=doc["duration_s"])
     doc["scrapes"] = recorder.scrapes
     doc["scrape_errors"] = {
         url: {"count": n, "first": recorder.first_errors.get(url)} for url, n in recorder.errors.items()
@@ -144,7 +152,11 @@ def write_timeline(
         progress("matplotlib is not installed (the bench extra): no timeline.png")
     for url, err in doc["scrape_errors"].items():
         progress(f"[timeline] {url}: {err['count']} failed scrapes (first: {err['first']})")
-    return timeline_markdown(doc)
+    text = timeline_markdown(doc)
+    if capacities:
+        text += '\n\nAgainst the oracle (`--oracle`; docs/autoscaler.md, "The oracle"):\n\n'
+        text += oracle_markdown(doc["oracle"])
+    return text
 
 
 def run_harness(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +35,7 @@ from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
 from tandem.bench.isolation import IsolationSpec, isolation_spec
+from tandem.bench.oracle import PoolCapacity, parse_capacity
 from tandem.bench.overhead import SweepSettings, parse_levels, run_sweep
 from tandem.bench.report import RunData
 from tandem.bench.runner import (
@@ -125,6 +126,10 @@ HELP: Mapping[str, str] = MappingProxyType(
         "two-tenant.",
         "slo_ttft_ms": "TTFT objective for SLO attainment and goodput (ms).",
         "slo_tpot_ms": "TPOT objective for SLO attainment and goodput (ms).",
+        "oracle": "With --timeline: a pool's measured capacity (requests/s one engine serves within the "
+        "SLO), engine start seconds and floor; the report sets each pool's replica-seconds against the "
+        "oracle's "
+        "and fixed-for-peak, e.g. prefill=2.5:6; repeatable.",
         "timeline": "Endpoint mode: scrape this URL's /metrics every second for tandem_autoscaler_* gauges "
         "and write timeline.json/png; repeatable.",
         "overhead_sweep": "Harness: measure router overhead over direct at these concurrency levels "
@@ -193,6 +198,9 @@ HELP: Mapping[str, str] = MappingProxyType(
 )
 @click.option("--timeline", multiple=True, metavar="URL", help=HELP["timeline"])
 @click.option("--timeline-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True)
+@click.option(
+    "--oracle", "oracle_pools", multiple=True, metavar="POOL=RPS[:START_S[:MIN]]", help=HELP["oracle"]
+)
 @click.option("--overhead-sweep", metavar="LEVELS", help=HELP["overhead_sweep"])
 @click.option(
     "--sweep-requests",
@@ -268,6 +276,8 @@ def _mode(o: dict[str, Any]) -> bool:
         _fail("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
     if harness and o["timeline"]:
         _fail("--timeline is for endpoint mode (--url)")
+    if o["oracle_pools"] and not o["timeline"]:
+        _fail("--oracle needs --timeline (the autoscaler's replica counts to compare)")
     if o["overhead_sweep"] is not None and not harness:
         _fail("--overhead-sweep runs in harness mode: give --policy, --peer and/or --peer-command")
     if o["isolation"] and not harness:
@@ -330,11 +340,19 @@ def _endpoint(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str,
     extra = ""
     if recorder is not None:
         extra = write_timeline(
-            setup, runs[0], recorder, time_scale=o["time_scale"], plot=not o["no_plots"], progress=_say
-        )
+            setup, runs[0], recorder, time_scale=o["time_scale"], plot=not o["no_plots"], progress=_say,
+            capacities=_capacities(o["oracle_pools"]),
+        )  # fmt: skip
     settings = {"mode": "endpoint", "url": o["url"], "engines_desc": f"{len(o['engine_metrics'])} scraped",
                 "timeline": list(o["timeline"])}  # fmt: skip
     return runs, settings, extra
+
+
+def _capacities(values: Sequence[str]) -> list[PoolCapacity]:
+    try:
+        return [parse_capacity(value) for value in values]
+    except ValueError as exc:
+        _fail(f"--oracle {exc}")
 
 
 def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings]:
