@@ -278,6 +278,7 @@ def _mode(o: dict[str, Any]) -> bool:
         _fail("--timeline is for endpoint mode (--url)")
     if o["oracle_pools"] and not o["timeline"]:
         _fail("--oracle needs --timeline (the autoscaler's replica counts to compare)")
+    _capacities(o["oracle_pools"])  # refused before any request is sent
     if o["overhead_sweep"] is not None and not harness:
         _fail("--overhead-sweep runs in harness mode: give --policy, --peer and/or --peer-command")
     if o["isolation"] and not harness:
