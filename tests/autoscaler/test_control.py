@@ -55,3 +55,21 @@ async def test_a_settled_pool_scales_down_and_a_starting_one_may_still_scale_up(
     starting = MemoryPool(ready=["http://e0", "http://e1"], asked=3)  # one replica still starting
     up = await controller(starting, util=1.0).step(now=10.0)  # 2 × 1.0 / 0.5 = 4 ≥ 2 × 2: panic, 4
     assert starting.scaled == [4] and up.direction == "up"
+
+
+async def test_replicas_that_never_become_ready_are_given_up_on_after_the_time_limit() -> None:
+    pool = MemoryPool(ready=["http://e0", "http://e1"], asked=4)  # 2 of 4 never become ready
+    control = controller(pool, util=0.1)  # 2 × 0.1 / 0.5 = 0.4 → wants 1
+    control.params = DeciderParams(
+        min=1, max=8, target=0.5, stable_window_s=4.0, panic_window_s=2.0, scale_down_delay_s=0.0,
+        ready_timeout_s=600.0,
+    )  # fmt: skip
+    waiting = await control.step(now=0.0)
+    later = await control.step(now=599.0)
+    assert pool.scaled == [] and later.unready_s == 599.0 and not later.gave_up
+    assert "scale-down waits" in waiting.decision.reason
+    given_up = await control.step(now=600.0)
+    assert given_up.gave_up and pool.scaled == [1] and given_up.direction == "down"
+    assert "2 requested replicas not ready after 600 s: given up" in given_up.decision.reason
+    settled = await control.step(now=601.0)  # 2 ready, 1 asked: nothing missing any more
+    assert settled.unready_s is None and not settled.gave_up

@@ -154,6 +154,38 @@ async def test_the_reporter_posts_an_event_and_patches_status_autoscaling(
     assert len([r for r in list(api) if str(r.url.path).endswith("/status")]) == writes
 
 
+async def test_giving_up_on_unready_replicas_is_one_warning_event_and_a_false_condition(
+    api: kmock_lib.KubernetesEmulator, cluster: HttpCluster
+) -> None:
+    document = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "demo"}}
+    await create(api, ISVC_PATH, {**document, "spec": {"model": {"name": "m"}}})
+    ref = ServiceRef(NAMESPACE, "demo", isvc(api, "demo")["metadata"]["uid"])
+    reporter = KubeReporter(cluster=cluster, refs={ref.key: ref}.get, status_every_s=0.0)
+    seen = DecodeObservation(timestamp=1.0, ready=2, mean_kv_utilization=0.1)
+
+    def outcome(*, unready_s: float | None, gave_up: bool, previous: int) -> PoolOutcome:
+        return PoolOutcome(
+            service=ref.key, pool="decode", observed=seen, decision=Decision(desired=previous, reason="r"),
+            ready=2, desired=previous, panic=False, previous=previous, unready_s=unready_s, gave_up=gave_up,
+        )  # fmt: skip
+
+    def condition() -> dict[str, Any]:
+        (found,) = isvc(api, "demo")["status"]["autoscaling"]["decode"]["conditions"]
+        return dict(found)
+
+    await reporter.report(ref.key, [outcome(unready_s=30.0, gave_up=False, previous=4)])
+    assert condition()["status"] == "True" and not names(api, "Event")
+    for _ in range(2):  # given up, reported twice: one Event
+        await reporter.report(ref.key, [outcome(unready_s=600.0, gave_up=True, previous=4)])
+    (event_name,) = names(api, "Event")
+    event = find(api, "Event", event_name) or {}
+    assert (event["type"], event["reason"]) == ("Warning", "ReplicasNotReady")
+    assert event["message"].startswith("decode: 2 of 4 requested replicas not ready after 600 s")
+    assert (condition()["status"], condition()["reason"]) == ("False", "ReplicasNotReady")
+    await reporter.report(ref.key, [outcome(unready_s=None, gave_up=False, previous=2)])
+    assert condition()["status"] == "True" and len(names(api, "Event")) == 1
+
+
 VLLM_PAGE = """\
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.95

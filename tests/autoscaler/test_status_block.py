@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 
-from tandem.autoscaler.cluster import PoolAutoscalingView, autoscaling_status
+from tandem.autoscaler.cluster import PoolAutoscalingView, autoscaling_status, ready_condition
 from tandem.operator.crd import crd_manifest
 from tandem.operator.status import InferenceServiceStatus, PoolStatus, as_patch
 
@@ -22,6 +22,9 @@ BLOCK = autoscaling_status(
             reason="panic: 6s window wants 4",
             panic=True,
             last_scale_time="2026-11-22T06:00:00Z",
+            condition=ready_condition(
+                ready=False, message="decode: 2 of 4 replicas not ready", since="2026-11-22T06:10:00Z"
+            ),
         ),
         "prefill": PoolAutoscalingView(desired=1, ready=1, reason="stable: 60s window wants 1", panic=False),
     }
@@ -38,6 +41,9 @@ def test_the_block_validates_against_the_status_model_and_the_crd() -> None:
     status = InferenceServiceStatus.model_validate(BLOCK)
     assert status.autoscaling is not None and status.autoscaling.decode is not None
     assert status.autoscaling.decode.last_scale_time == "2026-11-22T06:00:00Z"
+    (condition,) = status.autoscaling.decode.conditions
+    assert (condition.type, condition.status) == ("ReplicasReady", "False")
+    assert condition.reason == "ReplicasNotReady"
     assert status.autoscaling.prefill is not None and status.autoscaling.prefill.last_scale_time is None
     jsonschema.validate(BLOCK, status_schema())
 

@@ -118,6 +118,8 @@ class PoolAutoscalingView:
     reason: str
     panic: bool
     last_scale_time: str | None = None
+    #: The `ReplicasReady` condition (`ready_condition`), if the reporter tracks one.
+    condition: Mapping[str, Any] | None = None
 
     def as_status(self) -> dict[str, Any]:
         status: dict[str, Any] = {
@@ -128,7 +130,30 @@ class PoolAutoscalingView:
         }
         if self.last_scale_time is not None:
             status["lastScaleTime"] = self.last_scale_time
+        if self.condition is not None:
+            status["conditions"] = [dict(self.condition)]
         return status
+
+
+def ready_condition(*, ready: bool, message: str, since: str) -> dict[str, Any]:
+    """`ReplicasReady`: False once the autoscaler gave up waiting for requested replicas, True
+    otherwise; `since` is the RFC 3339 time of the last change."""
+    return {
+        "type": "ReplicasReady",
+        "status": "True" if ready else "False",
+        "reason": "ReplicasReady" if ready else "ReplicasNotReady",
+        "message": message[:MAX_EVENT_MESSAGE],
+        "lastTransitionTime": since,
+    }
+
+
+def not_ready_event(
+    ref: ServiceRef, *, pool: Literal["prefill", "decode"], message: str, now: str, suffix: str
+) -> dict[str, Any]:
+    """A Warning Event: requested replicas of `pool` never became ready and the autoscaler stopped
+    waiting for them (`ReplicasNotReady`)."""
+    event = scale_event(ref, pool=pool, previous=0, desired=0, reason="", now=now, suffix=suffix)
+    return event | {"type": "Warning", "reason": "ReplicasNotReady", "message": message[:MAX_EVENT_MESSAGE]}
 
 
 def autoscaling_status(pools: Mapping[Literal["prefill", "decode"], PoolAutoscalingView]) -> dict[str, Any]:

@@ -11,7 +11,10 @@ injects, so the same controller drives Kubernetes Deployments and local processe
 
 The controller only acts on a valid decision that differs from the current request; a hold (invalid
 or stale data) changes nothing, and neither does a scale-down while some requested replicas are not
-ready yet (the decider counts ready engines only: shrinking then would undo a scale-up in progress).
+ready yet (the decider counts ready engines only: shrinking then would undo a scale-up in progress),
+unless they have been missing for `ready_timeout_s` (a pod that cannot be scheduled): then the
+controller gives up waiting for them (`PoolOutcome.gave_up`), so the pool can shrink again.
+Example (timeout 600 s): 4 asked, 2 ready since t=0, load wants 1 → held at 4 until t=600, then 1.
 What happened comes back as a `PoolOutcome` for metrics, Events and
 status.
 """
@@ -77,6 +80,10 @@ class PoolOutcome:
     panic: bool
     previous: int
     direction: Literal["up", "down"] | None = None
+    #: Seconds some requested replicas have been missing (None: all ready), and whether the
+    #: controller gave up waiting for them (`ready_timeout_s` passed).
+    unready_s: float | None = None
+    gave_up: bool = False
 
 
 @dataclass(kw_only=True)
@@ -91,6 +98,8 @@ class PoolController:
     gateways: GatewayFn | None = None
     state: DeciderState = field(default_factory=DeciderState)
     history: PoolHistory = field(default_factory=PoolHistory)
+    #: Since when (monotonic seconds) fewer replicas than requested have been ready.
+    unready_since: float | None = None
 
     async def step(self, now: float) -> PoolOutcome:
         """One round at monotonic time `now` (module docstring)."""
@@ -101,7 +110,16 @@ class PoolController:
         self.history = remember(self.history, Scrape(now, readings, queues), keep_s=keep)
         observed, decision = self._decide(now)
         previous = await self.target.requested()
-        if decision.valid and decision.desired < previous and observed.ready < previous:
+        if observed.ready < previous:
+            self.unready_since = now if self.unready_since is None else self.unready_since
+        else:
+            self.unready_since = None
+        unready_s = None if self.unready_since is None else now - self.unready_since
+        gave_up = unready_s is not None and unready_s >= self.params.ready_timeout_s
+        if decision.valid and decision.desired < previous and gave_up:
+            gone = f"{previous - observed.ready} requested replicas not ready after {unready_s:.0f} s"
+            decision = Decision(desired=decision.desired, reason=f"{decision.reason}; {gone}: given up")
+        elif decision.valid and decision.desired < previous and observed.ready < previous:
             # Replicas asked for are still starting: the decider saw only the ready ones, so a
             # scale-down now would undo a scale-up (or shrink a fresh pool) before it took effect.
             wait = f"scale-down waits until the {previous} requested replicas are ready ({observed.ready})"
@@ -120,6 +138,8 @@ class PoolController:
             panic=self.state.panic_since is not None,
             previous=previous,
             direction=direction,
+            unready_s=unready_s,
+            gave_up=gave_up,
         )
 
     def _decide(self, now: float) -> tuple[DecodeObservation | PrefillObservation, Decision]:

@@ -47,6 +47,7 @@ class DeciderParams:
     max_step_up: int | None = None
     max_step_down: int | None = None
     max_observation_age_s: float = 30.0
+    ready_timeout_s: float = 600.0
 
 
 def _params(spec: AutoscalingBehavior, *, min: int, max: int, target: float) -> DeciderParams:
@@ -62,6 +63,7 @@ def _params(spec: AutoscalingBehavior, *, min: int, max: int, target: float) -> 
         max_step_up=spec.max_scale_up_step,
         max_step_down=spec.max_scale_down_step,
         max_observation_age_s=spec.max_metric_age_seconds,
+        ready_timeout_s=spec.ready_timeout_seconds,
     )
 
 

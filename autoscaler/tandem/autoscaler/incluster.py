@@ -40,6 +40,8 @@ from tandem.autoscaler.cluster import (
     PoolAutoscalingView,
     ServiceRef,
     autoscaling_status,
+    not_ready_event,
+    ready_condition,
     scale_event,
 )
 from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
@@ -103,6 +105,15 @@ class GatewayQueues:
         return await self.scraper.queues(urls)
 
 
+def _stuck_message(outcome: PoolOutcome) -> str:
+    missing = outcome.previous - outcome.ready
+    waited = outcome.unready_s or 0.0
+    return (
+        f"{outcome.pool}: {missing} of {outcome.previous} requested replicas not ready after {waited:.0f} s "
+        "(readyTimeoutSeconds); scaling on the ready ones"
+    )
+
+
 @dataclass(kw_only=True)
 class KubeReporter:
     """Events and `status.autoscaling` (module docstring); `refs` resolves a service key."""
@@ -114,6 +125,8 @@ class KubeReporter:
     status_every_s: float = 30.0
     last_scale: dict[tuple[str, str], str] = field(default_factory=dict)
     written: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+    #: Per (service, pool): whether requested replicas are given up on, and since when (RFC 3339).
+    readiness: dict[tuple[str, str], tuple[bool, str]] = field(default_factory=dict)
 
     async def report(self, service: str, outcomes: Sequence[PoolOutcome]) -> None:
         ref = self.refs(service)
@@ -134,6 +147,8 @@ class KubeReporter:
             )
             self.last_scale[(service, outcome.pool)] = now
             await self.cluster.create_event(ref.namespace, event)
+        for outcome in outcomes:
+            await self._readiness(service, ref, outcome)
         views = {
             o.pool: PoolAutoscalingView(
                 desired=o.desired,
@@ -141,10 +156,31 @@ class KubeReporter:
                 reason=o.decision.reason,
                 panic=o.panic,
                 last_scale_time=self.last_scale.get((service, o.pool)),
+                condition=self._condition(service, o),
             )
             for o in outcomes
         }
         await self._write_status(service, ref, autoscaling_status(views))
+
+    async def _readiness(self, service: str, ref: ServiceRef, outcome: PoolOutcome) -> None:
+        """Track the `ReplicasReady` state; one Warning Event when the autoscaler gives up."""
+        key = (service, outcome.pool)
+        stuck = outcome.gave_up
+        known = self.readiness.get(key)
+        if known is not None and known[0] == stuck:
+            return
+        now = rfc3339(self.wall())
+        self.readiness[key] = (stuck, now)
+        if stuck:
+            message = _stuck_message(outcome)
+            suffix = uuid.uuid4().hex[:16]
+            event = not_ready_event(ref, pool=outcome.pool, message=message, now=now, suffix=suffix)
+            await self.cluster.create_event(ref.namespace, event)
+
+    def _condition(self, service: str, outcome: PoolOutcome) -> dict[str, Any]:
+        stuck, since = self.readiness[(service, outcome.pool)]
+        message = _stuck_message(outcome) if stuck else "every requested replica became ready in time"
+        return ready_condition(ready=not stuck, message=message, since=since)
 
     async def _write_status(self, service: str, ref: ServiceRef, patch: dict[str, Any]) -> None:
         previous, at = self.written.get(service, ({}, -float("inf")))

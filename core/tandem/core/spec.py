@@ -178,6 +178,14 @@ class AutoscalingBehavior(SpecModel):
     max_metric_age_seconds: float = Field(
         default=30.0, gt=0, le=3600, description="Older observations are stale: the autoscaler holds."
     )
+    ready_timeout_seconds: float = Field(
+        default=600.0,
+        ge=10,
+        le=86400,
+        description="How long requested replicas may stay not ready (e.g. a pod that cannot be scheduled) "
+        "before the autoscaler stops waiting for them: it may then scale down again, and says so with a "
+        "Warning Event and a ReplicasReady condition in status.autoscaling.",
+    )
 
 
 class PrefillAutoscaling(AutoscalingBehavior):

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-ConditionType = Literal["Ready", "PrefillReady", "DecodeReady", "KVPoolReady", "RouterReady"]
+ConditionType = Literal["Ready", "PrefillReady", "DecodeReady", "KVPoolReady", "RouterReady", "ReplicasReady"]
 Phase = Literal["Progressing", "Ready", "Invalid", "Blocked"]
 _M = TypeVar("_M", bound="BaseModel")
 COMPONENTS: tuple[ConditionType, ...] = ("PrefillReady", "DecodeReady", "KVPoolReady", "RouterReady")
@@ -56,6 +56,11 @@ class PoolAutoscalingStatus(_StatusModel):
         default=None, description="When the autoscaler last changed the replicas (RFC 3339)."
     )
     panic: bool = Field(default=False, description="True while the pool is in panic mode (no scale-down).")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="`ReplicasReady`: False once requested replicas stayed not ready past "
+        "readyTimeoutSeconds and the autoscaler stopped waiting for them.",
+    )
 
 
 class AutoscalingStatus(_StatusModel):
