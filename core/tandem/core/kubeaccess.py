@@ -22,9 +22,10 @@ Tandem's one Kubernetes client family (docs/decisions.md, "One Kubernetes client
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,13 +118,8 @@ async def request_json(
 ) -> dict[str, Any]:
     """One request; its answer's JSON object. A body is sent as JSON, or as a JSON merge patch for
     PATCH. Raises `KubeError` with the answer's status and message (0: no answer)."""
-    try:
-        request = _request(client, access, method, path, params=params, body=body)
-        response = await client.send(request)
-    except httpx.HTTPError as exc:
-        raise KubeError(0, f"{method} {path}: {exc!r}") from None
-    except OSError as exc:  # reading the token file
-        raise KubeError(0, f"{method} {path}: {exc}") from None
+    with _translated(method, path):
+        response = await client.send(_request(client, access, method, path, params=params, body=body))
     return _answer(method, path, response.status_code, response.content, response.reason_phrase)
 
 
@@ -137,13 +133,21 @@ def send_json(
     body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`request_json` over a synchronous client."""
-    try:
+    with _translated(method, path):
         response = client.send(_request(client, access, method, path, params=params, body=body))
+    return _answer(method, path, response.status_code, response.content, response.reason_phrase)
+
+
+@contextlib.contextmanager
+def _translated(method: str, path: str) -> Iterator[None]:
+    """Sending a request: a transport failure, or a token file that cannot be read, is a `KubeError`
+    with status 0 (no answer)."""
+    try:
+        yield
     except httpx.HTTPError as exc:
         raise KubeError(0, f"{method} {path}: {exc!r}") from None
     except OSError as exc:  # reading the token file
         raise KubeError(0, f"{method} {path}: {exc}") from None
-    return _answer(method, path, response.status_code, response.content, response.reason_phrase)
 
 
 def _request(
