@@ -20,17 +20,13 @@ import signal
 import click
 
 from tandem.autoscaler.incluster import ClusterSettings, run_in_cluster
+from tandem.cli.exits import fail
 from tandem.cli.options import logging_options
 from tandem.core.kubeaccess import KubeAccess, KubeAccessError
 from tandem.core.logs import configure_logging
 
 log = logging.getLogger("tandem.autoscaler")
 EXIT_FAILED, EXIT_BAD_CONFIG = 1, 2
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"tandem: error: {message}", err=True)
-    raise SystemExit(code)
 
 
 async def _main(settings: ClusterSettings, access: KubeAccess) -> None:
@@ -95,7 +91,7 @@ def autoscaler(
     try:
         access = KubeAccess.plain(kube_api_server) if kube_api_server else KubeAccess.in_cluster(os.environ)
     except KubeAccessError as exc:
-        _fail(str(exc), EXIT_BAD_CONFIG)
+        fail(str(exc), code=EXIT_BAD_CONFIG)
         return
     settings = ClusterSettings(
         namespaces=namespaces,
@@ -110,4 +106,5 @@ def autoscaler(
     try:
         asyncio.run(_main(settings, access))
     except OSError as exc:
-        _fail(f"cannot serve metrics on {metrics_host}:{metrics_port}: {exc.strerror or exc}", EXIT_FAILED)
+        reason = exc.strerror or exc
+        fail(f"cannot serve metrics on {metrics_host}:{metrics_port}: {reason}", code=EXIT_FAILED)

@@ -57,6 +57,7 @@ from tandem.bench.targets import (
     with_gateway_replicas,
 )
 from tandem.bench.workloads import Workload, WorkloadError, bounded
+from tandem.cli.exits import fail
 from tandem.core.spec import ROUTING_POLICIES
 from tandem.local.binaries import find_redis_server
 from tandem.sim.engine.profiles import PROFILES
@@ -66,8 +67,7 @@ MAX_GATEWAY_REPLICAS = 64
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    click.echo(f"tandem: error: {message}", err=True)
-    raise SystemExit(code)
+    fail(message, code=code)
 
 
 def _say(message: str) -> None:

@@ -17,6 +17,7 @@ import click
 import redis
 from prometheus_client import CollectorRegistry, start_http_server
 
+from tandem.cli.exits import fail
 from tandem.kvpool.client import PASSWORD_ENV, POOL_ERRORS, connect_sync, password_from_env, redact_url
 from tandem.kvpool.flush import flush_model
 from tandem.kvpool.metrics import PoolCollector
@@ -27,8 +28,7 @@ DEFAULT_URL = "redis://127.0.0.1:6379"
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"tandem: error: {message}", err=True)
-    raise SystemExit(EXIT_FAILED)
+    fail(message, code=EXIT_FAILED)
 
 
 def _unreachable(url: str, exc: BaseException) -> NoReturn:

@@ -18,6 +18,7 @@ import uvicorn
 import yaml
 from pydantic import ValidationError
 
+from tandem.cli.exits import fail
 from tandem.cli.options import logging_options
 from tandem.cli.router_workers import Supervisor, WorkerPlan, bind
 from tandem.cli.routerflags import settings_from_flags, tuning_options
@@ -31,8 +32,7 @@ EXIT_BAD_CONFIG = 2
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"tandem: error: {message}", err=True)
-    raise SystemExit(EXIT_BAD_CONFIG)
+    fail(message, code=EXIT_BAD_CONFIG)
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
 from tandem.cli.documents import load_one
+from tandem.cli.exits import fail
 from tandem.local.health import Health, check
 from tandem.local.state import STATE_FILE, Component, StackState, StateError, alive, read_state
 
@@ -80,10 +80,10 @@ def _find_state(path: Path | None, state_dir: Path | None) -> Path:
     running = [p for p in found if _pid_of(p) is not None]
     if len(running) > 1:
         names = ", ".join(p.parent.name for p in running)
-        _fail(f"several stacks run here ({names}); pick one with -f FILE or --state-dir", code=2)
+        fail(f"several stacks run here ({names}); pick one with -f FILE or --state-dir", code=2)
     if running or found:
         return (running or found)[0]
-    _fail(
+    fail(
         f"nothing is running here: no {DEFAULT_ROOT}/*/{STATE_FILE} "
         "(start a stack with `tandem up -f FILE`, or pass --state-dir)"
     )
@@ -95,11 +95,6 @@ def _pid_of(path: Path) -> int | None:
     except StateError:
         return None
     return pid if alive(pid) else None
-
-
-def _fail(message: str, *, code: int = 1) -> NoReturn:
-    click.echo(f"tandem: error: {message}", err=True)
-    raise SystemExit(code)
 
 
 @click.command()
@@ -114,9 +109,9 @@ def status(path: Path | None, state_dir: Path | None, as_json: bool) -> None:
     try:
         state = read_state(state_path)
     except StateError as exc:
-        _fail(f"nothing is running from {state_path.parent}: {exc} (start it with `tandem up`)")
+        fail(f"nothing is running from {state_path.parent}: {exc} (start it with `tandem up`)")
     if not alive(state.pid):
-        _fail(f"{state.name} is not running: tandem up (pid {state.pid}) has exited; {state_path} is stale")
+        fail(f"{state.name} is not running: tandem up (pid {state.pid}) has exited; {state_path} is stale")
     rows = status_rows(state)
     if as_json:
         checks = [{"component": c.name, "ok": h.ok if h else None, "detail": h.detail if h else None}
@@ -128,4 +123,4 @@ def status(path: Path | None, state_dir: Path | None, as_json: bool) -> None:
             click.echo(line)
     problem = problems(state, rows)
     if problem is not None:
-        _fail(problem)
+        fail(problem)

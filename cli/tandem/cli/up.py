@@ -22,12 +22,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
 
 import click
 import yaml
 
 from tandem.cli.documents import load_one
+from tandem.cli.exits import fail
 from tandem.cli.status import render_table, status_rows
 from tandem.core.spec import InferenceService
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
@@ -74,11 +74,6 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-def _fail(message: str, *, code: int) -> NoReturn:
-    click.echo(f"tandem: error: {message}", err=True)
-    raise SystemExit(code)
-
-
 class _Recorder:
     """Keeps `<state dir>/state.json` in step with the stack, for `tandem status`."""
 
@@ -113,7 +108,7 @@ def _refuse_second_run(state_dir: Path) -> None:
     with contextlib.suppress(StateError):
         running = read_state(state_dir / STATE_FILE)
         if running.pid != os.getpid() and alive(running.pid):
-            _fail(
+            fail(
                 f"{running.name} already runs from {state_dir} (tandem up pid {running.pid}, "
                 f"{running.endpoint}); stop it first, or pass another --state-dir",
                 code=1,
@@ -273,14 +268,14 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
     state_dir = state_dir or Path(".tandem") / isvc.metadata.name
     _refuse_second_run(state_dir)
     if _port_in_use(port):
-        _fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
+        fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
     try:
         plan = build_plan(
             isvc, ports=_free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
         )  # fmt: skip
     except PlanError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     if isvc.spec.engine.kind == "vllm":
         _, note = local_connector(isvc)
         if note is not None:
