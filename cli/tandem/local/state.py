@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tandem.core.files import replace_text
 from tandem.local.plan import LOOPBACK, LocalPlan, ProcessPlan
 from tandem.local.supervisor import Child
 
@@ -94,10 +95,7 @@ def stack_state(
 
 def write_state(path: Path, state: StackState) -> None:
     """Replace `path` with `state` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    scratch.write_text(state.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    scratch.replace(path)
+    replace_text(path, state.model_dump_json(indent=2) + "\n")
 
 
 def read_state(path: Path) -> StackState:

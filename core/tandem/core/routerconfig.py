@@ -8,13 +8,12 @@ runtime write it without importing the router.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field
 
+from tandem.core.files import replace_text
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.spec import DNS_LABEL_PATTERN, InferenceServiceSpec, SpecModel
 
@@ -56,18 +55,9 @@ class EndpointList(SpecModel):
 
 
 def write_endpoint_file(path: Path, endpoints: EndpointList) -> None:
-    """Replace `path` atomically (a temporary file in the same directory, then `os.replace`), so a
-    reader sees the old list or the new one, never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = endpoints.model_dump_json(by_alias=True, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace `path` atomically (`tandem.core.files.replace_text`), so a reader sees the old list or
+    the new one, never half a file."""
+    replace_text(path, endpoints.model_dump_json(by_alias=True, indent=2) + "\n")
 
 
 def read_endpoint_file(path: Path) -> EndpointList:
