@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tandem.core.engineargs import arg_value
 from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, chunk_hashes, chunk_key
 
 DEFAULT_CHUNK_SIZE = 256
@@ -92,7 +93,7 @@ def engine_kv_dtype(engine_args: Sequence[str], model_config: Mapping[str, objec
     `config.json` `dtype` (or `torch_dtype`), float32 read as float16 as vLLM's `auto` does, else
     bfloat16. Example: no flags and `"torch_dtype": "bfloat16"` → `bfloat16`; `--dtype half` → `half`."""
     for flag in ("--kv-cache-dtype", "--dtype"):
-        value = _flag_value(engine_args, flag)
+        value = arg_value(engine_args, flag)
         if value is not None and value != "auto":
             return lmcache_dtype({"half": "float16", "float": "float32"}.get(value, value))
     configured = (model_config or {}).get("dtype") or (model_config or {}).get("torch_dtype")
@@ -100,17 +101,6 @@ def engine_kv_dtype(engine_args: Sequence[str], model_config: Mapping[str, objec
         name = configured.removeprefix("torch.")
         return lmcache_dtype("float16" if name == "float32" else name)
     return "bfloat16"
-
-
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The last value given to `flag` (`--flag v` or `--flag=v`), if any."""
-    value = None
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            value = args[index + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 @dataclass(frozen=True)

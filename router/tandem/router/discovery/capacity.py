@@ -47,10 +47,10 @@ Pure (the readings come in; no clock, no I/O).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tandem.core.engineargs import arg_value
 from tandem.router.types import EndpointSnapshot, EngineReading
 
 #: vLLM's default `--max-num-seqs`, the starting point when the spec's engine arguments say nothing.
@@ -60,19 +60,12 @@ MAX_CAPACITY = 65_536
 CONFIRM = 3
 #: KV-cache usage (0..1) at which an engine that holds requests back is taken to be full.
 KV_FULL = 0.9
-_MAX_NUM_SEQS = re.compile(r"^--max-num-seqs(?:=(\d+))?$")
 
 
 def capacity_from_args(args: Sequence[str]) -> int | None:
     """`--max-num-seqs N` (or `=N`) from engine arguments, else None."""
-    for i, arg in enumerate(args):
-        match = _MAX_NUM_SEQS.match(arg)
-        if match is None:
-            continue
-        value = match.group(1) or (args[i + 1] if i + 1 < len(args) else "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return None
+    value = arg_value(args, "--max-num-seqs")
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
 
 
 @dataclass(slots=True)
