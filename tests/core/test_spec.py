@@ -99,7 +99,7 @@ def test_a_structural_error_names_the_field(sections: dict[str, Any], path: str)
 
 
 def test_every_structural_error_is_reported_not_only_the_first() -> None:
-    paths = error_paths(with_spec(decode={"replicas": 0}, engine={"kind": "tgi"}))
+    paths = error_paths(with_spec(decode={"replicas": -1}, engine={"kind": "tgi"}))
     assert {"spec.decode.replicas", "spec.engine.kind"} <= set(paths)
 
 
@@ -211,3 +211,9 @@ def test_spec_models_are_immutable() -> None:
     spec = parse_inference_service(minimal()).spec
     with pytest.raises(ValueError, match="frozen"):
         spec.decode.replicas = 5  # type: ignore[misc]
+
+
+def test_zero_decode_replicas_need_autoscaling_from_zero() -> None:
+    assert "spec.decode.replicas" in error_paths(with_spec(decode={"replicas": 0}))
+    scaled = {"replicas": 0, "autoscaling": {"enabled": True, "min": 0, "max": 4}}
+    assert parse_inference_service(with_spec(decode=scaled)).spec.decode.replicas == 0

@@ -135,7 +135,7 @@ def test_the_schema_keeps_the_model_defaults_enums_and_ranges() -> None:
     spec = openapi_schema()["properties"]["spec"]["properties"]
     assert spec["engine"]["properties"]["kind"]["enum"] == ["vllm", "sim"]
     replicas = spec["decode"]["properties"]["replicas"]
-    assert (replicas["default"], replicas["minimum"], replicas["maximum"]) == (2, 1, 1000)
+    assert (replicas["default"], replicas["minimum"], replicas["maximum"]) == (2, 0, 1000)
     ttft = spec["prefill"]["properties"]["autoscaling"]["properties"]["targetTtftSeconds"]
     assert (ttft["minimum"], ttft["exclusiveMinimum"], ttft["maximum"]) == (0, True, 600)
     assert spec["model"]["required"] == ["name"]
@@ -154,7 +154,7 @@ def test_every_example_is_valid_for_the_crd_and_for_the_model(name: str) -> None
 @pytest.mark.parametrize(
     ("path", "value", "error"),
     [
-        (("decode", "replicas"), 0, "spec.decode.replicas: 0 is less than the minimum of 1"),
+        (("decode", "replicas"), -1, "spec.decode.replicas: -1 is less than the minimum of 0"),
         (("engine", "kind"), "tgi", "spec.engine.kind: 'tgi' is not one of ['vllm', 'sim']"),
         (("kvPool", "chunkSize"), 8, "spec.kvPool.chunkSize: 8 is less than the minimum of 16"),
         (
@@ -220,7 +220,7 @@ def test_the_crd_reference_in_the_docs_is_the_generated_one() -> None:
 def test_the_reference_lists_every_spec_field_with_its_default_and_range() -> None:
     rows = {line.split(" | ")[0].strip("| `"): line for line in reference_markdown().splitlines()[3:-1]}
     assert "spec.decode.replicas" in rows
-    assert "`2`" in rows["spec.decode.replicas"] and "≥ 1, ≤ 1000" in rows["spec.decode.replicas"]
+    assert "`2`" in rows["spec.decode.replicas"] and "≥ 0, ≤ 1000" in rows["spec.decode.replicas"]
     assert "required" in rows["spec.model.name"]
     leaves = [
         path

@@ -197,13 +197,25 @@ class PrefillAutoscaling(AutoscalingBehavior):
     target_ttft_seconds: float = Field(
         default=0.5, gt=0, le=600, description="Target p90 time to first token."
     )
+    target_utilization: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Share of a replica's measured prefill capacity (tokens/s) to plan for: prompt "
+        "tokens arriving at the gateway ÷ (capacity × this) is the pool's leading demand.",
+    )
 
 
 class DecodeAutoscaling(AutoscalingBehavior):
     """Autoscaling of the decode pool on mean KV-cache utilisation against its target."""
 
     enabled: bool = Field(default=False, description="Let the autoscaler own this pool's replicas.")
-    min: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
+    min: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Fewest replicas; 0 scales to zero (the gateway holds requests while the first starts).",
+    )
     max: int = Field(default=16, ge=1, le=1000, description="Most replicas.")
     target_kv_utilization: float = Field(
         default=0.7, gt=0, le=1, description="Target mean KV-cache utilisation (fraction 0-1)."
@@ -227,7 +239,9 @@ class PrefillSpec(PoolSpec):
 class DecodeSpec(PoolSpec):
     """The decode pool: engines that load prompts' KV from the pool and generate tokens."""
 
-    replicas: int = Field(default=2, ge=1, le=1000, description="Engine replicas.")
+    replicas: int = Field(
+        default=2, ge=0, le=1000, description="Engine replicas (0 only with autoscaling from min 0)."
+    )
     autoscaling: DecodeAutoscaling = Field(default_factory=DecodeAutoscaling)
 
 
@@ -240,6 +254,13 @@ class DisaggregationSpec(SpecModel):
         "least `minUncachedTokens` uncached tokens; off: decode pool only.",
     )
     min_uncached_tokens: int = Field(default=512, ge=0, le=1_000_000)
+    convertible_decoders: bool = Field(
+        default=True,
+        description="While the prefill pool is short of capacity (its predicted time to first token "
+        "exceeds the request's TTFT objective and a decode engine would be faster), the request goes "
+        "decode-only to a decode engine with room, which computes its own prefill; back to P/D once "
+        "the prefill pool has caught up. Not in mode off.",
+    )
 
 
 class SecretKeyRef(SpecModel):
@@ -297,6 +318,27 @@ class SLOSpec(SpecModel):
 
     ttft_seconds: float = Field(default=1.0, gt=0, le=3600, description="Default TTFT objective.")
     tpot_seconds: float = Field(default=0.05, gt=0, le=60, description="Default time per output token.")
+
+
+class ColdStartSpec(SpecModel):
+    """Requests that arrive while the decode pool has no engine (scaled to zero, or starting)."""
+
+    max_held_requests: int = Field(
+        default=256,
+        ge=0,
+        le=100_000,
+        description="Requests the gateway holds while the decode pool has no engine; beyond, 429. "
+        "0: no holding, 503 at once.",
+    )
+    hold_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="Longest a request is held; then 429 with Retry-After.",
+    )
+    retry_after_seconds: int = Field(
+        default=10, ge=1, le=3600, description="Retry-After of a request that was not held or held too long."
+    )
 
 
 class FairnessSpec(SpecModel):
@@ -375,6 +417,7 @@ class RouterSpec(SpecModel):
     slo: SLOSpec = Field(default_factory=SLOSpec)
     fairness: FairnessSpec = Field(default_factory=FairnessSpec)
     max_queue: int = Field(default=1000, ge=0, le=1_000_000, description="Router queue bound.")
+    cold_start: ColdStartSpec = Field(default_factory=ColdStartSpec)
     auth: AuthSpec = Field(default_factory=AuthSpec)
     rate_limits: RateLimitSpec = Field(default_factory=RateLimitSpec, description="Per-tenant limits.")
     tenants: list[TenantSpec] = Field(default_factory=list, description="Per-tenant weights and limits.")
@@ -460,6 +503,13 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
                     f"when autoscaling is enabled (got {pool.replicas})",
                 )
             )
+    if spec.decode.replicas == 0 and not (spec.decode.autoscaling.enabled and spec.decode.autoscaling.max > 0):
+        errors.append(
+            SpecError(
+                "spec.decode.replicas",
+                "0 decode replicas needs decode.autoscaling.enabled (scale from zero with min 0)",
+            )
+        )
     if spec.disaggregation.mode == "always" and _max_prefill(spec) == 0:
         errors.append(
             SpecError(
