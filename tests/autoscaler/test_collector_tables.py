@@ -14,18 +14,21 @@ import pytest
 from tandem.autoscaler.observe import (
     PoolHistory,
     Scrape,
+    arrival_rates,
     decode_observation,
+    learned_prefill_rate,
     prefill_observation,
     remember,
 )
 from tandem.autoscaler.readings import (
     EngineReading,
+    GatewayReading,
     Histogram,
     histogram_delta,
     histogram_quantile,
     histogram_sum,
     parse_engine_metrics,
-    parse_gateway_queue,
+    parse_gateway,
 )
 
 INF = math.inf
@@ -256,18 +259,22 @@ tandem_router_admitted_requests 16.0
     ids=["summed-over-priorities", "no-queue-metric", "empty"],
 )
 def test_the_gateway_page_becomes_its_queue_depth(text: str, queued: float) -> None:
-    assert parse_gateway_queue(text) == queued
+    assert parse_gateway(text).queued == queued
 
 
 def test_a_gateway_page_that_is_not_metrics_is_an_error() -> None:
     with pytest.raises(ValueError, match="not Prometheus text"):
-        parse_gateway_queue('tandem_router_queue_depth{priority="0" 3\n')
+        parse_gateway('tandem_router_queue_depth{priority="0" 3\n')
+
+
+def queues(depths: dict[str, float | None]) -> dict[str, GatewayReading | None]:
+    return {url: None if q is None else GatewayReading(queued=q) for url, q in depths.items()}
 
 
 def gateway_history(
     readings: dict[str, EngineReading | None], gateways: dict[str, float | None]
 ) -> PoolHistory:
-    return remember(PoolHistory(), Scrape(5.0, readings, gateways), keep_s=60.0)
+    return remember(PoolHistory(), Scrape(5.0, readings, queues(gateways)), keep_s=60.0)
 
 
 @pytest.mark.parametrize(
@@ -321,3 +328,108 @@ def test_a_failed_gateway_scrape_adds_nothing_and_leaves_the_engines_signals_val
     observed, _, problem = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
     assert problem is None and observed.valid
     assert (observed.gateway_queued, observed.queued_prefill_tokens) == (0.0, 2 * 300)
+
+
+# ------------------------------------------------------------------ the gateway's leading signals
+
+LEADING_PAGE = """\
+# TYPE tandem_router_held_requests gauge
+tandem_router_held_requests 2.0
+# TYPE tandem_router_arrivals_total counter
+tandem_router_arrivals_total 28.0
+# TYPE tandem_router_arrival_prompt_tokens_total counter
+tandem_router_arrival_prompt_tokens_total 84000.0
+# TYPE tandem_router_endpoint_prefill_rate_tokens_per_second gauge
+tandem_router_endpoint_prefill_rate_tokens_per_second{endpoint="127.0.0.1:8101"} 11000.0
+tandem_router_endpoint_prefill_rate_tokens_per_second{endpoint="127.0.0.1:8102"} 8192.0
+# TYPE tandem_router_endpoint_prefill_observations gauge
+tandem_router_endpoint_prefill_observations{endpoint="127.0.0.1:8101"} 12.0
+tandem_router_endpoint_prefill_observations{endpoint="127.0.0.1:8102"} 0.0
+"""
+
+
+def test_the_gateway_page_carries_held_requests_arrivals_and_only_learned_rates() -> None:
+    assert parse_gateway(LEADING_PAGE) == GatewayReading(
+        queued=0.0,
+        held=2.0,
+        arrivals=28.0,
+        arrival_tokens=84_000.0,
+        prefill_rates={"127.0.0.1:8101": 11_000.0},  # 8102's rate is the prior: no first token yet
+    )
+
+
+def gateways_history(*scrapes: tuple[float, dict[str, GatewayReading | None]]) -> PoolHistory:
+    h = PoolHistory()
+    engines: dict[str, EngineReading | None] = {"http://127.0.0.1:8101": reading(tokens=0)}
+    for t, gateways in scrapes:
+        h = remember(h, Scrape(t, engines, gateways), keep_s=60.0)
+    return h
+
+
+@pytest.mark.parametrize(
+    ("scrapes", "rates"),
+    [
+        # The module docstring's example: 30 000 → 84 000 tokens and 10 → 28 requests over 2 s.
+        (
+            [(1.0, {"gw": GatewayReading(arrivals=10, arrival_tokens=30_000)}),
+             (3.0, {"gw": GatewayReading(arrivals=28, arrival_tokens=84_000)})],
+            (9.0, 27_000.0),
+        ),
+        # Two replicas add up; the older scrape outside the window is not used.
+        (
+            [(0.0, {"a": GatewayReading(arrivals=0, arrival_tokens=0)}),
+             (2.0, {"a": GatewayReading(arrivals=4, arrival_tokens=4000),
+                    "b": GatewayReading(arrivals=0, arrival_tokens=0)}),
+             (3.0, {"a": GatewayReading(arrivals=6, arrival_tokens=6000),
+                    "b": GatewayReading(arrivals=3, arrival_tokens=9000)})],
+            (2.0 + 3.0, 2000.0 + 9000.0),
+        ),
+        # A restarted replica counts from 0.
+        (
+            [(1.0, {"gw": GatewayReading(arrivals=100, arrival_tokens=300_000)}),
+             (2.0, {"gw": GatewayReading(arrivals=2, arrival_tokens=6000)})],
+            (2.0, 6000.0),
+        ),
+        # No counters (an older gateway), or a single scrape: unknown.
+        ([(1.0, {"gw": GatewayReading()}), (2.0, {"gw": GatewayReading(queued=3)})], None),
+        ([(1.0, {"gw": GatewayReading(arrivals=1, arrival_tokens=10)})], None),
+    ],
+    ids=["docstring", "two-replicas", "restart", "no-counters", "one-scrape"],
+)  # fmt: skip
+def test_arrival_rates_are_counter_deltas_over_the_leading_window(
+    scrapes: list[tuple[float, dict[str, GatewayReading | None]]], rates: tuple[float, float] | None
+) -> None:
+    assert arrival_rates(gateways_history(*scrapes), window_s=2.0) == rates
+
+
+def test_the_learned_rate_is_averaged_over_replicas_then_engines_of_the_pool() -> None:
+    engines: dict[str, EngineReading | None] = {"http://10.0.0.1:8000": None, "http://10.0.0.2:8000": None}
+    gateways: dict[str, GatewayReading | None] = {
+        "gw-0": GatewayReading(prefill_rates={"10.0.0.1:8000": 9000.0, "10.0.0.2:8000": 12_000.0}),
+        "gw-1": GatewayReading(prefill_rates={"10.0.0.1:8000": 11_000.0, "10.0.0.9:8000": 1.0}),
+        "gw-2": None,
+    }
+    assert learned_prefill_rate(Scrape(0.0, engines, gateways)) == pytest.approx(11_000.0)
+    assert learned_prefill_rate(Scrape(0.0, engines, {"gw": GatewayReading()})) is None
+
+
+def test_without_gateway_counters_velocity_is_served_plus_backlog_growth() -> None:
+    # 300 tokens per request; the engine served 6000 tokens in 2 s and its waiting grew 2 → 6 (+1200).
+    old = reading(tokens=30_000, requests=100, waiting=2)
+    new = reading(tokens=36_000, requests=120, waiting=6)
+    h = history((1.0, {"a": old}), (3.0, {"a": new}))
+    observed, _, problem = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    assert problem is None
+    # backlog now 6 × 36 000 / 120 = 1800, before 2 × 300 = 600: (6000 + 1200) / 2 s
+    assert observed.arrival_tokens_per_s == pytest.approx((6000 + 1800 - 600) / 2.0)
+
+
+def test_held_requests_are_decode_demand_and_prefill_backlog() -> None:
+    engines: dict[str, EngineReading | None] = {"a": reading(tokens=3000, requests=10, waiting=0)}
+    h = remember(PoolHistory(), Scrape(5.0, engines, {"gw": GatewayReading(held=4)}), keep_s=60.0)
+    observed, _, _ = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    assert observed.queued_prefill_tokens == 4 * 300
+    decode, _ = decode_observation(
+        remember(PoolHistory(), Scrape(5.0, {}, {"gw": GatewayReading(held=4)}), keep_s=9)
+    )
+    assert (decode.ready, decode.gateway_held) == (0, 4.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tandem.autoscaler.control import PoolController
+from tandem.autoscaler.control import PoolController, ScrapeFn
 from tandem.autoscaler.decider import DeciderParams
 from tandem.autoscaler.readings import EngineReading
 
@@ -73,3 +73,22 @@ async def test_replicas_that_never_become_ready_are_given_up_on_after_the_time_l
     assert "2 requested replicas not ready after 600 s: given up" in given_up.decision.reason
     settled = await control.step(now=601.0)  # 2 ready, 1 asked: nothing missing any more
     assert settled.unready_s is None and not settled.gave_up
+
+
+async def test_the_controller_learns_the_engine_start_time_from_its_scale_ups() -> None:
+    pool = MemoryPool(ready=["http://e0"], asked=1)
+    control = controller(pool, util=1.0)  # 1 × 1.0 / 0.5 = 2 ≥ 2 × 1: panic, scale to 2
+    first = await control.step(now=10.0)
+    assert pool.scaled == [2] and first.engine_start_s is None
+    pool.ready.append("http://e1")  # ready 6 s after it was asked
+    control.scrape = _fixed(util=0.5)  # on target now: no further scale-up
+    learned = await control.step(now=16.0)
+    assert learned.engine_start_s == 6.0
+    assert learned.observed.engine_start_s == 6.0  # the decider sees it in the observation
+
+
+def _fixed(util: float) -> ScrapeFn:
+    async def scrape(urls: Sequence[str]) -> dict[str, EngineReading | None]:
+        return {url: EngineReading(kv_usage=util, running=1.0) for url in urls}
+
+    return scrape

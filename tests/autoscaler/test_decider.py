@@ -144,12 +144,15 @@ def test_bounds_steps_and_tolerance(params: DeciderParams, ready: int, util: flo
     ("observation", "demand"),
     [
         (PrefillObservation(timestamp=0, ready=2, ttft_p90_s=1.5), 6.0),
-        (
-            PrefillObservation(timestamp=0, ready=2, queued_prefill_tokens=40_000, prefill_tokens_per_s=1e4),
-            8.0,
-        ),
         (PrefillObservation(timestamp=0, ready=2, ttft_p90_s=1.5, queued_prefill_tokens=40_000), 6.0),
         (PrefillObservation(timestamp=0, ready=2), 0.0),
+        # A known capacity: the backlog moves to the leading demand, the TTFT term stops at ready + 1.
+        (
+            PrefillObservation(timestamp=0, ready=2, queued_prefill_tokens=40_000, prefill_tokens_per_s=1e4),
+            0.0,
+        ),
+        (PrefillObservation(timestamp=0, ready=2, ttft_p90_s=1.5, prefill_tokens_per_s=1e4), 3.0),
+        (PrefillObservation(timestamp=0, ready=2, ttft_p90_s=0.6, learned_tokens_per_s=1e4), 2.4),
     ],
 )
 def test_prefill_demand_is_the_larger_of_ttft_and_backlog(

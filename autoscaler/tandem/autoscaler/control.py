@@ -15,6 +15,8 @@ ready yet (the decider counts ready engines only: shrinking then would undo a sc
 unless they have been missing for `ready_timeout_s` (a pod that cannot be scheduled): then the
 controller gives up waiting for them (`PoolOutcome.gave_up`), so the pool can shrink again.
 Example (timeout 600 s): 4 asked, 2 ready since t=0, load wants 1 → held at 4 until t=600, then 1.
+The controller also learns the pool's engine start time from its own scale-ups
+(`tandem.autoscaler.startup`) and hands it to the decider in the observation (`engine_start_s`).
 What happened comes back as a `PoolOutcome` for metrics, Events and
 status.
 """
@@ -22,7 +24,7 @@ status.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from tandem.autoscaler.decider import (
@@ -41,12 +43,13 @@ from tandem.autoscaler.observe import (
     prefill_observation,
     remember,
 )
-from tandem.autoscaler.readings import EngineReading
+from tandem.autoscaler.readings import EngineReading, GatewayReading
+from tandem.autoscaler.startup import StartTimes, asked, cancelled, readied
 
 PoolName = Literal["prefill", "decode"]
 ScrapeFn = Callable[[Sequence[str]], Awaitable[dict[str, EngineReading | None]]]
-#: The gateway's replicas now: URL → requests in its queue (None: that scrape failed).
-GatewayFn = Callable[[], Awaitable[Mapping[str, float | None]]]
+#: The gateway's replicas now: URL → its demand signals (None: that scrape failed).
+GatewayFn = Callable[[], Awaitable[Mapping[str, GatewayReading | None]]]
 #: How long a measured per-replica prefill rate is remembered (seconds).
 RATE_MEMORY_S = 600.0
 
@@ -84,6 +87,8 @@ class PoolOutcome:
     #: controller gave up waiting for them (`ready_timeout_s` passed).
     unready_s: float | None = None
     gave_up: bool = False
+    #: The pool's learned engine start time (None: not measured yet).
+    engine_start_s: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -100,6 +105,8 @@ class PoolController:
     history: PoolHistory = field(default_factory=PoolHistory)
     #: Since when (monotonic seconds) fewer replicas than requested have been ready.
     unready_since: float | None = None
+    starts: StartTimes = field(default_factory=StartTimes)
+    last_ready: int | None = None
 
     async def step(self, now: float) -> PoolOutcome:
         """One round at monotonic time `now` (module docstring)."""
@@ -108,6 +115,15 @@ class PoolController:
         queues = await self.gateways() if self.gateways is not None else {}
         keep = max(self.params.panic_window_s, 1.0) + 1.0
         self.history = remember(self.history, Scrape(now, readings, queues), keep_s=keep)
+        ready_now = len(readings)
+        if self.last_ready is not None and ready_now > self.last_ready:
+            self.starts = readied(
+                self.starts,
+                now=now,
+                count=ready_now - self.last_ready,
+                forget_after_s=self.params.ready_timeout_s,
+            )
+        self.last_ready = ready_now
         observed, decision = self._decide(now)
         previous = await self.target.requested()
         if observed.ready < previous:
@@ -128,6 +144,10 @@ class PoolController:
         if decision.valid and decision.desired != previous:
             direction = "up" if decision.desired > previous else "down"
             await self.target.scale(decision.desired, reason=decision.reason)
+            if direction == "up":
+                self.starts = asked(self.starts, now=now, count=decision.desired - previous)
+            else:
+                self.starts = cancelled(self.starts, count=previous - decision.desired)
         return PoolOutcome(
             service=self.service,
             pool=self.pool,
@@ -140,12 +160,15 @@ class PoolController:
             direction=direction,
             unready_s=unready_s,
             gave_up=gave_up,
+            engine_start_s=self.starts.estimate_s,
         )
 
     def _decide(self, now: float) -> tuple[DecodeObservation | PrefillObservation, Decision]:
         observed: DecodeObservation | PrefillObservation
+        start = self.starts.estimate_s
         if self.pool == "decode":
             observed, problem = decode_observation(self.history)
+            observed = replace(observed, engine_start_s=start)
             decision, self.state = decide_decode(
                 params=self.params, observed=observed, state=self.state, now=now
             )
@@ -153,6 +176,7 @@ class PoolController:
             observed, self.history, problem = prefill_observation(
                 self.history, ttft_window_s=self.params.panic_window_s, rate_memory_s=RATE_MEMORY_S
             )
+            observed = replace(observed, engine_start_s=start)
             decision, self.state = decide_prefill(
                 params=self.params, observed=observed, state=self.state, now=now
             )

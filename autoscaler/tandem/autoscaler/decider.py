@@ -17,9 +17,33 @@ stable window (60 s) and a panic window (6 s) and rounds up to replicas:
   Example: 2 ready, p90 1.5 s, target 0.5 s → 2 × 1.5 / 0.5 = 6.0; 40 000 queued tokens at
   10 000 tokens/s per replica → 40 000 / (10 000 × 0.5) = 8.0; the larger, 8 replicas.
 
+Beside that lagging demand each pool has a **leading** one, from signals that move before latency does
+(`prefill_leading`, `decode_leading`), used at once and never averaged away:
+
+- prefill, once a per-replica capacity ``R`` (tokens/s) is known (measured on a saturated engine, else
+  learned by the gateway): ``arrivals / (R × ρ) + backlog / (R × H) + forecast``, with ``ρ`` the target
+  utilisation (0.8), ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster
+  than a new engine can start), and the forecast the arrival demand's slope over the panic window
+  (Theil–Sen) times the start time, at least 0 and at most one replica and half the arrival demand (a
+  ramp pre-scales its next replica; a step is not extrapolated).
+  Example: 27 000 tokens/s arriving, R = 12 000, ρ = 0.8 → 2.81; 30 000 tokens waiting, start 5 s →
+  + 30 000 / 60 000 = 0.5; flat arrivals → 3.31 → 4 replicas.
+  With a known R the TTFT term stops at ready + 1 (a high TTFT while a backlog drains says "more", not
+  how many: it was what overshot) and the backlog term with ``H`` = target TTFT is dropped.
+- decode: 1 while the gateway holds requests, queues some or sees arrivals and there is no decode engine
+  at all (scale from zero); with engines, its KV and queue signals already move with a burst's first
+  requests, and stay with the windows.
+- prefill with no engine and no known rate: 1 while anything arrives.
+
+The start time is measured by the controller (scale-up asked → replica ready) and passed in the
+observation (``engine_start_s``, None until measured: then ``H`` = target and the forecast horizon is the
+panic window).
+
 Then, in order: panic (panic-window desire ≥ 2 × ready; while panicking never scale down, and leave only
-after a stable window without the trigger), the tolerance band (|desired / ready − 1| ≤ 0.1 keeps ready),
-the scale-down delay (scale down only to the largest desire of the last 300 s), step limits, min/max.
+after a stable window without the trigger), the leading demand (a higher one raises the desire at once:
+scale-up within one round, asymmetric with the windows and delay that scale-down waits for), the tolerance
+band (|desired / ready − 1| ≤ 0.1 keeps ready), the scale-down delay (scale down only to the largest desire
+of the last 300 s), step limits, min/max.
 An invalid or stale observation holds: ``valid=False``, desired = ready, state unchanged.
 """
 
@@ -48,6 +72,8 @@ class DeciderParams:
     max_step_down: int | None = None
     max_observation_age_s: float = 30.0
     ready_timeout_s: float = 600.0
+    #: Prefill only: the share of a replica's capacity to plan arrivals for (ρ).
+    target_utilization: float = 0.8
 
 
 def _params(spec: AutoscalingBehavior, *, min: int, max: int, target: float) -> DeciderParams:
@@ -74,7 +100,8 @@ def decode_params(spec: DecodeAutoscaling) -> DeciderParams:
 
 def prefill_params(spec: PrefillAutoscaling) -> DeciderParams:
     """Decider parameters for the prefill pool: the target is p90 time to first token in seconds."""
-    return _params(spec, min=spec.min, max=spec.max, target=spec.target_ttft_seconds)
+    params = _params(spec, min=spec.min, max=spec.max, target=spec.target_ttft_seconds)
+    return replace(params, target_utilization=spec.target_utilization)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,14 +115,20 @@ class DecodeObservation:
     mean_kv_utilization: float = 0.0
     running_requests: float = 0.0
     gateway_queued: float = 0.0
+    #: Requests the gateway holds for want of any decode engine; requests/s arriving at the gateway.
+    gateway_held: float = 0.0
+    arrivals_per_s: float | None = None
+    #: Seconds a new replica of this pool takes to become ready, as measured (None: not yet).
+    engine_start_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefillObservation:
     """What the collector saw on the prefill pool; ``ttft_p90_s`` is None when no request finished prefill,
     ``queued_prefill_tokens`` counts the engines' waiting and the gateway's queued requests (of which
-    ``gateway_queued`` requests), ``prefill_tokens_per_s`` is the measured rate of one replica (None or 0
-    when unknown)."""
+    ``gateway_queued`` requests), ``prefill_tokens_per_s`` is the measured rate of one saturated replica
+    and ``learned_tokens_per_s`` the gateway's learned one (None or 0 when unknown),
+    ``arrival_tokens_per_s`` the prompt tokens per second arriving (None when unknown)."""
 
     timestamp: float
     ready: int
@@ -103,7 +136,10 @@ class PrefillObservation:
     ttft_p90_s: float | None = None
     queued_prefill_tokens: int = 0
     prefill_tokens_per_s: float | None = None
+    learned_tokens_per_s: float | None = None
+    arrival_tokens_per_s: float | None = None
     gateway_queued: float = 0.0
+    engine_start_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +151,8 @@ class DeciderState:
     panic_since: float | None = None
     max_panic_replicas: int = 0
     desires: tuple[Sample, ...] = ()
+    #: Recent arrival demand (prefill), for the forecast's slope.
+    trend: tuple[Sample, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,11 +177,72 @@ def prefill_demand(observed: PrefillObservation, *, target: float) -> float:
     """Replica-equivalents of prefill load, the larger of the TTFT and the backlog estimates.
 
     Example: 2 ready, p90 1.5 s, target 0.5 s → 6.0; 40 000 tokens / (10 000 tok/s × 0.5 s) → 8.0; → 8.0.
+    With a known capacity (`prefill_capacity`) the leading demand takes over: the TTFT term stops at
+    ready + 1 and the backlog term moves there (module docstring): 2 ready, p90 1.5 s → 3.0.
     """
     by_ttft = observed.ready * observed.ttft_p90_s / target if observed.ttft_p90_s is not None else 0.0
+    if prefill_capacity(observed) is not None:
+        return min(by_ttft, observed.ready + 1.0)
     rate = observed.prefill_tokens_per_s
     by_backlog = observed.queued_prefill_tokens / (rate * target) if rate else 0.0
     return max(by_ttft, by_backlog)
+
+
+def prefill_capacity(observed: PrefillObservation) -> float | None:
+    """One replica's prefill capacity in tokens/s: measured on a saturated engine, else the gateway's
+    learned rate; None when neither is known."""
+    return observed.prefill_tokens_per_s or observed.learned_tokens_per_s or None
+
+
+def forecast(trend: tuple[Sample, ...], *, horizon_s: float, now_value: float) -> float:
+    """How much a demand rises over `horizon_s` at its slope over `trend` (Theil–Sen: the median of the
+    pairwise slopes, which a single jump moves less than a least-squares line), at least 0 and at most
+    one replica and half of `now_value`: it pre-scales the *next* replica on a ramp. Examples: 1.0, 1.1,
+    1.2 at t = 0, 1, 2 (0.1/s), horizon 5 s → 0.5; 1.0, 1.5, 2.0 (0.5/s) → 2.5, capped at 1.0."""
+    slopes = sorted(
+        (b.value - a.value) / (b.t - a.t) for i, a in enumerate(trend) for b in trend[i + 1 :] if b.t > a.t
+    )
+    if not slopes:
+        return 0.0
+    middle = len(slopes) // 2
+    slope = slopes[middle] if len(slopes) % 2 else (slopes[middle - 1] + slopes[middle]) / 2
+    return min(max(0.0, slope * horizon_s), 1.0, 0.5 * max(0.0, now_value))
+
+
+def arrival_demand(observed: PrefillObservation, *, params: DeciderParams) -> float | None:
+    """Replicas the arriving prompt tokens need at the target utilisation, `arrivals / (R × ρ)`; None
+    without a known capacity R. Example: 27 000 tokens/s, R 12 000, ρ 0.8 → 2.81."""
+    capacity = prefill_capacity(observed)
+    if capacity is None:
+        return None
+    return (observed.arrival_tokens_per_s or 0.0) / (capacity * params.target_utilization)
+
+
+def prefill_leading(
+    observed: PrefillObservation, *, params: DeciderParams, trend: tuple[Sample, ...]
+) -> float | None:
+    """The prefill pool's leading demand (module docstring), `trend` holding the recent arrival demand
+    (the latest last); None when there is no capacity to divide by and an engine is running (the lagging
+    demand decides alone). Example: arrival demand 2.81; 30 000 tokens waiting, R 12 000, start 5 s →
+    + 0.5; flat trend → 3.31."""
+    capacity = prefill_capacity(observed)
+    if capacity is None:
+        arriving = (observed.arrival_tokens_per_s or 0.0) > 0 or observed.gateway_queued > 0
+        return 1.0 if observed.ready == 0 and arriving else None  # from zero: one replica to measure
+    arrival = arrival_demand(observed, params=params) or 0.0
+    start = observed.engine_start_s
+    horizon = start if start is not None else params.panic_window_s
+    drain = observed.queued_prefill_tokens / (capacity * max(params.target, start or 0.0))
+    return arrival + drain + forecast(trend, horizon_s=horizon, now_value=arrival)
+
+
+def decode_leading(observed: DecodeObservation) -> float | None:
+    """The decode pool's leading demand: 1 while no decode engine exists and the gateway holds, queues or
+    sees arriving requests (scale from zero), else None. With engines, KV utilisation and the gateway's
+    queue already move with the first requests of a burst (a request holds its KV at once); they stay
+    with the windows and panic mode (forecasting them amplified a full cache into runaway scale-up)."""
+    waiting = observed.gateway_held + observed.gateway_queued + (observed.arrivals_per_s or 0.0)
+    return 1.0 if observed.ready == 0 and waiting > 0 else None
 
 
 def decide_decode(
@@ -152,7 +251,12 @@ def decide_decode(
     """Decide the decode pool's replicas on mean KV-cache utilisation against ``params.target``."""
     util = observed.mean_kv_utilization
     problem = None if math.isfinite(util) and 0.0 <= util <= 1.0 else f"KV utilisation {util} not in [0, 1]"
-    counts = (observed.running_requests, observed.gateway_queued)
+    counts = (
+        observed.running_requests,
+        observed.gateway_queued,
+        observed.gateway_held,
+        observed.arrivals_per_s or 0.0,
+    )
     if problem is None and not all(math.isfinite(v) and v >= 0 for v in counts):
         problem = "negative or non-finite request count"
     return _decide(params=params, observed=observed, problem=problem, state=state, now=now)
@@ -162,7 +266,13 @@ def decide_prefill(
     *, params: DeciderParams, observed: PrefillObservation, state: DeciderState, now: float
 ) -> tuple[Decision, DeciderState]:
     """Decide the prefill pool's replicas on p90 TTFT and queued backlog against ``params.target``."""
-    values = (observed.ttft_p90_s or 0.0, observed.prefill_tokens_per_s or 0.0, observed.gateway_queued)
+    values = (
+        observed.ttft_p90_s or 0.0,
+        observed.prefill_tokens_per_s or 0.0,
+        observed.learned_tokens_per_s or 0.0,
+        observed.arrival_tokens_per_s or 0.0,
+        observed.gateway_queued,
+    )
     bad = [v for v in values if not math.isfinite(v) or v < 0] or observed.queued_prefill_tokens < 0
     problem = "negative or non-finite prefill metric" if bad else None
     return _decide(params=params, observed=observed, problem=problem, state=state, now=now)
@@ -198,15 +308,28 @@ def _decide(
     hold = _hold_reason(observed, problem, params=params, now=now)
     if hold is not None:
         return Decision(desired=observed.ready, reason=hold, valid=False), state
+    trend_window = params.panic_window_s
+    leading: float | None
     if isinstance(observed, DecodeObservation):
         demand = decode_demand(observed, target=params.target)
+        trend = state.trend
+        leading = decode_leading(observed)
     else:
         demand = prefill_demand(observed, target=params.target)
-    samples = within((*state.samples, Sample(now, demand)), now=now, window_s=params.stable_window_s)
+        arrival = arrival_demand(observed, params=params)
+        trend = state.trend if arrival is None else (*state.trend, Sample(now, arrival))
+        trend = within(trend, now=now, window_s=trend_window)
+        leading = prefill_leading(observed, params=params, trend=trend)
+    sampled = max(demand, leading) if leading is not None else demand
+    samples = within((*state.samples, Sample(now, sampled)), now=now, window_s=params.stable_window_s)
     ready = observed.ready
     desired, reason, state = _panic_or_stable(
         params=params, samples=samples, ready=ready, state=state, now=now
     )
+    state = replace(state, trend=trend)
+    if leading is not None and ceil_replicas(leading) > desired:
+        desired = ceil_replicas(leading)
+        reason = f"{reason}; leading signals want {desired} now ({leading:.2f})"
     if ready > 0 and abs(desired - ready) <= params.tolerance * ready + 1e-9:  # |desired/ready - 1| <= tol
         desired, reason = ready, f"{reason}; within ±{params.tolerance:.0%} of {ready} ready, keep"
     # A fresh decider has no history, so it counts today's ready as a desire: no scale-down for one delay.

@@ -48,6 +48,7 @@ from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
 from tandem.autoscaler.health import HealthServer
 from tandem.autoscaler.kube import HttpCluster, Informer, services_path, slices_path
 from tandem.autoscaler.metrics import AutoscalerMetrics
+from tandem.autoscaler.readings import GatewayReading
 from tandem.autoscaler.runner import Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
 from tandem.core.endpointslices import ENGINE_PORT, ROUTER_PORT, pool_workload_name, router_workload_name
@@ -92,17 +93,18 @@ class KubePool:
 
 @dataclass(kw_only=True)
 class GatewayQueues:
-    """The queue depth of every ready gateway replica of one InferenceService."""
+    """The demand signals (queue, held requests, arrivals, learned prefill rates) of every ready gateway
+    replica of one InferenceService."""
 
     cluster: ClusterAPI
     ref: ServiceRef
     scraper: Scraper
     port: int = ROUTER_PORT
 
-    async def __call__(self) -> Mapping[str, float | None]:
+    async def __call__(self) -> Mapping[str, GatewayReading | None]:
         service = router_workload_name(self.ref.name)
         urls = await self.cluster.ready_urls(self.ref.namespace, service, self.port)
-        return await self.scraper.queues(urls)
+        return await self.scraper.gateways(urls)
 
 
 def _stuck_message(outcome: PoolOutcome) -> str:

@@ -11,7 +11,7 @@ import contextlib
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tandem.autoscaler.control import PoolOutcome
-from tandem.autoscaler.decider import DecodeObservation
+from tandem.autoscaler.decider import DecodeObservation, prefill_capacity
 
 
 class AutoscalerMetrics:
@@ -53,6 +53,30 @@ class AutoscalerMetrics:
             ("service",),
             registry=registry,
         )
+        self.start = Gauge(
+            "tandem_autoscaler_engine_start_seconds",
+            "Learned seconds from asking for a replica to its being ready (absent until measured).",
+            pool,
+            registry=registry,
+        )
+        self.arrivals = Gauge(
+            "tandem_autoscaler_arrival_prompt_tokens_per_second",
+            "Prompt tokens per second arriving (the gateway's counters), the prefill pool's leading signal.",
+            ("service",),
+            registry=registry,
+        )
+        self.capacity = Gauge(
+            "tandem_autoscaler_prefill_capacity_tokens_per_second",
+            "One prefill replica's capacity the decider divides by (measured saturated, else learned).",
+            ("service",),
+            registry=registry,
+        )
+        self.held = Gauge(
+            "tandem_autoscaler_gateway_held_requests",
+            "Requests the gateway holds because the decode pool has no engine (scale from zero).",
+            ("service",),
+            registry=registry,
+        )
         self.scale_events = Counter(
             "tandem_autoscaler_scale_events",
             "Scale actions taken, by direction (up or down).",
@@ -72,6 +96,8 @@ class AutoscalerMetrics:
         self.desired.labels(*labels).set(outcome.desired)
         self.ready.labels(*labels).set(outcome.ready)
         self.panic.labels(*labels).set(1 if outcome.panic else 0)
+        if outcome.engine_start_s is not None:
+            self.start.labels(*labels).set(outcome.engine_start_s)
         if not outcome.decision.valid:
             self.holds.labels(*labels).inc()
         if outcome.direction is not None:
@@ -82,16 +108,20 @@ class AutoscalerMetrics:
         self.gateway_queued.labels(outcome.service).set(observed.gateway_queued)
         if isinstance(observed, DecodeObservation):
             self.kv.labels(outcome.service).set(observed.mean_kv_utilization)
+            self.held.labels(outcome.service).set(observed.gateway_held)
         else:
             self.ttft.labels(outcome.service).set(observed.ttft_p90_s or 0.0)
             self.backlog.labels(outcome.service).set(observed.queued_prefill_tokens)
+            self.arrivals.labels(outcome.service).set(observed.arrival_tokens_per_s or 0.0)
+            self.capacity.labels(outcome.service).set(prefill_capacity(observed) or 0.0)
 
     def forget(self, service: str) -> None:
         """Drop every series of a service that is gone (or no longer autoscaled)."""
-        for gauge in (self.desired, self.ready, self.panic, self.holds):
+        for gauge in (self.desired, self.ready, self.panic, self.holds, self.start):
             for pool in ("prefill", "decode"):
                 _remove(gauge, service, pool)
-        for gauge in (self.kv, self.ttft, self.backlog, self.gateway_queued):
+        per_service = (self.kv, self.ttft, self.backlog, self.gateway_queued, self.arrivals, self.capacity)
+        for gauge in (*per_service, self.held):
             _remove(gauge, service)
         for pool in ("prefill", "decode"):
             for direction in ("up", "down"):

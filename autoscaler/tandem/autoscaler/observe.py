@@ -13,14 +13,24 @@ they wait there for decode capacity, then need a prefill. The observations are b
   - TTFT p90 from the `vllm:time_to_first_token_seconds` bucket deltas between the latest scrape and the
     oldest one still inside `ttft_window_s` (the panic window), summed over engines that have both;
     None when no request reached its first token in that window.
-  - Queued prefill backlog in tokens = (Σ engines' waiting requests + gateway's queued requests) × mean
-    prompt length, the mean being Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example:
+  - Queued prefill backlog in tokens = (Σ engines' waiting requests + gateway's queued and held requests)
+    × mean prompt length, the mean being Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example:
     12 waiting in engines and 8 in the gateway, 90 000 prompt tokens over 300 requests →
     (12 + 8) × 300 = 6000 tokens.
   - Per-replica prefill rate: Δ`vllm:prompt_tokens_total` / Δt per engine over the same window, kept
     only when the engine had requests waiting (a saturated engine shows its capacity, an idle one only
     its load); the rate used is the highest such one seen in `rate_memory_s`. Example: 6000 tokens in 2 s
-    while queueing → 3000 tokens/s.
+    while queueing → 3000 tokens/s. Before any engine was saturated, the gateway's learned prefill rate
+    (`tandem_router_endpoint_prefill_rate_tokens_per_second` where
+    `tandem_router_endpoint_prefill_observations` > 0: fitted on every first token, also at light load)
+    stands in: the mean over the pool's engines and the gateway's replicas (`learned_tokens_per_s`).
+  - **Token velocity** (the leading signal): prompt tokens per second arriving, over the last
+    `LEADING_WINDOW_S`: Δ`tandem_router_arrival_prompt_tokens_total` / Δt summed over the gateway's
+    replicas; from gateways that do not export it, the engines' served rate plus the backlog's growth
+    (Δ`vllm:prompt_tokens_total` / Δt + Δbacklog / Δt, at least 0). Example: the counter went 30 000 →
+    84 000 in 2 s → 27 000 tokens/s.
+- **decode** also carries the gateway's held requests (scale from zero: no decode engine yet) and the
+  arrival rate in requests per second, from the same counters.
 
 Missing data is never guessed: a failed scrape or a missing metric on any ready engine makes the
 observation invalid (`valid=False`, with the reason in `problem`), and the decider holds. The gateway's
@@ -33,10 +43,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 from tandem.autoscaler.decider import DecodeObservation, PrefillObservation
 from tandem.autoscaler.readings import (
     EngineReading,
+    GatewayReading,
     Histogram,
     histogram_delta,
     histogram_quantile,
@@ -45,16 +57,18 @@ from tandem.autoscaler.readings import (
 from tandem.autoscaler.windows import Sample, peak, within
 
 TTFT_QUANTILE = 0.9
+#: Arrival rates are measured over this many seconds: a step shows within one round or two.
+LEADING_WINDOW_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class Scrape:
-    """One round over a pool at monotonic time `t`: engine URL → reading, gateway URL → requests in its
-    queue (None: the scrape failed; no gateway: nothing known to be queued)."""
+    """One round over a pool at monotonic time `t`: engine URL → reading, gateway URL → its reading
+    (None: the scrape failed; no gateway: nothing known to be queued or arriving)."""
 
     t: float
     readings: Mapping[str, EngineReading | None]
-    gateways: Mapping[str, float | None] = field(default_factory=dict)
+    gateways: Mapping[str, GatewayReading | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +97,58 @@ def _problem(scrape: Scrape, needed: tuple[str, ...]) -> str | None:
 
 def gateway_queued(scrape: Scrape) -> float:
     """Requests queued in the gateway (all its replicas) at this scrape; a failed scrape adds nothing."""
-    return sum(q for q in scrape.gateways.values() if q is not None)
+    return sum(g.queued for g in scrape.gateways.values() if g is not None)
+
+
+def gateway_held(scrape: Scrape) -> float:
+    """Requests the gateway holds (all replicas) because the decode pool has no engine."""
+    return sum(g.held for g in scrape.gateways.values() if g is not None)
+
+
+def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, float] | None:
+    """(requests/s, prompt tokens/s) arriving at the gateway over the last `window_s`, summed over its
+    replicas; None when no replica exported its arrival counters in two scrapes of the window. A counter
+    that went down (a restarted replica) counts from 0. Example: tokens 30 000 → 84 000 and requests
+    10 → 28 over 2 s → (9.0, 27 000.0)."""
+    latest = history.scrapes[-1]
+    requests = tokens = 0.0
+    measured = False
+    for url, new in latest.gateways.items():
+        if new is None or new.arrivals is None or new.arrival_tokens is None:
+            continue
+        for scrape in history.scrapes[:-1]:
+            old = scrape.gateways.get(url)
+            if scrape.t < latest.t - window_s - 1e-9 or old is None or old.arrivals is None:
+                continue
+            if old.arrival_tokens is None:
+                continue
+            dt = latest.t - scrape.t
+            if dt <= 0:
+                break
+            restarted = new.arrivals < old.arrivals or new.arrival_tokens < old.arrival_tokens
+            requests += (new.arrivals - (0.0 if restarted else old.arrivals)) / dt
+            tokens += (new.arrival_tokens - (0.0 if restarted else old.arrival_tokens)) / dt
+            measured = True
+            break
+    return (requests, tokens) if measured else None
+
+
+def learned_prefill_rate(scrape: Scrape) -> float | None:
+    """The gateway's learned prefill rate (tokens/s) for the pool's engines in `scrape`: the mean over
+    the engines any gateway replica has learned (each engine's rate averaged over the replicas); None
+    when none has. Example: engine a 9 000 and 11 000 on two replicas, engine b 12 000 → 11 000."""
+    per_engine: dict[str, list[float]] = {}
+    for gateway in scrape.gateways.values():
+        if gateway is None:
+            continue
+        for url in scrape.readings:
+            rate = gateway.prefill_rates.get(urlsplit(url).netloc)
+            if rate is not None and rate > 0:
+                per_engine.setdefault(url, []).append(rate)
+    if not per_engine:
+        return None
+    means = [sum(rates) / len(rates) for rates in per_engine.values()]
+    return sum(means) / len(means)
 
 
 def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | None]:
@@ -95,12 +160,15 @@ def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | N
         return DecodeObservation(timestamp=latest.t, ready=len(latest.readings), valid=False), problem
     readings = [r for r in latest.readings.values() if r is not None]
     util = sum(r.kv_usage or 0.0 for r in readings) / len(readings) if readings else 0.0
+    arrivals = arrival_rates(history, window_s=LEADING_WINDOW_S)
     observation = DecodeObservation(
         timestamp=latest.t,
         ready=len(readings),
         mean_kv_utilization=util,
         running_requests=sum(r.running or 0.0 for r in readings),
         gateway_queued=queued,
+        gateway_held=gateway_held(latest),
+        arrivals_per_s=arrivals[0] if arrivals is not None else None,
     )
     return observation, None
 
@@ -146,6 +214,28 @@ def _backlog_tokens(readings: list[EngineReading], *, queued: float) -> int:
     return round(waiting * tokens / requests) if requests > 0 else 0
 
 
+def _engine_velocity(history: PoolHistory, *, window_s: float, backlog: int) -> float | None:
+    """Prompt tokens/s arriving as the engines see them: served (Δ prompt tokens) plus the backlog's
+    growth, over the oldest scrape inside `window_s`; None without two scrapes of the same engines."""
+    latest = history.scrapes[-1]
+    for scrape in history.scrapes[:-1]:
+        dt = latest.t - scrape.t
+        if scrape.t < latest.t - window_s - 1e-9 or dt <= 0 or set(scrape.readings) != set(latest.readings):
+            continue
+        olds = [scrape.readings[url] for url in latest.readings]
+        news = [latest.readings[url] for url in latest.readings]
+        if any(r is None or r.prompt_tokens is None for r in (*olds, *news)):
+            return None
+        served = sum(
+            max(0.0, (n.prompt_tokens or 0.0) - (o.prompt_tokens or 0.0))
+            for o, n in zip(olds, news, strict=True)
+            if o is not None and n is not None
+        )
+        before = _backlog_tokens([o for o in olds if o is not None], queued=gateway_queued(scrape))
+        return max(0.0, (served + backlog - before) / dt)
+    return None
+
+
 def prefill_observation(
     history: PoolHistory, *, ttft_window_s: float, rate_memory_s: float
 ) -> tuple[PrefillObservation, PoolHistory, str | None]:
@@ -166,13 +256,22 @@ def prefill_observation(
     rates = (*history.rates, Sample(latest.t, max(measured))) if measured else history.rates
     rates = within(rates, now=latest.t, window_s=rate_memory_s)
     readings = [r for r in latest.readings.values() if r is not None]
-    queued = gateway_queued(latest)
+    queued = gateway_queued(latest) + gateway_held(latest)
+    backlog = _backlog_tokens(readings, queued=queued)
+    arrivals = arrival_rates(history, window_s=LEADING_WINDOW_S)
+    velocity = (
+        arrivals[1]
+        if arrivals is not None
+        else _engine_velocity(history, window_s=LEADING_WINDOW_S, backlog=backlog)
+    )
     observation = PrefillObservation(
         timestamp=latest.t,
         ready=len(readings),
         ttft_p90_s=histogram_quantile(TTFT_QUANTILE, pooled) if pooled is not None else None,
-        queued_prefill_tokens=_backlog_tokens(readings, queued=queued),
+        queued_prefill_tokens=backlog,
         prefill_tokens_per_s=peak(rates) or None,
+        learned_tokens_per_s=learned_prefill_rate(latest),
+        arrival_tokens_per_s=velocity,
         gateway_queued=queued,
     )
     return observation, replace(history, rates=rates), None

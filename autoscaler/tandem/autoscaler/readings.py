@@ -1,4 +1,4 @@
-"""One engine's `/metrics` text reduced to what the autoscaler reads, the gateway's queue depth, and
+"""One engine's `/metrics` text reduced to what the autoscaler reads, the gateway's demand signals, and
 histogram arithmetic.
 
 Pure: text in, values out (prometheus_client's text parser, no I/O). Names are vLLM's
@@ -15,8 +15,8 @@ in (0.5, 1] which holds 2 → 0.5 + (9 − 8) / 2 × 0.5 = 0.75 s.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,6 +27,19 @@ PROMPT_TOKENS = "vllm:prompt_tokens"  # counter family; the sample is vllm:promp
 TTFT = "vllm:time_to_first_token_seconds"
 #: The gateway's admission queue: requests waiting for decode capacity, one series per priority band.
 GATEWAY_QUEUE = "tandem_router_queue_depth"
+#: Requests the gateway holds while the decode pool has no engine (scale from zero).
+GATEWAY_HELD = "tandem_router_held_requests"
+#: Requests and their prompt tokens arriving at the gateway (counter families; samples end in _total).
+GATEWAY_ARRIVALS = "tandem_router_arrivals"
+GATEWAY_ARRIVAL_TOKENS = "tandem_router_arrival_prompt_tokens"
+COUNTERS = {
+    f"{GATEWAY_ARRIVALS}_total": GATEWAY_ARRIVALS,
+    f"{GATEWAY_ARRIVAL_TOKENS}_total": GATEWAY_ARRIVAL_TOKENS,
+}
+#: The gateway's prefill rate per engine (tokens/s; label `endpoint` = the engine's host:port) and how
+#: many first tokens it was learned from (0: a prior, not a measurement).
+GATEWAY_PREFILL_RATE = "tandem_router_endpoint_prefill_rate_tokens_per_second"
+GATEWAY_PREFILL_OBSERVATIONS = "tandem_router_endpoint_prefill_observations"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +91,50 @@ def parse_engine_metrics(text: str) -> EngineReading:
     )
 
 
-def parse_gateway_queue(text: str) -> float:
-    """Requests waiting in one gateway's queue: `tandem_router_queue_depth` summed over its priority
-    bands; 0 when the gateway does not export it (it has no admission queue). Raises ValueError when
-    the text is not exposition text. Example: bands 0: 3 and 1: 4 → 7.0."""
-    total = 0.0
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayReading:
+    """What one scrape of one gateway replica said about demand.
+
+    `queued`: requests in its admission queue (Σ over priority bands; 0 without the metric);
+    `held`: requests held while the decode pool has no engine; `arrivals` / `arrival_tokens`: its
+    lifetime counters of arriving requests and their prompt tokens (None: not exported); `prefill_rates`:
+    its learned prefill rate (tokens/s) per engine host:port, only those learned from a first token."""
+
+    queued: float = 0.0
+    held: float = 0.0
+    arrivals: float | None = None
+    arrival_tokens: float | None = None
+    prefill_rates: Mapping[str, float] = field(default_factory=dict)
+
+
+def parse_gateway(text: str) -> GatewayReading:
+    """One gateway replica's `/metrics` page as a `GatewayReading`; raises ValueError when the text is
+    not exposition text. Example: queue bands 0: 3 and 1: 4 → queued 7.0."""
+    sums = {GATEWAY_QUEUE: 0.0, GATEWAY_HELD: 0.0}
+    counters: dict[str, float] = {}
+    rates: dict[str, float] = {}
+    observed: set[str] = set()
     try:
         for family in text_string_to_metric_families(text):
-            if family.name == GATEWAY_QUEUE:
-                total += sum(s.value for s in family.samples if s.name == GATEWAY_QUEUE)
+            for sample in family.samples:
+                if family.name in sums and sample.name == family.name:
+                    sums[family.name] += sample.value
+                elif sample.name in COUNTERS:
+                    name = COUNTERS[sample.name]
+                    counters[name] = counters.get(name, 0.0) + sample.value
+                elif family.name == GATEWAY_PREFILL_RATE and sample.value > 0 and "endpoint" in sample.labels:
+                    rates[sample.labels["endpoint"]] = sample.value
+                elif family.name == GATEWAY_PREFILL_OBSERVATIONS and sample.value > 0:
+                    observed.add(sample.labels.get("endpoint", ""))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise ValueError(f"not Prometheus text: {exc}") from None
-    return total
+    return GatewayReading(
+        queued=sums[GATEWAY_QUEUE],
+        held=sums[GATEWAY_HELD],
+        arrivals=counters.get(GATEWAY_ARRIVALS),
+        arrival_tokens=counters.get(GATEWAY_ARRIVAL_TOKENS),
+        prefill_rates={endpoint: rate for endpoint, rate in rates.items() if endpoint in observed},
+    )
 
 
 def histogram_delta(new: Histogram, old: Histogram) -> Histogram:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from tandem.autoscaler.readings import EngineReading, parse_engine_metrics, parse_gateway_queue
+from tandem.autoscaler.readings import EngineReading, GatewayReading, parse_engine_metrics, parse_gateway
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,16 @@ class Scraper:
             log.warning("engine metrics unreadable", extra={"endpoint": url, "error": repr(exc)})
             return None
 
-    async def queues(self, urls: Sequence[str]) -> dict[str, float | None]:
-        """Gateway URL → requests in its queue (`tandem_router_queue_depth`), or None when it failed."""
-        results = await asyncio.gather(*(self.queue(url) for url in urls))
+    async def gateways(self, urls: Sequence[str]) -> dict[str, GatewayReading | None]:
+        """Gateway URL → its demand signals (queue, held requests, arrivals, learned prefill rates), or
+        None when the scrape failed."""
+        results = await asyncio.gather(*(self.gateway(url) for url in urls))
         return dict(zip(urls, results, strict=True))
 
-    async def queue(self, url: str) -> float | None:
+    async def gateway(self, url: str) -> GatewayReading | None:
         text = await self._text(url, what="gateway")
         try:
-            return parse_gateway_queue(text) if text is not None else None
+            return parse_gateway(text) if text is not None else None
         except ValueError as exc:
             log.warning("gateway metrics unreadable", extra={"endpoint": url, "error": repr(exc)})
             return None

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
 from tandem.autoscaler.metrics import AutoscalerMetrics
+from tandem.autoscaler.readings import GatewayReading
 from tandem.autoscaler.runner import Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
 from tandem.core.spec import InferenceService
@@ -108,8 +109,8 @@ class LocalAutoscaler:
             )
             gateways = [p.url for p in self._plan.processes if p.role == "router"]
 
-            async def queues() -> dict[str, float | None]:
-                return await scraper.queues(gateways)
+            async def queues() -> dict[str, GatewayReading | None]:
+                return await scraper.gateways(gateways)
 
             autoscaler.set_service(
                 name,

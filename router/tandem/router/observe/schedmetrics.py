@@ -142,6 +142,11 @@ class EngineStateCollector(Collector):
             "Uncached prompt tokens sent to the engine that have no first token yet.",
             labels=["endpoint"],
         )
+        learned = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_prefill_observations",
+            "First tokens the engine's prefill rate was learned from (0: the rate is a prior).",
+            labels=["endpoint"],
+        )
         blocks = GaugeMetricFamily(
             f"{PREFIX}_endpoint_routed_prefix_blocks",
             "Blocks in the approximate prefix index for the engine.",
@@ -150,9 +155,10 @@ class EngineStateCollector(Collector):
         for url in self._endpoints.urls():
             name = [_name(url)]
             rate.add_metric(name, self._state.rates.rate(url))
+            learned.add_metric(name, self._state.rates.observations(url))
             queued.add_metric(name, self._state.queued_tokens(url))
             blocks.add_metric(name, self._state.approximate.blocks(url))
-        yield from (rate, queued, blocks)
+        yield from (rate, learned, queued, blocks)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

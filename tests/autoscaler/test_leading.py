@@ -1,0 +1,225 @@
+"""The decider's leading signals and the learned start time, as worked examples and fake-clock stories.
+
+All real autoscaler code, pure; the "pool" in the stories is a tiny model: arrivals in tokens per second,
+engines serving a fixed capacity each, replicas becoming ready a fixed start time after they are asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tandem.autoscaler.decider import (
+    DeciderParams,
+    DeciderState,
+    DecodeObservation,
+    PrefillObservation,
+    arrival_demand,
+    decide_decode,
+    decide_prefill,
+    decode_leading,
+    forecast,
+    prefill_leading,
+)
+from tandem.autoscaler.startup import StartTimes, asked, cancelled, readied
+from tandem.autoscaler.windows import Sample
+
+PARAMS = DeciderParams(min=1, max=12, target=0.5, stable_window_s=20, panic_window_s=4, scale_down_delay_s=30)
+
+
+# ------------------------------------------------------------------------------------ worked examples
+
+
+def test_the_module_docstrings_prefill_example() -> None:
+    observed = PrefillObservation(
+        timestamp=0,
+        ready=2,
+        arrival_tokens_per_s=27_000,
+        prefill_tokens_per_s=12_000,
+        queued_prefill_tokens=30_000,
+        engine_start_s=5.0,
+    )
+    assert arrival_demand(observed, params=PARAMS) == pytest.approx(2.8125)
+    flat = (Sample(0, 2.8125), Sample(1, 2.8125))
+    assert prefill_leading(observed, params=PARAMS, trend=flat) == pytest.approx(2.8125 + 0.5)
+
+
+def test_without_a_start_time_the_backlog_drains_within_the_ttft_target() -> None:
+    observed = PrefillObservation(
+        timestamp=0, ready=2, queued_prefill_tokens=40_000, prefill_tokens_per_s=1e4
+    )
+    assert prefill_leading(observed, params=PARAMS, trend=()) == pytest.approx(40_000 / (1e4 * 0.5))
+
+
+def test_the_gateways_learned_rate_stands_in_before_any_engine_was_saturated() -> None:
+    observed = PrefillObservation(
+        timestamp=0, ready=1, arrival_tokens_per_s=24_000, learned_tokens_per_s=10_000
+    )
+    assert prefill_leading(observed, params=PARAMS, trend=()) == pytest.approx(3.0)
+    measured = PrefillObservation(
+        timestamp=0,
+        ready=1,
+        arrival_tokens_per_s=24_000,
+        learned_tokens_per_s=10_000,
+        prefill_tokens_per_s=15_000,
+    )
+    assert prefill_leading(measured, params=PARAMS, trend=()) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("observed", "leading"),
+    [
+        (PrefillObservation(timestamp=0, ready=0, arrival_tokens_per_s=3000), 1.0),  # from zero
+        (PrefillObservation(timestamp=0, ready=0, gateway_queued=2), 1.0),
+        (PrefillObservation(timestamp=0, ready=0), None),  # nothing arrives: stay at zero
+        (PrefillObservation(timestamp=0, ready=2, arrival_tokens_per_s=3000), None),  # no rate: lagging only
+    ],
+    ids=["arrivals-no-engine", "queued-no-engine", "idle", "no-capacity-known"],
+)
+def test_without_a_capacity_only_an_empty_pool_with_demand_gets_a_first_replica(
+    observed: PrefillObservation, leading: float | None
+) -> None:
+    assert prefill_leading(observed, params=PARAMS, trend=()) == leading
+
+
+@pytest.mark.parametrize(
+    ("values", "horizon", "now_value", "rise"),
+    [
+        ((1.0, 1.5, 2.0), 5.0, 2.0, 1.0),  # slope 0.5/s × 5 s = 2.5, capped at one replica
+        ((1.0, 1.5, 2.0), 5.0, 1.0, 0.5),  # ... and at half of the demand now
+        ((1.0, 1.0, 1.0, 3.0), 5.0, 3.0, 1.0),  # a jump: median slope (0 + 2/3) / 2 × 5 = 1.67 → 1.0
+        ((1.0, 1.1, 1.2), 5.0, 1.2, 0.5),  # slope 0.1/s × 5 s = 0.5, under the cap
+        ((2.0, 1.5, 1.0), 5.0, 1.0, 0.0),  # falling: no forecast down
+        ((2.0,), 5.0, 2.0, 0.0),  # one sample: no slope
+    ],
+    ids=["capped-one-replica", "capped-half", "jump", "ramp", "falling", "single"],
+)
+def test_the_forecast_extrapolates_a_rise_within_bounds(
+    values: tuple[float, ...], horizon: float, now_value: float, rise: float
+) -> None:
+    trend = tuple(Sample(float(t), v) for t, v in enumerate(values))
+    assert forecast(trend, horizon_s=horizon, now_value=now_value) == pytest.approx(rise)
+
+
+@pytest.mark.parametrize(
+    ("observed", "leading"),
+    [
+        (DecodeObservation(timestamp=0, ready=0, gateway_held=3), 1.0),
+        (DecodeObservation(timestamp=0, ready=0, arrivals_per_s=0.5), 1.0),
+        (DecodeObservation(timestamp=0, ready=0), None),
+        (DecodeObservation(timestamp=0, ready=2, gateway_queued=4), None),
+    ],
+    ids=["held", "arriving", "idle-at-zero", "idle"],
+)
+def test_decode_from_zero_wants_one_replica_while_requests_wait(
+    observed: DecodeObservation, leading: float | None
+) -> None:
+    assert decode_leading(observed) == leading
+
+
+def test_held_requests_scale_an_empty_decode_pool_from_zero() -> None:
+    params = DeciderParams(min=0, max=4, target=0.7, scale_down_delay_s=30)
+    decision, _ = decide_decode(
+        params=params,
+        observed=DecodeObservation(timestamp=0, ready=0, gateway_held=5),
+        state=DeciderState(),
+        now=0,
+    )
+    assert decision.desired == 1
+
+
+# ------------------------------------------------------------------------------------- start times
+
+
+def test_start_times_are_learned_from_the_pools_own_scale_ups() -> None:
+    times = asked(StartTimes(), now=10.0, count=2)
+    times = readied(times, now=15.0, count=1, forget_after_s=600)
+    assert times.estimate_s == pytest.approx(5.0)
+    times = readied(times, now=17.0, count=1, forget_after_s=600)
+    assert times.estimate_s == pytest.approx(0.3 * 7.0 + 0.7 * 5.0) and times.samples == 2
+    assert times.pending == ()
+
+
+def test_replicas_nobody_asked_for_teach_nothing_and_cancelled_asks_are_dropped() -> None:
+    assert readied(StartTimes(), now=5.0, count=3, forget_after_s=600).estimate_s is None
+    times = cancelled(asked(StartTimes(), now=0.0, count=3), count=2)
+    assert times.pending == (0.0,)
+    stuck = readied(asked(StartTimes(), now=0.0, count=1), now=700.0, count=1, forget_after_s=600)
+    assert stuck.estimate_s is None and stuck.pending == ()
+
+
+# ------------------------------------------------------------------------------------------ stories
+
+CAPACITY = 9_000.0  # tokens/s per prefill replica (three 3,000-token prompts a second)
+PROMPT = 3_000.0
+
+
+def run_prefill(
+    rate_at: Callable[[float], float], *, until: float, start_s: float = 5.0, params: DeciderParams = PARAMS
+) -> list[tuple[float, int, int]]:
+    """Every second: arrivals (requests/s × PROMPT tokens), a backlog that grows when arrivals exceed
+    what the ready replicas serve, replicas ready `start_s` after being asked. Returns (t, ready, desired)."""
+    state, t, ready, backlog = DeciderState(), 0.0, 1, 0.0
+    asks: list[tuple[float, int]] = []  # (ready at, count)
+    desired_now = 1
+    out: list[tuple[float, int, int]] = []
+    while t <= until:
+        for due, count in [a for a in asks if a[0] <= t]:
+            ready += count
+            asks.remove((due, count))
+        arriving = rate_at(t) * PROMPT
+        backlog = max(0.0, backlog + arriving - ready * CAPACITY)
+        seen = PrefillObservation(
+            timestamp=t,
+            ready=ready,
+            arrival_tokens_per_s=arriving,
+            queued_prefill_tokens=round(backlog),
+            prefill_tokens_per_s=CAPACITY,
+            engine_start_s=start_s,
+        )
+        decision, state = decide_prefill(params=params, observed=seen, state=state, now=t)
+        if decision.desired > desired_now:
+            asks.append((t + start_s, decision.desired - desired_now))
+        elif decision.desired < desired_now:
+            ready -= desired_now - decision.desired
+        desired_now = decision.desired
+        out.append((t, ready, desired_now))
+        t += 1.0
+    return out
+
+
+def test_a_step_is_met_within_one_round_without_overshooting() -> None:
+    """Idle (0.5 req/s) → 9 req/s at t = 10: 9 × 3 000 / (9 000 × 0.8) = 3.75 → 4 replicas, asked in
+    the first round that sees the step, and never more than 6 (one forecast replica, and the backlog of
+    the start-up gap drained within a start time)."""
+    run = run_prefill(lambda t: 0.5 if t < 10 else 9.0, until=90)
+    first_up = next(t for t, _, desired in run if desired >= 4)
+    assert first_up == 10.0
+    assert max(desired for _, _, desired in run) <= 6
+    # Panic (20 s stable window after its last trigger at t = 14) then the 30 s delay: back to 4 by 64 s.
+    assert [desired for t, _, desired in run if t >= 65] == [4] * 26
+
+
+def test_after_the_load_falls_scale_down_waits_for_the_delay_and_does_not_flap() -> None:
+    run = run_prefill(lambda t: 9.0 if 10 <= t < 40 else 0.5, until=120)
+    desired = {t: d for t, _, d in run}
+    assert desired[45.0] >= 4  # within the 30 s delay: held
+    assert desired[120.0] == 1  # the load is gone
+    downs = [t for (t, _, d), (_, _, prev) in zip(run[1:], run, strict=False) if d < prev]
+    ups_after = [t for (t, _, d), (_, _, prev) in zip(run[1:], run, strict=False) if d > prev and t > 40]
+    assert downs and not ups_after  # once down, it does not come back up for the same idle load
+
+
+def test_a_ramp_is_pre_scaled_by_the_forecast() -> None:
+    """0.5 → 9 req/s over 30 s: the replicas asked for at t cover the arrivals at t + start (5 s) for the
+    whole ramp, where arrivals alone would lag one start time behind."""
+
+    def ramp(t: float) -> float:
+        return 0.5 + 8.5 * min(1.0, max(0.0, (t - 10) / 30))
+
+    run = run_prefill(ramp, until=45)
+    for t, _, desired in run:
+        if 15 <= t <= 35:
+            need_later = ramp(t + 5.0) * PROMPT / (CAPACITY * 0.8)
+            assert desired >= need_later - 0.5, (t, desired, need_later)
