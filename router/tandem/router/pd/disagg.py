@@ -3,11 +3,23 @@
 **Decision** (`decide`, pure; `tandem_router_pd_decisions_total{decision,reason}`):
 
     mode off                              → decode_only  (off)
+    prefill pool busy (below)             → decode_only  (prefill_busy)
     mode always                           → disaggregate (always)
     mode auto, no prefill endpoint        → decode_only  (no_prefill_pool)
     mode auto, KV pool configured but down → decode_only (pool_unavailable)
     mode auto, uncached < minUncachedTokens → decode_only (few_uncached)
     mode auto, otherwise                  → disaggregate (many_uncached)
+
+**Convertible decoders** (`spec.disaggregation.convertibleDecoders`, on by default; TokenScale's idea,
+arXiv 2512.03416): a request about to be disaggregated goes decode-only instead when the prefill pool is
+short of capacity, i.e. the best predicted time to first token over the prefill endpoints in rotation
+exceeds the request's TTFT objective *and* the chosen decode endpoint, computing the prompt itself,
+would be faster (`TTFTEstimator`: the router's own `c + (Q + U) / R` model of
+`tandem.router.scheduling.ttft`, so a decode engine already busy with converted prefills stops being
+chosen as its own queue grows). When the prefill pool catches up (new replicas, a shorter queue) the
+prediction falls under the objective and requests go back to P/D by themselves. Example, objective 1 s:
+prefill endpoints predicted at 2.4 s and 3.1 s (a burst queued on them), the decode endpoint at 0.35 s →
+decode only; the same with the prefill pool at 0.6 s → disaggregate.
 
     uncached = prompt tokens − max(local prefix on the chosen decode endpoint, prefix in the KV pool)
 
@@ -78,6 +90,25 @@ class PDDecision:
         return "disaggregate" if self.disaggregate else "decode_only"
 
 
+class TTFTEstimator(Protocol):
+    """Predicted time to first token of `request` on the endpoint at `url` if sent there now, computing
+    the prompt itself (`tandem.router.scheduling.state.SchedulingState.estimate_ttft`)."""
+
+    def estimate_ttft(self, url: str, request: Routable, /) -> float: ...
+
+
+def prefill_busy(
+    *, slo_ttft_s: float, prefill_ttft_s: Sequence[float], decode_ttft_s: float | None
+) -> bool:
+    """Whether the prefill pool is short of capacity for this request (module docstring): its best
+    prediction misses the objective and the decode endpoint would be faster. Example: objective 1 s,
+    prefill [2.4, 3.1], decode 0.35 → True; prefill [0.6] → False; no decode estimate → False."""
+    if not prefill_ttft_s or decode_ttft_s is None:
+        return False
+    best = min(prefill_ttft_s)
+    return best > slo_ttft_s and decode_ttft_s < best
+
+
 def decide(
     mode: DisaggregationMode,
     *,
@@ -85,11 +116,15 @@ def decide(
     prompt_tokens: int,
     available_tokens: int | None,
     min_uncached_tokens: int,
+    busy: bool = False,
 ) -> PDDecision:
     """The P/D decision table of the module docstring. `available_tokens`: the prompt's prefix the
-    chosen decode endpoint can get without computing it; None when the KV pool could not be asked."""
+    chosen decode endpoint can get without computing it; None when the KV pool could not be asked.
+    `busy`: `prefill_busy` said so (asked only for requests that would otherwise disaggregate)."""
     if mode == "off":
         return PDDecision(False, "off")
+    if busy:
+        return PDDecision(False, "prefill_busy")
     if mode == "always":
         return PDDecision(True, "always")
     if prefill_members == 0:
@@ -193,7 +228,8 @@ class PDOutcome:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Disaggregator:
     """Runs the P/D step (module docstring). `pool`: the KV pool when the service has one
-    (`RouterConfig.kvPoolUrl`); `prefix`: the decode endpoints' prefix caches, when known."""
+    (`RouterConfig.kvPoolUrl`); `prefix`: the decode endpoints' prefix caches, when known; `convert`:
+    the TTFT estimates behind convertible decoders (None: off)."""
 
     prefiller: Prefiller
     mode: DisaggregationMode
@@ -201,6 +237,7 @@ class Disaggregator:
     barrier_timeout_s: float
     pool: KVPoolIndex | None = None
     prefix: PrefixSource | None = None
+    convert: TTFTEstimator | None = None
 
     async def run(
         self, request: PDRequest, *, decode: Endpoint | None, headers: Mapping[str, str]
@@ -242,12 +279,25 @@ class Disaggregator:
         available: int | None = 0
         if self.mode == "auto" and members:
             available = await self._available_tokens(request, decode=decode)
-        return decide(
+        decision = decide(
             self.mode,
             prefill_members=members,
             prompt_tokens=request.prompt_length(),
             available_tokens=available,
             min_uncached_tokens=self.min_uncached_tokens,
+        )
+        if decision.disaggregate and self._busy(request, decode=decode):
+            return PDDecision(False, "prefill_busy")
+        return decision
+
+    def _busy(self, request: PDRequest, *, decode: Endpoint | None) -> bool:
+        if self.convert is None or decode is None:
+            return False
+        prefill = self.prefiller.dispatcher.registry.candidates("prefill")
+        return prefill_busy(
+            slo_ttft_s=request.slo.ttft_s,
+            prefill_ttft_s=[self.convert.estimate_ttft(s.endpoint.url, request) for s in prefill],
+            decode_ttft_s=self.convert.estimate_ttft(decode.url, request),
         )
 
     async def _available_tokens(self, request: PDRequest, *, decode: Endpoint | None) -> int | None:

@@ -195,6 +195,15 @@ class SchedulingState:
     def queued_tokens(self, url: str) -> int:
         return self._queued.get(url, 0)
 
+    def estimate_ttft(self, url: str, request: Routable, /) -> float:
+        """TTFT̂ of `request` on `url` now, computing its prompt there (`tandem.router.pd.disagg`'s
+        `TTFTEstimator`): the endpoint's queued work and learned rate, the prompt less its prefix
+        cached there."""
+        n = request.prompt_length() if self.track_prefixes else request.prompt_size()
+        matched = min(n, self._match([url], request).get(url, 0)) if n and self.track_prefixes else 0
+        uncached = _uncached(n, matched, kv_loaded=False)
+        return self.rates.predict(url, queued_tokens=self._queued.get(url, 0), uncached_tokens=uncached)
+
     # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
 
     def started(self, endpoint: Endpoint, request: Routable, /) -> object:
