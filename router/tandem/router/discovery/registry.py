@@ -16,6 +16,9 @@ counts a failed scrape. Snapshots carry the last good stats with their age, mark
 timeout, 5xx) `unreachable_after` times in a row leaves rotation in both pools until a scrape
 succeeds again; an answer that is not engine metrics (404, other text) only makes the data stale.
 
+Membership listeners (`on_members`) are told after every `set_pool`, synchronously: the cold-start
+hold (`tandem.router.admission.coldstart`) wakes its held requests when the decode pool gains a member.
+
 Pure (no I/O) and single-threaded: every call happens on the router's event loop.
 """
 
@@ -69,6 +72,7 @@ class EndpointRegistry:
         self._down: set[Endpoint] = set()  # not in rotation (cooling down, or unreachable)
         self._engines: dict[str, _Engine] = {}  # by URL, members only
         self._draining = False  # some removed endpoint still has requests in flight
+        self._listeners: list[Callable[[Pool], None]] = []
 
     # -- membership (discovery) -------------------------------------------------------------
 
@@ -91,6 +95,12 @@ class EndpointRegistry:
             del self._engines[url]
         for endpoint in members:
             self._refresh(endpoint)
+        for listener in self._listeners:
+            listener(pool)
+
+    def on_members(self, listener: Callable[[Pool], None]) -> None:
+        """Call `listener(pool)` after every `set_pool` of `pool` (its members may be unchanged)."""
+        self._listeners.append(listener)
 
     def endpoints(self, pool: Pool) -> tuple[Endpoint, ...]:
         """The current members of `pool`, in discovery order."""
