@@ -19,10 +19,11 @@ from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.modeltokens import PromptEncoder
 from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.access import Access, build_access
+from tandem.router.admission.coldstart import ColdStartHold
 from tandem.router.admission.fairness.fcfs import FCFSQueue
 from tandem.router.admission.fairness.vtc import VTCQueue
 from tandem.router.admission.gate import AdmissionGate, Waiter
-from tandem.router.admission.metrics import AdmissionMetrics
+from tandem.router.admission.metrics import AdmissionMetrics, HoldMetrics
 from tandem.router.admission.policy import SaturationLimits, TTFTPredictor, load_from_snapshot, pool_capacity
 from tandem.router.config import EffectiveConfig
 from tandem.router.discovery.capacity import (
@@ -41,7 +42,7 @@ from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.observe.schedmetrics import SchedulingMetrics
 from tandem.router.pd.disagg import Disaggregator, Prefiller
-from tandem.router.pipeline.stages import Admit, Identify, Limit, Parse, Relay, generation_stages
+from tandem.router.pipeline.stages import Admit, Hold, Identify, Limit, Parse, Relay, generation_stages
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
@@ -159,6 +160,7 @@ def compose(
         barrier_timeout_s=settings.disaggregation.kv_barrier_timeout_seconds,
         pool=kv_pool,
         prefix=prefix or routing.state.prefix,
+        convert=routing.state if config.spec.disaggregation.convertible_decoders else None,
     )
     gate, counters = build_gate(
         config,
@@ -179,6 +181,7 @@ def compose(
         identify=Identify(access.tenants, config.default_slo, access.priorities),
         parse=Parse(config.served_models, settings.access.max_request_bytes, config.log_prompts),
         limit=Limit(access),
+        hold=Hold(build_hold(config, registry=registry, prometheus=prometheus, clock=clock)),
         admit=Admit(gate),
         dispatcher=dispatcher,
         disaggregator=disaggregator,
@@ -374,6 +377,26 @@ def build_gate(
     )
     metrics.watch(gate)
     return gate, counters
+
+
+def build_hold(
+    config: EffectiveConfig,
+    *,
+    registry: EndpointRegistry,
+    prometheus: CollectorRegistry,
+    clock: Callable[[], float],
+) -> ColdStartHold:
+    """The cold-start hold (`spec.router.coldStart`), woken by discovery's changes to the decode pool."""
+    metrics = HoldMetrics(prometheus)
+    hold = ColdStartHold(
+        spec=config.spec.router.cold_start,
+        members=lambda: len(registry.endpoints("decode")),
+        metrics=metrics,
+        clock=clock,
+    )
+    metrics.watch(lambda: hold.held)
+    registry.on_members(hold.members_changed)
+    return hold
 
 
 def prefix_source(

@@ -8,7 +8,8 @@ in a single exception handler (`status` is the HTTP status, `param` the offendin
     ├── Unauthenticated           401  auth is on and the API key is missing or unknown
     ├── Forbidden                 403  a priority above the tenant's band
     ├── Overloaded                429  not admitted: queue full or pushed out, own deadline out of reach
-    │   └── RateLimited           429  the tenant's requests- or tokens-per-minute limit
+    │   ├── RateLimited           429  the tenant's requests- or tokens-per-minute limit
+    │   └── ColdStart             429  the decode pool has no engine yet: the hold is full, or held too long
     ├── NoEndpointAvailable       503  no endpoint in rotation, or every attempt failed
     ├── ClientDisconnected        499  the client left before the response started (never sent)
     ├── UpstreamError             502  an engine failed (translated from aiohttp in `upstream.client`)
@@ -81,9 +82,9 @@ class Forbidden(RouterError):
 
 
 class Overloaded(RouterError):
-    """The admission layer turned the request away. `reason` is the label of
-    `tandem_router_admission_rejections_total` (`queue_full`, `deadline`, `slo`); `retry_after_s`
-    (whole seconds, >= 1) becomes the `Retry-After` header."""
+    """The admission layer turned the request away. `reason` is why: for the gate's own refusals the
+    label of `tandem_router_admission_rejections_total` (`queue_full`, `pushed_out`, `deadline`,
+    `slo`); `retry_after_s` (whole seconds, >= 1) becomes the `Retry-After` header."""
 
     status = 429
 
@@ -105,6 +106,18 @@ class RateLimited(Overloaded):
     def __init__(self, message: str, *, kind: str, retry_after_s: int) -> None:
         super().__init__(message, reason=f"rate_limit_{kind}", retry_after_s=retry_after_s)
         self.kind = kind
+
+
+class ColdStart(Overloaded):
+    """The decode pool has no engine at all (scaled to zero, its first engine starting) and the request
+    could not be held (`outcome` `rejected`: `maxHeldRequests` already held) or was held for
+    `holdSeconds` without one appearing (`expired`); `tandem_router_held_total{outcome}` counts both."""
+
+    openai_code = "model_cold_start"
+
+    def __init__(self, message: str, *, outcome: str, retry_after_s: int) -> None:
+        super().__init__(message, reason="cold_start", retry_after_s=retry_after_s)
+        self.outcome = outcome
 
 
 class NoEndpointAvailable(RouterError):

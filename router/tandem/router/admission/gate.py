@@ -16,7 +16,10 @@ baseline). The gate itself only keeps the books:
   newcomer (429 `queue_full`). Then it waits until granted, until its budget runs out (429
   `deadline`), or until the client leaves (the disconnect cancels the caller: the ticket is withdrawn
   at once, nothing charged). With no decode endpoint in rotation at all, a new request is not
-  queued: it goes on at once and the dispatcher answers 503 as before.
+  queued: it goes on at once and the dispatcher answers 503 as before. (A decode pool with no
+  member at all, scaled to zero, is met before the gate: the `Hold` stage holds the request until
+  the pool's first engine is listed, `tandem.router.admission.coldstart`; so this 503 is for members
+  all out of rotation after failures, or for holding turned off, `maxHeldRequests: 0`.)
 - `pump`: while some capacity is free (`admitted < capacity()`), pop the next request in fair order
   (which charges `input_weight × prompt tokens` to its tenant) and grant it; a request whose budget
   has passed, or whose own deadline the predicted engine time no longer fits, is refused instead.
@@ -207,7 +210,7 @@ class AdmissionGate:
         now = self._clock()
         self._metrics.seen(request.tenant)
         capacity = self._capacity()
-        if capacity is None:
+        if capacity is None:  # members all out of rotation (or none, holding off): the dispatcher's 503
             self.admitted += 1
             return Grant(self, tenant=request.tenant, prompt_tokens=0, charged=False)
         if self.admitted < capacity:

@@ -10,6 +10,11 @@
   `deadline`, `slo`.
 - `tandem_router_admitted_requests` (gauge): requests holding decode capacity now.
 - `tandem_router_admission_capacity` (gauge): how many the decode pool may hold now (0: none in rotation).
+- `tandem_router_held_requests` (gauge): requests held now because the decode pool has no engine at
+  all (`tandem.router.admission.coldstart`); the autoscaler counts them as decode demand.
+- `tandem_router_held_total{outcome}` (counter): held requests by how the hold ended (`released`,
+  `expired`, `cancelled`) and requests refused because `maxHeldRequests` were held (`rejected`).
+- `tandem_router_hold_seconds` (histogram): how long released requests were held.
 
 Tenant labels: the first `max_tenants` distinct tenants keep their name; later ones are counted under
 `other` (and have no `tenant_vtc_counter` series). Prometheus series cannot be renamed later, so "first
@@ -18,10 +23,10 @@ seen" is the only stable rule; size `max_tenants` for the tenants you want to se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -32,6 +37,11 @@ PREFIX = "tandem_router"
 OTHER_TENANTS = "other"
 #: Seconds in the queue: from no wait to the longest TTFT objectives.
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+#: Seconds held while the decode pool starts from zero: from an engine already on its way to a slow
+#: model load (`holdSeconds` is at most 3600).
+HOLD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600)
+#: How a hold ends (`tandem_router_held_total`'s `outcome`).
+HOLD_OUTCOMES = ("released", "expired", "rejected", "cancelled")
 
 
 class TenantLabels:
@@ -108,6 +118,43 @@ class AdmissionMetrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason=reason).inc()
+
+
+class HoldMetrics:
+    """The cold-start hold's instruments (module docstring). The gauge reads the hold's count at
+    scrape time (`watch`); every outcome's series exists from the start (at 0), so rates over it
+    need no first event."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.held = Gauge(
+            f"{PREFIX}_held_requests",
+            "Requests held now because the decode pool has no engine (starting from zero).",
+            registry=registry,
+        )
+        outcomes = Counter(
+            f"{PREFIX}_held",
+            "Requests held while the decode pool had no engine, by outcome (released, expired, "
+            "cancelled), and those refused because the hold was full (rejected).",
+            ["outcome"],
+            registry=registry,
+        )
+        self._outcomes = {outcome: outcomes.labels(outcome=outcome) for outcome in HOLD_OUTCOMES}
+        self.hold_seconds = Histogram(
+            f"{PREFIX}_hold_seconds",
+            "How long released requests were held while the decode pool had no engine.",
+            buckets=HOLD_BUCKETS,
+            registry=registry,
+        )
+
+    def watch(self, held: Callable[[], int]) -> None:
+        """The gauge reads `held()` at scrape time."""
+        self.held.set_function(held)
+
+    def ended(self, outcome: str, *, held_s: float | None = None) -> None:
+        """One hold ended (`HOLD_OUTCOMES`); a released one's `held_s` goes to the histogram."""
+        self._outcomes[outcome].inc()
+        if outcome == "released" and held_s is not None:
+            self.hold_seconds.observe(max(0.0, held_s))
 
 
 class _GateCollector(Collector):

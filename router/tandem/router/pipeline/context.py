@@ -57,7 +57,8 @@ class RequestContext:
     body: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     stream: bool = False
-    # admission, scheduling, P/D
+    # hold (cold start), admission, scheduling, P/D
+    held_s: float | None = None  # held while the decode pool had no engine, else None
     grant: Grant | None = None
     queue_s: float | None = None
     decode: Endpoint | None = None
@@ -170,6 +171,7 @@ class RequestContext:
             "prefill_endpoint": self.prefill_endpoint,
             "pd_fallback": self.pd_fallback,
             "prefill_s": _round(self.prefill_s),
+            "held_s": _round(self.held_s),
             "queue_s": _round(self.queue_s),
             "ttfb_s": _round(None if self.first_byte_at is None else self.first_byte_at - self.started),
             "error": self.error,

@@ -1,13 +1,14 @@
 """A generation request's way through the gateway. This file is the map: the stages, in order,
 each one small object with one job, reading and writing the request's `RequestContext`.
 
-    identify → parse → limit → admit → pick → disaggregate → dispatch → relay
+    identify → parse → limit → hold → admit → pick → disaggregate → dispatch → relay
 
 | stage | does | fails with |
 |---|---|---|
 | `Identify` | request id, tenant (API key or header), SLO headers, priority band | 400, 401, 403 |
 | `Parse` | body read and parsed once, validated, model checked, steering fields dropped | 400, 404, 413 |
 | `Limit` | the tenant's rate limits, before the prompt is tokenized | 429 |
+| `Hold` | while the decode pool has no engine at all (from zero), waits for its first one | 429 |
 | `Admit` | waits for decode capacity in fair (VTC) order; holds a `Grant` | 429 |
 | `Pick` | the decode endpoint, so P/D can look at what it already caches | — |
 | `Disaggregate` | the P/D decision, the prefill and the KV barrier (never fails the request) | — |
@@ -31,6 +32,7 @@ import orjson
 
 from tandem.core.logs import REQUEST_ID
 from tandem.router.admission.access import Access
+from tandem.router.admission.coldstart import ColdStartHold
 from tandem.router.admission.gate import AdmissionGate
 from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
@@ -112,6 +114,18 @@ class Limit:
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
         self.access.admit(ctx.tenant, prompt_tokens=ctx.prompt_length)
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """While the decode pool has no member at all (scaled to zero, its first engine starting), the
+    request waits for one here, before admission charges it anything (`admission.coldstart`)."""
+
+    hold: ColdStartHold
+    name: str = "hold"
+
+    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        ctx.held_s = await self.hold.wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +238,7 @@ def generation_stages(
     identify: Identify,
     parse: Parse,
     limit: Limit,
+    hold: Hold,
     admit: Admit,
     dispatcher: Dispatcher,
     disaggregator: Disaggregator,
@@ -235,6 +250,7 @@ def generation_stages(
             identify,
             parse,
             limit,
+            hold,
             admit,
             Pick(dispatcher),
             Disaggregate(disaggregator),
