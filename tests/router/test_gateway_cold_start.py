@@ -1,6 +1,7 @@
 """Scale from zero through the whole gateway: requests that arrive while the decode pool has no engine
 are held and served once discovery lists one; the hold's bound and deadline answer 429 with
-Retry-After; `maxHeldRequests: 0` keeps the 503; a client that leaves while held is withdrawn.
+Retry-After; `maxHeldRequests: 0` keeps the 503; a client that leaves while held is withdrawn; a
+gateway waiting for its first decode engine is ready (`/health` 200 `cold_start`).
 
 Real: the router app on a uvicorn server on 127.0.0.1 with file discovery over an endpoint file in a
 temporary directory (what `tandem up` writes as the autoscaler starts engines), httpx and the
@@ -79,6 +80,8 @@ async def test_a_request_held_while_the_pool_is_empty_is_served_once_an_engine_i
     await pool.until("tandem_router_held_requests", 1)
     engine = await launcher.engine("d0")
     assert engine.received == []
+    health = await pool.router.http.get("/health")  # ready: it must stay in its Service to hold requests
+    assert (health.status_code, health.json()["status"]) == (200, "cold_start")
     pool.list_decode(engine.url)  # the autoscaler's first decode engine is ready
     answer = await held
     assert answer.choices[0].text == " d0-0"
@@ -130,12 +133,14 @@ async def test_a_request_held_past_hold_seconds_gets_429_with_retry_after(
     assert await metric(pool.router, "tandem_router_requests_total", status="429") == 1
 
 
-async def test_with_holding_off_an_empty_pool_answers_503_at_once(
+async def test_with_holding_off_an_empty_pool_answers_503_at_once_and_health_is_503(
     launcher: Launcher, tmp_path: Path
 ) -> None:
     pool = await cold_router(launcher, tmp_path, {"maxHeldRequests": 0})
     response = await pool.router.http.post("/v1/completions", json=BODY)
     assert response.status_code == 503
+    health = await pool.router.http.get("/health")  # nothing is held: not ready, as before
+    assert (health.status_code, health.json()["reason"]) == (503, "no decode endpoint known")
     for outcome in ("released", "expired", "rejected", "cancelled"):
         assert await metric(pool.router, "tandem_router_held_total", outcome=outcome) == 0
 

@@ -227,6 +227,7 @@ def compose(
             model=config.spec.model,
             started_unix=int(time.time()),
             models_timeout_s=settings.proxy.models_timeout_seconds,
+            scales_from_zero=scales_from_zero(config),
         ),
         services=tuple(services),
     )
@@ -397,6 +398,14 @@ def build_hold(
     metrics.watch(lambda: hold.held)
     registry.on_members(hold.members_changed)
     return hold
+
+
+def scales_from_zero(config: EffectiveConfig) -> bool:
+    """Whether an empty decode pool is a cold start the gateway waits out (`/health` stays 200):
+    decode autoscaling may go to zero, and the gateway holds requests meanwhile."""
+    spec = config.spec
+    scaling = spec.decode.autoscaling
+    return scaling.enabled and scaling.min == 0 and spec.router.cold_start.max_held_requests > 0
 
 
 def prefix_source(

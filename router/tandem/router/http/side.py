@@ -51,6 +51,9 @@ class Operations:
     model: ModelSpec
     started_unix: int
     models_timeout_s: float
+    #: The decode pool may be at zero by design (autoscaling from min 0) and the gateway holds
+    #: requests meanwhile (`spec.router.coldStart.maxHeldRequests` > 0): an empty pool is ready.
+    scales_from_zero: bool = False
 
 
 router = APIRouter()
@@ -82,7 +85,9 @@ async def models(request: Request, ops: OperationsDep) -> JSONResponse:
 
 @router.get("/health")
 async def health(ops: OperationsDep) -> JSONResponse:
-    """200 while at least one decode endpoint is in rotation, else 503 with the reason."""
+    """200 while at least one decode endpoint is in rotation, or while a decode pool that scales
+    from zero has no member (`cold_start`: the gateway holds requests until its first engine is
+    ready, so it must stay in its Service); else 503 with the reason."""
     pools = {
         pool: {
             "endpoints": len(snaps := ops.registry.snapshots(pool)),
@@ -93,6 +98,9 @@ async def health(ops: OperationsDep) -> JSONResponse:
     decode = pools["decode"]
     if decode["in_rotation"]:
         return JSONResponse({"status": "ok", "pools": pools})
+    if not decode["endpoints"] and ops.scales_from_zero:
+        reason = "no decode engine yet (scaled to zero): requests are held until the first is ready"
+        return JSONResponse({"status": "cold_start", "reason": reason, "pools": pools})
     reason = (
         "no decode endpoint known"
         if not decode["endpoints"]
