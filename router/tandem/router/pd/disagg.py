@@ -97,9 +97,7 @@ class TTFTEstimator(Protocol):
     def estimate_ttft(self, url: str, request: Routable, /) -> float: ...
 
 
-def prefill_busy(
-    *, slo_ttft_s: float, prefill_ttft_s: Sequence[float], decode_ttft_s: float | None
-) -> bool:
+def prefill_busy(*, slo_ttft_s: float, prefill_ttft_s: Sequence[float], decode_ttft_s: float | None) -> bool:
     """Whether the prefill pool is short of capacity for this request (module docstring): its best
     prediction misses the objective and the decode endpoint would be faster. Example: objective 1 s,
     prefill [2.4, 3.1], decode 0.35 → True; prefill [0.6] → False; no decode estimate → False."""
