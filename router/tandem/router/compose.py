@@ -38,6 +38,7 @@ from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.http.server import Gateway
 from tandem.router.http.side import Operations
 from tandem.router.identity.auth.keyfile import KeyFile
+from tandem.router.observe.arrivals import Arrivals
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.observe.schedmetrics import SchedulingMetrics
@@ -181,7 +182,10 @@ def compose(
         identify=Identify(access.tenants, config.default_slo, access.priorities),
         parse=Parse(config.served_models, settings.access.max_request_bytes, config.log_prompts),
         limit=Limit(access),
-        hold=Hold(build_hold(config, registry=registry, prometheus=prometheus, clock=clock)),
+        hold=Hold(
+            build_hold(config, registry=registry, prometheus=prometheus, clock=clock),
+            arrivals=Arrivals(prometheus, exact=config.spec.prefill.autoscaling.enabled),
+        ),
         admit=Admit(gate),
         dispatcher=dispatcher,
         disaggregator=disaggregator,

@@ -37,6 +37,7 @@ from tandem.router.admission.gate import AdmissionGate
 from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
+from tandem.router.observe.arrivals import Arrivals
 from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
@@ -122,9 +123,12 @@ class Hold:
     request waits for one here, before admission charges it anything (`admission.coldstart`)."""
 
     hold: ColdStartHold
+    arrivals: Arrivals | None = None
     name: str = "hold"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        if self.arrivals is not None:
+            self.arrivals.arrived(ctx)  # counted as it arrives: the autoscaler's leading signal
         ctx.held_s = await self.hold.wait()
 
 
