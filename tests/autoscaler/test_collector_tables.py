@@ -208,15 +208,26 @@ def test_the_highest_saturated_rate_is_remembered_for_a_while() -> None:
     seen: list[float | None] = []
     scrapes = [
         (0.0, reading(tokens=0, waiting=2, requests=1)),
-        (1.0, reading(tokens=3000, waiting=2, requests=2)),  # 3000 tok/s while queueing
-        (2.0, reading(tokens=3100, waiting=0, requests=3)),  # idle: measures nothing
-        (100.0, reading(tokens=3100, waiting=0, requests=3)),  # the 3000 is older than 60 s
+        (1.0, reading(tokens=3000, waiting=2, requests=2)),  # busy for 1 s only: too short to tell
+        (2.0, reading(tokens=6000, waiting=2, requests=3)),  # busy 2 s: 3000 tok/s
+        (3.0, reading(tokens=6100, waiting=0, requests=4)),  # idle: measures nothing
+        (100.0, reading(tokens=6100, waiting=0, requests=4)),  # the 3000 is older than 60 s
     ]
     for t, r in scrapes:
         h = remember(h, Scrape(t, {"a": r}), keep_s=60.0)
         observed, h, _ = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
         seen.append(observed.prefill_tokens_per_s)
-    assert seen == [None, 3000.0, 3000.0, None]
+    assert seen == [None, None, 3000.0, 3000.0, None]
+
+
+def test_an_engine_idle_at_one_scrape_of_the_span_measures_nothing() -> None:
+    h = history(
+        (0.0, {"a": reading(tokens=0, waiting=2, requests=1)}),
+        (1.0, {"a": reading(tokens=500, waiting=0, requests=2)}),  # idle in between: only its load
+        (2.0, {"a": reading(tokens=1000, waiting=1, requests=3)}),
+    )
+    observed, _, _ = prefill_observation(h, ttft_window_s=6.0, rate_memory_s=60.0)
+    assert observed.prefill_tokens_per_s is None
 
 
 @pytest.mark.parametrize(
@@ -340,21 +351,20 @@ tandem_router_arrivals_total 28.0
 # TYPE tandem_router_arrival_prompt_tokens_total counter
 tandem_router_arrival_prompt_tokens_total 84000.0
 # TYPE tandem_router_endpoint_prefill_rate_tokens_per_second gauge
-tandem_router_endpoint_prefill_rate_tokens_per_second{endpoint="127.0.0.1:8101"} 11000.0
+tandem_router_endpoint_prefill_rate_tokens_per_second{endpoint="127.0.0.1:8101"} 72000.0
 tandem_router_endpoint_prefill_rate_tokens_per_second{endpoint="127.0.0.1:8102"} 8192.0
-# TYPE tandem_router_endpoint_prefill_observations gauge
-tandem_router_endpoint_prefill_observations{endpoint="127.0.0.1:8101"} 12.0
-tandem_router_endpoint_prefill_observations{endpoint="127.0.0.1:8102"} 0.0
+# TYPE tandem_router_endpoint_prefill_throughput_tokens_per_second gauge
+tandem_router_endpoint_prefill_throughput_tokens_per_second{endpoint="127.0.0.1:8101"} 11000.0
 """
 
 
-def test_the_gateway_page_carries_held_requests_arrivals_and_only_learned_rates() -> None:
+def test_the_gateway_page_carries_held_requests_arrivals_and_observed_throughputs() -> None:
     assert parse_gateway(LEADING_PAGE) == GatewayReading(
         queued=0.0,
         held=2.0,
         arrivals=28.0,
         arrival_tokens=84_000.0,
-        prefill_rates={"127.0.0.1:8101": 11_000.0},  # 8102's rate is the prior: no first token yet
+        prefill_rates={"127.0.0.1:8101": 11_000.0},  # 8102 has no first token yet: no throughput
     )
 
 

@@ -274,3 +274,11 @@ def test_an_error_answer_does_not_count_as_cached() -> None:
     refused = state.started(A, request(PROMPT, request_id="refused"))
     state.answered(refused, status=400, streamed=False)
     assert matched(state) == [0, 0]
+
+
+def test_throughput_is_mean_work_over_mean_time_overhead_included() -> None:
+    rates = PrefillRates(smoothing=0.5)
+    assert rates.throughput("http://e") is None
+    rates.observe("http://e", tokens=1000, seconds=0.12)
+    rates.observe("http://e", tokens=3000, seconds=0.32)
+    assert rates.throughput("http://e") == pytest.approx(2000 / 0.22)

@@ -17,10 +17,11 @@ they wait there for decode capacity, then need a prefill. The observations are b
     × mean prompt length, the mean being Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example:
     12 waiting in engines and 8 in the gateway, 90 000 prompt tokens over 300 requests →
     (12 + 8) × 300 = 6000 tokens.
-  - Per-replica prefill rate: Δ`vllm:prompt_tokens_total` / Δt per engine over the same window, kept
-    only when the engine had requests waiting (a saturated engine shows its capacity, an idle one only
-    its load); the rate used is the highest such one seen in `rate_memory_s`. Example: 6000 tokens in 2 s
-    while queueing → 3000 tokens/s. Before any engine was saturated, the gateway's learned prefill rate
+  - Per-replica prefill rate (capacity): Δ`vllm:prompt_tokens_total` / Δt per engine over its latest
+    run of scrapes that *all* showed requests waiting, at least `BUSY_SPAN_S` long (an engine busy the
+    whole time shows its capacity; one that was idle part of the span only its load); the rate used is
+    the highest such one seen in `rate_memory_s`. Example: waiting at t = 1, 2, 3 and 6000 tokens
+    between t = 1 and 3 → 3000 tokens/s. Before any engine was saturated, the gateway's learned prefill rate
     (`tandem_router_endpoint_prefill_rate_tokens_per_second` where
     `tandem_router_endpoint_prefill_observations` > 0: fitted on every first token, also at light load)
     stands in: the mean over the pool's engines and the gateway's replicas (`learned_tokens_per_s`).
@@ -57,6 +58,9 @@ from tandem.autoscaler.readings import (
 from tandem.autoscaler.windows import Sample, peak, within
 
 TTFT_QUANTILE = 0.9
+#: A capacity is measured over at least this many seconds of an engine that had requests waiting at
+#: every scrape (a shorter or interrupted run shows its load, not what it can do).
+BUSY_SPAN_S = 2.0
 #: Arrival rates are measured over this many seconds: a step shows within one round or two.
 LEADING_WINDOW_S = 2.0
 
@@ -181,30 +185,36 @@ def _earliest(history: PoolHistory, url: str, *, since: float) -> tuple[float, E
     return None
 
 
-def _window_deltas(
-    history: PoolHistory, *, window_s: float
-) -> tuple[list[Histogram], list[tuple[float, EngineReading, EngineReading]]]:
-    """Per engine: the TTFT histogram delta and (Δt, old, new) over the window."""
+def _window_deltas(history: PoolHistory, *, window_s: float) -> list[Histogram]:
+    """Per engine: the TTFT histogram delta over the window."""
     latest = history.scrapes[-1]
     deltas: list[Histogram] = []
-    spans: list[tuple[float, EngineReading, EngineReading]] = []
     for url, new in latest.readings.items():
         found = _earliest(history, url, since=latest.t - window_s)
         if new is None or found is None:
             continue
-        t, old = found
+        _, old = found
         if new.ttft is not None and old.ttft is not None:
             deltas.append(histogram_delta(new.ttft, old.ttft))
-        spans.append((latest.t - t, old, new))
-    return deltas, spans
+    return deltas
 
 
-def _saturated_rate(dt: float, old: EngineReading, new: EngineReading) -> float | None:
-    if dt <= 0 or old.prompt_tokens is None or new.prompt_tokens is None:
+def _busy_rate(history: PoolHistory, url: str, *, min_span_s: float) -> float | None:
+    """Δ prompt tokens / Δt of one engine over its latest run of scrapes that all showed requests
+    waiting (busy the whole time, so the rate is its capacity), if that run spans `min_span_s`."""
+    latest = history.scrapes[-1].readings.get(url)
+    if latest is None or not (latest.waiting or 0) > 0 or latest.prompt_tokens is None:
         return None
-    if not ((old.waiting or 0) > 0 or (new.waiting or 0) > 0) or new.prompt_tokens < old.prompt_tokens:
+    end, start = history.scrapes[-1], None
+    for scrape in reversed(history.scrapes[:-1]):
+        reading = scrape.readings.get(url)
+        if reading is None or not (reading.waiting or 0) > 0 or reading.prompt_tokens is None:
+            break
+        start = (scrape, reading)
+    if start is None or end.t - start[0].t < min_span_s - 1e-9:
         return None
-    return (new.prompt_tokens - old.prompt_tokens) / dt
+    gained = latest.prompt_tokens - (start[1].prompt_tokens or 0.0)
+    return gained / (end.t - start[0].t) if gained >= 0 else None
 
 
 def _backlog_tokens(readings: list[EngineReading], *, queued: float) -> int:
@@ -245,14 +255,18 @@ def prefill_observation(
     problem = _problem(latest, ("waiting", "prompt_tokens", "ttft"))
     if problem is None:
         try:
-            deltas, spans = _window_deltas(history, window_s=ttft_window_s)
+            deltas = _window_deltas(history, window_s=ttft_window_s)
             pooled = histogram_sum(deltas)
         except ValueError as exc:
             problem = str(exc)
     if problem is not None:
         invalid = PrefillObservation(timestamp=latest.t, ready=len(latest.readings), valid=False)
         return invalid, history, problem
-    measured = [r for r in (_saturated_rate(*span) for span in spans) if r is not None]
+    measured = [
+        r
+        for r in (_busy_rate(history, url, min_span_s=BUSY_SPAN_S) for url in latest.readings)
+        if r is not None
+    ]
     rates = (*history.rates, Sample(latest.t, max(measured))) if measured else history.rates
     rates = within(rates, now=latest.t, window_s=rate_memory_s)
     readings = [r for r in latest.readings.values() if r is not None]

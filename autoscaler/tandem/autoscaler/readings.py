@@ -36,10 +36,9 @@ COUNTERS = {
     f"{GATEWAY_ARRIVALS}_total": GATEWAY_ARRIVALS,
     f"{GATEWAY_ARRIVAL_TOKENS}_total": GATEWAY_ARRIVAL_TOKENS,
 }
-#: The gateway's prefill rate per engine (tokens/s; label `endpoint` = the engine's host:port) and how
-#: many first tokens it was learned from (0: a prior, not a measurement).
-GATEWAY_PREFILL_RATE = "tandem_router_endpoint_prefill_rate_tokens_per_second"
-GATEWAY_PREFILL_OBSERVATIONS = "tandem_router_endpoint_prefill_observations"
+#: The gateway's observed prefill throughput per engine (tokens/s, overhead included; label `endpoint` =
+#: the engine's host:port; only engines it has seen a first token from).
+GATEWAY_PREFILL_RATE = "tandem_router_endpoint_prefill_throughput_tokens_per_second"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +97,7 @@ class GatewayReading:
     `queued`: requests in its admission queue (Σ over priority bands; 0 without the metric);
     `held`: requests held while the decode pool has no engine; `arrivals` / `arrival_tokens`: its
     lifetime counters of arriving requests and their prompt tokens (None: not exported); `prefill_rates`:
-    its learned prefill rate (tokens/s) per engine host:port, only those learned from a first token."""
+    its observed prefill throughput (tokens/s, overhead included) per engine host:port."""
 
     queued: float = 0.0
     held: float = 0.0
@@ -113,7 +112,6 @@ def parse_gateway(text: str) -> GatewayReading:
     sums = {GATEWAY_QUEUE: 0.0, GATEWAY_HELD: 0.0}
     counters: dict[str, float] = {}
     rates: dict[str, float] = {}
-    observed: set[str] = set()
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -124,8 +122,6 @@ def parse_gateway(text: str) -> GatewayReading:
                     counters[name] = counters.get(name, 0.0) + sample.value
                 elif family.name == GATEWAY_PREFILL_RATE and sample.value > 0 and "endpoint" in sample.labels:
                     rates[sample.labels["endpoint"]] = sample.value
-                elif family.name == GATEWAY_PREFILL_OBSERVATIONS and sample.value > 0:
-                    observed.add(sample.labels.get("endpoint", ""))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise ValueError(f"not Prometheus text: {exc}") from None
     return GatewayReading(
@@ -133,7 +129,7 @@ def parse_gateway(text: str) -> GatewayReading:
         held=sums[GATEWAY_HELD],
         arrivals=counters.get(GATEWAY_ARRIVALS),
         arrival_tokens=counters.get(GATEWAY_ARRIVAL_TOKENS),
-        prefill_rates={endpoint: rate for endpoint, rate in rates.items() if endpoint in observed},
+        prefill_rates=rates,
     )
 
 

@@ -68,6 +68,10 @@ class LocalEndpoints:
             self._pools[pool].remove(url)
             self._write()
 
+    def save(self) -> None:
+        """Write the file as it stands (also with no engine listed)."""
+        self._write()
+
     def _write(self) -> None:
         write_endpoint_file(
             self.path, EndpointList(prefill=self._pools["prefill"], decode=self._pools["decode"])

@@ -33,13 +33,16 @@ POOLS: tuple[Literal["prefill", "decode"], ...] = ("prefill", "decode")
 
 
 def write_initial_endpoints(plan: LocalPlan, engines: Sequence[Child]) -> LocalEndpoints | None:
-    """List the (ready) planned engines in the endpoint file before the gateway starts."""
+    """List the (ready) planned engines in the endpoint file before the gateway starts; the file is
+    written even with none (a pool that starts from zero), so the gateway finds an empty pool, not
+    a missing file."""
     if plan.endpoint_file is None:
         return None
     listed = LocalEndpoints(plan.endpoint_file)
     for child in engines:
         if child.plan.role in POOLS:
             listed.add(child.plan.role, child.plan.url)
+    listed.save()
     return listed
 
 

@@ -142,6 +142,12 @@ class EngineStateCollector(Collector):
             "Uncached prompt tokens sent to the engine that have no first token yet.",
             labels=["endpoint"],
         )
+        throughput = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_prefill_throughput_tokens_per_second",
+            "Prompt tokens per second of the engine's requests as observed, overhead included (absent "
+            "until observed): the autoscaler's prefill capacity before it sees the engine saturated.",
+            labels=["endpoint"],
+        )
         learned = GaugeMetricFamily(
             f"{PREFIX}_endpoint_prefill_observations",
             "First tokens the engine's prefill rate was learned from (0: the rate is a prior).",
@@ -156,9 +162,12 @@ class EngineStateCollector(Collector):
             name = [_name(url)]
             rate.add_metric(name, self._state.rates.rate(url))
             learned.add_metric(name, self._state.rates.observations(url))
+            observed = self._state.rates.throughput(url)
+            if observed is not None:
+                throughput.add_metric(name, observed)
             queued.add_metric(name, self._state.queued_tokens(url))
             blocks.add_metric(name, self._state.approximate.blocks(url))
-        yield from (rate, learned, queued, blocks)
+        yield from (rate, throughput, learned, queued, blocks)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

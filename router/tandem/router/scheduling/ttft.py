@@ -141,6 +141,13 @@ class PrefillRates:
             overhead_s=overhead,
         )
 
+    def throughput(self, url: str) -> float | None:
+        """Tokens/s of `url`'s requests as they came, overhead included: mean(W) / mean(t), the rate
+        one request after another would sustain (the autoscaler's capacity before an engine was seen
+        saturated); None until observed. Example: (1,000, 0.12 s), (3,000, 0.32 s) → 2,000 / 0.22."""
+        learned = self._learned.get(url)
+        return learned.w / learned.t if learned is not None else None
+
     def observations(self, url: str) -> int:
         learned = self._learned.get(url)
         return learned.observations if learned is not None else 0
