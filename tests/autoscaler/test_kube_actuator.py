@@ -306,3 +306,53 @@ async def scale_up_story(api: kmock_lib.KubernetesEmulator, namespaces: tuple[st
     assert health.status_code == 200 and health.text == "ok\n"
     assert 'tandem_autoscaler_desired_replicas{pool="decode",service="ns1/demo"} 2.0' in metrics.text
     assert path_of("Deployment", "demo-decode") + "/scale" in {str(r.url.path) for r in list(api)}
+
+
+@contextlib.contextmanager
+def fake_gateway(held: int) -> Any:
+    """A real HTTP server on 127.0.0.1 whose /metrics says the gateway holds `held` requests for want of
+    a decode engine (the router's `tandem_router_held_requests`)."""
+    app = FastAPI()
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        return f"# TYPE tandem_router_held_requests gauge\ntandem_router_held_requests {held}\n"
+
+    with run_uvicorn(app) as url:
+        yield url
+
+
+async def test_requests_held_by_the_gateway_scale_a_decode_pool_from_zero(
+    api: kmock_lib.KubernetesEmulator,
+) -> None:
+    """Decode at 0 replicas (min 0), no decode engine anywhere, the gateway holding 3 requests behind
+    its EndpointSlice: the loop asks the Deployment for its first replica, with an Event."""
+    with fake_gateway(held=3) as gateway_url:
+        await deployment(api, "zero-decode", 0)
+        await endpoint_slice(api, "zero-router", ["127.0.0.1"])
+        spec = {**SPEC, "decode": {**SPEC["decode"], "replicas": 0}}
+        spec["decode"]["autoscaling"] = {**SPEC["decode"]["autoscaling"], "min": 0}
+        body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "zero"}}
+        await create(api, ISVC_PATH, {**body, "spec": spec})
+        settings = ClusterSettings(
+            interval_s=0.2,
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            router_port=int(gateway_url.rsplit(":", 1)[1]),
+        )
+        stop = asyncio.Event()
+        access = KubeAccess.plain(str(api.url))
+        task = asyncio.create_task(
+            run_in_cluster(settings, access=access, stop=stop, registry=CollectorRegistry())
+        )
+        try:
+            await until(
+                lambda: (find(api, "Deployment", "zero-decode") or {})["spec"]["replicas"] >= 1, "scaled"
+            )
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, PATIENCE_S)
+    assert (find(api, "Deployment", "zero-decode") or {})["spec"]["replicas"] == 1
+    events = [find(api, "Event", n) or {} for n in names(api, "Event")]
+    assert [e.get("reason") for e in events] == ["ScaledUp"]
+    assert "decode 0 → 1" in events[0].get("message", "")
