@@ -330,8 +330,8 @@ async def test_requests_held_by_the_gateway_scale_a_decode_pool_from_zero(
     with fake_gateway(held=3) as gateway_url:
         await deployment(api, "zero-decode", 0)
         await endpoint_slice(api, "zero-router", ["127.0.0.1"])
-        spec = {**SPEC, "decode": {**SPEC["decode"], "replicas": 0}}
-        spec["decode"]["autoscaling"] = {**SPEC["decode"]["autoscaling"], "min": 0}
+        scaling = {"enabled": True, "min": 0, "max": 4, "targetKvUtilization": 0.5}
+        spec = {**SPEC, "decode": {"replicas": 0, "autoscaling": scaling}}
         body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "zero"}}
         await create(api, ISVC_PATH, {**body, "spec": spec})
         settings = ClusterSettings(
