@@ -22,7 +22,8 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
 
 - prefill, once a per-replica capacity ``R`` (tokens/s) is known (measured on a saturated engine, else
   learned by the gateway): ``arrivals / (R × ρ) + backlog / (R × H) + forecast``, with ``ρ`` the target
-  utilisation (0.8), ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster
+  utilisation (0.8), arrivals the median of the last three rounds' (a one-window spike buys no replica),
+  ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster
   than a new engine can start), and the forecast the arrival demand's slope over the panic window
   (Theil–Sen) times the start time, at least 0 and at most one replica and half the arrival demand (a
   ramp pre-scales its next replica; a step is not extrapolated).
@@ -222,14 +223,17 @@ def prefill_leading(
     observed: PrefillObservation, *, params: DeciderParams, trend: tuple[Sample, ...]
 ) -> float | None:
     """The prefill pool's leading demand (module docstring), `trend` holding the recent arrival demand
-    (the latest last); None when there is no capacity to divide by and an engine is running (the lagging
-    demand decides alone). Example: arrival demand 2.81; 30 000 tokens waiting, R 12 000, start 5 s →
-    + 0.5; flat trend → 3.31."""
+    (the latest last; the median of its last three is used); None when there is no capacity to divide
+    by and an engine is running (the lagging demand decides alone). Example: arrival demand 2.81; 30 000
+    tokens waiting, R 12 000, start 5 s → + 0.5; flat trend → 3.31."""
     capacity = prefill_capacity(observed)
     if capacity is None:
         arriving = (observed.arrival_tokens_per_s or 0.0) > 0 or observed.gateway_queued > 0
         return 1.0 if observed.ready == 0 and arriving else None  # from zero: one replica to measure
-    arrival = arrival_demand(observed, params=params) or 0.0
+    # The median of the last three rounds: a spike in one 2 s window (a client's burst, a late scrape)
+    # does not buy a replica; a step shows in the second round.
+    recent = sorted(s.value for s in trend[-3:]) or [arrival_demand(observed, params=params) or 0.0]
+    arrival = recent[len(recent) // 2] if len(recent) % 2 else (recent[0] + recent[-1]) / 2
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
     drain = observed.queued_prefill_tokens / (capacity * max(params.target, start or 0.0))
