@@ -503,7 +503,7 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
                     f"when autoscaling is enabled (got {pool.replicas})",
                 )
             )
-    if spec.decode.replicas == 0 and not (spec.decode.autoscaling.enabled and spec.decode.autoscaling.max > 0):
+    if spec.decode.replicas == 0 and not spec.decode.autoscaling.enabled:
         errors.append(
             SpecError(
                 "spec.decode.replicas",
