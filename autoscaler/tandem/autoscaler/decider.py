@@ -20,8 +20,8 @@ stable window (60 s) and a panic window (6 s) and rounds up to replicas:
 Beside that lagging demand each pool has a **leading** one, from signals that move before latency does
 (`prefill_leading`, `decode_leading`), used at once and never averaged away:
 
-- prefill, once a per-replica capacity ``R`` (tokens/s) is known (measured on a saturated engine, else
-  learned by the gateway): ``arrivals / (R × ρ) + backlog / (R × H) + forecast``, with ``ρ`` the target
+- prefill, once a per-replica capacity ``R`` (tokens/s) is known (measured on a busy engine, else the
+  gateway's observed throughput): ``arrivals / (R × ρ) + backlog / (R × H) + forecast``, with ``ρ`` the target
   utilisation (0.8), arrivals the median of the last three rounds' (a one-window spike buys no replica),
   ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster
   than a new engine can start), and the forecast the arrival demand's slope over the panic window
@@ -127,8 +127,9 @@ class DecodeObservation:
 class PrefillObservation:
     """What the collector saw on the prefill pool; ``ttft_p90_s`` is None when no request finished prefill,
     ``queued_prefill_tokens`` counts the engines' waiting and the gateway's queued requests (of which
-    ``gateway_queued`` requests), ``prefill_tokens_per_s`` is the measured rate of one saturated replica
-    and ``learned_tokens_per_s`` the gateway's learned one (None or 0 when unknown),
+    ``gateway_queued`` requests; held ones count in the backlog too), ``prefill_tokens_per_s`` is the
+    measured rate of one busy replica and ``learned_tokens_per_s`` the gateway's observed throughput
+    per engine (None or 0 when unknown),
     ``arrival_tokens_per_s`` the prompt tokens per second arriving (None when unknown)."""
 
     timestamp: float
@@ -190,8 +191,8 @@ def prefill_demand(observed: PrefillObservation, *, target: float) -> float:
 
 
 def prefill_capacity(observed: PrefillObservation) -> float | None:
-    """One replica's prefill capacity in tokens/s: measured on a saturated engine, else the gateway's
-    learned rate; None when neither is known."""
+    """One replica's prefill capacity in tokens/s: measured on a busy engine, else the gateway's
+    observed throughput; None when neither is known."""
     return observed.prefill_tokens_per_s or observed.learned_tokens_per_s or None
 
 

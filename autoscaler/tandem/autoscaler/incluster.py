@@ -93,8 +93,8 @@ class KubePool:
 
 @dataclass(kw_only=True)
 class GatewayQueues:
-    """The demand signals (queue, held requests, arrivals, learned prefill rates) of every ready gateway
-    replica of one InferenceService."""
+    """The demand signals (queue, held requests, arrivals, observed prefill throughputs) of every
+    ready gateway replica of one InferenceService."""
 
     cluster: ClusterAPI
     ref: ServiceRef

@@ -67,7 +67,8 @@ class AutoscalerMetrics:
         )
         self.capacity = Gauge(
             "tandem_autoscaler_prefill_capacity_tokens_per_second",
-            "One prefill replica's capacity the decider divides by (measured saturated, else learned).",
+            "One prefill replica's capacity the decider divides by "
+            "(measured busy, else the gateway's observed throughput).",
             ("service",),
             registry=registry,
         )

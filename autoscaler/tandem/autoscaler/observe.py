@@ -21,10 +21,11 @@ they wait there for decode capacity, then need a prefill. The observations are b
     run of scrapes that *all* showed requests waiting, at least `BUSY_SPAN_S` long (an engine busy the
     whole time shows its capacity; one that was idle part of the span only its load); the rate used is
     the highest such one seen in `rate_memory_s`. Example: waiting at t = 1, 2, 3 and 6000 tokens
-    between t = 1 and 3 → 3000 tokens/s. Before any engine was saturated, the gateway's learned prefill rate
-    (`tandem_router_endpoint_prefill_rate_tokens_per_second` where
-    `tandem_router_endpoint_prefill_observations` > 0: fitted on every first token, also at light load)
-    stands in: the mean over the pool's engines and the gateway's replicas (`learned_tokens_per_s`).
+    between t = 1 and 3 → 3000 tokens/s. Before any engine was seen busy, the gateway's observed
+    throughput (`tandem_router_endpoint_prefill_throughput_tokens_per_second`: mean prompt tokens over
+    mean time to first token of its requests, overhead included, so on the safe side for an engine that
+    batches) stands in: the mean over the pool's engines and the gateway's replicas
+    (`learned_tokens_per_s`).
   - **Token velocity** (the leading signal): prompt tokens per second arriving, over the last
     `LEADING_WINDOW_S`: Δ`tandem_router_arrival_prompt_tokens_total` / Δt summed over the gateway's
     replicas; from gateways that do not export it, the engines' served rate plus the backlog's growth
@@ -109,6 +110,11 @@ def gateway_held(scrape: Scrape) -> float:
     return sum(g.held for g in scrape.gateways.values() if g is not None)
 
 
+def gateway_waiting(scrape: Scrape) -> float:
+    """Requests in the gateway that no engine has seen yet: queued plus held (each will need a prefill)."""
+    return gateway_queued(scrape) + gateway_held(scrape)
+
+
 def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, float] | None:
     """(requests/s, prompt tokens/s) arriving at the gateway over the last `window_s`, summed over its
     replicas; None when no replica exported its arrival counters in two scrapes of the window. A counter
@@ -122,9 +128,9 @@ def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, floa
             continue
         for scrape in history.scrapes[:-1]:
             old = scrape.gateways.get(url)
-            if scrape.t < latest.t - window_s - 1e-9 or old is None or old.arrivals is None:
+            if scrape.t < latest.t - window_s - 1e-9 or old is None:
                 continue
-            if old.arrival_tokens is None:
+            if old.arrivals is None or old.arrival_tokens is None:
                 continue
             dt = latest.t - scrape.t
             if dt <= 0:
@@ -138,8 +144,8 @@ def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, floa
 
 
 def learned_prefill_rate(scrape: Scrape) -> float | None:
-    """The gateway's learned prefill rate (tokens/s) for the pool's engines in `scrape`: the mean over
-    the engines any gateway replica has learned (each engine's rate averaged over the replicas); None
+    """The gateway's observed prefill throughput (tokens/s) for the pool's engines in `scrape`: the mean
+    over the engines any gateway replica has observed (each engine's averaged over the replicas); None
     when none has. Example: engine a 9 000 and 11 000 on two replicas, engine b 12 000 → 11 000."""
     per_engine: dict[str, list[float]] = {}
     for gateway in scrape.gateways.values():
@@ -241,7 +247,7 @@ def _engine_velocity(history: PoolHistory, *, window_s: float, backlog: int) -> 
             for o, n in zip(olds, news, strict=True)
             if o is not None and n is not None
         )
-        before = _backlog_tokens([o for o in olds if o is not None], queued=gateway_queued(scrape))
+        before = _backlog_tokens([o for o in olds if o is not None], queued=gateway_waiting(scrape))
         return max(0.0, (served + backlog - before) / dt)
     return None
 
@@ -270,8 +276,8 @@ def prefill_observation(
     rates = (*history.rates, Sample(latest.t, max(measured))) if measured else history.rates
     rates = within(rates, now=latest.t, window_s=rate_memory_s)
     readings = [r for r in latest.readings.values() if r is not None]
-    queued = gateway_queued(latest) + gateway_held(latest)
-    backlog = _backlog_tokens(readings, queued=queued)
+    queued = gateway_queued(latest)
+    backlog = _backlog_tokens(readings, queued=gateway_waiting(latest))
     arrivals = arrival_rates(history, window_s=LEADING_WINDOW_S)
     velocity = (
         arrivals[1]

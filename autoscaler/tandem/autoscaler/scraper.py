@@ -39,7 +39,7 @@ class Scraper:
             return None
 
     async def gateways(self, urls: Sequence[str]) -> dict[str, GatewayReading | None]:
-        """Gateway URL → its demand signals (queue, held requests, arrivals, learned prefill rates), or
+        """Gateway URL → its demand signals (queue, held requests, arrivals, observed prefill throughputs), or
         None when the scrape failed."""
         results = await asyncio.gather(*(self.gateway(url) for url in urls))
         return dict(zip(urls, results, strict=True))
