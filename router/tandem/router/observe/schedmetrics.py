@@ -148,11 +148,6 @@ class EngineStateCollector(Collector):
             "until observed): the autoscaler's prefill capacity before it sees the engine saturated.",
             labels=["endpoint"],
         )
-        learned = GaugeMetricFamily(
-            f"{PREFIX}_endpoint_prefill_observations",
-            "First tokens the engine's prefill rate was learned from (0: the rate is a prior).",
-            labels=["endpoint"],
-        )
         blocks = GaugeMetricFamily(
             f"{PREFIX}_endpoint_routed_prefix_blocks",
             "Blocks in the approximate prefix index for the engine.",
@@ -161,13 +156,12 @@ class EngineStateCollector(Collector):
         for url in self._endpoints.urls():
             name = [_name(url)]
             rate.add_metric(name, self._state.rates.rate(url))
-            learned.add_metric(name, self._state.rates.observations(url))
             observed = self._state.rates.throughput(url)
             if observed is not None:
                 throughput.add_metric(name, observed)
             queued.add_metric(name, self._state.queued_tokens(url))
             blocks.add_metric(name, self._state.approximate.blocks(url))
-        yield from (rate, throughput, learned, queued, blocks)
+        yield from (rate, throughput, queued, blocks)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
