@@ -28,7 +28,7 @@ from tandem.router.pd.disagg import DisaggregationMode, PDDecision, decide, pref
 def test_the_prefill_pool_is_busy_when_it_misses_the_objective_and_decode_is_faster(
     prefill: list[float], decode: float | None, busy: bool
 ) -> None:
-    assert prefill_busy(slo_ttft_s=1.0, prefill_ttft_s=prefill, decode_ttft_s=decode) is busy
+    assert prefill_busy(slo_ttft_s=1.0, prefill_ttft_s=prefill, decode_ttft_s=lambda: decode) is busy
 
 
 @pytest.mark.parametrize("mode", ["always", "auto"])

@@ -50,7 +50,8 @@ another prefill endpoint: decode-only is the cheaper recovery.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -97,14 +98,23 @@ class TTFTEstimator(Protocol):
     def estimate_ttft(self, url: str, request: Routable, /) -> float: ...
 
 
-def prefill_busy(*, slo_ttft_s: float, prefill_ttft_s: Sequence[float], decode_ttft_s: float | None) -> bool:
+def prefill_busy(
+    *, slo_ttft_s: float, prefill_ttft_s: Iterable[float], decode_ttft_s: Callable[[], float | None]
+) -> bool:
     """Whether the prefill pool is short of capacity for this request (module docstring): its best
-    prediction misses the objective and the decode endpoint would be faster. Example: objective 1 s,
-    prefill [2.4, 3.1], decode 0.35 → True; prefill [0.6] → False; no decode estimate → False."""
-    if not prefill_ttft_s or decode_ttft_s is None:
+    prediction misses the objective and the decode endpoint would be faster. The predictions are
+    consumed lazily: the first prefill endpoint that meets the objective ends it (the usual case), and
+    the decode endpoint is asked only when none does. Example: objective 1 s, prefill [2.4, 3.1],
+    decode 0.35 → True; prefill [0.6] → False; no decode estimate → False."""
+    best = math.inf
+    for predicted in prefill_ttft_s:
+        if predicted <= slo_ttft_s:
+            return False
+        best = min(best, predicted)
+    if math.isinf(best):
         return False
-    best = min(prefill_ttft_s)
-    return best > slo_ttft_s and decode_ttft_s < best
+    decode = decode_ttft_s()
+    return decode is not None and decode < best
 
 
 def decide(
@@ -291,11 +301,11 @@ class Disaggregator:
     def _busy(self, request: PDRequest, *, decode: Endpoint | None) -> bool:
         if self.convert is None or decode is None:
             return False
-        prefill = self.prefiller.dispatcher.registry.candidates("prefill")
+        convert, prefill = self.convert, self.prefiller.dispatcher.registry.candidates("prefill")
         return prefill_busy(
             slo_ttft_s=request.slo.ttft_s,
-            prefill_ttft_s=[self.convert.estimate_ttft(s.endpoint.url, request) for s in prefill],
-            decode_ttft_s=self.convert.estimate_ttft(decode.url, request),
+            prefill_ttft_s=(convert.estimate_ttft(s.endpoint.url, request) for s in prefill),
+            decode_ttft_s=lambda: convert.estimate_ttft(decode.url, request),
         )
 
     async def _available_tokens(self, request: PDRequest, *, decode: Endpoint | None) -> int | None:
