@@ -42,7 +42,7 @@ panic window).
 
 Then, in order: panic (panic-window desire ≥ 2 × ready; while panicking never scale down, and leave only
 after a stable window without the trigger), the leading demand (a higher one raises the desire at once:
-scale-up within one round, asymmetric with the windows and delay that scale-down waits for), the tolerance
+scale-up within two rounds, asymmetric with the windows and delay that scale-down waits for), the tolerance
 band (|desired / ready − 1| ≤ 0.1 keeps ready), the scale-down delay (scale down only to the largest desire
 of the last 300 s), step limits, min/max.
 An invalid or stale observation holds: ``valid=False``, desired = ready, state unchanged.
