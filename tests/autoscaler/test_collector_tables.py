@@ -8,6 +8,7 @@ format (the names Tandem's simulator and real vLLM serve), and time is plain flo
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -220,6 +221,15 @@ def test_the_highest_saturated_rate_is_remembered_for_a_while() -> None:
     assert seen == [None, None, 3000.0, 3000.0, None]
 
 
+def test_a_busy_rate_divides_by_the_time_between_the_answers() -> None:
+    first = replace(reading(tokens=0, waiting=2, requests=1), at=0.6)
+    second = replace(reading(tokens=6000, waiting=2, requests=3), at=2.1)
+    observed, _, _ = prefill_observation(
+        history((0.0, {"a": first}), (2.0, {"a": second})), ttft_window_s=6.0, rate_memory_s=60.0
+    )
+    assert observed.prefill_tokens_per_s == pytest.approx(6000 / 1.5)  # not 6000 / 2.0
+
+
 def test_an_engine_idle_at_one_scrape_of_the_span_measures_nothing() -> None:
     h = history(
         (0.0, {"a": reading(tokens=0, waiting=2, requests=1)}),
@@ -400,16 +410,24 @@ def gateways_history(*scrapes: tuple[float, dict[str, GatewayReading | None]]) -
              (2.0, {"gw": GatewayReading(arrivals=2, arrival_tokens=6000)})],
             (2.0, 6000.0),
         ),
+        # Answers stamped with when they arrived: the time between them, not between the rounds (the
+        # second answer came 0.4 s late; by the rounds' 1 s, 3 000 tokens would read 3 000 tokens/s).
+        (
+            [(10.0, {"gw": GatewayReading(arrivals=0, arrival_tokens=0, at=10.05)}),
+             (11.0, {"gw": GatewayReading(arrivals=1, arrival_tokens=3000, at=11.45)})],
+            (1 / 1.4, 3000 / 1.4),
+        ),
         # No counters (an older gateway), or a single scrape: unknown.
         ([(1.0, {"gw": GatewayReading()}), (2.0, {"gw": GatewayReading(queued=3)})], None),
         ([(1.0, {"gw": GatewayReading(arrivals=1, arrival_tokens=10)})], None),
     ],
-    ids=["docstring", "two-replicas", "restart", "no-counters", "one-scrape"],
+    ids=["docstring", "two-replicas", "restart", "answer-times", "no-counters", "one-scrape"],
 )  # fmt: skip
 def test_arrival_rates_are_counter_deltas_over_the_leading_window(
     scrapes: list[tuple[float, dict[str, GatewayReading | None]]], rates: tuple[float, float] | None
 ) -> None:
-    assert arrival_rates(gateways_history(*scrapes), window_s=2.0) == rates
+    measured = arrival_rates(gateways_history(*scrapes), window_s=2.0)
+    assert measured == (rates if rates is None else pytest.approx(rates))
 
 
 def test_the_learned_rate_is_averaged_over_replicas_then_engines_of_the_pool() -> None:

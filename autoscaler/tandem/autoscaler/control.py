@@ -23,6 +23,7 @@ status.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
@@ -111,8 +112,10 @@ class PoolController:
     async def step(self, now: float) -> PoolOutcome:
         """One round at monotonic time `now` (module docstring)."""
         urls = await self.target.endpoints()
-        readings = await self.scrape(urls)
-        queues = await self.gateways() if self.gateways is not None else {}
+        if self.gateways is not None:  # at the same time: each reading's counters are read close to `now`
+            readings, queues = await asyncio.gather(self.scrape(urls), self.gateways())
+        else:
+            readings, queues = await self.scrape(urls), {}
         keep = max(self.params.panic_window_s, 1.0) + 1.0
         self.history = remember(self.history, Scrape(now, readings, queues), keep_s=keep)
         ready_now = len(readings)

@@ -34,6 +34,11 @@ they wait there for decode capacity, then need a prefill. The observations are b
 - **decode** also carries the gateway's held requests (scale from zero: no decode engine yet) and the
   arrival rate in requests per second, from the same counters.
 
+Every Δt of a rate is the time between the two answers, as the scraper stamped them (`at`), not
+between the rounds: on a loaded host a `/metrics` answer can come back hundreds of milliseconds after
+the round began, and over a 2 s window that lag alone made one round's arrival rate 50% high and the
+next one's as low.
+
 Missing data is never guessed: a failed scrape or a missing metric on any ready engine makes the
 observation invalid (`valid=False`, with the reason in `problem`), and the decider holds. The gateway's
 queue only ever adds demand, so a gateway replica whose scrape failed adds nothing this round (logged by
@@ -90,6 +95,18 @@ def remember(history: PoolHistory, scrape: Scrape, *, keep_s: float) -> PoolHist
     return replace(history, scrapes=(*kept, scrape))
 
 
+def _elapsed(
+    old: tuple[Scrape, EngineReading | GatewayReading], new: tuple[Scrape, EngineReading | GatewayReading]
+) -> float:
+    """Seconds between two readings of one source: between their answers when both carry the time they
+    arrived, else between their rounds. Example: rounds at 10.0 and 11.0, answers at 10.05 and 11.45 →
+    1.4 (the second counters were read late: over 1 s they would look 40% faster)."""
+    (old_scrape, old_reading), (new_scrape, new_reading) = old, new
+    if old_reading.at is not None and new_reading.at is not None:
+        return new_reading.at - old_reading.at
+    return new_scrape.t - old_scrape.t
+
+
 def _problem(scrape: Scrape, needed: tuple[str, ...]) -> str | None:
     for url, reading in scrape.readings.items():
         if reading is None:
@@ -132,7 +149,7 @@ def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, floa
                 continue
             if old.arrivals is None or old.arrival_tokens is None:
                 continue
-            dt = latest.t - scrape.t
+            dt = _elapsed((scrape, old), (latest, new))
             if dt <= 0:
                 break
             restarted = new.arrivals < old.arrivals or new.arrival_tokens < old.arrival_tokens
@@ -220,7 +237,8 @@ def _busy_rate(history: PoolHistory, url: str, *, min_span_s: float) -> float | 
     if start is None or end.t - start[0].t < min_span_s - 1e-9:
         return None
     gained = latest.prompt_tokens - (start[1].prompt_tokens or 0.0)
-    return gained / (end.t - start[0].t) if gained >= 0 else None
+    elapsed = _elapsed(start, (end, latest))
+    return gained / elapsed if gained >= 0 and elapsed > 0 else None
 
 
 def _backlog_tokens(readings: list[EngineReading], *, queued: float) -> int:

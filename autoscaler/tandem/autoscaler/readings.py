@@ -61,6 +61,10 @@ class EngineReading:
     waiting: float | None = None
     prompt_tokens: float | None = None
     ttft: Histogram | None = None
+    #: When the answer arrived (the scraper's monotonic seconds; None: take the round's time). Rates
+    #: divide by the time between two answers: a scrape that waited on a busy process reads its
+    #: counters late, and the round's start time would put that wait into the rate.
+    at: float | None = None
 
 
 def parse_engine_metrics(text: str) -> EngineReading:
@@ -104,6 +108,8 @@ class GatewayReading:
     arrivals: float | None = None
     arrival_tokens: float | None = None
     prefill_rates: Mapping[str, float] = field(default_factory=dict)
+    #: When the answer arrived (as `EngineReading.at`).
+    at: float | None = None
 
 
 def parse_gateway(text: str) -> GatewayReading:

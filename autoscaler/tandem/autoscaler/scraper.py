@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import httpx
 
@@ -21,9 +23,17 @@ log = logging.getLogger(__name__)
 class Scraper:
     """Scrapes many engines at once with one shared client (the caller owns and closes it)."""
 
-    def __init__(self, client: httpx.AsyncClient, *, timeout_s: float = 0.8) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        timeout_s: float = 0.8,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._client = client
         self._timeout = timeout_s
+        #: Stamps each reading with when its answer arrived (`EngineReading.at`).
+        self._clock = clock
 
     async def scrape(self, urls: Sequence[str]) -> dict[str, EngineReading | None]:
         """Engine URL → its reading, or None when the scrape failed."""
@@ -32,8 +42,9 @@ class Scraper:
 
     async def one(self, url: str) -> EngineReading | None:
         text = await self._text(url, what="engine")
+        arrived = self._clock()
         try:
-            return parse_engine_metrics(text) if text is not None else None
+            return replace(parse_engine_metrics(text), at=arrived) if text is not None else None
         except ValueError as exc:
             log.warning("engine metrics unreadable", extra={"endpoint": url, "error": repr(exc)})
             return None
@@ -46,8 +57,9 @@ class Scraper:
 
     async def gateway(self, url: str) -> GatewayReading | None:
         text = await self._text(url, what="gateway")
+        arrived = self._clock()
         try:
-            return parse_gateway(text) if text is not None else None
+            return replace(parse_gateway(text), at=arrived) if text is not None else None
         except ValueError as exc:
             log.warning("gateway metrics unreadable", extra={"endpoint": url, "error": repr(exc)})
             return None
