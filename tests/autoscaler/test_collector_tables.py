@@ -404,6 +404,14 @@ def gateways_history(*scrapes: tuple[float, dict[str, GatewayReading | None]]) -
                     "b": GatewayReading(arrivals=3, arrival_tokens=9000)})],
             (2.0 + 3.0, 2000.0 + 9000.0),
         ),
+        # Rounds that drift late: the window still spans 2 s or more (here 2.04 s), not one round
+        # (which would count the 2 requests of the second round alone: 1.96 req/s, or 20 of the first).
+        (
+            [(0.0, {"gw": GatewayReading(arrivals=0, arrival_tokens=0)}),
+             (1.02, {"gw": GatewayReading(arrivals=20, arrival_tokens=60_000)}),
+             (2.04, {"gw": GatewayReading(arrivals=22, arrival_tokens=66_000)})],
+            (22 / 2.04, 66_000 / 2.04),
+        ),
         # A restarted replica counts from 0.
         (
             [(1.0, {"gw": GatewayReading(arrivals=100, arrival_tokens=300_000)}),
@@ -421,7 +429,7 @@ def gateways_history(*scrapes: tuple[float, dict[str, GatewayReading | None]]) -
         ([(1.0, {"gw": GatewayReading()}), (2.0, {"gw": GatewayReading(queued=3)})], None),
         ([(1.0, {"gw": GatewayReading(arrivals=1, arrival_tokens=10)})], None),
     ],
-    ids=["docstring", "two-replicas", "restart", "answer-times", "no-counters", "one-scrape"],
+    ids=["docstring", "two-replicas", "late-rounds", "restart", "answer-times", "no-counters", "one-scrape"],
 )  # fmt: skip
 def test_arrival_rates_are_counter_deltas_over_the_leading_window(
     scrapes: list[tuple[float, dict[str, GatewayReading | None]]], rates: tuple[float, float] | None

@@ -133,8 +133,9 @@ def gateway_waiting(scrape: Scrape) -> float:
 
 
 def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, float] | None:
-    """(requests/s, prompt tokens/s) arriving at the gateway over the last `window_s`, summed over its
-    replicas; None when no replica exported its arrival counters in two scrapes of the window. A counter
+    """(requests/s, prompt tokens/s) arriving at the gateway over the last `window_s` (from the newest
+    scrape at least that old, else the oldest), summed over its replicas; None when no replica exported
+    its arrival counters in two scrapes. A counter
     that went down (a restarted replica) counts from 0. Example: tokens 30 000 → 84 000 and requests
     10 → 28 over 2 s → (9.0, 27 000.0)."""
     latest = history.scrapes[-1]
@@ -143,20 +144,24 @@ def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, floa
     for url, new in latest.gateways.items():
         if new is None or new.arrivals is None or new.arrival_tokens is None:
             continue
-        for scrape in history.scrapes[:-1]:
-            old = scrape.gateways.get(url)
-            if scrape.t < latest.t - window_s - 1e-9 or old is None:
-                continue
-            if old.arrivals is None or old.arrival_tokens is None:
-                continue
+        counted = [
+            (scrape, old)
+            for scrape in history.scrapes[:-1]
+            if (old := scrape.gateways.get(url)) is not None
+            and old.arrivals is not None
+            and old.arrival_tokens is not None
+        ]
+        if counted:
+            # The newest scrape at least `window_s` back (else the oldest): a window of one round,
+            # as when rounds drift a little late, would double the noise of the count.
+            scrape, old = next((c for c in reversed(counted) if c[0].t <= latest.t - window_s), counted[0])
             dt = _elapsed((scrape, old), (latest, new))
             if dt <= 0:
-                break
+                continue
             restarted = new.arrivals < old.arrivals or new.arrival_tokens < old.arrival_tokens
             requests += (new.arrivals - (0.0 if restarted else old.arrivals)) / dt
             tokens += (new.arrival_tokens - (0.0 if restarted else old.arrival_tokens)) / dt
             measured = True
-            break
     return (requests, tokens) if measured else None
 
 
