@@ -7,6 +7,7 @@ engines serving a fixed capacity each, replicas becoming ready a fixed start tim
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -42,7 +43,10 @@ def test_the_module_docstrings_prefill_example() -> None:
     )
     assert arrival_demand(observed, params=PARAMS) == pytest.approx(2.8125)
     flat = (Sample(0, 2.8125), Sample(1, 2.8125))
-    assert prefill_leading(observed, params=PARAMS, trend=flat) == pytest.approx(2.8125 + 0.5)
+    # (27 000 + 30 000 / 5) / 12 000 = 2.75 < 2.81: the headroom at ρ drains this backlog.
+    assert prefill_leading(observed, params=PARAMS, trend=flat) == pytest.approx(2.8125)
+    step = replace(observed, queued_prefill_tokens=90_000)  # a step's backlog while engines start
+    assert prefill_leading(step, params=PARAMS, trend=flat) == pytest.approx((27_000 + 18_000) / 12_000)
 
 
 def test_without_a_start_time_the_backlog_drains_within_the_ttft_target() -> None:

@@ -21,14 +21,18 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
 (`prefill_leading`, `decode_leading`), used at once and never averaged away:
 
 - prefill, once a per-replica capacity ``R`` (tokens/s) is known (measured on a busy engine, else the
-  gateway's observed throughput): ``arrivals / (R × ρ) + backlog / (R × H) + forecast``, with ``ρ`` the target
-  utilisation (0.8), arrivals the median of the last three rounds' (a one-window spike buys no replica),
-  ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster
-  than a new engine can start), and the forecast the arrival demand's slope over the panic window
-  (Theil–Sen) times the start time, at least 0 and at most one replica and half the arrival demand (a
-  ramp pre-scales its next replica; a step is not extrapolated).
+  gateway's observed throughput):
+  ``max(arrivals / (R × ρ), (arrivals + backlog / H) / R) + forecast``: enough replicas to run at the
+  target utilisation ``ρ`` (0.8), or to serve the arrivals *and* drain the backlog within
+  ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster than a new engine
+  can start), whichever needs more: the headroom ρ leaves is what drains the queue an ordinary burst
+  builds, so the two are not added (adding them held twice the replicas a peak needed). Arrivals are
+  the median of the last three rounds' (a one-window spike buys no replica); the forecast is the arrival
+  demand's slope over the panic window (Theil–Sen) times the start time, at least 0 and at most one
+  replica and half the arrival demand (a ramp pre-scales its next replica; a step is not extrapolated).
   Example: 27 000 tokens/s arriving, R = 12 000, ρ = 0.8 → 2.81; 30 000 tokens waiting, start 5 s →
-  + 30 000 / 60 000 = 0.5; flat arrivals → 3.31 → 4 replicas.
+  (27 000 + 6 000) / 12 000 = 2.75: the first; flat arrivals → 2.81 → 3 replicas. With 90 000 waiting
+  (a step while engines start): (27 000 + 18 000) / 12 000 = 3.75 → 4.
   With a known R the TTFT term stops at ready + 1 (a high TTFT while a backlog drains says "more", not
   how many: it was what overshot) and the backlog term with ``H`` = target TTFT is dropped.
 - decode: 1 while the gateway holds requests, queues some or sees arrivals and there is no decode engine
@@ -226,7 +230,8 @@ def prefill_leading(
     """The prefill pool's leading demand (module docstring), `trend` holding the recent arrival demand
     (the latest last; the median of its last three is used); None when there is no capacity to divide
     by and an engine is running (the lagging demand decides alone). Example: arrival demand 2.81; 30 000
-    tokens waiting, R 12 000, start 5 s → + 0.5; flat trend → 3.31."""
+    tokens waiting, R 12 000, start 5 s → (27 000 + 6 000) / 12 000 = 2.75, the larger 2.81; flat trend →
+    2.81."""
     capacity = prefill_capacity(observed)
     if capacity is None:
         arriving = (observed.arrival_tokens_per_s or 0.0) > 0 or observed.gateway_queued > 0
@@ -237,8 +242,11 @@ def prefill_leading(
     arrival = recent[len(recent) // 2] if len(recent) % 2 else (recent[0] + recent[-1]) / 2
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
-    drain = observed.queued_prefill_tokens / (capacity * max(params.target, start or 0.0))
-    return arrival + drain + forecast(trend, horizon_s=horizon, now_value=arrival)
+    # `arrival` is in replicas at utilisation ρ; × ρ gives the replicas the same tokens need at 100%.
+    drain = arrival * params.target_utilization + observed.queued_prefill_tokens / (
+        capacity * max(params.target, start or 0.0)
+    )
+    return max(arrival, drain) + forecast(trend, horizon_s=horizon, now_value=arrival)
 
 
 def decode_leading(observed: DecodeObservation) -> float | None:
