@@ -144,24 +144,25 @@ def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, floa
     for url, new in latest.gateways.items():
         if new is None or new.arrivals is None or new.arrival_tokens is None:
             continue
-        counted = [
-            (scrape, old)
-            for scrape in history.scrapes[:-1]
-            if (old := scrape.gateways.get(url)) is not None
-            and old.arrivals is not None
-            and old.arrival_tokens is not None
-        ]
-        if counted:
-            # The newest scrape at least `window_s` back (else the oldest): a window of one round,
-            # as when rounds drift a little late, would double the noise of the count.
-            scrape, old = next((c for c in reversed(counted) if c[0].t <= latest.t - window_s), counted[0])
-            dt = _elapsed((scrape, old), (latest, new))
-            if dt <= 0:
-                continue
-            restarted = new.arrivals < old.arrivals or new.arrival_tokens < old.arrival_tokens
-            requests += (new.arrivals - (0.0 if restarted else old.arrivals)) / dt
-            tokens += (new.arrival_tokens - (0.0 if restarted else old.arrival_tokens)) / dt
-            measured = True
+        counted: list[tuple[Scrape, GatewayReading, float, float]] = []
+        for scrape in history.scrapes[:-1]:
+            old = scrape.gateways.get(url)
+            if old is not None and old.arrivals is not None and old.arrival_tokens is not None:
+                counted.append((scrape, old, old.arrivals, old.arrival_tokens))
+        if not counted:
+            continue
+        # The newest scrape at least `window_s` back (else the oldest): a window of one round, as when
+        # rounds drift a little late, would double the noise of the count.
+        scrape, old, arrivals, arrival_tokens = next(
+            (c for c in reversed(counted) if c[0].t <= latest.t - window_s), counted[0]
+        )
+        dt = _elapsed((scrape, old), (latest, new))
+        if dt <= 0:
+            continue
+        restarted = new.arrivals < arrivals or new.arrival_tokens < arrival_tokens
+        requests += (new.arrivals - (0.0 if restarted else arrivals)) / dt
+        tokens += (new.arrival_tokens - (0.0 if restarted else arrival_tokens)) / dt
+        measured = True
     return (requests, tokens) if measured else None
 
 
