@@ -438,14 +438,14 @@ def test_arrival_rates_are_counter_deltas_over_the_leading_window(
     assert measured == (rates if rates is None else pytest.approx(rates))
 
 
-def test_the_learned_rate_is_averaged_over_replicas_then_engines_of_the_pool() -> None:
+def test_the_learned_rate_is_averaged_over_replicas_then_the_highest_engines() -> None:
     engines: dict[str, EngineReading | None] = {"http://10.0.0.1:8000": None, "http://10.0.0.2:8000": None}
     gateways: dict[str, GatewayReading | None] = {
         "gw-0": GatewayReading(prefill_rates={"10.0.0.1:8000": 9000.0, "10.0.0.2:8000": 12_000.0}),
         "gw-1": GatewayReading(prefill_rates={"10.0.0.1:8000": 11_000.0, "10.0.0.9:8000": 1.0}),
         "gw-2": None,
     }
-    assert learned_prefill_rate(Scrape(0.0, engines, gateways)) == pytest.approx(11_000.0)
+    assert learned_prefill_rate(Scrape(0.0, engines, gateways)) == pytest.approx(12_000.0)
     assert learned_prefill_rate(Scrape(0.0, engines, {"gw": GatewayReading()})) is None
 
 

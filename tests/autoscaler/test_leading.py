@@ -69,6 +69,9 @@ def test_the_gateways_learned_rate_stands_in_before_any_engine_was_saturated() -
         prefill_tokens_per_s=15_000,
     )
     assert prefill_leading(measured, params=PARAMS, trend=()) == pytest.approx(2.0)
+    # Both are lower bounds of what an engine does: the higher one counts.
+    higher = replace(measured, learned_tokens_per_s=20_000)
+    assert prefill_leading(higher, params=PARAMS, trend=()) == pytest.approx(24_000 / (20_000 * 0.8))
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,8 @@ stable window (60 s) and a panic window (6 s) and rounds up to replicas:
 Beside that lagging demand each pool has a **leading** one, from signals that move before latency does
 (`prefill_leading`, `decode_leading`), used at once and never averaged away:
 
-- prefill, once a per-replica capacity ``R`` (tokens/s) is known (measured on a busy engine, else the
-  gateway's observed throughput):
+- prefill, once a per-replica capacity ``R`` (tokens/s) is known (the higher of the rate measured on a
+  busy engine and the gateway's observed throughput):
   ``max(arrivals / (R × ρ), (arrivals + backlog / H) / R) + forecast``: enough replicas to run at the
   target utilisation ``ρ`` (0.8), or to serve the arrivals *and* drain the backlog within
   ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster than a new engine
@@ -195,9 +195,11 @@ def prefill_demand(observed: PrefillObservation, *, target: float) -> float:
 
 
 def prefill_capacity(observed: PrefillObservation) -> float | None:
-    """One replica's prefill capacity in tokens/s: measured on a busy engine, else the gateway's
-    observed throughput; None when neither is known."""
-    return observed.prefill_tokens_per_s or observed.learned_tokens_per_s or None
+    """One replica's prefill capacity in tokens/s: the higher of the rate measured on a busy engine and
+    the gateway's observed throughput (each a lower bound: no engine serves faster than it can); None
+    when neither is known. Example: busy 15 000, observed 10 000 → 15 000; 15 000 and 20 000 → 20 000."""
+    known = [r for r in (observed.prefill_tokens_per_s, observed.learned_tokens_per_s) if r]
+    return max(known) if known else None
 
 
 def forecast(trend: tuple[Sample, ...], *, horizon_s: float, now_value: float) -> float:

@@ -68,7 +68,7 @@ class AutoscalerMetrics:
         self.capacity = Gauge(
             "tandem_autoscaler_prefill_capacity_tokens_per_second",
             "One prefill replica's capacity the decider divides by "
-            "(measured busy, else the gateway's observed throughput).",
+            "(the higher of the rate measured busy and the gateway's observed throughput).",
             ("service",),
             registry=registry,
         )

@@ -24,8 +24,8 @@ they wait there for decode capacity, then need a prefill. The observations are b
     between t = 1 and 3 → 3000 tokens/s. Before any engine was seen busy, the gateway's observed
     throughput (`tandem_router_endpoint_prefill_throughput_tokens_per_second`: mean prompt tokens over
     mean time to first token of its requests, overhead included, so on the safe side for an engine that
-    batches) stands in: the mean over the pool's engines and the gateway's replicas
-    (`learned_tokens_per_s`).
+    batches) counts too: the highest over the pool's engines (each averaged over the gateway's replicas;
+    `learned_tokens_per_s`); the decider divides by the higher of the two, both being lower bounds.
   - **Token velocity** (the leading signal): prompt tokens per second arriving, over the last
     `LEADING_WINDOW_S`: Δ`tandem_router_arrival_prompt_tokens_total` / Δt summed over the gateway's
     replicas; from gateways that do not export it, the engines' served rate plus the backlog's growth
@@ -167,9 +167,12 @@ def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, floa
 
 
 def learned_prefill_rate(scrape: Scrape) -> float | None:
-    """The gateway's observed prefill throughput (tokens/s) for the pool's engines in `scrape`: the mean
-    over the engines any gateway replica has observed (each engine's averaged over the replicas); None
-    when none has. Example: engine a 9 000 and 11 000 on two replicas, engine b 12 000 → 11 000."""
+    """The gateway's observed prefill throughput (tokens/s) for the pool's engines in `scrape`: the
+    highest over the engines any gateway replica has observed (each engine's averaged over the
+    replicas); None when none has. Each is a lower bound of what an engine can do (overhead included,
+    one request after another), and the engines of a pool are alike: the highest bound is the closest
+    (a new engine's first few slow answers pulled a mean to half the pool's rate). Example: engine a
+    9 000 and 11 000 on two replicas, engine b 12 000 → 12 000."""
     per_engine: dict[str, list[float]] = {}
     for gateway in scrape.gateways.values():
         if gateway is None:
@@ -180,8 +183,7 @@ def learned_prefill_rate(scrape: Scrape) -> float | None:
                 per_engine.setdefault(url, []).append(rate)
     if not per_engine:
         return None
-    means = [sum(rates) / len(rates) for rates in per_engine.values()]
-    return sum(means) / len(means)
+    return max(sum(rates) / len(rates) for rates in per_engine.values())
 
 
 def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | None]:
