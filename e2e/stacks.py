@@ -1,11 +1,13 @@
 """Stacks the end-to-end tests start with `tandem up`: reading its output until it is ready (every
 e2e test), and the slow tier's real-vLLM stack, `tandem up --engine vllm` (from .venv-vllm) on the
 tiny local model (`tandem dev tiny-model`) with a Redis KV pool the test starts itself (so it can stop
-it), plus the small HTTP helpers those tests share (e2e/test_vllm_pd.py, e2e/test_vllm_routing.py)."""
+it), plus the small HTTP helpers those tests share (e2e/test_vllm_pd.py, e2e/test_vllm_routing.py,
+e2e/test_vllm_cold_start.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -135,6 +137,8 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
     try:
         endpoint, reader = wait_ready(process, output)
         discovery = yaml.safe_load((state_dir / "router.yaml").read_text())["discovery"]
+        if discovery["kind"] == "file":  # an autoscaled pool: the engines ready now, maybe none
+            discovery = json.loads(Path(discovery["path"]).read_text())
         yield Stack(
             process=process, endpoint=endpoint, prefill=list(discovery["prefill"]),
             decode=list(discovery["decode"]), redis_process=redis_process, redis_url=redis_url,
