@@ -17,13 +17,14 @@ from tandem.router.pd.disagg import DisaggregationMode, PDDecision, decide, pref
 @pytest.mark.parametrize(
     ("prefill", "decode", "busy"),
     [
-        ([2.4, 3.1], 0.35, True),  # the module docstring's example: a burst queued on the prefill pool
-        ([0.6], 0.35, False),  # the prefill pool meets the 1 s objective: stay disaggregated
+        ([0.8, 3.1], 0.35, True),  # the module docstring's example: a burst queued on the prefill pool
+        ([0.4], 0.35, False),  # the prefill pool within half the 1 s objective: stay disaggregated
+        ([0.6], 0.35, True),  # within the objective but past its prefill share: the decode engine is faster
         ([2.4], 2.6, False),  # the decode engine would be slower still
         ([], 0.35, False),  # no prefill endpoint in rotation: the fallbacks decide
         ([2.4], None, False),  # no decode endpoint chosen
     ],
-    ids=["busy", "caught-up", "decode-slower", "no-prefill", "no-decode"],
+    ids=["busy", "caught-up", "past-share", "decode-slower", "no-prefill", "no-decode"],
 )
 def test_the_prefill_pool_is_busy_when_it_misses_the_objective_and_decode_is_faster(
     prefill: list[float], decode: float | None, busy: bool

@@ -13,13 +13,15 @@
 **Convertible decoders** (`spec.disaggregation.convertibleDecoders`, on by default; TokenScale's idea,
 arXiv 2512.03416): a request about to be disaggregated goes decode-only instead when the prefill pool is
 short of capacity, i.e. the best predicted time to first token over the prefill endpoints in rotation
-exceeds the request's TTFT objective *and* the chosen decode endpoint, computing the prompt itself,
-would be faster (`TTFTEstimator`: the router's own `c + (Q + U) / R` model of
+exceeds the prefill's share of the request's TTFT objective (`PREFILL_SHARE`, half: the KV handoff and
+the decode engine's first step take the rest, and a prediction made while a burst arrives runs behind
+the queue it is building) *and* the chosen decode endpoint, computing the prompt itself, would be
+faster (`TTFTEstimator`: the router's own `c + (Q + U) / R` model of
 `tandem.router.scheduling.ttft`, so a decode engine already busy with converted prefills stops being
 chosen as its own queue grows). When the prefill pool catches up (new replicas, a shorter queue) the
-prediction falls under the objective and requests go back to P/D by themselves. Example, objective 1 s:
-prefill endpoints predicted at 2.4 s and 3.1 s (a burst queued on them), the decode endpoint at 0.35 s →
-decode only; the same with the prefill pool at 0.6 s → disaggregate.
+prediction falls under that share and requests go back to P/D by themselves. Example, objective 1 s:
+prefill endpoints predicted at 0.8 s and 3.1 s (a burst queued on them), the decode endpoint at 0.35 s →
+decode only; the same with the prefill pool at 0.4 s → disaggregate.
 
     uncached = prompt tokens − max(local prefix on the chosen decode endpoint, prefix in the KV pool)
 
@@ -98,17 +100,21 @@ class TTFTEstimator(Protocol):
     def estimate_ttft(self, url: str, request: Routable, /) -> float: ...
 
 
+#: The share of a request's TTFT objective its prefill may take before the pool counts as busy.
+PREFILL_SHARE = 0.5
+
+
 def prefill_busy(
     *, slo_ttft_s: float, prefill_ttft_s: Iterable[float], decode_ttft_s: Callable[[], float | None]
 ) -> bool:
     """Whether the prefill pool is short of capacity for this request (module docstring): its best
-    prediction misses the objective and the decode endpoint would be faster. The predictions are
-    consumed lazily: the first prefill endpoint that meets the objective ends it (the usual case), and
-    the decode endpoint is asked only when none does. Example: objective 1 s, prefill [2.4, 3.1],
-    decode 0.35 → True; prefill [0.6] → False; no decode estimate → False."""
+    prediction exceeds `PREFILL_SHARE` of the objective and the decode endpoint would be faster. The
+    predictions are consumed lazily: the first prefill endpoint within that share ends it (the usual
+    case), and the decode endpoint is asked only when none is. Example: objective 1 s, prefill
+    [0.8, 3.1], decode 0.35 → True; prefill [0.4] → False; no decode estimate → False."""
     best = math.inf
     for predicted in prefill_ttft_s:
-        if predicted <= slo_ttft_s:
+        if predicted <= PREFILL_SHARE * slo_ttft_s:
             return False
         best = min(best, predicted)
     if math.isinf(best):
