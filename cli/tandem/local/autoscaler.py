@@ -59,6 +59,7 @@ class LocalAutoscaler:
         metrics_port: int,
         say: Say,
         interval_s: float = 1.0,
+        startup_timeout_s: Callable[[PoolName], float] = lambda pool: 120.0,
     ) -> None:
         self._isvc = isvc
         self._plan = plan
@@ -68,6 +69,8 @@ class LocalAutoscaler:
         self._metrics_port = metrics_port
         self._say = say
         self._interval = interval_s
+        #: How long an engine the autoscaler starts may take to become ready, per pool (as at launch).
+        self._startup_timeout = startup_timeout_s
         self._registry = CollectorRegistry()
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -138,6 +141,7 @@ class LocalAutoscaler:
             new_engine=self._plan.new_engine,
             ports=self._ports,
             next_index=len(mine),
+            startup_timeout_s=self._startup_timeout(pool),
             on_change=lambda message: self._say(f"autoscaler: {pool}: {message}"),
         )
         target.ready.extend(mine)
