@@ -55,6 +55,17 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0",model_name="m"} 10.0
 vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
 vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 10.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 3.1
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 10.0
+vllm:e2e_request_latency_seconds_count{engine="1",model_name="m"} 2.0
+vllm:e2e_request_latency_seconds_sum{engine="1",model_name="m"} 5.0
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 4.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.5
 """
 
 
@@ -65,7 +76,14 @@ def hist(*counts: float, bounds: tuple[float, ...] = (0.1, 0.5, 1.0, INF)) -> Hi
 def test_a_vllm_page_becomes_a_reading() -> None:
     reading = parse_engine_metrics(PAGE)
     assert reading == EngineReading(
-        kv_usage=0.5, running=3.0, waiting=2.0, prompt_tokens=1200.0, ttft=hist(2, 8, 10, 10)
+        kv_usage=0.5,
+        running=3.0,
+        waiting=2.0,
+        prompt_tokens=1200.0,
+        ttft=hist(2, 8, 10, 10),
+        e2e_sum=15.0,  # summed over the engine cores, as the counters
+        queue_sum=1.5,
+        finished=6.0,
     )
 
 
@@ -166,6 +184,40 @@ def test_decode_observation(
     observed, problem = decode_observation(history((5.0, readings)))
     assert (observed.valid, observed.ready, problem) == (valid, len(readings), why)
     assert observed.mean_kv_utilization == pytest.approx(util) and observed.timestamp == 5.0
+
+
+def finished(e2e: float, queue: float, count: float) -> EngineReading:
+    return EngineReading(kv_usage=0.5, e2e_sum=e2e, queue_sum=queue, finished=count)
+
+
+@pytest.mark.parametrize(
+    ("scrapes", "service"),
+    [
+        # The module docstring's example: 12 finished in the window, 30 s in the engines, 6 s waiting.
+        ([(1.0, {"a": finished(100, 10, 50)}), (5.0, {"a": finished(130, 16, 62)})], 2.0),
+        # Two engines: (20 − 4 + 12 − 0) s over (8 + 6) requests.
+        (
+            [
+                (1.0, {"a": finished(0, 0, 0), "b": finished(0, 0, 0)}),
+                (3.0, {"a": finished(20, 4, 8), "b": finished(12, 0, 6)}),
+            ],
+            2.0,
+        ),
+        # Nothing finished in the window: the lifetime mean, (100 − 10) / 50.
+        ([(1.0, {"a": finished(100, 10, 50)}), (5.0, {"a": finished(100, 10, 50)})], 1.8),
+        # A restarted engine (its count went down) counts from 0: 6 / 3.
+        ([(1.0, {"a": finished(100, 10, 50)}), (5.0, {"a": finished(6, 0, 3)})], 2.0),
+        ([(1.0, {"a": finished(0, 0, 0)}), (5.0, {"a": finished(0, 0, 0)})], None),  # nothing finished yet
+        ([(5.0, {"a": reading(kv=0.5)})], None),  # the engine does not report the histograms
+    ],
+    ids=["docstring", "two-engines", "lifetime", "restart", "none-finished", "not-reported"],
+)
+def test_the_decode_service_time_is_time_in_the_engine_less_its_wait(
+    scrapes: list[tuple[float, dict[str, EngineReading | None]]], service: float | None
+) -> None:
+    observed, problem = decode_observation(history(*scrapes))
+    assert problem is None
+    assert observed.service_s == (pytest.approx(service) if service is not None else None)
 
 
 def test_prefill_ttft_p90_comes_from_bucket_deltas_inside_the_window() -> None:

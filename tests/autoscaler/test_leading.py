@@ -19,6 +19,7 @@ from tandem.autoscaler.decider import (
     arrival_demand,
     decide_decode,
     decide_prefill,
+    decode_arrival_demand,
     decode_leading,
     forecast,
     prefill_leading,
@@ -122,7 +123,35 @@ def test_the_forecast_extrapolates_a_rise_within_bounds(
 def test_decode_from_zero_wants_one_replica_while_requests_wait(
     observed: DecodeObservation, leading: float | None
 ) -> None:
-    assert decode_leading(observed) == leading
+    assert decode_leading(observed, params=PARAMS, trend=()) == leading
+
+
+DECODE = DeciderParams(min=1, max=12, target=0.6, stable_window_s=20, panic_window_s=4, scale_down_delay_s=30)
+KNOWN = DecodeObservation(
+    timestamp=0, ready=1, mean_kv_utilization=0.3, running_requests=6, arrivals_per_s=9.0, service_s=2.0
+)
+
+
+def test_the_module_docstrings_decode_example() -> None:
+    """9 requests/s running 2.0 s each → 18 at once; 6 running hold 0.3 of 1 replica, target 0.6 → 1.5."""
+    assert decode_arrival_demand(KNOWN, params=DECODE) == pytest.approx(1.5)
+    flat = (Sample(0, 1.5), Sample(1, 1.5), Sample(2, 1.5))
+    assert decode_leading(KNOWN, params=DECODE, trend=flat) == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(
+    "observed",
+    [
+        replace(KNOWN, service_s=None),
+        replace(KNOWN, arrivals_per_s=None),
+        replace(KNOWN, running_requests=0.0),
+        replace(KNOWN, mean_kv_utilization=0.0),
+    ],
+    ids=["no-service-time", "no-arrivals", "nothing-running", "empty-cache"],
+)
+def test_decode_without_a_share_or_a_rate_has_no_leading_demand(observed: DecodeObservation) -> None:
+    assert decode_arrival_demand(observed, params=DECODE) is None
+    assert decode_leading(observed, params=DECODE, trend=(Sample(0, 1.5),)) is None
 
 
 def test_held_requests_scale_an_empty_decode_pool_from_zero() -> None:
@@ -223,6 +252,56 @@ def test_after_the_load_falls_scale_down_waits_for_the_delay_and_does_not_flap()
     downs = [t for (t, _, d), (_, _, prev) in zip(run[1:], run, strict=False) if d < prev]
     ups_after = [t for (t, _, d), (_, _, prev) in zip(run[1:], run, strict=False) if d > prev and t > 40]
     assert downs and not ups_after  # once down, it does not come back up for the same idle load
+
+
+KV_PER_REQUEST = 0.1  # of one decode replica's cache
+SERVICE_S = 2.0
+
+
+def run_decode(
+    rate_at: Callable[[float], float], *, until: float, leading: bool, start_s: float = 5.0
+) -> list[tuple[float, int, int]]:
+    """Every second: requests running = arrivals × service time (Little's law), as many as the ready
+    replicas' caches hold, each holding `KV_PER_REQUEST`; the rest wait for their prefill or inside the
+    engines, where no signal counts them (as measured at a step: docs/autoscaler.md); replicas
+    ready `start_s` after being asked. `leading=False` hides the service time (the lagging KV and queue
+    signals alone). Returns (t, ready, desired)."""
+    state, t, ready, desired_now = DeciderState(), 0.0, 1, 1
+    asks: list[tuple[float, int]] = []
+    out: list[tuple[float, int, int]] = []
+    while t <= until:
+        for due, count in [a for a in asks if a[0] <= t]:
+            ready += count
+            asks.remove((due, count))
+        running = min(rate_at(t) * SERVICE_S, ready / KV_PER_REQUEST)
+        seen = DecodeObservation(
+            timestamp=t,
+            ready=ready,
+            mean_kv_utilization=running * KV_PER_REQUEST / ready,
+            running_requests=running,
+            arrivals_per_s=rate_at(t),
+            service_s=SERVICE_S if leading else None,
+            engine_start_s=start_s,
+        )
+        decision, state = decide_decode(params=DECODE, observed=seen, state=state, now=t)
+        if decision.desired > desired_now:
+            asks.append((t + start_s, decision.desired - desired_now))
+        desired_now = max(desired_now, decision.desired)
+        out.append((t, ready, desired_now))
+        t += 1.0
+    return out
+
+
+def test_a_decode_step_is_met_before_the_caches_fill() -> None:
+    """Idle (0.5 req/s) → 9 req/s at t = 10: 9 × 2 s = 18 running × 0.1 / 0.6 = 3 replicas, asked in the
+    second round that sees the step; the KV signal alone saturates (a full cache says 1 / 0.6 at most per
+    replica) and gets there rounds later. At most one forecast replica over."""
+    step = run_decode(lambda t: 0.5 if t < 10 else 9.0, until=40, leading=True)
+    lagging = run_decode(lambda t: 0.5 if t < 10 else 9.0, until=40, leading=False)
+    first = next(t for t, _, desired in step if desired >= 3)
+    assert first == 11.0
+    assert next(t for t, _, desired in lagging if desired >= 3) > first + 1.0
+    assert max(desired for _, _, desired in step) <= 4
 
 
 def test_a_ramp_is_pre_scaled_by_the_forecast() -> None:

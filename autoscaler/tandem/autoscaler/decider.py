@@ -35,9 +35,16 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
   (a step while engines start): (27 000 + 18 000) / 12 000 = 3.75 → 4.
   With a known R the TTFT term stops at ready + 1 (a high TTFT while a backlog drains says "more", not
   how many: it was what overshot) and the backlog term with ``H`` = target TTFT is dropped.
-- decode: 1 while the gateway holds requests, queues some or sees arrivals and there is no decode engine
-  at all (scale from zero); with engines, its KV and queue signals already move with a burst's first
-  requests, and stay with the windows.
+- decode, with engines: Little's law, ``arrivals × service × share``: requests/s arriving at the gateway
+  times the mean seconds a request runs in a decode engine is how many will run at once, and each holds
+  the KV share the running ones hold now (``ready × mean_kv / target / running``, in replicas at the
+  target utilisation); the median of the last three rounds, plus the same forecast as prefill. The KV
+  signal itself moves only as the burst's requests reach the decode engines, which in P/D is after their
+  prefill: at a step it filled the caches seconds before the windows asked for a replica. Example:
+  9 requests/s, 2.0 s each → 18 running; 6 running now hold 0.3 of 1 ready, target 0.6 → 0.083 each
+  → 1.5 → 2 replicas. Without a running request (no share to measure) or a service time, none.
+- decode without an engine: 1 while the gateway holds requests, queues some or sees arrivals (scale from
+  zero).
 - prefill with no engine and no known rate: 1 while anything arrives.
 
 The start time is measured by the controller (scale-up asked → replica ready) and passed in the
@@ -123,6 +130,9 @@ class DecodeObservation:
     #: Requests the gateway holds for want of any decode engine; requests/s arriving at the gateway.
     gateway_held: float = 0.0
     arrivals_per_s: float | None = None
+    #: Mean seconds a finished request ran in a decode engine (its time there less its wait; None: none
+    #: finished, or the engines do not report it).
+    service_s: float | None = None
     #: Seconds a new replica of this pool takes to become ready, as measured (None: not yet).
     engine_start_s: float | None = None
 
@@ -157,7 +167,8 @@ class DeciderState:
     panic_since: float | None = None
     max_panic_replicas: int = 0
     desires: tuple[Sample, ...] = ()
-    #: Recent arrival demand (prefill), for the forecast's slope.
+    #: Recent arrival demand in replicas (`arrival_demand`, `decode_arrival_demand`), for the median and
+    #: the forecast's slope.
     trend: tuple[Sample, ...] = ()
 
 
@@ -240,8 +251,7 @@ def prefill_leading(
         return 1.0 if observed.ready == 0 and arriving else None  # from zero: one replica to measure
     # The median of the last three rounds: a spike in one 2 s window (a client's burst, a late scrape)
     # does not buy a replica; a step shows in the second round.
-    recent = sorted(s.value for s in trend[-3:]) or [arrival_demand(observed, params=params) or 0.0]
-    arrival = recent[len(recent) // 2] if len(recent) % 2 else (recent[0] + recent[-1]) / 2
+    arrival = _median(trend[-3:]) if trend else arrival_demand(observed, params=params) or 0.0
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
     # `arrival` is in replicas at utilisation ρ; × ρ gives the replicas the same tokens need at 100%.
@@ -251,13 +261,40 @@ def prefill_leading(
     return max(arrival, drain) + forecast(trend, horizon_s=horizon, now_value=arrival)
 
 
-def decode_leading(observed: DecodeObservation) -> float | None:
-    """The decode pool's leading demand: 1 while no decode engine exists and the gateway holds, queues or
-    sees arriving requests (scale from zero), else None. With engines, KV utilisation and the gateway's
-    queue already move with the first requests of a burst (a request holds its KV at once); they stay
-    with the windows and panic mode (forecasting them amplified a full cache into runaway scale-up)."""
-    waiting = observed.gateway_held + observed.gateway_queued + (observed.arrivals_per_s or 0.0)
-    return 1.0 if observed.ready == 0 and waiting > 0 else None
+def decode_arrival_demand(observed: DecodeObservation, *, params: DeciderParams) -> float | None:
+    """Replicas the arriving requests need at the target KV utilisation by Little's law (module
+    docstring), `arrivals × service × ready × kv / target / running`; None without arrivals, a service
+    time, engines or a running request. Example: 9/s × 2.0 s = 18; 1 × 0.3 / 0.6 / 6 = 0.083 → 1.5."""
+    running, kv = observed.running_requests, observed.mean_kv_utilization
+    if observed.arrivals_per_s is None or observed.service_s is None or observed.ready <= 0:
+        return None
+    if running <= 0 or kv <= 0:
+        return None
+    share = observed.ready * kv / params.target / running
+    return observed.arrivals_per_s * observed.service_s * share
+
+
+def decode_leading(
+    observed: DecodeObservation, *, params: DeciderParams, trend: tuple[Sample, ...]
+) -> float | None:
+    """The decode pool's leading demand (module docstring): with engines, the median of the last three
+    arrival demands in `trend` plus the forecast; without any, 1 while the gateway holds, queues or sees
+    arriving requests (scale from zero). None when there is nothing to say."""
+    if observed.ready == 0:
+        waiting = observed.gateway_held + observed.gateway_queued + (observed.arrivals_per_s or 0.0)
+        return 1.0 if waiting > 0 else None
+    if not trend or decode_arrival_demand(observed, params=params) is None:
+        return None
+    arrival = _median(trend[-3:])
+    start = observed.engine_start_s
+    horizon = start if start is not None else params.panic_window_s
+    return arrival + forecast(trend, horizon_s=horizon, now_value=arrival)
+
+
+def _median(samples: tuple[Sample, ...]) -> float:
+    values = sorted(s.value for s in samples)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def decide_decode(
@@ -271,6 +308,7 @@ def decide_decode(
         observed.gateway_queued,
         observed.gateway_held,
         observed.arrivals_per_s or 0.0,
+        observed.service_s or 0.0,
     )
     if problem is None and not all(math.isfinite(v) and v >= 0 for v in counts):
         problem = "negative or non-finite request count"
@@ -327,8 +365,10 @@ def _decide(
     leading: float | None
     if isinstance(observed, DecodeObservation):
         demand = decode_demand(observed, target=params.target)
-        trend = state.trend
-        leading = decode_leading(observed)
+        arrival = decode_arrival_demand(observed, params=params)
+        trend = state.trend if arrival is None else (*state.trend, Sample(now, arrival))
+        trend = within(trend, now=now, window_s=trend_window)
+        leading = decode_leading(observed, params=params, trend=trend)
     else:
         demand = prefill_demand(observed, target=params.target)
         arrival = arrival_demand(observed, params=params)

@@ -78,6 +78,13 @@ class AutoscalerMetrics:
             ("service",),
             registry=registry,
         )
+        self.service_time = Gauge(
+            "tandem_autoscaler_decode_service_seconds",
+            "Mean seconds a request runs in a decode engine (its time there less its wait; 0 until one "
+            "finished): with the arrival rate, the decode pool's leading signal by Little's law.",
+            ("service",),
+            registry=registry,
+        )
         self.scale_events = Counter(
             "tandem_autoscaler_scale_events",
             "Scale actions taken, by direction (up or down).",
@@ -110,6 +117,7 @@ class AutoscalerMetrics:
         if isinstance(observed, DecodeObservation):
             self.kv.labels(outcome.service).set(observed.mean_kv_utilization)
             self.held.labels(outcome.service).set(observed.gateway_held)
+            self.service_time.labels(outcome.service).set(observed.service_s or 0.0)
         else:
             self.ttft.labels(outcome.service).set(observed.ttft_p90_s or 0.0)
             self.backlog.labels(outcome.service).set(observed.queued_prefill_tokens)
@@ -122,7 +130,7 @@ class AutoscalerMetrics:
             for pool in ("prefill", "decode"):
                 _remove(gauge, service, pool)
         per_service = (self.kv, self.ttft, self.backlog, self.gateway_queued, self.arrivals, self.capacity)
-        for gauge in (*per_service, self.held):
+        for gauge in (*per_service, self.held, self.service_time):
             _remove(gauge, service)
         for pool in ("prefill", "decode"):
             for direction in ("up", "down"):

@@ -31,8 +31,14 @@ they wait there for decode capacity, then need a prefill. The observations are b
     replicas; from gateways that do not export it, the engines' served rate plus the backlog's growth
     (Δ`vllm:prompt_tokens_total` / Δt + Δbacklog / Δt, at least 0). Example: the counter went 30 000 →
     84 000 in 2 s → 27 000 tokens/s.
-- **decode** also carries the gateway's held requests (scale from zero: no decode engine yet) and the
-  arrival rate in requests per second, from the same counters.
+- **decode** also carries the gateway's held requests (scale from zero: no decode engine yet), the
+  arrival rate in requests per second, from the same counters, and the **service time**: the mean
+  seconds a finished request ran in an engine, its time in the engine less its time waiting there
+  (Δ`vllm:e2e_request_latency_seconds_sum` − Δ`vllm:request_queue_time_seconds_sum`, over
+  Δ`vllm:e2e_request_latency_seconds_count`, summed over the engines across the kept scrapes; when
+  nothing finished in them, the engines' lifetime totals). Example: 12 finished in the window, 30.0 s
+  in the engines of which 6.0 s waiting → 2.0 s. With the arrival rate it gives Little's law's count of
+  running requests (`tandem.autoscaler.decider.decode_leading`).
 
 Every Δt of a rate is the time between the two answers, as the scraper stamped them (`at`), not
 between the rounds: on a loaded host a `/metrics` answer can come back hundreds of milliseconds after
@@ -186,6 +192,31 @@ def learned_prefill_rate(scrape: Scrape) -> float | None:
     return max(sum(rates) / len(rates) for rates in per_engine.values())
 
 
+def _running_seconds(reading: EngineReading) -> tuple[float, float] | None:
+    if reading.e2e_sum is None or reading.finished is None:
+        return None
+    return reading.e2e_sum - (reading.queue_sum or 0.0), reading.finished
+
+
+def service_time(history: PoolHistory) -> float | None:
+    """Mean seconds a finished request ran in the pool's engines (module docstring): over the kept
+    scrapes, else over the engines' lifetimes; None when no engine reports the histograms or none
+    finished a request. A count that went down (a restarted engine) counts from 0."""
+    latest = history.scrapes[-1]
+    window_s = window_n = lifetime_s = lifetime_n = 0.0
+    for url, new in latest.readings.items():
+        now = _running_seconds(new) if new is not None else None
+        if now is None:
+            continue
+        lifetime_s, lifetime_n = lifetime_s + now[0], lifetime_n + now[1]
+        olds = (_running_seconds(r) for s in history.scrapes[:-1] if (r := s.readings.get(url)) is not None)
+        old = next((o for o in olds if o is not None), None)
+        start = (0.0, 0.0) if old is None or old[1] > now[1] else old
+        window_s, window_n = window_s + now[0] - start[0], window_n + now[1] - start[1]
+    seconds, finished = (window_s, window_n) if window_n > 0 else (lifetime_s, lifetime_n)
+    return max(0.0, seconds / finished) if finished > 0 else None
+
+
 def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | None]:
     """The decode pool now (module docstring); the second value says why it is invalid, if it is."""
     latest = history.scrapes[-1]
@@ -204,6 +235,7 @@ def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | N
         gateway_queued=queued,
         gateway_held=gateway_held(latest),
         arrivals_per_s=arrivals[0] if arrivals is not None else None,
+        service_s=service_time(history),
     )
     return observation, None
 

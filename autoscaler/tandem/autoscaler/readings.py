@@ -25,6 +25,10 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 PROMPT_TOKENS = "vllm:prompt_tokens"  # counter family; the sample is vllm:prompt_tokens_total
 TTFT = "vllm:time_to_first_token_seconds"
+#: Finished requests' time in the engine and, of it, in its waiting queue (histogram families; the
+#: autoscaler reads their _sum and _count): what is left is the time a request runs, for Little's law.
+E2E = "vllm:e2e_request_latency_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
 #: The gateway's admission queue: requests waiting for decode capacity, one series per priority band.
 GATEWAY_QUEUE = "tandem_router_queue_depth"
 #: Requests the gateway holds while the decode pool has no engine (scale from zero).
@@ -61,6 +65,10 @@ class EngineReading:
     waiting: float | None = None
     prompt_tokens: float | None = None
     ttft: Histogram | None = None
+    #: Σ seconds finished requests spent in the engine and, of those, waiting; how many finished.
+    e2e_sum: float | None = None
+    queue_sum: float | None = None
+    finished: float | None = None
     #: When the answer arrived (the scraper's monotonic seconds; None: take the round's time). Rates
     #: divide by the time between two answers: a scrape that waited on a busy process reads its
     #: counters late, and the round's start time would put that wait into the rate.
@@ -72,6 +80,7 @@ def parse_engine_metrics(text: str) -> EngineReading:
     gauges: dict[str, list[float]] = {}
     prompt_tokens: list[float] = []
     ttft: dict[float, float] = {}
+    sums: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -82,6 +91,11 @@ def parse_engine_metrics(text: str) -> EngineReading:
                 elif family.name == TTFT and sample.name == f"{TTFT}_bucket":
                     bound = float(sample.labels["le"])
                     ttft[bound] = ttft.get(bound, 0.0) + sample.value
+                elif family.name in (E2E, QUEUE_TIME) and sample.name in (
+                    f"{family.name}_sum",
+                    f"{family.name}_count",
+                ):
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     except (ValueError, KeyError, IndexError, TypeError) as exc:  # the parser's ways of saying "not metrics"
         raise ValueError(f"not Prometheus text: {exc}") from None
     kv = gauges.get(KV_USAGE)
@@ -91,6 +105,9 @@ def parse_engine_metrics(text: str) -> EngineReading:
         waiting=sum(gauges[WAITING]) if WAITING in gauges else None,
         prompt_tokens=sum(prompt_tokens) if prompt_tokens else None,
         ttft=Histogram(tuple(sorted(ttft.items()))) if ttft and math.inf in ttft else None,
+        e2e_sum=sums.get(f"{E2E}_sum"),
+        queue_sum=sums.get(f"{QUEUE_TIME}_sum"),
+        finished=sums.get(f"{E2E}_count"),
     )
 
 
