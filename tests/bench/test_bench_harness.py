@@ -122,6 +122,24 @@ def test_the_overhead_sweep_runs_direct_and_the_router_on_one_engine(tmp_path: P
     )
 
 
+def test_the_capacity_profile_finds_the_highest_rate_one_engine_serves_within_the_slo(tmp_path: Path) -> None:
+    """4,000-token prompts: one simulated H100 engine prefills about 6 a second, so 1 req/s is served
+    within a 3 s TTFT objective and 60 req/s (ten times its capacity) is not."""
+    result = CliRunner().invoke(cli, [
+        "bench", "--direct", "--capacity-profile", "1,60", "--capacity-seconds", "3", "--workload", "ramp",
+        "--param", "prompt_tokens=4000", "--param", "output_tokens=8", "--time-scale", "10",
+        "--slo-ttft-ms", "3000", "--slo-tpot-ms", "1000", "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "capacity.json").read_text())
+    assert [(r["label"], r["rate"]) for r in doc["rows"]] == [("direct", 1.0), ("direct", 60.0)]
+    slow, fast = doc["rows"]
+    assert slow["ok"] == slow["requests"] >= 1 and slow["attainment"] == 1.0
+    assert fast["requests"] > 100 and fast["attainment"] < 0.5
+    assert doc["capacity"] == {"direct": 1.0} and slow["wall_rps"] == 10.0
+    assert "`--oracle prefill=10 --oracle decode=10`" in (tmp_path / "capacity.md").read_text()
+
+
 @pytest.mark.skipif(not PEERS, reason="vllm-router is not installed (the bench extra)")
 def test_the_peer_in_pd_mode_sends_prefill_then_decode_through_the_sims_kv_pool(tmp_path: Path) -> None:
     doc, _ = run_bench(tmp_path, "--peer", "vllm-router:round_robin", "--pd")

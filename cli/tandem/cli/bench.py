@@ -17,6 +17,7 @@ request; 2 bad flags or parameters, or a missing binary; 130 interrupted (every 
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ from typing import Any, NoReturn
 
 import click
 
+from tandem.bench import capacity as capacity_profile
 from tandem.bench import workload_file
 from tandem.bench.catalog import WORKLOADS, make_workload, parse_overrides
 from tandem.bench.command_peer import PLACEHOLDERS, find_program
@@ -136,6 +138,10 @@ HELP: Mapping[str, str] = MappingProxyType(
         "(e.g. 1,4,16,64,256) instead of running a workload.",
         "sweep_requests": "Overhead sweep: requests per level (at least 2 × the level).",
         "sweep_time_scale": "Overhead sweep: the single engine's time scale (high = near-zero model time).",
+        "capacity_profile": "Harness: instead of the workload's own timing, run its requests at each of "
+        "these Poisson rates (req/s, engine time, e.g. 2,4,6,8), one cold run per rate, and report the "
+        "highest rate meeting the SLO for 99% of requests: the RPS for --oracle (docs/autoscaler.md).",
+        "capacity_seconds": "Capacity profile: engine seconds of arrivals per rate.",
     }
 )
 
@@ -216,6 +222,14 @@ HELP: Mapping[str, str] = MappingProxyType(
     show_default=True,
     help=HELP["sweep_time_scale"],
 )
+@click.option("--capacity-profile", metavar="RATES", help=HELP["capacity_profile"])
+@click.option(
+    "--capacity-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=capacity_profile.DEFAULT_SECONDS,
+    show_default=True,
+    help=HELP["capacity_seconds"],
+)
 @click.option("--no-plots", is_flag=True, help="Write no PNG plots (they cost about a CPU-second each).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Results directory.")
 @click.option(
@@ -251,6 +265,9 @@ def bench(**o: Any) -> None:
         if o["overhead_sweep"] is not None:
             _overhead(setup, o)
             return
+        if o["capacity_profile"] is not None:
+            _capacity(setup, o)
+            return
         if harness:
             runs, settings = _harness(setup, o)
         else:
@@ -281,6 +298,15 @@ def _mode(o: dict[str, Any]) -> bool:
     _capacities(o["oracle_pools"])  # refused before any request is sent
     if o["overhead_sweep"] is not None and not harness:
         _fail("--overhead-sweep runs in harness mode: give --policy, --peer and/or --peer-command")
+    if o["capacity_profile"] is not None:
+        if not harness:
+            _fail("--capacity-profile runs in harness mode (a cold run per rate): give --direct or --policy")
+        if o["overhead_sweep"] is not None or o["isolation"]:
+            _fail("--capacity-profile, --overhead-sweep and --isolation are separate modes; give one")
+        try:
+            capacity_profile.parse_rates(o["capacity_profile"])
+        except ValueError as exc:
+            _fail(str(exc))
     if o["isolation"] and not harness:
         _fail("--isolation runs in harness mode (it restarts the engines): give --policy, --peer and/or "
               "--peer-command")  # fmt: skip
@@ -428,3 +454,36 @@ def _overhead(setup: Bench, o: dict[str, Any]) -> None:
     _say(f"results in {setup.out_dir}/ (overhead.json, overhead.md, overhead.png)")
     if not any(r["ok"] for r in rows if r["label"] != "direct"):
         _fail("overhead sweep: no request through a router succeeded", EXIT_FAILED)
+
+
+def _capacity(setup: Bench, o: dict[str, Any]) -> None:
+    """The capacity profile (`tandem.bench.capacity`): capacity.json and capacity.md per target."""
+    targets, tools, pool = _harness_setup(o)
+    rates = capacity_profile.parse_rates(o["capacity_profile"])
+    rows = []
+    for target in targets:
+        rows += capacity_profile.run_profile(
+            target, workload=setup.workload, rates=rates, seconds=o["capacity_seconds"], pool=pool,
+            tools=tools, driver=setup.driver, slo=setup.slo, state_dir=setup.out_dir / "runs" / target.label,
+            seed=setup.seed, progress=_say,
+        )  # fmt: skip
+    threshold = capacity_profile.DEFAULT_THRESHOLD
+    table = capacity_profile.profile_markdown(rows, threshold=threshold, pools=("prefill", "decode"))
+    text = "# Capacity profile\n\n" + table
+    doc = {
+        "command": list(setup.command), "workload": setup.workload.name,
+        "params": dict(setup.workload.params),
+        "slo": {"ttft_s": setup.slo.ttft_s, "tpot_s": setup.slo.tpot_s}, "threshold": threshold,
+        "time_scale": o["time_scale"], "seconds": o["capacity_seconds"], "rows": rows,
+        "capacity": {
+            label: capacity_profile.capacity([r for r in rows if r["label"] == label], threshold=threshold)
+            for label in dict.fromkeys(r["label"] for r in rows)
+        },
+    }  # fmt: skip
+    setup.out_dir.mkdir(parents=True, exist_ok=True)
+    (setup.out_dir / "capacity.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
+    (setup.out_dir / "capacity.md").write_text(text, encoding="utf-8")
+    click.echo(text)
+    _say(f"results in {setup.out_dir}/ (capacity.json, capacity.md)")
+    if not any(r["ok"] for r in rows):
+        _fail("capacity profile: no request succeeded at any rate", EXIT_FAILED)
