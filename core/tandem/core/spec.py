@@ -257,9 +257,15 @@ class DisaggregationSpec(SpecModel):
     convertible_decoders: bool = Field(
         default=True,
         description="While the prefill pool is short of capacity (its predicted time to first token "
-        "exceeds the request's TTFT objective and a decode engine would be faster), the request goes "
-        "decode-only to a decode engine with room, which computes its own prefill; back to P/D once "
-        "the prefill pool has caught up. Not in mode off.",
+        "exceeds half the request's TTFT objective and a decode engine would be faster), the request "
+        "goes decode-only to a decode engine with room, which computes its own prefill; back to P/D "
+        "once the prefill pool has caught up. Not in mode off.",
+    )
+    late_prefill_binding: bool = Field(
+        default=True,
+        description="While every prefill engine has more than a quarter of a request's TTFT objective "
+        "queued, the request waits in the gateway (first come first served, at most its objective) "
+        "and goes to whichever prefill engine frees first or joins, instead of queueing on one.",
     )
 
 

@@ -43,12 +43,14 @@ from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.observe.schedmetrics import SchedulingMetrics
 from tandem.router.pd.disagg import Disaggregator, Prefiller
+from tandem.router.pd.hold import PrefillHold
 from tandem.router.pipeline.stages import Admit, Hold, Identify, Limit, Parse, Relay, generation_stages
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
 from tandem.router.settings import KVEventsSettings
+from tandem.router.types import Pool
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.workers.bus import Bus, SoloBus, WorkerBus
@@ -152,9 +154,22 @@ def compose(
         capacity=capacity,
     )
     kv_pool = _kv_pool(config, clock)
+    hold = None
+    if config.spec.disaggregation.late_prefill_binding:
+        hold = PrefillHold(
+            ahead=routing.state.ahead,
+            candidates=lambda: [s.endpoint.url for s in registry.candidates("prefill")],
+            clock=clock,
+            held_gauge=metrics.pd_prefill_held,
+            hold_seconds=metrics.pd_prefill_hold,
+        )
+        registry.on_members(_waking(hold))
     disaggregator = Disaggregator(
         prefiller=Prefiller(
-            dispatcher=dispatcher, timeout_s=settings.disaggregation.prefill_timeout_seconds, clock=clock
+            dispatcher=dispatcher,
+            timeout_s=settings.disaggregation.prefill_timeout_seconds,
+            clock=clock,
+            hold=hold,
         ),
         mode=config.spec.disaggregation.mode,
         min_uncached_tokens=config.spec.disaggregation.min_uncached_tokens,
@@ -463,3 +478,13 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
     return KVPoolIndex(
         client, model=access.model, chunk_size=access.chunk_size, clock=clock, dtype=access.dtype
     )
+
+
+def _waking(hold: PrefillHold) -> Callable[[Pool], None]:
+    """A membership listener that wakes the prefill hold when the prefill pool changes."""
+
+    def changed(pool: Pool) -> None:
+        if pool == "prefill":
+            hold.wake()
+
+    return changed

@@ -11,7 +11,7 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -84,6 +84,17 @@ class RouterMetrics:
             f"{PREFIX}_pd_prefill_duration_seconds",
             "Prefill step duration by outcome (ok, fallback).",
             ["outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.pd_prefill_held = Gauge(
+            f"{PREFIX}_pd_prefill_held",
+            "Requests held in the gateway for a prefill engine with room (late binding).",
+            registry=registry,
+        )
+        self.pd_prefill_hold = Histogram(
+            f"{PREFIX}_pd_prefill_hold_seconds",
+            "How long each prefill was held in the gateway before it was sent (0: not held).",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )

@@ -31,7 +31,9 @@ those itself). Both are prefixes from token 0, so the longer one counts, not the
 `minUncachedTokens` 512 and 256-token chunks: a 1,100-token prompt whose first 3 chunks (768 tokens)
 are in the pool has 332 uncached tokens → decode only; the same prompt with nothing cached → prefill.
 
-**Prefill** (`Prefiller.prefill`): the prefill body (`handoff.prefill_body`) to one prefill endpoint;
+**Prefill** (`Prefiller.prefill`): with late binding (`tandem.router.pd.hold`) the request first waits
+in the gateway while every prefill endpoint has more than a quarter of its objective queued; then the
+prefill body (`handoff.prefill_body`) to one prefill endpoint;
 it returns the `kv_transfer_params` for decode. It never fails the client's request: on any problem
 the request goes decode-only with a fallback reason, counted in `tandem_router_pd_fallbacks_total`:
 
@@ -63,6 +65,7 @@ from tandem.kvpool.index import KVPoolIndex
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.errors import UpstreamError, UpstreamTimeout
 from tandem.router.pd.handoff import decode_body, kv_params_from_prefill, prefill_body
+from tandem.router.pd.hold import PrefillHold
 from tandem.router.scheduling.base import Routable
 from tandem.router.types import Endpoint, Route
 from tandem.router.upstream.client import UpstreamCall
@@ -97,7 +100,7 @@ class TTFTEstimator(Protocol):
     """Predicted time to first token of `request` on the endpoint at `url` if sent there now, computing
     the prompt itself (`tandem.router.scheduling.state.SchedulingState.estimate_ttft`)."""
 
-    def estimate_ttft(self, url: str, request: Routable, /) -> float: ...
+    def estimate_ttft(self, url: str, request: Routable, /, *, extra_queued: int = 0) -> float: ...
 
 
 #: The share of a request's TTFT objective its prefill may take before the pool counts as busy.
@@ -163,9 +166,13 @@ class PrefillOutcome:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prefiller:
+    """Sends the prefill (module docstring); `hold`: late binding (`tandem.router.pd.hold`; None: a
+    prefill goes to an engine as soon as it is asked for)."""
+
     dispatcher: Dispatcher
     timeout_s: float
     clock: Callable[[], float]
+    hold: PrefillHold | None = None
 
     async def prefill(self, request: PDRequest, *, headers: Mapping[str, str]) -> PrefillOutcome:
         started = self.clock()
@@ -188,6 +195,8 @@ class Prefiller:
         self, request: PDRequest, *, headers: Mapping[str, str]
     ) -> tuple[Endpoint | None, dict[str, Any] | None, str | None]:
         registry = self.dispatcher.registry
+        if self.hold is not None:
+            await self.hold.admit(slo_ttft_s=request.slo.ttft_s, tokens=request.prompt_length())
         candidates = registry.candidates("prefill")
         if not candidates:
             return None, None, "no_endpoint"
@@ -201,6 +210,9 @@ class Prefiller:
             return endpoint, None, error.kind
         except UpstreamError as exc:
             return endpoint, None, exc.kind
+        finally:
+            if self.hold is not None:  # its queued work left that engine: the first held one looks again
+                self.hold.wake()
         if body is None:
             return endpoint, None, "rejected"
         try:
@@ -308,9 +320,13 @@ class Disaggregator:
         if self.convert is None or decode is None:
             return False
         convert, prefill = self.convert, self.prefiller.dispatcher.registry.candidates("prefill")
+        hold = self.prefiller.hold
+        # Held prefills go before this one: their work, spread over the prefill engines, is ahead of it.
+        held = hold.held_tokens // max(1, len(prefill)) if hold is not None else 0
+        predictions = (convert.estimate_ttft(s.endpoint.url, request, extra_queued=held) for s in prefill)
         return prefill_busy(
             slo_ttft_s=request.slo.ttft_s,
-            prefill_ttft_s=(convert.estimate_ttft(s.endpoint.url, request) for s in prefill),
+            prefill_ttft_s=predictions,
             decode_ttft_s=lambda: convert.estimate_ttft(decode.url, request),
         )
 

@@ -195,14 +195,21 @@ class SchedulingState:
     def queued_tokens(self, url: str) -> int:
         return self._queued.get(url, 0)
 
-    def estimate_ttft(self, url: str, request: Routable, /) -> float:
+    def estimate_ttft(self, url: str, request: Routable, /, *, extra_queued: int = 0) -> float:
         """TTFT̂ of `request` on `url` now, computing its prompt there (`tandem.router.pd.disagg`'s
-        `TTFTEstimator`): the endpoint's queued work and learned rate, the prompt less its prefix
-        cached there."""
+        `TTFTEstimator`): the endpoint's queued work (plus `extra_queued` tokens, work held for it
+        elsewhere) and learned rate, the prompt less its prefix cached there."""
         n = request.prompt_length() if self.track_prefixes else request.prompt_size()
         matched = min(n, self._match([url], request).get(url, 0)) if n and self.track_prefixes else 0
         uncached = _uncached(n, matched, kv_loaded=False)
-        return self.rates.predict(url, queued_tokens=self._queued.get(url, 0), uncached_tokens=uncached)
+        queued = self._queued.get(url, 0) + max(0, extra_queued)
+        return self.rates.predict(url, queued_tokens=queued, uncached_tokens=uncached)
+
+    def ahead(self, url: str) -> float:
+        """Seconds of work queued on `url` before anything new sent now would start: `c + Q / R` with
+        nothing of its own (`tandem.router.pd.hold`); 0 with nothing queued."""
+        queued = self._queued.get(url, 0)
+        return self.rates.predict(url, queued_tokens=queued, uncached_tokens=0) if queued > 0 else 0.0
 
     # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
 
