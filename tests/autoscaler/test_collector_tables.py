@@ -335,6 +335,23 @@ def test_the_gateway_page_becomes_its_queue_depth(text: str, queued: float) -> N
     assert parse_gateway(text).queued == queued
 
 
+def test_requests_held_for_a_prefill_engine_count_in_the_prefill_backlog() -> None:
+    """Late binding keeps a burst's prefills in the gateway, where the engines' waiting counts do not
+    see them: 12 waiting in the engines, 3 queued and 5 held for a prefill engine → 20 × 300 tokens."""
+    page = ROUTER_PAGE.replace("3.0", "0.0") + "tandem_router_pd_prefill_held 5.0\n"
+    gateway = parse_gateway(page)
+    assert (gateway.queued, gateway.prefill_held) == (4.0, 5.0)
+    engines: dict[str, EngineReading | None] = {
+        "a": reading(tokens=60_000, requests=200, waiting=8),
+        "b": reading(tokens=30_000, requests=100, waiting=4),
+    }
+    scrape = Scrape(5.0, engines, {"http://gw-0": replace(gateway, queued=3.0)})
+    observed, _, problem = prefill_observation(
+        remember(PoolHistory(), scrape, keep_s=60.0), ttft_window_s=6.0, rate_memory_s=60.0
+    )
+    assert problem is None and observed.queued_prefill_tokens == (12 + 3 + 5) * 300
+
+
 def test_a_gateway_page_that_is_not_metrics_is_an_error() -> None:
     with pytest.raises(ValueError, match="not Prometheus text"):
         parse_gateway('tandem_router_queue_depth{priority="0" 3\n')

@@ -13,8 +13,9 @@ they wait there for decode capacity, then need a prefill. The observations are b
   - TTFT p90 from the `vllm:time_to_first_token_seconds` bucket deltas between the latest scrape and the
     oldest one still inside `ttft_window_s` (the panic window), summed over engines that have both;
     None when no request reached its first token in that window.
-  - Queued prefill backlog in tokens = (Σ engines' waiting requests + gateway's queued and held requests)
-    × mean prompt length, the mean being Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example:
+  - Queued prefill backlog in tokens = (Σ engines' waiting requests + gateway's queued and held requests,
+    those held for a prefill engine with room included) × mean prompt length, the mean being
+    Σ `vllm:prompt_tokens_total` / Σ TTFT count (lifetime). Example:
     12 waiting in engines and 8 in the gateway, 90 000 prompt tokens over 300 requests →
     (12 + 8) × 300 = 6000 tokens.
   - Per-replica prefill rate (capacity): Δ`vllm:prompt_tokens_total` / Δt per engine over its latest
@@ -134,8 +135,10 @@ def gateway_held(scrape: Scrape) -> float:
 
 
 def gateway_waiting(scrape: Scrape) -> float:
-    """Requests in the gateway that no engine has seen yet: queued plus held (each will need a prefill)."""
-    return gateway_queued(scrape) + gateway_held(scrape)
+    """Requests in the gateway that no engine has seen yet, each of which will need a prefill: queued,
+    held for want of a decode engine, and held for a prefill engine with room (late binding)."""
+    prefill_held = sum(g.prefill_held for g in scrape.gateways.values() if g is not None)
+    return gateway_queued(scrape) + gateway_held(scrape) + prefill_held
 
 
 def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, float] | None:

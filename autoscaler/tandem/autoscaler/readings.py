@@ -33,6 +33,8 @@ QUEUE_TIME = "vllm:request_queue_time_seconds"
 GATEWAY_QUEUE = "tandem_router_queue_depth"
 #: Requests the gateway holds while the decode pool has no engine (scale from zero).
 GATEWAY_HELD = "tandem_router_held_requests"
+#: Requests the gateway holds for a prefill engine with room (late binding of prefills).
+GATEWAY_PREFILL_HELD = "tandem_router_pd_prefill_held"
 #: Requests and their prompt tokens arriving at the gateway (counter families; samples end in _total).
 GATEWAY_ARRIVALS = "tandem_router_arrivals"
 GATEWAY_ARRIVAL_TOKENS = "tandem_router_arrival_prompt_tokens"
@@ -116,12 +118,15 @@ class GatewayReading:
     """What one scrape of one gateway replica said about demand.
 
     `queued`: requests in its admission queue (Σ over priority bands; 0 without the metric);
-    `held`: requests held while the decode pool has no engine; `arrivals` / `arrival_tokens`: its
-    lifetime counters of arriving requests and their prompt tokens (None: not exported); `prefill_rates`:
-    its observed prefill throughput (tokens/s, overhead included) per engine host:port."""
+    `held`: requests held while the decode pool has no engine; `prefill_held`: requests held for a
+    prefill engine with room (they wait in the gateway instead of an engine's queue); `arrivals` /
+    `arrival_tokens`: its lifetime counters of arriving requests and their prompt tokens (None: not
+    exported); `prefill_rates`: its observed prefill throughput (tokens/s, overhead included) per engine
+    host:port."""
 
     queued: float = 0.0
     held: float = 0.0
+    prefill_held: float = 0.0
     arrivals: float | None = None
     arrival_tokens: float | None = None
     prefill_rates: Mapping[str, float] = field(default_factory=dict)
@@ -132,7 +137,7 @@ class GatewayReading:
 def parse_gateway(text: str) -> GatewayReading:
     """One gateway replica's `/metrics` page as a `GatewayReading`; raises ValueError when the text is
     not exposition text. Example: queue bands 0: 3 and 1: 4 → queued 7.0."""
-    sums = {GATEWAY_QUEUE: 0.0, GATEWAY_HELD: 0.0}
+    sums = {GATEWAY_QUEUE: 0.0, GATEWAY_HELD: 0.0, GATEWAY_PREFILL_HELD: 0.0}
     counters: dict[str, float] = {}
     rates: dict[str, float] = {}
     try:
@@ -150,6 +155,7 @@ def parse_gateway(text: str) -> GatewayReading:
     return GatewayReading(
         queued=sums[GATEWAY_QUEUE],
         held=sums[GATEWAY_HELD],
+        prefill_held=sums[GATEWAY_PREFILL_HELD],
         arrivals=counters.get(GATEWAY_ARRIVALS),
         arrival_tokens=counters.get(GATEWAY_ARRIVAL_TOKENS),
         prefill_rates=rates,
