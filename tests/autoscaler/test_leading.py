@@ -244,27 +244,6 @@ def test_a_one_round_spike_of_arrivals_buys_no_replica() -> None:
     assert prefill_leading(observed, params=PARAMS, trend=spike) == pytest.approx(0.5 + 0.25)  # + forecast
 
 
-def test_a_pool_that_is_behind_takes_the_latest_rounds_arrivals() -> None:
-    """The step's first full round (5.0 replicas' worth) after two quiet ones: the median says 0.5;
-    with 12 000 tokens waiting on 1 replica of 9 000 tokens/s (1.3 s of backlog, H = 0.5 s) the pool is
-    behind and the latest round counts: max(5.0, 5.0 × 0.8 + 12 000 / 4 500) = 6.67 (+ forecast)."""
-    rising = (Sample(1, 0.5), Sample(2, 0.5), Sample(3, 5.0))
-    behind = PrefillObservation(
-        timestamp=3,
-        ready=1,
-        arrival_tokens_per_s=36e3,
-        prefill_tokens_per_s=9e3,
-        queued_prefill_tokens=12_000,
-    )
-    got = prefill_leading(behind, params=PARAMS, trend=rising)
-    assert got is not None and 5.0 * 0.8 + 12_000 / 4_500 <= got <= 5.0 * 0.8 + 12_000 / 4_500 + 1.0
-    # The same backlog on 3 replicas drains within H: not behind, the median holds.
-    caught_up = replace(behind, ready=3)
-    assert prefill_leading(caught_up, params=PARAMS, trend=rising) == pytest.approx(
-        max(0.5, 0.5 * 0.8 + 12_000 / 4_500) + 0.25
-    )
-
-
 def test_after_the_load_falls_scale_down_waits_for_the_delay_and_does_not_flap() -> None:
     run = run_prefill(lambda t: 9.0 if 10 <= t < 40 else 0.5, until=120)
     desired = {t: d for t, _, d in run}

@@ -27,12 +27,9 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
   ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster than a new engine
   can start), whichever needs more: the headroom ρ leaves is what drains the queue an ordinary burst
   builds, so the two are not added (adding them held twice the replicas a peak needed). Arrivals are
-  the median of the last three rounds' (a one-window spike buys no replica), or the latest round's
-  when it is higher and the pool is *behind* (its backlog alone takes the ready replicas longer than
-  ``H`` to drain: the queue corroborates the rise, and the median would wait one more round); the
-  forecast is the arrival demand's slope over the panic window (Theil–Sen) times the start time, at
-  least 0 and at most one replica and half the arrival demand (a ramp pre-scales its next replica; a
-  step is not extrapolated).
+  the median of the last three rounds' (a one-window spike buys no replica); the forecast is the arrival
+  demand's slope over the panic window (Theil–Sen) times the start time, at least 0 and at most one
+  replica and half the arrival demand (a ramp pre-scales its next replica; a step is not extrapolated).
   Example: 27 000 tokens/s arriving, R = 12 000, ρ = 0.8 → 2.81; 30 000 tokens waiting, start 5 s →
   (27 000 + 6 000) / 12 000 = 2.75: the first; flat arrivals → 2.81 → 3 replicas. With 90 000 waiting
   (a step while engines start): (27 000 + 18 000) / 12 000 = 3.75 → 4.
@@ -253,16 +250,14 @@ def prefill_leading(
         arriving = (observed.arrival_tokens_per_s or 0.0) > 0 or observed.gateway_queued > 0
         return 1.0 if observed.ready == 0 and arriving else None  # from zero: one replica to measure
     # The median of the last three rounds: a spike in one 2 s window (a client's burst, a late scrape)
-    # does not buy a replica; a step shows in the second round. Unless the pool is behind: its backlog
-    # alone takes the ready replicas longer than H to drain, which corroborates the latest round.
+    # does not buy a replica; a step shows in the second round.
     arrival = _median(trend[-3:]) if trend else arrival_demand(observed, params=params) or 0.0
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
-    drain_s = max(params.target, start or 0.0)
-    if trend and observed.queued_prefill_tokens > capacity * observed.ready * drain_s:
-        arrival = max(arrival, trend[-1].value)
     # `arrival` is in replicas at utilisation ρ; × ρ gives the replicas the same tokens need at 100%.
-    drain = arrival * params.target_utilization + observed.queued_prefill_tokens / (capacity * drain_s)
+    drain = arrival * params.target_utilization + observed.queued_prefill_tokens / (
+        capacity * max(params.target, start or 0.0)
+    )
     return max(arrival, drain) + forecast(trend, horizon_s=horizon, now_value=arrival)
 
 
