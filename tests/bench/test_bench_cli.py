@@ -81,7 +81,7 @@ def endpoint() -> Iterator[str]:
          "--capacity-profile runs in harness mode (a cold run per rate)"),
         (["--direct", "--capacity-profile", "two"], "--capacity-profile: 'two' is not a number"),
         (["--direct", "--capacity-profile", "2,0"], "--capacity-profile: '0' is not a positive finite rate"),
-        (["--direct", "--capacity-profile", "inf"], "--capacity-profile: 'inf' is not a positive finite rate"),
+        (["--direct", "--capacity-profile", "inf"], "--capacity-profile: 'inf' is not a positive finite"),
         (["--direct", "--capacity-profile", " , "], "--capacity-profile: give request rates"),
         (["--direct", "--capacity-profile", "2", "--overhead-sweep", "1"], "are separate modes"),
         (["--direct", "--peer", "vllm-router:round_robin", "--gateway-replicas", "2"],
