@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from tests.router.harness import MODEL, Launcher, metric
 
-from tandem.router.pd.hold import HOLD_SHARE, PrefillHold
+from tandem.router.pd.hold import PrefillHold
 
 
 def prompt(seed: int) -> str:
@@ -37,10 +37,6 @@ def hold_over(queues: dict[str, float], *, poll_s: float = 0.05) -> tuple[Prefil
         poll_s=poll_s,
     )
     return hold, registry
-
-
-def test_the_share_is_a_quarter_of_the_objective() -> None:
-    assert HOLD_SHARE * OBJECTIVE == 0.5
 
 
 async def test_an_engine_with_room_takes_the_request_at_once() -> None:

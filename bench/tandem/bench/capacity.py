@@ -31,6 +31,7 @@ from typing import Any
 
 from tandem.bench.driver import DriverSettings
 from tandem.bench.harness import HarnessError, PoolSettings, Progress, Tools, run_target
+from tandem.bench.records import RequestRecord
 from tandem.bench.stats import Slo, percentile, slo_report, timed
 from tandem.bench.targets import Target
 from tandem.bench.workloads import Workload
@@ -92,7 +93,7 @@ def capacity(rows: Sequence[Mapping[str, Any]], *, threshold: float = DEFAULT_TH
 
 
 def profile_row(
-    rate: float, *, label: str, records: Sequence[Any], slo: Slo, time_scale: float
+    rate: float, *, label: str, records: Sequence[RequestRecord], slo: Slo, time_scale: float
 ) -> dict[str, Any]:
     """One rate's result: requests, successes, attainment and the latencies behind it (engine seconds)."""
     requests = timed(records, time_scale=time_scale)
@@ -136,7 +137,7 @@ def run_profile(
                 target, workload=load, pool=pool, tools=tools, driver=driver,
                 state_dir=state_dir / f"rate-{rate:g}", progress=progress,
             )  # fmt: skip
-            records: Sequence[Any] = run.result.records
+            records: Sequence[RequestRecord] = run.result.records
         except HarnessError as exc:
             progress(f"[{target.label}] failed at {rate:g} req/s: {exc}")
             records = ()

@@ -47,7 +47,6 @@ POLL_S = 0.05
 
 @dataclass(slots=True, eq=False)
 class _Waiter:
-    limit_s: float
     tokens: int
     woken: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -64,6 +63,7 @@ class PrefillHold:
     hold_seconds: Histogram | None = None
     poll_s: float = POLL_S
     _waiting: deque[_Waiter] = field(default_factory=deque)
+    _tokens: int = 0
 
     @property
     def held(self) -> int:
@@ -72,8 +72,9 @@ class PrefillHold:
 
     @property
     def held_tokens(self) -> int:
-        """Prompt tokens of the requests held now."""
-        return sum(w.tokens for w in self._waiting)
+        """Prompt tokens of the requests held now (kept as they come and go: the convertible-decoder
+        check reads it for every disaggregated request)."""
+        return self._tokens
 
     def room(self, limit_s: float) -> bool:
         """Whether some prefill endpoint has at most `limit_s` queued ahead (or there is none: the
@@ -88,8 +89,9 @@ class PrefillHold:
         if not self._waiting and self.room(limit):
             self._observe(0.0)
             return 0.0
-        waiter = _Waiter(limit, tokens)
+        waiter = _Waiter(tokens)
         self._waiting.append(waiter)
+        self._tokens += tokens
         self._gauge()
         start = self.clock()
         deadline = start + slo_ttft_s
@@ -107,6 +109,7 @@ class PrefillHold:
                         await waiter.woken.wait()
         finally:
             self._waiting.remove(waiter)
+            self._tokens -= tokens
             self._gauge()
             self.wake()
         held = self.clock() - start
