@@ -254,7 +254,10 @@ class AdmissionGate:
             raise self._overloaded("queue_full", ahead=len(self.queue), queued=len(self.queue)) from None
         self._drain.tick(now, waiting=True)
         self.pump()
-        return await self._wait(waiter)
+        try:
+            return await self._wait(waiter)
+        finally:
+            del waiter  # a refusal's traceback holds this frame (`_wait`)
 
     def pump(self) -> None:
         """Grant waiting requests in fair order while capacity is free (module docstring)."""
@@ -360,7 +363,14 @@ class AdmissionGate:
         finally:
             timer.cancel()
             self._waiting.discard(waiter)
-        return future.result()
+            waiter.ticket = None  # out of the queue; the ticket refers back to the waiter
+        try:
+            return future.result()
+        finally:
+            # A refusal raised here holds this frame and the caller's in its traceback, and the future
+            # holds the refusal: with the waiter left in them, each refused request's objects would be
+            # a reference cycle that only the cyclic collector frees (docs/soak.md).
+            del future, waiter
 
     def _expire(self, waiter: Waiter) -> None:
         """A waiter's deadline passed: serve those ahead first, then refuse it if it still waits.

@@ -136,8 +136,12 @@ class _Watch:
         return self._target.cancelling() == 0
 
     def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        # The references go first: a cancelled task keeps its CancelledError, whose traceback holds
+        # `_run`'s frame and so this watch; kept, they would make each request's objects a reference
+        # cycle that only the cyclic garbage collector frees (docs/soak.md).
+        task, self._task, self._target = self._task, None, None
+        if task is not None and not task.done():
+            task.cancel()
 
 
 async def _answer_error(

@@ -77,7 +77,10 @@ def translate_errors(endpoint: Endpoint) -> Iterator[None]:
         error = translate(endpoint, exc)
         if error is None:
             raise
-        raise error from exc
+        try:
+            raise error from exc
+        finally:
+            del error  # see `UpstreamReply.read`
 
 
 class UpstreamReply:
@@ -113,7 +116,12 @@ class UpstreamReply:
             error = translate(self.endpoint, exc)
             if error is None:
                 raise
-            raise error from exc
+            try:
+                raise error from exc
+            finally:
+                # aiohttp keeps `exc` on the response, and `exc`'s traceback holds this frame: with
+                # `error` left in it, the request's objects would be a reference cycle.
+                del error
 
     def ended(self) -> bool:
         """Whether the whole body has been read (the connection can be reused)."""

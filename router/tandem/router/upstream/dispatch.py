@@ -66,7 +66,8 @@ class Attempt:
             self.reply.close()
         finally:
             self._dispatcher.registry.end(self.endpoint, handed_over=self._handed_over)
-            self._dispatcher.observer.finished(self._ticket)
+            ticket, self._ticket = self._ticket, None  # it holds the request, which holds this attempt
+            self._dispatcher.observer.finished(ticket)
             if error is not None:
                 self._dispatcher.note_failure(self.endpoint, error)
 
