@@ -60,7 +60,7 @@ async def test_no_request_object_outlives_its_request(launcher: Launcher, no_cyc
     dying = await launcher.engine("d3", tokens=6, die_after=2)
     router = await launcher.router(decode=[decode])
     leaving = await launcher.router(decode=[slow])
-    retrying = await launcher.router(decode=[failing, decode])
+    retrying = await launcher.router(decode=[failing, decode], spec={"router": {"policy": "round-robin"}})
     broken = await launcher.router(decode=[dying])
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
 
@@ -75,6 +75,7 @@ async def test_no_request_object_outlives_its_request(launcher: Launcher, no_cyc
         assert unknown.status_code == 404
     for _ in range(3):  # the failing engine first or second: a retry on the other
         assert (await retrying.http.post("/v1/chat/completions", json=chat)).status_code == 200
+    assert failing.received  # at least one request was served on a retry
     async with broken.http.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as response:
         assert b"error" in b"".join([chunk async for chunk in response.aiter_raw()])
     left = await leaving.openai.completions.create(model=MODEL, prompt="x", max_tokens=500, stream=True)

@@ -136,7 +136,9 @@ class Dispatcher:
             try:
                 return await self.attempt(endpoint, call, request=request)
             except UpstreamError as exc:
-                failures.append(exc)
+                # Kept without its traceback, which holds this frame (and so `failures`): a request
+                # served on a retry would otherwise be a reference cycle (tests/router/test_request_garbage).
+                failures.append(exc.with_traceback(None))
         raise _unavailable(pool, failures, known=len(self.registry.endpoints(pool)))
 
     async def attempt(
