@@ -132,3 +132,17 @@ def test_response_shapes_follow_vllm() -> None:
     plain = ResponseMeta(kind="completion", response_id="cmpl-1", created=5, model="qwen")
     assert chunk(plain, text="a", finish_reason="length")["choices"][0]["text"] == "a"
     assert "usage" not in chunk(plain, text="a")
+
+
+def test_a_chat_can_continue_its_final_message_as_vllm_does() -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, wor"}]
+    gen = chat(messages=messages, add_generation_prompt=False, continue_final_message=True)
+    assert gen.prompt_text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello, wor"
+    assert gen.prompt_token_ids == tuple(encode(gen.prompt_text))
+    closed = chat(messages=messages, add_generation_prompt=False)
+    assert closed.prompt_text is not None and closed.prompt_text.endswith("Hello, wor<|im_end|>\n")
+
+
+def test_continuing_the_final_message_and_adding_a_generation_prompt_is_a_400() -> None:
+    error = rejected(chat, continue_final_message=True)
+    assert error.status == 400 and "continue_final_message" in error.message

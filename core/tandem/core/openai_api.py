@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 #: OpenAI error `type` for each HTTP status Tandem returns.
 ERROR_TYPES = {
@@ -86,9 +86,18 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_GenerationRequest):
-    """`POST /v1/chat/completions`."""
+    """`POST /v1/chat/completions`. `continue_final_message` (vLLM's): the last message is continued
+    rather than answered; it needs `add_generation_prompt: false`."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _one_way_to_end_the_prompt(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return self
 
 
 def validation_message(exc: ValidationError) -> tuple[str, str | None]:

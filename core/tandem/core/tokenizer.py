@@ -93,12 +93,20 @@ def message_text(content: Any) -> str:
     return "".join(parts)
 
 
-def render_chat(messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
     """ChatML (the Qwen2 template): `<|im_start|>role\\ncontent<|im_end|>\\n` per message, then the
-    assistant header when `add_generation_prompt`."""
+    assistant header when `add_generation_prompt`. With `continue_final_message` (vLLM's parameter)
+    the last message is left open, without its `<|im_end|>`, so the model goes on writing it."""
     lines = [
         f"{CHAT_START}{m.get('role', 'user')}\n{message_text(m.get('content'))}{CHAT_END}\n" for m in messages
     ]
+    if continue_final_message and lines:
+        lines[-1] = lines[-1].removesuffix(f"{CHAT_END}\n")
     if add_generation_prompt:
         lines.append(f"{CHAT_START}assistant\n")
     return "".join(lines)

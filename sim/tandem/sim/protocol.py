@@ -133,7 +133,11 @@ def prepare(
     kind: Kind = "chat" if isinstance(request, ChatCompletionRequest) else "completion"
     prompt_text: str | None
     if isinstance(request, ChatCompletionRequest):
-        prompt_text = render_chat([m.model_dump() for m in request.messages])
+        prompt_text = render_chat(
+            [m.model_dump() for m in request.messages],
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+        )
         prompt = tuple(encode(prompt_text))
         requested = request.max_completion_tokens or request.max_tokens
     else:
