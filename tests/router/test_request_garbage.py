@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from tests.router.harness import MODEL, Launcher, RunningRouter, metric
+from tests.router.test_preemption import LONG, TWO_SLOTS, chat, stream_events
 
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.scheduling.state import Ticket
@@ -139,4 +140,20 @@ async def test_no_queued_or_refused_request_object_outlives_its_request(
     assert (await running).status_code == 200
     await settled(router)
 
+    assert live_request_objects() == {"RequestContext": 0, "Attempt": 0, "Ticket": 0}
+
+
+async def test_no_preempted_or_continued_request_object_outlives_its_request(
+    launcher: Launcher, no_cyclic_collector: None
+) -> None:
+    engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
+    router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
+    started = [asyncio.Event(), asyncio.Event()]
+    heavy = [asyncio.create_task(stream_events(router, chat("heavy", LONG), "heavy", s)) for s in started]
+    await asyncio.gather(*(s.wait() for s in started))
+    await stream_events(router, chat("light", 3), "light")
+    await asyncio.gather(*heavy)
+    await settled(router)
+
+    assert await metric(router, "tandem_router_preemptions_total") == 1
     assert live_request_objects() == {"RequestContext": 0, "Attempt": 0, "Ticket": 0}

@@ -84,6 +84,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--handover-tokens", "admission", "handover_tokens", int, 2,
          "A stream this many tokens from its max_tokens gives its engine slot to the next waiting "
          "request, which starts as it ends (0: off)."),
+    Flag("--preemption", "admission", "preemption", click.Choice(["on", "off"]), "on",
+         "With --fairness vtc: a request of a tenant with nothing running may stop a stream of a "
+         "tenant over its share of the engines and take its slot; the stream is continued later."),
     Flag("--max-in-flight-per-endpoint", "admission", "max_in_flight_per_endpoint", int, 65536,
          "Most requests the router keeps open to one engine, whatever its capacity."),
     Flag("--max-waiting-per-endpoint", "admission", "max_waiting_per_endpoint", _OffOr(int), None,

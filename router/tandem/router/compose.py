@@ -44,6 +44,7 @@ from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.observe.schedmetrics import SchedulingMetrics
 from tandem.router.pd.disagg import Disaggregator, Prefiller
 from tandem.router.pd.hold import PrefillHold
+from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Identify, Limit, Parse, Relay, generation_stages
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
@@ -205,7 +206,10 @@ def compose(
         dispatcher=dispatcher,
         disaggregator=disaggregator,
         relay_stage=Relay(
-            access.output_charge, config.log_prompts, handover_tokens=settings.admission.handover_tokens
+            access.output_charge,
+            config.log_prompts,
+            handover_tokens=settings.admission.handover_tokens,
+            resume=Resume(gate, dispatcher) if gate.preemption else None,
         ),
     )
     collector = MetricsCollector(
@@ -394,6 +398,7 @@ def build_gate(
         clock=clock,
         max_queue_wait_s=settings.max_queue_wait_seconds,
         poll_s=settings.poll_seconds,
+        preemption=settings.preemption == "on" and settings.fairness == "vtc",
     )
     metrics.watch(gate)
     return gate, counters

@@ -96,6 +96,11 @@ class AdmissionSettings(_Settings):
         description="Give a stream's slot to the next request this many tokens "
         "before its max_tokens (0: off).",
     )
+    preemption: Literal["on", "off"] = Field(
+        default="on",
+        description="With vtc fairness: a tenant with nothing running may take a slot from a tenant "
+        "over its share; the stopped stream is continued later.",
+    )
     replicas: int | None = Field(
         default=None,
         ge=1,

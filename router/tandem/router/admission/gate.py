@@ -27,6 +27,12 @@ baseline). The gate itself only keeps the books:
   freed), and every `poll_s` while requests wait (capacity can also return without an event: an
   endpoint back from cool-down, a new endpoint discovered). Every change of the backlog ticks the
   `DrainMeter`, whose rate (dispatches per second of backlog) prices the wait and `Retry-After`.
+- **Pre-emption** (`preemption` on): a request that must wait, of a tenant with nothing running, may
+  take the slot of a running stream of a tenant over its share (`tandem.router.admission.preemption`
+  says whose): the stream's grant gives up its capacity to the newcomer, which is granted at once,
+  and the stream is stopped through `Grant.preempt` (set by the relay while it can be continued).
+  Its continuation waits in `resume`: at the front of its tenant's requests, no prompt charged, never
+  refused for a full queue.
 - `Grant.charge_output(n)` charges generated tokens as they stream; `Grant.settle(usage)` corrects
   both charges with the engine's usage; `Grant.release()` (idempotent) frees the capacity.
 
@@ -52,9 +58,10 @@ from tandem.router.admission.policy import (
     retry_after_seconds,
     wait_out_of_reach,
 )
+from tandem.router.admission.preemption import victim
 from tandem.router.errors import Overloaded
 from tandem.router.scheduling.base import Routable
-from tandem.router.types import EndpointSnapshot, Usage
+from tandem.router.types import SLO, EndpointSnapshot, Usage
 
 _MESSAGES = {
     "queue_full": "the router's queue is full ({queued} requests waiting); retry later",
@@ -92,6 +99,31 @@ class Waiter:
     ticket: Ticket[Waiter] | None = field(default=None)
 
 
+_NO_SLO = SLO(ttft_s=0.0, tpot_s=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumed:
+    """A pre-empted stream's continuation as the queue sees it (`AdmissionGate.resume`): its
+    tenant's, no prompt to charge, no deadline of its own."""
+
+    tenant: str
+    priority: int
+    request_id: str = ""
+    slo: SLO = _NO_SLO
+    kv_loaded: bool = False
+    deadline_s: float | None = None
+
+    def prompt_length(self) -> int:
+        return 0
+
+    def prompt_size(self) -> int:
+        return 0
+
+    def block_keys(self, block_size: int, /) -> Sequence[int]:
+        return ()
+
+
 #: Streamed tokens counted in `tandem_router_tenant_served_tokens_total` at least this often.
 SERVED_BATCH = 32
 
@@ -110,21 +142,32 @@ class Grant:
         "_released",
         "_unreported",
         "completion_tokens",
+        "preempt",
+        "priority",
         "prompt_tokens",
         "queued_s",
         "tenant",
     )
 
-    def __init__(self, gate: AdmissionGate, *, tenant: str, prompt_tokens: int, charged: bool) -> None:
+    def __init__(
+        self, gate: AdmissionGate, *, tenant: str, prompt_tokens: int, charged: bool, priority: int = 0
+    ) -> None:
         self.tenant = tenant
+        self.priority = priority
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.queued_s = 0.0  # clock seconds spent waiting in the queue
+        #: Set by the relay while its stream can be stopped and continued (`preemption`): stops it.
+        self.preempt: Callable[[], None] | None = None
         self._gate = gate
         self._charged = charged
         self._released = False
         self._handed_over = False
         self._unreported = 0
+
+    @property
+    def preemptible(self) -> bool:
+        return self.preempt is not None and not self._released and not self._handed_over
 
     def charge_output(self, tokens: int) -> None:
         """Charge `tokens` generated tokens (as they stream back)."""
@@ -158,14 +201,25 @@ class Grant:
         request now (the charges still follow it until `release`); idempotent."""
         if not self._released and not self._handed_over:
             self._handed_over = True
+            self._gate.running.discard(self)
             self._gate.released()
+
+    def give_up(self) -> Callable[[], None] | None:
+        """Pre-empted: its unit of capacity now belongs to another request (`release` frees nothing
+        more); returns the callback that stops its stream."""
+        stop, self.preempt = self.preempt, None
+        self._handed_over = True
+        self._gate.running.discard(self)
+        return stop
 
     def release(self) -> None:
         """The request is over (answered, failed or abandoned); idempotent."""
         if not self._released:
             self._released = True
+            self.preempt = None
             self._report()
             if not self._handed_over:
+                self._gate.running.discard(self)
                 self._gate.released()
 
 
@@ -186,6 +240,7 @@ class AdmissionGate:
         clock: Callable[[], float],
         max_queue_wait_s: float,
         poll_s: float = 0.25,
+        preemption: bool = False,
     ) -> None:
         self.queue = queue
         self.max_queue = max_queue
@@ -198,6 +253,8 @@ class AdmissionGate:
         self._poll_s = poll_s
         self._drain = DrainMeter()
         self.admitted = 0
+        self.preemption = preemption
+        self.running: set[Grant] = set()  # granted and holding their capacity (not handed over)
         self._waiting: set[Waiter] = set()
         self._poll_handle: asyncio.TimerHandle | None = None
 
@@ -254,10 +311,59 @@ class AdmissionGate:
             raise self._overloaded("queue_full", ahead=len(self.queue), queued=len(self.queue)) from None
         self._drain.tick(now, waiting=True)
         self.pump()
+        if self.preemption and not waiter.future.done():
+            self._preempt_for(waiter)
         try:
             return await self._wait(waiter)
         finally:
             del waiter  # a refusal's traceback holds this frame (`_wait`)
+
+    async def resume(self, *, tenant: str, priority: int) -> Grant:
+        """Capacity for a pre-empted stream's continuation (`preemption`): it waits at the front of
+        its tenant's requests, its prompt is not charged again, and it is never refused for a full
+        queue (its answer has started); it waits at most `max_queue_wait` (then `Overloaded`)."""
+        now = self._clock()
+        request = _Resumed(tenant=tenant, priority=priority)
+        capacity = self._capacity()
+        if capacity is None:  # none in rotation: the dispatcher's 503 ends the stream
+            self.admitted += 1
+            return Grant(self, tenant=tenant, prompt_tokens=0, charged=False, priority=priority)
+        if self.admitted < capacity and not len(self.queue):
+            return self._pass_through(request, now=now)
+        waiter = Waiter(
+            request=request,
+            arrived=now,
+            deadline=now + self._max_wait,
+            future=asyncio.get_running_loop().create_future(),
+        )
+        waiter.ticket = self.queue.push(waiter, tenant=tenant, prompt_tokens=0, priority=priority, front=True)
+        self._drain.tick(now, waiting=True)
+        self.pump()
+        try:
+            return await self._wait(waiter)
+        finally:
+            del waiter
+
+    def _preempt_for(self, waiter: Waiter) -> None:
+        """Serve `waiter` at once in a slot taken from a running stream, when the rule of
+        `tandem.router.admission.preemption` names one."""
+        request = waiter.request
+        chosen = victim(
+            self.running,
+            tenant=request.tenant,
+            priority=request.priority,
+            capacity=self._capacity() or 0,
+            weight=self.queue.weight,
+        )
+        if chosen is None or waiter.ticket is None:
+            return
+        stop = chosen.give_up()
+        self.admitted -= 1  # its unit of capacity goes to the waiter
+        self.queue.take(waiter.ticket)
+        self._grant(waiter, now=self._clock())
+        self._metrics.preempted(chosen.tenant)
+        if stop is not None:
+            stop()
 
     def pump(self) -> None:
         """Grant waiting requests in fair order while capacity is free (module docstring)."""
@@ -299,8 +405,11 @@ class AdmissionGate:
         self.admitted += 1
         self._metrics.served(request.tenant, prompt=prompt_tokens)
         self._metrics.waited(now - waiter.arrived, outcome="dispatched")
-        grant = Grant(self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True)
+        grant = Grant(
+            self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True, priority=request.priority
+        )
         grant.queued_s = now - waiter.arrived
+        self.running.add(grant)
         waiter.future.set_result(grant)
 
     def _pass_through(self, request: Admittable, *, now: float) -> Grant:
@@ -309,7 +418,11 @@ class AdmissionGate:
         self.admitted += 1
         self._metrics.served(request.tenant, prompt=prompt_tokens)
         self._metrics.waited(0.0, outcome="dispatched")
-        return Grant(self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True)
+        grant = Grant(
+            self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True, priority=request.priority
+        )
+        self.running.add(grant)
+        return grant
 
     def _reject(self, waiter: Waiter, error: Overloaded) -> None:
         if waiter.ticket is not None:

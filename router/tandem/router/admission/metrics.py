@@ -8,6 +8,9 @@
   `dispatched`, `rejected` or `cancelled` (the client left).
 - `tandem_router_admission_rejections_total{reason}` (counter): 429s; `queue_full`, `pushed_out`,
   `deadline`, `slo`.
+- `tandem_router_preemptions_total{tenant}` (counter): running streams of `tenant` stopped to give
+  their slot to a tenant with nothing running (`tandem.router.admission.preemption`), each continued
+  later.
 - `tandem_router_admitted_requests` (gauge): requests holding decode capacity now.
 - `tandem_router_admission_capacity` (gauge): how many the decode pool may hold now (0: none in rotation).
 - `tandem_router_held_requests` (gauge): requests held now because the decode pool has no engine at
@@ -89,6 +92,13 @@ class AdmissionMetrics:
             ["reason"],
             registry=registry,
         )
+        self.preemptions = Counter(
+            f"{PREFIX}_preemptions",
+            "Running streams stopped to give their slot to a tenant with nothing running, by the "
+            "stopped stream's tenant (each is continued later).",
+            ["tenant"],
+            registry=registry,
+        )
 
     def watch(self, gate: AdmissionGate) -> None:
         """Register the scrape-time gauges of `gate`."""
@@ -118,6 +128,9 @@ class AdmissionMetrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason=reason).inc()
+
+    def preempted(self, tenant: str) -> None:
+        self.preemptions.labels(tenant=self.tenants.label(tenant)).inc()
 
 
 class HoldMetrics:

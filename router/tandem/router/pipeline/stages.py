@@ -33,7 +33,7 @@ import orjson
 from tandem.core.logs import REQUEST_ID
 from tandem.router.admission.access import Access
 from tandem.router.admission.coldstart import ColdStartHold
-from tandem.router.admission.gate import AdmissionGate
+from tandem.router.admission.gate import AdmissionGate, Grant
 from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
@@ -42,11 +42,13 @@ from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
 from tandem.router.pipeline.meter import GrantMeter
+from tandem.router.pipeline.resume import Resume
 from tandem.router.request.parse import parse_generation, prompt_text
 from tandem.router.types import SLO, Route
 from tandem.router.upstream.client import UpstreamCall
+from tandem.router.upstream.continuation import continuable
 from tandem.router.upstream.dispatch import Attempt, Dispatcher
-from tandem.router.upstream.relay import relay
+from tandem.router.upstream.relay import Yielding, relay
 from tandem.router.upstream.usage import request_usage
 
 
@@ -197,32 +199,55 @@ class Dispatch:
 
 @dataclass(frozen=True, slots=True)
 class Relay:
-    """The answer, relayed as it arrives, metered for the fair queue and the rate limits."""
+    """The answer, relayed as it arrives, metered for the fair queue and the rate limits. With
+    `resume` (pre-emption on), a stream that can be continued may be stopped by the admission gate
+    for another tenant, and is then continued when its tenant's turn comes (`pipeline.resume`)."""
 
     output_charge: Callable[[str], Callable[[int], None] | None]
     log_prompts: bool
     handover_tokens: int = 0  # 0: a slot frees only when its answer is over
+    resume: Resume | None = None
     name: str = "relay"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
         attempt, grant = ctx.attempt, ctx.grant
         if attempt is None or grant is None:
             raise RuntimeError("relay before dispatch")
+        yielding = None
+        if self.resume is not None and continuable(ctx.route, ctx.body):
+            yielding = Yielding(attempt)
+            grant.preempt = yielding.stop
+        meter = self._meter(ctx, grant, ctx.expected_output(), attempt=attempt)
+        stopped = await relay(
+            attempt, send=exchange.send, headers=_headers(ctx), meter=meter, progress=ctx, yielding=yielding
+        )
+        if stopped and yielding is not None and self.resume is not None:
+            kept, yielding.chunks = b"".join(yielding.chunks), []
+            await self.resume(
+                ctx,
+                exchange.send,
+                kept=kept,
+                tokens=grant.completion_tokens,
+                meter=lambda again, left: self._meter(ctx, again, left, attempt=ctx.attempt),
+            )
 
+    def _meter(
+        self, ctx: RequestContext, grant: Grant, expected: int | None, *, attempt: Attempt | None
+    ) -> GrantMeter:
         def hand_over() -> None:
-            attempt.hand_over()  # the endpoint's slot first: the gate's pump dispatches into it
+            if attempt is not None:
+                attempt.hand_over()  # the endpoint's slot first: the gate's pump dispatches into it
             grant.hand_over()
 
-        meter = GrantMeter(
+        return GrantMeter(
             grant,
             strip_usage=ctx.strip_usage,
             on_output=self.output_charge(ctx.tenant),
             on_text=ctx.keep_output if self.log_prompts else None,
-            expected=ctx.expected_output() if self.handover_tokens else None,
+            expected=expected if self.handover_tokens else None,
             handover_tokens=self.handover_tokens,
             on_handover=hand_over,
         )
-        await relay(attempt, send=exchange.send, headers=_headers(ctx), meter=meter, progress=ctx)
 
 
 def _headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:

@@ -55,6 +55,12 @@ class ResponseMeter(Protocol):
         ...
 
 
+def _whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """`data` split after its last complete SSE event: (whole events, the unfinished rest)."""
+    cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
+    return data[:cut], data[cut:]
+
+
 def sse_error_event(message: str, *, status: int = 502) -> bytes:
     """One SSE event carrying OpenAI's error object."""
     return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"
@@ -71,14 +77,54 @@ class Progress(Protocol):
     def response_end(self) -> None: ...
 
 
+class Yielding:
+    """A stream the admission gate may stop (pre-emption, `tandem.router.admission.preemption`):
+    `chunks` keeps the engine's bytes (the text the continuation starts from); `stop` closes the
+    upstream answer (the engine aborts it, its slot is free at once), and the relay then returns
+    instead of ending the client's stream."""
+
+    __slots__ = ("_attempt", "chunks", "stopped")
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+        self.chunks: list[bytes] = []
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._attempt.finish()
+
+
 async def relay(
-    attempt: Attempt, *, send: Send, headers: Sequence[Header], meter: ResponseMeter, progress: Progress
-) -> None:
+    attempt: Attempt,
+    *,
+    send: Send,
+    headers: Sequence[Header],
+    meter: ResponseMeter,
+    progress: Progress,
+    yielding: Yielding | None = None,
+    started: bool = False,
+) -> bool:
     """Send `attempt`'s answer to the client with extra `headers`. Takes ownership of `attempt` and
-    `meter` (module docstring)."""
+    `meter` (module docstring). Returns True when `yielding` was stopped: the client's stream is
+    still open, for the continuation. `started`: the response is already under way (a
+    continuation), so only its body is sent; an engine that answers it with an error ends the stream
+    with an SSE error event."""
     reply = attempt.reply
     content_type = (b"content-type", reply.content_type.encode("latin-1"))
     try:
+        if started:
+            if not reply.streaming:
+                attempt.finish()
+                meter.buffered(reply.status, reply.head)
+                message = f"upstream {attempt.endpoint.name} answered {reply.status} to the continuation"
+                body = sse_error_event(message) + SSE_DONE
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                progress.response_end()
+                return False
+            await _stream(attempt, send=send, meter=meter, progress=progress)
+            progress.response_end()
+            return False
         if not reply.streaming:
             attempt.finish()
             meter.buffered(reply.status, reply.head)
@@ -89,23 +135,39 @@ async def relay(
             progress.response_first_byte()
             await send({"type": "http.response.body", "body": reply.head, "more_body": False})
             progress.response_end()
-            return
+            return False
         progress.response_start(reply.status)
         start = [content_type, *headers]
         await send({"type": "http.response.start", "status": reply.status, "headers": start})
-        await _stream(attempt, send=send, meter=meter, progress=progress)
+        if await _stream(attempt, send=send, meter=meter, progress=progress, yielding=yielding):
+            return True
         progress.response_end()
+        return False
     finally:
         attempt.finish()
         meter.close()
 
 
-async def _stream(attempt: Attempt, *, send: Send, meter: ResponseMeter, progress: Progress) -> None:
+async def _stream(
+    attempt: Attempt,
+    *,
+    send: Send,
+    meter: ResponseMeter,
+    progress: Progress,
+    yielding: Yielding | None = None,
+) -> bool:
+    """Relay the stream to its end (False), or until `yielding` is stopped (True, nothing ended).
+    A stream that may be stopped is forwarded in whole events only, so that the client never holds
+    half an event when the continuation's events follow."""
     reply = attempt.reply
     read, feed = reply.read, meter.stream_chunk
-    chunk, last, first = reply.head, b"", True
+    keep = yielding.chunks.append if yielding is not None else None
+    chunk, last, first, held = reply.head, b"", True, b""
     try:
         while chunk:
+            if keep is not None:
+                keep(chunk)
+                chunk, held = _whole_events(held + chunk)
             if out := feed(chunk):
                 if first:
                     progress.response_first_byte()
@@ -114,6 +176,8 @@ async def _stream(attempt: Attempt, *, send: Send, meter: ResponseMeter, progres
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             chunk = await read()
     except UpstreamError as exc:
+        if yielding is not None and yielding.stopped:
+            return True
         attempt.finish(exc)
         tail = meter.stream_end()
         last = tail or last
@@ -121,5 +185,9 @@ async def _stream(attempt: Attempt, *, send: Send, meter: ResponseMeter, progres
         message = f"upstream {attempt.endpoint.name} failed mid-stream: {exc.message}"
         body = tail + separator + sse_error_event(message) + SSE_DONE
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        return
-    await send({"type": "http.response.body", "body": meter.stream_end(), "more_body": False})
+        return False
+    if yielding is not None and yielding.stopped:
+        return True
+    tail = feed(held) + meter.stream_end() if held else meter.stream_end()  # an unfinished last event
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
+    return False

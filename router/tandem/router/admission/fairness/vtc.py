@@ -109,20 +109,28 @@ class VTCQueue(Generic[T]):
         """Tenants with at least one request waiting."""
         return {t for t, n in self._queued.items() if n > 0}
 
-    def push(self, item: T, *, tenant: str, prompt_tokens: int, priority: int = 0) -> Ticket[T]:
-        """Queue a request; lifts the tenant's counter if it just became backlogged.
+    def push(
+        self, item: T, *, tenant: str, prompt_tokens: int, priority: int = 0, front: bool = False
+    ) -> Ticket[T]:
+        """Queue a request; lifts the tenant's counter if it just became backlogged. `front`: ahead
+        of the tenant's other waiting requests, and of other tenants' at an equal counter (a
+        pre-empted stream's continuation, which was there first).
 
-        Raises QueueFull when `max_size` requests are waiting.
+        Raises QueueFull when `max_size` requests are waiting (never for `front`: an answer that has
+        started is not refused).
         """
-        if self._size >= self.max_size:
+        if self._size >= self.max_size and not front:
             raise QueueFull(f"the queue holds {self.max_size} requests")
         if not self._queued.get(tenant):
             self._lift(tenant)
         self._seq += 1
-        ticket = Ticket(
-            item=item, tenant=tenant, prompt_tokens=prompt_tokens, priority=priority, seq=self._seq
-        )
-        self._bands.setdefault(priority, {}).setdefault(tenant, deque()).append(ticket)
+        seq = -self._seq if front else self._seq
+        ticket = Ticket(item=item, tenant=tenant, prompt_tokens=prompt_tokens, priority=priority, seq=seq)
+        waiting = self._bands.setdefault(priority, {}).setdefault(tenant, deque())
+        if front:
+            waiting.appendleft(ticket)
+        else:
+            waiting.append(ticket)
         self._queued[tenant] = self._queued.get(tenant, 0) + 1
         self._size += 1
         return ticket
@@ -146,6 +154,13 @@ class VTCQueue(Generic[T]):
             self._leave(ticket)
             self._charge(ticket.tenant, self.input_weight * ticket.prompt_tokens)
         return ticket
+
+    def take(self, ticket: Ticket[T]) -> None:
+        """Dispatch this waiting request out of turn and charge its prompt, as `pop` would (the
+        gate's pre-emption serves a tenant with nothing running at once)."""
+        if not ticket.done:
+            self._leave(ticket)
+            self._charge(ticket.tenant, self.input_weight * ticket.prompt_tokens)
 
     def pass_through(self, *, tenant: str, prompt_tokens: int) -> None:
         """A request dispatched without ever waiting (nothing queued, room free): exactly what

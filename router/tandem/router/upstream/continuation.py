@@ -1,0 +1,175 @@
+"""Continuing a pre-empted stream on an engine (pure): which requests can be continued, what they
+generated so far, the body that continues them, and the usage the client is told.
+
+The admission gate may take a running stream off its engine so that a tenant with nothing running
+gets its slot at once (`tandem.router.admission.preemption`). The client's stream stays open; once
+its tenant's turn comes again the gateway sends the engine a request that **continues** the answer:
+
+- `/v1/completions`: the prompt followed by the text generated so far;
+- `/v1/chat/completions`: the messages followed by an assistant message holding the text so far, with
+  vLLM's `continue_final_message: true` and `add_generation_prompt: false` (the template leaves that
+  message open and the model goes on writing it);
+- `max_tokens` / `max_completion_tokens` and `min_tokens` less the tokens already generated.
+
+The engine recomputes the prompt and the text so far (a prefix-cache hit for the prompt's blocks on
+the engine that served it), then streams the rest, which the gateway relays into the same response.
+What the client sees differs from an uninterrupted stream only in a second `role` chunk (chat) at the
+seam and, when it asked for usage, in the usage numbers, which are told as one answer's
+(`shift_usage`: completion tokens include those before the seam, the prompt excludes them). The
+text is re-tokenized at the seam, so an engine may split it into tokens differently than it had
+(the same text; a sampled answer goes on as a new sample).
+
+Only requests whose answer is plain text of one choice can be continued (`continuable`): a stream,
+`n` = 1, no tools, no structured output, no log probabilities, no `echo`, a text prompt (completions)
+or messages that end with a turn to answer (chat).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tandem.router.types import Route
+
+#: Body fields whose answers are not plain continuable text (present and truthy).
+_NOT_CONTINUABLE = (
+    "tools",
+    "functions",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "echo",
+    "suffix",
+    "continue_final_message",
+)
+
+
+#: Parts of a chat delta that are not the answer's text.
+_NOT_TEXT = ("tool_calls", "function_call", "reasoning_content", "reasoning")
+
+
+def continuable(route: Route, body: Mapping[str, Any]) -> bool:
+    """Whether a stream for `body` can be pre-empted and continued (module docstring)."""
+    if body.get("stream") is not True or body.get("n", 1) not in (1, None):
+        return False
+    if body.get("best_of", 1) not in (1, None) or any(body.get(key) for key in _NOT_CONTINUABLE):
+        return False
+    if route is Route.CHAT:
+        messages = body.get("messages")
+        answer = body.get("add_generation_prompt", True) is True
+        return isinstance(messages, list) and bool(messages) and answer
+    prompt = body.get("prompt")
+    one = isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
+    return isinstance(prompt, str) or one
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """What a stream carried before it was cut: its text (choice 0) and whether it had finished
+    (a `finish_reason`, or `[DONE]`)."""
+
+    text: str
+    finished: bool
+
+
+def generated(raw: bytes, *, chat: bool) -> Generated | None:
+    """The text of the whole events in `raw` (the engine's SSE bytes); an unfinished last event is
+    left out (it was cut with the stream). None when an event is not one choice of plain text (a tool
+    call, reasoning, another choice), which cannot be continued.
+
+    >>> event = b'data: {"choices":[{"index":0,"text":" Hi","finish_reason":null}]}\\n\\n'
+    >>> generated(event + b'data: {"cho', chat=False)
+    Generated(text=' Hi', finished=False)
+    """
+    parts: list[str] = []
+    finished = False
+    events = raw.replace(b"\r\n", b"\n").split(b"\n\n")
+    for event in events[:-1]:  # the last piece is the unfinished tail (b"" when none)
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                finished = True
+                continue
+            try:
+                obj = orjson.loads(payload)
+            except ValueError:
+                return None
+            choices = obj.get("choices") if isinstance(obj, dict) else None
+            for choice in choices or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    return None
+                if chat:
+                    delta = choice.get("delta") or {}
+                    if not isinstance(delta, dict) or any(delta.get(k) for k in _NOT_TEXT):
+                        return None
+                    text = delta.get("content")
+                else:
+                    text = choice.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+                if choice.get("finish_reason") is not None:
+                    finished = True
+    return Generated("".join(parts), finished)
+
+
+def continuation_body(route: Route, body: Mapping[str, Any], text: str, tokens: int) -> dict[str, Any]:
+    """The body that continues `body`'s answer after `text` (`tokens` tokens) was streamed.
+
+    >>> continuation_body(Route.COMPLETIONS, {"prompt": "Once", "max_tokens": 8, "stream": True}, " upon", 1)
+    {'prompt': 'Once upon', 'max_tokens': 7, 'stream': True}
+    """
+    out = dict(body)
+    if route is Route.CHAT:
+        out["messages"] = [*body["messages"], {"role": "assistant", "content": text}]
+        out["add_generation_prompt"] = False
+        out["continue_final_message"] = True
+    else:
+        prompt = body["prompt"]
+        out["prompt"] = (prompt[0] if isinstance(prompt, list) else prompt) + text
+    for key in ("max_tokens", "max_completion_tokens"):
+        limit = out.get(key)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            out[key] = max(1, limit - tokens)
+    floor = out.get("min_tokens")
+    if isinstance(floor, int) and not isinstance(floor, bool):
+        out["min_tokens"] = max(0, floor - tokens)
+    return out
+
+
+def shift_usage(chunk: bytes, tokens: int) -> bytes:
+    """`chunk` with every usage object told as the whole answer's: `tokens` generated before the
+    seam move from the prompt to the completion (the total stays). Chunks without usage are returned
+    as they are; an event cut across chunks is left alone (its usage is not rewritten).
+
+    >>> shift_usage(b'data: {"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}\\n\\n', 2)
+    b'data: {"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}\\n\\n'
+    """
+    if tokens <= 0 or b'"usage"' not in chunk:
+        return chunk
+    out: list[bytes] = []
+    for event in chunk.split(b"\n\n"):
+        if event.startswith(b"data: {") and b'"usage"' in event:
+            try:
+                obj = orjson.loads(event[6:])
+            except ValueError:
+                out.append(event)
+                continue
+            usage = obj.get("usage") if isinstance(obj, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                usage["completion_tokens"] += tokens
+                if isinstance(usage.get("prompt_tokens"), int):
+                    usage["prompt_tokens"] = max(0, usage["prompt_tokens"] - tokens)
+                event = b"data: " + orjson.dumps(obj)
+        out.append(event)
+    return b"\n\n".join(out)
