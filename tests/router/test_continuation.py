@@ -12,7 +12,9 @@ from tandem.router.admission.fairness.vtc import VTCQueue
 from tandem.router.admission.preemption import victim
 from tandem.router.types import Route
 from tandem.router.upstream.continuation import (
+    KEEP_BYTES,
     Generated,
+    Kept,
     continuable,
     continuation_body,
     generated,
@@ -33,37 +35,52 @@ def equal(_: str) -> float:
 # -- whom to stop ------------------------------------------------------------------------------
 
 
+def only_this(_: str) -> int:
+    return 1  # the newcomer is its tenant's only waiting request
+
+
 def test_the_youngest_stream_of_the_tenant_furthest_over_its_share_is_stopped() -> None:
     running = [grant("a", 30), grant("a", 5), grant("a", 12), grant("b", 1), grant("b", 2), grant("c", 40)]
-    assert victim(running, tenant="new", priority=0, capacity=6, weight=equal) is running[1]
+    chosen = victim(running, tenant="new", priority=0, capacity=6, weight=equal, waiting=only_this)
+    assert chosen is running[1]  # shares 1.5: a holds 3, b 2 (not a whole slot over), c 1
 
 
-def test_nobody_is_stopped_for_a_tenant_that_already_runs_a_request() -> None:
+def test_a_tenant_already_at_its_share_or_with_a_backlog_waits_its_turn() -> None:
+    running = [grant("heavy", 5)] * 4 + [grant("light", 50)] * 4  # shares 4 and 4
+    assert victim(running, tenant="light", priority=0, capacity=8, weight=equal, waiting=only_this) is None
     running = [grant("heavy", 5)] * 7 + [grant("light", 50)]
-    assert victim(running, tenant="light", priority=0, capacity=8, weight=equal) is None
+    chosen = victim(running, tenant="light", priority=0, capacity=8, weight=equal, waiting=only_this)
+    assert chosen is not None and chosen.tenant == "heavy"  # light would hold 2 of its 4
+    backlog = victim(running, tenant="light", priority=0, capacity=8, weight=equal, waiting=lambda t: 3)
+    assert backlog is None  # VTC orders a backlogged tenant's requests: no pre-emption
 
 
 def test_nobody_is_stopped_when_no_tenant_holds_a_slot_more_than_its_share() -> None:
     running = [grant("a"), grant("b"), grant("c")]  # with the newcomer, shares of 3/4 each
-    assert victim(running, tenant="d", priority=0, capacity=3, weight=equal) is None
+    assert victim(running, tenant="d", priority=0, capacity=3, weight=equal, waiting=only_this) is None
 
 
 def test_weights_set_the_shares() -> None:
     running = [grant("heavy")] * 5 + [grant("b")] * 3  # 8 slots; with the newcomer, shares 8/3 each
     weights = {"heavy": 1.0}
-    chosen = victim(running, tenant="new", priority=0, capacity=8, weight=lambda t: weights.get(t, 1.0))
+
+    def weight(t: str) -> float:
+        return weights.get(t, 1.0)
+
+    chosen = victim(running, tenant="new", priority=0, capacity=8, weight=weight, waiting=only_this)
     assert chosen is not None and chosen.tenant == "heavy"
     weights["heavy"] = 4.0  # shares 5.33 / 1.33 / 1.33: heavy is within its share, b is a slot over
-    chosen = victim(running, tenant="new", priority=0, capacity=8, weight=lambda t: weights.get(t, 1.0))
+    chosen = victim(running, tenant="new", priority=0, capacity=8, weight=weight, waiting=only_this)
     assert chosen is not None and chosen.tenant == "b"
 
 
 def test_a_higher_band_and_a_stream_that_cannot_be_continued_are_never_stopped() -> None:
-    assert victim([grant("a", priority=1)] * 4, tenant="b", priority=0, capacity=4, weight=equal) is None
-    running = [grant("a", preemptible=False)] * 4
-    assert victim(running, tenant="b", priority=0, capacity=4, weight=equal) is None
-    chosen = victim([grant("a", priority=0)] * 4, tenant="b", priority=1, capacity=4, weight=equal)
-    assert chosen is not None
+    def pick(running: list[SimpleNamespace], priority: int) -> SimpleNamespace | None:
+        return victim(running, tenant="b", priority=priority, capacity=4, weight=equal, waiting=only_this)
+
+    assert pick([grant("a", priority=1)] * 4, 0) is None
+    assert pick([grant("a", preemptible=False)] * 4, 0) is None
+    assert pick([grant("a", priority=0)] * 4, 1) is not None
 
 
 # -- the queue ---------------------------------------------------------------------------------
@@ -191,3 +208,28 @@ def test_usage_is_told_as_the_whole_answers_and_other_events_pass_untouched() ->
     told = orjson.loads(out[len(content) + 6 : -2])["usage"]
     assert told == {"prompt_tokens": 13, "completion_tokens": 12, "total_tokens": 25}
     assert shift_usage(content, 7) is content
+
+
+def test_escaped_text_is_read_back_exactly() -> None:
+    pieces = [' say "hi"', "\n\tnext line", " caf\u00e9 \u2603 \U0001f600", " back\\slash", ' "content":"x"']
+    raw = b"".join(chat_event(p) for p in pieces)
+    assert generated(raw, chat=True) == Generated("".join(pieces), finished=False)
+
+
+def test_a_long_answer_is_kept_as_its_text() -> None:
+    kept = Kept(chat=True)
+    pieces = [f" token{i} with some padding to make the event longer" for i in range(2_000)]
+    for piece in pieces:
+        kept.add(chat_event(piece))
+    kept.add(chat_event("", finish="length"))
+    assert kept.result() == Generated("".join(pieces), finished=True)
+    assert sum(len(chat_event(p)) for p in pieces) > KEEP_BYTES  # it was reduced on the way
+
+
+def test_a_stream_that_turns_out_not_to_be_plain_text_is_not_continuable() -> None:
+    kept = Kept(chat=True)
+    kept.add(chat_event(" a"))
+    assert kept.plain
+    kept.add(chat_event(None, tool_calls=[{"index": 0}]))
+    kept.add(chat_event(" b"))
+    assert kept.result() is None and not kept.plain

@@ -9,9 +9,11 @@ tell the two halves of a continued answer apart, and records what it was sent.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
+import pytest
 from tests.router.harness import MODEL, Launcher, RunningRouter, metric
 
 from tandem.router.settings import AdmissionSettings, RouterSettings
@@ -57,7 +59,7 @@ def text_of(events: list[dict[str, Any]]) -> str:
 
 
 async def test_a_light_request_takes_a_heavy_streams_slot_and_the_stream_is_continued(
-    launcher: Launcher,
+    launcher: Launcher, caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
@@ -70,8 +72,14 @@ async def test_a_light_request_takes_a_heavy_streams_slot_and_the_stream_is_cont
     assert text_of(light) == " d0-0 d0-1 d0-2"
     assert not any(task.done() for task in heavy)  # served while both heavy streams were still going
     assert await metric(router, "tandem_router_preemptions_total", tenant="heavy") == 1
-    answers = await asyncio.gather(*heavy)
-    [continuation] = [r.body for r in engine.received if r.body.get("continue_final_message")]
+    with caplog.at_level(logging.INFO, logger="tandem.router"):
+        answers = await asyncio.gather(*heavy)
+    lines = [r.__dict__ for r in caplog.records if r.getMessage() == "request"]
+    assert [line.get("continued") for line in lines if line.get("tenant") == "heavy"].count(True) == 1
+    [sent] = [r for r in engine.received if r.body.get("continue_final_message")]
+    continuation, upstream_id = sent.body, sent.headers["x-request-id"]
+    assert upstream_id.endswith("-continued")  # its own id, for the engine that may still abort the first
+    assert upstream_id.removesuffix("-continued") in {r.headers["x-request-id"] for r in engine.received}
     before = continuation["messages"][-1]
     assert before["role"] == "assistant" and continuation["add_generation_prompt"] is False
     assert continuation["messages"][:-1] == chat("heavy", LONG)["messages"]
@@ -120,13 +128,13 @@ async def test_a_stream_that_cannot_be_continued_is_not_stopped(launcher: Launch
     assert await metric(router, "tandem_router_preemptions_total") == 0
 
 
-async def test_a_tenant_with_a_request_running_waits_its_turn(launcher: Launcher) -> None:
+async def test_a_tenant_at_its_share_waits_its_turn(launcher: Launcher) -> None:
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
     started = [asyncio.Event(), asyncio.Event()]
     heavy = asyncio.create_task(stream_events(router, chat("heavy", LONG), "heavy", started[0]))
     light = asyncio.create_task(stream_events(router, chat("light", LONG), "light", started[1]))
-    await asyncio.gather(*(s.wait() for s in started))  # one slot each: nobody is over its share
+    await asyncio.gather(*(s.wait() for s in started))  # one slot each: both at their share
 
     await stream_events(router, chat("light", 3), "light")
     await stream_events(router, chat("heavy", 3), "heavy")

@@ -354,6 +354,7 @@ class AdmissionGate:
             priority=request.priority,
             capacity=self._capacity() or 0,
             weight=self.queue.weight,
+            waiting=self.queue.waiting,
         )
         if chosen is None or waiter.ticket is None:
             return

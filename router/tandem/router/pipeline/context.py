@@ -76,6 +76,7 @@ class RequestContext:
     response_complete: bool = False
     first_byte_at: float | None = None
     client_disconnected: bool = False
+    continued: bool = False  # pre-empted, then continued on an engine (`pipeline.resume`)
     error: str | None = None
     #: Prompt and output text: set only when prompts may be logged (`logPrompts`), else never kept.
     prompt_text: str | None = None
@@ -184,6 +185,8 @@ class RequestContext:
             out["upstream_id"] = self.upstream_id
         if self.client_disconnected:
             out["client_disconnected"] = True
+        if self.continued:
+            out["continued"] = True
         return out
 
 

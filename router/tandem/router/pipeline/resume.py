@@ -17,9 +17,8 @@ from starlette.types import Send
 from tandem.router.admission.gate import AdmissionGate, Grant
 from tandem.router.errors import RouterError
 from tandem.router.pipeline.context import RequestContext
-from tandem.router.types import Route
 from tandem.router.upstream.client import UpstreamCall
-from tandem.router.upstream.continuation import continuation_body, generated, shift_usage
+from tandem.router.upstream.continuation import Generated, continuation_body, shift_usage
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.upstream.relay import SSE_DONE, ResponseMeter, relay, sse_error_event
 from tandem.router.upstream.usage import request_usage
@@ -34,10 +33,9 @@ class Resume:
     dispatcher: Dispatcher
 
     async def __call__(
-        self, ctx: RequestContext, send: Send, *, kept: bytes, tokens: int, meter: MeterFactory
+        self, ctx: RequestContext, send: Send, *, so_far: Generated | None, tokens: int, meter: MeterFactory
     ) -> None:
-        """Continue `ctx`'s answer after the stopped stream's bytes `kept` (`tokens` generated)."""
-        so_far = generated(kept, chat=ctx.route is Route.CHAT)
+        """Continue `ctx`'s answer after what the stopped stream carried (`tokens` generated)."""
         if so_far is None:  # `continuable` said plain text; an engine sent something else
             await _end(send, "the answer was interrupted and cannot be continued")
             return
@@ -54,7 +52,8 @@ class Resume:
             call = UpstreamCall(
                 path=ctx.route.value,
                 body=orjson.dumps(body),
-                headers={"x-request-id": ctx.upstream_id},
+                # Its own id: the engine may still hold the stopped request's while it aborts it.
+                headers={"x-request-id": f"{ctx.upstream_id}-continued"},
                 stream=True,
             )
             attempt = await self.dispatcher.open("decode", request=ctx, call=call)

@@ -215,18 +215,22 @@ class Relay:
             raise RuntimeError("relay before dispatch")
         yielding = None
         if self.resume is not None and continuable(ctx.route, ctx.body):
-            yielding = Yielding(attempt)
+
+            def withdraw() -> None:
+                grant.preempt = None
+
+            yielding = Yielding(attempt, chat=ctx.route is Route.CHAT, withdraw=withdraw)
             grant.preempt = yielding.stop
         meter = self._meter(ctx, grant, ctx.expected_output(), attempt=attempt)
         stopped = await relay(
             attempt, send=exchange.send, headers=_headers(ctx), meter=meter, progress=ctx, yielding=yielding
         )
         if stopped and yielding is not None and self.resume is not None:
-            kept, yielding.chunks = b"".join(yielding.chunks), []
+            ctx.continued = True
             await self.resume(
                 ctx,
                 exchange.send,
-                kept=kept,
+                so_far=yielding.kept.result(),
                 tokens=grant.completion_tokens,
                 meter=lambda again, left: self._meter(ctx, again, left, attempt=ctx.attempt),
             )

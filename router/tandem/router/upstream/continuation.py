@@ -26,6 +26,7 @@ or messages that end with a turn to answer (chat).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +54,6 @@ _NOT_CONTINUABLE = (
 )
 
 
-#: Parts of a chat delta that are not the answer's text.
-_NOT_TEXT = ("tool_calls", "function_call", "reasoning_content", "reasoning")
-
-
 def continuable(route: Route, body: Mapping[str, Any]) -> bool:
     """Whether a stream for `body` can be pre-empted and continued (module docstring)."""
     if body.get("stream") is not True or body.get("n", 1) not in (1, None):
@@ -81,46 +78,77 @@ class Generated:
     finished: bool
 
 
+#: A string value of the answer's text key, as it appears in the engine's JSON (still escaped). The
+#: key cannot occur inside a string (a `"` there is always escaped), and the `{` or `,` before it
+#: keeps `"reasoning_content"` from matching.
+_CHAT_TEXT = re.compile(rb'[{,]\s*"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_COMPLETION_TEXT = re.compile(rb'[{,]\s*"text"\s*:\s*"((?:[^"\\]|\\.)*)"')
+#: What plain text of one choice never carries: tool calls, reasoning, another choice.
+_NOT_PLAIN = re.compile(rb'"(?:tool_calls|function_call|reasoning_content|reasoning)"|"index"\s*:\s*[1-9]')
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"|data:\s*\[DONE\]')
+
+
 def generated(raw: bytes, *, chat: bool) -> Generated | None:
     """The text of the whole events in `raw` (the engine's SSE bytes); an unfinished last event is
     left out (it was cut with the stream). None when an event is not one choice of plain text (a tool
-    call, reasoning, another choice), which cannot be continued.
+    call, reasoning, another choice), which cannot be continued. A scan of the bytes, no JSON decode
+    per event (it runs over every continuable stream, `Kept`).
 
     >>> event = b'data: {"choices":[{"index":0,"text":" Hi","finish_reason":null}]}\\n\\n'
     >>> generated(event + b'data: {"cho', chat=False)
     Generated(text=' Hi', finished=False)
     """
-    parts: list[str] = []
-    finished = False
-    events = raw.replace(b"\r\n", b"\n").split(b"\n\n")
-    for event in events[:-1]:  # the last piece is the unfinished tail (b"" when none)
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                finished = True
-                continue
-            try:
-                obj = orjson.loads(payload)
-            except ValueError:
-                return None
-            choices = obj.get("choices") if isinstance(obj, dict) else None
-            for choice in choices or ():
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    return None
-                if chat:
-                    delta = choice.get("delta") or {}
-                    if not isinstance(delta, dict) or any(delta.get(k) for k in _NOT_TEXT):
-                        return None
-                    text = delta.get("content")
-                else:
-                    text = choice.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-                if choice.get("finish_reason") is not None:
-                    finished = True
-    return Generated("".join(parts), finished)
+    cut = max(raw.rfind(b"\n\n") + 2, raw.rfind(b"\r\n\r\n") + 4, 0)
+    whole = raw[:cut]
+    if _NOT_PLAIN.search(whole):
+        return None
+    pieces = (_CHAT_TEXT if chat else _COMPLETION_TEXT).findall(whole)
+    texts: list[str] = orjson.loads(b'["' + b'","'.join(pieces) + b'"]') if pieces else []
+    return Generated("".join(texts), _FINISHED.search(whole) is not None)
+
+
+#: Whole events a continuable stream keeps as bytes before they are reduced to their text.
+KEEP_BYTES = 16 * 1024
+
+
+class Kept:
+    """What a continuable stream has carried so far, kept small: the engine's whole events as bytes,
+    reduced to their text every `KEEP_BYTES` (`generated`), so a long answer holds its text, not its
+    events. `plain` turns False for good once an event is not plain text (the stream is then not
+    continuable)."""
+
+    __slots__ = ("_chat", "_raw", "_size", "_texts", "finished", "plain")
+
+    def __init__(self, *, chat: bool) -> None:
+        self._chat = chat
+        self._raw: list[bytes] = []
+        self._size = 0
+        self._texts: list[str] = []
+        self.finished = False
+        self.plain = True
+
+    def add(self, events: bytes) -> None:
+        """Whole SSE events, as relayed."""
+        if self.plain and events:
+            self._raw.append(events)
+            self._size += len(events)
+            if self._size >= KEEP_BYTES:
+                self._reduce()
+
+    def result(self) -> Generated | None:
+        """The text so far (None: not continuable)."""
+        self._reduce()
+        return Generated("".join(self._texts), self.finished) if self.plain else None
+
+    def _reduce(self) -> None:
+        raw, self._raw, self._size = b"".join(self._raw), [], 0
+        part = generated(raw, chat=self._chat) if self.plain else None
+        if part is None:
+            self.plain = False
+            self._texts = []
+            return
+        self._texts.append(part.text)
+        self.finished = self.finished or part.finished
 
 
 def continuation_body(route: Route, body: Mapping[str, Any], text: str, tokens: int) -> dict[str, Any]:

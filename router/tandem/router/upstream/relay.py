@@ -21,7 +21,7 @@ meter closed: both are synchronous, so they also run while the task is being can
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import orjson
@@ -29,6 +29,7 @@ from starlette.types import Send
 
 from tandem.core.openai_api import error_body
 from tandem.router.errors import UpstreamError
+from tandem.router.upstream.continuation import Kept
 from tandem.router.upstream.dispatch import Attempt
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -57,6 +58,8 @@ class ResponseMeter(Protocol):
 
 def _whole_events(data: bytes) -> tuple[bytes, bytes]:
     """`data` split after its last complete SSE event: (whole events, the unfinished rest)."""
+    if data.endswith(b"\n\n"):
+        return data, b""
     cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
     return data[:cut], data[cut:]
 
@@ -79,16 +82,25 @@ class Progress(Protocol):
 
 class Yielding:
     """A stream the admission gate may stop (pre-emption, `tandem.router.admission.preemption`):
-    `chunks` keeps the engine's bytes (the text the continuation starts from); `stop` closes the
-    upstream answer (the engine aborts it, its slot is free at once), and the relay then returns
-    instead of ending the client's stream."""
+    `kept` holds the text it carried (where the continuation starts); `stop` closes the upstream
+    answer (the engine aborts it, its slot is free at once), and the relay then returns instead of
+    ending the client's stream. `withdraw` is told once if the stream turns out not to be plain
+    text (it can then no longer be stopped)."""
 
-    __slots__ = ("_attempt", "chunks", "stopped")
+    __slots__ = ("_attempt", "_withdraw", "kept", "stopped")
 
-    def __init__(self, attempt: Attempt) -> None:
+    def __init__(self, attempt: Attempt, *, chat: bool, withdraw: Callable[[], None]) -> None:
         self._attempt = attempt
-        self.chunks: list[bytes] = []
+        self._withdraw: Callable[[], None] | None = withdraw
+        self.kept = Kept(chat=chat)
         self.stopped = False
+
+    def keep(self, events: bytes) -> None:
+        kept = self.kept
+        kept.add(events)
+        if not kept.plain and self._withdraw is not None:
+            self._withdraw()
+            self._withdraw = None
 
     def stop(self) -> None:
         self.stopped = True
@@ -161,13 +173,13 @@ async def _stream(
     half an event when the continuation's events follow."""
     reply = attempt.reply
     read, feed = reply.read, meter.stream_chunk
-    keep = yielding.chunks.append if yielding is not None else None
+    keep = yielding.keep if yielding is not None else None
     chunk, last, first, held = reply.head, b"", True, b""
     try:
         while chunk:
             if keep is not None:
+                chunk, held = _whole_events(held + chunk if held else chunk)
                 keep(chunk)
-                chunk, held = _whole_events(held + chunk)
             if out := feed(chunk):
                 if first:
                     progress.response_first_byte()

@@ -105,6 +105,10 @@ class VTCQueue(Generic[T]):
         """Counters of every tenant remembered (backlogged or recently idle)."""
         return dict(self._counters)
 
+    def waiting(self, tenant: str) -> int:
+        """Requests of `tenant` waiting."""
+        return self._queued.get(tenant, 0)
+
     def backlogged(self) -> set[str]:
         """Tenants with at least one request waiting."""
         return {t for t, n in self._queued.items() if n > 0}
