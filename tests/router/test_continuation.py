@@ -233,3 +233,10 @@ def test_a_stream_that_turns_out_not_to_be_plain_text_is_not_continuable() -> No
     kept.add(chat_event(None, tool_calls=[{"index": 0}]))
     kept.add(chat_event(" b"))
     assert kept.result() is None and not kept.plain
+
+
+def test_spaced_json_from_another_engine_is_read_too() -> None:
+    spaced = b'data: {"choices": [{"index": 0, "delta": {"content": " a \\"b\\""}, "finish_reason": null}]}'
+    end = b'data: {"choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]}\n\n'
+    raw = spaced + b"\n\n" + chat_event(" c") + end
+    assert generated(raw, chat=True) == Generated(' a "b" c', finished=True)

@@ -54,6 +54,23 @@ async def stream_events(
     return events
 
 
+async def running_streams(
+    router: RunningRouter, bodies: list[tuple[str, dict[str, Any]]]
+) -> list[asyncio.Task[list[dict[str, Any]]]]:
+    """Start one stream per (tenant, body); returns once each has sent its first events."""
+    started = [asyncio.Event() for _ in bodies]
+    tasks = [
+        asyncio.create_task(stream_events(router, body, tenant, event))
+        for (tenant, body), event in zip(bodies, started, strict=True)
+    ]
+    await asyncio.gather(*(event.wait() for event in started))
+    return tasks
+
+
+def heavy_pair(**extra: Any) -> list[tuple[str, dict[str, Any]]]:
+    return [("heavy", chat("heavy", LONG, **extra))] * 2
+
+
 def text_of(events: list[dict[str, Any]]) -> str:
     return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
 
@@ -63,9 +80,7 @@ async def test_a_light_request_takes_a_heavy_streams_slot_and_the_stream_is_cont
 ) -> None:
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
-    started = [asyncio.Event(), asyncio.Event()]
-    heavy = [asyncio.create_task(stream_events(router, chat("heavy", LONG), "heavy", s)) for s in started]
-    await asyncio.gather(*(s.wait() for s in started))
+    heavy = await running_streams(router, heavy_pair())
 
     light = await stream_events(router, chat("light", 3), "light")
 
@@ -98,9 +113,7 @@ async def test_with_preemption_off_the_light_request_waits_for_a_slot(launcher: 
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     admission = TWO_SLOTS.model_copy(update={"preemption": "off"})
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=admission))
-    started = [asyncio.Event(), asyncio.Event()]
-    heavy = [asyncio.create_task(stream_events(router, chat("heavy", LONG), "heavy", s)) for s in started]
-    await asyncio.gather(*(s.wait() for s in started))
+    heavy = await running_streams(router, heavy_pair())
 
     await stream_events(router, chat("light", 3), "light")
 
@@ -113,13 +126,8 @@ async def test_with_preemption_off_the_light_request_waits_for_a_slot(launcher: 
 async def test_a_stream_that_cannot_be_continued_is_not_stopped(launcher: Launcher) -> None:
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
-    started = [asyncio.Event(), asyncio.Event()]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    heavy = [
-        asyncio.create_task(stream_events(router, chat("heavy", LONG, tools=tools), "heavy", s))
-        for s in started
-    ]
-    await asyncio.gather(*(s.wait() for s in started))
+    heavy = await running_streams(router, heavy_pair(tools=tools))
 
     await stream_events(router, chat("light", 3), "light")
 
@@ -131,24 +139,20 @@ async def test_a_stream_that_cannot_be_continued_is_not_stopped(launcher: Launch
 async def test_a_tenant_at_its_share_waits_its_turn(launcher: Launcher) -> None:
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
-    started = [asyncio.Event(), asyncio.Event()]
-    heavy = asyncio.create_task(stream_events(router, chat("heavy", LONG), "heavy", started[0]))
-    light = asyncio.create_task(stream_events(router, chat("light", LONG), "light", started[1]))
-    await asyncio.gather(*(s.wait() for s in started))  # one slot each: both at their share
+    both = [("heavy", chat("heavy", LONG)), ("light", chat("light", LONG))]
+    streams = await running_streams(router, both)  # one slot each: both at their share
 
     await stream_events(router, chat("light", 3), "light")
     await stream_events(router, chat("heavy", 3), "heavy")
 
-    await asyncio.gather(heavy, light)
+    await asyncio.gather(*streams)
     assert await metric(router, "tandem_router_preemptions_total") == 0
 
 
 async def test_a_client_that_leaves_while_its_continuation_waits_frees_everything(launcher: Launcher) -> None:
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
-    started = [asyncio.Event(), asyncio.Event()]
-    heavy = [asyncio.create_task(stream_events(router, chat("heavy", LONG), "heavy", s)) for s in started]
-    await asyncio.gather(*(s.wait() for s in started))
+    heavy = await running_streams(router, heavy_pair())
     light = asyncio.create_task(stream_events(router, chat("light", LONG), "light"))
     for _ in range(200):
         if await metric(router, "tandem_router_preemptions_total") == 1:

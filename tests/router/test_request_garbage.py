@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from tests.router.harness import MODEL, Launcher, RunningRouter, metric
-from tests.router.test_preemption import LONG, TWO_SLOTS, chat, stream_events
+from tests.router.test_preemption import LONG, TWO_SLOTS, chat, heavy_pair, running_streams, stream_events
 
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.scheduling.state import Ticket
@@ -148,9 +148,7 @@ async def test_no_preempted_or_continued_request_object_outlives_its_request(
 ) -> None:
     engine = await launcher.engine("d0", tokens=LONG, token_delay=0.02)
     router = await launcher.router(decode=[engine], settings=RouterSettings(admission=TWO_SLOTS))
-    started = [asyncio.Event(), asyncio.Event()]
-    heavy = [asyncio.create_task(stream_events(router, chat("heavy", LONG), "heavy", s)) for s in started]
-    await asyncio.gather(*(s.wait() for s in started))
+    heavy = await running_streams(router, heavy_pair())
     await stream_events(router, chat("light", 3), "light")
     await asyncio.gather(*heavy)
     await settled(router)

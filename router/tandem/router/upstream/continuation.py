@@ -78,14 +78,18 @@ class Generated:
     finished: bool
 
 
-#: A string value of the answer's text key, as it appears in the engine's JSON (still escaped). The
-#: key cannot occur inside a string (a `"` there is always escaped), and the `{` or `,` before it
-#: keeps `"reasoning_content"` from matching.
-_CHAT_TEXT = re.compile(rb'[{,]\s*"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_COMPLETION_TEXT = re.compile(rb'[{,]\s*"text"\s*:\s*"((?:[^"\\]|\\.)*)"')
+#: A string value of the answer's text key as engines write it (compact JSON, still escaped). The key
+#: cannot occur inside a string (a `"` there is always escaped); `"reasoning_content"` is refused
+#: before these run. The `_SPACED` forms are the general case, used only when the compact ones miss
+#: an occurrence of the key.
+_CHAT_TEXT = re.compile(rb'"content":"((?:[^"\\]|\\.)*)"')
+_COMPLETION_TEXT = re.compile(rb'"text":"((?:[^"\\]|\\.)*)"')
+_CHAT_TEXT_SPACED = re.compile(rb'"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_COMPLETION_TEXT_SPACED = re.compile(rb'"text"\s*:\s*"((?:[^"\\]|\\.)*)"')
 #: What plain text of one choice never carries: tool calls, reasoning, another choice.
-_NOT_PLAIN = re.compile(rb'"(?:tool_calls|function_call|reasoning_content|reasoning)"|"index"\s*:\s*[1-9]')
-_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"|data:\s*\[DONE\]')
+_NOT_PLAIN = (b'"tool_calls"', b'"function_call"', b'"reasoning')
+_OTHER_CHOICE = re.compile(rb'"index":\s*[1-9]')
+_FINISHED = (b'"finish_reason":"', b'"finish_reason": "', b"[DONE]")
 
 
 def generated(raw: bytes, *, chat: bool) -> Generated | None:
@@ -100,15 +104,18 @@ def generated(raw: bytes, *, chat: bool) -> Generated | None:
     """
     cut = max(raw.rfind(b"\n\n") + 2, raw.rfind(b"\r\n\r\n") + 4, 0)
     whole = raw[:cut]
-    if _NOT_PLAIN.search(whole):
+    if any(marker in whole for marker in _NOT_PLAIN) or _OTHER_CHOICE.search(whole):
         return None
+    key = b'"content"' if chat else b'"text"'
     pieces = (_CHAT_TEXT if chat else _COMPLETION_TEXT).findall(whole)
+    if len(pieces) + whole.count(key + b":null") != whole.count(key):
+        pieces = (_CHAT_TEXT_SPACED if chat else _COMPLETION_TEXT_SPACED).findall(whole)
     texts: list[str] = orjson.loads(b'["' + b'","'.join(pieces) + b'"]') if pieces else []
-    return Generated("".join(texts), _FINISHED.search(whole) is not None)
+    return Generated("".join(texts), any(marker in whole for marker in _FINISHED))
 
 
 #: Whole events a continuable stream keeps as bytes before they are reduced to their text.
-KEEP_BYTES = 16 * 1024
+KEEP_BYTES = 64 * 1024
 
 
 class Kept:
