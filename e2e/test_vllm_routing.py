@@ -8,7 +8,9 @@ events and the gateway follows them. Checks, with greedy decoding:
 2. a new long prompt goes prefill → decode (`tandem_router_pd_decisions_total{decision="disaggregate"}`),
    its KV events reach the gateway (`tandem_router_kv_events_total{kind="BlockStored"}`), and once the
    speculative TTL has passed, the same prompt and a longer one sharing its prefix go decode-only to the
-   engine whose events hold it; every answer equals, token for token, one engine computing it alone.
+   engine whose events hold it; every answer equals, token for token, one engine computing it alone;
+3. the body that continues a pre-empted chat (`continue_final_message`) is accepted by vLLM, which
+   leaves the partial answer open and generates only the rest.
 
 Run: `TANDEM_SLOW=1 .venv/bin/python -m pytest e2e/test_vllm_routing.py -q`; needs `make setup-vllm`.
 """
@@ -28,6 +30,8 @@ from e2e.stacks import MODEL_DIR, SERVED, Stack, complete, counter, require_vllm
 
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.tokenizer_files import load_tokenizer
+from tandem.router.types import Route
+from tandem.router.upstream.continuation import continuation_body
 
 pytestmark = [
     pytest.mark.slow,
@@ -134,3 +138,33 @@ def test_decisions_and_routing_follow_what_the_engines_really_cache(stack: Stack
         stack.decode
     )
     assert counter(stack.gateway, "tandem_router_kv_event_decode_errors_total") == 0
+
+
+def test_vllm_continues_a_stopped_chat_answer_as_the_gateway_asks(stack: Stack) -> None:
+    """A pre-empted stream's continuation (`tandem.router.upstream.continuation`) on real vLLM: the
+    engine accepts the body, renders the partial answer left open (its prompt is the chat template
+    with `continue_final_message`, as vLLM's own `/tokenize` counts it) and generates only the rest."""
+    engine = stack.decode[0]
+    body = {
+        "model": SERVED,
+        "messages": [{"role": "user", "content": "Count from one to twenty in words."}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    so_far = " one, two, three"
+    continued = continuation_body(Route.CHAT, body, so_far, 4)
+    rendered = {k: continued[k] for k in ("messages", "add_generation_prompt", "continue_final_message")}
+    counted = httpx.post(f"{engine}/tokenize", json={"model": SERVED, **rendered}, timeout=60)
+    assert counted.status_code == 200, counted.text
+    answer = httpx.post(f"{engine}/v1/chat/completions", json={**continued, "stream": False}, timeout=300)
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    assert usage["completion_tokens"] == 12 - 4
+    assert usage["prompt_tokens"] == counted.json()["count"]
+    closed = httpx.post(
+        f"{engine}/tokenize", json={"model": SERVED, "messages": continued["messages"]}, timeout=60
+    )
+    assert closed.status_code == 200
+    assert closed.json()["count"] > counted.json()["count"]  # left open: no end of turn, no new header
