@@ -29,6 +29,8 @@ MeterFactory = Callable[[Grant, int | None], ResponseMeter]
 
 @dataclass(frozen=True, slots=True)
 class Resume:
+    """Continues pre-empted streams: capacity from `gate.resume`, an engine from `dispatcher`."""
+
     gate: AdmissionGate
     dispatcher: Dispatcher
 

@@ -13,7 +13,7 @@ each one small object with one job, reading and writing the request's `RequestCo
 | `Pick` | the decode endpoint, so P/D can look at what it already caches | — |
 | `Disaggregate` | the P/D decision, the prefill and the KV barrier (never fails the request) | — |
 | `Dispatch` | the decode request, retried elsewhere before its first byte | 503 |
-| `Relay` | the answer to the client, byte for byte, charging tokens as they stream | — |
+| `Relay` | the answer, byte for byte, charged as it streams; continued if pre-empted (`resume`) | — |
 
 `Pipeline.run` runs them in order; a stage raises a `RouterError` to stop the request (the HTTP
 shell, `tandem.router.http.server`, answers it in OpenAI's error shape). What a stage holds until the
