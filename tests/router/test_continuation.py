@@ -227,12 +227,15 @@ def test_a_long_answer_is_kept_as_its_text() -> None:
 
 
 def test_a_stream_that_turns_out_not_to_be_plain_text_is_not_continuable() -> None:
-    kept = Kept(chat=True)
+    told: list[str] = []
+    kept = Kept(chat=True, on_unplain=lambda: told.append("withdrawn"))
     kept.add(chat_event(" a"))
-    assert kept.plain
+    assert kept.plain and not told
+    kept.add(chat_event(None, reasoning_content="hmm"))  # a reasoning model sends it unasked
+    assert told == ["withdrawn"]  # at once, not when the text is next reduced
     kept.add(chat_event(None, tool_calls=[{"index": 0}]))
     kept.add(chat_event(" b"))
-    assert kept.result() is None and not kept.plain
+    assert kept.result() is None and not kept.plain and told == ["withdrawn"]
 
 
 def test_spaced_json_from_another_engine_is_read_too() -> None:

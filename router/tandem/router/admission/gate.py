@@ -27,9 +27,10 @@ baseline). The gate itself only keeps the books:
   freed), and every `poll_s` while requests wait (capacity can also return without an event: an
   endpoint back from cool-down, a new endpoint discovered). Every change of the backlog ticks the
   `DrainMeter`, whose rate (dispatches per second of backlog) prices the wait and `Retry-After`.
-- **Pre-emption** (`preemption` on): a request that must wait, of a tenant with nothing running, may
-  take the slot of a running stream of a tenant over its share (`tandem.router.admission.preemption`
-  says whose): the stream's grant gives up its capacity to the newcomer, which is granted at once,
+- **Pre-emption** (`preemption` on): a request that must wait, its tenant's only one waiting and
+  within its share of the running slots, may take the slot of a running stream of a tenant a whole
+  slot over its share (`tandem.router.admission.preemption` says when and whose): the stream's
+  grant gives up its capacity to the newcomer, which is granted at once,
   and the stream is stopped through `Grant.preempt` (set by the relay while it can be continued).
   Its continuation waits in `resume`: at the front of its tenant's requests, no prompt charged, never
   refused for a full queue.
@@ -297,20 +298,10 @@ class AdmissionGate:
             self._reject(
                 pushed, self._overloaded("pushed_out", ahead=len(self.queue), queued=len(self.queue))
             )
-        waiter = Waiter(
-            request=request,
-            arrived=now,
-            deadline=now + budget,
-            future=asyncio.get_running_loop().create_future(),
-        )
         try:
-            waiter.ticket = self.queue.push(
-                waiter, tenant=tenant, prompt_tokens=request.prompt_size(), priority=priority
-            )
+            waiter = self._enqueue(request, now=now, budget=budget, prompt_tokens=request.prompt_size())
         except QueueFull:
             raise self._overloaded("queue_full", ahead=len(self.queue), queued=len(self.queue)) from None
-        self._drain.tick(now, waiting=True)
-        self.pump()
         if self.preemption and not waiter.future.done():
             self._preempt_for(waiter)
         try:
@@ -330,19 +321,28 @@ class AdmissionGate:
             return Grant(self, tenant=tenant, prompt_tokens=0, charged=False, priority=priority)
         if self.admitted < capacity and not len(self.queue):
             return self._pass_through(request, now=now)
-        waiter = Waiter(
-            request=request,
-            arrived=now,
-            deadline=now + self._max_wait,
-            future=asyncio.get_running_loop().create_future(),
-        )
-        waiter.ticket = self.queue.push(waiter, tenant=tenant, prompt_tokens=0, priority=priority, front=True)
-        self._drain.tick(now, waiting=True)
-        self.pump()
+        waiter = self._enqueue(request, now=now, budget=self._max_wait, prompt_tokens=0, front=True)
         try:
             return await self._wait(waiter)
         finally:
-            del waiter
+            del waiter  # see `admit`
+
+    def _enqueue(
+        self, request: Admittable, *, now: float, budget: float, prompt_tokens: int, front: bool = False
+    ) -> Waiter:
+        """Queue `request` (raises `QueueFull`, never for `front`) and serve what capacity allows."""
+        waiter = Waiter(
+            request=request,
+            arrived=now,
+            deadline=now + budget,
+            future=asyncio.get_running_loop().create_future(),
+        )
+        waiter.ticket = self.queue.push(
+            waiter, tenant=request.tenant, prompt_tokens=prompt_tokens, priority=request.priority, front=front
+        )
+        self._drain.tick(now, waiting=True)
+        self.pump()
+        return waiter
 
     def _preempt_for(self, waiter: Waiter) -> None:
         """Serve `waiter` at once in a slot taken from a running stream, when the rule of

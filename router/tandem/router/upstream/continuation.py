@@ -27,7 +27,7 @@ or messages that end with a turn to answer (chat).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,18 @@ _OTHER_CHOICE = re.compile(rb'"index":\s*[1-9]')
 _FINISHED = (b'"finish_reason":"', b'"finish_reason": "', b"[DONE]")
 
 
+def whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """`data` split after its last complete SSE event: (whole events, the unfinished rest).
+
+    >>> whole_events(b"data: 1\\n\\ndata: 2")
+    (b'data: 1\\n\\n', b'data: 2')
+    """
+    if data.endswith(b"\n\n"):
+        return data, b""
+    cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
+    return data[:cut], data[cut:]
+
+
 def generated(raw: bytes, *, chat: bool) -> Generated | None:
     """The text of the whole events in `raw` (the engine's SSE bytes); an unfinished last event is
     left out (it was cut with the stream). None when an event is not one choice of plain text (a tool
@@ -102,8 +114,7 @@ def generated(raw: bytes, *, chat: bool) -> Generated | None:
     >>> generated(event + b'data: {"cho', chat=False)
     Generated(text=' Hi', finished=False)
     """
-    cut = max(raw.rfind(b"\n\n") + 2, raw.rfind(b"\r\n\r\n") + 4, 0)
-    whole = raw[:cut]
+    whole, _ = whole_events(raw)
     if any(marker in whole for marker in _NOT_PLAIN) or _OTHER_CHOICE.search(whole):
         return None
     key = b'"content"' if chat else b'"text"'
@@ -122,12 +133,13 @@ class Kept:
     """What a continuable stream has carried so far, kept small: the engine's whole events as bytes,
     reduced to their text every `KEEP_BYTES` (`generated`), so a long answer holds its text, not its
     events. `plain` turns False for good once an event is not plain text (the stream is then not
-    continuable)."""
+    continuable), and `on_unplain` is told then, once."""
 
-    __slots__ = ("_chat", "_raw", "_size", "_texts", "finished", "plain")
+    __slots__ = ("_chat", "_on_unplain", "_raw", "_size", "_texts", "finished", "plain")
 
-    def __init__(self, *, chat: bool) -> None:
+    def __init__(self, *, chat: bool, on_unplain: Callable[[], None] | None = None) -> None:
         self._chat = chat
+        self._on_unplain = on_unplain
         self._raw: list[bytes] = []
         self._size = 0
         self._texts: list[str] = []
@@ -135,8 +147,12 @@ class Kept:
         self.plain = True
 
     def add(self, events: bytes) -> None:
-        """Whole SSE events, as relayed."""
+        """Whole SSE events, as relayed. Tool calls and reasoning are noticed at once (a reasoning
+        model sends them unasked), so such a stream is never stopped."""
         if self.plain and events:
+            if any(marker in events for marker in _NOT_PLAIN):
+                self._unplain()
+                return
             self._raw.append(events)
             self._size += len(events)
             if self._size >= KEEP_BYTES:
@@ -151,11 +167,15 @@ class Kept:
         raw, self._raw, self._size = b"".join(self._raw), [], 0
         part = generated(raw, chat=self._chat) if self.plain else None
         if part is None:
-            self.plain = False
-            self._texts = []
+            self._unplain()
             return
         self._texts.append(part.text)
         self.finished = self.finished or part.finished
+
+    def _unplain(self) -> None:
+        was, self.plain, self._raw, self._texts = self.plain, False, [], []
+        if was and self._on_unplain is not None:
+            self._on_unplain()
 
 
 def continuation_body(route: Route, body: Mapping[str, Any], text: str, tokens: int) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from starlette.types import Send
 
 from tandem.core.openai_api import error_body
 from tandem.router.errors import UpstreamError
-from tandem.router.upstream.continuation import Kept
+from tandem.router.upstream.continuation import Kept, whole_events
 from tandem.router.upstream.dispatch import Attempt
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -56,14 +56,6 @@ class ResponseMeter(Protocol):
         ...
 
 
-def _whole_events(data: bytes) -> tuple[bytes, bytes]:
-    """`data` split after its last complete SSE event: (whole events, the unfinished rest)."""
-    if data.endswith(b"\n\n"):
-        return data, b""
-    cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
-    return data[:cut], data[cut:]
-
-
 def sse_error_event(message: str, *, status: int = 502) -> bytes:
     """One SSE event carrying OpenAI's error object."""
     return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"
@@ -87,20 +79,12 @@ class Yielding:
     ending the client's stream. `withdraw` is told once if the stream turns out not to be plain
     text (it can then no longer be stopped)."""
 
-    __slots__ = ("_attempt", "_withdraw", "kept", "stopped")
+    __slots__ = ("_attempt", "kept", "stopped")
 
     def __init__(self, attempt: Attempt, *, chat: bool, withdraw: Callable[[], None]) -> None:
         self._attempt = attempt
-        self._withdraw: Callable[[], None] | None = withdraw
-        self.kept = Kept(chat=chat)
+        self.kept = Kept(chat=chat, on_unplain=withdraw)
         self.stopped = False
-
-    def keep(self, events: bytes) -> None:
-        kept = self.kept
-        kept.add(events)
-        if not kept.plain and self._withdraw is not None:
-            self._withdraw()
-            self._withdraw = None
 
     def stop(self) -> None:
         self.stopped = True
@@ -173,12 +157,12 @@ async def _stream(
     half an event when the continuation's events follow."""
     reply = attempt.reply
     read, feed = reply.read, meter.stream_chunk
-    keep = yielding.keep if yielding is not None else None
+    keep = yielding.kept.add if yielding is not None else None
     chunk, last, first, held = reply.head, b"", True, b""
     try:
         while chunk:
             if keep is not None:
-                chunk, held = _whole_events(held + chunk if held else chunk)
+                chunk, held = whole_events(held + chunk if held else chunk)
                 keep(chunk)
             if out := feed(chunk):
                 if first:
