@@ -1,11 +1,26 @@
-"""The chained chunk hash shared by the simulator's block hashes and the KV pool's keys.
+"""The chained chunk hashes of the KV pool's keys: Tandem's own, and LMCache's.
 
-Chunk hashes chain over full chunks only, so chunk i identifies the whole prefix up to its end:
-`h_i = H(h_{i-1}, tokens[i*C:(i+1)*C])`, `h_{-1} = 0`, with H the first 8 bytes (big-endian, signed) of
-SHA-256 over the parent as 8 signed big-endian bytes followed by the tokens as little-endian uint32
-(ids above 2**32-1 are reduced mod 2**32). Like LMCache's builtin hash it can be negative.
+Both chain over full chunks only, so chunk i identifies the whole prefix up to its end:
+`h_i = H(h_{i-1}, tokens[i*C:(i+1)*C])`; a prompt's partial tail chunk has no hash. Both can be
+negative (keys then read `...@-7cfefdccc681b183@...`).
 
-The pool's key layout built on it (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
+- Tandem's (`chunk_hashes`, `TandemHash`): the simulator's block hashes and Tandem's vLLM connector.
+  `h_{-1} = 0`, H = the first 8 bytes (big-endian, signed) of SHA-256 over the parent as 8 signed
+  big-endian bytes followed by the tokens as little-endian uint32 (ids above 2**32-1 are reduced mod
+  2**32). The same in every process, whatever PYTHONHASHSEED is.
+- LMCache's (`lmcache_chunk_hashes`, `LMCacheHash`): what LMCache 0.5.6's `ChunkedTokenDatabase`
+  computes inside vLLM 0.32 with its default `pre_caching_hash_algorithm: builtin` and
+  `save_unfull_chunk: False`. vLLM's `get_hash_fn_by_name` does not know `builtin`, so LMCache falls
+  back to Python's `hash`: `H(parent, chunk) = hash((parent, tuple(chunk), ()))` and
+  `h_{-1} = NONE_HASH = hash(os.environ["PYTHONHASHSEED"])` (vLLM's `init_none_hash`, called by
+  LMCache in the engine process). The tuple hash of ints does not depend on the hash secret (ints
+  hash to themselves mod 2**61-1, tuples combine with xxHash's rounds, CPython ≥ 3.8, 64-bit), so
+  this process may call `hash` on the tuple itself; the seed's str hash does depend on it, so
+  `lmcache_none_hash` computes it as the engine's CPython does (`tandem.core.pyhash`, CPython ≥ 3.11).
+  Other LMCache versions hashed differently (e.g. `(parent, tokens, None)` before they canonicalised
+  the tuple), and without PYTHONHASHSEED the engines' keys are random per process.
+
+The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
 `kv_bytes`/`metadata` pair) lives in `tandem.kvpool.keys`, which re-exports these names.
 """
 
@@ -14,19 +29,32 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tandem.core.pyhash import parse_seed, str_hash
+
+__all__ = [
+    "NONE_HASH",
+    "ChunkHashScheme",
+    "LMCacheHash",
+    "TandemHash",
+    "chunk_hashes",
+    "lmcache_chunk_hashes",
+    "lmcache_none_hash",
+]
 
 NONE_HASH = 0
 
 
 def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NONE_HASH) -> list[int]:
-    """Chained hashes of every *full* chunk of `token_ids`; a partial tail chunk has none.
+    """Tandem's chained hashes of every *full* chunk of `token_ids`; a partial tail chunk has none.
 
     `parent` continues a chain: `chunk_hashes(b, C, parent=chunk_hashes(a, C)[-1])` equals the tail of
     `chunk_hashes(a + b, C)` when `len(a)` is a multiple of `C` (the simulator extends block hashes
     this way as a sequence grows, instead of rehashing it from the start).
     """
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    _check(chunk_size)
     hashes: list[int] = []
     for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
         chunk = token_ids[start : start + chunk_size]
@@ -35,3 +63,62 @@ def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NON
         parent = int.from_bytes(digest.digest()[:8], "big", signed=True)
         hashes.append(parent)
     return hashes
+
+
+def lmcache_none_hash(python_hash_seed: str | None) -> int | None:
+    """LMCache's NONE_HASH (the first chunk's parent) in engines whose environment has
+    `PYTHONHASHSEED=python_hash_seed`, or None where nobody can reproduce it (unset or `random`: the
+    engine's str hashes are random; module docstring).
+
+    It is `hash(python_hash_seed)` as the engine computes it. `""` gives 0 (vLLM reads the empty value
+    as a seed and the empty string hashes to 0 under any secret). Example: `"0"` → 5313149338359954478.
+    """
+    if python_hash_seed is None:
+        return None
+    if python_hash_seed == "":
+        return 0
+    seed = parse_seed(python_hash_seed)
+    return None if seed is None else str_hash(python_hash_seed, seed=seed)
+
+
+def lmcache_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash: int) -> list[int]:
+    """LMCache 0.5.6's chained hashes of every full chunk of `token_ids` (module docstring), starting
+    from `none_hash` (`lmcache_none_hash`). Example: under PYTHONHASHSEED=0, the chunk `range(256)`
+    hashes to `hash((5313149338359954478, tuple(range(256)), ()))`."""
+    _check(chunk_size)
+    hashes: list[int] = []
+    parent = none_hash
+    for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
+        parent = hash((parent, tuple(token_ids[start : start + chunk_size]), ()))
+        hashes.append(parent)
+    return hashes
+
+
+@dataclass(frozen=True, slots=True)
+class TandemHash:
+    """Tandem's SHA-256 chain (`chunk_hashes`): the simulator and Tandem's vLLM connector."""
+
+    name: ClassVar[str] = "tandem"
+
+    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int) -> list[int]:
+        return chunk_hashes(token_ids, chunk_size)
+
+
+@dataclass(frozen=True, slots=True)
+class LMCacheHash:
+    """LMCache's builtin-hash chain from the engines' NONE_HASH (`lmcache_chunk_hashes`)."""
+
+    none_hash: int
+    name: ClassVar[str] = "lmcache"
+
+    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int) -> list[int]:
+        return lmcache_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
+
+
+#: How a writer hashes a prompt's chunks.
+ChunkHashScheme = TandemHash | LMCacheHash
+
+
+def _check(chunk_size: int) -> None:
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
