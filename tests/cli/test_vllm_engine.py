@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.cli.up import STARTUP_TIMEOUT, VLLM_STARTUP_TIMEOUT, startup_timeout
+from tandem.core.routerconfig import EngineKVKeys
 from tandem.core.spec import InferenceService, parse_inference_service
 from tandem.local.autoscale import LocalEndpoints
 from tandem.local.autoscaler import LocalAutoscaler
@@ -111,6 +112,14 @@ def test_lmcache_falls_back_to_tandems_connector_with_a_note() -> None:
     isvc = isvc_for({"kvPool": {"connector": "lmcache"}})
     assert local_connector(isvc) == ("tandem", LMCACHE_NOTE)
     assert local_connector(isvc_for({})) == ("tandem", None)
+
+
+def test_the_gateway_is_told_the_engines_run_tandems_connector_whatever_the_spec_says() -> None:
+    keys = plan_for({"kvPool": {"connector": "lmcache"}}).router_config.engine_kv_keys
+    assert keys == EngineKVKeys(connector="tandem", model="tiny-qwen2", python_hash_seed="0")
+    seeded = plan_for({"engine": {"kind": "vllm", "env": [{"name": "PYTHONHASHSEED", "value": "3"}]}})
+    assert seeded.router_config.engine_kv_keys is not None
+    assert seeded.router_config.engine_kv_keys.python_hash_seed == "3"
 
 
 def test_the_gateway_reads_the_models_own_tokenizer_from_the_local_model_directory() -> None:

@@ -7,18 +7,22 @@ an unavailable pool (a list the test advances), so the back-off is checked witho
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from tests.kvpool.pool import CHUNK, prompt, store_prompt
 from tests.servers import RedisServer, free_port
 
 from tandem.kvpool.client import connect
 from tandem.kvpool.index import KVPoolIndex
+from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, LMCacheHash, PoolKeys, lmcache_none_hash
+
+QWEN = PoolKeys(model="qwen", chunk_size=CHUNK)
 
 
 def _index(url: str, clock: list[float] | None = None, password: str | None = None) -> KVPoolIndex:
     now = clock if clock is not None else [0.0]
     client = connect(url, timeout_s=2.0, password=password)
-    return KVPoolIndex(client, model="qwen", chunk_size=CHUNK, clock=lambda: now[0], retry_after_s=1.0)
+    return KVPoolIndex(client, keys=QWEN, clock=lambda: now[0], retry_after_s=1.0)
 
 
 async def test_the_cached_prefix_is_the_leading_run_of_stored_chunks(redis_server: RedisServer) -> None:
@@ -50,7 +54,7 @@ async def test_the_barrier_times_out_on_a_missing_chunk(redis_server: RedisServe
     tokens = prompt(2 * CHUNK)
     with redis_server.client() as client:
         store_prompt(client, "qwen", tokens, metadata=False)  # bytes only: not complete
-    index = KVPoolIndex(connect(redis_server.url), model="qwen", chunk_size=CHUNK, clock=time.monotonic)
+    index = KVPoolIndex(connect(redis_server.url), keys=QWEN, clock=time.monotonic)
     try:
         result = await index.wait_for_prompt(tokens, timeout_s=0.05)
     finally:
@@ -87,3 +91,26 @@ async def test_a_password_protected_pool_needs_the_password(redis_server: RedisS
     finally:
         for index in (without, with_env, in_url):
             await index.aclose()
+
+
+async def test_lmcache_engines_chunks_are_found_under_lmcaches_own_keys(redis_server: RedisServer) -> None:
+    """Keys as LMCache writes them (`/models/qwen@2@0@<builtin hash>@half` + suffix, worker 1 too)."""
+    none_hash = lmcache_none_hash("0")
+    assert none_hash is not None
+    keys = PoolKeys(
+        model="/models/qwen", chunk_size=CHUNK, dtype="half", world_size=2, scheme=LMCacheHash(none_hash)
+    )
+    tokens = prompt(3 * CHUNK + 5)
+    with redis_server.client() as client:
+        for worker in (0, 1):
+            for base in replace(keys, worker_id=worker).chunk_keys(tokens[: 2 * CHUNK], suffix=""):
+                client.set(base + KV_BYTES_SUFFIX, b"x")
+                client.set(base + METADATA_SUFFIX, b"m")
+        store_prompt(client, "/models/qwen", tokens)  # Tandem's hash of the same tokens: not these keys
+    index = KVPoolIndex(connect(redis_server.url), keys=keys, clock=time.monotonic)
+    try:
+        assert index.metadata_keys(tokens)[0].startswith("/models/qwen@2@0@")
+        assert await index.cached_prefix_tokens(tokens) == 2 * CHUNK
+        assert (await index.wait_for_prompt(tokens[: 2 * CHUNK], timeout_s=1.0)).outcome == "ok"
+    finally:
+        await index.aclose()

@@ -11,10 +11,13 @@ from tandem.kvpool.keys import (
     DTYPE_TO_INT,
     MEMORY_FORMAT_KV_2LTD,
     ChunkMetadata,
+    LMCacheHash,
+    PoolKeys,
     chunk_hashes,
     chunk_key,
     decode_metadata,
     encode_metadata,
+    lmcache_none_hash,
     model_pattern,
     parse_key,
 )
@@ -121,3 +124,31 @@ def test_a_key_written_by_chunk_key_parses_back() -> None:
 )
 def test_other_keys_do_not_parse(key: str) -> None:
     assert parse_key(key) is None
+
+
+def test_pool_keys_name_chunks_as_lmcache_writes_them() -> None:
+    """The expected strings are what LMCache 0.5.6's own ChunkedTokenDatabase printed (to_string) in
+    .venv-vllm under PYTHONHASHSEED=0, for a model `/models/qwen` on 2 ranks in bfloat16."""
+    none_hash = lmcache_none_hash("0")
+    assert none_hash is not None
+    keys = PoolKeys(model="/models/qwen", chunk_size=CHUNK, world_size=2, scheme=LMCacheHash(none_hash))
+    assert keys.chunk_keys(list(range(600)), suffix="") == [
+        "/models/qwen@2@0@5f05dec65811b7cc@bfloat16",
+        "/models/qwen@2@0@-adc333b9eaa0e45@bfloat16",  # Python's `:x` of a negative hash
+    ]
+    assert keys.chunk_keys(list(range(CHUNK)))[0].endswith("@bfloat16metadata")
+    parsed = parse_key(keys.chunk_keys(list(range(CHUNK)))[0])
+    assert parsed is not None and (parsed.model, parsed.world_size, parsed.worker_id) == (
+        "/models/qwen",
+        2,
+        0,
+    )
+
+
+def test_pool_keys_default_to_tandems_hash_on_one_rank() -> None:
+    keys = PoolKeys(model="qwen", chunk_size=CHUNK)
+    assert keys.chunk_keys(tokens(CHUNK)) == [
+        chunk_key(model="qwen", chunk_hash=chunk_hashes(tokens(CHUNK), CHUNK)[0]) + "metadata"
+    ]
+    with pytest.raises(ValueError, match="chunk_size"):
+        PoolKeys(model="qwen", chunk_size=0)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from tests.operator.specs import IMAGES, OWNER, VARIANTS, gpu, sim
 
-from tandem.core.routerconfig import RouterConfig
+from tandem.core.routerconfig import EngineKVKeys, RouterConfig
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources import Role, desired_children, managed_refs
 from tandem.operator.resources.engine import build_engine_deployment, kv_transfer_config, model_argument
@@ -352,6 +352,23 @@ def test_the_simulator_needs_no_tokenizer_files() -> None:
     config, deployment = _router(sim())
     assert config.tokenizer_path is None
     assert not [m for m in container(deployment)["volumeMounts"] if m["name"] in ("model", "tokenizer")]
+
+
+def test_the_router_config_says_how_the_engines_name_their_pool_chunks() -> None:
+    """LMCache keys by vLLM's model argument and hashes from the engines' PYTHONHASHSEED."""
+    config, _ = _router(gpu())
+    assert config.engine_kv_keys == EngineKVKeys(
+        connector="lmcache", model=model_argument(gpu()), python_hash_seed="0"
+    )
+    seeded = gpu(engine={"env": [{"name": "PYTHONHASHSEED", "value": "7"}]})
+    keys = _router(seeded)[0].engine_kv_keys
+    assert (
+        keys is not None
+        and keys.python_hash_seed == env(engine(seeded, Role.PREFILL))["PYTHONHASHSEED"] == "7"
+    )
+    tandem = _router(gpu(kvPool={"connector": "tandem"}))[0].engine_kv_keys
+    assert tandem is not None and (tandem.connector, tandem.model) == ("tandem", gpu().model.name)
+    assert _router(sim())[0].engine_kv_keys is None
 
 
 @pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE], ids=["prefill", "decode"])

@@ -45,7 +45,7 @@ def test_the_pool_is_looked_up_only_where_the_gateway_computes_the_engines_chunk
     assert resolve(blind, RouterSettings()).kv_pool is None  # no tokenizer files: not the model's tokens
     told = blind.model_copy(update={"tokenizer_path": str(tmp_path)})
     access = resolve(told, RouterSettings()).kv_pool
-    assert access is not None and access.dtype == "half"  # the keys' dtype, from the model's config.json
+    assert access is not None and access.keys.dtype == "half"  # the keys' dtype, from the model's config.json
     lmcache = router_config(decode=[ENGINE], spec={**vllm, "kvPool": {"connector": "lmcache"}})
     lmcache = lmcache.model_copy(update={**pooled, "tokenizer_path": str(tmp_path)})
-    assert resolve(lmcache, RouterSettings()).kv_pool is None  # LMCache hashes chunks its own way
+    assert resolve(lmcache, RouterSettings()).kv_pool is None  # no engineKvKeys: LMCache keys unknown

@@ -28,7 +28,7 @@ from tandem.core.kvevents import (
 from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
 from tandem.kvpool.redisconf import pool_config, server_args
-from tandem.local.vllm_engine import EngineRole, engine_command
+from tandem.local.vllm_engine import EngineRole, engine_command, engine_kv_keys
 
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
@@ -128,6 +128,7 @@ def build_plan(
         discovery=discovery,
         kv_pool_url=pool_url,
         tokenizer_path=local_tokenizer_path(isvc),
+        engine_kv_keys=engine_kv_keys(isvc) if spec.engine.kind == "vllm" else None,
         kv_events=events,
     )
     config_path = state_dir / "router.yaml"

@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
+from tandem.core.routerconfig import EngineKVKeys
 from tandem.core.spec import InferenceService
 from tandem.kvpool.engine_config import ConnectorKind, kv_transfer_config, to_json
 
@@ -39,6 +40,15 @@ def local_connector(isvc: InferenceService) -> tuple[ConnectorKind, str | None]:
     if isvc.spec.kv_pool.connector == "lmcache":
         return "tandem", LMCACHE_NOTE
     return "tandem", None
+
+
+def engine_kv_keys(isvc: InferenceService) -> EngineKVKeys:
+    """What the gateway needs to compute these engines' KV-pool keys: Tandem's connector, which keys
+    by `spec.model.name`, and the PYTHONHASHSEED `engine_command` gives them."""
+    connector, _ = local_connector(isvc)
+    told = [var.value for var in isvc.spec.engine.env if var.name == "PYTHONHASHSEED"]
+    seed = told[-1] if told else PYTHONHASHSEED
+    return EngineKVKeys(connector=connector, model=isvc.spec.model.name, python_hash_seed=seed)
 
 
 def model_path(isvc: InferenceService) -> str:

@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def arg_value(args: Sequence[str], flag: str) -> str | None:
-    """The value given to `flag` (`--flag v` or `--flag=v`); the last one when it is given twice,
-    as argparse keeps; None when it is not given. Example: `["--dtype", "half"]` → `"half"`."""
+def arg_value(args: Sequence[str], flag: str, *aliases: str) -> str | None:
+    """The value given to `flag` or one of its `aliases` (`--flag v` or `--flag=v`); the last one when
+    it is given twice, as argparse keeps; None when it is not given. Examples: `["--dtype", "half"]`
+    → `"half"`; `arg_value(["-tp", "2"], "--tensor-parallel-size", "-tp")` → `"2"`."""
     value = None
     for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            value = args[index + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
+        for name in (flag, *aliases):
+            if arg == name and index + 1 < len(args):
+                value = args[index + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
     return value

@@ -66,6 +66,27 @@ def read_endpoint_file(path: Path) -> EndpointList:
     return EndpointList.model_validate_json(path.read_bytes())
 
 
+class EngineKVKeys(SpecModel):
+    """What vLLM engines put in their KV-pool chunk keys that the spec does not say, written by whoever
+    starts them (the operator, `tandem up`), so the gateway computes the same keys for its pool
+    look-ups (docs/router.md, 'Barrier')."""
+
+    connector: Literal["tandem", "lmcache"] = Field(
+        description="The KV connector the engines run (the local runtime runs Tandem's where the spec "
+        "says lmcache)."
+    )
+    model: str = Field(
+        min_length=1,
+        description="The model part of the keys: spec.model.name for Tandem's connector; vLLM's model "
+        "argument (model_config.model: a path, a Hugging Face id) for LMCache's.",
+    )
+    python_hash_seed: str | None = Field(
+        default=None,
+        description="The engines' PYTHONHASHSEED, from which LMCache's chunk hashes start; unset: none "
+        "(LMCache's keys are then random per process).",
+    )
+
+
 class RouterConfig(SpecModel):
     """Everything one gateway process needs besides its listen address."""
 
@@ -87,6 +108,11 @@ class RouterConfig(SpecModel):
         description="Directory holding the model's tokenizer.json (and tokenizer_config.json): the "
         "gateway counts and hashes prompts in the model's own tokens. Unset: the simulator's tokenizer, "
         "exact for engine.kind sim and an estimate for real engines (docs/router.md, 'Prompt tokens').",
+    )
+    engine_kv_keys: EngineKVKeys | None = Field(
+        default=None,
+        description="How the vLLM engines name KV-pool chunks beyond the spec; unset: the spec's "
+        "kvPool.connector, and with LMCache's no pool look-ups.",
     )
     kv_events: KVEventsAddresses | None = Field(
         default=None,

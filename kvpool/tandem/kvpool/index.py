@@ -1,9 +1,9 @@
 """Readiness: which of a prompt's chunks are in the KV pool (Redis, LMCache's layout).
 
 This is the question the router's P/D barrier asks ("are this prompt's first N chunks stored?").
-Keys are `tandem.kvpool.keys`'s: the prompt's full `spec.kvPool.chunkSize` chunks, chained hashes,
-`<spec.model.name>@1@0@<hash:x>@<dtype>` (the engines' KV dtype, bfloat16 unless told) plus the
-`metadata` suffix; a chunk exists when its metadata exists (writers store `kv_bytes` first).
+Keys are the writers' own (`tandem.kvpool.keys.PoolKeys`): the prompt's full `spec.kvPool.chunkSize`
+chunks, chained hashes (Tandem's or LMCache's scheme), `<model>@<world_size>@0@<hash:x>@<dtype>` plus
+the `metadata` suffix; a chunk exists when its metadata exists (writers store `kv_bytes` first).
 Two questions, one Redis round trip each:
 
 - `cached_prefix_tokens(prompt)`: tokens of the longest run of chunks from chunk 0 in the pool
@@ -28,7 +28,7 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from tandem.kvpool.client import POOL_ERRORS, connect
-from tandem.kvpool.keys import METADATA_SUFFIX, chunk_hashes, chunk_key
+from tandem.kvpool.keys import PoolKeys
 
 __all__ = ["BarrierOutcome", "BarrierResult", "KVPoolIndex", "connect"]
 
@@ -53,16 +53,13 @@ class KVPoolIndex:
         self,
         client: Redis,
         *,
-        model: str,
-        chunk_size: int,
+        keys: PoolKeys,
         clock: Callable[[], float],
         retry_after_s: float = 1.0,
-        dtype: str = "bfloat16",
     ) -> None:
         self._client = client
-        self.model = model
-        self.dtype = dtype
-        self.chunk_size = chunk_size
+        self.keys = keys
+        self.chunk_size = keys.chunk_size
         self._clock = clock
         self._retry_after_s = retry_after_s
         self._down_until: float | None = None
@@ -72,10 +69,7 @@ class KVPoolIndex:
 
     def metadata_keys(self, prompt: Sequence[int]) -> list[str]:
         """The metadata key of every full chunk of `prompt`, in order."""
-        return [
-            chunk_key(model=self.model, chunk_hash=h, dtype=self.dtype) + METADATA_SUFFIX
-            for h in chunk_hashes(prompt, self.chunk_size)
-        ]
+        return self.keys.chunk_keys(prompt)
 
     async def cached_prefix_tokens(self, prompt: Sequence[int]) -> int | None:
         """Tokens of `prompt`'s leading chunks present in the pool; None when the pool is unavailable."""

@@ -4,22 +4,35 @@ A chunk of `chunk_size` prompt tokens is stored as two Redis strings (no separat
 - `<key>kv_bytes`: the raw KV tensor bytes, written first;
 - `<key>metadata`: 28 bytes, `struct.pack("=7i", length, memory_fmt, dtype_int, 2, layers, tokens, hidden)`,
   written second. A chunk exists when its metadata exists.
-with `key = f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"`.
+with `key = f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"` (LMCache 0.5.6's
+`CacheEngineKey.to_string()` without `@tag%value` parts; its `RedisConnector`, the one a
+`redis://` URL selects, appends the suffixes).
 
-Chunk hashes are `tandem.core.kvkeys.chunk_hashes` (re-exported here): chained over full chunks, so
-chunk i identifies the whole prefix up to its end; like LMCache's builtin hash they can be negative:
-keys look like `qwen@1@0@-7cfefdccc681b183@bfloat16`. Real LMCache hashes differently (Python's `hash`,
-seeded by PYTHONHASHSEED), so treat keys written by real engines as opaque: `parse_key` reads only the
-fields every writer shares (model, world size, worker, dtype), which is what stats and flush need.
+Chunk hashes are `tandem.core.kvkeys`' (re-exported here): Tandem's SHA-256 chain (the simulator,
+Tandem's connector) or LMCache's builtin-hash chain (LMCache inside vLLM, which depends on the engines'
+PYTHONHASHSEED). Both chain over full chunks, so chunk i identifies the whole prefix up to its end;
+both can be negative: keys look like `qwen@1@0@-7cfefdccc681b183@bfloat16`. `PoolKeys` names a
+prompt's chunks as one writer does. Tools that read keys they did not compute treat the hash as
+opaque: `parse_key` reads only the fields every writer shares (model, world size, worker, dtype),
+which is what stats and flush need.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from tandem.core.kvkeys import NONE_HASH, chunk_hashes
+from tandem.core.kvkeys import (
+    NONE_HASH,
+    ChunkHashScheme,
+    LMCacheHash,
+    TandemHash,
+    chunk_hashes,
+    lmcache_chunk_hashes,
+    lmcache_none_hash,
+)
 
 __all__ = [
     "DTYPE_TO_INT",
@@ -27,12 +40,18 @@ __all__ = [
     "MEMORY_FORMAT_KV_2LTD",
     "METADATA_SUFFIX",
     "NONE_HASH",
+    "ChunkHashScheme",
     "ChunkMetadata",
+    "LMCacheHash",
     "ParsedKey",
+    "PoolKeys",
+    "TandemHash",
     "chunk_hashes",
     "chunk_key",
     "decode_metadata",
     "encode_metadata",
+    "lmcache_chunk_hashes",
+    "lmcache_none_hash",
     "model_pattern",
     "parse_key",
 ]
@@ -91,6 +110,41 @@ def chunk_key(
 ) -> str:
     """LMCache's `CacheEngineKey.to_string()` for one chunk (without the kv_bytes/metadata suffix)."""
     return f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolKeys:
+    """How one writer names a prompt's chunks: its hash scheme and the key's other fields.
+
+    A reader that asks whether a writer stored a prompt computes the writer's keys: the same model
+    part, world size, dtype and hash scheme. Worker 0 by default: its keys stand for the chunk (the
+    other ranks of a tensor-parallel writer store theirs alongside, under their own worker ids).
+    """
+
+    model: str
+    chunk_size: int
+    dtype: str = "bfloat16"
+    world_size: int = 1
+    worker_id: int = 0
+    scheme: ChunkHashScheme = field(default_factory=TandemHash)
+
+    def __post_init__(self) -> None:
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
+
+    def chunk_keys(self, token_ids: Sequence[int], suffix: str = METADATA_SUFFIX) -> list[str]:
+        """The key (with `suffix`) of every full chunk of `token_ids`, in order."""
+        return [
+            chunk_key(
+                model=self.model,
+                chunk_hash=h,
+                world_size=self.world_size,
+                worker_id=self.worker_id,
+                dtype=self.dtype,
+            )
+            + suffix
+            for h in self.scheme.chunk_hashes(token_ids, self.chunk_size)
+        ]
 
 
 def parse_key(key: str) -> ParsedKey | None:

@@ -155,6 +155,12 @@ def _log_ready(config: EffectiveConfig, encoder: PromptEncoder, registry: Any) -
             "prompt tokens are estimates: the gateway has no tokenizer files for this model "
             "(set tokenizerPath, or spec.model.tokenizer; docs/router.md, 'Prompt tokens')"
         )
+    if config.kv_pool_off is not None:
+        log.warning(
+            "kv pool look-ups off: the gateway cannot compute the engines' chunk keys, so P/D "
+            "decisions use the local prefix only and there is no KV barrier",
+            extra={"reason": config.kv_pool_off},
+        )
     log.info(
         "router ready",
         extra={

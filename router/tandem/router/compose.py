@@ -480,9 +480,7 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
     if access is None:
         return None
     client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
-    return KVPoolIndex(
-        client, model=access.model, chunk_size=access.chunk_size, clock=clock, dtype=access.dtype
-    )
+    return KVPoolIndex(client, keys=access.keys, clock=clock)
 
 
 def _waking(hold: PrefillHold) -> Callable[[Pool], None]:

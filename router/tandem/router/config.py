@@ -9,11 +9,15 @@ Resolution rules (each one written here, nowhere else):
 - default SLO: `spec.router.slo`; logging prompts: `spec.router.logPrompts` or `--log-prompts`;
 - tenant weights: `spec.router.tenants[].weight`, overridden by `--tenant-weight`;
 - the KV pool look-ups (P/D decision, barrier): on with a pool URL where the gateway computes the
-  engines' own chunk keys: `engine.kind: sim`, or `vllm` with Tandem's connector and the model's
-  tokenizer files (`tokenizerPath`: the keys hash the model's own tokens; the key's dtype is the
-  engines' KV dtype, `tandem.kvpool.connector_plan.engine_kv_dtype` over `engine.args` and the
-  model's `config.json` beside the tokenizer). Off with LMCache's connector (its chunk hash is its
-  own) and without tokenizer files. `TANDEM_KVPOOL_PASSWORD` from the environment;
+  engines' own chunk keys (`tandem.kvpool.keys.PoolKeys`): `engine.kind: sim` (Tandem's hash), or
+  `vllm` with the model's tokenizer files (`tokenizerPath`: the keys hash the model's own tokens)
+  and either connector, the one `engineKvKeys.connector` names, else `spec.kvPool.connector`. The
+  keys' other fields come from `tandem.kvpool.engine_keys.engine_pool_keys` over `engine.args`,
+  `engine.env`, the pools' `tensorParallel` and the model's `config.json` beside the tokenizer;
+  LMCache's also from `engineKvKeys` (the engines' model argument and PYTHONHASHSEED). Off, with
+  the reason in `kv_pool_off` (logged at start-up), where they cannot be computed: no tokenizer
+  files, LMCache without `engineKvKeys` or without a fixed PYTHONHASHSEED, different world sizes in
+  the two pools. `TANDEM_KVPOOL_PASSWORD` from the environment;
 - gateway replicas in front of the same engines: `--replicas`, else `spec.router.replicas` with
   Kubernetes discovery, else 1; with `workers` they divide every engine's capacity;
 - shared fair-queue counters: through the KV pool's Redis (`kvPoolUrl`, whatever the engine) when
@@ -42,7 +46,8 @@ from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceServiceSpec, ModelSpec, PrefixSourceKind
 from tandem.kvpool.client import password_from_env
-from tandem.kvpool.connector_plan import engine_kv_dtype
+from tandem.kvpool.engine_keys import KeysUnavailable, engine_pool_keys
+from tandem.kvpool.keys import PoolKeys
 from tandem.router.errors import ConfigurationError
 from tandem.router.settings import KVEventsSettings, RouterSettings
 from tandem.router.types import SLO
@@ -55,14 +60,12 @@ def served_names(spec: ModelSpec) -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVPoolAccess:
-    """How the gateway reaches the KV pool for P/D decisions and the barrier."""
+    """How the gateway reaches the KV pool for P/D decisions and the barrier, and the engines' keys."""
 
     url: str
     password: str | None
     timeout_s: float
-    model: str
-    chunk_size: int
-    dtype: str = "bfloat16"
+    keys: PoolKeys
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +103,8 @@ class EffectiveConfig:
     kv_events: KVEventsAddresses = DEFAULT_KV_EVENTS
     replicas: int = 1
     shared_counters: SharedCountersAccess | None = None
+    #: Why a configured pool is not looked up (the engines' keys cannot be computed); None otherwise.
+    kv_pool_off: str | None = None
 
     @property
     def tokenizer_exact(self) -> bool:
@@ -116,6 +121,7 @@ class EffectiveConfig:
             "fairness": self.settings.admission.fairness,
             "prefix_source": self.prefix_source,
             "kv_pool": self.kv_pool is not None,
+            "kv_pool_keys": self.kv_pool.keys.scheme.name if self.kv_pool else None,
             "replicas": self.replicas,
             "shared_counters": self.shared_counters is not None,
             "auth": self.api_keys_file is not None,
@@ -130,17 +136,18 @@ def resolve(
     """The effective configuration of `config` and `settings` (module docstring)."""
     env = os.environ if environ is None else environ
     spec = config.spec
-    kv_pool = None
-    dtype = _pool_dtype(config)
-    if config.kv_pool_url is not None and dtype is not None:
-        kv_pool = KVPoolAccess(
-            url=config.kv_pool_url,
-            password=password_from_env(env),
-            timeout_s=settings.disaggregation.kv_pool_timeout_seconds,
-            model=spec.model.name,
-            chunk_size=spec.kv_pool.chunk_size,
-            dtype=dtype,
-        )
+    kv_pool, kv_pool_off = None, None
+    if config.kv_pool_url is not None:
+        keys = pool_keys(config)
+        if isinstance(keys, KeysUnavailable):
+            kv_pool_off = keys.reason
+        else:
+            kv_pool = KVPoolAccess(
+                url=config.kv_pool_url,
+                password=password_from_env(env),
+                timeout_s=settings.disaggregation.kv_pool_timeout_seconds,
+                keys=keys,
+            )
     weights = {t.name: t.weight for t in spec.router.tenants} | dict(settings.admission.tenant_weights)
     admission = settings.admission
     cluster = spec.router.replicas if config.discovery.kind == "kubernetes" else 1
@@ -175,25 +182,45 @@ def resolve(
         kv_events=config.kv_events or _flag_addresses(settings.scheduling.kv_events),
         replicas=replicas,
         shared_counters=shared,
+        kv_pool_off=kv_pool_off,
     )
 
 
-def _pool_dtype(config: RouterConfig) -> str | None:
-    """The dtype of the pool keys the gateway can compute, or None when it cannot compute the
-    engines' keys at all (module docstring)."""
+def pool_keys(config: RouterConfig) -> PoolKeys | KeysUnavailable:
+    """The chunk keys the engines write to the pool, or why the gateway cannot compute them (module
+    docstring)."""
     spec = config.spec
     if spec.engine.kind == "sim":
-        return "bfloat16"
-    if spec.engine.kind != "vllm" or spec.kv_pool.connector != "tandem" or config.tokenizer_path is None:
-        return None
-    model_config = None
-    path = Path(config.tokenizer_path) / "config.json"
+        return PoolKeys(model=spec.model.name, chunk_size=spec.kv_pool.chunk_size)
+    if config.tokenizer_path is None:
+        return KeysUnavailable("no tokenizer files (tokenizerPath): prompt tokens are estimates")
+    told = config.engine_kv_keys
+    connector = told.connector if told is not None else spec.kv_pool.connector
+    if connector == "lmcache" and told is None:
+        return KeysUnavailable(
+            "the router config does not say the engines' model argument and PYTHONHASHSEED "
+            "(engineKvKeys), which LMCache's keys depend on"
+        )
+    return engine_pool_keys(
+        connector=connector,
+        model=told.model if told is not None else spec.model.name,
+        chunk_size=spec.kv_pool.chunk_size,
+        engine_args=spec.engine.args,
+        engine_env={var.name: var.value for var in spec.engine.env},
+        tensor_parallel=(spec.prefill.tensor_parallel, spec.decode.tensor_parallel),
+        model_config=_model_config(Path(config.tokenizer_path)),
+        python_hash_seed=told.python_hash_seed if told is not None else None,
+    )
+
+
+def _model_config(directory: Path) -> dict[str, Any] | None:
+    """The model's `config.json` beside its tokenizer; None when absent or unreadable (the engine
+    flags or the defaults then decide)."""
     try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-        model_config = loaded if isinstance(loaded, dict) else None
+        loaded = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        pass  # no readable config.json beside the tokenizer: the flags or the default decide
-    return engine_kv_dtype(spec.engine.args, model_config)
+        return None
+    return loaded if isinstance(loaded, dict) else None
 
 
 def _flag_addresses(settings: KVEventsSettings) -> KVEventsAddresses:

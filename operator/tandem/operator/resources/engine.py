@@ -117,6 +117,13 @@ def model_argument(spec: InferenceServiceSpec) -> str:
     return spec.model.name
 
 
+def engine_hash_seed(spec: InferenceServiceSpec) -> str:
+    """The PYTHONHASHSEED every engine runs with: the last `engine.env` entry of that name (as in
+    `engine_env`), else Tandem's `PYTHONHASHSEED`."""
+    told = [var.value for var in spec.engine.env if var.name == "PYTHONHASHSEED"]
+    return told[-1] if told else PYTHONHASHSEED
+
+
 def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[str]:
     """`vllm serve` arguments of a role; the spec's `engine.args` come last so they can override."""
     # Both names, as the router accepts both in `model` and forwards the body unchanged; the

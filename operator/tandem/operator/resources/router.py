@@ -7,9 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.core.kvevents import cluster_addresses
-from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
+from tandem.core.routerconfig import EngineKVKeys, KubernetesDiscovery, RouterConfig
 from tandem.core.spec import InferenceServiceSpec
-from tandem.operator.resources.engine import CONFIG_HASH_ANNOTATION, MODEL_MOUNT, model_argument
+from tandem.operator.resources.engine import (
+    CONFIG_HASH_ANNOTATION,
+    MODEL_MOUNT,
+    engine_hash_seed,
+    model_argument,
+)
 from tandem.operator.resources.kvpool import config_hash, kv_pool_url
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
@@ -62,8 +67,20 @@ def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
         kv_pool_url=kv_pool_url(spec, owner),
         api_keys_file=f"{AUTH_DIR}/{API_KEYS_FILE}" if spec.router.auth.enabled else None,
         tokenizer_path=tokenizer_path(spec),
+        engine_kv_keys=engine_kv_keys(spec),
         kv_events=cluster_addresses() if spec.router.prefix_source == "precise" else None,
     )
+
+
+def engine_kv_keys(spec: InferenceServiceSpec) -> EngineKVKeys | None:
+    """How the vLLM engines name their KV-pool chunks beyond the spec: the connector, the keys' model
+    part (vLLM's model argument for LMCache, which keys by `model_config.model`; `spec.model.name`,
+    which Tandem's connector is given) and the PYTHONHASHSEED the engines get; none for the simulator."""
+    if spec.engine.kind != "vllm":
+        return None
+    connector = spec.kv_pool.connector
+    model = model_argument(spec) if connector == "lmcache" else spec.model.name
+    return EngineKVKeys(connector=connector, model=model, python_hash_seed=engine_hash_seed(spec))
 
 
 def tokenizer_path(spec: InferenceServiceSpec) -> str | None:

@@ -1,0 +1,138 @@
+"""The keys vLLM engines write to the KV pool, worked out from how they were started
+(`tandem.kvpool.engine_keys`). Pure: engine arguments, environment and a model's config.json in,
+`PoolKeys` or the reason out; nothing is faked because nothing does I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import pytest
+
+from tandem.kvpool.engine_keys import (
+    KeysUnavailable,
+    engine_pool_keys,
+    lmcache_kv_dtype,
+    parallel_sizes,
+    uses_mla,
+)
+from tandem.kvpool.keys import LMCacheHash, PoolKeys, TandemHash
+
+QWEN = {"model_type": "qwen2", "torch_dtype": "bfloat16"}
+DEEPSEEK = {"model_type": "deepseek_v3", "kv_lora_rank": 512, "torch_dtype": "bfloat16"}
+
+
+def keys(
+    connector: Literal["tandem", "lmcache"] = "lmcache",
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    tp: tuple[int, int] = (1, 1),
+    config: Mapping[str, object] | None = None,
+    seed: str | None = "0",
+) -> PoolKeys | KeysUnavailable:
+    return engine_pool_keys(
+        connector=connector,
+        model="/models/qwen",
+        chunk_size=256,
+        engine_args=args,
+        engine_env=env or {},
+        tensor_parallel=tp,
+        model_config=QWEN if config is None else config,
+        python_hash_seed=seed,
+    )
+
+
+def test_lmcache_engines_key_by_their_model_argument_world_size_dtype_and_none_hash() -> None:
+    assert keys(tp=(2, 2), args=["--dtype", "half"]) == PoolKeys(
+        model="/models/qwen",
+        chunk_size=256,
+        dtype="half",
+        world_size=2,
+        scheme=LMCacheHash(5313149338359954478),
+    )
+
+
+def test_tandems_connector_keeps_tandems_hash() -> None:
+    found = keys("tandem", seed=None, tp=(2, 2))
+    assert isinstance(found, PoolKeys)
+    assert (found.scheme, found.world_size, found.dtype) == (TandemHash(), 2, "bfloat16")
+
+
+@pytest.mark.parametrize("seed", [None, "random", "not-a-number"])
+def test_lmcache_without_a_fixed_seed_has_no_computable_keys(seed: str | None) -> None:
+    found = keys(seed=seed)
+    assert isinstance(found, KeysUnavailable) and "PYTHONHASHSEED" in found.reason
+
+
+def test_pools_of_different_world_sizes_share_no_keys_unless_mla_collapses_them() -> None:
+    found = keys(tp=(2, 1))
+    assert isinstance(found, KeysUnavailable) and "world sizes 2 and 1" in found.reason
+    mla = keys(tp=(2, 1), config=DEEPSEEK)
+    assert isinstance(mla, PoolKeys) and mla.world_size == 1  # LMCache's save_only_first_rank
+    tandem = keys("tandem", tp=(2, 1), config=DEEPSEEK)
+    assert isinstance(tandem, KeysUnavailable)  # Tandem's connector has no MLA rule
+
+
+def test_engine_args_override_the_pools_parallel_sizes() -> None:
+    found = keys(tp=(1, 1), args=["-tp", "2", "--pipeline-parallel-size=2"])
+    assert isinstance(found, PoolKeys) and found.world_size == 4
+    bad = keys(args=["--tensor-parallel-size", "two"])
+    assert isinstance(bad, KeysUnavailable) and "--tensor-parallel-size" in bad.reason
+
+
+@pytest.mark.parametrize(
+    ("args", "tp", "sizes"),
+    [
+        ([], 2, (2, 1, 1)),
+        (["--tensor-parallel-size", "4"], 2, (4, 1, 1)),
+        (["--tensor-parallel-size", "4", "-tp", "8"], 1, (8, 1, 1)),  # the last one, as argparse keeps
+        (["-pp", "2", "-pcp", "2"], 1, (1, 2, 2)),
+    ],
+)
+def test_parallel_sizes(args: list[str], tp: int, sizes: tuple[int, int, int]) -> None:
+    assert parallel_sizes(args, tensor_parallel=tp) == sizes
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "dtype"),
+    [
+        ([], {"torch_dtype": "bfloat16"}, "bfloat16"),
+        ([], {"torch_dtype": "float16"}, "half"),
+        (["--dtype", "float32"], None, "float"),
+        (["--kv-cache-dtype", "fp8"], {"torch_dtype": "bfloat16"}, "uint8"),  # fp8 caches are uint8 tensors
+        (["--kv-cache-dtype", "fp8_e5m2"], None, "uint8"),
+        (["--kv-cache-dtype", "fp8_inc"], None, "fp8_e4m3fn"),
+        (["--kv-cache-dtype", "auto", "--dtype", "half"], None, "half"),
+        (["--kv-cache-dtype", "something_new"], None, None),
+    ],
+)
+def test_lmcache_names_the_kv_cache_torch_dtype(
+    args: list[str], config: dict[str, object] | None, dtype: str | None
+) -> None:
+    assert lmcache_kv_dtype(args, config) == dtype
+
+
+def test_an_unknown_cache_dtype_turns_the_keys_off() -> None:
+    found = keys(args=["--kv-cache-dtype", "something_new"])
+    assert isinstance(found, KeysUnavailable) and "--kv-cache-dtype" in found.reason
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "mla"),
+    [
+        (DEEPSEEK, {}, True),
+        ({"text_config": DEEPSEEK}, {}, True),
+        ({**DEEPSEEK, "kv_lora_rank": None}, {}, False),
+        ({**DEEPSEEK, "is_causal": False}, {}, False),
+        (DEEPSEEK, {"VLLM_MLA_DISABLE": "1"}, False),
+        (DEEPSEEK, {"VLLM_MLA_DISABLE": "0"}, True),
+        ({"model_type": "deepseek_v4", "compress_ratios": [1], "head_dim": 512}, {}, True),
+        (QWEN, {}, False),
+        (None, {}, False),
+    ],
+)
+def test_uses_mla_follows_vllms_rule(
+    config: dict[str, object] | None, env: dict[str, str], mla: bool
+) -> None:
+    assert uses_mla(config, env) is mla
