@@ -65,6 +65,14 @@ if [ "${1:-}" = vllm ]; then
     .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
     touch .venv-vllm/.tandem-installed-vllm
   fi
+  # LMCache itself, only for the test that compares the gateway's LMCache keys with LMCache's own
+  # (tests/kvpool/test_lmcache_keys_vllm.py): without its dependencies (CUDA and cloud packages), as its
+  # key code needs only sortedcontainers besides what vLLM brings. The test is skipped without it.
+  if ! .venv-vllm/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("lmcache") != "0.5.6")' 2>/dev/null; then
+    log "installing LMCache 0.5.6 into .venv-vllm (no dependencies; for its key test)"
+    .venv-vllm/bin/pip install -q --no-deps lmcache==0.5.6 sortedcontainers==2.4.0 \
+      || log "LMCache 0.5.6 could not be installed: tests/kvpool/test_lmcache_keys_vllm.py will be skipped"
+  fi
   if [ ! -f .tandem/models/tiny-qwen2/config.json ]; then
     log "building the tiny model into .tandem/models/tiny-qwen2"
     .venv-vllm/bin/tandem dev tiny-model .tandem/models/tiny-qwen2
