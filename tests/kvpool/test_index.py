@@ -47,7 +47,25 @@ async def test_the_barrier_passes_once_every_full_chunk_is_stored(redis_server: 
         result = await index.wait_for_prompt(tokens, timeout_s=5.0)
     finally:
         await index.aclose()
-    assert (result.outcome, result.checks) == ("ok", 1)
+    assert (result.outcome, result.checks, result.chunks, result.found) == ("ok", 1, 3, 3)
+
+
+async def test_a_barrier_that_times_out_says_how_many_of_its_chunks_were_there(
+    redis_server: RedisServer,
+) -> None:
+    tokens = prompt(3 * CHUNK)
+    with redis_server.client() as client:
+        store_prompt(client, "qwen", tokens[:CHUNK])  # the first chunk only
+    index = KVPoolIndex(connect(redis_server.url), keys=QWEN, clock=time.monotonic)
+    try:
+        some = await index.wait_for_prompt(tokens, timeout_s=0.05)
+        none = await index.wait_for_prompt(prompt(2 * CHUNK, start=10**6), timeout_s=0.05)
+        short = await index.wait_for_prompt(tokens[: CHUNK - 1], timeout_s=0.05)
+    finally:
+        await index.aclose()
+    assert (some.outcome, some.chunks, some.found) == ("timeout", 3, 1)
+    assert (none.outcome, none.chunks, none.found) == ("timeout", 2, 0)
+    assert (short.outcome, short.chunks, short.checks) == ("ok", 0, 0)
 
 
 async def test_the_barrier_times_out_on_a_missing_chunk(redis_server: RedisServer) -> None:

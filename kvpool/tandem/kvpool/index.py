@@ -10,7 +10,9 @@ Two questions, one Redis round trip each:
   (`EXISTS <key>metadata` per chunk in one pipeline), for the conditional P/D decision.
 - `wait_for_prompt(prompt, timeout_s)`: the P/D barrier. After a prefill, wait until every full chunk
   of the prompt is in the pool (one multi-key `EXISTS` per check), polling after 5 ms, then doubling
-  up to 100 ms between checks, for at most `timeout_s`. Outcomes: `ok`, `timeout`, `pool_unavailable`.
+  up to 100 ms between checks, for at most `timeout_s`. Outcomes: `ok`, `timeout`, `pool_unavailable`;
+  the result also says how many chunks it waited for and how many were there at its last check
+  (the gateway's self-check of its keys, `tandem.router.pd.keycheck`, reads them).
 
 Redis failures never raise: the answer is "unavailable" (None / `pool_unavailable`), and for
 `retry_after_s` afterwards the pool is not asked at all, so a dead pool costs requests no waiting.
@@ -44,6 +46,8 @@ class BarrierResult:
     outcome: BarrierOutcome
     waited_s: float  # clock seconds spent waiting
     checks: int  # Redis round trips made
+    chunks: int = 0  # the prompt's full chunks waited for
+    found: int = 0  # of those, present at the last check (all of them when `ok`)
 
 
 class KVPoolIndex:
@@ -96,24 +100,26 @@ class KVPoolIndex:
         keys = self.metadata_keys(prompt)
         if not keys:
             return BarrierResult("ok", 0.0, 0)
+        chunks = len(keys)
         if not self._available():
-            return BarrierResult("pool_unavailable", 0.0, 0)
-        checks, delay = 0, FIRST_POLL_S
+            return BarrierResult("pool_unavailable", 0.0, 0, chunks)
+        checks, found, delay = 0, 0, FIRST_POLL_S
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
                     checks += 1
-                    if await self._client.exists(*keys) == len(keys):
+                    found = await self._client.exists(*keys)
+                    if found == chunks:
                         self._succeeded()
-                        return BarrierResult("ok", self._clock() - started, checks)
+                        return BarrierResult("ok", self._clock() - started, checks, chunks, found)
                     await asyncio.sleep(delay)
                     delay = min(MAX_POLL_S, delay * 2)
         except TimeoutError:
             self._succeeded()  # Redis answered every check; the chunks just did not arrive
-            return BarrierResult("timeout", self._clock() - started, checks)
+            return BarrierResult("timeout", self._clock() - started, checks, chunks, found)
         except POOL_ERRORS as exc:
             self._failed(exc)
-            return BarrierResult("pool_unavailable", self._clock() - started, checks)
+            return BarrierResult("pool_unavailable", self._clock() - started, checks, chunks, found)
 
     def _available(self) -> bool:
         return self._down_until is None or self._clock() >= self._down_until
