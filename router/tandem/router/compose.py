@@ -40,10 +40,11 @@ from tandem.router.http.side import Operations
 from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.observe.arrivals import Arrivals
 from tandem.router.observe.looplag import LoopLagMonitor
-from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.observe.metrics import PoolKeysCollector, RouterMetrics
 from tandem.router.observe.schedmetrics import SchedulingMetrics
 from tandem.router.pd.disagg import Disaggregator, Prefiller
 from tandem.router.pd.hold import PrefillHold
+from tandem.router.pd.keycheck import STATES, PoolKeysCheck
 from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Identify, Limit, Parse, Relay, generation_stages
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
@@ -155,6 +156,9 @@ def compose(
         capacity=capacity,
     )
     kv_pool = _kv_pool(config, clock)
+    keys = PoolKeysCheck()
+    if kv_pool is not None:
+        prometheus.register(PoolKeysCollector(lambda: keys.state, STATES))
     hold = None
     if config.spec.disaggregation.late_prefill_binding:
         hold = PrefillHold(
@@ -178,6 +182,7 @@ def compose(
         pool=kv_pool,
         prefix=prefix or routing.state.prefix,
         convert=routing.state if config.spec.disaggregation.convertible_decoders else None,
+        keys=keys,
     )
     gate, counters = build_gate(
         config,

@@ -8,7 +8,7 @@ accounting the router actually uses. Every name is documented in docs/router.md.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -180,4 +180,29 @@ class EndpointCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         # Describing by collecting would read live state at registration; names are static anyway.
+        return iter(())
+
+
+class PoolKeysCollector(Collector):
+    """`tandem_router_kv_pool_keys_state{state}`, read at scrape time: 1 for the state the self-check
+    of the KV pool's keys is in (`tandem.router.pd.keycheck`), 0 for the others. Registered only where
+    the gateway looks chunks up in a pool."""
+
+    def __init__(self, state: Callable[[], str], states: Sequence[str]) -> None:
+        self._state = state
+        self._states = tuple(states)
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            f"{PREFIX}_kv_pool_keys_state",
+            "Whether the engines write the KV-pool keys the gateway computes: 1 for the current state "
+            "(unverified, verified, mismatch).",
+            labels=["state"],
+        )
+        now = self._state()
+        for state in self._states:
+            gauge.add_metric([state], 1.0 if state == now else 0.0)
+        yield gauge
+
+    def describe(self) -> Iterator[Metric]:
         return iter(())

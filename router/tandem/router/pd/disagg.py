@@ -49,14 +49,22 @@ the request goes decode-only with a fallback reason, counted in `tandem_router_p
 chunk of the prompt has its metadata in the pool (`KVPoolIndex.wait_for_prompt`), so the decode
 engine finds the KV; `tandem_router_pd_kv_barrier_wait_seconds{outcome}`. Prefill is not retried on
 another prefill endpoint: decode-only is the cheaper recovery.
+
+**Self-check of the pool keys** (`tandem.router.pd.keycheck`): every barrier and look-up tells the
+`PoolKeysCheck` what it found. After `MISSES_TO_MISMATCH` barriers in a row that found none of their
+prompt's chunks, with no hit ever, the engines evidently write other keys: the look-ups and the
+barrier stop (as without a pool: the decision uses the local prefix, decode gets the prefill's
+`kv_transfer_params` at once) but for one probe every `RECHECK_AFTER_S`, and one error line says
+so; the first hit verifies the keys for good. A pool that does not answer is no evidence either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -66,12 +74,21 @@ from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.errors import UpstreamError, UpstreamTimeout
 from tandem.router.pd.handoff import decode_body, kv_params_from_prefill, prefill_body
 from tandem.router.pd.hold import PrefillHold
+from tandem.router.pd.keycheck import (
+    Evidence,
+    PoolKeysCheck,
+    barrier_evidence,
+    keys_fields,
+    lookup_evidence,
+    mismatch_message,
+)
 from tandem.router.scheduling.base import Routable
 from tandem.router.types import Endpoint, Route
 from tandem.router.upstream.client import UpstreamCall
 from tandem.router.upstream.dispatch import Dispatcher
 
 DisaggregationMode = Literal["always", "auto", "off"]
+log = logging.getLogger(__name__)
 
 
 class PDRequest(Routable, Protocol):
@@ -255,7 +272,8 @@ class PDOutcome:
 class Disaggregator:
     """Runs the P/D step (module docstring). `pool`: the KV pool when the service has one
     (`RouterConfig.kvPoolUrl`); `prefix`: the decode endpoints' prefix caches, when known; `convert`:
-    the TTFT estimates behind convertible decoders (None: off)."""
+    the TTFT estimates behind convertible decoders (None: off); `keys`: the self-check of the pool's
+    keys (its state outlives requests; the composition root shares it with the metrics)."""
 
     prefiller: Prefiller
     mode: DisaggregationMode
@@ -264,6 +282,7 @@ class Disaggregator:
     pool: KVPoolIndex | None = None
     prefix: PrefixSource | None = None
     convert: TTFTEstimator | None = None
+    keys: PoolKeysCheck = field(default_factory=PoolKeysCheck)
 
     async def run(
         self, request: PDRequest, *, decode: Endpoint | None, headers: Mapping[str, str]
@@ -334,18 +353,41 @@ class Disaggregator:
         local = 0
         if self.prefix is not None and decode is not None:
             local = self.prefix.match([decode.url], request).get(decode.url, 0)
-        if self.pool is None:
+        if self.pool is None or not self.keys.lookups_on:
             return local
         pooled = await self.pool.cached_prefix_tokens(request.prompt_tokens())
+        self._observe(lookup_evidence(pooled), request)
         return None if pooled is None else max(local, pooled)
 
     async def _barrier(self, request: PDRequest) -> tuple[float | None, str | None]:
-        """(seconds waited, fallback reason or None); no pool → nothing to wait for."""
-        if self.pool is None:
+        """(seconds waited, fallback reason or None); no pool, or keys the engines do not write
+        (but for a probe), → nothing to wait for."""
+        if self.pool is None or not self.keys.barrier_due(self.prefiller.clock()):
             return None, None
         result = await self.pool.wait_for_prompt(request.prompt_tokens(), timeout_s=self.barrier_timeout_s)
         metrics = self.prefiller.dispatcher.metrics
         metrics.pd_kv_barrier_wait.labels(outcome=result.outcome).observe(result.waited_s)
+        self._observe(barrier_evidence(result.outcome, chunks=result.chunks, found=result.found), request)
         if result.outcome == "ok":
             return result.waited_s, None
         return result.waited_s, "barrier_timeout" if result.outcome == "timeout" else "pool_unavailable"
+
+    def _observe(self, evidence: Evidence, request: PDRequest) -> None:
+        """Tell the self-check; log its conclusions (once each: the states change rarely)."""
+        if evidence == "none" or self.pool is None:
+            return
+        check, keys = self.keys, self.pool.keys
+        was = check.state
+        changed = check.observe(evidence, now=self.prefiller.clock())
+        if changed == "mismatch":
+            looked_for = keys.chunk_keys(request.prompt_tokens()[: keys.chunk_size])
+            log.error(
+                mismatch_message(keys, misses=check.misses, recheck_after_s=check.recheck_after_s),
+                extra={**keys_fields(keys), "example_key": looked_for[0] if looked_for else None},
+            )
+        elif changed == "verified":
+            log.info(
+                "kv pool keys verified: the pool holds chunks under the keys the gateway computes"
+                + ("; the KV barrier and the pool look-ups are on again" if was == "mismatch" else ""),
+                extra={**keys_fields(keys), "misses_before": check.misses},
+            )

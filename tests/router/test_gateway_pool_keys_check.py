@@ -1,0 +1,147 @@
+"""The gateway's self-check of its KV-pool keys, through the router.
+
+Real: redis-server on 127.0.0.1 (the `redis_server` fixture), the router, and in the verified story
+simulated engines (`tandem.sim`, a producer for prefill and a consumer for decode) that write the
+pool under the keys the gateway computes. Faked: in the mismatch stories the prefill engine is a
+`FakeEngine`, which answers but writes nothing to the pool, as engines writing other keys look to
+the gateway; in the outage story the pool's URL is a loopback port nothing listens on. Every
+assertion counts barriers, fallbacks and Redis commands; none measures time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from tests.router.harness import Launcher, RunningRouter, metric
+from tests.router.servers import closed_port_url
+from tests.router.test_gateway_pd_pool import AUTO_512, PROMPT, complete, sim
+from tests.servers import RedisServer
+
+from tandem.router.pd.keycheck import MISSES_TO_MISMATCH
+from tandem.router.settings import DisaggregationSettings, RouterSettings
+
+BARRIER = "tandem_router_pd_kv_barrier_wait_seconds_count"
+STATE = "tandem_router_kv_pool_keys_state"
+
+
+def prompt(n: int) -> list[int]:
+    """The n-th of distinct 600-token prompts (two full chunks), so no engine has a prefix cached."""
+    return [2000 + 700 * n + i for i in range(600)]
+
+
+#: A short barrier: each miss costs the test 50 ms.
+SHORT = RouterSettings(disaggregation=DisaggregationSettings(kv_barrier_timeout_seconds=0.05))
+
+
+async def state(router: RunningRouter) -> str:
+    """The state the router's gauge says it is in."""
+    states = [s for s in ("unverified", "verified", "mismatch") if await metric(router, STATE, state=s) == 1]
+    assert len(states) == 1, states
+    return states[0]
+
+
+def exists_calls(redis_server: RedisServer) -> int:
+    """EXISTS commands Redis has run (the barrier's checks and the decision's look-ups)."""
+    with redis_server.client() as client:
+        stats = client.info("commandstats")
+    return int(stats.get("cmdstat_exists", {}).get("calls", 0))
+
+
+async def test_prefills_whose_chunks_never_appear_stop_the_barrier_after_four(
+    launcher: Launcher, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefill = await launcher.engine("p0")  # answers, writes nothing
+    decode = await launcher.engine("d0")
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", settings=SHORT, kv_pool_url=redis_server.url
+    )
+    assert await state(router) == "unverified"
+    with caplog.at_level(logging.INFO, logger="tandem.router.pd.disagg"):
+        for _ in range(MISSES_TO_MISMATCH):
+            response = await complete(router, PROMPT)
+            assert response.headers["x-tandem-pd-fallback"] == "barrier_timeout"
+        assert await state(router) == "mismatch"
+        for _ in range(3):  # no more waiting: disaggregated at once, as without a pool
+            response = await complete(router, PROMPT)
+            assert response.headers["x-tandem-prefill-endpoint"] == prefill.url.removeprefix("http://")
+            assert "x-tandem-pd-fallback" not in response.headers
+    assert await metric(router, BARRIER, outcome="timeout") == MISSES_TO_MISMATCH
+    assert await metric(router, BARRIER) == MISSES_TO_MISMATCH
+    assert await metric(router, "tandem_router_pd_fallbacks_total") == MISSES_TO_MISMATCH
+    assert len(prefill.received) == MISSES_TO_MISMATCH + 3
+    assert "kv_transfer_params" in decode.received[-1].body
+    [line] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.levelno == logging.ERROR
+    assert line.getMessage().startswith(f"kv pool keys mismatch: after {MISSES_TO_MISMATCH} prefills")
+    assert vars(line)["key_hash"] == "tandem"
+    assert vars(line)["example_key"].endswith("metadata")
+
+
+async def test_in_auto_mode_a_mismatch_stops_the_pool_look_ups_too(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    prefill = await launcher.engine("p0")
+    decode = await launcher.engine("d0")
+    router = await launcher.router(
+        decode=[decode],
+        prefill=[prefill],
+        mode="auto",
+        spec=AUTO_512,
+        settings=SHORT,
+        kv_pool_url=redis_server.url,
+    )
+    for n in range(MISSES_TO_MISMATCH):
+        await complete(router, prompt(n))  # look-up finds nothing → prefill → barrier times out
+    assert await state(router) == "mismatch"
+    asked = exists_calls(redis_server)
+    for n in range(MISSES_TO_MISMATCH, MISSES_TO_MISMATCH + 3):
+        response = await complete(router, prompt(n))
+        assert "x-tandem-prefill-endpoint" in response.headers  # 600 uncached by the local prefix
+    assert exists_calls(redis_server) == asked  # neither a look-up nor a barrier
+    decisions = "tandem_router_pd_decisions_total"
+    assert await metric(router, decisions, decision="disaggregate", reason="many_uncached") == 7
+
+
+async def test_the_first_barrier_that_finds_the_chunks_verifies_the_keys(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    prefill = await sim(launcher, "producer", redis_server.url)
+    decode = await sim(launcher, "consumer", redis_server.url)
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
+    )
+    assert await state(router) == "unverified"
+    await complete(router, PROMPT)
+    assert await metric(router, BARRIER, outcome="ok") == 1
+    assert await state(router) == "verified"
+
+
+async def test_a_prompt_shorter_than_a_chunk_verifies_nothing(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    prefill = await launcher.engine("p0")
+    decode = await launcher.engine("d0")
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
+    )
+    await complete(router, PROMPT[:200])
+    assert await metric(router, BARRIER, outcome="ok") == 1
+    assert await state(router) == "unverified"
+
+
+async def test_a_pool_that_is_down_is_no_evidence_of_a_key_mismatch(launcher: Launcher) -> None:
+    prefill = await launcher.engine("p0")
+    decode = await launcher.engine("d0")
+    down = closed_port_url().replace("http://", "redis://")
+    router = await launcher.router(decode=[decode], prefill=[prefill], mode="always", kv_pool_url=down)
+    for _ in range(MISSES_TO_MISMATCH + 2):
+        response = await complete(router, PROMPT)
+        assert response.headers["x-tandem-pd-fallback"] == "pool_unavailable"
+    assert await state(router) == "unverified"
+
+
+async def test_without_a_pool_there_is_no_keys_state(launcher: Launcher) -> None:
+    decode = await launcher.engine("d0")
+    router = await launcher.router(decode=[decode])
+    assert "tandem_router_kv_pool_keys_state" not in (await router.http.get("/metrics")).text
