@@ -17,6 +17,7 @@ from tandem.autoscaler.observe import (
     Scrape,
     arrival_rates,
     decode_observation,
+    learn_service,
     learned_prefill_rate,
     prefill_observation,
     remember,
@@ -31,6 +32,7 @@ from tandem.autoscaler.readings import (
     parse_engine_metrics,
     parse_gateway,
 )
+from tandem.autoscaler.service import ClockSample, ServiceMemory
 
 INF = math.inf
 PAGE = """\
@@ -538,3 +540,72 @@ def test_held_requests_are_decode_demand_and_prefill_backlog() -> None:
         remember(PoolHistory(), Scrape(5.0, {}, {"gw": GatewayReading(held=4)}), keep_s=9)
     )
     assert (decode.ready, decode.gateway_held) == (0, 4.0)
+
+
+# ------------------------------------------------------------------ the decode service time, learned
+
+
+def engine(*, running: float, finished: float, reported: float, at: float | None = None) -> EngineReading:
+    """A decode engine's reading: `running` now, `finished` requests so far that ran `reported`
+    seconds in all (engine clock; no waiting)."""
+    return EngineReading(
+        kv_usage=0.1, running=running, e2e_sum=reported, queue_sum=0.0, finished=finished, at=at
+    )
+
+
+def test_a_round_learns_each_engines_point_and_the_clock_since_the_last_scrape() -> None:
+    """The module docstring's example: 2 running, then 4, 1.0 s apart → 3.0 request-seconds; 3 finished
+    reporting 1.5 s. Over the two scrapes the engine ran 3 running on average."""
+    h = history(
+        (0.0, {"a": engine(running=2, finished=10, reported=5.0)}),
+        (1.0, {"a": engine(running=4, finished=13, reported=6.5)}),
+    )
+    learned = learn_service(h).service
+    assert learned.clock == (ClockSample(1.0, 3.0, 1.5, 3.0),)
+    (point,) = learned.bins
+    assert (point.concurrency, point.service_s, point.weight) == pytest.approx((3.0, 0.5, 3.0))
+
+
+def test_answer_times_and_restarts_are_respected() -> None:
+    late = history(
+        (0.0, {"a": engine(running=2, finished=10, reported=5.0, at=0.1)}),
+        (1.0, {"a": engine(running=2, finished=11, reported=5.5, at=1.6)}),
+    )
+    assert learn_service(late).service.clock == (ClockSample(1.0, 3.0, 0.5, 1.0),)  # 2 × 1.5 s
+    restarted = history(
+        (0.0, {"a": engine(running=2, finished=10, reported=5.0)}),
+        (1.0, {"a": engine(running=1, finished=1, reported=0.4)}),
+    )
+    assert learn_service(restarted).service == ServiceMemory()
+
+
+def simulated_pool(*, rounds: int, clock: float) -> PoolHistory:
+    """Two engines whose clock runs `clock` times slower than the scraper's (a simulator at time scale
+    1 / clock): a at 1 running, 0.7 s reported per request; b at 4 running, 1.0 s. Little's law on the
+    scraper's clock sets how many finish per second: running / (clock × reported)."""
+    h, counts = PoolHistory(), {"a": (1.0, 0.7, 0.0), "b": (4.0, 1.0, 0.0)}
+    for t in range(rounds):
+        readings: dict[str, EngineReading | None] = {}
+        for url, (running, service, _) in counts.items():
+            done = t * running / (clock * service)
+            readings[url] = engine(running=running, finished=done, reported=done * service)
+        h = learn_service(remember(h, Scrape(float(t), readings), keep_s=7.0))
+    return h
+
+
+def test_the_observation_carries_the_learned_curve_on_the_arrivals_clock() -> None:
+    """Bins (1, 0.7 s) and (4, 1.0 s) → 0.6 + 0.1·c engine seconds; the engines report half the
+    scraper's seconds (Little: 5 running over 2.5 reported seconds per second) → 1.2 + 0.2·c; the
+    service time now, (0.5 + 2.0) / (1 / 1.4 + 2) = 0.921 engine seconds → 1.842."""
+    observed, problem = decode_observation(simulated_pool(rounds=30, clock=2.0))
+    assert problem is None and observed.clock_ratio == pytest.approx(2.0)
+    assert observed.service_s == pytest.approx(2 * 2.5 / (1 / 1.4 + 2))
+    curve = observed.service_curve
+    assert curve is not None
+    assert (curve.intercept_s, curve.slope_s, curve.floor_s) == pytest.approx((1.2, 0.2, 1.4))
+
+
+def test_before_enough_requests_finished_the_engines_seconds_are_taken_as_they_are() -> None:
+    observed, _ = decode_observation(simulated_pool(rounds=4, clock=2.0))  # 3 rounds: 8 finished
+    assert observed.clock_ratio is None
+    assert observed.service_s == pytest.approx(2.5 / (1 / 1.4 + 2))

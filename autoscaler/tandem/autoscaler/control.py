@@ -41,6 +41,7 @@ from tandem.autoscaler.observe import (
     PoolHistory,
     Scrape,
     decode_observation,
+    learn_service,
     prefill_observation,
     remember,
 )
@@ -170,6 +171,7 @@ class PoolController:
         observed: DecodeObservation | PrefillObservation
         start = self.starts.estimate_s
         if self.pool == "decode":
+            self.history = learn_service(self.history)
             observed, problem = decode_observation(self.history)
             observed = replace(observed, engine_start_s=start)
             decision, self.state = decide_decode(

@@ -64,6 +64,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from tandem.autoscaler.service import ServiceCurve
 from tandem.autoscaler.windows import Sample, ceil_replicas, mean, peak, within
 from tandem.core.spec import AutoscalingBehavior, DecodeAutoscaling, PrefillAutoscaling
 
@@ -130,9 +131,13 @@ class DecodeObservation:
     #: Requests the gateway holds for want of any decode engine; requests/s arriving at the gateway.
     gateway_held: float = 0.0
     arrivals_per_s: float | None = None
-    #: Mean seconds a finished request ran in a decode engine (its time there less its wait; None: none
-    #: finished, or the engines do not report it).
+    #: Mean seconds a finished request ran in a decode engine (its time there less its wait, on the
+    #: arrivals' clock; None: none finished, or the engines do not report it).
     service_s: float | None = None
+    #: The learned service time against running requests per engine (`tandem.autoscaler.service`, on
+    #: the arrivals' clock; None: not enough loads seen), and the engines' clock ratio (None: not known).
+    service_curve: ServiceCurve | None = None
+    clock_ratio: float | None = None
     #: Seconds a new replica of this pool takes to become ready, as measured (None: not yet).
     engine_start_s: float | None = None
 

@@ -40,6 +40,14 @@ they wait there for decode capacity, then need a prefill. The observations are b
   nothing finished in them, the engines' lifetime totals). Example: 12 finished in the window, 30.0 s
   in the engines of which 6.0 s waiting → 2.0 s. With the arrival rate it gives Little's law's count of
   running requests (`tandem.autoscaler.decider.decode_leading`).
+- **decode**, learned (`learn_service`, once per scrape, before `decode_observation`): how the service
+  time grows with load (`tandem.autoscaler.service`). Each engine that finished requests in the window
+  gives a point: its mean `vllm:num_requests_running` over the kept scrapes, and the service time of
+  those requests. Each round also adds, over the engines in both of the last two scrapes, the running
+  request-seconds on the scraper's clock (the gauge's trapezoid) and the service seconds the engines
+  reported for the requests that finished, whose ratio converts the engines' seconds to the arrivals'
+  (`service_s` and the curve are in those seconds). Example: 2 running, then 4, 1.0 s apart → 3.0
+  request-seconds; 3 finished reporting 1.5 s.
 
 Every Δt of a rate is the time between the two answers, as the scraper stamped them (`at`), not
 between the rounds: on a loaded host a `/metrics` answer can come back hundreds of milliseconds after
@@ -68,6 +76,14 @@ from tandem.autoscaler.readings import (
     histogram_quantile,
     histogram_sum,
 )
+from tandem.autoscaler.service import (
+    ClockSample,
+    ServiceMemory,
+    ServicePoint,
+    clock_ratio,
+    fit_service,
+    remember_service,
+)
 from tandem.autoscaler.windows import Sample, peak, within
 
 TTFT_QUANTILE = 0.9
@@ -90,10 +106,12 @@ class Scrape:
 
 @dataclass(frozen=True, slots=True)
 class PoolHistory:
-    """Recent scrapes of one pool (oldest first) and measured prefill rates (tokens/s per replica)."""
+    """Recent scrapes of one pool (oldest first), measured prefill rates (tokens/s per replica) and
+    what was learned of the decode service time."""
 
     scrapes: tuple[Scrape, ...] = ()
     rates: tuple[Sample, ...] = ()
+    service: ServiceMemory = field(default_factory=ServiceMemory)
 
 
 def remember(history: PoolHistory, scrape: Scrape, *, keep_s: float) -> PoolHistory:
@@ -220,6 +238,61 @@ def service_time(history: PoolHistory) -> float | None:
     return max(0.0, seconds / finished) if finished > 0 else None
 
 
+def _service_points(history: PoolHistory) -> list[ServicePoint]:
+    """Per engine that finished requests over the kept scrapes: its mean running requests over them and
+    those requests' mean service time (engine seconds). A restarted engine gives none this round."""
+    latest = history.scrapes[-1]
+    points: list[ServicePoint] = []
+    for url, new in latest.readings.items():
+        now = _running_seconds(new) if new is not None else None
+        seen = [r for s in history.scrapes[:-1] if (r := s.readings.get(url)) is not None]
+        olds = [o for r in seen if (o := _running_seconds(r)) is not None]
+        if new is None or now is None or not olds or now[1] <= olds[0][1]:
+            continue
+        running = [r.running for r in (*seen, new) if r.running is not None]
+        if running:
+            finished = now[1] - olds[0][1]
+            points.append(
+                ServicePoint(sum(running) / len(running), (now[0] - olds[0][0]) / finished, finished)
+            )
+    return points
+
+
+def _clock_sample(history: PoolHistory) -> ClockSample | None:
+    """Since the previous scrape, over the engines in both: running request-seconds on the scraper's
+    clock (trapezoid of the gauge), the service seconds reported for the requests that finished, how
+    many finished (module docstring). None without two such readings."""
+    if len(history.scrapes) < 2:
+        return None
+    prev, latest = history.scrapes[-2], history.scrapes[-1]
+    running_s = reported_s = finished = 0.0
+    seen = False
+    for url, new in latest.readings.items():
+        old = prev.readings.get(url)
+        if new is None or old is None or new.running is None or old.running is None:
+            continue
+        before, after = _running_seconds(old), _running_seconds(new)
+        dt = _elapsed((prev, old), (latest, new))
+        if before is None or after is None or after[1] < before[1] or dt <= 0:
+            continue
+        running_s += (old.running + new.running) / 2 * dt
+        reported_s, finished = reported_s + after[0] - before[0], finished + after[1] - before[1]
+        seen = True
+    return ClockSample(latest.t, running_s, reported_s, finished) if seen else None
+
+
+def learn_service(history: PoolHistory) -> PoolHistory:
+    """`history` with its latest scrape's service points and clock sample learned (module docstring);
+    call once per scrape."""
+    memory = remember_service(
+        history.service,
+        points=_service_points(history),
+        clock=_clock_sample(history),
+        now=history.scrapes[-1].t,
+    )
+    return replace(history, service=memory)
+
+
 def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | None]:
     """The decode pool now (module docstring); the second value says why it is invalid, if it is."""
     latest = history.scrapes[-1]
@@ -230,6 +303,10 @@ def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | N
     readings = [r for r in latest.readings.values() if r is not None]
     util = sum(r.kv_usage or 0.0 for r in readings) / len(readings) if readings else 0.0
     arrivals = arrival_rates(history, window_s=LEADING_WINDOW_S)
+    ratio = clock_ratio(history.service.clock)
+    scale = ratio if ratio is not None else 1.0  # engine seconds → the arrivals' seconds
+    service = service_time(history)
+    curve = fit_service(history.service.bins)
     observation = DecodeObservation(
         timestamp=latest.t,
         ready=len(readings),
@@ -238,7 +315,9 @@ def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | N
         gateway_queued=queued,
         gateway_held=gateway_held(latest),
         arrivals_per_s=arrivals[0] if arrivals is not None else None,
-        service_s=service_time(history),
+        service_s=service * scale if service is not None else None,
+        service_curve=curve.scaled(scale) if curve is not None else None,
+        clock_ratio=ratio,
     )
     return observation, None
 
