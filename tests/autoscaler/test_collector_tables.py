@@ -555,15 +555,27 @@ def engine(*, running: float, finished: float, reported: float, at: float | None
 
 def test_a_round_learns_each_engines_point_and_the_clock_since_the_last_scrape() -> None:
     """The module docstring's example: 2 running, then 4, 1.0 s apart → 3.0 request-seconds; 3 finished
-    reporting 1.5 s. Over the two scrapes the engine ran 3 running on average."""
+    reporting 1.5 s, 0.5 s each, which saw the gauge over [0, 0.5] s: 2.5 running."""
     h = history(
         (0.0, {"a": engine(running=2, finished=10, reported=5.0)}),
         (1.0, {"a": engine(running=4, finished=13, reported=6.5)}),
     )
     learned = learn_service(h).service
-    assert learned.clock == (ClockSample(1.0, 3.0, 1.5, 3.0),)
+    assert learned.clock == (ClockSample(1.0, 3.0, 1.5, 3.0, running_start=2.0, running_end=4.0),)
     (point,) = learned.bins
-    assert (point.concurrency, point.service_s, point.weight) == pytest.approx((3.0, 0.5, 3.0))
+    assert (point.concurrency, point.service_s, point.weight) == pytest.approx((2.5, 0.5, 3.0))
+
+
+def test_a_finished_request_is_paired_with_the_load_it_ran_at() -> None:
+    """A step: 1 running for seconds, then 11. The 2 requests that finished in the last second took 1.0 s
+    each: they ran at the gauge's mean over [8.5, 9.5] s (1 until 9, then 1 → 11 linear to 10:
+    (0.5 × 1 + 0.5 × 3.5) / 1 = 2.25), not at 11."""
+    h = history(
+        *((float(t), {"a": engine(running=1, finished=t, reported=t * 1.0)}) for t in range(10)),
+        (10.0, {"a": engine(running=11, finished=11, reported=11.0)}),
+    )
+    bins = learn_service(h).service.bins
+    assert [b.concurrency for b in bins] == pytest.approx([2.25])
 
 
 def test_answer_times_and_restarts_are_respected() -> None:
@@ -571,7 +583,8 @@ def test_answer_times_and_restarts_are_respected() -> None:
         (0.0, {"a": engine(running=2, finished=10, reported=5.0, at=0.1)}),
         (1.0, {"a": engine(running=2, finished=11, reported=5.5, at=1.6)}),
     )
-    assert learn_service(late).service.clock == (ClockSample(1.0, 3.0, 0.5, 1.0),)  # 2 × 1.5 s
+    (sample,) = learn_service(late).service.clock
+    assert (sample.running_s, sample.finished) == (3.0, 1.0)  # 2 running × 1.5 s between the answers
     restarted = history(
         (0.0, {"a": engine(running=2, finished=10, reported=5.0)}),
         (1.0, {"a": engine(running=1, finished=1, reported=0.4)}),

@@ -135,6 +135,17 @@ def test_the_clock_ratio_is_littles_law_on_the_engines() -> None:
     assert clock_ratio(samples) == pytest.approx(96 / 50)
 
 
+def test_the_clock_ratio_counts_the_requests_still_running_at_the_edges() -> None:
+    """The docstring's step: nothing to 10/s of 1 s requests; over 3 s, 25 request-seconds, 20 finished
+    reporting 20 s, running 0 → 10: 1.0, where R / S says 1.25."""
+    samples = (
+        ClockSample(1.0, 5.0, 0.0, 0.0, running_start=0.0, running_end=10.0),
+        ClockSample(2.0, 10.0, 10.0, 10.0, running_start=10.0, running_end=10.0),
+        ClockSample(3.0, 10.0, 10.0, 10.0, running_start=10.0, running_end=10.0),
+    )
+    assert clock_ratio(samples) == pytest.approx(1.0)
+
+
 def test_no_clock_ratio_before_enough_requests_finished() -> None:
     few = tuple(ClockSample(float(t), 2.0, 1.0, 1.0) for t in range(int(MIN_CLOCK_FINISHED) - 1))
     assert clock_ratio(few) is None

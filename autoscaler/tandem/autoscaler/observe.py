@@ -41,13 +41,17 @@ they wait there for decode capacity, then need a prefill. The observations are b
   in the engines of which 6.0 s waiting → 2.0 s. With the arrival rate it gives Little's law's count of
   running requests (`tandem.autoscaler.decider.decode_leading`).
 - **decode**, learned (`learn_service`, once per scrape, before `decode_observation`): how the service
-  time grows with load (`tandem.autoscaler.service`). Each engine that finished requests in the window
-  gives a point: its mean `vllm:num_requests_running` over the kept scrapes, and the service time of
-  those requests. Each round also adds, over the engines in both of the last two scrapes, the running
-  request-seconds on the scraper's clock (the gauge's trapezoid) and the service seconds the engines
-  reported for the requests that finished, whose ratio converts the engines' seconds to the arrivals'
-  (`service_s` and the curve are in those seconds). Example: 2 running, then 4, 1.0 s apart → 3.0
-  request-seconds; 3 finished reporting 1.5 s.
+  time grows with load (`tandem.autoscaler.service`). Between the last two scrapes, each engine that
+  finished requests gives a point: their mean service time (Δ(e2e − queue) / Δcount) and the running
+  count they saw, the `vllm:num_requests_running` gauge (linear between scrapes) averaged over that
+  service time before the middle of the interval (a request finishing now ran at the load of the
+  seconds before: at a step, the gauge of the last scrape alone paired the idle requests' time with the
+  burst's count). Each round also adds, over the engines in both scrapes, the running request-seconds
+  on the scraper's clock (the gauge's trapezoid), the service seconds reported for the requests that
+  finished, and the running count at both ends, whose ratio converts the engines' seconds to the
+  arrivals' (`service_s` and the curve are in those seconds). Example: 2 running, then 4, 1.0 s apart,
+  3 finished reporting 1.5 s → 3.0 request-seconds; a point at 0.5 s, which saw the gauge's mean over
+  [0, 0.5] s, 2.5 running.
 
 Every Δt of a rate is the time between the two answers, as the scraper stamped them (`at`), not
 between the rounds: on a loaded host a `/metrics` answer can come back hundreds of milliseconds after
@@ -63,6 +67,7 @@ slowly, and holding then would freeze the autoscaler exactly when load is highes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
@@ -238,58 +243,83 @@ def service_time(history: PoolHistory) -> float | None:
     return max(0.0, seconds / finished) if finished > 0 else None
 
 
-def _service_points(history: PoolHistory) -> list[ServicePoint]:
-    """Per engine that finished requests over the kept scrapes: its mean running requests over them and
-    those requests' mean service time (engine seconds). A restarted engine gives none this round."""
-    latest = history.scrapes[-1]
-    points: list[ServicePoint] = []
-    for url, new in latest.readings.items():
-        now = _running_seconds(new) if new is not None else None
-        seen = [r for s in history.scrapes[:-1] if (r := s.readings.get(url)) is not None]
-        olds = [o for r in seen if (o := _running_seconds(r)) is not None]
-        if new is None or now is None or not olds or now[1] <= olds[0][1]:
-            continue
-        running = [r.running for r in (*seen, new) if r.running is not None]
-        if running:
-            finished = now[1] - olds[0][1]
-            points.append(
-                ServicePoint(sum(running) / len(running), (now[0] - olds[0][0]) / finished, finished)
-            )
-    return points
+def _mean_between(gauge: list[tuple[float, float]], *, start: float, end: float) -> float:
+    """A gauge's (time, value) samples, linear between them, averaged over [start, end] clipped to
+    them (the value at `end` when nothing is left). Example: 2 at t = 0, 4 at t = 1, over [0, 0.5] → 2.5."""
+
+    def at(t: float) -> float:
+        for (t0, v0), (t1, v1) in itertools.pairwise(gauge):
+            if t0 <= t <= t1:
+                return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1
+        return gauge[-1][1] if t >= gauge[-1][0] else gauge[0][1]
+
+    start, end = max(start, gauge[0][0]), min(end, gauge[-1][0])
+    if end <= start:
+        return at(end)
+    cuts = [start, *(t for t, _ in gauge if start < t < end), end]
+    area = sum((at(a) + at(b)) / 2 * (b - a) for a, b in itertools.pairwise(cuts))
+    return area / (end - start)
 
 
-def _clock_sample(history: PoolHistory) -> ClockSample | None:
-    """Since the previous scrape, over the engines in both: running request-seconds on the scraper's
-    clock (trapezoid of the gauge), the service seconds reported for the requests that finished, how
-    many finished (module docstring). None without two such readings."""
-    if len(history.scrapes) < 2:
-        return None
+@dataclass(frozen=True, slots=True)
+class _Interval:
+    """One engine between the last two scrapes: the service counters' growth and the gauge's ends."""
+
+    seconds: float
+    reported_s: float
+    finished: float
+    running_start: float
+    running_end: float
+
+
+def _interval(history: PoolHistory, url: str) -> _Interval | None:
     prev, latest = history.scrapes[-2], history.scrapes[-1]
-    running_s = reported_s = finished = 0.0
-    seen = False
-    for url, new in latest.readings.items():
-        old = prev.readings.get(url)
-        if new is None or old is None or new.running is None or old.running is None:
-            continue
-        before, after = _running_seconds(old), _running_seconds(new)
-        dt = _elapsed((prev, old), (latest, new))
-        if before is None or after is None or after[1] < before[1] or dt <= 0:
-            continue
-        running_s += (old.running + new.running) / 2 * dt
-        reported_s, finished = reported_s + after[0] - before[0], finished + after[1] - before[1]
-        seen = True
-    return ClockSample(latest.t, running_s, reported_s, finished) if seen else None
+    old, new = prev.readings.get(url), latest.readings.get(url)
+    if old is None or new is None or old.running is None or new.running is None:
+        return None
+    before, after = _running_seconds(old), _running_seconds(new)
+    seconds = _elapsed((prev, old), (latest, new))
+    if before is None or after is None or after[1] < before[1] or seconds <= 0:
+        return None  # not reported, or a restarted engine
+    return _Interval(seconds, after[0] - before[0], after[1] - before[1], old.running, new.running)
 
 
 def learn_service(history: PoolHistory) -> PoolHistory:
-    """`history` with its latest scrape's service points and clock sample learned (module docstring);
-    call once per scrape."""
-    memory = remember_service(
-        history.service,
-        points=_service_points(history),
-        clock=_clock_sample(history),
-        now=history.scrapes[-1].t,
-    )
+    """`history` with what its last two scrapes teach of the decode service time (module docstring);
+    call once per scrape. Per engine that finished requests between them: their mean reported time and
+    the running count they saw, the gauge averaged over that time (on the scraper's clock, by the clock
+    ratio learned so far) before the middle of the interval they finished in; and the round's clock
+    sample over the engines in both scrapes."""
+    latest = history.scrapes[-1]
+    if len(history.scrapes) < 2:
+        return history
+    ratio = clock_ratio(history.service.clock) or 1.0
+    middle = (history.scrapes[-2].t + latest.t) / 2
+    points: list[ServicePoint] = []
+    total = ClockSample(latest.t, 0.0, 0.0, 0.0)
+    for url in latest.readings:
+        step = _interval(history, url)
+        if step is None:
+            continue
+        total = ClockSample(
+            latest.t,
+            total.running_s + (step.running_start + step.running_end) / 2 * step.seconds,
+            total.reported_s + step.reported_s,
+            total.finished + step.finished,
+            total.running_start + step.running_start,
+            total.running_end + step.running_end,
+        )
+        if step.finished > 0:
+            took = step.reported_s / step.finished
+            gauge = [
+                (s.t, r.running)
+                for s in history.scrapes
+                if (r := s.readings.get(url)) and r.running is not None
+            ]
+            saw = _mean_between(gauge, start=middle - took * ratio, end=middle)
+            points.append(ServicePoint(saw, took, step.finished))
+    clock = total if total.running_s > 0 or total.finished > 0 else None
+    memory = remember_service(history.service, points=points, clock=clock, now=latest.t)
     return replace(history, service=memory)
 
 

@@ -100,12 +100,15 @@ class ServiceCurve:
 @dataclass(frozen=True, slots=True)
 class ClockSample:
     """One round's increments over the pool's engines: request-seconds running on the autoscaler's clock
-    (∫ Σ running dt), service seconds the engines reported for the requests that finished, and how many."""
+    (∫ Σ running dt), service seconds the engines reported for the requests that finished, and how many;
+    Σ running at the round's first and last scrape."""
 
     t: float
     running_s: float
     reported_s: float
     finished: float
+    running_start: float = 0.0
+    running_end: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +191,26 @@ def learn_clock(
 
 
 def clock_ratio(samples: Sequence[ClockSample]) -> float | None:
-    """Seconds on the autoscaler's clock per second the engines report (module docstring): Σ running
-    request-seconds ÷ Σ reported service seconds; None until `MIN_CLOCK_FINISHED` requests finished.
-    Example: 96 request-seconds running while 60 requests finished reporting 50 s → 1.92 (a simulator
-    at time scale 0.5, with the edges of the span in it)."""
+    """Seconds on the autoscaler's clock per second the engines report (module docstring); None until
+    `MIN_CLOCK_FINISHED` requests finished. Over the span, the running request-seconds R are the
+    finished requests' service seconds on this clock, u·S, plus the time the requests still running at
+    its end have run, less the time those finished had run before it began: about half a service time
+    each, so R = u·S + u·(L_end − L_start)·s / 2 (s = S / N the mean reported time), and
+
+        u = R / (S + (L_end − L_start) · s / 2)
+
+    which holds through a step (the running requests of a burst have not finished yet: R alone grew
+    ahead of S and read the clock high). Examples: 96 request-seconds running while 60 requests finished
+    reporting 50 s, as many running at both ends → 1.92 (a simulator at time scale 0.5). A step from
+    nothing to 10 requests/s of 1 s each (vLLM's clock), over its first 3 s: 25 request-seconds, 20
+    finished reporting 20 s, running 0 → 10 → 25 / (20 + 10 × 1 / 2) = 1.0, where R / S says 1.25."""
     finished = sum(s.finished for s in samples)
     reported = sum(s.reported_s for s in samples)
     if finished < MIN_CLOCK_FINISHED or reported <= 0:
         return None
-    return sum(s.running_s for s in samples) / reported
+    rise = samples[-1].running_end - samples[0].running_start
+    edges = reported + rise * (reported / finished) / 2
+    return sum(s.running_s for s in samples) / edges if edges > 0 else None
 
 
 def remember_service(
