@@ -24,6 +24,7 @@ from tandem.autoscaler.decider import (
     forecast,
     prefill_leading,
 )
+from tandem.autoscaler.service import ServiceCurve
 from tandem.autoscaler.startup import StartTimes, asked, cancelled, readied
 from tandem.autoscaler.windows import Sample
 
@@ -137,6 +138,29 @@ def test_the_module_docstrings_decode_example() -> None:
     assert decode_arrival_demand(KNOWN, params=DECODE) == pytest.approx(1.5)
     flat = (Sample(0, 1.5), Sample(1, 1.5), Sample(2, 1.5))
     assert decode_leading(KNOWN, params=DECODE, trend=flat) == pytest.approx(1.5)
+
+
+def test_the_decode_demand_takes_the_learned_service_time_at_the_kv_targets_concurrency() -> None:
+    """The docstring's example: c* = 0.6 × 6 / (1 × 0.3) = 12; the line 0.8 + 0.2·c (2.0 s at today's 6
+    running, as measured) says 3.2 s there → 9 × 3.2 / 12 = 2.4, where the measured time said 1.5."""
+    learned = replace(KNOWN, service_curve=ServiceCurve(intercept_s=0.8, slope_s=0.2, floor_s=1.0))
+    assert decode_arrival_demand(learned, params=DECODE) == pytest.approx(2.4)
+    # A line and no measured time yet (nothing finished in the window): the line alone.
+    assert decode_arrival_demand(replace(learned, service_s=None), params=DECODE) == pytest.approx(2.4)
+
+
+@pytest.mark.parametrize(
+    ("median", "ready", "leading"),
+    [(4.3, 4, 4.0), (4.5, 4, 4.5), (3.6, 4, 3.6), (1.05, 1, 1.0), (1.2, 1, 1.2)],
+    ids=["within-band", "beyond-band", "below-ready", "one-within", "one-beyond"],
+)
+def test_a_decode_leading_demand_within_the_tolerance_above_ready_keeps_ready(
+    median: float, ready: int, leading: float
+) -> None:
+    """The docstring's example: 4 ready, tolerance 0.1: 4.3 → 4.0, 4.5 → 4.5 (a flat trend: no forecast)."""
+    observed = replace(KNOWN, ready=ready, running_requests=6.0 * ready, mean_kv_utilization=0.3)
+    flat = tuple(Sample(float(t), median) for t in range(3))
+    assert decode_leading(observed, params=DECODE, trend=flat) == pytest.approx(leading)
 
 
 @pytest.mark.parametrize(

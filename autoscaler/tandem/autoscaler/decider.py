@@ -35,14 +35,19 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
   (a step while engines start): (27 000 + 18 000) / 12 000 = 3.75 → 4.
   With a known R the TTFT term stops at ready + 1 (a high TTFT while a backlog drains says "more", not
   how many: it was what overshot) and the backlog term with ``H`` = target TTFT is dropped.
-- decode, with engines: Little's law, ``arrivals × service × share``: requests/s arriving at the gateway
-  times the mean seconds a request runs in a decode engine is how many will run at once, and each holds
-  the KV share the running ones hold now (``ready × mean_kv / target / running``, in replicas at the
-  target utilisation); the median of the last three rounds, plus the same forecast as prefill. The KV
-  signal itself moves only as the burst's requests reach the decode engines, which in P/D is after their
-  prefill: at a step it filled the caches seconds before the windows asked for a replica. Example:
-  9 requests/s, 2.0 s each → 18 running; 6 running now hold 0.3 of 1 ready, target 0.6 → 0.083 each
-  → 1.5 → 2 replicas. Without a running request (no share to measure) or a service time, none.
+- decode, with engines: Little's law, ``arrivals × s(c*) / c*``: requests/s arriving at the gateway
+  times the mean seconds a request runs in a decode engine is how many will run at once, and each engine
+  at the target KV utilisation runs ``c* = target × running / (ready × mean_kv)`` of them (each holds the
+  KV share the running ones hold now); the median of the last three rounds, plus the same forecast as
+  prefill. The service time grows with the requests an engine batches, so it is taken at c*, from the
+  line the collector learned (`tandem.autoscaler.service`: s(c) = a + b·c over the loads seen, on the
+  arrivals' clock); until it has one, the service time as measured now (which at a step from idle is
+  the idle one, and under-counts by s(c*) / s(c_idle)). The KV signal itself moves only as the burst's
+  requests reach the decode engines, which in P/D is after their prefill: at a step it filled the caches
+  seconds before the windows asked for a replica. Example: 9 requests/s; 6 running hold 0.3 of 1
+  ready, target 0.6 → c* = 12; 2.0 s measured → 9 × 2.0 / 12 = 1.5 → 2 replicas; with the line
+  0.8 + 0.2·c learned, s(12) = 3.2 s → 2.4 → 3. Without a running request (no share to measure) or a
+  service time, none.
 - decode without an engine: 1 while the gateway holds requests, queues some or sees arrivals (scale from
   zero).
 - prefill with no engine and no known rate: 1 while anything arrives.
@@ -267,16 +272,21 @@ def prefill_leading(
 
 
 def decode_arrival_demand(observed: DecodeObservation, *, params: DeciderParams) -> float | None:
-    """Replicas the arriving requests need at the target KV utilisation by Little's law (module
-    docstring), `arrivals × service × ready × kv / target / running`; None without arrivals, a service
-    time, engines or a running request. Example: 9/s × 2.0 s = 18; 1 × 0.3 / 0.6 / 6 = 0.083 → 1.5."""
-    running, kv = observed.running_requests, observed.mean_kv_utilization
-    if observed.arrivals_per_s is None or observed.service_s is None or observed.ready <= 0:
+    """Replicas the arriving requests need with every engine at the target KV utilisation, by Little's
+    law (module docstring): `arrivals × s(c*) / c*`, where c* = target × running / (ready × kv) is the
+    running requests one engine holds at the target and s(c*) the learned service time there
+    (`tandem.autoscaler.service`); without a learned curve, the service time as measured now. None
+    without arrivals, a service time, engines or a running request. Example: 6 running hold 0.3 of
+    1 ready, target 0.6 → c* = 12; 9/s × 2.0 s (measured) / 12 = 1.5; with the curve 0.8 + 0.2·c
+    learned (2.0 s at today's 6 running), s(12) = 3.2 s → 9 × 3.2 / 12 = 2.4."""
+    running, kv, curve = observed.running_requests, observed.mean_kv_utilization, observed.service_curve
+    if observed.arrivals_per_s is None or observed.ready <= 0 or running <= 0 or kv <= 0:
         return None
-    if running <= 0 or kv <= 0:
+    at_target = params.target * running / (observed.ready * kv)
+    service = curve.at(at_target) if curve is not None else observed.service_s
+    if service is None:
         return None
-    share = observed.ready * kv / params.target / running
-    return observed.arrivals_per_s * observed.service_s * share
+    return observed.arrivals_per_s * service / at_target
 
 
 def decode_leading(
@@ -284,7 +294,14 @@ def decode_leading(
 ) -> float | None:
     """The decode pool's leading demand (module docstring): with engines, the median of the last three
     arrival demands in `trend` plus the forecast; without any, 1 while the gateway holds, queues or sees
-    arriving requests (scale from zero). None when there is nothing to say."""
+    arriving requests (scale from zero). None when there is nothing to say.
+
+    A demand above the ready count by no more than the tolerance is the ready count: the band is
+    AIBrix's, on the demand itself (its KPA scales only when the metric passes target × (1 + tolerance)),
+    where the band on the rounded count lets any excess through below 10 replicas. At a flat load with
+    Poisson arrivals a 2 s window's noise plus the forecast's slope of it crossed an integer by a hair
+    and bought a replica, held through the scale-down delay. Example: 4 ready, tolerance 0.1: 4.3 → 4.0,
+    4.5 → 4.5 (→ 5 replicas)."""
     if observed.ready == 0:
         waiting = observed.gateway_held + observed.gateway_queued + (observed.arrivals_per_s or 0.0)
         return 1.0 if waiting > 0 else None
@@ -293,7 +310,9 @@ def decode_leading(
     arrival = _median(trend[-3:])
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
-    return arrival + forecast(trend, horizon_s=horizon, now_value=arrival)
+    leading = arrival + forecast(trend, horizon_s=horizon, now_value=arrival)
+    ready = float(observed.ready)
+    return ready if ready < leading <= ready * (1 + params.tolerance) else leading
 
 
 def _median(samples: tuple[Sample, ...]) -> float:
