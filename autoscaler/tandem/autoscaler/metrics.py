@@ -80,8 +80,23 @@ class AutoscalerMetrics:
         )
         self.service_time = Gauge(
             "tandem_autoscaler_decode_service_seconds",
-            "Mean seconds a request runs in a decode engine (its time there less its wait; 0 until one "
-            "finished): with the arrival rate, the decode pool's leading signal by Little's law.",
+            "Mean seconds a request runs in a decode engine (its time there less its wait, on the "
+            "autoscaler's clock; 0 until one finished): with the arrival rate, the decode pool's leading "
+            "signal by Little's law.",
+            ("service",),
+            registry=registry,
+        )
+        self.service_slope = Gauge(
+            "tandem_autoscaler_decode_service_slope_seconds",
+            "Learned seconds a decode request's time grows by per running request per engine, b of "
+            "s(c) = a + b*c (0: no line yet; the leading demand takes the time measured now).",
+            ("service",),
+            registry=registry,
+        )
+        self.clock_ratio = Gauge(
+            "tandem_autoscaler_decode_clock_ratio",
+            "Seconds on the autoscaler's clock per second the decode engines report (Little's law on the "
+            "engines; 1 for vLLM, 2 for the simulator at time scale 0.5; 0: not measured yet).",
             ("service",),
             registry=registry,
         )
@@ -118,6 +133,9 @@ class AutoscalerMetrics:
             self.kv.labels(outcome.service).set(observed.mean_kv_utilization)
             self.held.labels(outcome.service).set(observed.gateway_held)
             self.service_time.labels(outcome.service).set(observed.service_s or 0.0)
+            curve = observed.service_curve
+            self.service_slope.labels(outcome.service).set(curve.slope_s if curve is not None else 0.0)
+            self.clock_ratio.labels(outcome.service).set(observed.clock_ratio or 0.0)
         else:
             self.ttft.labels(outcome.service).set(observed.ttft_p90_s or 0.0)
             self.backlog.labels(outcome.service).set(observed.queued_prefill_tokens)
@@ -130,7 +148,7 @@ class AutoscalerMetrics:
             for pool in ("prefill", "decode"):
                 _remove(gauge, service, pool)
         per_service = (self.kv, self.ttft, self.backlog, self.gateway_queued, self.arrivals, self.capacity)
-        for gauge in (*per_service, self.held, self.service_time):
+        for gauge in (*per_service, self.held, self.service_time, self.service_slope, self.clock_ratio):
             _remove(gauge, service)
         for pool in ("prefill", "decode"):
             for direction in ("up", "down"):

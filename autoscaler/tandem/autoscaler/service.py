@@ -11,14 +11,16 @@ its KV target, c* = target ÷ (the KV share of one running request), and
     n = λ · s(c*) / c*
 
 The service time measured now is s(c) at today's load: at a step from idle it is the idle one, and the
-demand under-counted by s(c*) / s(c_idle) (about 2× on the 2026-11-25 step, docs/autoscaler.md).
+demand under-counted by s(c*) / s(c_idle) (0.83 s at idle against 1.6–2.0 s at the peak on the held-out
+step, docs/autoscaler.md; and by half again on that simulator's clock, below).
 Example: s(c) = 0.6 + 0.1·c s, c* = 12, 15 requests/s → n = 15 × 1.8 / 12 = 2.25 → 3 replicas, where the
 idle service time (c = 1: 0.7 s) said 15 × 0.7 / 12 = 0.875 → 1.
 
-**The line.** s(c) ≈ a + b·c, from per-engine points (mean running requests over the collector's
-window, mean service time of the requests that finished in it), each added to the concurrency bin it
-falls in (bins grow geometrically: ``floor(log(1 + c) / log(BIN_BASE))``, so idle loads of 1, 2 and 3
-running fall in different bins and 90 and 105 in one); a bin holds the weighted mean of its points
+**The line.** s(c) ≈ a + b·c, from points per engine and interval between two scrapes (the mean
+service time of the requests that finished in it and the running count they saw: the collector's
+`tandem.autoscaler.observe.learn_service`), each added to the concurrency bin it falls in (bins grow
+geometrically: ``floor(log(1 + c) / log(BIN_BASE))``, so idle loads of 1, 2 and 3 running fall in
+different bins and 90 and 105 in one); a bin holds the weighted mean of its points
 (weight: requests finished), its weight capped at `BIN_WEIGHT_CAP` so it follows a drifting load, and
 is forgotten `SERVICE_MEMORY_S` after its last point. The fit (`fit_service`) over the bins of at
 least `MIN_BIN_WEIGHT`: Theil–Sen (the median of the pairwise slopes, which one odd bin moves little),
@@ -44,10 +46,10 @@ from dataclasses import dataclass, replace
 
 #: Bin k holds points with 1 + c in [BIN_BASE^k, BIN_BASE^(k+1)).
 BIN_BASE = 1.25
-#: A bin's weight (finished requests, counted in every round whose window they finished in) stops
-#: growing here, so that its mean follows a load that drifts: new points weigh weight / cap.
+#: A bin's weight (finished requests) stops growing here, so that its mean follows a load that drifts:
+#: a new point weighs its finished requests against at most this many before it.
 BIN_WEIGHT_CAP = 200.0
-#: A bin joins the fit from this weight on (one round with a handful of finished requests is noise).
+#: A bin joins the fit from this many finished requests on (a handful is noise).
 MIN_BIN_WEIGHT = 10.0
 #: Two bins give a slope only when their mean concurrencies differ by this many running requests.
 MIN_SPREAD = 0.5
