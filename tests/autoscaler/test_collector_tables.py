@@ -570,10 +570,10 @@ def test_a_finished_request_is_paired_with_the_load_it_ran_at() -> None:
     """A step: 1 running for seconds, then 11. The 2 requests that finished in the last second took 1.0 s
     each: they ran at the gauge's mean over [8.5, 9.5] s (1 until 9, then 1 → 11 linear to 10:
     (0.5 × 1 + 0.5 × 3.5) / 1 = 2.25), not at 11."""
-    h = history(
-        *((float(t), {"a": engine(running=1, finished=t, reported=t * 1.0)}) for t in range(10)),
-        (10.0, {"a": engine(running=11, finished=11, reported=11.0)}),
-    )
+    scrapes: list[tuple[float, dict[str, EngineReading | None]]] = [
+        (float(t), {"a": engine(running=1, finished=t, reported=t * 1.0)}) for t in range(10)
+    ]
+    h = history(*scrapes, (10.0, {"a": engine(running=11, finished=11, reported=11.0)}))
     bins = learn_service(h).service.bins
     assert [b.concurrency for b in bins] == pytest.approx([2.25])
 
