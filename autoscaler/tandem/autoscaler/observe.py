@@ -290,9 +290,9 @@ def learn_service(history: PoolHistory) -> PoolHistory:
     the running count they saw, the gauge averaged over that time (on the scraper's clock, by the clock
     ratio learned so far) before the middle of the interval they finished in; and the round's clock
     sample over the engines in both scrapes."""
-    latest = history.scrapes[-1]
     if len(history.scrapes) < 2:
         return history
+    latest = history.scrapes[-1]
     ratio = clock_ratio(history.service.clock) or 1.0
     middle = (history.scrapes[-2].t + latest.t) / 2
     points: list[ServicePoint] = []
@@ -309,12 +309,12 @@ def learn_service(history: PoolHistory) -> PoolHistory:
             total.running_start + step.running_start,
             total.running_end + step.running_end,
         )
-        if step.finished > 0:
+        if step.finished > 0 and step.reported_s > 0:
             took = step.reported_s / step.finished
             gauge = [
                 (s.t, r.running)
                 for s in history.scrapes
-                if (r := s.readings.get(url)) and r.running is not None
+                if (r := s.readings.get(url)) is not None and r.running is not None
             ]
             saw = _mean_between(gauge, start=middle - took * ratio, end=middle)
             points.append(ServicePoint(saw, took, step.finished))
