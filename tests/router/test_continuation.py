@@ -12,6 +12,7 @@ from tandem.router.admission.fairness.vtc import VTCQueue
 from tandem.router.admission.preemption import victim
 from tandem.router.types import Route
 from tandem.router.upstream.continuation import (
+    _NOT_PLAIN,
     KEEP_BYTES,
     Generated,
     Kept,
@@ -236,6 +237,15 @@ def test_a_stream_that_turns_out_not_to_be_plain_text_is_not_continuable() -> No
     kept.add(chat_event(None, tool_calls=[{"index": 0}]))
     kept.add(chat_event(" b"))
     assert kept.result() is None and not kept.plain and told == ["withdrawn"]
+
+
+@pytest.mark.parametrize("marker", _NOT_PLAIN)
+def test_every_marker_of_what_is_not_plain_text_withdraws_a_kept_stream_at_once(marker: bytes) -> None:
+    told: list[str] = []
+    kept = Kept(chat=True, on_unplain=lambda: told.append("withdrawn"))
+    kept.add(chat_event(" a"))
+    kept.add(b'data: {"choices":[{"index":0,"delta":{' + marker + b'...}}]}\n\n')
+    assert told == ["withdrawn"] and not kept.plain
 
 
 def test_spaced_json_from_another_engine_is_read_too() -> None:

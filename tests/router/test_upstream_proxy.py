@@ -1,8 +1,8 @@
 """The upstream layer and the dispatcher against real sockets: error translation, what is sent,
 heads and streams, connection reuse, and the retry budget.
 
-Real: `HTTPUpstream` over aiohttp, `Dispatcher`, `EndpointRegistry`, `RoundRobin`, `RouterMetrics`,
-TCP on 127.0.0.1. Faked: the engines (tests/router/raw_engine.py answers byte for byte).
+Real: `HTTPUpstream` over the gateway's `Wire`, `Dispatcher`, `EndpointRegistry`, `RoundRobin`,
+`RouterMetrics`, TCP on 127.0.0.1. Faked: the engines (tests/router/raw_engine.py answers byte for byte).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import re
 import socket
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 from tests.router.raw_engine import chunk, chunked_head, raw_engine, response
@@ -30,8 +29,9 @@ from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import RoundRobin
 from tandem.router.settings import ProxySettings
 from tandem.router.types import Endpoint, RequestView
-from tandem.router.upstream.client import HTTPUpstream, UpstreamCall, new_session
+from tandem.router.upstream.client import HTTPUpstream, UpstreamCall
 from tandem.router.upstream.dispatch import Dispatcher
+from tandem.router.upstream.wire import Wire
 
 
 def call(*, stream: bool = False, read_timeout_s: float | None = None) -> UpstreamCall:
@@ -45,12 +45,12 @@ def call(*, stream: bool = False, read_timeout_s: float | None = None) -> Upstre
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    client = new_session()
+async def session() -> AsyncIterator[Wire]:
+    wire = Wire(connect_s=5.0)
     try:
-        yield client
+        yield wire
     finally:
-        await client.close()
+        wire.close()
 
 
 def free_port() -> int:
@@ -60,7 +60,7 @@ def free_port() -> int:
 
 
 async def test_a_refused_connection_is_a_connect_error_naming_the_endpoint(
-    session: aiohttp.ClientSession,
+    session: Wire,
 ) -> None:
     engine = Endpoint("decode", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(UpstreamConnectError, match=re.escape(engine.name)) as caught:
@@ -68,7 +68,7 @@ async def test_a_refused_connection_is_a_connect_error_naming_the_endpoint(
     assert caught.value.kind == "connect"
 
 
-async def test_an_engine_that_never_answers_is_a_timeout(session: aiohttp.ClientSession) -> None:
+async def test_an_engine_that_never_answers_is_a_timeout(session: Wire) -> None:
     async def silent(request: bytes, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(5)
 
@@ -81,7 +81,7 @@ async def test_an_engine_that_never_answers_is_a_timeout(session: aiohttp.Client
 
 
 async def test_the_body_goes_as_given_with_the_request_id_and_no_compression(
-    session: aiohttp.ClientSession,
+    session: Wire,
 ) -> None:
     async def ok(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(200, b'{"ok": true}'))
@@ -103,7 +103,7 @@ async def test_the_body_goes_as_given_with_the_request_id_and_no_compression(
 
 
 async def test_a_5xx_is_an_upstream_status_error_with_the_engines_words(
-    session: aiohttp.ClientSession,
+    session: Wire,
 ) -> None:
     async def overloaded(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(503, b"engine overloaded", content_type=b"text/plain"))
@@ -114,7 +114,7 @@ async def test_a_5xx_is_an_upstream_status_error_with_the_engines_words(
     assert caught.value.upstream_status == 503
 
 
-async def test_a_4xx_to_a_streaming_call_is_buffered_whole(session: aiohttp.ClientSession) -> None:
+async def test_a_4xx_to_a_streaming_call_is_buffered_whole(session: Wire) -> None:
     async def bad(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(400, b'{"error": {"message": "bad"}}'))
 
@@ -130,7 +130,7 @@ PARTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
 
 
 async def test_a_stream_has_its_first_chunk_as_head_the_rest_as_they_come_and_its_connection_is_reused(
-    session: aiohttp.ClientSession,
+    session: Wire,
 ) -> None:
     async def stream(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(chunked_head())
@@ -153,7 +153,7 @@ async def test_a_stream_has_its_first_chunk_as_head_the_rest_as_they_come_and_it
     assert engine.connections == 1  # read to its end, the connection went back to the pool
 
 
-async def test_a_stream_that_breaks_raises_upstream_broken(session: aiohttp.ClientSession) -> None:
+async def test_a_stream_that_breaks_raises_upstream_broken(session: Wire) -> None:
     async def dies(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(chunked_head() + chunk(PARTS[0]))
         await writer.drain()
@@ -173,7 +173,7 @@ async def test_a_stream_that_breaks_raises_upstream_broken(session: aiohttp.Clie
 
 
 async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_reasons(
-    session: aiohttp.ClientSession,
+    session: Wire,
 ) -> None:
     async def broken(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(500, b"this engine is broken", content_type=b"text/plain"))

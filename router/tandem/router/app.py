@@ -34,7 +34,7 @@ from tandem.router.http.side import side_app
 from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.identity.auth.keys import KeyTableError
 from tandem.router.settings import RouterSettings
-from tandem.router.upstream.client import new_session
+from tandem.router.upstream.client import new_wire
 
 log = logging.getLogger("tandem.router")
 
@@ -120,15 +120,15 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncExitStack() as stack:
-            session = new_session()
-            stack.push_async_callback(session.close)
+            wire = new_wire(config.settings.proxy)
+            stack.callback(wire.close)
             # The engines' /metrics are read through a client of their own, off the request path.
             scrapes = await stack.enter_async_context(
                 httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64), trust_env=False)
             )
             parts = compose(
                 config,
-                session=session,
+                wire=wire,
                 scrapes=scrapes,
                 encoder=encoder,
                 key_file=key_file,

@@ -11,7 +11,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import aiohttp
 import httpx
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
@@ -55,6 +54,7 @@ from tandem.router.settings import KVEventsSettings
 from tandem.router.types import Pool
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.upstream.dispatch import Dispatcher
+from tandem.router.upstream.wire import Wire
 from tandem.router.workers.bus import Bus, SoloBus, WorkerBus
 from tandem.router.workers.counters import SharedCounters
 from tandem.router.workers.counters import register as register_counters
@@ -110,7 +110,7 @@ class Components:
 def compose(
     config: EffectiveConfig,
     *,
-    session: aiohttp.ClientSession,
+    wire: Wire,
     scrapes: httpx.AsyncClient,
     encoder: PromptEncoder,
     key_file: KeyFile | None,
@@ -132,7 +132,7 @@ def compose(
     ProcessCollector(registry=prometheus)
     metrics = RouterMetrics(prometheus, registry)
     loop_lag = LoopLagMonitor(prometheus)
-    upstream = HTTPUpstream(session, settings.proxy)
+    upstream = HTTPUpstream(wire, settings.proxy)
     capacity = engine_capacity(config)
     workers = settings.workers
     bus: Bus = (

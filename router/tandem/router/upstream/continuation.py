@@ -150,8 +150,8 @@ class Kept:
         """Whole SSE events, as relayed. Tool calls and reasoning are noticed at once (a reasoning
         model sends them unasked), so such a stream is never stopped."""
         if self.plain and events:
-            if any(marker in events for marker in _NOT_PLAIN):
-                self._unplain()
+            if b'"tool_calls"' in events or b'"function_call"' in events or b'"reasoning' in events:
+                self._unplain()  # the markers of _NOT_PLAIN, spelt out: this runs for every chunk
                 return
             self._raw.append(events)
             self._size += len(events)

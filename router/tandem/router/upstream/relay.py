@@ -11,6 +11,12 @@ OpenAI-style SSE error event and the terminator:
 
 (preceded by a blank line when the engine died inside an event, so the error is its own event).
 
+A stream is moved from the upstream connection's callbacks (`UpstreamReply.pipe`): each read from
+the engine is metered and written to the client there and then, with the ASGI `send` run at once
+(`_EagerSend`: it completes without waiting unless the client's connection pushes back, and then the
+engine's connection is paused until the client has caught up). The request's task waits once for the
+stream's end, not once per chunk (docs/router-performance.md has the profile behind this).
+
 A `ResponseMeter` may watch the answer on its way (the fair queue's token charges): it sees every
 streamed chunk and returns the bytes to forward (the same bytes, unless it strips the usage event the
 gateway asked for itself), or the buffered body; `close()` runs exactly once when the response is
@@ -21,11 +27,14 @@ meter closed: both are synchronous, so they also run while the task is being can
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol
+import asyncio
+import contextvars
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Protocol
 
 import orjson
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from tandem.core.openai_api import error_body
 from tandem.router.errors import UpstreamError
@@ -79,16 +88,20 @@ class Yielding:
     ending the client's stream. `withdraw` is told once if the stream turns out not to be plain
     text (it can then no longer be stopped)."""
 
-    __slots__ = ("_attempt", "kept", "stopped")
+    __slots__ = ("_attempt", "kept", "on_stop", "stopped")
 
     def __init__(self, attempt: Attempt, *, chat: bool, withdraw: Callable[[], None]) -> None:
         self._attempt = attempt
         self.kept = Kept(chat=chat, on_unplain=withdraw)
         self.stopped = False
+        #: Told when the stream is stopped (the relay, which then returns).
+        self.on_stop: Callable[[], None] | None = None
 
     def stop(self) -> None:
         self.stopped = True
         self._attempt.finish()
+        if self.on_stop is not None:
+            self.on_stop()
 
 
 async def relay(
@@ -152,38 +165,222 @@ async def _stream(
     progress: Progress,
     yielding: Yielding | None = None,
 ) -> bool:
-    """Relay the stream to its end (False), or until `yielding` is stopped (True, nothing ended).
+    """Relay the stream to its end (False), or until `yielding` is stopped (True, nothing ended)."""
+    return await _Pump(attempt, send=send, meter=meter, progress=progress, yielding=yielding).run()
+
+
+class _Pump:
+    """Moves one streamed answer to the client (module docstring); the upstream's `Sink`.
+
     A stream that may be stopped is forwarded in whole events only, so that the client never holds
-    half an event when the continuation's events follow."""
-    reply = attempt.reply
-    read, feed = reply.read, meter.stream_chunk
-    keep = yielding.kept.add if yielding is not None else None
-    chunk, last, first, held = reply.head, b"", True, b""
-    try:
-        while chunk:
-            if keep is not None:
-                chunk, held = whole_events(held + chunk if held else chunk)
-                keep(chunk)
-            if out := feed(chunk):
-                if first:
-                    progress.response_first_byte()
-                    first = False
-                last = out
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-            chunk = await read()
-    except UpstreamError as exc:
-        if yielding is not None and yielding.stopped:
-            return True
-        attempt.finish(exc)
-        tail = meter.stream_end()
-        last = tail or last
-        separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) or not last else b"\n\n"
-        message = f"upstream {attempt.endpoint.name} failed mid-stream: {exc.message}"
-        body = tail + separator + sse_error_event(message) + SSE_DONE
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-        return False
-    if yielding is not None and yielding.stopped:
-        return True
-    tail = feed(held) + meter.stream_end() if held else meter.stream_end()  # an unfinished last event
-    await send({"type": "http.response.body", "body": tail, "more_body": False})
-    return False
+    half an event when the continuation's events follow. The callbacks run in the request's context
+    (its request id in log lines), whichever request opened the connection."""
+
+    __slots__ = (
+        "_attempt",
+        "_context",
+        "_done",
+        "_feed",
+        "_first",
+        "_held",
+        "_keep",
+        "_last",
+        "_meter",
+        "_progress",
+        "_send",
+        "_yielding",
+    )
+
+    def __init__(
+        self,
+        attempt: Attempt,
+        *,
+        send: Send,
+        meter: ResponseMeter,
+        progress: Progress,
+        yielding: Yielding | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        reply = attempt.reply
+        self._attempt = attempt
+        self._meter = meter
+        self._feed = meter.stream_chunk
+        self._progress = progress
+        self._yielding = yielding
+        self._keep = yielding.kept.add if yielding is not None else None
+        self._first = True
+        self._held = b""
+        self._last = b""
+        self._done: asyncio.Future[bool] = loop.create_future()
+        self._send = _EagerSend(send, pause=reply.pause, resume=reply.resume, failed=self._failed)
+        self._context = contextvars.copy_context()
+
+    async def run(self) -> bool:
+        reply = self._attempt.reply
+        if self._yielding is not None:
+            self._yielding.on_stop = self._stopped
+        try:
+            if reply.head:
+                self._data(reply.head)
+            if not self._done.done():
+                reply.pipe(self)
+            stopped = await self._done
+            await self._send.drained()
+            return stopped
+        finally:
+            self._send.abandon()
+            if self._yielding is not None:
+                self._yielding.on_stop = None
+
+    # the upstream's Sink (called from the connection's callbacks)
+
+    def data(self, chunk: bytes, /) -> None:
+        self._context.run(self._data, chunk)
+
+    def end(self) -> None:
+        self._context.run(self._end)
+
+    def fail(self, error: UpstreamError, /) -> None:
+        self._context.run(self._fail, error)
+
+    def _data(self, chunk: bytes) -> None:
+        if self._done.done():
+            return
+        try:
+            if self._keep is not None:
+                held = self._held
+                chunk, self._held = whole_events(held + chunk if held else chunk)
+                self._keep(chunk)
+            out = self._feed(chunk)
+            if out:
+                if self._first:
+                    self._progress.response_first_byte()
+                    self._first = False
+                self._last = out
+                self._send.post({"type": "http.response.body", "body": out, "more_body": True})
+        except Exception as exc:  # noqa: BLE001 (a bug: the request's task raises it, not the connection)
+            self._failed(exc)
+
+    def _end(self) -> None:
+        if self._done.done():
+            return
+        try:
+            held, meter = self._held, self._meter  # held: an unfinished last event
+            tail = self._feed(held) + meter.stream_end() if held else meter.stream_end()
+            self._send.post({"type": "http.response.body", "body": tail, "more_body": False})
+        except Exception as exc:  # noqa: BLE001 (as in _data)
+            self._failed(exc)
+            return
+        self._done.set_result(False)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._done.done():
+            return
+        if self._yielding is not None and self._yielding.stopped:
+            self._done.set_result(True)
+            return
+        try:
+            attempt = self._attempt
+            attempt.finish(error)
+            tail = self._meter.stream_end()
+            last = tail or self._last
+            separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) or not last else b"\n\n"
+            message = f"upstream {attempt.endpoint.name} failed mid-stream: {error.message}"
+            body = tail + separator + sse_error_event(message) + SSE_DONE
+            self._send.post({"type": "http.response.body", "body": body, "more_body": False})
+        except Exception as exc:  # noqa: BLE001 (as in _data)
+            self._failed(exc)
+            return
+        self._done.set_result(False)
+
+    def _stopped(self) -> None:
+        if not self._done.done():
+            self._done.set_result(True)
+
+    def _failed(self, exc: BaseException) -> None:
+        if not self._done.done():
+            self._done.set_exception(exc)
+
+
+class _EagerSend:
+    """The ASGI `send`, run at once from a callback. A server's `send` for body bytes writes to its
+    transport and returns without waiting unless the client's connection is applying backpressure
+    (uvicorn: its write buffer is over the high-water mark); then the coroutine is finished on the
+    event loop once the server is ready, the engine's connection is paused meanwhile (`pause`,
+    `resume`), and later messages wait their turn in order. `failed` is told if `send` raises."""
+
+    __slots__ = ("_blocked", "_failed", "_idle", "_pause", "_queue", "_resume", "_send")
+
+    def __init__(
+        self,
+        send: Send,
+        *,
+        pause: Callable[[], None],
+        resume: Callable[[], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        self._send = send
+        self._pause = pause
+        self._resume = resume
+        self._failed = failed
+        self._blocked: Generator[Any, Any, None] | None = None
+        self._queue: deque[Message] = deque()
+        self._idle: asyncio.Future[None] | None = None
+
+    def post(self, message: Message) -> None:
+        if self._blocked is not None:
+            self._queue.append(message)
+            return
+        self._step(self._send(message).__await__())
+
+    def _step(self, coro: Generator[Any, Any, None]) -> None:
+        try:
+            waiter = coro.send(None)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 (the request's task raises it)
+            self._failed(exc)
+            return
+        self._blocked = coro
+        self._pause()
+        if isinstance(waiter, asyncio.Future):
+            waiter.add_done_callback(self._wake)
+        else:  # a bare yield (asyncio.sleep(0)): go on at the next turn of the loop
+            asyncio.get_running_loop().call_soon(self._wake, None)
+
+    def _wake(self, _: object) -> None:
+        coro, self._blocked = self._blocked, None
+        if coro is None:  # abandoned meanwhile
+            return
+        self._step(coro)
+        while self._blocked is None and self._queue:
+            self._step(self._send(self._queue.popleft()).__await__())
+        if self._blocked is None:
+            self._resume()
+            idle = self._idle
+            if idle is not None and not idle.done():
+                idle.set_result(None)
+
+    async def drained(self) -> None:
+        """Until every posted message has been sent."""
+        if self._blocked is not None:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    def abandon(self) -> None:
+        """The request is over (or cancelled): what was not sent is dropped, and the callbacks
+        (bound to the relay, which holds this) are let go."""
+        coro, self._blocked = self._blocked, None
+        self._queue.clear()
+        self._pause = self._resume = _nothing
+        self._failed = _ignore
+        if coro is not None:
+            coro.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _ignore(_: BaseException) -> None:
+    pass
