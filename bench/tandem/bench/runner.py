@@ -163,17 +163,18 @@ def run_harness(
     bench: Bench, *, targets: Sequence[Target], pool: PoolSettings, tools: Tools, progress: Progress
 ) -> list[RunData]:
     """`bench.repeat` cold runs per target on identical simulated pools (`tandem.bench.harness`),
-    target after target (all repeats of one target, then the next); with isolation, each repeat is
+    repeat after repeat, each running every target in turn (so a slow change in the machine's load
+    falls on every target alike, not on the one that ran at that time); with isolation, each run is
     two cold runs, the light tenant alone and then the flood (`Bench.phases`).
 
     A target whose processes fail to start is reported as a run without requests (its note says
     why) and the next run still starts.
     """
     runs = []
-    for number, target in enumerate(targets, start=1):
-        what = "1 simulated engine, no router" if target.kind == "direct" else pool.describe()
-        what += f", {target.replicas} gateway replicas" if target.replicas > 1 else ""
-        for repeat in range(bench.repeat):
+    for repeat in range(bench.repeat):
+        for number, target in enumerate(targets, start=1):
+            what = "1 simulated engine, no router" if target.kind == "direct" else pool.describe()
+            what += f", {target.replicas} gateway replicas" if target.replicas > 1 else ""
             for phase, workload in bench.phases():
                 of = f", run {repeat + 1}/{bench.repeat}" if bench.repeat > 1 else ""
                 of += f", {phase}" if phase else ""
