@@ -244,7 +244,7 @@ def test_every_marker_of_what_is_not_plain_text_withdraws_a_kept_stream_at_once(
     told: list[str] = []
     kept = Kept(chat=True, on_unplain=lambda: told.append("withdrawn"))
     kept.add(chat_event(" a"))
-    kept.add(b'data: {"choices":[{"index":0,"delta":{' + marker + b'...}}]}\n\n')
+    kept.add(b'data: {"choices":[{"index":0,"delta":{' + marker + b"...}}]}\n\n")
     assert told == ["withdrawn"] and not kept.plain
 
 
