@@ -185,6 +185,24 @@ async def test_an_idle_connection_past_the_keepalive_limit_is_not_reused(
     assert (engine.connections, len(engine.requests)) == (2, 3)
 
 
+async def test_idle_connections_past_the_limit_are_closed_when_another_returns_to_the_pool(
+    wire: Wire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def ok(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response(200, b"{}"))  # and keeps the connection open, whatever its age
+
+    async with raw_engine(ok) as engine:
+        first, second = await post(wire, engine.url), await post(wire, engine.url)  # two connections
+        await first.wait(whole=True)
+        await second.wait(whole=True)
+        assert wire.idle_connections() == 2
+        again = await post(wire, engine.url)  # takes the most recent; the older one stays idle
+        monkeypatch.setattr(wire_module, "KEEPALIVE_S", 0.0)
+        await again.wait(whole=True)  # its return to the pool closes the older one
+        assert wire.idle_connections() == 1
+    assert (engine.connections, len(engine.requests)) == (2, 3)
+
+
 async def test_a_connection_the_engine_closes_while_idle_leaves_the_pool(wire: Wire) -> None:
     async def once(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(200, b"{}"))

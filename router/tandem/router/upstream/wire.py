@@ -12,11 +12,12 @@ and hands the body to its reader as it arrives:
   or `sink.fail`. No task wakes up per chunk and no future is made: this is the streamed path, and
   its cost per chunk is the gateway's CPU per token (docs/router-performance.md).
 
-Connections: idle ones are kept per engine (host, port) and taken most recent first; one idle for
-`KEEPALIVE_S` or more is closed instead of used (engines close theirs after 5 s, and a connection
-reused just as the engine closes it breaks before any answer); one the engine closed leaves the pool
-when the close arrives. An exchange that ends early (`Answer.close` before the answer's end, an
-error) closes its connection, which is how an engine learns that its client went away.
+Connections: idle ones are kept per engine (host, port) and taken most recent first. One idle for
+`KEEPALIVE_S` or more is closed instead of used, and the oldest such are closed whenever a connection
+returns to the pool (engines close theirs after 5 s, and a connection reused just as the engine
+closes it breaks before any answer); one the engine closed leaves the pool when the close arrives. An
+exchange that ends early (`Answer.close` before the answer's end, an error) closes its connection,
+which is how an engine learns that its client went away.
 
 Timeouts: `connect_s` for the TCP connect; `read_s` is the longest silence allowed between two
 bytes of the answer, from the request's write to its end. It is one timer per exchange, moved only
@@ -405,9 +406,14 @@ class Wire:
         return conn
 
     def release(self, conn: _Connection) -> None:
-        """A connection whose answer ended, back to the pool."""
-        conn.idle_since = conn.loop.time()
-        self._idle.setdefault(conn.key, deque()).append(conn)
+        """A connection whose answer ended, back to the pool; the oldest idle ones past the keep-alive
+        limit are closed on the way (taking the most recent first leaves them at the far end, and an
+        engine that never closes idle connections would otherwise keep a burst's worth open)."""
+        now = conn.idle_since = conn.loop.time()
+        idle = self._idle.setdefault(conn.key, deque())
+        while idle and now - idle[0].idle_since >= KEEPALIVE_S:
+            idle.popleft().discard()
+        idle.append(conn)
 
     def forget(self, conn: _Connection) -> None:
         idle = self._idle.get(conn.key)
