@@ -8,6 +8,8 @@ from contextlib import AsyncExitStack
 import pytest
 from tests.router.harness import Launcher
 
+from tandem.router.upstream.wire import Wire
+
 
 @pytest.fixture
 async def launcher() -> AsyncIterator[Launcher]:
@@ -18,3 +20,13 @@ async def launcher() -> AsyncIterator[Launcher]:
             yield launcher
         finally:
             launcher.stop_servers_soon()  # all at once; the stack then waits for each
+
+
+@pytest.fixture
+async def wire() -> AsyncIterator[Wire]:
+    """The gateway's upstream wire for one test; its idle connections closed at the end."""
+    wire = Wire(connect_s=5.0)
+    try:
+        yield wire
+    finally:
+        wire.close()

@@ -75,3 +75,17 @@ def chunked_head(status: int = 200) -> bytes:
 
 def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def streamed(parts: list[bytes], *, pause_s: float = 0.01) -> Answer:
+    """An answer that streams `parts` as chunks, one write each, `pause_s` apart, then ends."""
+
+    async def stream(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(chunked_head())
+        for part in parts:
+            writer.write(chunk(part))
+            await writer.drain()
+            await asyncio.sleep(pause_s)
+        writer.write(b"0\r\n\r\n")
+
+    return stream

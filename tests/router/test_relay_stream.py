@@ -9,12 +9,11 @@ Real: `relay`, `Dispatcher`, `HTTPUpstream` over `Wire`, TCP on 127.0.0.1. Faked
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 from starlette.types import Message
-from tests.router.raw_engine import chunk, chunked_head, raw_engine
+from tests.router.raw_engine import raw_engine, streamed
 
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.observe.metrics import RouterMetrics
@@ -83,24 +82,6 @@ class Progress:
         self.seen.append("end")
 
 
-async def stream(request: bytes, writer: asyncio.StreamWriter) -> None:
-    writer.write(chunked_head())
-    for part in PARTS:
-        writer.write(chunk(part))
-        await writer.drain()
-        await asyncio.sleep(0.005)
-    writer.write(b"0\r\n\r\n")
-
-
-@pytest.fixture
-async def wire() -> AsyncIterator[Wire]:
-    wire = Wire(connect_s=5.0)
-    try:
-        yield wire
-    finally:
-        wire.close()
-
-
 async def open_stream(wire: Wire, url: str) -> Attempt:
     registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
     registry.set_pool("decode", [url])
@@ -122,7 +103,7 @@ async def test_a_client_that_pushes_back_pauses_the_engine_and_gets_every_byte_i
     monkeypatch.setattr(UpstreamReply, "pause", lambda self: flow.append("pause"))
     monkeypatch.setattr(UpstreamReply, "resume", lambda self: flow.append("resume"))
     client, meter, progress = Client(block=1), Meter(), Progress()
-    async with raw_engine(stream) as engine:
+    async with raw_engine(streamed(PARTS, pause_s=0.005)) as engine:
         attempt = await open_stream(wire, engine.url)
         relaying = asyncio.create_task(
             relay(attempt, send=client, headers=(), meter=meter, progress=progress)
@@ -144,7 +125,7 @@ async def test_a_client_that_pushes_back_pauses_the_engine_and_gets_every_byte_i
 
 async def test_the_relay_returns_only_after_its_last_bytes_are_sent(wire: Wire) -> None:
     client = Client(block=len(PARTS))  # the final (empty, more_body False) message waits
-    async with raw_engine(stream) as engine:
+    async with raw_engine(streamed(PARTS, pause_s=0.005)) as engine:
         attempt = await open_stream(wire, engine.url)
         relaying = asyncio.create_task(
             relay(attempt, send=client, headers=(), meter=Meter(), progress=Progress())
@@ -163,7 +144,7 @@ async def test_an_error_in_send_reaches_the_requests_task_and_closes_the_engines
 ) -> None:
     client = Client(error=RuntimeError("the server refused the message"))
     meter = Meter()
-    async with raw_engine(stream) as engine:
+    async with raw_engine(streamed(PARTS, pause_s=0.005)) as engine:
         attempt = await open_stream(wire, engine.url)
         with pytest.raises(RuntimeError, match="refused"):
             await asyncio.wait_for(

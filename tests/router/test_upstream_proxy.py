@@ -11,11 +11,10 @@ import asyncio
 import json
 import re
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
-from tests.router.raw_engine import chunk, chunked_head, raw_engine, response
+from tests.router.raw_engine import chunk, chunked_head, raw_engine, response, streamed
 
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import (
@@ -44,15 +43,6 @@ def call(*, stream: bool = False, read_timeout_s: float | None = None) -> Upstre
     )
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[Wire]:
-    wire = Wire(connect_s=5.0)
-    try:
-        yield wire
-    finally:
-        wire.close()
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -60,34 +50,34 @@ def free_port() -> int:
 
 
 async def test_a_refused_connection_is_a_connect_error_naming_the_endpoint(
-    session: Wire,
+    wire: Wire,
 ) -> None:
     engine = Endpoint("decode", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(UpstreamConnectError, match=re.escape(engine.name)) as caught:
-        await HTTPUpstream(session, ProxySettings()).open(engine, call())
+        await HTTPUpstream(wire, ProxySettings()).open(engine, call())
     assert caught.value.kind == "connect"
 
 
-async def test_an_engine_that_never_answers_is_a_timeout(session: Wire) -> None:
+async def test_an_engine_that_never_answers_is_a_timeout(wire: Wire) -> None:
     async def silent(request: bytes, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(5)
 
     async with raw_engine(silent) as engine:
         with pytest.raises(UpstreamTimeout) as caught:
-            await HTTPUpstream(session, ProxySettings()).open(
+            await HTTPUpstream(wire, ProxySettings()).open(
                 Endpoint("decode", engine.url), call(read_timeout_s=0.2)
             )
     assert caught.value.kind == "timeout"
 
 
 async def test_the_body_goes_as_given_with_the_request_id_and_no_compression(
-    session: Wire,
+    wire: Wire,
 ) -> None:
     async def ok(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(200, b'{"ok": true}'))
 
     async with raw_engine(ok) as engine:
-        reply = await HTTPUpstream(session, ProxySettings()).open(Endpoint("decode", engine.url), call())
+        reply = await HTTPUpstream(wire, ProxySettings()).open(Endpoint("decode", engine.url), call())
         reply.close()
     [request] = engine.requests
     head, _, body = request.partition(b"\r\n\r\n")
@@ -103,23 +93,23 @@ async def test_the_body_goes_as_given_with_the_request_id_and_no_compression(
 
 
 async def test_a_5xx_is_an_upstream_status_error_with_the_engines_words(
-    session: Wire,
+    wire: Wire,
 ) -> None:
     async def overloaded(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(503, b"engine overloaded", content_type=b"text/plain"))
 
     async with raw_engine(overloaded) as engine:
         with pytest.raises(UpstreamStatusError, match="answered 503: engine overloaded") as caught:
-            await HTTPUpstream(session, ProxySettings()).open(Endpoint("decode", engine.url), call())
+            await HTTPUpstream(wire, ProxySettings()).open(Endpoint("decode", engine.url), call())
     assert caught.value.upstream_status == 503
 
 
-async def test_a_4xx_to_a_streaming_call_is_buffered_whole(session: Wire) -> None:
+async def test_a_4xx_to_a_streaming_call_is_buffered_whole(wire: Wire) -> None:
     async def bad(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(400, b'{"error": {"message": "bad"}}'))
 
     async with raw_engine(bad) as engine:
-        reply = await HTTPUpstream(session, ProxySettings()).open(
+        reply = await HTTPUpstream(wire, ProxySettings()).open(
             Endpoint("decode", engine.url), call(stream=True)
         )
     assert (reply.status, reply.streaming) == (400, False)
@@ -130,18 +120,10 @@ PARTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
 
 
 async def test_a_stream_has_its_first_chunk_as_head_the_rest_as_they_come_and_its_connection_is_reused(
-    session: Wire,
+    wire: Wire,
 ) -> None:
-    async def stream(request: bytes, writer: asyncio.StreamWriter) -> None:
-        writer.write(chunked_head())
-        for part in PARTS:
-            writer.write(chunk(part))
-            await writer.drain()
-            await asyncio.sleep(0.01)
-        writer.write(b"0\r\n\r\n")
-
-    upstream = HTTPUpstream(session, ProxySettings())
-    async with raw_engine(stream) as engine:
+    upstream = HTTPUpstream(wire, ProxySettings())
+    async with raw_engine(streamed(PARTS)) as engine:
         for _ in range(2):
             reply = await upstream.open(Endpoint("decode", engine.url), call(stream=True))
             rest = []
@@ -153,7 +135,7 @@ async def test_a_stream_has_its_first_chunk_as_head_the_rest_as_they_come_and_it
     assert engine.connections == 1  # read to its end, the connection went back to the pool
 
 
-async def test_a_stream_that_breaks_raises_upstream_broken(session: Wire) -> None:
+async def test_a_stream_that_breaks_raises_upstream_broken(wire: Wire) -> None:
     async def dies(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(chunked_head() + chunk(PARTS[0]))
         await writer.drain()
@@ -163,7 +145,7 @@ async def test_a_stream_that_breaks_raises_upstream_broken(session: Wire) -> Non
         writer.transport.abort()
 
     async with raw_engine(dies) as engine:
-        reply = await HTTPUpstream(session, ProxySettings()).open(
+        reply = await HTTPUpstream(wire, ProxySettings()).open(
             Endpoint("decode", engine.url), call(stream=True)
         )
         with pytest.raises(UpstreamBroken, match=re.escape(engine.url.removeprefix("http://"))):
@@ -173,7 +155,7 @@ async def test_a_stream_that_breaks_raises_upstream_broken(session: Wire) -> Non
 
 
 async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_reasons(
-    session: Wire,
+    wire: Wire,
 ) -> None:
     async def broken(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(500, b"this engine is broken", content_type=b"text/plain"))
@@ -185,7 +167,7 @@ async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_r
         dispatcher = Dispatcher(
             registry=registry,
             scheduler=RoundRobin(),
-            upstream=HTTPUpstream(session, ProxySettings()),
+            upstream=HTTPUpstream(wire, ProxySettings()),
             metrics=RouterMetrics(CollectorRegistry(), registry),
             retries=1,
         )

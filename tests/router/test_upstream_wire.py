@@ -8,10 +8,9 @@ Real: `Wire`, TCP on 127.0.0.1. Faked: the engines (tests/router/raw_engine.py a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-from tests.router.raw_engine import chunk, chunked_head, raw_engine, response
+from tests.router.raw_engine import chunk, chunked_head, raw_engine, response, streamed
 
 from tandem.router.errors import UpstreamBroken, UpstreamError, UpstreamTimeout
 from tandem.router.upstream import wire as wire_module
@@ -42,15 +41,6 @@ class Recorder:
         return b"".join(c for kind, c in self.calls if kind == "data" and isinstance(c, bytes))
 
 
-@pytest.fixture
-async def wire() -> AsyncIterator[Wire]:
-    wire = Wire(connect_s=5.0)
-    try:
-        yield wire
-    finally:
-        wire.close()
-
-
 async def post(wire: Wire, url: str, *, read_s: float = 5.0) -> Answer:
     return await wire.exchange(
         url, name="engine", method="POST", path="/v1/completions", headers={}, body=b"{}", read_s=read_s
@@ -58,15 +48,7 @@ async def post(wire: Wire, url: str, *, read_s: float = 5.0) -> Answer:
 
 
 async def test_a_piped_stream_reaches_the_sink_in_order_and_its_connection_is_reused(wire: Wire) -> None:
-    async def stream(request: bytes, writer: asyncio.StreamWriter) -> None:
-        writer.write(chunked_head())
-        for part in PARTS:
-            writer.write(chunk(part))
-            await writer.drain()
-            await asyncio.sleep(0.01)
-        writer.write(b"0\r\n\r\n")
-
-    async with raw_engine(stream) as engine:
+    async with raw_engine(streamed(PARTS)) as engine:
         for _ in range(2):
             answer = await post(wire, engine.url)
             await answer.wait(whole=False)
