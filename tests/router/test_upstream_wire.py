@@ -230,3 +230,25 @@ async def test_bytes_that_are_not_http_break_the_exchange(wire: Wire) -> None:
         with pytest.raises(UpstreamBroken, match="not HTTP"):
             await answer.wait(whole=True)
     assert wire.idle_connections() == 0
+
+
+async def test_an_ipv6_engine_is_reached_and_named_in_brackets_in_the_host_header(wire: Wire) -> None:
+    seen: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(2)
+        writer.write(response(200, b"{}"))
+        await writer.drain()
+        writer.close()
+
+    try:
+        server = await asyncio.start_server(answer, "::1", 0)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        reply = await post(wire, f"http://[::1]:{port}")
+        await reply.wait(whole=True)
+    assert (reply.status, reply.take()) == (200, b"{}")
+    assert f"host: [::1]:{port}\r\n".encode() in seen[0]

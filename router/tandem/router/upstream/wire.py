@@ -376,7 +376,8 @@ class Wire:
         answer = Answer(conn, name=name, read_s=read_s)
         conn.answer = answer
         host, port = key
-        lines = [f"{method} {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"]
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 literal in brackets
+        lines = [f"{method} {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: {len(body)}\r\n"]
         lines.extend(f"{k}: {v}\r\n" for k, v in headers.items())
         lines.append("\r\n")
         conn.transport.write("".join(lines).encode("latin-1") + body)
