@@ -108,6 +108,17 @@ class ModelTokenizer(Protocol):
         """Ids the engine adds before a completion prompt (a BOS), none for chats."""
         ...
 
+    @property
+    def backend(self) -> str:
+        """What encodes, for the start-up log line (`tandem`, `tokenizers 0.23.3`, or a fast encoder
+        checked against it: `tandem.core.fast_tokens`)."""
+        ...
+
+    @property
+    def fast_refused(self) -> str | None:
+        """Why a fast encoder that was tried is not used; None when none was tried or it is used."""
+        ...
+
     def encode(self, text: str, /) -> list[int]:
         """`text` → ids, special-token strings recognised, nothing added around it."""
         ...
@@ -129,6 +140,8 @@ class TandemTokenizer:
     markers = (tandem_tokenizer.CHAT_START,)
     markers_split = False
     completion_prefix: tuple[int, ...] = ()
+    backend = "tandem"
+    fast_refused: str | None = None
 
     def encode(self, text: str, /) -> list[int]:
         return tandem_tokenizer.encode(text)

@@ -15,6 +15,10 @@ The chat template is rendered the way vLLM renders it for `/v1/chat/completions`
 format for text-only models). The rendered text is encoded without adding special tokens, as vLLM
 does for chats; a completion prompt gets what the tokenizer's post-processor adds (a BOS for
 Llama-style models, nothing for Qwen2).
+
+Encoding goes through `fastokens` where it proves it gives Hugging Face's ids for this `tokenizer.json`
+at load time, else through Hugging Face (`tandem.core.fast_tokens`); `HFTokenizer.backend` says which,
+and `fast_refused` why not.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tandem.core.fast_tokens import FastEncoder, FastLoader, fast_path, load_fastokens, package_version
 from tandem.core.modeltokens import ChatTemplateError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -58,7 +63,8 @@ def _message_content(content: object) -> object:
 
 
 class HFTokenizer:
-    """A `ModelTokenizer` over a Hugging Face `tokenizers.Tokenizer` and an optional chat template."""
+    """A `ModelTokenizer` over a Hugging Face `tokenizers.Tokenizer` and an optional chat template;
+    `fast`, when given, encodes instead (it was checked to give the same ids: `fast_tokens.fast_path`)."""
 
     def __init__(
         self,
@@ -67,9 +73,15 @@ class HFTokenizer:
         name: str,
         chat_template: str | None,
         special_tokens: Mapping[str, str],
+        fast: FastEncoder | None = None,
+        fast_refused: str | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self.name = name
+        self._fast = fast
+        hf = f"tokenizers {package_version('tokenizers')}"
+        self.backend = f"{fast.name} (checked against {hf})" if fast is not None else hf
+        self.fast_refused = fast_refused
         self._specials = dict(special_tokens)
         self.markers_split = True
         self.markers = tuple(
@@ -84,6 +96,11 @@ class HFTokenizer:
         self._template = _compile_template(chat_template) if chat_template else None
 
     def encode(self, text: str, /) -> list[int]:
+        if self._fast is not None:
+            try:
+                return self._fast.encode(text)
+            except (ValueError, RuntimeError):  # a text it refuses: Hugging Face's answer, or its error
+                pass
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
@@ -123,18 +140,24 @@ def _compile_template(source: str) -> Any:
     return env.from_string(source)
 
 
-def load_tokenizer(directory: str | Path) -> HFTokenizer:
-    """The tokenizer in `directory` (module docstring). Raises `TokenizerFilesError`."""
+def load_tokenizer(directory: str | Path, *, fast: FastLoader | None = load_fastokens) -> HFTokenizer:
+    """The tokenizer in `directory` (module docstring); `fast` builds the fast encoder tried on it (None:
+    Hugging Face alone). Raises `TokenizerFilesError`."""
     path = Path(directory)
     file = path / TOKENIZER_FILE
     if not file.is_file():
         raise TokenizerFilesError(f"no {TOKENIZER_FILE} in {path} (the model's tokenizer files)")
     try:
+        source = file.read_text(encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        raise TokenizerFilesError(f"{file}: cannot read: {exc}") from None
+    try:
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(file))
+        tokenizer = Tokenizer.from_str(source)
     except Exception as exc:  # noqa: BLE001 (the Rust loader raises a bare Exception for a bad file)
         raise TokenizerFilesError(f"{file}: cannot load: {exc}") from None
+    chosen = fast_path(tokenizer, source, load=fast)
     config: Mapping[str, Any] = {}
     config_file = path / CONFIG_FILE
     if config_file.is_file():
@@ -155,6 +178,8 @@ def load_tokenizer(directory: str | Path) -> HFTokenizer:
         name=f"hf:{path}",
         chat_template=template if isinstance(template, str) else None,
         special_tokens=specials,
+        fast=chosen.encoder,
+        fast_refused=chosen.refused,
     )
 
 
