@@ -166,6 +166,8 @@ def _log_ready(config: EffectiveConfig, encoder: PromptEncoder, registry: Any) -
         extra={
             **config.describe(),
             "tokenizer_segments": encoder.splits,
+            "tokenizer_backend": encoder.tokenizer.backend,
+            "tokenizer_fast_refused": encoder.tokenizer.fast_refused,
             "decode": [e.name for e in registry.endpoints("decode")],
             "prefill": [e.name for e in registry.endpoints("prefill")],
         },
