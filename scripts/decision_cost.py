@@ -7,14 +7,19 @@ In-process and single-threaded, with the gateway's own objects: a `RequestContex
 holds the prompt's system part on one endpoint and other prompts on every endpoint. For each N it
 times, as the median of `--repeat` runs (microseconds, `time.perf_counter`):
 
-- `tokenize+hash cold`: a prompt whose text was never seen (every segment tokenized, every block hashed);
+- `tokenize+hash cold`: a prompt whose text was never seen (every segment tokenized, every block hashed;
+  the texts are made before the clock runs);
 - `tokenize+hash warm`: the same system prompt with a new question (the gateway's usual case);
 - `scoring`: the scheduler's decision once the prompt's keys are known (candidates, filters,
   scorers, picker);
 - `decision`: warm tokenize+hash plus scoring, what a request pays.
 
+With `--tokenizer`, the first line says what encodes (`tokenizer backend`: fastokens where it passed
+the load-time check, else Hugging Face `tokenizers`, `tandem.core.fast_tokens`); `--hf-too` measures
+the same rows with Hugging Face alone in the same run, each endpoint count one after the other.
+
     .venv/bin/python scripts/decision_cost.py --prompt-tokens 8000 --endpoints 4,16,64
-    .venv/bin/python scripts/decision_cost.py --tokenizer .tandem/models/tiny-qwen2 --json out.json
+    .venv/bin/python scripts/decision_cost.py --tokenizer .tandem/models/tiny-qwen2 --hf-too --json out.json
 
 No server is started and nothing is sent anywhere. docs/router-performance.md has the numbers.
 """
@@ -100,8 +105,11 @@ def measure(tokenizer: ModelTokenizer, *, prompt_words: int, endpoints: int, rep
         state.approximate.record(snap.endpoint.url, context(encoder, text(rng, 400), "x"))
     prompt_tokens = warm.prompt_length()
 
+    cold_repeat = max(3, repeat // 10)
+    cold_texts = iter([text(rng, prompt_words) for _ in range(cold_repeat)])  # made before the clock runs
+
     def cold() -> object:
-        ctx = context(encoder, text(rng, prompt_words), "A new question?")
+        ctx = context(encoder, next(cold_texts), "A new question?")
         return ctx.block_keys(16)
 
     questions = iter([f"Question {i}: what does rule {i} say?" for i in range(10 * repeat + 10)])
@@ -115,7 +123,7 @@ def measure(tokenizer: ModelTokenizer, *, prompt_words: int, endpoints: int, rep
     return {
         "endpoints": endpoints,
         "prompt_tokens": prompt_tokens,
-        "tokenize_hash_cold_us": median_us(cold, max(3, repeat // 20)),
+        "tokenize_hash_cold_us": median_us(cold, cold_repeat),
         "tokenize_hash_warm_us": median_us(warm_keys, repeat),
         "scoring_us": median_us(lambda: scheduler.decide("decode", keyed, snaps), repeat),
         "decision_us": median_us(lambda: scheduler.decide("decode", warm_keys(), snaps), repeat),
@@ -128,30 +136,39 @@ def main() -> None:
     parser.add_argument("--endpoints", default="4,16,64", help="endpoint counts, comma-separated")
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--tokenizer", type=Path, default=None, help="a directory with tokenizer.json")
+    parser.add_argument("--hf-too", action="store_true", help="also measure Hugging Face alone (--tokenizer)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
-    tokenizer: ModelTokenizer = TandemTokenizer()
+    tokenizers: list[ModelTokenizer] = [TandemTokenizer()]
     if args.tokenizer is not None:
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizers = [load_tokenizer(args.tokenizer)]
+        if args.hf_too:
+            tokenizers.append(load_tokenizer(args.tokenizer, fast=None))
     words = int(args.prompt_tokens / 1.25)  # English words per token in the simulator's tokenizer
     rows = [
-        measure(tokenizer, prompt_words=words, endpoints=int(n), repeat=args.repeat)
+        {"backend": t.backend, **measure(t, prompt_words=words, endpoints=int(n), repeat=args.repeat)}
         for n in args.endpoints.split(",")
+        for t in tokenizers
     ]
-    lines = [
-        f"tokenizer: {tokenizer.name}",
-        "| endpoints | prompt tokens | tokenize+hash cold (µs) | tokenize+hash warm (µs) | scoring (µs) "
-        "| decision (µs) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    lines = [f"tokenizer: {tokenizers[0].name}"]
+    lines += [
+        f"tokenizer backend: {t.backend}"
+        + (f" (fast one refused: {t.fast_refused})" if t.fast_refused else "")
+        for t in tokenizers
     ]
     lines += [
-        f"| {r['endpoints']} | {r['prompt_tokens']} | {r['tokenize_hash_cold_us']:.0f} | "
+        "| endpoints | backend | prompt tokens | tokenize+hash cold (µs) | tokenize+hash warm (µs) "
+        "| scoring (µs) | decision (µs) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r['endpoints']} | {r['backend']} | {r['prompt_tokens']} | {r['tokenize_hash_cold_us']:.0f} | "
         f"{r['tokenize_hash_warm_us']:.0f} | {r['scoring_us']:.0f} | {r['decision_us']:.0f} |"
         for r in rows
     ]
     sys.stdout.write("\n".join(lines) + "\n")
     if args.json is not None:
-        args.json.write_text(json.dumps({"tokenizer": tokenizer.name, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"tokenizer": tokenizers[0].name, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
