@@ -177,8 +177,8 @@ def load_fastokens(tokenizer_json: str) -> FastEncoder:
     """`fastokens` over the text of a `tokenizer.json`, encoding on the calling thread. Raises
     `FastEncoderError`.
 
-    fastokens spreads one long encode over a pool of as many threads as the machine has cores; the
-    pool is made at the first such encode, sized by `FASTOKENS_BPE_THREADS`. The gateway wants the
+    fastokens spreads one long encode over a pool of threads sized by the machine's cores; the pool is
+    made at the first such encode, and `FASTOKENS_BPE_THREADS` caps it. The gateway wants the
     least CPU per request, and one thread was also the fastest on a 2-core machine (8,000 tokens:
     0.33 ms and 0.33 ms CPU, against 0.44 ms and 0.44 ms with the pool; 32,000 tokens: 0.57 ms and
     0.58 ms CPU, against 0.81 ms and 1.06 ms), so this sets it to 1 unless the process was started
