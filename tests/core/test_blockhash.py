@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+import xxhash
 
 from tandem.core.blockhash import MASK64, ROOT_KEY, block_keys, namespace_key
 
 
 def test_the_pinned_vector_does_not_change_by_accident() -> None:
-    assert block_keys([1, 2], 2) == [0xFF357D852574B4A8]
+    assert block_keys([1, 2], 2) == [0x0389E2C8892D5450]
+
+
+def test_a_key_is_xxh3_of_the_blocks_le32_ids_seeded_by_the_previous_key() -> None:
+    first = xxhash.xxh3_64_intdigest(struct.pack("<3I", 7, 8, 9), 0)
+    second = xxhash.xxh3_64_intdigest(struct.pack("<3I", 10, 11, 2**32 - 1), first)
+    assert block_keys([7, 8, 9, 10, 11, 2**32 - 1, 12], 3) == [first, second]
 
 
 @pytest.mark.parametrize(("tokens", "keys"), [(0, 0), (3, 0), (4, 1), (7, 1), (8, 2), (9, 2)])

@@ -8,16 +8,25 @@ per process), so it hashes the token ids itself, the way llm-d-kv-cache's "reque
 
 Definition, for blocks of `B` tokens (a partial tail block has no key):
 
-    key_i = blake2b-64(le64(key_{i-1}) || le32(t_{iB}) || ... || le32(t_{iB+B-1})),   key_{-1} = parent
+    key_i = XXH3-64(le32(t_{iB}) || ... || le32(t_{iB+B-1}), seed=key_{i-1}),   key_{-1} = parent
 
-as an unsigned little-endian integer in [0, 2**64). `parent` defaults to `ROOT_KEY` (0); a different
+as an unsigned integer in [0, 2**64). `parent` defaults to `ROOT_KEY` (0); a different
 root (`namespace_key("my-lora")`) gives a separate key space, e.g. for a LoRA adapter's blocks.
-Because block i's key covers the key of block i-1, equal keys mean equal prefixes, and a chain can be
-continued: `block_keys(b, B, parent=block_keys(a, B)[-1]) == block_keys(a + b, B)[len(a) // B:]` when
+Because block i's key is seeded with the key of block i-1, equal keys mean equal prefixes (up to a
+64-bit collision), and a chain can be continued:
+`block_keys(b, B, parent=block_keys(a, B)[-1]) == block_keys(a + b, B)[len(a) // B:]` when
 `len(a)` is a multiple of `B`. Token ids are taken modulo 2**32.
 
+Why XXH3 (the `xxhash` package), as NVIDIA Dynamo's router keys its blocks: the keys are hints for
+routing, never trusted for correctness (an engine checks its own cache with its own hashes), and a
+64-bit key is open to a birthday search whatever the function, so a cryptographic hash buys nothing
+here; XXH3 costs about a fifth of BLAKE2b per block from Python (an 8,000-token prompt's 500 blocks of
+16: 65 µs against 350 µs on a 2-core machine). A prompt someone crafts to collide with another's
+block misroutes that one request to an engine without its prefix: it is served, more slowly.
+
 Worked example: `block_keys([1, 2, 3, 4, 5], 2)` has two keys (the 5th token is a partial block);
-`block_keys([1, 2], 2) == [0xFF357D852574B4A8]` (tests pin this vector, so a change is deliberate).
+`block_keys([1, 2], 2) == [0x0389E2C8892D5450]` (tests pin this vector, so a change is deliberate:
+the keys of a gateway's workers, which share prefix records, must agree).
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
+
+from xxhash import xxh3_64_intdigest
 
 ROOT_KEY = 0
 MASK64 = (1 << 64) - 1
@@ -40,14 +51,12 @@ def block_keys(token_ids: Sequence[int], block_size: int, *, parent: int = ROOT_
     full = len(token_ids) // block_size * block_size
     if full == 0:
         return []
-    data = memoryview(_le32(token_ids[:full]))
+    data = _le32(token_ids[:full])
     stride = 4 * block_size
     keys: list[int] = []
     key = parent & MASK64
     for start in range(0, len(data), stride):
-        digest = hashlib.blake2b(key.to_bytes(8, "little"), digest_size=8)
-        digest.update(data[start : start + stride])
-        key = int.from_bytes(digest.digest(), "little")
+        key = xxh3_64_intdigest(data[start : start + stride], key)
         keys.append(key)
     return keys
 
