@@ -8,6 +8,7 @@ by the tests (tests/core/tokenizer_files.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -95,9 +96,40 @@ def test_segmented_encoding_equals_one_whole_encode_for_every_tokenizer(
 ) -> None:
     tokenizer: ModelTokenizer
     for tokenizer in (TandemTokenizer(), byte_level, metaspace):
-        encoder = PromptEncoder(tokenizer)
-        for text in texts:  # later texts hit the memo of earlier ones' segments
-            assert list(encoder.text(text).ids) == tokenizer.encode(text), (tokenizer.name, text)
+        for least in (0, 7):  # every paragraph cut, and paragraphs taken together
+            encoder = PromptEncoder(tokenizer, segment_min_chars=least)
+            for text in texts:  # later texts hit the memo of earlier ones' segments
+                assert list(encoder.text(text).ids) == tokenizer.encode(text), (tokenizer.name, least, text)
+
+
+def test_paragraphs_are_taken_together_up_to_the_least_size_and_markers_always_cut(
+    byte_level: HFTokenizer,
+) -> None:
+    encoder = PromptEncoder(byte_level, segment_min_chars=100)
+    paragraphs = [f"Paragraph {i} is about {'x' * (i % 5 * 9)} caching." for i in range(40)]
+    prompt = "<|im_start|>system\n" + "\n\n".join(paragraphs) + "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    segments = encoder.segments(prompt)
+    assert "".join(text for text, _ in segments) == prompt
+    markers = ("<|im_start|>", "<|im_end|>")
+    for (text, goes_on), (following, _) in itertools.pairwise(segments):
+        if goes_on:  # a paragraph cut: only once the segment holds 100 characters
+            assert len(text) >= 100 and text.endswith("\n\n") and following[0].isalpha()
+        else:
+            assert following.startswith(markers)
+    assert sum(goes_on for _, goes_on in segments) >= 5, "the 40 paragraphs were cut somewhere"
+    assert sum(text.startswith(markers) for text, _ in segments) == 4, "every marker starts a segment"
+    changed_at = prompt.index("Paragraph 30 is")
+    changed = encoder.segments(prompt.replace("Paragraph 30 is", "Paragraph thirty is"))
+    before, end = [], 0
+    for segment in segments:
+        end += len(segment[0])
+        if end > changed_at:
+            break
+        before.append(segment)
+    assert len(before) >= 3 and changed[: len(before)] == before, "a shared beginning is cut the same"
+    assert list(encoder.text(prompt).ids) == byte_level.encode(prompt)
+    with pytest.raises(ValueError, match="segment_min_chars"):
+        PromptEncoder(byte_level, segment_min_chars=-1)
 
 
 def test_a_shared_system_prompt_is_tokenized_twice_then_served_from_the_memo(byte_level: HFTokenizer) -> None:
