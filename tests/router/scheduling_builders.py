@@ -72,6 +72,7 @@ def candidate(
 ) -> Candidate:
     return Candidate(
         snapshot=snapshot(endpoint, in_flight=in_flight),
+        url=endpoint.url,
         load=load,
         kv_usage=kv_usage,
         matched_tokens=matched,

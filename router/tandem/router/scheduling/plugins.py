@@ -48,9 +48,12 @@ class Candidate:
     `cache_fill`: how full the router's picture of its prefix cache is, 0..1 (routed blocks / capacity).
     `queued_tokens`: uncached prompt tokens of requests the router sent it that have no first token yet.
     `tokens_per_second`: its learned prefill rate. `predicted_ttft_s`: `predict_ttft` for this request.
+    `url`: its endpoint's URL, the key scorers score by (a field, not a property: it is read several
+    times per candidate per decision).
     """
 
     snapshot: EndpointSnapshot
+    url: str
     load: float
     kv_usage: float | None
     matched_tokens: int
@@ -62,10 +65,6 @@ class Candidate:
     @property
     def endpoint(self) -> Endpoint:
         return self.snapshot.endpoint
-
-    @property
-    def url(self) -> str:
-        return self.snapshot.endpoint.url
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -60,8 +60,10 @@ class PrefixScorer:
 
     def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
         n = cycle.prompt_tokens
-        ratios = {c.url: min(1.0, c.matched_tokens / n) if n > 0 else 0.0 for c in candidates}
-        spread = max(0.0, 1.0 - max(ratios.values(), default=0.0) / self.threshold)
+        ratios = {c.url: c.matched_tokens / n if n > 0 else 0.0 for c in candidates}  # matched ≤ n
+        spread = 1.0 - max(ratios.values(), default=0.0) / self.threshold
+        if spread <= 0.0:  # some endpoint caches at least θ of the prompt: the overlap alone
+            return ratios
         availability = min_max_low_is_best({c.url: c.cache_fill for c in candidates})
         return {url: ratio + spread * availability[url] for url, ratio in ratios.items()}
 
@@ -105,8 +107,8 @@ class TTFTScorer:
 
     def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
         slo = cycle.slo_ttft_s
-        predictions = {c.url: max(0.0, c.predicted_ttft_s) for c in candidates}
-        if any(p < slo for p in predictions.values()):
-            return {url: min(1.0, max(0.0, 1.0 - p / slo)) for url, p in predictions.items()}
+        predictions = {c.url: p if (p := c.predicted_ttft_s) > 0.0 else 0.0 for c in candidates}
+        if any(p < slo for p in predictions.values()):  # then 1 − p/slo is in (0, 1] for p < slo
+            return {url: 1.0 - p / slo if p < slo else 0.0 for url, p in predictions.items()}
         fastest = min(predictions.values(), default=0.0)
         return {url: fastest / p if p > 0 else 1.0 for url, p in predictions.items()}

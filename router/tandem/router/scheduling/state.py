@@ -287,6 +287,7 @@ class SchedulingState:
         rate, overhead = self.rates.model(url)
         return Candidate(
             snapshot=snapshot,
+            url=url,
             load=load,
             kv_usage=stats.kv_usage if stats is not None else None,
             matched_tokens=matched,
