@@ -130,6 +130,12 @@ def measure(tokenizer: ModelTokenizer, *, prompt_words: int, endpoints: int, rep
     }
 
 
+def words_for(tokenizer: ModelTokenizer, tokens: int) -> int:
+    """How many of `text`'s words make about `tokens` tokens with this tokenizer."""
+    sample = text(random.Random(0), 4000)
+    return round(tokens * 4000 / len(tokenizer.encode(sample)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt-tokens", type=int, default=8000, help="about this many prompt tokens")
@@ -144,9 +150,11 @@ def main() -> None:
         tokenizers = [load_tokenizer(args.tokenizer)]
         if args.hf_too:
             tokenizers.append(load_tokenizer(args.tokenizer, fast=None))
-    words = int(args.prompt_tokens / 1.25)  # English words per token in the simulator's tokenizer
     rows = [
-        {"backend": t.backend, **measure(t, prompt_words=words, endpoints=int(n), repeat=args.repeat)}
+        {
+            "backend": t.backend,
+            **measure(t, prompt_words=words_for(t, args.prompt_tokens), endpoints=int(n), repeat=args.repeat),
+        }
         for n in args.endpoints.split(",")
         for t in tokenizers
     ]
