@@ -9,7 +9,7 @@ import json
 import sysconfig
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -41,30 +41,15 @@ def write_byte_level(directory: Path, *, vocab: int = 2000) -> Path:
 
 
 def write_qwen2(directory: Path, *, vocab: int = 4096, full_corpus: bool = False) -> Path:
-    """The tokenizer of `tandem dev tiny-model` (.tandem/models/tiny-qwen2): Qwen2's split regex, then
-    byte-level without a regex of its own, its four specials; trained on the few modules the other
-    tokenizers here are, or with `full_corpus` on tiny-model's own 400 (seconds, not a fraction)."""
-    from tandem.local.tiny_model import QWEN2_SPLIT, SPECIAL_TOKENS, corpus_files
+    """The tokenizer of `tandem dev tiny-model` (.tandem/models/tiny-qwen2, `train_tokenizer`),
+    trained on the few modules the other tokenizers here are, or with `full_corpus` on tiny-model's
+    own 400 (seconds, not a fraction)."""
+    from tandem.local.tiny_model import corpus_files, train_tokenizer
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     corpus = _corpus()
     if full_corpus:
         corpus = [p.read_text(encoding="utf-8", errors="replace") for p in corpus_files()]
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    return _write(directory, tokenizer)
+    return _write(directory, train_tokenizer(corpus, vocab=vocab))
 
 
 def write_metaspace(directory: Path, *, vocab: int = 1000) -> Path:

