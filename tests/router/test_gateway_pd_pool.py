@@ -9,53 +9,19 @@ pool's URL is a loopback port nothing listens on.
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-from tests.router.harness import MODEL, MODEL_NAME, Launcher, RunningRouter, metric
+from tests.router.harness import MODEL_NAME, Launcher, metric
+from tests.router.pd_pool import AUTO_512, PROMPT, complete, engine_counter, fake_pair, sim, sim_pair
 from tests.router.servers import closed_port_url
 from tests.servers import RedisServer
 
 from tandem.kvpool.keys import chunk_hashes, chunk_key
 from tandem.router.settings import DisaggregationSettings, RouterSettings
-from tandem.sim.app import create_app as create_sim
-from tandem.sim.settings import KVRole, SimSettings
-
-PROMPT = [1000 + i for i in range(600)]  # two full 256-token chunks and 88 more
-AUTO_512 = {"disaggregation": {"minUncachedTokens": 512}}
-
-
-async def sim(launcher: Launcher, role: KVRole, pool_url: str) -> str:
-    settings = SimSettings(
-        profile="tiny-cpu",
-        model=MODEL_NAME,
-        served_model_name=MODEL,
-        time_scale=1000,
-        kv_role=role,
-        kv_pool=pool_url,
-    )
-    return await launcher.serve_app(create_sim(settings))
-
-
-async def engine_counter(url: str, name: str) -> float:
-    async with httpx.AsyncClient(trust_env=False) as client:
-        text = (await client.get(f"{url}/metrics")).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
-
-
-async def complete(router: RunningRouter, prompt: list[int]) -> httpx.Response:
-    body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
-    response = await router.http.post("/v1/completions", json=body)
-    assert response.status_code == 200, response.text
-    return response
 
 
 async def test_after_a_prefill_the_barrier_sees_the_chunks_and_decode_loads_them(
     launcher: Launcher, redis_server: RedisServer
 ) -> None:
-    prefill = await sim(launcher, "producer", redis_server.url)
-    decode = await sim(launcher, "consumer", redis_server.url)
+    prefill, decode = await sim_pair(launcher, redis_server.url)
     router = await launcher.router(
         decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
     )
@@ -73,8 +39,7 @@ async def test_after_a_prefill_the_barrier_sees_the_chunks_and_decode_loads_them
 async def test_auto_mode_prefills_what_is_not_cached_and_decodes_what_the_pool_holds(
     launcher: Launcher, redis_server: RedisServer
 ) -> None:
-    prefill = await sim(launcher, "producer", redis_server.url)
-    decode = await sim(launcher, "consumer", redis_server.url)
+    prefill, decode = await sim_pair(launcher, redis_server.url)
     router = await launcher.router(
         decode=[decode], prefill=[prefill], mode="auto", spec=AUTO_512, kv_pool_url=redis_server.url
     )
@@ -110,8 +75,7 @@ async def test_chunks_that_never_arrive_time_the_barrier_out_and_decode_goes_alo
 async def test_a_prompt_shorter_than_a_chunk_has_nothing_to_wait_for(
     launcher: Launcher, redis_server: RedisServer
 ) -> None:
-    prefill = await launcher.engine("p0")
-    decode = await launcher.engine("d0")
+    prefill, decode = await fake_pair(launcher)
     router = await launcher.router(
         decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
     )
@@ -123,8 +87,7 @@ async def test_a_prompt_shorter_than_a_chunk_has_nothing_to_wait_for(
 async def test_a_pool_that_is_down_sends_requests_decode_only_without_failing_them(
     launcher: Launcher,
 ) -> None:
-    prefill = await launcher.engine("p0")
-    decode = await launcher.engine("d0")
+    prefill, decode = await fake_pair(launcher)
     down = closed_port_url().replace("http://", "redis://")
     auto = await launcher.router(
         decode=[decode], prefill=[prefill], mode="auto", spec=AUTO_512, kv_pool_url=down

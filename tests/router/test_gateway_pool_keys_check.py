@@ -14,8 +14,8 @@ import logging
 
 import pytest
 from tests.router.harness import Launcher, RunningRouter, metric
+from tests.router.pd_pool import AUTO_512, PROMPT, complete, fake_pair, sim_pair
 from tests.router.servers import closed_port_url
-from tests.router.test_gateway_pd_pool import AUTO_512, PROMPT, complete, sim
 from tests.servers import RedisServer
 
 from tandem.router.pd.keycheck import MISSES_TO_MISMATCH
@@ -51,8 +51,7 @@ def exists_calls(redis_server: RedisServer) -> int:
 async def test_prefills_whose_chunks_never_appear_stop_the_barrier_after_four(
     launcher: Launcher, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    prefill = await launcher.engine("p0")  # answers, writes nothing
-    decode = await launcher.engine("d0")
+    prefill, decode = await fake_pair(launcher)  # they answer and write nothing
     router = await launcher.router(
         decode=[decode], prefill=[prefill], mode="always", settings=SHORT, kv_pool_url=redis_server.url
     )
@@ -81,8 +80,7 @@ async def test_prefills_whose_chunks_never_appear_stop_the_barrier_after_four(
 async def test_in_auto_mode_a_mismatch_stops_the_pool_look_ups_too(
     launcher: Launcher, redis_server: RedisServer
 ) -> None:
-    prefill = await launcher.engine("p0")
-    decode = await launcher.engine("d0")
+    prefill, decode = await fake_pair(launcher)
     router = await launcher.router(
         decode=[decode],
         prefill=[prefill],
@@ -106,8 +104,7 @@ async def test_in_auto_mode_a_mismatch_stops_the_pool_look_ups_too(
 async def test_the_first_barrier_that_finds_the_chunks_verifies_the_keys(
     launcher: Launcher, redis_server: RedisServer
 ) -> None:
-    prefill = await sim(launcher, "producer", redis_server.url)
-    decode = await sim(launcher, "consumer", redis_server.url)
+    prefill, decode = await sim_pair(launcher, redis_server.url)
     router = await launcher.router(
         decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
     )
@@ -120,8 +117,7 @@ async def test_the_first_barrier_that_finds_the_chunks_verifies_the_keys(
 async def test_a_prompt_shorter_than_a_chunk_verifies_nothing(
     launcher: Launcher, redis_server: RedisServer
 ) -> None:
-    prefill = await launcher.engine("p0")
-    decode = await launcher.engine("d0")
+    prefill, decode = await fake_pair(launcher)
     router = await launcher.router(
         decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
     )
@@ -131,8 +127,7 @@ async def test_a_prompt_shorter_than_a_chunk_verifies_nothing(
 
 
 async def test_a_pool_that_is_down_is_no_evidence_of_a_key_mismatch(launcher: Launcher) -> None:
-    prefill = await launcher.engine("p0")
-    decode = await launcher.engine("d0")
+    prefill, decode = await fake_pair(launcher)
     down = closed_port_url().replace("http://", "redis://")
     router = await launcher.router(decode=[decode], prefill=[prefill], mode="always", kv_pool_url=down)
     for _ in range(MISSES_TO_MISMATCH + 2):
