@@ -152,3 +152,28 @@ async def test_an_error_in_send_reaches_the_requests_task_and_closes_the_engines
             )
     assert meter.closed == 1
     assert wire.idle_connections() == 0
+
+
+async def test_the_response_is_complete_when_its_last_bytes_are_sent_not_when_the_task_next_runs(
+    wire: Wire,
+) -> None:
+    """A client that reads the end and closes at once: its disconnect reaches the gateway before the
+    request's task runs again, and must find the response complete (else it counts as a client that
+    left early, and the request's task is cancelled)."""
+    progress = Progress()
+    at_close: list[list[str]] = []
+
+    class ClosesAtTheEnd(Client):
+        async def __call__(self, message: Message) -> None:
+            await super().__call__(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                # what the gateway's disconnect watch would see: it runs before the relay's task
+                asyncio.get_running_loop().call_soon(lambda: at_close.append(list(progress.seen)))
+
+    client = ClosesAtTheEnd()
+    async with raw_engine(streamed(PARTS, pause_s=0.005)) as engine:
+        attempt = await open_stream(wire, engine.url)
+        await asyncio.wait_for(relay(attempt, send=client, headers=(), meter=Meter(), progress=progress), 5)
+    assert client.body() == b"".join(PARTS)
+    assert at_close == [["start 200", "first byte", "end"]]
+    assert progress.seen == ["start 200", "first byte", "end"]

@@ -131,8 +131,7 @@ async def relay(
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 progress.response_end()
                 return False
-            await _stream(attempt, send=send, meter=meter, progress=progress)
-            progress.response_end()
+            await _stream(attempt, send=send, meter=meter, progress=progress)  # it marks the end
             return False
         if not reply.streaming:
             attempt.finish()
@@ -148,10 +147,8 @@ async def relay(
         progress.response_start(reply.status)
         start = [content_type, *headers]
         await send({"type": "http.response.start", "status": reply.status, "headers": start})
-        if await _stream(attempt, send=send, meter=meter, progress=progress, yielding=yielding):
-            return True
-        progress.response_end()
-        return False
+        # the stream marks the response complete itself, when its last bytes are sent (`_EagerSend`)
+        return await _stream(attempt, send=send, meter=meter, progress=progress, yielding=yielding)
     finally:
         attempt.finish()
         meter.close()
@@ -268,6 +265,7 @@ class _Pump:
             held, meter = self._held, self._meter  # held: an unfinished last event
             tail = self._feed(held) + meter.stream_end() if held else meter.stream_end()
             self._send.post({"type": "http.response.body", "body": tail, "more_body": False})
+            self._send.when_sent(self._progress.response_end)
         except Exception as exc:  # noqa: BLE001 (as in _data)
             self._failed(exc)
             return
@@ -288,6 +286,7 @@ class _Pump:
             message = f"upstream {attempt.endpoint.name} failed mid-stream: {error.message}"
             body = tail + separator + sse_error_event(message) + SSE_DONE
             self._send.post({"type": "http.response.body", "body": body, "more_body": False})
+            self._send.when_sent(self._progress.response_end)
         except Exception as exc:  # noqa: BLE001 (as in _data)
             self._failed(exc)
             return
@@ -309,7 +308,7 @@ class _EagerSend:
     event loop once the server is ready, the engine's connection is paused meanwhile (`pause`,
     `resume`), and later messages wait their turn in order. `failed` is told if `send` raises."""
 
-    __slots__ = ("_blocked", "_failed", "_idle", "_pause", "_queue", "_resume", "_send")
+    __slots__ = ("_blocked", "_failed", "_idle", "_on_sent", "_pause", "_queue", "_resume", "_send")
 
     def __init__(
         self,
@@ -326,6 +325,7 @@ class _EagerSend:
         self._blocked: Generator[Any, Any, None] | None = None
         self._queue: deque[Message] = deque()
         self._idle: asyncio.Future[None] | None = None
+        self._on_sent: Callable[[], None] | None = None
 
     def post(self, message: Message) -> None:
         if self._blocked is not None:
@@ -357,9 +357,22 @@ class _EagerSend:
             self._step(self._send(self._queue.popleft()).__await__())
         if self._blocked is None:
             self._resume()
+            on_sent, self._on_sent = self._on_sent, None
+            if on_sent is not None:
+                on_sent()
             idle = self._idle
             if idle is not None and not idle.done():
                 idle.set_result(None)
+
+    def when_sent(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once every message posted so far has been sent: now, or when the client
+        takes the rest. The relay marks the response complete this way the moment its last bytes
+        are handed to the server, not when the request's task next runs: a client that reads the
+        end and closes at once has not disconnected early."""
+        if self._blocked is None:
+            callback()
+        else:
+            self._on_sent = callback
 
     async def drained(self) -> None:
         """Until every posted message has been sent."""
@@ -372,6 +385,7 @@ class _EagerSend:
         (bound to the relay, which holds this) are let go."""
         coro, self._blocked = self._blocked, None
         self._queue.clear()
+        self._on_sent = None
         self._pause = self._resume = _nothing
         self._failed = _ignore
         if coro is not None:
