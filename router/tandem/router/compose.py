@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.modeltokens import PromptEncoder
+from tandem.core.routerconfig import StaticDiscovery
 from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.access import Access, build_access
 from tandem.router.admission.coldstart import ColdStartHold
@@ -76,6 +77,16 @@ if TYPE_CHECKING:  # zmq is imported only when engines publish KV events
 
 #: Policies whose scorers read prefix matches.
 PREFIX_POLICIES = frozenset({"tandem", "prefix"})
+
+
+def prefill_pool_possible(config: EffectiveConfig) -> bool:
+    """Whether a prefill engine can ever join: the spec asks for replicas, an autoscaler may start
+    some, or a static list names some. Without one every request is decode-only, and the P/D
+    decision reads nothing of the prompt."""
+    prefill = config.spec.prefill
+    if prefill.replicas > 0 or prefill.autoscaling.enabled:
+        return True
+    return isinstance(config.discovery, StaticDiscovery) and bool(config.discovery.prefill)
 
 
 class Service(Protocol):
@@ -314,9 +325,10 @@ def build_routing(
         clock=clock,
         approximate=approximate,
         prefix=prefix,
-        # Prefix state costs a hash of every prompt: kept only where something reads it.
+        # Prefix state costs a tokenization and a hash of every prompt: kept only where something
+        # reads it (a prefix policy, the P/D decision of mode auto, KV events to follow).
         track_prefixes=config.spec.router.policy in PREFIX_POLICIES
-        or config.spec.disaggregation.mode == "auto"
+        or (config.spec.disaggregation.mode == "auto" and prefill_pool_possible(config))
         or config.prefix_source == "precise",
         on_record=share_routes(bus) if isinstance(bus, WorkerBus) else None,
         rates=PrefillRates(

@@ -322,12 +322,13 @@ class Disaggregator:
     async def _decide(self, request: PDRequest, *, decode: Endpoint | None) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
         available: int | None = 0
-        if self.mode == "auto" and members:
+        counted = self.mode == "auto" and members > 0  # the only case the table reads the prompt
+        if counted:
             available = await self._available_tokens(request, decode=decode)
         decision = decide(
             self.mode,
             prefill_members=members,
-            prompt_tokens=request.prompt_length(),
+            prompt_tokens=request.prompt_length() if counted else 0,
             available_tokens=available,
             min_uncached_tokens=self.min_uncached_tokens,
         )
