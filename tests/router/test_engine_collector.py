@@ -13,12 +13,17 @@ from collections.abc import Callable
 import httpx
 import pytest
 from tests.router.harness import FakeClock
+from tests.router.raw_engine import Answer as RawAnswer
+from tests.router.raw_engine import raw_engine, response
+from tests.router.servers import closed_port_url
 
-from tandem.router.discovery.collector import MetricsCollector
+from tandem.router.discovery.collector import MetricsCollector, httpx_fetch
 from tandem.router.discovery.enginestats import NotEngineMetrics, parse_engine_metrics
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.settings import CollectorSettings
 from tandem.router.types import POOLS, EngineStats
+from tandem.router.upstream.client import metrics_fetch
+from tandem.router.upstream.wire import Wire
 
 URL_A, URL_B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
 
@@ -171,7 +176,7 @@ async def test_a_collector_round_scrapes_every_engine_and_records_the_outcomes()
     async with engines(pages) as client:
         collector = MetricsCollector(
             registry=reg,
-            client=client,
+            fetch=httpx_fetch(client),
             settings=CollectorSettings(),
             on_scrape=lambda url, outcome: seen.append((url, outcome)),
             on_members=follow,
@@ -196,14 +201,14 @@ async def test_a_collector_round_scrapes_every_engine_and_records_the_outcomes()
 async def test_scrape_outcomes(page: Callable[[], httpx.Response], outcome: str) -> None:
     reg = registry(FakeClock())
     async with engines({URL_A: page, URL_B: page}) as client:
-        collector = MetricsCollector(registry=reg, client=client, settings=CollectorSettings())
+        collector = MetricsCollector(registry=reg, fetch=httpx_fetch(client), settings=CollectorSettings())
         assert await collector.scrape(URL_A) == outcome
 
 
 async def test_a_slow_engine_stays_in_rotation_while_its_numbers_go_stale() -> None:
     reg = registry(FakeClock())
     async with engines({URL_A: time_out, URL_B: time_out}) as client:
-        collector = MetricsCollector(registry=reg, client=client, settings=CollectorSettings())
+        collector = MetricsCollector(registry=reg, fetch=httpx_fetch(client), settings=CollectorSettings())
         for _ in range(5):
             assert await collector.scrape(URL_A) == "slow"
     snapshot = reg.snapshots("decode")[0]
@@ -224,7 +229,10 @@ async def test_the_background_task_scrapes_every_interval_until_stopped() -> Non
 
     async with engines({URL_A: refuse, URL_B: refuse}) as client:
         collector = MetricsCollector(
-            registry=reg, client=client, settings=CollectorSettings(interval_seconds=0.5), sleep=sleep
+            registry=reg,
+            fetch=httpx_fetch(client),
+            settings=CollectorSettings(interval_seconds=0.5),
+            sleep=sleep,
         )
         await collector.start()
         await asyncio.wait_for(three_rounds.wait(), timeout=10)
@@ -236,8 +244,66 @@ async def test_the_background_task_scrapes_every_interval_until_stopped() -> Non
 async def test_a_disabled_collector_starts_nothing() -> None:
     async with engines({}) as client:
         collector = MetricsCollector(
-            registry=registry(FakeClock()), client=client, settings=CollectorSettings(enabled=False)
+            registry=registry(FakeClock()),
+            fetch=httpx_fetch(client),
+            settings=CollectorSettings(enabled=False),
         )
         await collector.start()
         assert collector._task is None
         await collector.stop()
+
+
+# -- over the gateway's own wire (what the gateway uses): real TCP to a raw engine on 127.0.0.1 --
+
+
+async def test_over_the_wire_every_round_reads_the_page_on_one_kept_alive_connection(wire: Wire) -> None:
+    async def page(request: bytes, writer: asyncio.StreamWriter) -> None:
+        assert request.startswith(b"GET /metrics HTTP/1.1\r\n")
+        writer.write(response(200, SIM_PAGE.encode(), content_type=b"text/plain"))
+
+    async with raw_engine(page) as engine:
+        reg = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=FakeClock())
+        reg.set_pool("decode", [engine.url])
+        collector = MetricsCollector(registry=reg, fetch=metrics_fetch(wire), settings=CollectorSettings())
+        assert [await collector.scrape(engine.url) for _ in range(3)] == ["ok"] * 3
+    assert engine.connections == 1 and len(engine.requests) == 3
+    reading = reg.snapshots("decode")[0].engine
+    assert reading is not None and reading.stats.running == 3 and reading.stats.kv_usage == 0.25
+
+
+async def silent(request: bytes, writer: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(10)
+
+
+async def unavailable(request: bytes, writer: asyncio.StreamWriter) -> None:
+    writer.write(response(503, b"busy"))
+
+
+async def cut(request: bytes, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nvllm:num_")
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome", "kept"),
+    [(silent, "slow", 0), (unavailable, "unreachable", 1), (cut, "unreachable", 0)],
+    ids=["silent", "503", "cut-short"],
+)
+async def test_over_the_wire_the_outcomes_are_those_of_the_table(
+    wire: Wire, answer: RawAnswer, outcome: str, kept: int
+) -> None:
+    async with raw_engine(answer) as engine:
+        collector = MetricsCollector(
+            registry=registry(FakeClock()),
+            fetch=metrics_fetch(wire),
+            settings=CollectorSettings(timeout_seconds=0.2),
+        )
+        assert await collector.scrape(engine.url) == outcome
+    assert wire.idle_connections() == kept  # a whole answer's connection is kept; a broken one is not
+
+
+async def test_over_the_wire_an_engine_nobody_listens_on_is_unreachable(wire: Wire) -> None:
+    collector = MetricsCollector(
+        registry=registry(FakeClock()), fetch=metrics_fetch(wire), settings=CollectorSettings()
+    )
+    assert await collector.scrape(closed_port_url()) == "unreachable"

@@ -53,7 +53,7 @@ from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
 from tandem.router.settings import KVEventsSettings
 from tandem.router.types import Pool
-from tandem.router.upstream.client import HTTPUpstream
+from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.upstream.wire import Wire
 from tandem.router.workers.bus import Bus, SoloBus, WorkerBus
@@ -230,7 +230,7 @@ def compose(
     )
     collector = MetricsCollector(
         registry=registry,
-        client=scrapes,
+        fetch=metrics_fetch(wire),
         settings=settings.collector,
         on_scrape=routing.metrics.scraped,
         on_members=routing.follow,

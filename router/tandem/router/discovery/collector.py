@@ -16,7 +16,11 @@ A timeout does not take an engine out of rotation: on a loaded host an engine ca
 `/metrics` while it serves requests well, and the request path's own failure tracking removes an
 engine whose requests fail.
 
-The `httpx.AsyncClient` is injected; a round's failures never end the task.
+How a page is fetched is injected (`Fetch`): the gateway reads them over its own upstream wire
+(`tandem.router.upstream.client.metrics_fetch`: a keep-alive connection per engine, a few tens of
+µs per scrape, where an `httpx` GET cost about 1.4 ms of the gateway's CPU on a 2-core machine, 8%
+of a round-robin gateway's CPU at 16 requests/s with 4 engines); `httpx_fetch` adapts an
+`httpx.AsyncClient`. A round's failures never end the task.
 """
 
 from __future__ import annotations
@@ -37,6 +41,29 @@ log = logging.getLogger("tandem.router.discovery.collector")
 
 ScrapeOutcome = Literal["ok", "unusable", "slow", "unreachable"]
 
+#: GET `<url>/metrics` with a time limit → (status, body text). Raises `TimeoutError` when the
+#: engine is slow and `ScrapeError` when it cannot be reached or its answer not read.
+Fetch = Callable[[str, float], Awaitable[tuple[int, str]]]
+
+
+class ScrapeError(Exception):
+    """The engine could not be reached, or its answer could not be read."""
+
+
+def httpx_fetch(client: httpx.AsyncClient) -> Fetch:
+    """A `Fetch` over an `httpx.AsyncClient`."""
+
+    async def fetch(url: str, timeout_s: float) -> tuple[int, str]:
+        try:
+            response = await client.get(f"{url}/metrics", timeout=timeout_s)
+        except httpx.TimeoutException as exc:
+            raise TimeoutError(str(exc)) from exc
+        except httpx.HTTPError as exc:
+            raise ScrapeError(repr(exc)) from exc
+        return response.status_code, response.text
+
+    return fetch
+
 
 class MetricsCollector:
     """Scrapes engines into `registry` (module docstring). `on_scrape(url, outcome)` is told about
@@ -47,14 +74,14 @@ class MetricsCollector:
         self,
         *,
         registry: EndpointRegistry,
-        client: httpx.AsyncClient,
+        fetch: Fetch,
         settings: CollectorSettings,
         on_scrape: Callable[[str, ScrapeOutcome], None] | None = None,
         on_members: Callable[[Collection[str]], Awaitable[None]] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._registry = registry
-        self._client = client
+        self._fetch = fetch
         self._settings = settings
         self._on_scrape = on_scrape
         self.on_members = on_members
@@ -86,11 +113,11 @@ class MetricsCollector:
         outcome: ScrapeOutcome
         try:
             outcome = await self._read(url)
-        except (httpx.TimeoutException, TimeoutError) as exc:
+        except TimeoutError as exc:
             log.debug("metrics scrape timed out", extra={"endpoint": url, "error": repr(exc)})
             outcome = "slow"
-        except httpx.HTTPError as exc:
-            log.debug("metrics scrape failed", extra={"endpoint": url, "error": repr(exc)})
+        except ScrapeError as exc:
+            log.debug("metrics scrape failed", extra={"endpoint": url, "error": str(exc)})
             outcome = "unreachable"
         if outcome != "ok":
             self._registry.record_scrape_miss(url, unreachable=outcome == "unreachable")
@@ -101,13 +128,13 @@ class MetricsCollector:
     async def _read(self, url: str) -> ScrapeOutcome:
         timeout = self._settings.timeout_seconds
         async with asyncio.timeout(timeout):
-            response = await self._client.get(f"{url}/metrics", timeout=timeout)
-        if response.status_code >= 500:
+            status, text = await self._fetch(url, timeout)
+        if status >= 500:
             return "unreachable"
-        if response.status_code != 200:
+        if status != 200:
             return "unusable"
         try:
-            stats = parse_engine_metrics(response.text)
+            stats = parse_engine_metrics(text)
         except NotEngineMetrics as exc:
             log.debug("not engine metrics", extra={"endpoint": url, "error": str(exc)})
             return "unusable"

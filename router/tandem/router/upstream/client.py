@@ -20,7 +20,13 @@ from typing import Any, Protocol
 
 import orjson
 
-from tandem.router.errors import UpstreamStatusError, UpstreamTimeout
+from tandem.router.discovery.collector import Fetch, ScrapeError
+from tandem.router.errors import (
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+)
 from tandem.router.settings import ProxySettings
 from tandem.router.types import Endpoint
 from tandem.router.upstream.wire import KEEPALIVE_S, Answer, Sink, Wire
@@ -97,6 +103,32 @@ class Upstream(Protocol):
     """What the dispatcher needs from the engines' HTTP side (a test may script it)."""
 
     async def open(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply: ...
+
+
+def metrics_fetch(wire: Wire) -> Fetch:
+    """The metrics collector's `Fetch` over the gateway's `wire`: `GET /metrics` on a kept-alive
+    connection to the engine, the whole answer read within the limit."""
+
+    async def fetch(url: str, timeout_s: float) -> tuple[int, str]:
+        try:
+            answer = await wire.exchange(
+                url, name=url, method="GET", path="/metrics", headers={}, body=b"", read_s=timeout_s
+            )
+        except (UpstreamConnectTimeout, UpstreamTimeout) as exc:
+            raise TimeoutError(exc.message) from None
+        except UpstreamError as exc:
+            raise ScrapeError(exc.message) from None
+        try:
+            await answer.wait(whole=True)
+        except UpstreamTimeout as exc:
+            raise TimeoutError(exc.message) from None
+        except UpstreamError as exc:
+            raise ScrapeError(exc.message) from None
+        finally:
+            answer.close()
+        return answer.status, answer.take().decode("utf-8", errors="replace")
+
+    return fetch
 
 
 class HTTPUpstream:
