@@ -261,15 +261,12 @@ class _Pump:
     def _end(self) -> None:
         if self._done.done():
             return
-        try:
+
+        def tail() -> bytes:
             held, meter = self._held, self._meter  # held: an unfinished last event
-            tail = self._feed(held) + meter.stream_end() if held else meter.stream_end()
-            self._send.post({"type": "http.response.body", "body": tail, "more_body": False})
-            self._send.when_sent(self._progress.response_end)
-        except Exception as exc:  # noqa: BLE001 (as in _data)
-            self._failed(exc)
-            return
-        self._done.set_result(False)
+            return self._feed(held) + meter.stream_end() if held else meter.stream_end()
+
+        self._close(tail)
 
     def _fail(self, error: UpstreamError) -> None:
         if self._done.done():
@@ -277,15 +274,23 @@ class _Pump:
         if self._yielding is not None and self._yielding.stopped:
             self._done.set_result(True)
             return
-        try:
+
+        def tail() -> bytes:
             attempt = self._attempt
             attempt.finish(error)
             tail = self._meter.stream_end()
             last = tail or self._last
             separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) or not last else b"\n\n"
             message = f"upstream {attempt.endpoint.name} failed mid-stream: {error.message}"
-            body = tail + separator + sse_error_event(message) + SSE_DONE
-            self._send.post({"type": "http.response.body", "body": body, "more_body": False})
+            return tail + separator + sse_error_event(message) + SSE_DONE
+
+        self._close(tail)
+
+    def _close(self, last: Callable[[], bytes]) -> None:
+        """Send the body's last bytes (`last()`) and end the relay; the response is complete once they
+        are handed to the server (`_EagerSend.when_sent`)."""
+        try:
+            self._send.post({"type": "http.response.body", "body": last(), "more_body": False})
             self._send.when_sent(self._progress.response_end)
         except Exception as exc:  # noqa: BLE001 (as in _data)
             self._failed(exc)
