@@ -516,7 +516,7 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
                 "0 decode replicas needs decode.autoscaling.enabled (scale from zero with min 0)",
             )
         )
-    if spec.disaggregation.mode == "always" and _max_prefill(spec) == 0:
+    if spec.disaggregation.mode == "always" and max_prefill_replicas(spec) == 0:
         errors.append(
             SpecError(
                 "spec.prefill.replicas",
@@ -547,7 +547,9 @@ def _router_rules(router: RouterSpec) -> list[SpecError]:
     return errors
 
 
-def _max_prefill(spec: InferenceServiceSpec) -> int:
+def max_prefill_replicas(spec: InferenceServiceSpec) -> int:
+    """The most prefill engines the spec can run: the autoscaler's `max` when it owns the pool, else
+    `replicas` (0: every request is decode-only)."""
     scaling = spec.prefill.autoscaling
     return scaling.max if scaling.enabled else spec.prefill.replicas
 

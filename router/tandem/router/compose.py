@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.routerconfig import StaticDiscovery
+from tandem.core.spec import max_prefill_replicas
 from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.access import Access, build_access
 from tandem.router.admission.coldstart import ColdStartHold
@@ -80,11 +81,10 @@ PREFIX_POLICIES = frozenset({"tandem", "prefix"})
 
 
 def prefill_pool_possible(config: EffectiveConfig) -> bool:
-    """Whether a prefill engine can ever join: the spec asks for replicas, an autoscaler may start
-    some, or a static list names some. Without one every request is decode-only, and the P/D
-    decision reads nothing of the prompt."""
-    prefill = config.spec.prefill
-    if prefill.replicas > 0 or prefill.autoscaling.enabled:
+    """Whether a prefill engine can ever join: the spec can run some (`max_prefill_replicas`), or a
+    static list names some. Without one every request is decode-only, and the P/D decision reads
+    nothing of the prompt."""
+    if max_prefill_replicas(config.spec) > 0:
         return True
     return isinstance(config.discovery, StaticDiscovery) and bool(config.discovery.prefill)
 
