@@ -105,27 +105,33 @@ class Upstream(Protocol):
     async def open(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply: ...
 
 
+async def get_whole(wire: Wire, url: str, path: str, *, name: str, timeout_s: float) -> Answer:
+    """GET `path` from the engine at `url` and read its whole answer within `timeout_s`; raises
+    `UpstreamError` (`UpstreamTimeout` when the answer takes longer)."""
+    answer = await wire.exchange(
+        url, name=name, method="GET", path=path, headers={}, body=b"", read_s=timeout_s
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await answer.wait(whole=True)
+    except TimeoutError:
+        raise UpstreamTimeout(f"{name}: no whole answer in {timeout_s:g}s") from None
+    finally:
+        answer.close()
+    return answer
+
+
 def metrics_fetch(wire: Wire) -> Fetch:
     """The metrics collector's `Fetch` over the gateway's `wire`: `GET /metrics` on a kept-alive
-    connection to the engine, the whole answer read within the limit."""
+    connection to the engine (`get_whole`), its errors in the collector's terms."""
 
     async def fetch(url: str, timeout_s: float) -> tuple[int, str]:
         try:
-            answer = await wire.exchange(
-                url, name=url, method="GET", path="/metrics", headers={}, body=b"", read_s=timeout_s
-            )
+            answer = await get_whole(wire, url, "/metrics", name=url, timeout_s=timeout_s)
         except (UpstreamConnectTimeout, UpstreamTimeout) as exc:
             raise TimeoutError(exc.message) from None
         except UpstreamError as exc:
             raise ScrapeError(exc.message) from None
-        try:
-            await answer.wait(whole=True)
-        except UpstreamTimeout as exc:
-            raise TimeoutError(exc.message) from None
-        except UpstreamError as exc:
-            raise ScrapeError(exc.message) from None
-        finally:
-            answer.close()
         return answer.status, answer.take().decode("utf-8", errors="replace")
 
     return fetch
@@ -172,16 +178,7 @@ class HTTPUpstream:
 
     async def get_json(self, endpoint: Endpoint, path: str, *, timeout_s: float) -> Any:
         """GET `path` and parse JSON; raises `UpstreamError` (transport or non-2xx) or ValueError."""
-        answer = await self._wire.exchange(
-            endpoint.url, name=endpoint.name, method="GET", path=path, headers={}, body=b"", read_s=timeout_s
-        )
-        try:
-            async with asyncio.timeout(timeout_s):
-                await answer.wait(whole=True)
-        except TimeoutError:
-            raise UpstreamTimeout(f"{endpoint.name}: no whole answer in {timeout_s:g}s") from None
-        finally:
-            answer.close()
+        answer = await get_whole(self._wire, endpoint.url, path, name=endpoint.name, timeout_s=timeout_s)
         if not 200 <= answer.status < 300:
             raise UpstreamStatusError(
                 f"{endpoint.name}: answered {answer.status}", upstream_status=answer.status
