@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from tests.core.tokenizer_files import write_byte_level, write_metaspace, write_qwen2
 
-from tandem.core.fast_tokens import FastEncoder, FastEncoderError, check_texts, load_fastokens
+from tandem.core.fast_tokens import PARITY_TEXTS, FastEncoder, FastEncoderError, check_texts, load_fastokens
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.tokenizer_files import HFTokenizer, load_tokenizer
 
@@ -96,8 +96,10 @@ class Disagreeing:
         self._wrong = wrong
         self._raises = raises
         self.name = "fake 1.0"
+        self.calls = 0
 
     def encode(self, text: str, /) -> list[int]:
+        self.calls += 1
         ids = self._encode(text)
         if not self._wrong(text):
             return ids
@@ -120,12 +122,15 @@ def test_a_fast_encoder_that_disagrees_is_refused_and_hugging_face_encodes(
     tmp_path: Path, wrong: Callable[[str], bool], raises: bool, reason: str
 ) -> None:
     directory = write_qwen2(tmp_path, vocab=600)
-    tokenizer = load_tokenizer(directory, fast=lambda _: Disagreeing(directory, wrong, raises=raises))
+    fake = Disagreeing(directory, wrong, raises=raises)
+    tokenizer = load_tokenizer(directory, fast=lambda _: fake)
     assert tokenizer.backend.startswith("tokenizers ")
     assert tokenizer.fast_refused is not None and reason in tokenizer.fast_refused
     assert "fake 1.0" in tokenizer.fast_refused
+    asked = fake.calls
     text = "a\tb <|pad|> 東京 " * 2000
     assert tokenizer.encode(text) == hf_encode(directory)(text)
+    assert fake.calls == asked, "a refused encoder is never asked again"
 
 
 def test_a_fast_encoder_that_cannot_load_the_tokenizer_is_refused_with_its_reason(tmp_path: Path) -> None:
@@ -155,14 +160,37 @@ def test_a_text_the_fast_encoder_raises_on_is_encoded_by_hugging_face(tmp_path: 
         fast=fast,
     )
     assert tokenizer.encode("only this one") == hf_encode(directory)("only this one")
+    assert fast.calls == 1, "the fast encoder was asked first"
+
+
+class Marked:
+    """A fast encoder whose answer no tokenizer gives, to see that it is the one that encoded."""
+
+    name = "marked 1.0"
+
+    def encode(self, text: str, /) -> list[int]:
+        return [7, 7, 7]
+
+
+def test_an_accepted_fast_encoder_is_the_one_that_encodes(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    directory = write_qwen2(tmp_path, vocab=600)
+    reference = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer = HFTokenizer(reference, name="t", chat_template=None, special_tokens={}, fast=Marked())
+    assert tokenizer.encode("any text at all") == [7, 7, 7]
+    assert HFTokenizer(reference, name="t", chat_template=None, special_tokens={}).encode("x") != [7, 7, 7]
 
 
 def test_the_check_covers_long_texts_and_the_tokenizers_own_added_tokens(directory: Path) -> None:
     from tokenizers import Tokenizer
 
-    texts = check_texts(Tokenizer.from_file(str(directory / "tokenizer.json")))
+    reference = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    texts = check_texts(reference, samples=400)
     assert sum(len(t) > 16 * 1024 for t in texts) >= 8
-    assert any("<|endoftext|>" in t for t in texts[40:])
+    drawn = texts[len(PARITY_TEXTS) : len(PARITY_TEXTS) + 400]
+    added = [str(t.content) for t in reference.get_added_tokens_decoder().values()]
+    assert added and all(any(token in t for t in drawn) for token in added), "each added token is drawn"
     assert "" in texts
 
 
