@@ -150,11 +150,9 @@ def main() -> None:
         tokenizers = [load_tokenizer(args.tokenizer)]
         if args.hf_too:
             tokenizers.append(load_tokenizer(args.tokenizer, fast=None))
+    words = {id(t): words_for(t, args.prompt_tokens) for t in tokenizers}
     rows = [
-        {
-            "backend": t.backend,
-            **measure(t, prompt_words=words_for(t, args.prompt_tokens), endpoints=int(n), repeat=args.repeat),
-        }
+        {"backend": t.backend, **measure(t, prompt_words=words[id(t)], endpoints=int(n), repeat=args.repeat)}
         for n in args.endpoints.split(",")
         for t in tokenizers
     ]

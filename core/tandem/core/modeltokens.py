@@ -221,9 +221,8 @@ class PromptEncoder:
         self._seen = SeenTwice()
         markers = [m for m in tokenizer.markers if m]
         self._marker = re.compile("|".join(re.escape(m) for m in markers)) if markers else None
-        self._min_chars = 0  # the self-test cuts at every point, whatever the encoder will skip
-        self.splits = all(self._split_is_exact(text) for text in SELF_TEST_TEXTS)
         self._min_chars = segment_min_chars
+        self.splits = all(self._split_is_exact(text) for text in SELF_TEST_TEXTS)
         self._segments.clear()
         self._chars = 0
         self._seen = SeenTwice()
@@ -271,9 +270,13 @@ class PromptEncoder:
         marker, and at a paragraph only once the segment holds `segment_min_chars` characters."""
         if not self.splits or not text:
             return [(text, False)] if text else []
+        return self._cut(text, least=self._min_chars)
+
+    def _cut(self, text: str, *, least: int) -> list[Segment]:
+        """`text` (not empty) cut before every marker, and at a paragraph `least` characters or more
+        past the previous cut."""
         out: list[Segment] = []
         start = 0
-        least = self._min_chars
         for edge, goes_on in self._marker_cuts(text):
             at = start + least
             while at < edge:  # paragraph cuts before this marker, each `least` past the last cut
@@ -344,8 +347,8 @@ class PromptEncoder:
         return ids
 
     def _split_is_exact(self, text: str) -> bool:
-        self.splits = True
-        pieces = [self._segment_ids(s) for s in self.segments(text)]
+        """Whether cutting `text` at every point (whatever `segment_min_chars` skips) keeps its ids."""
+        pieces = [self._segment_ids(s) for s in self._cut(text, least=0)]
         return [t for piece in pieces for t in piece] == self.tokenizer.encode(text)
 
 
