@@ -24,7 +24,7 @@ from tandem.autoscaler.decider import (
     prefill_demand,
     prefill_params,
 )
-from tandem.autoscaler.windows import ceil_replicas
+from tandem.autoscaler.windows import ceil_replicas, median
 from tandem.core.spec import DecodeAutoscaling, PrefillAutoscaling
 
 STEP_S = 2.0
@@ -233,3 +233,10 @@ def test_decode_scales_on_kv_while_prefill_stays() -> None:
     prefill, decode = run_both(ttft_at=lambda t: 0.5, kv_at=lambda t: 0.5 if t < 20 else 1.0)
     assert decode[0] == 2 and max(decode) >= 4
     assert set(prefill) == {2}
+
+
+@pytest.mark.parametrize(
+    ("values", "middle"), [([3.0, 1.0, 2.0], 2.0), ([4.0, 1.0, 2.0, 3.0], 2.5), ([5.0], 5.0), ([], 0.0)]
+)
+def test_the_median_is_the_middle_value_or_the_mean_of_the_two(values: list[float], middle: float) -> None:
+    assert median(values) == middle

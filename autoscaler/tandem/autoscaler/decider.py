@@ -70,7 +70,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tandem.autoscaler.service import ServiceCurve
-from tandem.autoscaler.windows import Sample, ceil_replicas, mean, peak, within
+from tandem.autoscaler.windows import Sample, ceil_replicas, mean, median, peak, within
 from tandem.core.spec import AutoscalingBehavior, DecodeAutoscaling, PrefillAutoscaling
 
 
@@ -228,13 +228,12 @@ def forecast(trend: tuple[Sample, ...], *, horizon_s: float, now_value: float) -
     pairwise slopes, which a single jump moves less than a least-squares line), at least 0 and at most
     one replica and half of `now_value`: it pre-scales the *next* replica on a ramp. Examples: 1.0, 1.1,
     1.2 at t = 0, 1, 2 (0.1/s), horizon 5 s → 0.5; 1.0, 1.5, 2.0 (0.5/s) → 2.5, capped at 1.0."""
-    slopes = sorted(
+    slopes = [
         (b.value - a.value) / (b.t - a.t) for i, a in enumerate(trend) for b in trend[i + 1 :] if b.t > a.t
-    )
+    ]
     if not slopes:
         return 0.0
-    middle = len(slopes) // 2
-    slope = slopes[middle] if len(slopes) % 2 else (slopes[middle - 1] + slopes[middle]) / 2
+    slope = median(slopes)
     return min(max(0.0, slope * horizon_s), 1.0, 0.5 * max(0.0, now_value))
 
 
@@ -261,7 +260,7 @@ def prefill_leading(
         return 1.0 if observed.ready == 0 and arriving else None  # from zero: one replica to measure
     # The median of the last three rounds: a spike in one 2 s window (a client's burst, a late scrape)
     # does not buy a replica; a step shows in the second round.
-    arrival = _median(trend[-3:]) if trend else arrival_demand(observed, params=params) or 0.0
+    arrival = median(s.value for s in trend[-3:]) if trend else arrival_demand(observed, params=params) or 0.0
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
     # `arrival` is in replicas at utilisation ρ; × ρ gives the replicas the same tokens need at 100%.
@@ -307,18 +306,12 @@ def decode_leading(
         return 1.0 if waiting > 0 else None
     if not trend or decode_arrival_demand(observed, params=params) is None:
         return None
-    arrival = _median(trend[-3:])
+    arrival = median(s.value for s in trend[-3:])
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
     leading = arrival + forecast(trend, horizon_s=horizon, now_value=arrival)
     ready = float(observed.ready)
     return ready if ready < leading <= ready * (1 + params.tolerance) else leading
-
-
-def _median(samples: tuple[Sample, ...]) -> float:
-    values = sorted(s.value for s in samples)
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def decide_decode(

@@ -44,6 +44,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from tandem.autoscaler.windows import median
+
 #: Bin k holds points with 1 + c in [BIN_BASE^k, BIN_BASE^(k+1)).
 BIN_BASE = 1.25
 #: A bin's weight (finished requests) stops growing here, so that its mean follows a load that drifts:
@@ -153,12 +155,6 @@ def learn_point(
     return tuple(kept[i] for i in sorted(kept))
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def fit_service(bins: Sequence[ServiceBin]) -> ServiceCurve | None:
     """The line through the bins (module docstring); None without two usable bins `MIN_SPREAD` apart.
 
@@ -176,10 +172,10 @@ def fit_service(bins: Sequence[ServiceBin]) -> ServiceCurve | None:
     ]
     if not slopes:
         return None
-    slope = max(0.0, _median(slopes))
-    intercept = _median([b.service_s - slope * b.concurrency for b in usable])
+    slope = max(0.0, median(slopes))
+    intercept = median([b.service_s - slope * b.concurrency for b in usable])
     if intercept < 0:
-        slope = _median([b.service_s / b.concurrency for b in usable if b.concurrency > 0])
+        slope = median([b.service_s / b.concurrency for b in usable if b.concurrency > 0])
         intercept = 0.0
     floor = min(usable, key=lambda b: b.concurrency).service_s
     return ServiceCurve(intercept_s=intercept, slope_s=slope, floor_s=floor)

@@ -7,7 +7,7 @@ so tests drive it with a fake clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 _EPSILON = 1e-9
@@ -34,6 +34,16 @@ def mean(samples: Sequence[Sample]) -> float:
     if not samples:
         return 0.0
     return sum(s.value for s in samples) / len(samples)
+
+
+def median(values: Iterable[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count); 0.0 for none.
+    Example: 3, 1, 2 → 2; 4, 1, 2, 3 → 2.5."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def peak(samples: Sequence[Sample]) -> float:
