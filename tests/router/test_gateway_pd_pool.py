@@ -9,12 +9,15 @@ pool's URL is a loopback port nothing listens on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pytest
 from tests.router.harness import MODEL_NAME, Launcher, metric
 from tests.router.pd_pool import AUTO_512, PROMPT, complete, engine_counter, fake_pair, sim, sim_pair
 from tests.router.servers import closed_port_url
 from tests.servers import RedisServer
 
-from tandem.kvpool.keys import chunk_hashes, chunk_key
+from tandem.kvpool.keys import PoolKeys, chunk_hashes, chunk_key
 from tandem.router.settings import DisaggregationSettings, RouterSettings
 
 
@@ -54,6 +57,27 @@ async def test_auto_mode_prefills_what_is_not_cached_and_decodes_what_the_pool_h
     short = await complete(router, PROMPT[:100])  # shorter than a chunk, and than 512
     assert "x-tandem-prefill-endpoint" not in short.headers
     assert await metric(router, decisions, decision="decode_only", reason="few_uncached") == 2
+
+
+async def test_a_disaggregated_request_hashes_its_chunk_keys_once_for_the_look_up_and_the_barrier(
+    launcher: Launcher, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hashed: list[int] = []
+    real = PoolKeys.chunk_keys
+
+    def counting(self: PoolKeys, token_ids: Sequence[int], suffix: str = "metadata") -> list[str]:
+        hashed.append(len(token_ids))
+        return real(self, token_ids, suffix)
+
+    monkeypatch.setattr(PoolKeys, "chunk_keys", counting)
+    prefill, decode = await sim_pair(launcher, redis_server.url)
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="auto", spec=AUTO_512, kv_pool_url=redis_server.url
+    )
+    first = await complete(router, PROMPT)  # looked up (nothing there), prefilled, waited for
+    assert "x-tandem-prefill-endpoint" in first.headers
+    assert await metric(router, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="ok") == 1
+    assert hashed == [len(PROMPT)]
 
 
 async def test_chunks_that_never_arrive_time_the_barrier_out_and_decode_goes_alone(

@@ -77,7 +77,11 @@ class KVPoolIndex:
 
     async def cached_prefix_tokens(self, prompt: Sequence[int]) -> int | None:
         """Tokens of `prompt`'s leading chunks present in the pool; None when the pool is unavailable."""
-        keys = self.metadata_keys(prompt)
+        return await self.cached_prefix(self.metadata_keys(prompt))
+
+    async def cached_prefix(self, keys: Sequence[str]) -> int | None:
+        """`cached_prefix_tokens` for a prompt whose `metadata_keys` the caller has already (a P/D step
+        that looks up and then waits hashes its prompt once)."""
         if not self._available():
             return None
         if not keys:
@@ -96,8 +100,11 @@ class KVPoolIndex:
 
     async def wait_for_prompt(self, prompt: Sequence[int], *, timeout_s: float) -> BarrierResult:
         """Wait until every full chunk of `prompt` is in the pool (module docstring)."""
+        return await self.wait_for_keys(self.metadata_keys(prompt), timeout_s=timeout_s)
+
+    async def wait_for_keys(self, keys: Sequence[str], *, timeout_s: float) -> BarrierResult:
+        """`wait_for_prompt` for a prompt whose `metadata_keys` the caller has already."""
         started = self._clock()
-        keys = self.metadata_keys(prompt)
         if not keys:
             return BarrierResult("ok", 0.0, 0)
         chunks = len(keys)

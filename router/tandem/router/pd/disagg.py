@@ -46,7 +46,7 @@ the request goes decode-only with a fallback reason, counted in `tandem_router_p
     pool_unavailable  the KV pool could not be asked (the barrier could not be checked)
 
 **Barrier** (with a KV pool configured): after a successful prefill, wait (bounded) until every full
-chunk of the prompt has its metadata in the pool (`KVPoolIndex.wait_for_prompt`), so the decode
+chunk of the prompt has its metadata in the pool (`KVPoolIndex.wait_for_keys`), so the decode
 engine finds the KV; `tandem_router_pd_kv_barrier_wait_seconds{outcome}`. Prefill is not retried on
 another prefill endpoint: decode-only is the cheaper recovery.
 
@@ -61,6 +61,7 @@ so; the first hit verifies the keys for good. A pool that does not answer is no 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -288,7 +289,12 @@ class Disaggregator:
         self, request: PDRequest, *, decode: Endpoint | None, headers: Mapping[str, str]
     ) -> PDOutcome:
         """Decide, prefill and wait for the KV; never raises because of prefill or the pool."""
-        decision = await self._decide(request, decode=decode)
+        pool = self.pool
+        # The prompt's chunk keys, hashed at most once for the look-up and the barrier together.
+        keys = functools.cache(
+            lambda: pool.metadata_keys(request.prompt_tokens()) if pool is not None else []
+        )
+        decision = await self._decide(request, decode=decode, keys=keys)
         metrics = self.prefiller.dispatcher.metrics
         metrics.pd_decisions.labels(decision=decision.label, reason=decision.reason).inc()
         if not decision.disaggregate:
@@ -301,7 +307,7 @@ class Disaggregator:
                 fallback=prefill.fallback or "unknown",
                 prefill_s=prefill.duration_s,
             )
-        barrier_s, fallback = await self._barrier(request)
+        barrier_s, fallback = await self._barrier(request, keys=keys)
         if fallback is not None:
             metrics.pd_fallbacks.labels(reason=fallback).inc()
             return PDOutcome(
@@ -319,12 +325,14 @@ class Disaggregator:
             barrier_s=barrier_s,
         )
 
-    async def _decide(self, request: PDRequest, *, decode: Endpoint | None) -> PDDecision:
+    async def _decide(
+        self, request: PDRequest, *, decode: Endpoint | None, keys: Callable[[], Sequence[str]]
+    ) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
         available: int | None = 0
         counted = self.mode == "auto" and members > 0  # the only case the table reads the prompt
         if counted:
-            available = await self._available_tokens(request, decode=decode)
+            available = await self._available_tokens(request, decode=decode, keys=keys)
         decision = decide(
             self.mode,
             prefill_members=members,
@@ -350,22 +358,26 @@ class Disaggregator:
             decode_ttft_s=lambda: convert.estimate_ttft(decode.url, request),
         )
 
-    async def _available_tokens(self, request: PDRequest, *, decode: Endpoint | None) -> int | None:
+    async def _available_tokens(
+        self, request: PDRequest, *, decode: Endpoint | None, keys: Callable[[], Sequence[str]]
+    ) -> int | None:
         local = 0
         if self.prefix is not None and decode is not None:
             local = self.prefix.match([decode.url], request).get(decode.url, 0)
         if self.pool is None or not self.keys.lookups_on:
             return local
-        pooled = await self.pool.cached_prefix_tokens(request.prompt_tokens())
+        pooled = await self.pool.cached_prefix(keys())
         self._observe(lookup_evidence(pooled), request)
         return None if pooled is None else max(local, pooled)
 
-    async def _barrier(self, request: PDRequest) -> tuple[float | None, str | None]:
+    async def _barrier(
+        self, request: PDRequest, *, keys: Callable[[], Sequence[str]]
+    ) -> tuple[float | None, str | None]:
         """(seconds waited, fallback reason or None); no pool, or keys the engines do not write
         (but for a probe), → nothing to wait for."""
         if self.pool is None or not self.keys.barrier_due(self.prefiller.clock()):
             return None, None
-        result = await self.pool.wait_for_prompt(request.prompt_tokens(), timeout_s=self.barrier_timeout_s)
+        result = await self.pool.wait_for_keys(keys(), timeout_s=self.barrier_timeout_s)
         metrics = self.prefiller.dispatcher.metrics
         metrics.pd_kv_barrier_wait.labels(outcome=result.outcome).observe(result.waited_s)
         self._observe(barrier_evidence(result.outcome, chunks=result.chunks, found=result.found), request)
