@@ -27,11 +27,11 @@ The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk
 from __future__ import annotations
 
 import hashlib
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tandem.core.blockhash import le32
 from tandem.core.pyhash import parse_seed, str_hash
 
 __all__ = [
@@ -55,11 +55,12 @@ def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NON
     this way as a sequence grows, instead of rehashing it from the start).
     """
     _check(chunk_size)
+    data = le32(token_ids[: len(token_ids) // chunk_size * chunk_size])  # every full chunk, packed at once
+    stride = 4 * chunk_size
     hashes: list[int] = []
-    for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
-        chunk = token_ids[start : start + chunk_size]
+    for start in range(0, len(data), stride):
         digest = hashlib.sha256(parent.to_bytes(8, "big", signed=True))
-        digest.update(struct.pack(f"<{len(chunk)}I", *(t & 0xFFFFFFFF for t in chunk)))
+        digest.update(data[start : start + stride])
         parent = int.from_bytes(digest.digest()[:8], "big", signed=True)
         hashes.append(parent)
     return hashes
