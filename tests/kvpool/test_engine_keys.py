@@ -105,6 +105,8 @@ def test_parallel_sizes(args: list[str], tp: int, sizes: tuple[int, int, int]) -
         (["--kv-cache-dtype", "fp8_inc"], None, "fp8_e4m3fn"),
         (["--kv-cache-dtype", "auto", "--dtype", "half"], None, "half"),
         (["--kv-cache-dtype", "something_new"], None, None),
+        (["--kv-cache-dtype", "float16"], {"torch_dtype": "bfloat16"}, "half"),  # a float cache: its name
+        (["--kv-cache-dtype", "float"], None, "float"),
     ],
 )
 def test_lmcache_names_the_kv_cache_torch_dtype(

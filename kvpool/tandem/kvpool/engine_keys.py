@@ -33,14 +33,12 @@ from tandem.kvpool.keys import PoolKeys
 
 __all__ = ["KeysUnavailable", "engine_pool_keys", "lmcache_kv_dtype", "parallel_sizes", "uses_mla"]
 
-#: vLLM 0.32's `--kv-cache-dtype` values → torch dtype (`STR_DTYPE_TO_TORCH_DTYPE`) → LMCache's name
-#: of it (`TORCH_DTYPE_TO_STR_DTYPE`): quantised caches are stored as uint8 tensors.
-_LMCACHE_CACHE_DTYPE = {
-    "half": "half",
-    "float16": "half",
-    "bfloat16": "bfloat16",
-    "float": "float",
-    "float32": "float",
+#: vLLM 0.32's `--kv-cache-dtype` values of a float cache: named as the model dtype is
+#: (`connector_plan.engine_kv_dtype`, which reads the flag first).
+_FLOAT_CACHE_DTYPES = frozenset({"half", "float16", "bfloat16", "float", "float32"})
+#: Its other values → torch dtype (`STR_DTYPE_TO_TORCH_DTYPE`) → LMCache's name of it
+#: (`TORCH_DTYPE_TO_STR_DTYPE`): quantised caches are stored as uint8 tensors.
+_QUANTISED_CACHE_DTYPE = {
     "fp8": "uint8",
     "fp8_e4m3": "uint8",
     "fp8_e5m2": "uint8",
@@ -94,8 +92,8 @@ def lmcache_kv_dtype(engine_args: Sequence[str], model_config: Mapping[str, obje
     `get_kv_cache_torch_dtype`): `--kv-cache-dtype` unless `auto` (e.g. `fp8` → `uint8`), else the
     model dtype as `engine_kv_dtype` reads it; None for a cache dtype this table does not know."""
     cache = arg_value(engine_args, "--kv-cache-dtype")
-    if cache is not None and cache != "auto":
-        return _LMCACHE_CACHE_DTYPE.get(cache)
+    if cache is not None and cache != "auto" and cache not in _FLOAT_CACHE_DTYPES:
+        return _QUANTISED_CACHE_DTYPE.get(cache)
     return engine_kv_dtype(engine_args, model_config)
 
 
