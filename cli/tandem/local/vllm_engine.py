@@ -23,12 +23,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 from tandem.core.routerconfig import EngineKVKeys
-from tandem.core.spec import InferenceService
+from tandem.core.spec import ENGINE_HASH_SEED, InferenceService, engine_hash_seed
 from tandem.kvpool.engine_config import ConnectorKind, kv_transfer_config, to_json
 
 EngineRole = Literal["prefill", "decode"]
 DEFAULT_MAX_MODEL_LEN = "2048"
-PYTHONHASHSEED = "0"
 LMCACHE_NOTE = (
     "kvPool.connector is lmcache, but LMCache has no CPU path: the local runtime configures vLLM with "
     "Tandem's connector (tandem.kvpool.vllm_connector), which writes the same Redis key layout"
@@ -46,9 +45,9 @@ def engine_kv_keys(isvc: InferenceService) -> EngineKVKeys:
     """What the gateway needs to compute these engines' KV-pool keys: Tandem's connector, which keys
     by `spec.model.name`, and the PYTHONHASHSEED `engine_command` gives them."""
     connector, _ = local_connector(isvc)
-    told = [var.value for var in isvc.spec.engine.env if var.name == "PYTHONHASHSEED"]
-    seed = told[-1] if told else PYTHONHASHSEED
-    return EngineKVKeys(connector=connector, model=isvc.spec.model.name, python_hash_seed=seed)
+    return EngineKVKeys(
+        connector=connector, model=isvc.spec.model.name, python_hash_seed=engine_hash_seed(isvc.spec)
+    )
 
 
 def model_path(isvc: InferenceService) -> str:
@@ -111,7 +110,7 @@ def engine_command(
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONHASHSEED": PYTHONHASHSEED,
+        "PYTHONHASHSEED": ENGINE_HASH_SEED,
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }

@@ -547,6 +547,19 @@ def _router_rules(router: RouterSpec) -> list[SpecError]:
     return errors
 
 
+#: The PYTHONHASHSEED every engine gets (in a cluster and locally): LMCache and vLLM derive prefix-chunk
+#: keys from Python's `hash()`, so producer and consumer must agree on it or the consumer never finds a
+#: chunk; `engine.env` may set another.
+ENGINE_HASH_SEED = "0"
+
+
+def engine_hash_seed(spec: InferenceServiceSpec) -> str:
+    """The PYTHONHASHSEED every engine runs with: the last `engine.env` entry of that name (engine
+    environments apply `engine.env` last), else `ENGINE_HASH_SEED`."""
+    told = [var.value for var in spec.engine.env if var.name == "PYTHONHASHSEED"]
+    return told[-1] if told else ENGINE_HASH_SEED
+
+
 def max_prefill_replicas(spec: InferenceServiceSpec) -> int:
     """The most prefill engines the spec can run: the autoscaler's `max` when it owns the pool, else
     `replicas` (0: every request is decode-only)."""

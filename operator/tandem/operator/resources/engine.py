@@ -23,7 +23,7 @@ from tandem.core.kvevents import (
     sim_kv_events_args,
     vllm_kv_events_config,
 )
-from tandem.core.spec import DecodeSpec, InferenceServiceSpec, PrefillSpec
+from tandem.core.spec import ENGINE_HASH_SEED, DecodeSpec, InferenceServiceSpec, PrefillSpec
 from tandem.kvpool import engine_config
 from tandem.kvpool.engine_config import KVRole, lmcache_env, to_json
 from tandem.operator.resources.kvpool import (
@@ -59,9 +59,6 @@ LMCACHE_MOUNT = "/etc/lmcache"
 #: vLLM's HOME (an emptyDir): ~/.cache (Hugging Face downloads, torch.compile and kernel caches) and
 #: ~/.config live here, as the root filesystem is read-only.
 VLLM_HOME = "/home/vllm"
-#: Every engine pod gets the same hash seed: LMCache and vLLM derive prefix-chunk keys from Python's
-#: `hash()`, so producer and consumer must agree on it or the consumer never finds a chunk.
-PYTHONHASHSEED = "0"
 #: How long a terminating engine waits for its running and queued requests to finish.
 DRAIN_SECONDS = 120
 CONFIG_HASH_ANNOTATION = "tandem.dev/config-hash"
@@ -115,13 +112,6 @@ def model_argument(spec: InferenceServiceSpec) -> str:
     if source is not None and source.uri:
         return source.uri.removeprefix("hf://")
     return spec.model.name
-
-
-def engine_hash_seed(spec: InferenceServiceSpec) -> str:
-    """The PYTHONHASHSEED every engine runs with: the last `engine.env` entry of that name (as in
-    `engine_env`), else Tandem's `PYTHONHASHSEED`."""
-    told = [var.value for var in spec.engine.env if var.name == "PYTHONHASHSEED"]
-    return told[-1] if told else PYTHONHASHSEED
 
 
 def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[str]:
@@ -191,7 +181,7 @@ def engine_env(spec: InferenceServiceSpec, *, owner: Owner) -> list[dict[str, An
     The password variable (from the Secret) comes before LMCache's URL, which refers to it as
     `$(TANDEM_KVPOOL_PASSWORD)`: Kubernetes expands only variables defined earlier in the list.
     """
-    env: dict[str, dict[str, Any]] = {"PYTHONHASHSEED": {"value": PYTHONHASHSEED}}
+    env: dict[str, dict[str, Any]] = {"PYTHONHASHSEED": {"value": ENGINE_HASH_SEED}}
     env |= {e["name"]: {"valueFrom": e["valueFrom"]} for e in password_env(spec)}
     if spec.engine.kind == "vllm":
         env["HOME"] = {"value": VLLM_HOME}

@@ -8,11 +8,10 @@ from typing import Any
 
 from tandem.core.kvevents import cluster_addresses
 from tandem.core.routerconfig import EngineKVKeys, KubernetesDiscovery, RouterConfig
-from tandem.core.spec import InferenceServiceSpec
+from tandem.core.spec import InferenceServiceSpec, engine_hash_seed
 from tandem.operator.resources.engine import (
     CONFIG_HASH_ANNOTATION,
     MODEL_MOUNT,
-    engine_hash_seed,
     model_argument,
 )
 from tandem.operator.resources.kvpool import config_hash, kv_pool_url
