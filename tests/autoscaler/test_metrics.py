@@ -47,3 +47,4 @@ def test_the_decode_pools_learned_service_time_and_clock_are_exported() -> None:
     assert value(registry, "tandem_autoscaler_decode_clock_ratio") == 0.0
     metrics.forget("ns/demo")
     assert value(registry, "tandem_autoscaler_decode_clock_ratio") is None
+    assert value(registry, "tandem_autoscaler_decode_service_slope_seconds") is None
