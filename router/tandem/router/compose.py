@@ -16,8 +16,6 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.modeltokens import PromptEncoder
-from tandem.core.routerconfig import StaticDiscovery
-from tandem.core.spec import max_prefill_replicas
 from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.access import Access, build_access
 from tandem.router.admission.coldstart import ColdStartHold
@@ -78,15 +76,6 @@ if TYPE_CHECKING:  # zmq is imported only when engines publish KV events
 
 #: Policies whose scorers read prefix matches.
 PREFIX_POLICIES = frozenset({"tandem", "prefix"})
-
-
-def prefill_pool_possible(config: EffectiveConfig) -> bool:
-    """Whether a prefill engine can ever join: the spec can run some (`max_prefill_replicas`), or a
-    static list names some. Without one every request is decode-only, and the P/D decision reads
-    nothing of the prompt."""
-    if max_prefill_replicas(config.spec) > 0:
-        return True
-    return isinstance(config.discovery, StaticDiscovery) and bool(config.discovery.prefill)
 
 
 class Service(Protocol):
@@ -328,7 +317,7 @@ def build_routing(
         # Prefix state costs a tokenization and a hash of every prompt: kept only where something
         # reads it (a prefix policy, the P/D decision of mode auto, KV events to follow).
         track_prefixes=config.spec.router.policy in PREFIX_POLICIES
-        or (config.spec.disaggregation.mode == "auto" and prefill_pool_possible(config))
+        or (config.spec.disaggregation.mode == "auto" and config.prefill_pool_possible)
         or config.prefix_source == "precise",
         on_record=share_routes(bus) if isinstance(bus, WorkerBus) else None,
         rates=PrefillRates(

@@ -44,7 +44,7 @@ from typing import Any
 
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
-from tandem.core.spec import InferenceServiceSpec, ModelSpec, PrefixSourceKind
+from tandem.core.spec import InferenceServiceSpec, ModelSpec, PrefixSourceKind, max_prefill_replicas
 from tandem.kvpool.client import password_from_env
 from tandem.kvpool.engine_keys import KeysUnavailable, engine_pool_keys
 from tandem.kvpool.keys import PoolKeys
@@ -105,6 +105,15 @@ class EffectiveConfig:
     shared_counters: SharedCountersAccess | None = None
     #: Why a configured pool is not looked up (the engines' keys cannot be computed); None otherwise.
     kv_pool_off: str | None = None
+
+    @property
+    def prefill_pool_possible(self) -> bool:
+        """Whether a prefill engine can ever join: the spec can run some (`max_prefill_replicas`), or a
+        static list names some. Without one every request is decode-only, and the P/D decision reads
+        nothing of the prompt."""
+        if max_prefill_replicas(self.spec) > 0:
+            return True
+        return isinstance(self.discovery, StaticDiscovery) and bool(self.discovery.prefill)
 
     @property
     def tokenizer_exact(self) -> bool:
