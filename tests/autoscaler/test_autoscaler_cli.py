@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from tests.operator.specs import ROOT
 from tests.servers import free_port
 
+from tandem.autoscaler.runner import ROUND_SECONDS
 from tandem.cli.autoscaler import autoscaler
 from tandem.cli.main import cli
 
@@ -96,7 +97,8 @@ def test_the_charts_autoscaler_command_line_parses() -> None:
     assert container["args"][0] == "autoscaler"
     params = autoscaler.make_context("autoscaler", list(container["args"][1:])).params
     assert params["namespaces"] == ("team-a",)
-    assert (params["metrics_port"], params["interval_seconds"]) == (9191, 1.0)
+    # The chart's round period is the program's own default.
+    assert (params["metrics_port"], params["interval_seconds"]) == (9191, ROUND_SECONDS)
     assert container["ports"] == [{"name": "metrics", "containerPort": 9191, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 

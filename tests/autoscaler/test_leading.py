@@ -23,6 +23,7 @@ from tandem.autoscaler.decider import (
     decode_leading,
     forecast,
     prefill_leading,
+    recent_median,
 )
 from tandem.autoscaler.service import ServiceCurve
 from tandem.autoscaler.startup import StartTimes, asked, cancelled, readied
@@ -109,6 +110,26 @@ def test_the_forecast_extrapolates_a_rise_within_bounds(
 ) -> None:
     trend = tuple(Sample(float(t), v) for t, v in enumerate(values))
     assert forecast(trend, horizon_s=horizon, now_value=now_value) == pytest.approx(rise)
+
+
+@pytest.mark.parametrize(
+    ("times", "values", "median"),
+    [
+        ((0, 1, 2), (1.0, 1.0, 3.0), 1.0),  # a spike in the last of three 1 s rounds
+        ((0, 0.5, 1), (1.0, 1.0, 3.0), 1.0),  # the same at half-second rounds
+        ((0, 0.5, 1, 1.5, 2), (1.0, 1.0, 3.0, 3.0, 3.0), 3.0),  # a step, a second on
+        ((0, 0.5, 1, 1.5, 2), (1.0, 1.0, 1.0, 3.0, 3.0), 1.0),  # a step half a second on: not yet
+        ((0, 1, 2, 3), (9.0, 1.0, 2.0, 3.0), 2.0),  # 2.5 s back from t = 3: the round at 0 is out
+    ],
+    ids=["spike-1s", "spike-half-s", "step-1s-on", "step-half-s-on", "span"],
+)
+def test_the_leading_demands_median_spans_seconds_not_rounds(
+    times: tuple[float, ...], values: tuple[float, ...], median: float
+) -> None:
+    """The docstring's examples: at 1 s rounds the last three, at half-second rounds the last five, so a
+    shorter round period does not let a one-window spike through any sooner."""
+    trend = tuple(Sample(float(t), v) for t, v in zip(times, values, strict=True))
+    assert recent_median(trend) == pytest.approx(median)
 
 
 @pytest.mark.parametrize(

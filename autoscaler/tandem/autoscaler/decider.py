@@ -27,9 +27,10 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
   ``H = max(target TTFT, engine start time)`` (a backlog need not be drained faster than a new engine
   can start), whichever needs more: the headroom ρ leaves is what drains the queue an ordinary burst
   builds, so the two are not added (adding them held twice the replicas a peak needed). Arrivals are
-  the median of the last three rounds' (a one-window spike buys no replica); the forecast is the arrival
-  demand's slope over the panic window (Theil–Sen) times the start time, at least 0 and at most one
-  replica and half the arrival demand (a ramp pre-scales its next replica; a step is not extrapolated).
+  the median of those of the rounds in the last `MEDIAN_SPAN_S` (a one-window spike buys no replica);
+  the forecast is the arrival demand's slope over the panic window (Theil–Sen) times the start time,
+  at least 0 and at most one replica and half the arrival demand (a ramp pre-scales its next replica;
+  a step is not extrapolated).
   Example: 27 000 tokens/s arriving, R = 12 000, ρ = 0.8 → 2.81; 30 000 tokens waiting, start 5 s →
   (27 000 + 6 000) / 12 000 = 2.75: the first; flat arrivals → 2.81 → 3 replicas. With 90 000 waiting
   (a step while engines start): (27 000 + 18 000) / 12 000 = 3.75 → 4.
@@ -38,7 +39,7 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
 - decode, with engines: Little's law, ``arrivals × s(c*) / c*``: requests/s arriving at the gateway
   times the mean seconds a request runs in a decode engine is how many will run at once, and each engine
   at the target KV utilisation runs ``c* = target × running / (ready × mean_kv)`` of them (each holds the
-  KV share the running ones hold now); the median of the last three rounds, plus the same forecast as
+  KV share the running ones hold now); the same median as prefill's, plus the same forecast as
   prefill. The service time grows with the requests an engine batches, so it is taken at c*, from the
   line the collector learned (`tandem.autoscaler.service`: s(c) = a + b·c over the loads seen, on the
   arrivals' clock); until it has one, the service time as measured now (which at a step from idle is
@@ -223,6 +224,21 @@ def prefill_capacity(observed: PrefillObservation) -> float | None:
     return max(known) if known else None
 
 
+#: The leading demands take the median of the arrival demands of the rounds in this span (seconds) before
+#: the latest one, bounds excluded: the last three rounds at a 1 s period, the last five at 0.5 s. A span
+#: in seconds, not a count of rounds, so a shorter round period reacts sooner to what is immediate (a
+#: backlog, the TTFT) without making a one-window spike of arrivals buy a replica any more easily.
+MEDIAN_SPAN_S = 2.5
+
+
+def recent_median(trend: tuple[Sample, ...]) -> float:
+    """The median of the values in `trend` (not empty, the latest last) newer than `MEDIAN_SPAN_S`
+    before the latest. Examples: 1.0, 1.0, 3.0 at t = 0, 1, 2 → 1.0 (a spike); the same at t = 0, 0.5,
+    1 → 1.0; 1.0, 1.0, 3.0, 3.0, 3.0 at t = 0, 0.5, 1, 1.5, 2 → 3.0 (a step, a second on)."""
+    latest = trend[-1].t
+    return median(s.value for s in trend if s.t > latest - MEDIAN_SPAN_S)
+
+
 def forecast(trend: tuple[Sample, ...], *, horizon_s: float, now_value: float) -> float:
     """How much a demand rises over `horizon_s` at its slope over `trend` (Theil–Sen: the median of the
     pairwise slopes, which a single jump moves less than a least-squares line), at least 0 and at most
@@ -250,17 +266,17 @@ def prefill_leading(
     observed: PrefillObservation, *, params: DeciderParams, trend: tuple[Sample, ...]
 ) -> float | None:
     """The prefill pool's leading demand (module docstring), `trend` holding the recent arrival demand
-    (the latest last; the median of its last three is used); None when there is no capacity to divide
-    by and an engine is running (the lagging demand decides alone). Example: arrival demand 2.81; 30 000
+    (the latest last; `recent_median` of it is used); None when there is no capacity to divide by and
+    an engine is running (the lagging demand decides alone). Example: arrival demand 2.81; 30 000
     tokens waiting, R 12 000, start 5 s → (27 000 + 6 000) / 12 000 = 2.75, the larger 2.81; flat trend →
     2.81."""
     capacity = prefill_capacity(observed)
     if capacity is None:
         arriving = (observed.arrival_tokens_per_s or 0.0) > 0 or observed.gateway_queued > 0
         return 1.0 if observed.ready == 0 and arriving else None  # from zero: one replica to measure
-    # The median of the last three rounds: a spike in one 2 s window (a client's burst, a late scrape)
+    # The median over the last MEDIAN_SPAN_S: a spike in one 2 s window (a client's burst, a late scrape)
     # does not buy a replica; a step shows in the second round.
-    arrival = median(s.value for s in trend[-3:]) if trend else arrival_demand(observed, params=params) or 0.0
+    arrival = recent_median(trend) if trend else arrival_demand(observed, params=params) or 0.0
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
     # `arrival` is in replicas at utilisation ρ; × ρ gives the replicas the same tokens need at 100%.
@@ -291,9 +307,9 @@ def decode_arrival_demand(observed: DecodeObservation, *, params: DeciderParams)
 def decode_leading(
     observed: DecodeObservation, *, params: DeciderParams, trend: tuple[Sample, ...]
 ) -> float | None:
-    """The decode pool's leading demand (module docstring): with engines, the median of the last three
-    arrival demands in `trend` plus the forecast; without any, 1 while the gateway holds, queues or sees
-    arriving requests (scale from zero). None when there is nothing to say.
+    """The decode pool's leading demand (module docstring): with engines, `recent_median` of the
+    arrival demands in `trend` plus the forecast; without any, 1 while the gateway holds, queues or
+    sees arriving requests (scale from zero). None when there is nothing to say.
 
     A demand above the ready count by no more than the tolerance is the ready count: the band is
     AIBrix's, on the demand itself (its KPA scales only when the metric passes target × (1 + tolerance)),
@@ -306,7 +322,7 @@ def decode_leading(
         return 1.0 if waiting > 0 else None
     if not trend or decode_arrival_demand(observed, params=params) is None:
         return None
-    arrival = median(s.value for s in trend[-3:])
+    arrival = recent_median(trend)
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s
     leading = arrival + forecast(trend, horizon_s=horizon, now_value=arrival)

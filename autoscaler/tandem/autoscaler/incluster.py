@@ -49,7 +49,7 @@ from tandem.autoscaler.health import HealthServer
 from tandem.autoscaler.kube import HttpCluster, Informer, services_path, slices_path
 from tandem.autoscaler.metrics import AutoscalerMetrics
 from tandem.autoscaler.readings import GatewayReading
-from tandem.autoscaler.runner import Autoscaler, controllers_for
+from tandem.autoscaler.runner import ROUND_SECONDS, Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
 from tandem.core.endpointslices import ENGINE_PORT, ROUTER_PORT, pool_workload_name, router_workload_name
 from tandem.core.kubeaccess import KubeAccess
@@ -282,7 +282,7 @@ class ClusterSettings:
     ports of engine and gateway pods (the operator's; tests point them elsewhere)."""
 
     namespaces: tuple[str, ...] = ()
-    interval_s: float = 1.0
+    interval_s: float = ROUND_SECONDS
     metrics_host: str = "0.0.0.0"  # a pod's metrics are scraped from other pods
     metrics_port: int = 9090
     status_every_s: float = 30.0

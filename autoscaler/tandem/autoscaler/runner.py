@@ -1,7 +1,7 @@
 """Rounds over every autoscaled InferenceService: each pool's controller steps once per interval.
 
 `Autoscaler` owns the controllers of every service (set and removed by the caller as services come and
-go), runs a round every `interval_s` (1 s by default: the collector's scrape period), records each
+go), runs a round every `interval_s` (`ROUND_SECONDS` by default: the collector's scrape period), records each
 outcome as metrics and hands the service's outcomes to `report` (Kubernetes: Events and status; locally:
 log lines). One pool's failure in a round (an API error while scaling) is logged and does not stop
 the others or the next round.
@@ -28,6 +28,12 @@ from tandem.autoscaler.metrics import AutoscalerMetrics
 from tandem.core.spec import InferenceServiceSpec
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two rounds (scrape, decide, act), locally and in a cluster. Half a second: a step
+#: shows in the gateway's held prefills and the engines' queues at once, and each round earlier is a
+#: replica ready half a second sooner (docs/autoscaler.md, "Measured: half-second rounds"); the
+#: decider's windows and medians are spans of seconds, not counts of rounds.
+ROUND_SECONDS = 0.5
 Report = Callable[[str, Sequence[PoolOutcome]], Awaitable[None]]
 
 
@@ -75,7 +81,7 @@ class Autoscaler:
         *,
         metrics: AutoscalerMetrics,
         report: Report = _no_report,
-        interval_s: float = 1.0,
+        interval_s: float = ROUND_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics

@@ -20,6 +20,7 @@ import signal
 import click
 
 from tandem.autoscaler.incluster import ClusterSettings, run_in_cluster
+from tandem.autoscaler.runner import ROUND_SECONDS
 from tandem.cli.exits import fail
 from tandem.cli.options import logging_options
 from tandem.core.kubeaccess import KubeAccess, KubeAccessError
@@ -52,7 +53,7 @@ async def _main(settings: ClusterSettings, access: KubeAccess) -> None:
 )
 @click.option(
     "--interval-seconds",
-    default=1.0,
+    default=ROUND_SECONDS,
     show_default=True,
     type=click.FloatRange(min=0.1, max=60.0),
     help="Seconds between two rounds (scrape, decide, act); the panic window needs several per window.",

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
 from tandem.autoscaler.metrics import AutoscalerMetrics
 from tandem.autoscaler.readings import GatewayReading
-from tandem.autoscaler.runner import Autoscaler, controllers_for
+from tandem.autoscaler.runner import ROUND_SECONDS, Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
 from tandem.core.spec import InferenceService
 from tandem.local.autoscale import LocalEndpoints, LocalPool, loopback_ports
@@ -58,7 +58,7 @@ class LocalAutoscaler:
         listed: LocalEndpoints,
         metrics_port: int,
         say: Say,
-        interval_s: float = 1.0,
+        interval_s: float = ROUND_SECONDS,
         startup_timeout_s: Callable[[PoolName], float] = lambda pool: 120.0,
     ) -> None:
         self._isvc = isvc
