@@ -31,7 +31,13 @@ from tests.servers import run_uvicorn
 from tandem.autoscaler.cluster import ServiceRef
 from tandem.autoscaler.control import PoolController, PoolOutcome
 from tandem.autoscaler.decider import DeciderParams, Decision, DecodeObservation
-from tandem.autoscaler.incluster import ClusterSettings, KubePool, KubeReporter, run_in_cluster
+from tandem.autoscaler.incluster import (
+    SCALE_REREAD_S,
+    ClusterSettings,
+    KubePool,
+    KubeReporter,
+    run_in_cluster,
+)
 from tandem.autoscaler.kube import HttpCluster, Informer, slices_path
 from tandem.autoscaler.readings import EngineReading
 from tandem.core.kubeaccess import KubeAccess
@@ -116,6 +122,35 @@ async def test_the_actuator_patches_the_scale_subresource_only_when_the_decision
     assert (loaded.previous, loaded.desired, loaded.direction) == (1, 2, "up")
     assert scale_patches(api) == [{"replicas": 2}]
     assert (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] == 2
+
+
+def scale_reads(api: kmock_lib.KubernetesEmulator) -> int:
+    return sum(1 for r in list(api) if r.method.value == "GET" and str(r.url.path).endswith("/scale"))
+
+
+async def test_the_scale_is_read_at_most_every_few_seconds_and_known_from_the_last_patch(
+    api: kmock_lib.KubernetesEmulator, cluster: HttpCluster
+) -> None:
+    await deployment(api, "demo-decode", 1)
+    now = [100.0]
+    target = KubePool(
+        cluster=cluster, ref=ServiceRef(NAMESPACE, "demo", "uid-1"), pool="decode", clock=lambda: now[0]
+    )
+    assert await target.requested() == 1 and scale_reads(api) == 1
+    now[0] += 0.5  # the next round: from the last read
+    assert await target.requested() == 1 and scale_reads(api) == 1
+    await target.scale(3, reason="up")  # the patch is what is known now
+    now[0] += 0.5
+    assert await target.requested() == 3 and scale_reads(api) == 1
+    # Someone else scales the Deployment: seen once the last patch is SCALE_REREAD_S old.
+    response = await api.patch(
+        f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/demo-decode/scale", json={"spec": {"replicas": 2}}
+    )
+    assert response.status == 200, await response.text()
+    now[0] += SCALE_REREAD_S - 0.6
+    assert await target.requested() == 3 and scale_reads(api) == 1
+    now[0] += 0.2
+    assert await target.requested() == 2 and scale_reads(api) == 2
 
 
 async def test_the_reporter_posts_an_event_and_patches_status_autoscaling(

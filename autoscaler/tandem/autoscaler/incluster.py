@@ -10,7 +10,10 @@
   namespace, as for services); the gateway's replicas the same way from `<name>-router` (port 8080),
   whose queue depth counts in demand.
 - **Actuator** (`KubePool`): the `scale` subresource of the pool's Deployment (same name as its
-  Service), patched only when the decision differs from its `spec.replicas`.
+  Service), patched only when the decision differs from its `spec.replicas`. That count is read
+  from the API server at most every `SCALE_REREAD_S` and known in between from the last read or
+  patch: a round every half second would otherwise GET each pool's scale twice a second, and a
+  change made by someone else is seen within those seconds.
 - **Report** (`KubeReporter`): an Event (`ScaledUp` / `ScaledDown`) on the InferenceService per scale
   action, and `status.autoscaling.<pool>` = {desired, ready, reason, lastScaleTime, panic} merge-patched
   on the status subresource when desired, ready, panic or lastScaleTime change, and otherwise at most
@@ -64,14 +67,23 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: Seconds `KubePool.requested` answers from its last read or patch before it asks the API server again.
+SCALE_REREAD_S = 5.0
+
+
 @dataclass(kw_only=True)
 class KubePool:
-    """`tandem.autoscaler.control.PoolTarget` for one pool's Deployment."""
+    """`tandem.autoscaler.control.PoolTarget` for one pool's Deployment (module docstring);
+    `clock` is monotonic seconds."""
 
     cluster: ClusterAPI
     ref: ServiceRef
     pool: PoolName
     port: int = ENGINE_PORT
+    clock: Callable[[], float] = time.monotonic
+    reread_s: float = SCALE_REREAD_S
+    #: (when, replicas) of the last read or patch of the scale subresource.
+    _known: tuple[float, int] | None = field(default=None, repr=False)
 
     @property
     def deployment(self) -> str:
@@ -81,10 +93,16 @@ class KubePool:
         return await self.cluster.ready_urls(self.ref.namespace, self.deployment, self.port)
 
     async def requested(self) -> int:
-        return await self.cluster.get_scale(self.ref.namespace, self.deployment)
+        now = self.clock()
+        if self._known is not None and now - self._known[0] < self.reread_s:
+            return self._known[1]
+        replicas = await self.cluster.get_scale(self.ref.namespace, self.deployment)
+        self._known = (now, replicas)
+        return replicas
 
     async def scale(self, replicas: int, *, reason: str) -> None:
         await self.cluster.patch_scale(self.ref.namespace, self.deployment, replicas)
+        self._known = (self.clock(), replicas)
         log.info(
             "deployment scaled",
             extra={"service": self.ref.key, "deployment": self.deployment, "replicas": replicas},
