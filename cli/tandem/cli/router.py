@@ -112,7 +112,8 @@ def router(
         # httpx logs every upstream request at info; our one line per request names the engines.
         logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        app = create_app(config, settings=settings)  # in the parent too: bad config stops here
+        # In the parent too: a bad config stops here.
+        app = create_app(config, settings=settings, own_process=True)
     except ConfigurationError as exc:
         _fail(exc.message if exc.message.startswith("API keys:") else f"{config_path}: {exc.message}")
     count = workers or config.spec.router.workers

@@ -78,7 +78,7 @@ def serve_worker(plan: WorkerPlan) -> None:
     config = load_router_config(plan.config_path)
     if plan.api_keys_file is not None:
         config = config.model_copy(update={"api_keys_file": str(plan.api_keys_file)})
-    app = create_app(config, settings=plan.settings)
+    app = create_app(config, settings=plan.settings, own_process=True)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
