@@ -161,6 +161,14 @@ def test_the_module_docstrings_decode_example() -> None:
     assert decode_leading(KNOWN, params=DECODE, trend=flat) == pytest.approx(1.5)
 
 
+def test_the_decode_leading_demand_takes_the_median_over_seconds_not_the_last_three_rounds() -> None:
+    """Half-second rounds, a rise half a second old: the last three rounds (1.5, 3.0, 3.0) would say 3.0
+    and buy replicas on it; the span's five say 1.5, plus the forecast (Theil–Sen slope 0.875/s × the
+    4 s panic window, capped at half of 1.5) → 2.25."""
+    trend = tuple(Sample(t, v) for t, v in zip((0, 0.5, 1, 1.5, 2), (1.5, 1.5, 1.5, 3.0, 3.0), strict=True))
+    assert decode_leading(KNOWN, params=DECODE, trend=trend) == pytest.approx(1.5 + 0.75)
+
+
 def test_the_decode_demand_takes_the_learned_service_time_at_the_kv_targets_concurrency() -> None:
     """The docstring's example: c* = 0.6 × 6 / (1 × 0.3) = 12; the line 0.8 + 0.2·c (2.0 s at today's 6
     running, as measured) says 3.2 s there → 9 × 3.2 / 12 = 2.4, where the measured time said 1.5."""

@@ -275,7 +275,7 @@ def prefill_leading(
         arriving = (observed.arrival_tokens_per_s or 0.0) > 0 or observed.gateway_queued > 0
         return 1.0 if observed.ready == 0 and arriving else None  # from zero: one replica to measure
     # The median over the last MEDIAN_SPAN_S: a spike in one 2 s window (a client's burst, a late scrape)
-    # does not buy a replica; a step shows in the second round.
+    # does not buy a replica; a step moves it about a second after it shows (recent_median).
     arrival = recent_median(trend) if trend else arrival_demand(observed, params=params) or 0.0
     start = observed.engine_start_s
     horizon = start if start is not None else params.panic_window_s

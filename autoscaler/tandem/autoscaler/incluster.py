@@ -83,7 +83,7 @@ class KubePool:
     clock: Callable[[], float] = time.monotonic
     reread_s: float = SCALE_REREAD_S
     #: (when, replicas) of the last read or patch of the scale subresource.
-    _known: tuple[float, int] | None = field(default=None, repr=False)
+    _known: tuple[float, int] | None = field(default=None, init=False, repr=False)
 
     @property
     def deployment(self) -> str:

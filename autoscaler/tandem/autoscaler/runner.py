@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 #: replica ready half a second sooner (docs/autoscaler.md, "Measured: half-second rounds"); the
 #: decider's windows and medians are spans of seconds, not counts of rounds.
 ROUND_SECONDS = 0.5
+
 Report = Callable[[str, Sequence[PoolOutcome]], Awaitable[None]]
 
 
