@@ -16,7 +16,7 @@ from tests.router.fake_engine import FakeEngine
 from tests.router.harness import MODEL, Launcher, RunningRouter, metric
 from tests.router.scheduling_builders import A, snapshot, stats
 
-from tandem.router.discovery.capacity import DEFAULT_CAPACITY, EngineCapacity, capacity_from_args
+from tandem.router.discovery.capacity import DEFAULT_CAPACITY, EngineCapacity, capacity_from_args, kv_bound
 from tandem.router.settings import AdmissionSettings, RouterSettings
 
 
@@ -115,8 +115,46 @@ def test_below_a_known_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:
         return capacity.concurrency(snapshot(A, engine=stats(running=running, waiting=waiting, kv_usage=kv)))
 
     assert [learn(3, 1, 0.1) for _ in range(5)] == [4] * 5
-    assert [learn(3, 1, 0.95), learn(3, 2, 0.97), learn(3, 1, 0.96)] == [4, 4, 3]
+    # Full: each reading bounds C at once (3 / 0.95 → 3), and the third in a row is learned.
+    assert [learn(3, 1, 0.95), learn(3, 2, 0.97), learn(3, 1, 0.96)] == [3, 3, 3]
     assert [learn(3, 0, 0.5), learn(4, 0, 0.5)] == [4, 4]  # grows back, never above the known 4
+
+
+@pytest.mark.parametrize(
+    ("running", "usage", "bound"),
+    [
+        (20, 0.9, 22),  # the docstring's example
+        (20, 1.0, 20),
+        (20, 1.3, 20),  # never below what it runs
+        (20, 0.8, 25),
+        (20, 0.79, None),  # below KV_BOUND_FROM: unequal requests would make the share say full too soon
+        (0, 0.95, None),  # nothing running: no share to measure
+        (5, None, None),
+    ],
+)
+def test_a_filling_kv_cache_bounds_the_engine_at_its_running_share(
+    running: int, usage: float | None, bound: int | None
+) -> None:
+    assert kv_bound(stats(running=running, kv_usage=usage)) == bound
+
+
+def test_the_kv_bound_holds_at_once_and_lifts_with_the_next_reading_below_it() -> None:
+    """At a step the engine's cache fills in less time than three readings take: the first reading
+    of a filling cache stops more being sent (nothing waits in the engine yet), and it is not learned,
+    so the next reading with room gives the engine its C back."""
+    capacity = EngineCapacity(initial=256, lookahead=0.1)
+
+    def limit(running: int, waiting: int, kv: float, tokens: float) -> int:
+        reading = stats(running=running, waiting=waiting, kv_usage=kv, tokens=tokens)
+        return capacity.limit(snapshot(A, engine=reading))
+
+    assert limit(10, 0, 0.45, tokens=100) == 282  # 256 + 26: room
+    assert limit(19, 0, 0.86, tokens=200) == 24  # ⌊19 / 0.86⌋ = 22, + 2 lookahead
+    assert limit(19, 0, 0.86, tokens=200) == 24  # the same step again: the same bound
+    assert limit(12, 0, 0.55, tokens=300) == 282  # requests ended: lifted, nothing was learned
+    # A stale reading says nothing, and neither does the bound it carried.
+    reading = stats(running=19, waiting=3, kv_usage=0.95, tokens=400)
+    assert capacity.limit(snapshot(A, engine=reading, stale=True)) == 282
 
 
 async def two_seq_router(

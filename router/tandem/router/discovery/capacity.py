@@ -22,6 +22,16 @@ prompt + generation tokens) have not moved since the previous reading, the engin
 reading says nothing new: requests that arrived during the step wait for the next one while running
 stays the same, which would otherwise look like a held-back engine three times in a row.
 
+**The KV cache bounds C at once.** A reading whose KV cache is at least `KV_BOUND_FROM` used also
+bounds C for as long as it is the latest: `C ≤ max(running, ⌊running / usage⌋)`, the requests the
+cache holds when full at the share each running request holds now. It is not learned (the next
+reading replaces it, and a reading below `KV_BOUND_FROM` lifts it), so it cannot keep an engine
+small; it stops the gateway from sending a filling engine requests it can only queue while the
+three readings the learned C needs come in (at a step from idle those seconds were the engine's
+queue, and its requests could not move to the engines that joined meanwhile). Example: running 20,
+KV 0.9 used → C ≤ ⌊20 / 0.9⌋ = 22; KV 0.5 used → no bound. Below `KV_BOUND_FROM` the share is not
+used: running requests of unequal sizes (a few long conversations) would make it say full too soon.
+
 One reading is not enough to go down: a request that has just arrived waits for the engine's next
 step (a few ms), and a scrape that catches that moment would otherwise shrink C for good (the
 gateway would never send enough again to see it grow back). Nor are readings in a row when the
@@ -51,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tandem.core.engineargs import arg_value
-from tandem.router.types import EndpointSnapshot, EngineReading
+from tandem.router.types import EndpointSnapshot, EngineReading, EngineStats
 
 #: vLLM's default `--max-num-seqs`, the starting point when the spec's engine arguments say nothing.
 DEFAULT_CAPACITY = 256
@@ -60,12 +70,24 @@ MAX_CAPACITY = 65_536
 CONFIRM = 3
 #: KV-cache usage (0..1) at which an engine that holds requests back is taken to be full.
 KV_FULL = 0.9
+#: KV-cache usage (0..1) from which a reading bounds C at once (`kv_bound`).
+KV_BOUND_FROM = 0.8
 
 
 def capacity_from_args(args: Sequence[str]) -> int | None:
     """`--max-num-seqs N` (or `=N`) from engine arguments, else None."""
     value = arg_value(args, "--max-num-seqs")
     return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+
+
+def kv_bound(stats: EngineStats) -> int | None:
+    """The running requests the engine's KV cache holds when full, at the share each running request
+    holds now; None below `KV_BOUND_FROM` used or with nothing running. Examples: running 20, usage 0.9
+    → 22; usage 1.0 → 20; usage 0.5 → None."""
+    usage = stats.kv_usage
+    if usage is None or usage < KV_BOUND_FROM or stats.running <= 0:
+        return None
+    return max(stats.running, math.floor(stats.running / min(usage, 1.0)))
 
 
 @dataclass(slots=True)
@@ -81,14 +103,20 @@ class EngineCapacity:
     _seen: dict[str, EngineReading] = field(default_factory=dict)
     _held: dict[str, tuple[int, int]] = field(default_factory=dict)  # url → (running, readings in a row)
     _tokens: dict[str, float] = field(default_factory=dict)  # url → the engine's token counters' sum
+    _bound: dict[str, int] = field(default_factory=dict)  # url → `kv_bound` of its latest reading
 
     def concurrency(self, snapshot: EndpointSnapshot) -> int:
-        """C for this endpoint's engine, updated from a reading not seen before."""
+        """C for this endpoint's engine, updated from a reading not seen before: the learned C, within
+        the latest fresh reading's KV bound (module docstring)."""
         url, reading = snapshot.endpoint.url, snapshot.engine
-        if reading is not None and not reading.stale and self._seen.get(url) is not reading:
+        if reading is None or reading.stale:
+            return self._learned.get(url, self.initial)
+        if self._seen.get(url) is not reading:
             self._seen[url] = reading
             self._learn(url, reading)
-        return self._learned.get(url, self.initial)
+        c = self._learned.get(url, self.initial)
+        bound = self._bound.get(url)
+        return c if bound is None or bound >= c else bound
 
     def limit(self, snapshot: EndpointSnapshot) -> int:
         """Requests this gateway process may have open to the endpoint."""
@@ -112,9 +140,16 @@ class EngineCapacity:
             del self._held[url]
         for url in [u for u in self._tokens if u not in keep]:
             del self._tokens[url]
+        for url in [u for u in self._bound if u not in keep]:
+            del self._bound[url]
 
     def _learn(self, url: str, reading: EngineReading) -> None:
         stats = reading.stats
+        bound = kv_bound(stats)
+        if bound is None:
+            self._bound.pop(url, None)
+        else:
+            self._bound[url] = bound
         if stats.tokens is not None:
             if self._tokens.get(url) == stats.tokens:
                 return  # the engine has not stepped since the last reading: nothing new
