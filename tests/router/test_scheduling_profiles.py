@@ -162,6 +162,21 @@ def test_tandem_sends_a_shared_prefix_where_it_is_cached_and_new_ones_to_empty_c
     assert [chosen[i].reason for i in (3, 6, 9)] == ["tie-break", "tie-break", "new-prefix"]
 
 
+def test_a_new_engines_empty_cache_does_not_draw_new_prompts_past_its_queue() -> None:
+    """At a scale-up the new engine's cache is empty and the others' full of routed prefixes. A prompt
+    cached nowhere goes to the least loaded: the new engine while it is, not once its queue is longer."""
+    state = SchedulingState(clock=FakeClock())
+    scheduler = tandem(state)
+    for g in range(40):  # A and B served many groups; C has just joined
+        state.approximate.record((A if g % 2 else B).url, request(prompt(g, 0)))
+    fresh = [prompt(100 + i, 0) for i in range(2)]
+    idle = [snapshot(e, engine=stats()) for e in (A, B, C)]
+    assert host(send(scheduler, state, fresh[0], idle, "n0").endpoint) == "10.0.0.3"  # loads equal
+    busy = [snapshot(A, in_flight=1, engine=stats()), snapshot(B, in_flight=2, engine=stats())]
+    decision = send(scheduler, state, fresh[1], [*busy, snapshot(C, in_flight=2, engine=stats())], "n1")
+    assert host(decision.endpoint) == "10.0.0.1"
+
+
 def test_the_imbalance_guard_spreads_a_dominant_prefix() -> None:
     """32 concurrent requests of one prefix, none finishing: without the guard all stay on the
     endpoint that caches it (prefix 3 outweighs load 2 and kv 2); with it, the load spreads."""

@@ -33,10 +33,12 @@ def min_max_low_is_best(values: Mapping[str, float]) -> dict[str, float]:
 
 
 class PrefixScorer:
-    """Prefix-cache overlap; prompts cached nowhere (yet) are spread to the emptiest caches.
+    """Prefix-cache overlap; prompts cached nowhere (yet) are spread to the emptiest caches of the
+    least loaded endpoints.
 
         r_p = matched_p / n                       (share of the prompt cached on p, in full blocks)
-        a_p = min-max over candidates of cache_fill_p, the lowest fill scoring 1 (1 when all equal)
+        a_p = min-max of cache_fill_p over the least loaded candidates (L_p = L_min), the lowest
+              fill scoring 1 (1 when all equal); 0 for the others
         s   = max(0, 1 − r_max / θ)               (θ = `threshold`, SGLang's cache_threshold 0.3)
         score_p = r_p + s · a_p                   (≤ 1)
 
@@ -46,9 +48,16 @@ class PrefixScorer:
     "smallest tree" below its threshold) instead of all landing on the first endpoint; in between
     the two blend linearly.
 
-    Example, n = 1000, fills A 0.5, B 0.2, C 0.2: A holds 960 (r = 0.96 ≥ 0.3, s = 0) → A 0.96,
-    B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) → A 0.1,
-    B = C = 0.667: a match that weak is not worth filling a fuller cache further.
+    Availability breaks ties of load; it does not outweigh load. Min-max over every candidate gave
+    an engine that had just joined (its cache empty, the others' full) 1 against 0 for every new
+    prompt, which at weight 3 beat the load scorer's 2: at a scale-up the new engine took every new
+    prompt until its queue was seconds long (measured in docs/autoscaler.md). `L` is
+    `Candidate.load`, as the load scorer reads it.
+
+    Example, n = 1000, fills A 0.5, B 0.2, C 0.2, loads equal: A holds 960 (r = 0.96 ≥ 0.3, s = 0) →
+    A 0.96, B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) →
+    A 0.1, B = C = 0.667: a match that weak is not worth filling a fuller cache further. A new
+    prompt with loads A 2, B 3, C 2 → A 0, B 0, C 1.
     """
 
     name = "prefix"
@@ -64,8 +73,9 @@ class PrefixScorer:
         spread = 1.0 - max(ratios.values(), default=0.0) / self.threshold
         if spread <= 0.0:  # some endpoint caches at least θ of the prompt: the overlap alone
             return ratios
-        availability = min_max_low_is_best({c.url: c.cache_fill for c in candidates})
-        return {url: ratio + spread * availability[url] for url, ratio in ratios.items()}
+        lowest = min(c.load for c in candidates)
+        availability = min_max_low_is_best({c.url: c.cache_fill for c in candidates if c.load <= lowest})
+        return {url: ratio + spread * availability.get(url, 0.0) for url, ratio in ratios.items()}
 
 
 class LoadScorer:
