@@ -6,6 +6,7 @@ ids directly; in-flight counts are set on the snapshots the way the registry wou
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -158,23 +159,48 @@ def test_tandem_sends_a_shared_prefix_where_it_is_cached_and_new_ones_to_empty_c
     by_group = [{host(d.endpoint) for d in chosen[g * 3 : g * 3 + 3]} for g in range(4)]
     assert by_group == [{"10.0.0.1"}, {"10.0.0.2"}, {"10.0.0.3"}, {"10.0.0.4"}]
     assert [d.reason for d in chosen[:3]] == ["tie-break", "prefix", "prefix"]
-    # Group 1 and 2 start on one of several empty caches (a tie); group 3 on the only one left.
-    assert [chosen[i].reason for i in (3, 6, 9)] == ["tie-break", "tie-break", "new-prefix"]
+    # No endpoint has answered yet, so each one computing a prompt is warming: a group's first
+    # question goes to one that is not (slow start), its next ones follow its prefix there.
+    assert [chosen[i].reason for i in (3, 6, 9)] == ["slow-start"] * 3
 
 
 def test_a_new_engines_empty_cache_does_not_draw_new_prompts_past_its_queue() -> None:
     """At a scale-up the new engine's cache is empty and the others' full of routed prefixes. A prompt
-    cached nowhere goes to the least loaded: the new engine while it is, not once its queue is longer."""
+    cached nowhere goes by cache fill among the least loaded (within one request): to the new engine
+    while it is among them, not once its queue is longer."""
     state = SchedulingState(clock=FakeClock())
     scheduler = tandem(state)
     for g in range(40):  # A and B served many groups; C has just joined
         state.approximate.record((A if g % 2 else B).url, request(prompt(g, 0)))
-    fresh = [prompt(100 + i, 0) for i in range(2)]
     idle = [snapshot(e, engine=stats()) for e in (A, B, C)]
-    assert host(send(scheduler, state, fresh[0], idle, "n0").endpoint) == "10.0.0.3"  # loads equal
+    first = request(prompt(100, 0), request_id="n0")
+    assert host(scheduler.decide("decode", first, idle).endpoint) == "10.0.0.3"  # loads equal
+    ticket = state.started(C, first)
+    state.answered(ticket, status=200, streamed=True)  # C has answered: not warming
     busy = [snapshot(A, in_flight=1, engine=stats()), snapshot(B, in_flight=2, engine=stats())]
-    decision = send(scheduler, state, fresh[1], [*busy, snapshot(C, in_flight=2, engine=stats())], "n1")
+    decision = send(scheduler, state, prompt(101, 0), [*busy, snapshot(C, in_flight=3, engine=stats())], "n1")
     assert host(decision.endpoint) == "10.0.0.1"
+
+
+def test_slow_start_gives_an_engine_one_new_prompt_until_it_answers() -> None:
+    """An engine that has not answered yet (its speed unknown, its first answers its slowest) gets one
+    new prompt at a time; a prompt whose prefix it holds may follow; once it answers it takes its share."""
+    state = SchedulingState(clock=FakeClock())
+    scheduler = tandem(state, weights=ScoringWeights(load=0, kv=0, ttft=0))  # prefix alone: C is emptiest
+    for g in range(40):
+        state.approximate.record((A if g % 2 else B).url, request(prompt(g, 0)))
+    snaps = [snapshot(e, engine=stats()) for e in (A, B, C)]
+    first = request(prompt(100, 0), request_id="n0")
+    assert scheduler.decide("decode", first, snaps).endpoint == C
+    ticket = state.started(C, first)
+    assert state.ahead(C.url) == math.inf  # the hold sends nothing more there either
+    second = scheduler.decide("decode", request(prompt(101, 0), request_id="n1"), snaps)
+    assert second.endpoint != C and second.reason == "slow-start"
+    follower = scheduler.decide("decode", request(prompt(100, 1), request_id="f1"), snaps)
+    assert follower.endpoint == C  # its group's prefix is there
+    state.answered(ticket, status=200, streamed=True)
+    assert scheduler.decide("decode", request(prompt(102, 0), request_id="n2"), snaps).endpoint == C
+    assert state.ahead(C.url) < math.inf
 
 
 def test_the_imbalance_guard_spreads_a_dominant_prefix() -> None:

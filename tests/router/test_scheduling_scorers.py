@@ -85,10 +85,16 @@ def test_min_max_gives_the_lowest_value_1_and_the_highest_0(
             [candidate(A), candidate(B)], 0, {"10.0.0.1": 1.0, "10.0.0.2": 1.0}, id="empty-prompt-equal-fills"
         ),
         pytest.param(
-            [candidate(A, fill=0.5, load=2), candidate(B, fill=0.2, load=3), candidate(C, fill=0.3, load=2)],
+            [candidate(A, fill=0.5, load=2), candidate(B, fill=0.2, load=4), candidate(C, fill=0.3, load=2)],
             1000,
             {"10.0.0.1": 0.0, "10.0.0.2": 0.0, "10.0.0.3": 1.0},
             id="availability-among-the-least-loaded",
+        ),
+        pytest.param(
+            [candidate(A, fill=0.5, load=2), candidate(B, fill=0.2, load=3), candidate(C, fill=0.3, load=2)],
+            1000,
+            {"10.0.0.1": 0.0, "10.0.0.2": 1.0, "10.0.0.3": 0.6667},
+            id="one-request-more-is-within-the-slack",
         ),
         pytest.param(
             [candidate(A, fill=0.9, load=1), candidate(B, fill=0.9, load=1), candidate(C, fill=0.0, load=3)],

@@ -4,6 +4,9 @@
 Preble's 1.5× rebalancing threshold). Prefix affinity alone would keep sending a hot prefix to the
 endpoint that caches it until that endpoint drowns; the guard takes such an endpoint out of the
 cycle while the imbalance lasts, so the request goes (and its prefix gets cached) elsewhere.
+
+`SlowStart` is Envoy's slow start for new hosts, at its simplest: an engine that has not answered a
+prompt yet gets one at a time.
 """
 
 from __future__ import annotations
@@ -42,3 +45,24 @@ class ImbalanceGuard:
 
     def overloaded(self, load: float, *, lowest: float) -> bool:
         return load - lowest > self.abs_threshold and load > self.rel_threshold * lowest
+
+
+@dataclass(frozen=True, slots=True)
+class SlowStart:
+    """Drops every candidate that is `warming`: it has not answered a prompt yet and already computes
+    one. Until its first answer nothing is known of its speed (it is predicted at its pool's mean),
+    and a new engine's first answers are its slowest: on the 2026-11-27 steps a prefill engine that had
+    just joined took 0.75 s for its first prompt against 0.2 s after, while the pool's model, the
+    prefix scorer and the load scorer all sent it the next ones, which then waited 1.6 s behind it.
+    A prompt whose prefix it holds (at least `threshold` of it, the cache threshold) may still follow:
+    what it adds there is short, and elsewhere it would be computed again. If every candidate is
+    dropped (a pool that has just started) the runner ignores the filter."""
+
+    threshold: float = 0.3
+    name: str = "slow-start"
+
+    def filter(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:
+        follows = self.threshold * cycle.prompt_tokens
+        return [
+            c for c in candidates if not c.warming or (c.matched_tokens > 0 and c.matched_tokens >= follows)
+        ]

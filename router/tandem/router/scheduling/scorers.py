@@ -19,6 +19,8 @@ from tandem.router.scheduling.plugins import Candidate, Cycle
 NEUTRAL = 0.5
 #: SGLang's `cache_threshold`: below this share of the prompt cached anywhere, a prompt counts as new.
 DEFAULT_THRESHOLD = 0.3
+#: Requests above the least loaded candidate's load within which a new prompt still goes by cache fill.
+LOAD_SLACK = 1.0
 
 
 def min_max_low_is_best(values: Mapping[str, float]) -> dict[str, float]:
@@ -37,8 +39,9 @@ class PrefixScorer:
     least loaded endpoints.
 
         r_p = matched_p / n                       (share of the prompt cached on p, in full blocks)
-        a_p = min-max of cache_fill_p over the least loaded candidates (L_p = L_min), the lowest
-              fill scoring 1 (1 when all equal); 0 for the others
+        a_p = min-max of cache_fill_p over the candidates within `LOAD_SLACK` (one request) of the
+              least loaded (L_p ≤ L_min + 1), the lowest fill scoring 1 (1 when all equal); 0 for
+              the others
         s   = max(0, 1 − r_max / θ)               (θ = `threshold`, SGLang's cache_threshold 0.3)
         score_p = r_p + s · a_p                   (≤ 1)
 
@@ -48,16 +51,18 @@ class PrefixScorer:
     "smallest tree" below its threshold) instead of all landing on the first endpoint; in between
     the two blend linearly.
 
-    Availability breaks ties of load; it does not outweigh load. Min-max over every candidate gave
-    an engine that had just joined (its cache empty, the others' full) 1 against 0 for every new
-    prompt, which at weight 3 beat the load scorer's 2: at a scale-up the new engine took every new
-    prompt until its queue was seconds long (measured in docs/autoscaler.md). `L` is
-    `Candidate.load`, as the load scorer reads it.
+    Availability counts only near the least load. Min-max over every candidate gave an engine that
+    had just joined (its cache empty, the others' full) 1 against 0 for every new prompt, which at
+    weight 3 beat the load scorer's 2: at a scale-up the new engine took every new prompt until its
+    queue was seconds long (measured in docs/autoscaler.md). Exactly the least loaded alone was too
+    narrow: loads one request apart are the usual state of a busy pool, and new prefixes placed by
+    load there evicted each other in small caches (tests/router/test_routing_sims.py: hit rate
+    0.85 → 0.73–0.80). `L` is `Candidate.load`, as the load scorer reads it.
 
     Example, n = 1000, fills A 0.5, B 0.2, C 0.2, loads equal: A holds 960 (r = 0.96 ≥ 0.3, s = 0) →
     A 0.96, B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) →
     A 0.1, B = C = 0.667: a match that weak is not worth filling a fuller cache further. A new
-    prompt with loads A 2, B 3, C 2 → A 0, B 0, C 1.
+    prompt with loads A 2, B 4, C 2 → A 0, B 0, C 1; with B at 3 → A 0, B 1, C 0.667.
     """
 
     name = "prefix"
@@ -74,7 +79,9 @@ class PrefixScorer:
         if spread <= 0.0:  # some endpoint caches at least θ of the prompt: the overlap alone
             return ratios
         lowest = min(c.load for c in candidates)
-        availability = min_max_low_is_best({c.url: c.cache_fill for c in candidates if c.load <= lowest})
+        availability = min_max_low_is_best(
+            {c.url: c.cache_fill for c in candidates if c.load <= lowest + LOAD_SLACK}
+        )
         return {url: ratio + spread * availability.get(url, 0.0) for url, ratio in ratios.items()}
 
 

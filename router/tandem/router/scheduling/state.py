@@ -36,6 +36,7 @@ Pure (no I/O; clock injected) and single-threaded: everything runs on the router
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -198,7 +199,10 @@ class SchedulingState:
     def estimate_ttft(self, url: str, request: Routable, /, *, extra_queued: int = 0) -> float:
         """TTFT̂ of `request` on `url` now, computing its prompt there (`tandem.router.pd.disagg`'s
         `TTFTEstimator`): the endpoint's queued work (plus `extra_queued` tokens, work held for it
-        elsewhere) and learned rate, the prompt less its prefix cached there."""
+        elsewhere) and learned rate, the prompt less its prefix cached there; infinite while `url` is
+        warming (`ahead`)."""
+        if self._queued.get(url, 0) > 0 and self.rates.observations(url) == 0:
+            return math.inf  # warming: no prediction to trust (`ahead`)
         n = request.prompt_length() if self.track_prefixes else request.prompt_size()
         matched = min(n, self._match([url], request).get(url, 0)) if n and self.track_prefixes else 0
         uncached = _uncached(n, matched, kv_loaded=False)
@@ -207,9 +211,14 @@ class SchedulingState:
 
     def ahead(self, url: str) -> float:
         """Seconds of work queued on `url` before anything new sent now would start: `c + Q / R` with
-        nothing of its own (`tandem.router.pd.hold`); 0 with nothing queued."""
+        nothing of its own (`tandem.router.pd.hold`); 0 with nothing queued; infinite while it is
+        warming (it has not answered a prompt yet and computes one: `filters.SlowStart`)."""
         queued = self._queued.get(url, 0)
-        return self.rates.predict(url, queued_tokens=queued, uncached_tokens=0) if queued > 0 else 0.0
+        if queued <= 0:
+            return 0.0
+        if self.rates.observations(url) == 0:
+            return math.inf
+        return self.rates.predict(url, queued_tokens=queued, uncached_tokens=0)
 
     # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
 
@@ -295,6 +304,7 @@ class SchedulingState:
             queued_tokens=queued,
             tokens_per_second=rate,
             predicted_ttft_s=overhead + (queued + uncached) / rate,
+            warming=queued > 0 and self.rates.observations(url) == 0,
         )
 
     def _size_index(self, snapshot: EndpointSnapshot) -> None:

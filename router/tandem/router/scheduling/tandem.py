@@ -6,7 +6,7 @@
 
 | policy | profile `prompt` (the endpoint computes the prompt) | `kv-loaded` (decode after a prefill) |
 |---|---|---|
-| `tandem` | imbalance guard → w_prefix·prefix + w_load·load + w_kv·kv + w_ttft·ttft | guard → load, kv |
+| `tandem` | guard, slow start → w_prefix·prefix + w_load·load + w_kv·kv + w_ttft·ttft | guard → load, kv |
 | `least-load` | load | load |
 | `prefix` | SGLang's cache-aware rule (below) | load |
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from tandem.core.spec import ScoringWeights
 from tandem.router.scheduling.base import Routable
-from tandem.router.scheduling.filters import ImbalanceGuard
+from tandem.router.scheduling.filters import ImbalanceGuard, SlowStart
 from tandem.router.scheduling.picker import MaxScorePicker
 from tandem.router.scheduling.plugins import Candidate, Cycle, Scorer
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
@@ -87,7 +87,12 @@ def tandem_profiles(
     ]
     loaded: list[tuple[Scorer, float]] = [(LoadScorer(), weights.load), (KVScorer(), weights.kv)]
     return {
-        PROMPT: SchedulerProfile(name=PROMPT, filters=[guard], scorers=_weighted(prompt), picker=picker),
+        PROMPT: SchedulerProfile(
+            name=PROMPT,
+            filters=[guard, SlowStart(threshold=cache_threshold)],
+            scorers=_weighted(prompt),
+            picker=picker,
+        ),
         KV_LOADED: SchedulerProfile(
             name=KV_LOADED, filters=[guard], scorers=_weighted(loaded), picker=picker
         ),
