@@ -94,16 +94,22 @@ PEERS = ["--peer", "vllm-router:round_robin"] if find_vllm_router(python=sys.exe
 
 def test_the_overhead_sweep_runs_direct_and_the_router_on_one_engine(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, [
-        "bench", "--overhead-sweep", "1,4", "--sweep-requests", "8", "--policy", "round-robin",
-        "--no-plots", "--out", str(tmp_path),
+        "bench", "--overhead-sweep", "1,4", "--sweep-requests", "8", "--sweep-probe-pairs", "6",
+        "--policy", "round-robin", "--no-plots", "--out", str(tmp_path),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "overhead.json").read_text())
     labels = ["direct", "round-robin"]
-    assert [(r["label"], r["concurrency"]) for r in doc["rows"]] == [
-        (label, c) for label in labels for c in (1, 4)
-    ]
-    for row in doc["rows"]:
+    levels = [r for r in doc["rows"] if not r.get("probe")]
+    expected = [(label, c) for label in labels for c in (1, 4)]
+    assert [(r["label"], r["concurrency"]) for r in levels] == expected
+    # The C = 1 probe: the gateway only, 6 pairs alternating with the engine, none failed.
+    (probed,) = [r for r in doc["rows"] if r.get("probe")]
+    assert (probed["label"], probed["pairs"], probed["errors"]) == ("round-robin", 6, 0)
+    assert probed["direct_ttft_p50_ms"] > 0 and probed["gateway_ttft_p50_ms"] > 0
+    assert doc["probe"]["round-robin"]["added_ttft_p50_ms"]["n"] == 1
+    assert "| round-robin | " in result.stdout and "raw-socket client" in result.stdout
+    for row in levels:
         assert row["ok"] == row["requests"] == 8 and row["errors"] == 0, row
         assert row["ttft_p50_ms"] > 0 and row["requests_per_s"] > 0
         if row["label"] == "direct":
@@ -186,8 +192,8 @@ def test_a_command_peer_runs_in_the_overhead_sweep(tmp_path: Path) -> None:
         "--time-scale 1000 --log-level warning"
     )
     result = CliRunner().invoke(cli, [
-        "bench", "--overhead-sweep", "2", "--sweep-requests", "6", "--peer-command", sim,
-        "--no-plots", "--out", str(tmp_path),
+        "bench", "--overhead-sweep", "2", "--sweep-requests", "6", "--sweep-probe-pairs", "0",
+        "--peer-command", sim, "--no-plots", "--out", str(tmp_path),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "overhead.json").read_text())

@@ -14,7 +14,11 @@ Method (`tandem bench --overhead-sweep 1,4,16,64,256 --policy round-robin --peer
 - **sustained rate** = the highest throughput over the levels at which every request succeeded;
 - **gateway CPU per 1,000 requests** at C = the CPU seconds of the gateway's process tree
   (`tandem.bench.cpu`: user + system, workers included) read just before and just after the level,
-  ÷ the level's requests sent × 1000; None for `direct`, which has no gateway.
+  ÷ the level's requests sent × 1000; None for `direct`, which has no gateway;
+- **the C = 1 probe** (`probe_pairs`, default 300; `tandem.bench.wireprobe`): after its levels, each
+  gateway is measured once more at concurrency 1 with a raw-socket client that alternates requests
+  between the engine and the gateway, pair by pair; its added TTFT p50 is the bench client's own
+  work taken out of the figure (the levels' client is Python and shares the cores).
 
 The client, the gateway and the engine share the host's cores, so on a small machine the numbers
 are an upper bound on overhead and a lower bound on the gateway's capacity; the comparison between
@@ -39,6 +43,7 @@ from tandem.bench.records import DriveResult
 from tandem.bench.stats import percentile
 from tandem.bench.targets import Target
 from tandem.bench.text import words
+from tandem.bench.wireprobe import probe
 from tandem.bench.workloads import BenchRequest, Workload
 
 DEFAULT_LEVELS = (1, 4, 16, 64, 256)
@@ -53,6 +58,8 @@ class SweepSettings:
     engine_time_scale: float = 1000.0
     warmup_requests: int = 8
     request_timeout_s: float = 60.0
+    #: Request pairs of the C = 1 probe (`tandem.bench.wireprobe`); 0: none.
+    probe_pairs: int = 300
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -134,8 +141,26 @@ def added_over_direct(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+def summarize_probe(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per gateway, mean ± sd over repeats of the C = 1 probe's p50s (rows with `probe`), and its
+    failed pairs. Example: added 0.5 and 0.7 ms → {"added_ttft_p50_ms": {"mean": 0.6, "sd": 0.14, ...}}."""
+    by_label: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("probe"):
+            by_label.setdefault(r["label"], []).append(r)
+    keys = ("direct_ttft_p50_ms", "gateway_ttft_p50_ms", "added_ttft_p50_ms")
+    return {
+        label: {k: spread([v for row in found if (v := row.get(k)) is not None]) for k in keys}
+        | {"errors": sum(row["errors"] for row in found), "pairs": sum(row["pairs"] for row in found)}
+        for label, found in by_label.items()
+    }
+
+
 def summarize_sweep(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Mean ± sd over repeats per (target, level), added latency, and each target's sustained rate."""
+    """Mean ± sd over repeats per (target, level), added latency, each target's sustained rate, and
+    the C = 1 probe (`summarize_probe`)."""
+    probed = summarize_probe(rows)
+    rows = [r for r in rows if not r.get("probe")]
     added = added_over_direct(rows)
     keys = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "requests_per_s", "added_ttft_p50_ms",
             "added_ttft_p99_ms", "added_e2e_p50_ms", "gateway_cpu_s_per_1000")  # fmt: skip
@@ -155,7 +180,7 @@ def summarize_sweep(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         clean = [(c, v) for c, v in levels[label].items() if v["errors"] == 0 and v["requests_per_s"]["mean"]]
         best = max(clean, key=lambda cv: cv[1]["requests_per_s"]["mean"], default=None)
         sustained[label] = None if best is None else {"concurrency": best[0], **best[1]["requests_per_s"]}
-    return {"levels": levels, "sustained": sustained, "added_rows": added}
+    return {"levels": levels, "sustained": sustained, "added_rows": added, "probe": probed}
 
 
 def _pm(item: Mapping[str, Any], fmt: str = ".1f") -> str:
@@ -181,7 +206,28 @@ def sweep_markdown(summary: Mapping[str, Any]) -> str:
             x = levels[r].get(c)
             cells.append(f"{_pm(x['added_ttft_p50_ms'])} / {_pm(x['added_ttft_p99_ms'])}" if x else "–")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", *_throughput_table(levels, concurrencies, summary["sustained"])])
+    tables = [*lines, "", *_throughput_table(levels, concurrencies, summary["sustained"])]
+    return "\n".join([*tables, *_probe_table(summary.get("probe") or {})])
+
+
+def _probe_table(probed: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The C = 1 probe per gateway (none: no lines)."""
+    if not probed:
+        return []
+    lines = [
+        "",
+        "C = 1 with a raw-socket client, requests alternating between the engine and the gateway:",
+        "",
+        "| gateway | added TTFT p50 (ms) | engine TTFT p50 (ms) | through it TTFT p50 (ms) | pairs |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, x in probed.items():
+        errors = f" ({x['errors']} failed)" if x["errors"] else ""
+        lines.append(
+            f"| {label} | {_pm(x['added_ttft_p50_ms'], '.2f')} | {_pm(x['direct_ttft_p50_ms'], '.2f')} | "
+            f"{_pm(x['gateway_ttft_p50_ms'], '.2f')} | {x['pairs']}{errors} |"
+        )
+    return lines
 
 
 _CPU = "gateway_cpu_s_per_1000"
@@ -256,7 +302,30 @@ def run_sweep(
                     row = level_row(target.label, level, r, result, gateway_cpu_s=cpu)
                     rows.append(row)
                     progress(_level_line(row))
+                if target.kind != "direct" and sweep.probe_pairs > 0 and run.engines:
+                    found = probe(
+                        f"{run.engines[0]}/v1", run.base_url, model=run.model, pairs=sweep.probe_pairs,
+                        prompt_tokens=sweep.prompt_tokens, output_tokens=sweep.output_tokens, seed=r,
+                    )  # fmt: skip
+                    probed = found.row(target.label, r) | {"probe": True}
+                    rows.append(probed)
+                    progress(_probe_line(probed))
     return rows
+
+
+def _probe_line(row: Mapping[str, Any]) -> str:
+    """`[round-robin] C=1 probe: 300 pairs, added TTFT p50 0.58 ms (engine 0.55, through it 1.13)`."""
+
+    def ms(key: str) -> str:
+        value = row[key]
+        return "–" if value is None else f"{value:.2f}"
+
+    failed = f", {row['errors']} failed" if row["errors"] else ""
+    return (
+        f"[{row['label']}] C=1 probe: {row['pairs']} pairs{failed}, "
+        f"added TTFT p50 {ms('added_ttft_p50_ms')} ms "
+        f"(engine {ms('direct_ttft_p50_ms')}, through it {ms('gateway_ttft_p50_ms')})"
+    )
 
 
 def _level_line(row: Mapping[str, Any]) -> str:

@@ -138,6 +138,8 @@ HELP: Mapping[str, str] = MappingProxyType(
         "(e.g. 1,4,16,64,256) instead of running a workload.",
         "sweep_requests": "Overhead sweep: requests per level (at least 2 × the level).",
         "sweep_time_scale": "Overhead sweep: the single engine's time scale (high = near-zero model time).",
+        "sweep_probe_pairs": "Overhead sweep: request pairs of the C = 1 probe with a raw-socket client, "
+        "alternating engine and gateway (0: no probe).",
         "capacity_profile": "Harness: instead of the workload's own timing, run its requests at each of "
         "these Poisson rates (req/s, engine time, e.g. 2,4,6,8), one cold run per rate, and report the "
         "highest rate meeting the SLO for 99% of requests: the RPS for --oracle (docs/autoscaler.md).",
@@ -221,6 +223,13 @@ HELP: Mapping[str, str] = MappingProxyType(
     default=1000.0,
     show_default=True,
     help=HELP["sweep_time_scale"],
+)
+@click.option(
+    "--sweep-probe-pairs",
+    type=click.IntRange(min=0),
+    default=300,
+    show_default=True,
+    help=HELP["sweep_probe_pairs"],
 )
 @click.option("--capacity-profile", metavar="RATES", help=HELP["capacity_profile"])
 @click.option(
@@ -443,7 +452,7 @@ def _overhead(setup: Bench, o: dict[str, Any]) -> None:
     targets, tools, pool = _harness_setup(o)
     sweep = SweepSettings(
         levels=levels, requests_per_level=o["sweep_requests"], engine_time_scale=o["sweep_time_scale"],
-        request_timeout_s=min(60.0, o["request_timeout"]),
+        request_timeout_s=min(60.0, o["request_timeout"]), probe_pairs=o["sweep_probe_pairs"],
     )  # fmt: skip
     rows = run_sweep(
         targets, pool=pool, tools=tools, sweep=sweep, repeat=setup.repeat, state_dir=setup.out_dir / "runs",
