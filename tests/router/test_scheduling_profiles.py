@@ -198,9 +198,14 @@ def test_slow_start_gives_an_engine_one_new_prompt_until_it_answers() -> None:
     assert second.endpoint != C and second.reason == "slow-start"
     follower = scheduler.decide("decode", request(prompt(100, 1), request_id="f1"), snaps)
     assert follower.endpoint == C  # its group's prefix is there
-    state.answered(ticket, status=200, streamed=True)
+    state.answered(ticket, status=500, streamed=False)  # an error proves nothing
+    retry = state.started(C, request(prompt(100, 0), request_id="n0-retry"))
+    assert state.warming(C.url)
+    # Any answer ends it, even one that tells nothing of its speed (not streamed, so no TTFT sample).
+    state.answered(retry, status=200, streamed=False)
+    state.started(C, request(prompt(103, 0), request_id="n3"))
+    assert not state.warming(C.url) and state.ahead(C.url) < math.inf
     assert scheduler.decide("decode", request(prompt(102, 0), request_id="n2"), snaps).endpoint == C
-    assert state.ahead(C.url) < math.inf
 
 
 def test_the_imbalance_guard_spreads_a_dominant_prefix() -> None:

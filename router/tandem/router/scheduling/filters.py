@@ -49,14 +49,15 @@ class ImbalanceGuard:
 
 @dataclass(frozen=True, slots=True)
 class SlowStart:
-    """Drops every candidate that is `warming`: it has not answered a prompt yet and already computes
-    one. Until its first answer nothing is known of its speed (it is predicted at its pool's mean),
-    and a new engine's first answers are its slowest: on the 2026-11-27 steps a prefill engine that had
-    just joined took 0.75 s for its first prompt against 0.2 s after, while the pool's model, the
-    prefix scorer and the load scorer all sent it the next ones, which then waited 1.6 s behind it.
-    A prompt whose prefix it holds (at least `threshold` of it, the cache threshold) may still follow:
-    what it adds there is short, and elsewhere it would be computed again. If every candidate is
-    dropped (a pool that has just started) the runner ignores the filter."""
+    """Drops every candidate that is `warming`: it has not answered yet (`SchedulingState.warming`)
+    and already computes a prompt. Until its first answer nothing is known of its speed (it is
+    predicted at its pool's mean), and a new engine's first answers are its slowest: on the
+    2026-11-27 steps a prefill engine that had just joined took 0.75 s for its first prompt against
+    0.2 s after, while the pool's model, the prefix scorer and the load scorer all sent it the next
+    ones, which then waited 1.6 s behind it. A prompt whose prefix it holds (at least `threshold` of
+    it, the cache threshold) may still follow: what it adds there is short, and elsewhere it would be
+    computed again. If every candidate is dropped (a pool that has just started) the runner ignores
+    the filter."""
 
     threshold: float = 0.3
     name: str = "slow-start"

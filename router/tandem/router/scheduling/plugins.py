@@ -48,7 +48,7 @@ class Candidate:
     `cache_fill`: how full the router's picture of its prefix cache is, 0..1 (routed blocks / capacity).
     `queued_tokens`: uncached prompt tokens of requests the router sent it that have no first token yet.
     `tokens_per_second`: its learned prefill rate. `predicted_ttft_s`: `predict_ttft` for this request.
-    `warming`: it has not answered a prompt yet and already has one in flight (`filters.SlowStart`).
+    `warming`: it has not answered yet and already computes a prompt (`filters.SlowStart`).
     `url`: its endpoint's URL, the key scorers score by (a field, not a property: it is read several
     times per candidate per decision).
     """

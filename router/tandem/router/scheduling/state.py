@@ -124,6 +124,7 @@ class SchedulingState:
         self.track_prefixes = track_prefixes
         self._on_record = on_record
         self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
+        self._answered: set[str] = set()  # urls that have answered an attempt (not warming)
         self._sized: dict[str, object] = {}  # url → the engine reading its index was sized from
         self._turn = 0
         # Precise source only: block keys of prompts in flight, per URL (the events lag behind), and
@@ -201,8 +202,8 @@ class SchedulingState:
         `TTFTEstimator`): the endpoint's queued work (plus `extra_queued` tokens, work held for it
         elsewhere) and learned rate, the prompt less its prefix cached there; infinite while `url` is
         warming (`ahead`)."""
-        if self._queued.get(url, 0) > 0 and self.rates.observations(url) == 0:
-            return math.inf  # warming: no prediction to trust (`ahead`)
+        if self.warming(url):
+            return math.inf  # no prediction to trust (`ahead`)
         n = request.prompt_length() if self.track_prefixes else request.prompt_size()
         matched = min(n, self._match([url], request).get(url, 0)) if n and self.track_prefixes else 0
         uncached = _uncached(n, matched, kv_loaded=False)
@@ -216,9 +217,14 @@ class SchedulingState:
         queued = self._queued.get(url, 0)
         if queued <= 0:
             return 0.0
-        if self.rates.observations(url) == 0:
+        if url not in self._answered:
             return math.inf
         return self.rates.predict(url, queued_tokens=queued, uncached_tokens=0)
+
+    def warming(self, url: str) -> bool:
+        """Whether `url` has not answered an attempt yet (streamed or not, a prefill or not, any status
+        below 400) and already computes a prompt (`filters.SlowStart`)."""
+        return url not in self._answered and self._queued.get(url, 0) > 0
 
     # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
 
@@ -258,6 +264,8 @@ class SchedulingState:
         ticket.answered = True
         self._release(ticket, computed=status < 400)
         endpoint = ticket.endpoint
+        if status < 400:
+            self._answered.add(endpoint.url)
         first_token = streamed or endpoint.pool == "prefill"
         if status >= 400 or not first_token or ticket.kv_loaded:
             return
@@ -277,6 +285,7 @@ class SchedulingState:
         self.approximate.forget(keep)
         self.rates.forget(keep)
         self._queued = {url: q for url, q in self._queued.items() if url in keep}
+        self._answered = {url for url in self._answered if url in keep}
         self._pending = {url: p for url, p in self._pending.items() if url in keep}
         self._recent = {url: r for url, r in self._recent.items() if url in keep}
         self._sized = {url: r for url, r in self._sized.items() if url in keep}
@@ -304,7 +313,7 @@ class SchedulingState:
             queued_tokens=queued,
             tokens_per_second=rate,
             predicted_ttft_s=overhead + (queued + uncached) / rate,
-            warming=queued > 0 and self.rates.observations(url) == 0,
+            warming=queued > 0 and url not in self._answered,
         )
 
     def _size_index(self, snapshot: EndpointSnapshot) -> None:
