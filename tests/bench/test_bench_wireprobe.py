@@ -3,9 +3,11 @@ it counts the first token; end to end it runs in the overhead sweep (tests/bench
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
-from tandem.bench.wireprobe import ProbeError, ProbeResult, ResponseReader, carries_text
+from tandem.bench.wireprobe import ProbeError, ProbeResult, ResponseReader, carries_text, probe
 
 
 @pytest.mark.parametrize(
@@ -74,3 +76,11 @@ def test_the_added_ttft_is_the_gateways_p50_less_the_engines() -> None:
     )
     assert row["added_ttft_p50_ms"] == pytest.approx(0.6)
     assert ProbeResult((), (), 0).row("rr", 0)["added_ttft_p50_ms"] is None
+
+
+def test_a_gateway_that_cannot_be_reached_fails_its_pairs_and_ends_the_probe_cleanly() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    result = probe(url, url, model="m", pairs=3, prompt_tokens=4, output_tokens=2, warmup_pairs=1)
+    assert (result.direct_ms, result.gateway_ms, result.errors) == ((), (), 3)

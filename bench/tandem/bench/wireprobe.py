@@ -22,7 +22,6 @@ from __future__ import annotations
 import random
 import socket
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -203,34 +202,44 @@ def probe(
     """`pairs` alternating requests to the engine (`direct_url`, its `/v1`) and through the gateway
     (`gateway_url`), after `warmup_pairs` not counted (module docstring)."""
     rng = random.Random(f"tandem-bench:{seed}:wireprobe")
-    direct = _Connection(direct_url, timeout_s=timeout_s)
-    gateway = _Connection(gateway_url, timeout_s=timeout_s)
     times: tuple[list[float], list[float]] = ([], [])
     errors = 0
+    connections: tuple[_Connection, _Connection] | None = None
     try:
         for i in range(warmup_pairs + pairs):
             body = orjson.dumps({
                 "model": model, "prompt": words(rng, prompt_tokens), "max_tokens": output_tokens,
                 "stream": True, "ignore_eos": True,
             })  # fmt: skip
-            order: Sequence[tuple[int, _Connection]] = ((0, direct), (1, gateway))
-            if i % 2:
-                order = tuple(reversed(order))
             got: dict[int, float] = {}
             try:
-                for side, connection in order:
-                    got[side] = connection.ttft_s(body) * 1000
+                if connections is None:  # the first pair, or after a failure: connect again
+                    connections = _connect(direct_url, gateway_url, timeout_s=timeout_s)
+                order = (0, 1) if i % 2 == 0 else (1, 0)
+                for side in order:
+                    got[side] = connections[side].ttft_s(body) * 1000
             except (ProbeError, OSError):
                 errors += 1 if i >= warmup_pairs else 0
-                direct.close()
-                gateway.close()
-                direct = _Connection(direct_url, timeout_s=timeout_s)
-                gateway = _Connection(gateway_url, timeout_s=timeout_s)
+                _close(connections)
+                connections = None
                 continue
             if i >= warmup_pairs:
                 times[0].append(got[0])
                 times[1].append(got[1])
     finally:
-        direct.close()
-        gateway.close()
+        _close(connections)
     return ProbeResult(direct_ms=tuple(times[0]), gateway_ms=tuple(times[1]), errors=errors)
+
+
+def _connect(direct_url: str, gateway_url: str, *, timeout_s: float) -> tuple[_Connection, _Connection]:
+    direct = _Connection(direct_url, timeout_s=timeout_s)
+    try:
+        return direct, _Connection(gateway_url, timeout_s=timeout_s)
+    except OSError:
+        direct.close()
+        raise
+
+
+def _close(connections: tuple[_Connection, _Connection] | None) -> None:
+    for connection in connections or ():
+        connection.close()
