@@ -194,6 +194,7 @@ def test_slow_start_gives_an_engine_one_new_prompt_until_it_answers() -> None:
     assert scheduler.decide("decode", first, snaps).endpoint == C
     ticket = state.started(C, first)
     assert state.ahead(C.url) == math.inf  # the hold sends nothing more there either
+    assert state.estimate_ttft(C.url, request(prompt(104, 0))) == math.inf  # nor the conversion check
     second = scheduler.decide("decode", request(prompt(101, 0), request_id="n1"), snaps)
     assert second.endpoint != C and second.reason == "slow-start"
     follower = scheduler.decide("decode", request(prompt(100, 1), request_id="f1"), snaps)

@@ -116,7 +116,7 @@ class EngineCapacity:
             self._learn(url, reading)
         c = self._learned.get(url, self.initial)
         bound = self._bound.get(url)
-        return c if bound is None or bound >= c else bound
+        return c if bound is None else min(c, bound)
 
     def limit(self, snapshot: EndpointSnapshot) -> int:
         """Requests this gateway process may have open to the endpoint."""

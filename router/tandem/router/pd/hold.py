@@ -10,8 +10,8 @@ behind the first one's queue). Held in the gateway instead, they go to whichever
 **Rule** (`PrefillHold.admit`): a prefill is sent at once when no request is held before it and some
 prefill engine in rotation has at most `HOLD_SHARE` of the request's TTFT objective of work queued
 ahead (`ahead(url)`: the router's own `c + Q / R` with nothing of its own, from
-`tandem.router.scheduling.state`; infinite for an engine that has not answered a prompt yet and
-computes one: `SlowStart`); otherwise it joins the hold. The first held request is sent as soon
+`tandem.router.scheduling.state`; infinite for an engine that has not answered yet and computes a
+prompt: `SlowStart`); otherwise it joins the hold. The first held request is sent as soon
 as that is true again: when a prefill ends, when the prefill pool's members change, or at the latest
 on a `poll_s` tick (a missed wake-up costs a tick, never a request); the others wait for their turn.
 Each request is held at most its TTFT objective, then sent anyway (by then it has missed it: holding

@@ -5,8 +5,8 @@ Preble's 1.5× rebalancing threshold). Prefix affinity alone would keep sending 
 endpoint that caches it until that endpoint drowns; the guard takes such an endpoint out of the
 cycle while the imbalance lasts, so the request goes (and its prefix gets cached) elsewhere.
 
-`SlowStart` is Envoy's slow start for new hosts, at its simplest: an engine that has not answered a
-prompt yet gets one at a time.
+`SlowStart` is Envoy's slow start for new hosts, at its simplest: an engine that has not answered yet
+gets one new prompt at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tandem.router.scheduling.plugins import Candidate, Cycle
+from tandem.router.scheduling.scorers import DEFAULT_THRESHOLD
 
 #: SGLang's `balance_abs_threshold` and `balance_rel_threshold` defaults.
 DEFAULT_ABS_THRESHOLD = 64.0
@@ -59,7 +60,7 @@ class SlowStart:
     computed again. If every candidate is dropped (a pool that has just started) the runner ignores
     the filter."""
 
-    threshold: float = 0.3
+    threshold: float = DEFAULT_THRESHOLD
     name: str = "slow-start"
 
     def filter(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:

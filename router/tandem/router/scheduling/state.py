@@ -213,11 +213,11 @@ class SchedulingState:
     def ahead(self, url: str) -> float:
         """Seconds of work queued on `url` before anything new sent now would start: `c + Q / R` with
         nothing of its own (`tandem.router.pd.hold`); 0 with nothing queued; infinite while it is
-        warming (it has not answered a prompt yet and computes one: `filters.SlowStart`)."""
+        warming (`warming`)."""
         queued = self._queued.get(url, 0)
         if queued <= 0:
             return 0.0
-        if url not in self._answered:
+        if self.warming(url):
             return math.inf
         return self.rates.predict(url, queued_tokens=queued, uncached_tokens=0)
 
@@ -313,7 +313,7 @@ class SchedulingState:
             queued_tokens=queued,
             tokens_per_second=rate,
             predicted_ttft_s=overhead + (queued + uncached) / rate,
-            warming=queued > 0 and url not in self._answered,
+            warming=self.warming(url),
         )
 
     def _size_index(self, snapshot: EndpointSnapshot) -> None:
