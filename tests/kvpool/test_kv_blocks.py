@@ -1,7 +1,9 @@
-"""Whole blocks from a paged KV cache to a chunk's bytes and back, on CPU tensors shaped like each layout.
+"""Whole blocks from a paged KV cache to a chunk's bytes and back, on tensors shaped like each layout.
 
 Real torch (skipped where torch is not importable: the default venv has none; `.venv-vllm` has it).
-The caches are plain CPU tensors of each backend's shape, filled with distinct values; no vLLM.
+The caches are plain tensors of each backend's shape, filled with distinct values; no vLLM. Each test
+runs on CPU tensors, and again on CUDA tensors where a CUDA device is present (a GPU machine; skipped
+elsewhere).
 """
 
 from __future__ import annotations
@@ -24,19 +26,33 @@ SHAPES = {
 }
 
 
-def cache(shape: tuple[int, ...], dtype: Any = torch.bfloat16) -> kv_blocks.Layer:
-    kv = torch.arange(1, 1 + torch.Size(shape).numel(), dtype=torch.float32).reshape(shape).to(dtype)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+def cache(shape: tuple[int, ...], dtype: Any = torch.bfloat16, device: str = "cpu") -> kv_blocks.Layer:
+    kv = torch.arange(1, 1 + torch.Size(shape).numel(), dtype=torch.float32).reshape(shape).to(device, dtype)
     return kv, infer_layout(shape, block_size=N)
 
 
 def blocks_of(layer: kv_blocks.Layer, ids: list[int]) -> Any:
     kv, layout = layer
-    return kv.index_select(layout.block_axis, torch.tensor(ids))
+    return kv.index_select(layout.block_axis, torch.tensor(ids, device=kv.device))
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_blocks_gathered_from_one_cache_land_in_the_named_blocks_of_another(shape: tuple[int, ...]) -> None:
-    source = [cache(shape), cache(shape, torch.float32)]
+def test_blocks_gathered_from_one_cache_land_in_the_named_blocks_of_another(
+    shape: tuple[int, ...], device: str
+) -> None:
+    source = [cache(shape, device=device), cache(shape, torch.float32, device)]
     target = [(torch.zeros_like(kv), layout) for kv, layout in source]
     value = kv_blocks.gather(source, [3, 7])
     assert len(value) == 2 * kv_blocks.block_bytes(source)
@@ -50,8 +66,8 @@ def test_blocks_gathered_from_one_cache_land_in_the_named_blocks_of_another(shap
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_a_chunk_is_its_blocks_one_after_the_other(shape: tuple[int, ...]) -> None:
-    layer = cache(shape)
+def test_a_chunk_is_its_blocks_one_after_the_other(shape: tuple[int, ...], device: str) -> None:
+    layer = cache(shape, device=device)
     one_block = kv_blocks.block_bytes([layer])
     value = kv_blocks.gather([layer], [4, 2])
     assert value[:one_block] == kv_blocks.gather([layer], [4])
@@ -65,9 +81,10 @@ def test_the_cpu_layout_keeps_the_byte_format_of_index_select_on_dimension_0() -
     assert kv_blocks.gather([layer], [6, 0]) == expected
 
 
-def test_a_strided_view_gathers_the_same_bytes_as_its_contiguous_copy() -> None:
+def test_a_strided_view_gathers_the_same_bytes_as_its_contiguous_copy(device: str) -> None:
     """vLLM 0.32 on CUDA FlashAttention: the logical (B, H, N, K|V) view of memory laid out (B, N, H, K|V)."""
-    physical = torch.arange(BLOCKS * N * H * 2 * D, dtype=torch.float32).reshape(BLOCKS, N, H, 2 * D)
+    size = BLOCKS * N * H * 2 * D
+    physical = torch.arange(size, dtype=torch.float32, device=device).reshape(BLOCKS, N, H, 2 * D)
     strided = physical.transpose(1, 2)
     assert not strided.is_contiguous()
     layout = infer_layout(tuple(strided.shape), block_size=N)
@@ -80,8 +97,8 @@ def test_a_strided_view_gathers_the_same_bytes_as_its_contiguous_copy() -> None:
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_blocks_already_cached_locally_are_skipped(shape: tuple[int, ...]) -> None:
-    source = cache(shape)
+def test_blocks_already_cached_locally_are_skipped(shape: tuple[int, ...], device: str) -> None:
+    source = cache(shape, device=device)
     kv, layout = source
     target = (torch.zeros_like(kv), layout)
     value = kv_blocks.gather([source], [3, 7])
