@@ -9,8 +9,8 @@ stop it mid-run). Checks, with greedy decoding:
    it is a producer only, so it never loads KV);
 2. the decode engine's `vllm:external_prefix_cache_hits_total` grows by each prompt's loadable
    full-chunk tokens, and Redis holds each chunk's `kv_bytes`/`metadata` pair;
-3. a chunk whose bytes vanished (as after an eviction) is detected at load, deleted, recomputed, and
-   the answer is still right;
+3. a chunk whose bytes vanished (as after an eviction) is not offered by the decode engine's lookup,
+   which deletes the broken entry; the answer is still right, and the next prefill writes it again;
 4. with Redis stopped, requests are still answered correctly (recompute) and the decode engine counts
    the failed lookups (`tandem_kvpool_connector_lookup_failures_total`).
 
@@ -84,18 +84,27 @@ def test_pd_answers_equal_colocated_and_kv_comes_from_the_pool(stack: Stack) -> 
     assert counter(stack.gateway, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="timeout") == 0
 
 
-def test_a_chunk_that_lost_its_bytes_is_recomputed(stack: Stack) -> None:
+def test_a_chunk_that_lost_its_bytes_is_not_offered_and_is_written_again(stack: Stack) -> None:
     text = prompt(5, 12)
     colocated = complete(stack.prefill[0], text)  # stores the prompt's chunks
     tokens = tokenize(stack.prefill[0], text)
     first = f"{MODEL_KEY}@1@0@{chunk_hashes(tokens, CHUNK)[0]:x}@bfloat16"
     client = redis.Redis.from_url(stack.redis_url)
     assert client.delete(first + "kv_bytes") == 1  # as if evicted: metadata says "stored", bytes are gone
-    failures = counter(stack.decode[0], "tandem_kvpool_connector_load_failures_total")
-    disaggregated = complete(stack.gateway, text)
-    assert disaggregated["choices"][0]["token_ids"] == colocated["choices"][0]["token_ids"]
-    assert counter(stack.decode[0], "tandem_kvpool_connector_load_failures_total") > failures
+    decode = stack.decode[0]
+    broken = counter(decode, "tandem_kvpool_connector_lookup_broken_total")
+    failures = counter(decode, "tandem_kvpool_connector_load_failures_total")
+    direct = complete(decode, text)  # its lookup finds the entry broken: no load is attempted
+    assert direct["choices"][0]["token_ids"] == colocated["choices"][0]["token_ids"]
+    assert counter(decode, "tandem_kvpool_connector_lookup_broken_total") == broken + 1
+    assert counter(decode, "tandem_kvpool_connector_load_failures_total") == failures
     assert client.exists(first + "metadata") == 0  # the broken entry was removed
+
+    saved = counter(stack.prefill[0], "tandem_kvpool_connector_chunks_saved_total")
+    disaggregated = complete(stack.gateway, text)  # the prefill engine writes the chunk again
+    assert disaggregated["choices"][0]["token_ids"] == colocated["choices"][0]["token_ids"]
+    assert counter(stack.prefill[0], "tandem_kvpool_connector_chunks_saved_total") > saved
+    assert client.strlen(first + "kv_bytes") == CHUNK_BYTES
 
 
 def test_with_the_pool_down_requests_are_recomputed_and_counted(stack: Stack) -> None:

@@ -12,6 +12,7 @@ from tandem.kvpool.connector_plan import (
     PoolHealth,
     PoolSettings,
     SaveTracker,
+    chunk_presence,
     engine_kv_dtype,
     lmcache_dtype,
     lookup_window,
@@ -256,3 +257,16 @@ def test_the_pool_keys_dtype_is_what_the_engine_names_its_kv_cache(
     args: list[str], config: dict[str, object] | None, expected: str
 ) -> None:
     assert engine_kv_dtype(args, config) == expected
+
+
+def test_a_chunk_is_present_only_when_every_rank_has_metadata_and_bytes() -> None:
+    # chunk 0: both ranks whole; chunk 1: rank 1 lost its bytes; chunk 2: nothing; chunk 3: bytes only
+    answers = [*(1, 1, 1, 1), *(1, 1, 1, 0), *(0, 0, 0, 0), *(0, 1, 0, 1)]
+    found = chunk_presence(answers, num_chunks=4, world_size=2)
+    assert found.present == [True, False, False, False]
+    assert found.broken == [(1, 1)]  # bytes without metadata is a write in progress, not broken
+
+
+def test_presence_refuses_answers_of_another_shape() -> None:
+    with pytest.raises(ValueError, match="expected 4 answers, got 2"):
+        chunk_presence([1, 1], num_chunks=2, world_size=1)

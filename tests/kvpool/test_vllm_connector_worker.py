@@ -114,3 +114,43 @@ def test_a_tensor_error_in_a_load_reports_the_blocks_for_recompute() -> None:
     assert side.take_invalid_blocks() == {4, 5}
     assert connector.stats.data["load_failures"] == 1
     assert connector.stats.data["transfer_errors"] == 1
+
+
+def saved_chunk() -> tuple[Any, FakeConnector, str]:
+    side, connector = worker()
+    chunk = ChunkSave(chunk_index=0, chunk_hash=1, block_ids=(0, 1))
+    side.save([connector_worker.SaveRequest(req_id="r", chunks=[chunk])])
+    return side, connector, connector.namer(0).kv_bytes(1)
+
+
+def test_a_producer_writes_again_an_entry_whose_bytes_were_evicted() -> None:
+    side, connector, kv_bytes = saved_chunk()
+    value = connector.store.pop(kv_bytes)
+    side.save(
+        [
+            connector_worker.SaveRequest(
+                req_id="r2", chunks=[ChunkSave(chunk_index=0, chunk_hash=1, block_ids=(0, 1))]
+            )
+        ]
+    )
+    assert connector.store[kv_bytes] == value
+    assert connector.stats.data["chunks_saved"] == 2
+    assert connector.stats.data["chunks_already_stored"] == 0
+
+
+def test_bytes_gone_between_lookup_and_load_are_reported_for_recompute_and_the_entry_deleted() -> None:
+    side, connector, kv_bytes = saved_chunk()
+    deleted: list[tuple[str, ...]] = []
+
+    def delete(*keys: str) -> int:
+        deleted.append(keys)
+        return 0
+
+    connector.redis.delete = delete
+    del connector.store[kv_bytes]
+    chunk = ChunkLoad(chunk_index=0, chunk_hash=1, skip_blocks=0, block_ids=(4, 5))
+    side.load([connector_worker.LoadRequest(req_id="r", chunks=[chunk])])
+    assert side.take_invalid_blocks() == {4, 5}
+    assert connector.stats.data["load_failures"] == 1
+    assert connector.stats.data["transfer_errors"] == 0
+    assert deleted == [(connector.namer(0).metadata(1), kv_bytes)]

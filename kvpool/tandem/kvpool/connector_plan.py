@@ -142,6 +142,37 @@ def lookup_window(*, num_computed_tokens: int, num_tokens: int, num_chunks: int,
     return range(first, max(first, last))
 
 
+@dataclass(frozen=True, slots=True)
+class Presence:
+    """What one lookup round trip found: per chunk, whether every rank's entry is whole (`metadata`
+    and `kv_bytes`), and the (chunk index, rank) entries that are broken: `metadata` without
+    `kv_bytes`, as after an eviction of the bytes (a producer writes the bytes first)."""
+
+    present: list[bool]
+    broken: list[tuple[int, int]]
+
+
+def chunk_presence(answers: Sequence[object], *, num_chunks: int, world_size: int) -> Presence:
+    """Read a pipeline of `EXISTS metadata`, `EXISTS kv_bytes` per chunk and rank (chunk-major, rank
+    inner). Only whole entries count as present: offering a chunk whose bytes are gone sends the engine
+    through vLLM's load-failure recovery, which vLLM 0.26 with asynchronous scheduling (its CUDA
+    default) gets wrong (docs/vllm.md)."""
+    if len(answers) != 2 * num_chunks * world_size:
+        raise ValueError(f"expected {2 * num_chunks * world_size} answers, got {len(answers)}")
+    present: list[bool] = []
+    broken: list[tuple[int, int]] = []
+    for chunk in range(num_chunks):
+        whole = True
+        for rank in range(world_size):
+            at = 2 * (chunk * world_size + rank)
+            has_metadata, has_bytes = bool(answers[at]), bool(answers[at + 1])
+            whole = whole and has_metadata and has_bytes
+            if has_metadata and not has_bytes:
+                broken.append((chunk, rank))
+        present.append(whole)
+    return Presence(present=present, broken=broken)
+
+
 def matched_tokens(
     *, window: range, present: Sequence[bool], num_computed_tokens: int, chunk_size: int
 ) -> int:
@@ -325,6 +356,7 @@ COUNTER_HELP = {
     "lookups": "Consumer lookups that asked the KV pool.",
     "lookup_hit_tokens": "Prompt tokens the KV pool could supply at lookup.",
     "lookup_failures": "Lookups answered as a miss because the KV pool failed (recompute).",
+    "lookup_broken": "Entries found at lookup with metadata but no bytes (evicted); deleted, recomputed.",
     "chunks_loaded": "Chunks loaded from the KV pool into the paged KV cache.",
     "bytes_loaded": "Bytes loaded from the KV pool.",
     "load_failures": "Chunk loads that failed (missing, wrong size, pool or connector error); recomputed.",

@@ -189,10 +189,13 @@ class WorkerSide:
         self.c.stats.add("bytes_saved", written)
 
     def _missing(self, hashes: list[int]) -> list[int]:
+        """The chunks not stored whole: an entry whose bytes were evicted is written again."""
         pipe = self.c.redis.pipeline(transaction=False)
         for chunk_hash in hashes:
             pipe.exists(self.namer.metadata(chunk_hash))
-        return [h for h, stored in zip(hashes, pipe.execute(), strict=True) if not stored]
+            pipe.exists(self.namer.kv_bytes(chunk_hash))
+        answers = pipe.execute()
+        return [h for i, h in enumerate(hashes) if not (answers[2 * i] and answers[2 * i + 1])]
 
     def _metadata(self, length: int) -> bytes:
         return encode_metadata(

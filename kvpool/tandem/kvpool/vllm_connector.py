@@ -70,6 +70,7 @@ from tandem.kvpool.connector_plan import (
     PoolHealth,
     PoolSettings,
     SaveTracker,
+    chunk_presence,
     lmcache_dtype,
     lookup_window,
     matched_tokens,
@@ -337,24 +338,35 @@ class _SchedulerSide:
         return tokens
 
     def _present(self, hashes: list[int]) -> list[bool] | None:
-        """Whether each chunk is stored for every rank (one pipelined round trip); None if the pool failed."""
+        """Whether each chunk is stored whole for every rank (one pipelined round trip); None if the
+        pool failed. Broken entries (metadata without bytes) are deleted, so producers write them again."""
         ranks = range(self.c.world_size)
         try:
             pipe = self.c.redis.pipeline(transaction=False)
             for chunk_hash in hashes:
                 for rank in ranks:
-                    pipe.exists(self.c.namer(rank).metadata(chunk_hash))
-            answers = pipe.execute()
+                    namer = self.c.namer(rank)
+                    pipe.exists(namer.metadata(chunk_hash))
+                    pipe.exists(namer.kv_bytes(chunk_hash))
+            found = chunk_presence(pipe.execute(), num_chunks=len(hashes), world_size=len(ranks))
         except POOL_ERRORS as exc:
             self.c.stats.add("lookup_failures")
             self.c.pool_failed("lookup", exc)
             return None
         self.c.pool_ok()
-        n = len(ranks)
+        if found.broken:
+            self._drop_broken([(hashes[chunk], rank) for chunk, rank in found.broken])
         return [
-            all(answers[i * n : (i + 1) * n]) and chunk_hash not in self.failures
-            for i, chunk_hash in enumerate(hashes)
+            is_present and chunk_hash not in self.failures
+            for is_present, chunk_hash in zip(found.present, hashes, strict=True)
         ]
+
+    def _drop_broken(self, entries: list[tuple[int, int]]) -> None:
+        self.c.stats.add("lookup_broken", len(entries))
+        names = [self.c.namer(rank).base(chunk_hash) for chunk_hash, rank in entries]
+        logger.warning("KV pool chunk(s) %s have no bytes (evicted); deleting them and recomputing", names)
+        with contextlib.suppress(*POOL_ERRORS):
+            self.c.redis.delete(*(self.c.namer(rank).metadata(chunk_hash) for chunk_hash, rank in entries))
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         lookup = self.lookups.pop(request.request_id, None)
