@@ -33,6 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tandem.router.observe.hotmetrics import CounterChild, LabeledCounter, LabeledHistogram
+
 if TYPE_CHECKING:
     from tandem.router.admission.gate import AdmissionGate
 
@@ -72,27 +74,28 @@ class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry, *, max_tenants: int) -> None:
         self._registry = registry
         self.tenants = TenantLabels(max_tenants)
-        self._served: dict[tuple[str, str], Counter] = {}
-        self.served_tokens = Counter(
+        self._served: dict[tuple[str, str], CounterChild] = {}
+        # Recorded per request or per streamed chunk: the request path's cheap families (`hotmetrics`).
+        self.served_tokens = LabeledCounter(
             f"{PREFIX}_tenant_served_tokens",
             "Tokens served per tenant: prompt (at dispatch) and completion (as generated).",
             ["tenant", "kind"],
             registry=registry,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = LabeledHistogram(
             f"{PREFIX}_queue_wait_seconds",
             "Time requests spent in the router's queue, by outcome.",
             ["outcome"],
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
-        self.rejections = Counter(
+        self.rejections = LabeledCounter(
             f"{PREFIX}_admission_rejections",
             "Requests turned away with 429, by reason (queue_full, pushed_out, deadline, slo).",
             ["reason"],
             registry=registry,
         )
-        self.preemptions = Counter(
+        self.preemptions = LabeledCounter(
             f"{PREFIX}_preemptions",
             "Running streams stopped to give their slot to a tenant with nothing running, by the "
             "stopped stream's tenant (each is continued later).",
@@ -115,22 +118,22 @@ class AdmissionMetrics:
         if completion > 0:
             self._served_child(label, "completion").inc(completion)
 
-    def _served_child(self, label: str, kind: str) -> Counter:
+    def _served_child(self, label: str, kind: str) -> CounterChild:
         """The series for (`label`, `kind`), looked up once: this runs for every streamed chunk.
         Bounded like the labels: at most `max_tenants` + 1 tenants × 2 kinds."""
         child = self._served.get((label, kind))
         if child is None:
-            child = self._served[label, kind] = self.served_tokens.labels(tenant=label, kind=kind)
+            child = self._served[label, kind] = self.served_tokens.labels(label, kind)
         return child
 
     def waited(self, seconds: float, *, outcome: str) -> None:
-        self.queue_wait.labels(outcome=outcome).observe(max(0.0, seconds))
+        self.queue_wait.labels(outcome).observe(max(0.0, seconds))
 
     def rejected(self, reason: str) -> None:
-        self.rejections.labels(reason=reason).inc()
+        self.rejections.labels(reason).inc()
 
     def preempted(self, tenant: str) -> None:
-        self.preemptions.labels(tenant=self.tenants.label(tenant)).inc()
+        self.preemptions.labels(self.tenants.label(tenant)).inc()
 
 
 class HoldMetrics:

@@ -11,11 +11,12 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.observe.hotmetrics import LabeledCounter, LabeledHistogram
 from tandem.router.types import POOLS
 
 PREFIX = "tandem_router"
@@ -35,52 +36,52 @@ class RouterMetrics:
     endpoints from discovery, kinds and reasons from fixed vocabularies."""
 
     def __init__(self, registry: CollectorRegistry, endpoints: EndpointRegistry) -> None:
-        self.requests = Counter(
+        self.requests = LabeledCounter(
             f"{PREFIX}_requests",
             "HTTP requests answered, by route and status (499: client left first).",
             ["route", "status"],
             registry=registry,
         )
-        self.request_duration = Histogram(
+        self.request_duration = LabeledHistogram(
             f"{PREFIX}_request_duration_seconds",
             "From request received to last response byte sent (or client gone).",
             ["route"],
             buckets=DURATION_BUCKETS,
             registry=registry,
         )
-        self.time_to_first_byte = Histogram(
+        self.time_to_first_byte = LabeledHistogram(
             f"{PREFIX}_time_to_first_byte_seconds",
             "From request received to the first response body byte handed to the server.",
             ["route"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = LabeledCounter(
             f"{PREFIX}_upstream_errors",
             "Failed upstream requests by endpoint and kind (connect, timeout, read, status).",
             ["pool", "endpoint", "kind"],
             registry=registry,
         )
-        self.retries = Counter(
+        self.retries = LabeledCounter(
             f"{PREFIX}_retries",
             "Requests sent to another endpoint after a failure before the first byte.",
             ["pool", "reason"],
             registry=registry,
         )
-        self.pd_decisions = Counter(
+        self.pd_decisions = LabeledCounter(
             f"{PREFIX}_pd_decisions",
             "Generation requests by P/D decision (disaggregate, decode_only) and its reason.",
             ["decision", "reason"],
             registry=registry,
         )
-        self.pd_kv_barrier_wait = Histogram(
+        self.pd_kv_barrier_wait = LabeledHistogram(
             f"{PREFIX}_pd_kv_barrier_wait_seconds",
             "Wait after a prefill for the prompt's chunks in the KV pool, by outcome.",
             ["outcome"],
             buckets=BARRIER_BUCKETS,
             registry=registry,
         )
-        self.pd_prefill_duration = Histogram(
+        self.pd_prefill_duration = LabeledHistogram(
             f"{PREFIX}_pd_prefill_duration_seconds",
             "Prefill step duration by outcome (ok, fallback).",
             ["outcome"],
@@ -98,13 +99,13 @@ class RouterMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.pd_fallbacks = Counter(
+        self.pd_fallbacks = LabeledCounter(
             f"{PREFIX}_pd_fallbacks",
             "Disaggregated requests that fell back to decode-only, by reason.",
             ["reason"],
             registry=registry,
         )
-        self.schedule_decision = Histogram(
+        self.schedule_decision = LabeledHistogram(
             f"{PREFIX}_schedule_decision_duration_seconds",
             "Time one scheduling decision took, whole: the prompt's tokens and block keys when the "
             "policy needs them first, candidates, filters, scorers and picker.",
@@ -120,7 +121,7 @@ class RouterMetrics:
         """The decision histogram's series for `pool` (cached: this runs per request)."""
         child = self._decision_children.get(pool)
         if child is None:
-            child = self._decision_children[pool] = self.schedule_decision.labels(pool=pool)
+            child = self._decision_children[pool] = self.schedule_decision.labels(pool)
         return child
 
     def observe_request(self, route: str, status: int, *, duration_s: float, ttfb_s: float | None) -> None:
@@ -128,9 +129,9 @@ class RouterMetrics:
         children = self._request_children.get((route, status))
         if children is None:
             children = self._request_children[(route, status)] = (
-                self.requests.labels(route=route, status=str(status)),
-                self.request_duration.labels(route=route),
-                self.time_to_first_byte.labels(route=route),
+                self.requests.labels(route, str(status)),
+                self.request_duration.labels(route),
+                self.time_to_first_byte.labels(route),
             )
         requests, duration, ttfb = children
         requests.inc()

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.observe.hotmetrics import LabeledCounter, LabeledHistogram
 from tandem.router.observe.metrics import LATENCY_BUCKETS, PREFIX
 from tandem.router.scheduling.runner import Decision
 from tandem.router.scheduling.state import SchedulingState, Ticket
@@ -30,34 +31,35 @@ class SchedulingMetrics:
     def __init__(
         self, registry: CollectorRegistry, *, endpoints: EndpointRegistry, state: SchedulingState
     ) -> None:
-        self.decisions = Counter(
+        # Recorded once or more per request: the request path's cheap families (`hotmetrics`).
+        self.decisions = LabeledCounter(
             f"{PREFIX}_schedule_decisions",
             "Scheduling decisions by pool and deciding reason.",
             ["pool", "reason"],
             registry=registry,
         )
-        self.plugin_duration = Histogram(
+        self.plugin_duration = LabeledHistogram(
             f"{PREFIX}_scheduler_plugin_duration_seconds",
             "Time one scheduler plugin (filter, scorer, picker) took in one cycle.",
             ["pool", "plugin"],
             buckets=PLUGIN_BUCKETS,
             registry=registry,
         )
-        self.prefix_match = Histogram(
+        self.prefix_match = LabeledHistogram(
             f"{PREFIX}_prefix_match_ratio",
             "Estimated share of the prompt cached on the endpoint an attempt went to.",
             ["pool"],
             buckets=RATIO_BUCKETS,
             registry=registry,
         )
-        self.ttft_predicted = Histogram(
+        self.ttft_predicted = LabeledHistogram(
             f"{PREFIX}_ttft_predicted_seconds",
             "Predicted time to first token of attempts whose first token was observed.",
             ["pool"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.ttft_observed = Histogram(
+        self.ttft_observed = LabeledHistogram(
             f"{PREFIX}_ttft_observed_seconds",
             "Observed time to first token (attempt start to first token) of the same attempts.",
             ["pool"],
@@ -74,19 +76,19 @@ class SchedulingMetrics:
 
     def decided(self, decision: Decision) -> None:
         pool = decision.cycle.pool
-        self.decisions.labels(pool=pool, reason=decision.reason).inc()
+        self.decisions.labels(pool, decision.reason).inc()
         for plugin, seconds in decision.durations_s.items():
-            self.plugin_duration.labels(pool=pool, plugin=plugin).observe(seconds)
+            self.plugin_duration.labels(pool, plugin).observe(seconds)
 
     def dispatched(self, ticket: Ticket, /) -> None:
         if ticket.prompt_tokens and not ticket.kv_loaded:
             ratio = ticket.matched_tokens / ticket.prompt_tokens
-            self.prefix_match.labels(pool=ticket.endpoint.pool).observe(ratio)
+            self.prefix_match.labels(ticket.endpoint.pool).observe(ratio)
 
     def first_token(self, ticket: Ticket, /, *, observed_s: float) -> None:
         pool = ticket.endpoint.pool
-        self.ttft_predicted.labels(pool=pool).observe(ticket.predicted_ttft_s)
-        self.ttft_observed.labels(pool=pool).observe(observed_s)
+        self.ttft_predicted.labels(pool).observe(ticket.predicted_ttft_s)
+        self.ttft_observed.labels(pool).observe(observed_s)
 
     def scraped(self, url: str, outcome: str) -> None:
         self.scrapes.labels(endpoint=_name(url), outcome=outcome).inc()

@@ -61,7 +61,6 @@ so; the first hit verifies the keys for good. A pool that does not answer is no 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -202,11 +201,9 @@ class Prefiller:
             duration_s=self.clock() - started,
         )
         metrics = self.dispatcher.metrics
-        metrics.pd_prefill_duration.labels(outcome="fallback" if fallback else "ok").observe(
-            outcome.duration_s
-        )
+        metrics.pd_prefill_duration.labels("fallback" if fallback else "ok").observe(outcome.duration_s)
         if fallback:
-            metrics.pd_fallbacks.labels(reason=fallback).inc()
+            metrics.pd_fallbacks.labels(fallback).inc()
         return outcome
 
     async def _run(
@@ -291,12 +288,16 @@ class Disaggregator:
         """Decide, prefill and wait for the KV; never raises because of prefill or the pool."""
         pool = self.pool
         # The prompt's chunk keys, hashed at most once for the look-up and the barrier together.
-        keys = functools.cache(
-            lambda: pool.metadata_keys(request.prompt_tokens()) if pool is not None else []
-        )
+        memo: list[Sequence[str]] = []
+
+        def keys() -> Sequence[str]:
+            if not memo:
+                memo.append(pool.metadata_keys(request.prompt_tokens()) if pool is not None else [])
+            return memo[0]
+
         decision = await self._decide(request, decode=decode, keys=keys)
         metrics = self.prefiller.dispatcher.metrics
-        metrics.pd_decisions.labels(decision=decision.label, reason=decision.reason).inc()
+        metrics.pd_decisions.labels(decision.label, decision.reason).inc()
         if not decision.disaggregate:
             return PDOutcome(decision=decision, body=request.body)
         prefill = await self.prefiller.prefill(request, headers=headers)
@@ -309,7 +310,7 @@ class Disaggregator:
             )
         barrier_s, fallback = await self._barrier(request, keys=keys)
         if fallback is not None:
-            metrics.pd_fallbacks.labels(reason=fallback).inc()
+            metrics.pd_fallbacks.labels(fallback).inc()
             return PDOutcome(
                 decision=decision,
                 body=request.body,
@@ -379,7 +380,7 @@ class Disaggregator:
             return None, None
         result = await self.pool.wait_for_keys(keys(), timeout_s=self.barrier_timeout_s)
         metrics = self.prefiller.dispatcher.metrics
-        metrics.pd_kv_barrier_wait.labels(outcome=result.outcome).observe(result.waited_s)
+        metrics.pd_kv_barrier_wait.labels(result.outcome).observe(result.waited_s)
         self._observe(barrier_evidence(result.outcome, chunks=result.chunks, found=result.found), request)
         if result.outcome == "ok":
             return result.waited_s, None

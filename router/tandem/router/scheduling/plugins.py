@@ -10,20 +10,23 @@ per-request, per-endpoint quantity once (the prefix match, the load, the predict
 - a `Picker` chooses one candidate from the scored ones.
 
 Plugins are stateless or keep only their own state; they do no I/O and never mutate their inputs.
+
+`Cycle`, `Candidate` and `Scored` are named tuples, not dataclasses: a decision builds one cycle and a
+candidate and a score per endpoint on every request, and a named tuple is built in C at about a third
+of a frozen dataclass's cost (docs/router-performance.md). They are as immutable; build them with
+keywords.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from tandem.router.scheduling.base import Routable
 from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Cycle:
+class Cycle(NamedTuple):
     """The request side of one scheduling cycle.
 
     `profile`: the name of the profile in use (see `tandem.router.scheduling.tandem`).
@@ -37,8 +40,7 @@ class Cycle:
     slo_ttft_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One endpoint as the plugins see it for this request.
 
     `load`: requests queued or running on it, `max(in_flight, running + waiting)` (the router's own
@@ -69,8 +71,7 @@ class Candidate:
         return self.snapshot.endpoint
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Scored:
+class Scored(NamedTuple):
     """A candidate with its weighted total and each scorer's clamped, unweighted score."""
 
     candidate: Candidate

@@ -164,7 +164,9 @@ class ApproximatePrefixIndex:
 
 def _held_prefix(keys: Sequence[int], held: Collection[int]) -> int:
     """How many leading `keys` are in `held`, by binary search (prefix-closed: module docstring)."""
-    lo, hi = 0, len(keys)  # keys[:lo] are held; keys[hi:] are not
+    if not keys or keys[0] not in held:  # most endpoints hold none of a given prompt: one look-up
+        return 0
+    lo, hi = 1, len(keys)  # keys[:lo] are held; keys[hi:] are not
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if keys[mid - 1] in held:

@@ -131,7 +131,7 @@ class Dispatcher:
             else:
                 endpoint = self.pick(pool, request, candidates)
             if failures:
-                self.metrics.retries.labels(pool=pool, reason=failures[-1].kind).inc()
+                self.metrics.retries.labels(pool, failures[-1].kind).inc()
             tried.append(endpoint)
             try:
                 return await self.attempt(endpoint, call, request=request)
@@ -176,7 +176,7 @@ class Dispatcher:
         else:
             self.registry.record_failure(endpoint)
         kind = "loop_lag" if excused else error.kind
-        self.metrics.upstream_errors.labels(pool=endpoint.pool, endpoint=endpoint.name, kind=kind).inc()
+        self.metrics.upstream_errors.labels(endpoint.pool, endpoint.name, kind).inc()
 
     def _loop_stalled(self, error: UpstreamError, mark: float) -> bool:
         """Whether `error` is a connect timeout during which the loop lost `excusing_lag_s`."""
