@@ -38,6 +38,19 @@ async def test_the_cached_prefix_is_the_leading_run_of_stored_chunks(redis_serve
         await index.aclose()
 
 
+async def test_a_chunk_whose_bytes_were_evicted_ends_the_cached_prefix(redis_server: RedisServer) -> None:
+    tokens = prompt(3 * CHUNK)
+    with redis_server.client() as client:
+        store_prompt(client, "qwen", tokens)
+        second = QWEN.chunk_keys(tokens, suffix="")[1]
+        assert client.delete(second + KV_BYTES_SUFFIX) == 1  # metadata left behind
+    index = _index(redis_server.url)
+    try:
+        assert await index.cached_prefix_tokens(tokens) == CHUNK
+    finally:
+        await index.aclose()
+
+
 async def test_the_barrier_passes_once_every_full_chunk_is_stored(redis_server: RedisServer) -> None:
     tokens = prompt(3 * CHUNK)
     with redis_server.client() as client:

@@ -7,7 +7,8 @@ the `metadata` suffix; a chunk exists when its metadata exists (writers store `k
 Two questions, one Redis round trip each:
 
 - `cached_prefix_tokens(prompt)`: tokens of the longest run of chunks from chunk 0 in the pool
-  (`EXISTS <key>metadata` per chunk in one pipeline), for the conditional P/D decision.
+  (`EXISTS <key>metadata <key>kv_bytes` per chunk in one pipeline: an entry whose bytes were evicted
+  is not a hit, as the engines' connector does not offer it either), for the conditional P/D decision.
 - `wait_for_prompt(prompt, timeout_s)`: the P/D barrier. After a prefill, wait until every full chunk
   of the prompt is in the pool (one multi-key `EXISTS` per check), polling after 5 ms, then doubling
   up to 100 ms between checks, for at most `timeout_s`. Outcomes: `ok`, `timeout`, `pool_unavailable`;
@@ -30,7 +31,7 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from tandem.kvpool.client import POOL_ERRORS, connect
-from tandem.kvpool.keys import PoolKeys
+from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, PoolKeys
 
 __all__ = ["BarrierOutcome", "BarrierResult", "KVPoolIndex", "connect"]
 
@@ -88,14 +89,14 @@ class KVPoolIndex:
             return 0
         try:
             async with self._client.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.exists(key)
+                for key in keys:  # both halves: an entry whose bytes were evicted is not a hit
+                    pipe.exists(key, key.removesuffix(METADATA_SUFFIX) + KV_BYTES_SUFFIX)
                 present = await pipe.execute()
         except POOL_ERRORS as exc:
             self._failed(exc)
             return None
         self._succeeded()
-        run = next((i for i, n in enumerate(present) if not n), len(keys))
+        run = next((i for i, n in enumerate(present) if n != 2), len(keys))
         return run * self.chunk_size
 
     async def wait_for_prompt(self, prompt: Sequence[int], *, timeout_s: float) -> BarrierResult:
