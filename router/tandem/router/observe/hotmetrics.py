@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -30,6 +31,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 __all__ = ["CounterChild", "HistogramChild", "LabeledCounter", "LabeledHistogram"]
+
+Child = TypeVar("Child", "CounterChild", "HistogramChild")
 
 #: How `prometheus_client` writes a bucket's `le` (untyped there).
 _le: Callable[[float], str] = floatToGoString
@@ -60,45 +63,57 @@ class HistogramChild:
         self.sum += value
 
 
-class _Family(Collector):
+class _Family(Collector, Generic[Child]):
+    """What both families share: the name, the label names, and the children by label values."""
+
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         if not labelnames:
             raise ValueError(f"{name}: a labeled metric needs label names")
         self._name, self._documentation, self._labelnames = name, documentation, list(labelnames)
+        self._children: dict[tuple[str, ...], Child] = {}
 
-    def _check(self, values: tuple[str, ...]) -> None:
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {list(values)}")
+    def labels(self, *values: str) -> Child:
+        """The child for `values` (in `labelnames` order), made on first use."""
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self._labelnames):
+                raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {list(values)}")
+            child = self._children[values] = self._new_child()
+        return child
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def _new_child(self) -> Child:
+        raise NotImplementedError
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
 
 
-class LabeledCounter(_Family):
+class LabeledCounter(_Family[CounterChild]):
     """A counter family (`<name>_total`); `labels(*values)` returns the cached child."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], *, registry: CollectorRegistry
     ) -> None:
         super().__init__(name.removesuffix("_total"), documentation, labelnames)
-        self._children: dict[tuple[str, ...], CounterChild] = {}
         registry.register(self)
 
-    def labels(self, *values: str) -> CounterChild:
-        child = self._children.get(values)
-        if child is None:
-            self._check(values)
-            child = self._children[values] = CounterChild()
-        return child
+    def _new_child(self) -> CounterChild:
+        return CounterChild()
 
-    def describe(self) -> Iterator[Metric]:
-        yield CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        family = self._family()
         for values, child in list(self._children.items()):
             family.add_metric(list(values), child.value)
         yield family
 
 
-class LabeledHistogram(_Family):
+class LabeledHistogram(_Family[HistogramChild]):
     """A histogram family with fixed finite `buckets` (upper bounds, ascending; `+Inf` is added);
     `labels(*values)` returns the cached child."""
 
@@ -117,21 +132,16 @@ class LabeledHistogram(_Family):
             raise ValueError(f"{name}: buckets must be finite, distinct and ascending, got {list(buckets)}")
         self._bounds = bounds
         self._labels = [_le(b) for b in bounds] + ["+Inf"]
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
         registry.register(self)
 
-    def labels(self, *values: str) -> HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            self._check(values)
-            child = self._children[values] = HistogramChild(self._bounds)
-        return child
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self._bounds)
 
-    def describe(self) -> Iterator[Metric]:
-        yield HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        family = self._family()
         for values, child in list(self._children.items()):
             cumulative, running = [], 0
             for label, count in zip(self._labels, child.counts, strict=True):
