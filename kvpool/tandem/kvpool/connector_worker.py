@@ -23,7 +23,7 @@ from vllm.logger import init_logger
 
 from tandem.kvpool import kv_blocks
 from tandem.kvpool.client import POOL_ERRORS
-from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave
+from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, chunk_presence
 from tandem.kvpool.keys import encode_metadata
 from tandem.kvpool.kv_layout import KVLayout, infer_layout, layout_from_backend
 
@@ -194,8 +194,8 @@ class WorkerSide:
         for chunk_hash in hashes:
             pipe.exists(self.namer.metadata(chunk_hash))
             pipe.exists(self.namer.kv_bytes(chunk_hash))
-        answers = pipe.execute()
-        return [h for i, h in enumerate(hashes) if not (answers[2 * i] and answers[2 * i + 1])]
+        found = chunk_presence(pipe.execute(), num_chunks=len(hashes), world_size=1)
+        return [h for h, whole in zip(hashes, found.present, strict=True) if not whole]
 
     def _metadata(self, length: int) -> bytes:
         return encode_metadata(

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tandem.router.observe.hotmetrics import CounterChild, LabeledCounter, LabeledHistogram
+from tandem.router.observe.hotmetrics import LabeledCounter, LabeledHistogram
 
 if TYPE_CHECKING:
     from tandem.router.admission.gate import AdmissionGate
@@ -74,7 +74,6 @@ class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry, *, max_tenants: int) -> None:
         self._registry = registry
         self.tenants = TenantLabels(max_tenants)
-        self._served: dict[tuple[str, str], CounterChild] = {}
         # Recorded per request or per streamed chunk: the request path's cheap families (`hotmetrics`).
         self.served_tokens = LabeledCounter(
             f"{PREFIX}_tenant_served_tokens",
@@ -113,18 +112,10 @@ class AdmissionMetrics:
     def served(self, tenant: str, *, prompt: int = 0, completion: int = 0) -> None:
         """Count served tokens; negative corrections are dropped (counters only grow)."""
         label = self.tenants.label(tenant)
-        if prompt > 0:
-            self._served_child(label, "prompt").inc(prompt)
+        if prompt > 0:  # at most `max_tenants` + 1 tenants × 2 kinds of series
+            self.served_tokens.labels(label, "prompt").inc(prompt)
         if completion > 0:
-            self._served_child(label, "completion").inc(completion)
-
-    def _served_child(self, label: str, kind: str) -> CounterChild:
-        """The series for (`label`, `kind`), looked up once: this runs for every streamed chunk.
-        Bounded like the labels: at most `max_tenants` + 1 tenants × 2 kinds."""
-        child = self._served.get((label, kind))
-        if child is None:
-            child = self._served[label, kind] = self.served_tokens.labels(label, kind)
-        return child
+            self.served_tokens.labels(label, "completion").inc(completion)
 
     def waited(self, seconds: float, *, outcome: str) -> None:
         self.queue_wait.labels(outcome).observe(max(0.0, seconds))
