@@ -63,7 +63,33 @@ def test_with_enough_varied_samples_the_fixed_overhead_is_fitted() -> None:
     rates.observe(A.url, tokens=2000, seconds=0.22)  # on t = 0.02 + W / 10,000
     assert rates.rate(A.url) == pytest.approx(10_000)
     assert rates.overhead(A.url) == pytest.approx(0.02)
-    assert rates.predict(A.url, queued_tokens=3000, uncached_tokens=6) == pytest.approx(0.3206)
+    # Within the work seen (the weighted mean W̄ = 1,520) the line as it is; past it the overhead
+    # grows with the work: 0.02 × 3,006 / 1,520 + 3,006 / 10,000.
+    assert rates.predict(A.url, queued_tokens=1000, uncached_tokens=500) == pytest.approx(0.17)
+    assert rates.predict(A.url, queued_tokens=3000, uncached_tokens=6) == pytest.approx(
+        0.02 * 3006 / 1520 + 0.3006
+    )
+
+
+def test_a_fit_from_one_prompt_size_does_not_predict_a_long_queue_at_its_flat_slope() -> None:
+    # At idle every sample is about one 3,030-token prompt and a batching engine's times scatter:
+    # the line comes out flat with a large overhead (the measured case of the module docstring).
+    rates = PrefillRates(smoothing=0.2)
+    for work, seconds in [(3030, 0.20), (6060, 0.27), (3030, 0.21), (3030, 0.19), (6060, 0.26)]:
+        rates.observe(A.url, tokens=work, seconds=seconds)
+    model = rates.model(A.url)
+    assert model.overhead > 0.1 and model.rate > 40_000
+    assert model.seen == pytest.approx(3_946.272)
+    # One prompt on an idle engine: the line itself.
+    assert rates.predict(A.url, queued_tokens=0, uncached_tokens=3030) == pytest.approx(
+        model.overhead + 3030 / model.rate
+    )
+    # Six prompts queued: the average rate, overhead included, not the line's slope alone.
+    queued = 6 * 3030
+    line = model.overhead + queued / model.rate
+    origin = queued * (model.overhead + model.seen / model.rate) / model.seen
+    assert rates.predict(A.url, queued_tokens=queued, uncached_tokens=0) == pytest.approx(origin)
+    assert origin > 1.9 * line
 
 
 @pytest.mark.parametrize(

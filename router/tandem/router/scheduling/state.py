@@ -47,7 +47,7 @@ from tandem.router.discovery.kvevents.ports import PrefixSource
 from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
-from tandem.router.scheduling.ttft import PrefillRates
+from tandem.router.scheduling.ttft import PrefillRates, ttft_seconds
 from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 
 #: Profile of a cycle whose endpoint computes the prompt (prefill pool; decode without a prefill).
@@ -302,7 +302,7 @@ class SchedulingState:
         matched = min(n, max(0, matched))
         queued = self._queued.get(url, 0)
         uncached = _uncached(n, matched, kv_loaded=kv_loaded)
-        rate, overhead = self.rates.model(url)
+        model = self.rates.model(url)
         return Candidate(
             snapshot=snapshot,
             url=url,
@@ -311,8 +311,8 @@ class SchedulingState:
             matched_tokens=matched,
             cache_fill=self.approximate.fill(url),
             queued_tokens=queued,
-            tokens_per_second=rate,
-            predicted_ttft_s=overhead + (queued + uncached) / rate,
+            tokens_per_second=model.rate,
+            predicted_ttft_s=ttft_seconds(model, queued + uncached),
             warming=self.warming(url),
         )
 

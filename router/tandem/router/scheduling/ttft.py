@@ -29,6 +29,17 @@ Example, α = 0.2: (1,000 tokens, 0.12 s), (3,000, 0.32 s), (2,000, 0.22 s) lie 
 so R = 10,000 tokens/s and c = 0.02 s; after only the first two the fallback gives R = mean(W)/mean(t)
 = 1,400/0.16 = 8,750 tokens/s and c = 0 (the overhead, unseen, slows the apparent rate).
 
+**Beyond the work it has seen.** A fit from requests of one size says little about the slope: at
+idle every sample has W ≈ one prompt, and an engine that batches makes a request's time depend on work
+that arrived after it too, so the line comes out flat with a large c. The line passes through the
+samples' means (W̄, t̄); past W̄ the prediction is the larger of the line and the line through the origin
+and that point (`W · t̄ / W̄`, the average rate, overhead included): the overhead grows with the work,
+`c · max(1, W / W̄)`, instead of being paid once for a queue of any length. Example, measured
+(simulated 7B engine at time scale 0.5, 3,030-token prompts one at a time): the fit was R = 48,541
+tokens/s, c = 0.139 s, W̄ ≈ 3,100; with 18,180 tokens queued the line said 0.51 s, the rule says
+0.374 + 0.139 × 18,180 / 3,100 = 1.19 s, and the request sent then took 1.24 s. Within W̄ the fit is
+used as it is (a short prompt on an idle engine still costs c).
+
 **Prior.** An endpoint not observed yet gets the mean R and c of the endpoints that were (new replicas
 of a pool are the same hardware), or `prior_tokens_per_second` and no overhead when none was. No
 profile of the model or GPU is needed; the prior only has to be right within a few requests.
@@ -38,8 +49,10 @@ Pure: plain numbers in and out; one `PrefillRates` per router, used from the eve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Rate assumed before anything was observed: a mid-size model on one GPU, order of magnitude only.
 DEFAULT_PRIOR_TOKENS_PER_SECOND = 8192.0
@@ -50,13 +63,37 @@ MIN_RELATIVE_SPREAD = 0.05
 
 
 def predict_ttft(
-    *, queued_tokens: float, uncached_tokens: float, tokens_per_second: float, overhead_s: float = 0.0
+    *,
+    queued_tokens: float,
+    uncached_tokens: float,
+    tokens_per_second: float,
+    overhead_s: float = 0.0,
+    seen_tokens: float = math.inf,
 ) -> float:
-    """`overhead_s + (queued_tokens + uncached_tokens) / tokens_per_second` seconds (module
-    docstring); negative counts count as 0. Raises ValueError for a rate that is not positive."""
+    """`overhead_s · max(1, W / seen_tokens) + W / tokens_per_second` seconds for the work
+    `W = queued_tokens + uncached_tokens` (module docstring; `seen_tokens`: the mean work of the
+    samples the model was fitted on); negative counts count as 0. Raises ValueError for a rate that is
+    not positive."""
     if not tokens_per_second > 0:
         raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
-    return max(0.0, overhead_s) + (max(0.0, queued_tokens) + max(0.0, uncached_tokens)) / tokens_per_second
+    work = max(0.0, queued_tokens) + max(0.0, uncached_tokens)
+    return ttft_seconds(Model(tokens_per_second, max(0.0, overhead_s), seen_tokens), work)
+
+
+class Model(NamedTuple):
+    """An endpoint's prefill model: `rate` tokens/s, `overhead` seconds, `seen` the mean work (tokens)
+    of the samples it was fitted on (infinite for the prior)."""
+
+    rate: float
+    overhead: float
+    seen: float
+
+
+def ttft_seconds(model: Model, work: float, /) -> float:
+    """Predicted seconds for `work` tokens ahead of and including a request's first token (module
+    docstring: the overhead grows with the work past what the model has seen)."""
+    overhead = model.overhead * work / model.seen if work > model.seen else model.overhead
+    return overhead + work / model.rate
 
 
 @dataclass(slots=True, kw_only=True)
@@ -69,8 +106,8 @@ class _Learned:
     wt: float
     observations: int = 1
 
-    def fit(self) -> tuple[float, float]:
-        """(tokens per second, overhead seconds), as the module docstring says."""
+    def fit(self) -> Model:
+        """Rate, overhead and the mean work seen, as the module docstring says."""
         variance = self.ww - self.w * self.w
         covariance = self.wt - self.w * self.t
         if (
@@ -81,8 +118,8 @@ class _Learned:
             per_token = covariance / variance
             overhead = self.t - self.w * per_token
             if overhead >= 0:
-                return 1.0 / per_token, overhead
-        return self.w / self.t, 0.0
+                return Model(1.0 / per_token, overhead, self.w)
+        return Model(self.w / self.t, 0.0, self.w)
 
 
 class PrefillRates:
@@ -101,8 +138,8 @@ class PrefillRates:
         self._prior = prior_tokens_per_second
         self._alpha = smoothing
         self._learned: dict[str, _Learned] = {}
-        self._fits: dict[str, tuple[float, float]] = {}
-        self._mean: tuple[float, float] | None = None  # of the fits; None: to recompute
+        self._fits: dict[str, Model] = {}
+        self._mean: Model | None = None  # of the fits; None: to recompute
 
     def observe(self, url: str, *, tokens: float, seconds: float) -> bool:
         """Learn from `tokens` of prefill work done in `seconds`; ignored (False) unless both are
@@ -132,14 +169,8 @@ class PrefillRates:
         return self._model(url)[1]
 
     def predict(self, url: str, *, queued_tokens: float, uncached_tokens: float) -> float:
-        """`predict_ttft` with `url`'s learned (or prior) rate and overhead."""
-        rate, overhead = self._model(url)
-        return predict_ttft(
-            queued_tokens=queued_tokens,
-            uncached_tokens=uncached_tokens,
-            tokens_per_second=rate,
-            overhead_s=overhead,
-        )
+        """`predict_ttft` with `url`'s learned (or prior) model."""
+        return ttft_seconds(self._model(url), max(0.0, queued_tokens) + max(0.0, uncached_tokens))
 
     def throughput(self, url: str) -> float | None:
         """Tokens/s of `url`'s requests as they came, overhead included: mean(W) / mean(t), the rate
@@ -163,20 +194,22 @@ class PrefillRates:
             del self._fits[url]
             self._mean = None
 
-    def model(self, url: str) -> tuple[float, float]:
-        """(tokens per second, overhead seconds) for `url`: learned, else the mean, else the prior."""
+    def model(self, url: str) -> Model:
+        """`url`'s model: learned, else the mean of the learned ones, else the prior."""
         return self._model(url)
 
-    def _model(self, url: str) -> tuple[float, float]:
+    def _model(self, url: str) -> Model:
         fit = self._fits.get(url)
         if fit is not None:
             return fit
         if not self._fits:
-            return self._prior, 0.0
+            return Model(self._prior, 0.0, math.inf)
         if self._mean is None:
             count = len(self._fits)
-            self._mean = (
-                sum(rate for rate, _ in self._fits.values()) / count,
-                sum(overhead for _, overhead in self._fits.values()) / count,
+            fits = self._fits.values()
+            self._mean = Model(
+                sum(fit.rate for fit in fits) / count,
+                sum(fit.overhead for fit in fits) / count,
+                sum(fit.seen for fit in fits) / count,
             )
         return self._mean
