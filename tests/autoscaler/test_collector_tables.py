@@ -217,6 +217,29 @@ def test_requests_held_for_a_prefill_engine_count_in_the_prefill_backlog() -> No
     assert problem is None and observed.queued_prefill_tokens == (12 + 3 + 5) * 300
 
 
+def test_requests_on_their_way_to_decode_are_held_in_prefill_or_waiting_in_a_decode_engine() -> None:
+    """The module docstring's example: 3 held for a prefill engine, 5 open to one, 1 waiting in a
+    decode engine → 9; the gateway's queue is its own field, and the decode pool's own in-flight
+    requests are not on their way."""
+    page = ROUTER_PAGE + (
+        "tandem_router_pd_prefill_held 3.0\n"
+        "# TYPE tandem_router_pool_in_flight_requests gauge\n"
+        'tandem_router_pool_in_flight_requests{pool="prefill"} 5.0\n'
+        'tandem_router_pool_in_flight_requests{pool="decode"} 11.0\n'
+    )
+    gateway = parse_gateway(page)
+    assert (gateway.prefill_held, gateway.prefill_in_flight) == (3.0, 5.0)
+    engines: dict[str, EngineReading | None] = {
+        "a": EngineReading(kv_usage=0.4, running=6.0, waiting=1.0),
+        "b": EngineReading(kv_usage=0.2, running=5.0, waiting=0.0),
+    }
+    observed, problem = decode_observation(
+        remember(PoolHistory(), Scrape(5.0, engines, {"http://gw-0": gateway}), keep_s=60.0)
+    )
+    assert problem is None
+    assert (observed.on_the_way, observed.gateway_queued, observed.running_requests) == (9.0, 7.0, 11.0)
+
+
 def queues(depths: dict[str, float | None]) -> dict[str, GatewayReading | None]:
     return {url: None if q is None else GatewayReading(queued=q) for url, q in depths.items()}
 

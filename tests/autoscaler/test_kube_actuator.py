@@ -332,14 +332,16 @@ async def scale_up_story(api: kmock_lib.KubernetesEmulator, namespaces: tuple[st
         finally:
             stop.set()
             await asyncio.wait_for(task, PATIENCE_S)
-    # 1 ready at 0.95 against 0.5 → 1.9 → 2 (panic: ≥ 2 × 1), then 2 requested but 1 ready: held there
-    assert (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] == 2
+    # 1 ready at 0.95 against 0.5 → 1.9 (panic: ≥ 2 × 1); the requests there, 12 running and 3
+    # waiting, at c* = 0.5 × 12 / 0.95 = 6.3 each → 2.4 → 3 (the occupancy demand); then 3 requested
+    # but 1 ready: held there
+    assert (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] == 3
     reasons = [(find(api, "Event", n) or {}).get("reason") for n in names(api, "Event")]
     assert reasons == ["ScaledUp"]
     decode = isvc(api, "demo")["status"]["autoscaling"]["decode"]
-    assert decode["desired"] == 2 and decode["ready"] == 1 and "lastScaleTime" in decode
+    assert decode["desired"] == 3 and decode["ready"] == 1 and "lastScaleTime" in decode
     assert health.status_code == 200 and health.text == "ok\n"
-    assert 'tandem_autoscaler_desired_replicas{pool="decode",service="ns1/demo"} 2.0' in metrics.text
+    assert 'tandem_autoscaler_desired_replicas{pool="decode",service="ns1/demo"} 3.0' in metrics.text
     assert path_of("Deployment", "demo-decode") + "/scale" in {str(r.url.path) for r in list(api)}
 
 

@@ -21,6 +21,7 @@ from tandem.autoscaler.decider import (
     decide_prefill,
     decode_arrival_demand,
     decode_leading,
+    decode_occupancy,
     forecast,
     prefill_leading,
     recent_median,
@@ -194,17 +195,44 @@ def test_a_decode_leading_demand_within_the_tolerance_above_ready_keeps_ready(
 
 @pytest.mark.parametrize(
     "observed",
-    [
-        replace(KNOWN, service_s=None),
-        replace(KNOWN, arrivals_per_s=None),
-        replace(KNOWN, running_requests=0.0),
-        replace(KNOWN, mean_kv_utilization=0.0),
-    ],
-    ids=["no-service-time", "no-arrivals", "nothing-running", "empty-cache"],
+    [replace(KNOWN, running_requests=0.0), replace(KNOWN, mean_kv_utilization=0.0)],
+    ids=["nothing-running", "empty-cache"],
 )
-def test_decode_without_a_share_or_a_rate_has_no_leading_demand(observed: DecodeObservation) -> None:
+def test_decode_without_a_share_has_no_leading_demand(observed: DecodeObservation) -> None:
     assert decode_arrival_demand(observed, params=DECODE) is None
+    assert decode_occupancy(observed, params=DECODE) is None
     assert decode_leading(observed, params=DECODE, trend=(Sample(0, 1.5),)) is None
+
+
+@pytest.mark.parametrize(
+    "observed",
+    [replace(KNOWN, service_s=None), replace(KNOWN, arrivals_per_s=None)],
+    ids=["no-service-time", "no-arrivals"],
+)
+def test_decode_without_a_rate_has_the_occupancy_demand_alone(observed: DecodeObservation) -> None:
+    # 6 running hold 0.3 of 1 ready, target 0.6 → c* = 12; 6 running, 9 queued, 3 in prefill → 1.5.
+    observed = replace(observed, gateway_queued=9.0, on_the_way=3.0)
+    assert decode_arrival_demand(observed, params=DECODE) is None
+    assert decode_leading(observed, params=DECODE, trend=(Sample(0, 1.5),)) == pytest.approx(1.5)
+
+
+def test_the_decode_occupancy_demand_takes_a_step_before_the_arrivals_median_does() -> None:
+    """The docstring's example: 8 running hold 0.38 of 1 ready, target 0.5 → c* = 10.5; 4 queued in
+    the gateway and 6 in prefill → 18 / 10.5 = 1.71, taken in the round that sees it, while the median
+    of the arrival demands still says what the idle seconds needed."""
+    params = replace(DECODE, target=0.5)
+    observed = replace(
+        KNOWN, running_requests=8.0, mean_kv_utilization=0.38, gateway_queued=4.0, on_the_way=6.0
+    )
+    assert decode_occupancy(observed, params=params) == pytest.approx(18 / (0.5 * 8 / 0.38))
+    idle_then_step = (Sample(0, 0.3), Sample(0.5, 0.3), Sample(1.0, 0.35), Sample(1.5, 1.9))
+    leading = decode_leading(observed, params=params, trend=idle_then_step)
+    assert leading == pytest.approx(1.71, abs=0.01)
+    # Nothing beyond the running ones: the occupancy is what they hold now, below the arrivals' need.
+    calm = replace(observed, gateway_queued=0.0, on_the_way=0.0)
+    flat = tuple(Sample(t / 2, 1.2) for t in range(5))
+    assert decode_occupancy(calm, params=params) == pytest.approx(0.76)
+    assert decode_leading(calm, params=params, trend=flat) == pytest.approx(1.2)
 
 
 def test_held_requests_scale_an_empty_decode_pool_from_zero() -> None:

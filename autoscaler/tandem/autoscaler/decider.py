@@ -137,6 +137,9 @@ class DecodeObservation:
     #: Requests the gateway holds for want of any decode engine; requests/s arriving at the gateway.
     gateway_held: float = 0.0
     arrivals_per_s: float | None = None
+    #: Requests on their way to a decode engine's batch besides the gateway's queue: held for or in
+    #: prefill, and waiting in the decode engines.
+    on_the_way: float = 0.0
     #: Mean seconds a finished request ran in a decode engine (its time there less its wait, on the
     #: arrivals' clock; None: none finished, or the engines do not report it).
     service_s: float | None = None
@@ -286,6 +289,29 @@ def prefill_leading(
     return max(arrival, drain) + forecast(trend, horizon_s=horizon, now_value=arrival)
 
 
+def at_target(observed: DecodeObservation, *, params: DeciderParams) -> float | None:
+    """c*: the running requests one decode engine holds at the target KV utilisation, each holding the
+    share the running ones hold now; None without engines or a running request. Example: 6 running
+    hold 0.3 of 1 ready, target 0.6 → 12."""
+    running, kv = observed.running_requests, observed.mean_kv_utilization
+    if observed.ready <= 0 or running <= 0 or kv <= 0:
+        return None
+    return params.target * running / (observed.ready * kv)
+
+
+def decode_occupancy(observed: DecodeObservation, *, params: DeciderParams) -> float | None:
+    """Replicas the requests already in the system need at c* each (`at_target`): running in the
+    decode engines, queued in the gateway, and on their way (held for or in prefill, waiting in a
+    decode engine); None without c*. Unlike the arrival demand this takes no median: these requests
+    are here, and in P/D they reach decode within a prefill. Example: 8 running hold 0.38 of 1 ready,
+    target 0.5 → c* = 10.5; 4 queued and 6 in prefill → (8 + 4 + 6) / 10.5 = 1.71."""
+    per_engine = at_target(observed, params=params)
+    if per_engine is None:
+        return None
+    here = observed.running_requests + observed.gateway_queued + observed.on_the_way
+    return here / per_engine
+
+
 def decode_arrival_demand(observed: DecodeObservation, *, params: DeciderParams) -> float | None:
     """Replicas the arriving requests need with every engine at the target KV utilisation, by Little's
     law (module docstring): `arrivals × s(c*) / c*`, where c* = target × running / (ready × kv) is the
@@ -294,22 +320,23 @@ def decode_arrival_demand(observed: DecodeObservation, *, params: DeciderParams)
     without arrivals, a service time, engines or a running request. Example: 6 running hold 0.3 of
     1 ready, target 0.6 → c* = 12; 9/s × 2.0 s (measured) / 12 = 1.5; with the curve 0.8 + 0.2·c
     learned (2.0 s at today's 6 running), s(12) = 3.2 s → 9 × 3.2 / 12 = 2.4."""
-    running, kv, curve = observed.running_requests, observed.mean_kv_utilization, observed.service_curve
-    if observed.arrivals_per_s is None or observed.ready <= 0 or running <= 0 or kv <= 0:
+    per_engine = at_target(observed, params=params)
+    if observed.arrivals_per_s is None or per_engine is None:
         return None
-    at_target = params.target * running / (observed.ready * kv)
-    service = curve.at(at_target) if curve is not None else observed.service_s
+    curve = observed.service_curve
+    service = curve.at(per_engine) if curve is not None else observed.service_s
     if service is None:
         return None
-    return observed.arrivals_per_s * service / at_target
+    return observed.arrivals_per_s * service / per_engine
 
 
 def decode_leading(
     observed: DecodeObservation, *, params: DeciderParams, trend: tuple[Sample, ...]
 ) -> float | None:
     """The decode pool's leading demand (module docstring): with engines, `recent_median` of the
-    arrival demands in `trend` plus the forecast; without any, 1 while the gateway holds, queues or
-    sees arriving requests (scale from zero). None when there is nothing to say.
+    arrival demands in `trend` plus the forecast, or the occupancy demand (`decode_occupancy`) when
+    that is higher; without any, 1 while the gateway holds, queues or sees arriving requests (scale
+    from zero). None when there is nothing to say.
 
     A demand above the ready count by no more than the tolerance is the ready count: the band is
     AIBrix's, on the demand itself (its KPA scales only when the metric passes target × (1 + tolerance)),
@@ -320,12 +347,18 @@ def decode_leading(
     if observed.ready == 0:
         waiting = observed.gateway_held + observed.gateway_queued + (observed.arrivals_per_s or 0.0)
         return 1.0 if waiting > 0 else None
+    occupancy = decode_occupancy(observed, params=params)
     if not trend or decode_arrival_demand(observed, params=params) is None:
+        leading = occupancy
+    else:
+        arrival = recent_median(trend)
+        start = observed.engine_start_s
+        horizon = start if start is not None else params.panic_window_s
+        leading = arrival + forecast(trend, horizon_s=horizon, now_value=arrival)
+        if occupancy is not None:
+            leading = max(leading, occupancy)
+    if leading is None:
         return None
-    arrival = recent_median(trend)
-    start = observed.engine_start_s
-    horizon = start if start is not None else params.panic_window_s
-    leading = arrival + forecast(trend, horizon_s=horizon, now_value=arrival)
     ready = float(observed.ready)
     return ready if ready < leading <= ready * (1 + params.tolerance) else leading
 
@@ -343,6 +376,7 @@ def decide_decode(
         observed.arrivals_per_s or 0.0,
         observed.service_s or 0.0,
     )
+    counts = (*counts, observed.on_the_way)
     if problem is None and not all(math.isfinite(v) and v >= 0 for v in counts):
         problem = "negative or non-finite request count"
     return _decide(params=params, observed=observed, problem=problem, state=state, now=now)

@@ -32,6 +32,10 @@ they wait there for decode capacity, then need a prefill. The observations are b
     replicas; from gateways that do not export it, the engines' served rate plus the backlog's growth
     (Δ`vllm:prompt_tokens_total` / Δt + Δbacklog / Δt, at least 0). Example: the counter went 30 000 →
     84 000 in 2 s → 27 000 tokens/s.
+- **decode** also carries the requests **on their way** to a decode engine's batch besides the
+  gateway's queue: held for a prefill engine, open to one (`tandem_router_pool_in_flight_requests
+  {pool="prefill"}`), and waiting in the decode engines (`vllm:num_requests_waiting`). Example: 3 held,
+  5 in prefill, 1 waiting in a decode engine → 9.
 - **decode** also carries the gateway's held requests (scale from zero: no decode engine yet), the
   arrival rate in requests per second, from the same counters, and the **service time**: the mean
   seconds a finished request ran in an engine, its time in the engine less its time waiting there
@@ -162,6 +166,14 @@ def gateway_waiting(scrape: Scrape) -> float:
     held for want of a decode engine, and held for a prefill engine with room (late binding)."""
     prefill_held = sum(g.prefill_held for g in scrape.gateways.values() if g is not None)
     return gateway_queued(scrape) + gateway_held(scrape) + prefill_held
+
+
+def on_the_way(scrape: Scrape) -> float:
+    """Requests bound for a decode engine's batch, besides the gateway's queue (module docstring): held
+    for or open to a prefill engine, and waiting in the decode engines."""
+    gateways = [g for g in scrape.gateways.values() if g is not None]
+    waiting = sum(r.waiting or 0.0 for r in scrape.readings.values() if r is not None)
+    return sum(g.prefill_held + g.prefill_in_flight for g in gateways) + waiting
 
 
 def arrival_rates(history: PoolHistory, *, window_s: float) -> tuple[float, float] | None:
@@ -344,6 +356,7 @@ def decode_observation(history: PoolHistory) -> tuple[DecodeObservation, str | N
         running_requests=sum(r.running or 0.0 for r in readings),
         gateway_queued=queued,
         gateway_held=gateway_held(latest),
+        on_the_way=on_the_way(latest),
         arrivals_per_s=arrivals[0] if arrivals is not None else None,
         service_s=service * scale if service is not None else None,
         service_curve=curve.scaled(scale) if curve is not None else None,

@@ -35,6 +35,9 @@ GATEWAY_QUEUE = "tandem_router_queue_depth"
 GATEWAY_HELD = "tandem_router_held_requests"
 #: Requests the gateway holds for a prefill engine with room (late binding of prefills).
 GATEWAY_PREFILL_HELD = "tandem_router_pd_prefill_held"
+#: Upstream requests the gateway has open per pool (label `pool`); the prefill pool's are on their way
+#: to decode.
+GATEWAY_POOL_IN_FLIGHT = "tandem_router_pool_in_flight_requests"
 #: Requests and their prompt tokens arriving at the gateway (counter families; samples end in _total).
 GATEWAY_ARRIVALS = "tandem_router_arrivals"
 GATEWAY_ARRIVAL_TOKENS = "tandem_router_arrival_prompt_tokens"
@@ -119,7 +122,8 @@ class GatewayReading:
 
     `queued`: requests in its admission queue (Σ over priority bands; 0 without the metric);
     `held`: requests held while the decode pool has no engine; `prefill_held`: requests held for a
-    prefill engine with room (they wait in the gateway instead of an engine's queue); `arrivals` /
+    prefill engine with room (they wait in the gateway instead of an engine's queue); `prefill_in_flight`:
+    its requests open to prefill engines (in prefill now, bound for decode next); `arrivals` /
     `arrival_tokens`: its lifetime counters of arriving requests and their prompt tokens (None: not
     exported); `prefill_rates`: its observed prefill throughput (tokens/s, overhead included) per engine
     host:port."""
@@ -127,6 +131,7 @@ class GatewayReading:
     queued: float = 0.0
     held: float = 0.0
     prefill_held: float = 0.0
+    prefill_in_flight: float = 0.0
     arrivals: float | None = None
     arrival_tokens: float | None = None
     prefill_rates: Mapping[str, float] = field(default_factory=dict)
@@ -140,6 +145,7 @@ def parse_gateway(text: str) -> GatewayReading:
     sums = {GATEWAY_QUEUE: 0.0, GATEWAY_HELD: 0.0, GATEWAY_PREFILL_HELD: 0.0}
     counters: dict[str, float] = {}
     rates: dict[str, float] = {}
+    prefill_in_flight = 0.0
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -148,6 +154,8 @@ def parse_gateway(text: str) -> GatewayReading:
                 elif sample.name in COUNTERS:
                     name = COUNTERS[sample.name]
                     counters[name] = counters.get(name, 0.0) + sample.value
+                elif family.name == GATEWAY_POOL_IN_FLIGHT and sample.labels.get("pool") == "prefill":
+                    prefill_in_flight += sample.value
                 elif family.name == GATEWAY_PREFILL_RATE and sample.value > 0 and "endpoint" in sample.labels:
                     rates[sample.labels["endpoint"]] = sample.value
     except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -156,6 +164,7 @@ def parse_gateway(text: str) -> GatewayReading:
         queued=sums[GATEWAY_QUEUE],
         held=sums[GATEWAY_HELD],
         prefill_held=sums[GATEWAY_PREFILL_HELD],
+        prefill_in_flight=prefill_in_flight,
         arrivals=counters.get(GATEWAY_ARRIVALS),
         arrival_tokens=counters.get(GATEWAY_ARRIVAL_TOKENS),
         prefill_rates=rates,
