@@ -234,3 +234,27 @@ def test_the_request_id_header_is_echoed_or_generated(http: httpx.Client) -> Non
     assert given.json()["id"] == "cmpl-abc-123"
     generated = http.post("/v1/completions", json={"model": "nope", "prompt": "a"})
     assert generated.status_code == 404 and len(generated.headers["x-request-id"]) == 32
+
+
+def test_a_chat_streams_first_bytes_come_with_its_first_token() -> None:
+    """vLLM sends a chat stream's opening role delta with the first output, after the prefill; a
+    gateway reads a stream's first bytes as its first token (TTFT learning, queued work). So when the
+    first bytes of a long prompt's stream arrive, the engine has already counted its first token."""
+    settings = SimSettings(profile="qwen2.5-7b-h100", served_model_name=MODEL, time_scale=1, seed=1)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "word " * 6000}],
+        "max_tokens": 2,
+        "stream": True,
+    }
+    first_tokens = 'vllm:time_to_first_token_seconds_count{engine="0",model_name="qwen"}'
+    with run_uvicorn(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+            chunks = reply.iter_raw()
+            first = next(chunks)
+            counted = [line for line in http.get("/metrics").text.splitlines() if line.startswith(first_tokens)]
+            rest = first + b"".join(chunks)
+    opening = json.loads(first.split(b"\n\n")[0].removeprefix(b"data: "))
+    assert opening["choices"][0]["delta"]["role"] == "assistant"
+    assert counted == [f"{first_tokens} 1.0"]
+    assert rest.endswith(b"data: [DONE]\n\n")

@@ -131,11 +131,15 @@ class _Job:
     async def events(self, meta: ResponseMeta) -> AsyncIterator[bytes]:
         finished = False
         try:
-            if meta.kind == "chat":
-                yield sse(chunk(meta, text="", role=True))
+            # vLLM opens a chat stream with the role delta when the first output arrives, after the
+            # prefill: a gateway reads a stream's first bytes as its first token.
+            opening = meta.kind == "chat"
             prefix = self._echo()
             async for output in self.stream:
                 await self._on_output(output)
+                if opening:
+                    opening = False
+                    yield sse(chunk(meta, text="", role=True))
                 if output.text_delta or output.finished or prefix:
                     text, prefix = prefix + output.text_delta, ""
                     yield sse(

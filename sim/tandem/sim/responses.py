@@ -1,9 +1,10 @@
 """Response bodies and stream chunks in vLLM's shapes, for completions and chat completions.
 
 Non-streaming bodies carry `usage`. Streams send one chunk per token with the text it made visible
-(chat streams open with a `{"role": "assistant", "content": ""}` delta); the chunk of the last token
-carries `finish_reason`; with `stream_options.include_usage` every chunk has `"usage": null` and a
-last chunk has empty `choices` and the `usage`.
+(chat streams open with a `{"role": "assistant", "content": ""}` delta, sent with the first token as
+vLLM sends it); the chunk of the last token carries `finish_reason`; with
+`stream_options.include_usage` every chunk has `"usage": null` and a last chunk has empty `choices`
+and the `usage`.
 """
 
 from __future__ import annotations
