@@ -37,14 +37,17 @@ def test_the_decode_pools_learned_service_time_and_clock_are_exported() -> None:
         service_s=1.7,
         service_curve=ServiceCurve(intercept_s=1.58, slope_s=0.068, floor_s=1.65),
         clock_ratio=2.0,
+        on_the_way=9.0,
     )
     metrics.record(decode_outcome(learned))
     assert value(registry, "tandem_autoscaler_decode_service_seconds") == 1.7
     assert value(registry, "tandem_autoscaler_decode_service_slope_seconds") == 0.068
     assert value(registry, "tandem_autoscaler_decode_clock_ratio") == 2.0
+    assert value(registry, "tandem_autoscaler_decode_on_the_way_requests") == 9.0
     metrics.record(decode_outcome(DecodeObservation(timestamp=1.0, ready=2)))  # nothing learned (yet)
     assert value(registry, "tandem_autoscaler_decode_service_slope_seconds") == 0.0
     assert value(registry, "tandem_autoscaler_decode_clock_ratio") == 0.0
     metrics.forget("ns/demo")
     assert value(registry, "tandem_autoscaler_decode_clock_ratio") is None
     assert value(registry, "tandem_autoscaler_decode_service_slope_seconds") is None
+    assert value(registry, "tandem_autoscaler_decode_on_the_way_requests") is None

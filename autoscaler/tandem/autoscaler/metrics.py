@@ -78,6 +78,14 @@ class AutoscalerMetrics:
             ("service",),
             registry=registry,
         )
+        self.on_the_way = Gauge(
+            "tandem_autoscaler_decode_on_the_way_requests",
+            "Requests bound for a decode engine's batch besides the gateway's queue: held for or in "
+            "prefill, waiting in the decode engines (with the running and queued ones, the decode "
+            "pool's occupancy demand).",
+            ("service",),
+            registry=registry,
+        )
         self.service_time = Gauge(
             "tandem_autoscaler_decode_service_seconds",
             "Mean seconds a request runs in a decode engine (its time there less its wait, on the "
@@ -132,6 +140,7 @@ class AutoscalerMetrics:
         if isinstance(observed, DecodeObservation):
             self.kv.labels(outcome.service).set(observed.mean_kv_utilization)
             self.held.labels(outcome.service).set(observed.gateway_held)
+            self.on_the_way.labels(outcome.service).set(observed.on_the_way)
             self.service_time.labels(outcome.service).set(observed.service_s or 0.0)
             curve = observed.service_curve
             self.service_slope.labels(outcome.service).set(curve.slope_s if curve is not None else 0.0)
@@ -148,7 +157,8 @@ class AutoscalerMetrics:
             for pool in ("prefill", "decode"):
                 _remove(gauge, service, pool)
         per_service = (self.kv, self.ttft, self.backlog, self.gateway_queued, self.arrivals, self.capacity)
-        for gauge in (*per_service, self.held, self.service_time, self.service_slope, self.clock_ratio):
+        decode = (self.held, self.on_the_way, self.service_time, self.service_slope, self.clock_ratio)
+        for gauge in (*per_service, *decode):
             _remove(gauge, service)
         for pool in ("prefill", "decode"):
             for direction in ("up", "down"):
