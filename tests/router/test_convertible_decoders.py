@@ -32,25 +32,6 @@ def test_the_prefill_pool_is_busy_when_it_misses_the_objective_and_decode_is_fas
     assert prefill_busy(slo_ttft_s=1.0, prefill_ttft_s=prefill, decode_ttft_s=lambda: decode) is busy
 
 
-@pytest.mark.parametrize(("ahead", "busy"), [(0.1, True), (0.25, True), (0.4, False)])
-def test_a_decode_engine_takes_converted_prompts_only_while_its_queue_is_short(
-    ahead: float, busy: bool
-) -> None:
-    """The disaggregated requests that reach a decode engine after their prefill wait behind the
-    prompts converted to it: beyond a quarter of the objective queued there, none is converted."""
-    asked: list[str] = []
-
-    def decode() -> float:
-        asked.append("decode")
-        return 0.35
-
-    converted = prefill_busy(
-        slo_ttft_s=1.0, prefill_ttft_s=[0.8, 3.1], decode_ttft_s=decode, decode_ahead_s=lambda: ahead
-    )
-    assert converted is busy
-    assert asked == (["decode"] if busy else [])
-
-
 @pytest.mark.parametrize("mode", ["always", "auto"])
 def test_a_busy_prefill_pool_turns_a_disaggregation_into_decode_only(mode: DisaggregationMode) -> None:
     def decided(mode: DisaggregationMode, *, busy: bool) -> PDDecision:

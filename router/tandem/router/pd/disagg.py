@@ -19,14 +19,9 @@ the queue it is building) *and* the chosen decode endpoint, computing the prompt
 faster (`TTFTEstimator`: the router's own `c + (Q + U) / R` model of
 `tandem.router.scheduling.ttft`, so a decode engine already busy with converted prefills stops being
 chosen as its own queue grows). When the prefill pool catches up (new replicas, a shorter queue) the
-prediction falls under that share and requests go back to P/D by themselves. A decode endpoint takes
-converted prompts only while it has at most a quarter of the objective queued (`HOLD_SHARE`, the late
-binding's rule for a prefill engine): the disaggregated requests that reach it after their prefill wait
-behind its converted prompts, and they arrived first (on the 2026-11-27 step seven prompts converted
-in 0.3 s held four of them 1.0–1.4 s at the one decode engine). Example, objective 1 s:
+prediction falls under that share and requests go back to P/D by themselves. Example, objective 1 s:
 prefill endpoints predicted at 0.8 s and 3.1 s (a burst queued on them), the decode endpoint at 0.35 s →
-decode only; the same with 0.4 s already queued on the decode endpoint, or with the prefill pool at
-0.4 s → disaggregate.
+decode only; the same with the prefill pool at 0.4 s → disaggregate.
 
     uncached = prompt tokens − max(local prefix on the chosen decode endpoint, prefix in the KV pool)
 
@@ -78,7 +73,7 @@ from tandem.kvpool.index import KVPoolIndex
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.errors import UpstreamError, UpstreamTimeout
 from tandem.router.pd.handoff import decode_body, kv_params_from_prefill, prefill_body
-from tandem.router.pd.hold import HOLD_SHARE, PrefillHold
+from tandem.router.pd.hold import PrefillHold
 from tandem.router.pd.keycheck import (
     Evidence,
     PoolKeysCheck,
@@ -124,35 +119,25 @@ class TTFTEstimator(Protocol):
 
     def estimate_ttft(self, url: str, request: Routable, /, *, extra_queued: int = 0) -> float: ...
 
-    def ahead(self, url: str) -> float:
-        """Seconds of work queued on `url` before anything sent now would start."""
-        ...
-
 
 #: The share of a request's TTFT objective its prefill may take before the pool counts as busy.
 PREFILL_SHARE = 0.5
 
 
 def prefill_busy(
-    *,
-    slo_ttft_s: float,
-    prefill_ttft_s: Iterable[float],
-    decode_ttft_s: Callable[[], float | None],
-    decode_ahead_s: Callable[[], float] = lambda: 0.0,
+    *, slo_ttft_s: float, prefill_ttft_s: Iterable[float], decode_ttft_s: Callable[[], float | None]
 ) -> bool:
     """Whether the prefill pool is short of capacity for this request (module docstring): its best
-    prediction exceeds `PREFILL_SHARE` of the objective, the decode endpoint has at most `HOLD_SHARE`
-    of it queued (`decode_ahead_s`: converted prompts there, which the disaggregated requests arriving
-    after their prefill wait behind) and it would be faster. The predictions are consumed lazily: the
-    first prefill endpoint within that share ends it (the usual case), and the decode endpoint is asked
-    only when none is. Example: objective 1 s, prefill [0.8, 3.1], decode 0.35 with 0.1 s queued →
-    True; the same with 0.4 s queued there → False; prefill [0.4] → False; no decode estimate → False."""
+    prediction exceeds `PREFILL_SHARE` of the objective and the decode endpoint would be faster. The
+    predictions are consumed lazily: the first prefill endpoint within that share ends it (the usual
+    case), and the decode endpoint is asked only when none is. Example: objective 1 s, prefill
+    [0.8, 3.1], decode 0.35 → True; prefill [0.4] → False; no decode estimate → False."""
     best = math.inf
     for predicted in prefill_ttft_s:
         if predicted <= PREFILL_SHARE * slo_ttft_s:
             return False
         best = min(best, predicted)
-    if math.isinf(best) or decode_ahead_s() > HOLD_SHARE * slo_ttft_s:
+    if math.isinf(best):
         return False
     decode = decode_ttft_s()
     return decode is not None and decode < best
@@ -372,7 +357,6 @@ class Disaggregator:
             slo_ttft_s=request.slo.ttft_s,
             prefill_ttft_s=predictions,
             decode_ttft_s=lambda: convert.estimate_ttft(decode.url, request),
-            decode_ahead_s=lambda: convert.ahead(decode.url),
         )
 
     async def _available_tokens(
