@@ -248,12 +248,16 @@ def test_a_chat_streams_first_bytes_come_with_its_first_token() -> None:
         "stream": True,
     }
     first_tokens = 'vllm:time_to_first_token_seconds_count{engine="0",model_name="qwen"}'
-    with run_uvicorn(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as http:
-        with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-            chunks = reply.iter_raw()
-            first = next(chunks)
-            counted = [line for line in http.get("/metrics").text.splitlines() if line.startswith(first_tokens)]
-            rest = first + b"".join(chunks)
+    with (
+        run_uvicorn(create_app(settings)) as url,
+        httpx.Client(base_url=url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as reply,
+    ):
+        chunks = reply.iter_raw()
+        first = next(chunks)
+        page = http.get("/metrics").text.splitlines()
+        counted = [line for line in page if line.startswith(first_tokens)]
+        rest = first + b"".join(chunks)
     opening = json.loads(first.split(b"\n\n")[0].removeprefix(b"data: "))
     assert opening["choices"][0]["delta"]["role"] == "assistant"
     assert counted == [f"{first_tokens} 1.0"]

@@ -373,10 +373,10 @@ def decide_decode(
         observed.running_requests,
         observed.gateway_queued,
         observed.gateway_held,
+        observed.on_the_way,
         observed.arrivals_per_s or 0.0,
         observed.service_s or 0.0,
     )
-    counts = (*counts, observed.on_the_way)
     if problem is None and not all(math.isfinite(v) and v >= 0 for v in counts):
         problem = "negative or non-finite request count"
     return _decide(params=params, observed=observed, problem=problem, state=state, now=now)
