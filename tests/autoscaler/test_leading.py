@@ -397,3 +397,15 @@ def test_a_ramp_is_pre_scaled_by_the_forecast() -> None:
         if 15 <= t <= 35:
             need_later = ramp(t + 5.0) * PROMPT / (CAPACITY * 0.8)
             assert desired >= need_later - 0.5, (t, desired, need_later)
+
+
+def test_a_decode_decision_says_what_its_occupancy_demand_was() -> None:
+    """The reason names the occupancy demand beside the leading demand that acted (here it is the one)."""
+    params = replace(DECODE, target=0.5)
+    observed = replace(
+        KNOWN, running_requests=8.0, mean_kv_utilization=0.38, gateway_queued=4.0, on_the_way=6.0
+    )
+    calm = DeciderState(samples=tuple(Sample(float(t), 0.4) for t in range(-19, 0)))  # windows: 1
+    decision, _ = decide_decode(params=params, observed=observed, state=calm, now=0.0)
+    assert decision.desired == 2
+    assert "leading signals want 2 now (1.71, occupancy 1.71)" in decision.reason
