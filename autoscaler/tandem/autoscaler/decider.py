@@ -48,7 +48,10 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
   seconds before the windows asked for a replica. Example: 9 requests/s; 6 running hold 0.3 of 1
   ready, target 0.6 → c* = 12; 2.0 s measured → 9 × 2.0 / 12 = 1.5 → 2 replicas; with the line
   0.8 + 0.2·c learned, s(12) = 3.2 s → 2.4 → 3. Without a running request (no share to measure) or a
-  service time, none.
+  service time, none. Beside it, the **occupancy** (`decode_occupancy`): the requests already running,
+  queued in the gateway or on their way (held for or in prefill, waiting in a decode engine) over c*,
+  taken in the round that sees them (a step's requests are here seconds before the arrivals' median
+  moves); the leading demand is the larger of the two.
 - decode without an engine: 1 while the gateway holds requests, queues some or sees arrivals (scale from
   zero).
 - prefill with no engine and no known rate: 1 while anything arrives.
