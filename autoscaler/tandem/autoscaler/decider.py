@@ -439,12 +439,16 @@ def _decide(
         trend = state.trend if arrival is None else (*state.trend, Sample(now, arrival))
         trend = within(trend, now=now, window_s=trend_window)
         leading = decode_leading(observed, params=params, trend=trend)
+        occupancy = decode_occupancy(observed, params=params)
+        # The reason names the occupancy demand beside the leading demand that acted.
+        detail = f", occupancy {occupancy:.2f}" if occupancy is not None else ""
     else:
         demand = prefill_demand(observed, target=params.target)
         arrival = arrival_demand(observed, params=params)
         trend = state.trend if arrival is None else (*state.trend, Sample(now, arrival))
         trend = within(trend, now=now, window_s=trend_window)
         leading = prefill_leading(observed, params=params, trend=trend)
+        detail = ""
     sampled = max(demand, leading) if leading is not None else demand
     samples = within((*state.samples, Sample(now, sampled)), now=now, window_s=params.stable_window_s)
     ready = observed.ready
@@ -454,7 +458,7 @@ def _decide(
     state = replace(state, trend=trend)
     if leading is not None and ceil_replicas(leading) > desired:
         desired = ceil_replicas(leading)
-        reason = f"{reason}; leading signals want {desired} now ({leading:.2f}{_terms(observed, params)})"
+        reason = f"{reason}; leading signals want {desired} now ({leading:.2f}{detail})"
     if ready > 0 and abs(desired - ready) <= params.tolerance * ready + 1e-9:  # |desired/ready - 1| <= tol
         desired, reason = ready, f"{reason}; within ±{params.tolerance:.0%} of {ready} ready, keep"
     # A fresh decider has no history, so it counts today's ready as a desire: no scale-down for one delay.
@@ -468,15 +472,6 @@ def _decide(
             desired, reason = delayed, f"{reason}; scale-down delay holds {delayed}"
     desired, reason = _limit(params=params, desired=desired, ready=ready, reason=reason)
     return Decision(desired=desired, reason=reason), replace(state, samples=samples, desires=desires)
-
-
-def _terms(observed: DecodeObservation | PrefillObservation, params: DeciderParams) -> str:
-    """Which of decode's leading demands spoke, for the decision's reason: the occupancy demand when
-    there is one (the arrival demand is the rest). Example: ", occupancy 3.01"."""
-    if not isinstance(observed, DecodeObservation):
-        return ""
-    occupancy = decode_occupancy(observed, params=params)
-    return f", occupancy {occupancy:.2f}" if occupancy is not None else ""
 
 
 def _panic_or_stable(
