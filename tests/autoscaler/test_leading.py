@@ -194,6 +194,43 @@ def test_a_decode_leading_demand_within_the_tolerance_above_ready_keeps_ready(
 
 
 @pytest.mark.parametrize(
+    ("median", "ready", "leading"),
+    [(3.04, 3, 3.0), (3.31, 3, 3.31), (2.5, 3, 2.5), (1.05, 1, 1.0), (1.2, 1, 1.2), (0.3, 0, 0.3)],
+    ids=["within-band", "beyond-band", "below-ready", "one-within", "one-beyond", "from-zero"],
+)
+def test_a_prefill_leading_demand_within_the_tolerance_above_ready_keeps_ready(
+    median: float, ready: int, leading: float
+) -> None:
+    """As decode's: 3 ready, tolerance 0.1: 3.04 → 3.0 (the 2026-11-27 steps bought a fourth replica on
+    3.00–3.24 and held it through the scale-down delay), 3.31 → 3.31 (→ 4); nothing ready: any demand."""
+    observed = PrefillObservation(
+        timestamp=2, ready=ready, arrival_tokens_per_s=median * 9_600, prefill_tokens_per_s=12_000
+    )
+    flat = tuple(Sample(float(t), median) for t in range(3))
+    assert prefill_leading(observed, params=replace(PARAMS, target_utilization=0.8), trend=flat) == (
+        pytest.approx(leading)
+    )
+
+
+def test_a_prefill_pool_at_a_flat_load_a_hair_over_its_replicas_does_not_scale() -> None:
+    """3 ready and arrivals a hair over three replicas' worth at ρ (3.04), round after round: the
+    decision keeps 3, where without the band every round asked for a fourth."""
+    params = replace(PARAMS, target_utilization=0.8)
+    state, desired = DeciderState(), []
+    for t in range(12):
+        seen = PrefillObservation(
+            timestamp=t,
+            ready=3,
+            arrival_tokens_per_s=3.04 * 9_600,
+            prefill_tokens_per_s=12_000,
+            ttft_p90_s=0.1,
+        )
+        decision, state = decide_prefill(params=params, observed=seen, state=state, now=float(t))
+        desired.append(decision.desired)
+    assert desired == [3] * 12
+
+
+@pytest.mark.parametrize(
     "observed",
     [replace(KNOWN, running_requests=0.0), replace(KNOWN, mean_kv_utilization=0.0)],
     ids=["nothing-running", "empty-cache"],

@@ -56,6 +56,9 @@ Beside that lagging demand each pool has a **leading** one, from signals that mo
   zero).
 - prefill with no engine and no known rate: 1 while anything arrives.
 
+Either pool's leading demand above the ready count by no more than the tolerance (0.1) is the ready
+count (`within_tolerance`): noise that crosses an integer by a hair buys no replica.
+
 The start time is measured by the controller (scale-up asked → replica ready) and passed in the
 observation (``engine_start_s``, None until measured: then ``H`` = target and the forecast horizon is the
 panic window).
@@ -273,7 +276,8 @@ def prefill_leading(
 ) -> float | None:
     """The prefill pool's leading demand (module docstring), `trend` holding the recent arrival demand
     (the latest last; `recent_median` of it is used); None when there is no capacity to divide by and
-    an engine is running (the lagging demand decides alone). Example: arrival demand 2.81; 30 000
+    an engine is running (the lagging demand decides alone). A demand above the ready count by no more
+    than the tolerance is the ready count (`within_tolerance`). Example: arrival demand 2.81; 30 000
     tokens waiting, R 12 000, start 5 s → (27 000 + 6 000) / 12 000 = 2.75, the larger 2.81; flat trend →
     2.81."""
     capacity = prefill_capacity(observed)
@@ -289,7 +293,19 @@ def prefill_leading(
     drain = arrival * params.target_utilization + observed.queued_prefill_tokens / (
         capacity * max(params.target, start or 0.0)
     )
-    return max(arrival, drain) + forecast(trend, horizon_s=horizon, now_value=arrival)
+    leading = max(arrival, drain) + forecast(trend, horizon_s=horizon, now_value=arrival)
+    return within_tolerance(leading, ready=observed.ready, params=params)
+
+
+def within_tolerance(leading: float, *, ready: int, params: DeciderParams) -> float:
+    """A leading demand above the ready count by no more than the tolerance is the ready count: the band
+    is AIBrix's, on the demand itself (its KPA scales only when the metric passes target × (1 +
+    tolerance)), where the band on the rounded count lets any excess through below 10 replicas. At a
+    flat load with Poisson arrivals a 2 s window's noise plus the forecast's slope of it crossed an
+    integer by a hair and bought a replica, held through the scale-down delay (decode first; prefill on
+    the 2026-11-27 steps: 3.00–3.24 at 3 ready, 1.01–1.06 at 1 in the tail). Example: 4 ready,
+    tolerance 0.1: 4.3 → 4.0, 4.5 → 4.5 (→ 5 replicas); 0 ready: any demand passes."""
+    return float(ready) if ready < leading <= ready * (1 + params.tolerance) else leading
 
 
 def at_target(observed: DecodeObservation, *, params: DeciderParams) -> float | None:
@@ -341,12 +357,8 @@ def decode_leading(
     that is higher; without any, 1 while the gateway holds, queues or sees arriving requests (scale
     from zero). None when there is nothing to say.
 
-    A demand above the ready count by no more than the tolerance is the ready count: the band is
-    AIBrix's, on the demand itself (its KPA scales only when the metric passes target × (1 + tolerance)),
-    where the band on the rounded count lets any excess through below 10 replicas. At a flat load with
-    Poisson arrivals a 2 s window's noise plus the forecast's slope of it crossed an integer by a hair
-    and bought a replica, held through the scale-down delay. Example: 4 ready, tolerance 0.1: 4.3 → 4.0,
-    4.5 → 4.5 (→ 5 replicas)."""
+    A demand above the ready count by no more than the tolerance is the ready count
+    (`within_tolerance`)."""
     if observed.ready == 0:
         waiting = observed.gateway_held + observed.gateway_queued + (observed.arrivals_per_s or 0.0)
         return 1.0 if waiting > 0 else None
@@ -362,8 +374,7 @@ def decode_leading(
             leading = max(leading, occupancy)
     if leading is None:
         return None
-    ready = float(observed.ready)
-    return ready if ready < leading <= ready * (1 + params.tolerance) else leading
+    return within_tolerance(leading, ready=observed.ready, params=params)
 
 
 def decide_decode(
