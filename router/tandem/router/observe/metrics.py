@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -73,6 +73,11 @@ class RouterMetrics:
             f"{PREFIX}_pd_decisions",
             "Generation requests by P/D decision (disaggregate, decode_only) and its reason.",
             ["decision", "reason"],
+            registry=registry,
+        )
+        self.pd_decode_rechosen = Counter(
+            f"{PREFIX}_pd_decode_rechosen",
+            "Prefilled requests whose decode endpoint was chosen again: the pool changed during the prefill.",
             registry=registry,
         )
         self.pd_kv_barrier_wait = LabeledHistogram(

@@ -62,7 +62,9 @@ class RequestContext:
     grant: Grant | None = None
     queue_s: float | None = None
     decode: Endpoint | None = None
+    decode_members: tuple[Endpoint, ...] = ()  # the decode pool when `decode` was chosen
     kv_loaded: bool = False  # a prefill succeeded: the decode engine loads the prompt's KV
+    decode_rechosen: bool = False  # chosen again after the prefill: the decode pool had changed
     prefill_endpoint: str | None = None
     pd_fallback: str | None = None
     prefill_s: float | None = None
@@ -170,6 +172,7 @@ class RequestContext:
             "prompt_tokens": len(self._encoded.ids) if self._encoded is not None else None,
             "decode_endpoint": self.decode_endpoint,
             "prefill_endpoint": self.prefill_endpoint,
+            "decode_rechosen": True if self.decode_rechosen else None,
             "pd_fallback": self.pd_fallback,
             "prefill_s": _round(self.prefill_s),
             "held_s": _round(self.held_s),

@@ -156,6 +156,7 @@ class Pick:
     name: str = "pick"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        ctx.decode_members = self.dispatcher.registry.endpoints("decode")
         ctx.decode = self.dispatcher.choose("decode", ctx)
 
 
@@ -178,12 +179,28 @@ class Disaggregate:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """The decode request; usage is always asked for, so output tokens are charged exactly."""
+    """The decode request; usage is always asked for, so output tokens are charged exactly.
+
+    It goes to the endpoint `Pick` chose, but for one case: the prompt was prefilled elsewhere (its KV
+    is where any decode engine loads it: the KV pool, or the prefill engine its `kv_transfer_params`
+    name) and the decode pool's members changed while the prefill ran. Then the scheduler chooses
+    again among the pool as it is now. At a step an engine joins the decode pool while the requests
+    that arrived before it are in prefill; bound to the one engine chosen at their arrival, they
+    waited behind its queue while the new one stood idle (docs/autoscaler.md). Counted in
+    `tandem_router_pd_decode_rechosen_total`."""
 
     dispatcher: Dispatcher
     name: str = "dispatch"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
+        first = ctx.decode
+        if (
+            ctx.kv_loaded
+            and first is not None
+            and self.dispatcher.registry.endpoints("decode") != (ctx.decode_members)
+        ):
+            first, ctx.decode_rechosen = None, True
+            self.dispatcher.metrics.pd_decode_rechosen.inc()
         body, ctx.strip_usage = request_usage(ctx.decode_body if ctx.decode_body is not None else ctx.body)
         call = UpstreamCall(
             path=ctx.route.value,
@@ -191,7 +208,7 @@ class Dispatch:
             headers={"x-request-id": ctx.upstream_id},
             stream=ctx.stream,
         )
-        attempt: Attempt = await self.dispatcher.open("decode", request=ctx, call=call, first=ctx.decode)
+        attempt: Attempt = await self.dispatcher.open("decode", request=ctx, call=call, first=first)
         ctx.attempt = attempt
         ctx.cleanups.append(attempt.finish)
         ctx.decode_endpoint = attempt.endpoint.name
