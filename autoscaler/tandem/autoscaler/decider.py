@@ -303,7 +303,7 @@ def within_tolerance(leading: float, *, ready: int, params: DeciderParams) -> fl
     tolerance)), where the band on the rounded count lets any excess through below 10 replicas. At a
     flat load with Poisson arrivals a 2 s window's noise plus the forecast's slope of it crossed an
     integer by a hair and bought a replica, held through the scale-down delay (decode first; prefill on
-    the 2026-11-27 steps: 3.00–3.24 at 3 ready, 1.01–1.06 at 1 in the tail). Example: 4 ready,
+    the 2026-11-27 steps: 3.00–3.24 at 3 ready, 1.00–1.09 at 1 in the tail). Example: 4 ready,
     tolerance 0.1: 4.3 → 4.0, 4.5 → 4.5 (→ 5 replicas); 0 ready: any demand passes."""
     return float(ready) if ready < leading <= ready * (1 + params.tolerance) else leading
 
