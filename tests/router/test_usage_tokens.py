@@ -93,6 +93,43 @@ def test_the_usage_event_the_router_asked_for_is_stripped_and_nothing_else() -> 
     assert sum(counts) == 2 and tap.usage == Usage(prompt_tokens=7, completion_tokens=3)
 
 
+@pytest.mark.parametrize("strip_usage", [True, False], ids=["strip", "keep"])
+@pytest.mark.parametrize(
+    "events",
+    [
+        [chat_chunk(" a"), chat_chunk(" b"), chat_chunk(" c"), USAGE, DONE],
+        [chat_chunk(" a"), USAGE, DONE],
+        [USAGE, DONE],
+        [chat_chunk(" a"), chat_chunk(" b"), DONE],
+        [chat_chunk("data: [DONE]"), chat_chunk(" b"), USAGE, DONE],  # the marker as generated text
+        [chat_chunk(" a"), chat_chunk('"usage":{'), USAGE, DONE],
+        [text_chunk(" a"), text_chunk(" b"), USAGE, DONE],
+        [chat_chunk(" a"), USAGE, DONE, b'data: {"cho'],  # and the start of an event after it
+    ],
+    ids=[
+        "tokens-usage-done",
+        "one-token",
+        "usage-only",
+        "no-usage",
+        "done-in-text",
+        "usage-in-text",
+        "completions",
+        "unfinished-after",
+    ],
+)
+def test_a_streams_last_read_with_its_usage_counts_as_its_events_one_by_one(
+    events: list[bytes], strip_usage: bool
+) -> None:
+    """A stream's last read often holds its last token events, the usage event and `[DONE]` at once:
+    the token events before the usage are counted from their bytes, the rest event by event; the
+    counts, the usage and the bytes relayed are those of feeding the events one at a time."""
+    whole, apart = SSETap(strip_usage=strip_usage), SSETap(strip_usage=strip_usage)
+    relayed, counts = run(whole, [b"".join(events)])
+    relayed_apart, counts_apart = run(apart, events)
+    assert (relayed, sum(counts), whole.usage) == (relayed_apart, sum(counts_apart), apart.usage)
+    assert whole.tokens == apart.tokens
+
+
 def test_crlf_framed_events_are_understood() -> None:
     stream = [chat_chunk("x").replace(b"\n\n", b"\r\n\r\n"), USAGE.replace(b"\n\n", b"\r\n\r\n")]
     tap = SSETap(strip_usage=True)

@@ -122,6 +122,19 @@ def _tokens_without_parsing(payload: bytes) -> int | None:
     return 0
 
 
+def _tail_start(chunk: bytes) -> int:
+    """Where the event that holds a chunk's first non-null usage or `[DONE]` begins, when whole events
+    come before it; else 0. Example: 3 token events, the usage event, `[DONE]` → the usage event's
+    first byte."""
+    marks = [
+        i for i in (chunk.find(b"data: [DONE]"), chunk.find(b'"usage":{'), chunk.find(b'"usage": {')) if i > 0
+    ]
+    if not marks:
+        return 0
+    end = chunk.rfind(b"\n\n", 0, min(marks))
+    return end + 2 if end > 0 else 0
+
+
 def quick_tokens(chunk: bytes) -> int | None:
     """Generated tokens of a chunk of whole `data: {...}` events, read from its bytes with the rules
     of `_tokens_without_parsing` (module docstring), or None when only decoding can tell. Example:
@@ -169,6 +182,17 @@ class SSETap:
             if quick is not None:
                 self.tokens += quick
                 return chunk, quick
+            # A stream's last read often carries its last token events with the usage event and
+            # `[DONE]`: the token events before them are counted in one go, the rest event by event.
+            cut = _tail_start(chunk)
+            head = quick_tokens(chunk[:cut]) if cut else None
+            if head is not None:
+                self.tokens += head
+                rest, tokens = self._by_event(chunk[cut:])
+                return (chunk[:cut] + rest if self.strip_usage else chunk), head + tokens
+        return self._by_event(chunk)
+
+    def _by_event(self, chunk: bytes) -> tuple[bytes, int]:
         if not self._parsing:
             out = self._pending + chunk if self.strip_usage else chunk
             self._pending = b""
