@@ -103,22 +103,29 @@ def _tokens_without_parsing(payload: bytes) -> int | None:
     if not (payload.startswith(b"{") and payload.endswith(b"}")):
         return None
     count = payload.count
+    # Compact JSON (vLLM's and the simulator's) has no `": ` anywhere: then the spaced forms of the
+    # keys below cannot occur and are not looked for.
+    spaced = b'": ' in payload
+
+    def both(compact: bytes, with_space: bytes) -> int:
+        return count(compact) + count(with_space) if spaced else count(compact)
+
     usages = count(b'"usage"')
-    if usages and count(b'"usage":null') + count(b'"usage": null') != usages:
+    if usages and both(b'"usage":null', b'"usage": null') != usages:
         return None
     contents, texts = count(b'"content"'), count(b'"text"')
     if contents and texts:
         return None
     if contents:
-        strings = count(b'"content":"') + count(b'"content": "')
+        strings = both(b'"content":"', b'"content": "')
         if strings != contents or b'"delta"' not in payload:
             return None
-        return strings - count(b'"content":""') - count(b'"content": ""')
+        return strings - both(b'"content":""', b'"content": ""')
     if texts:
-        strings = count(b'"text":"') + count(b'"text": "')
+        strings = both(b'"text":"', b'"text": "')
         if strings != texts or b'"delta"' in payload:
             return None
-        return strings - count(b'"text":""') - count(b'"text": ""')
+        return strings - both(b'"text":""', b'"text": ""')
     return 0
 
 
