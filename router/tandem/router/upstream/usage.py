@@ -7,9 +7,10 @@
   (vLLM sends one event per token); the final usage event gives the exact total. A chunk of whole
   events (every token chunk vLLM and the simulator send) is counted from its bytes in one go
   (`quick_tokens`: the rules of `_tokens_without_parsing`, which are sound because a `"` inside a
-  JSON string is always escaped), without splitting it into events; anything else (a usage event, an
-  event split across chunks, `[DONE]`, the text kept for the log line) goes event by event, decoding
-  JSON where the bytes cannot tell. Both ways count the same.
+  JSON string is always escaped), without splitting it into events; a stream's last read, whose
+  token events come with the usage event and `[DONE]`, is counted that way up to them (`_tail_start`).
+  Anything else (a usage event, an event split across chunks, `[DONE]`, the text kept for the log
+  line) goes event by event, decoding JSON where the bytes cannot tell. Both ways count the same.
 - **Usage always on**: `request_usage` adds `stream_options.include_usage: true` to a streaming body
   that did not ask for it; the tap then drops that usage-only event (`"choices": []`) from the
   client's stream, so the client sees the stream it asked for. Only then does the tap hold back the
