@@ -22,6 +22,16 @@ from tandem.router.settings import RouterSettings
 
 MODEL = "qwen"
 MODEL_NAME = "Qwen/Qwen2.5-7B-Instruct"
+#: What a prefill engine answers with vLLM's NIXL connector: where the decode engine finds the KV.
+NIXL_PARAMS = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_engine_id": "prefill-engine-1",
+    "remote_block_ids": [3, 4, 5],
+    "remote_host": "10.0.0.7",
+    "remote_port": 5600,
+    "tp_size": 1,
+}
 
 
 class FakeClock:

@@ -12,21 +12,12 @@ import asyncio
 
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from tests.router.harness import MODEL, Launcher, metric
+from tests.router.harness import MODEL, NIXL_PARAMS, Launcher, metric
 from tests.router.servers import closed_port_url
 
 from tandem.router.pd.handoff import DEFAULT_DECODE_KV_PARAMS, PREFILL_KV_PARAMS
 from tandem.router.settings import DisaggregationSettings, RouterSettings
 
-NIXL_PARAMS = {
-    "do_remote_prefill": True,
-    "do_remote_decode": False,
-    "remote_engine_id": "prefill-engine-1",
-    "remote_block_ids": [3, 4, 5],
-    "remote_host": "10.0.0.7",
-    "remote_port": 5600,
-    "tp_size": 1,
-}
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me about disaggregation."}]
 
 

@@ -15,18 +15,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tests.router.harness import MODEL, MODEL_NAME, Launcher, RunningRouter, metric
+from tests.router.harness import MODEL, MODEL_NAME, NIXL_PARAMS, Launcher, RunningRouter, metric
 
 from tandem.core.routerconfig import EndpointList, RouterConfig, write_endpoint_file
 
-NIXL_PARAMS = {
-    "do_remote_prefill": True,
-    "do_remote_decode": False,
-    "remote_engine_id": "prefill-engine-1",
-    "remote_block_ids": [3, 4, 5],
-    "remote_host": "10.0.0.7",
-    "remote_port": 5600,
-}
 RECHOSEN = "tandem_router_pd_decode_rechosen_total"
 
 

@@ -197,7 +197,7 @@ class Dispatch:
         if (
             ctx.kv_loaded
             and first is not None
-            and self.dispatcher.registry.endpoints("decode") != (ctx.decode_members)
+            and self.dispatcher.registry.endpoints("decode") != ctx.decode_members
         ):
             first, ctx.decode_rechosen = None, True
             self.dispatcher.metrics.pd_decode_rechosen.inc()

@@ -107,27 +107,28 @@ def _tokens_without_parsing(payload: bytes) -> int | None:
     # Compact JSON (vLLM's and the simulator's) has no `": ` anywhere: then the spaced forms of the
     # keys below cannot occur and are not looked for.
     spaced = b'": ' in payload
-
-    def both(compact: bytes, with_space: bytes) -> int:
-        return count(compact) + count(with_space) if spaced else count(compact)
-
     usages = count(b'"usage"')
-    if usages and both(b'"usage":null', b'"usage": null') != usages:
+    if usages and _both(payload, spaced, b'"usage":null', b'"usage": null') != usages:
         return None
     contents, texts = count(b'"content"'), count(b'"text"')
     if contents and texts:
         return None
     if contents:
-        strings = both(b'"content":"', b'"content": "')
+        strings = _both(payload, spaced, b'"content":"', b'"content": "')
         if strings != contents or b'"delta"' not in payload:
             return None
-        return strings - both(b'"content":""', b'"content": ""')
+        return strings - _both(payload, spaced, b'"content":""', b'"content": ""')
     if texts:
-        strings = both(b'"text":"', b'"text": "')
+        strings = _both(payload, spaced, b'"text":"', b'"text": "')
         if strings != texts or b'"delta"' in payload:
             return None
-        return strings - both(b'"text":""', b'"text": ""')
+        return strings - _both(payload, spaced, b'"text":""', b'"text": ""')
     return 0
+
+
+def _both(payload: bytes, spaced: bool, compact: bytes, with_space: bytes) -> int:
+    """Occurrences of a key's compact form, plus its spaced form where the payload has any `": `."""
+    return payload.count(compact) + payload.count(with_space) if spaced else payload.count(compact)
 
 
 def _tail_start(chunk: bytes) -> int:
