@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from tandem.cli.exits import fail
 from tandem.cli.options import logging_options
-from tandem.cli.router_workers import Supervisor, WorkerPlan, bind
+from tandem.cli.router_workers import Supervisor, WorkerPlan, bind, server_config
 from tandem.cli.routerflags import settings_from_flags, tuning_options
 from tandem.core.logs import configure_logging
 from tandem.core.routerconfig import RouterConfig
@@ -126,18 +126,7 @@ def router(
             log_format=log_format,
         )
         raise SystemExit(_run_workers(plan, host=host, port=port, count=count))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_config=None,
-            log_level=log_level,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-        )
-    )
+    server = uvicorn.Server(server_config(app, log_level=log_level, host=host, port=port))
     server.run()
     if not server.started:
         raise SystemExit(1)  # uvicorn has logged why (e.g. the port is taken)

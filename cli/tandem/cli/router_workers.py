@@ -28,8 +28,13 @@ from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from tandem.router.settings import RouterSettings
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
 
 log = logging.getLogger("tandem.router")
 
@@ -64,6 +69,29 @@ def bind(host: str, port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
+def server_config(app: ASGIApp, *, log_level: str, host: str = "127.0.0.1", port: int = 0) -> uvicorn.Config:
+    """uvicorn's settings for a gateway process, alone or as a worker (a worker's socket is given to
+    `run`, so its host and port are unused).
+
+    `proxy_headers` is off: the gateway reads neither the client's address nor the scheme, and the
+    middleware that would rewrite them from `X-Forwarded-*` wrapped every request
+    (docs/router-performance.md). Access logs are off: the gateway logs one line per request itself.
+    """
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        log_level=log_level,
+        access_log=False,
+        proxy_headers=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+
+
 def serve_worker(plan: WorkerPlan) -> None:
     """A worker's body: one ordinary gateway on the inherited socket (runs in the child)."""
     import uvicorn
@@ -79,16 +107,7 @@ def serve_worker(plan: WorkerPlan) -> None:
     if plan.api_keys_file is not None:
         config = config.model_copy(update={"api_keys_file": str(plan.api_keys_file)})
     app = create_app(config, settings=plan.settings, own_process=True)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_config=None,
-            log_level=plan.log_level,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-        )
-    )
+    server = uvicorn.Server(server_config(app, log_level=plan.log_level))
     server.run(sockets=[bind(plan.host, plan.port, listen=True)])
     if not server.started:
         raise SystemExit(1)

@@ -33,11 +33,12 @@ class Endpoint:
 
     pool: Pool
     url: str
+    #: `host:port`, used in metric labels, logs and the `x-tandem-*-endpoint` headers (read several
+    #: times per request, so split from the URL once).
+    name: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def name(self) -> str:
-        """`host:port`, used in metric labels, logs and the `x-tandem-*-endpoint` headers."""
-        return urlsplit(self.url).netloc
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", urlsplit(self.url).netloc)
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
