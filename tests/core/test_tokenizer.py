@@ -5,6 +5,9 @@ Pure: strings in, ids out; nothing is faked because nothing does I/O.
 
 from __future__ import annotations
 
+import random
+import string
+
 import pytest
 
 from tandem.core.tokenizer import (
@@ -99,3 +102,26 @@ def test_the_chat_template_can_leave_out_the_generation_prompt() -> None:
 )
 def test_message_content_is_a_string_or_the_text_parts(content: object, text: str) -> None:
     assert message_text(content) == text
+
+
+def _ascii_texts() -> list[str]:
+    """Every ASCII character alone and in seven contexts, then 3,000 seeded random strings."""
+    texts = [
+        ctx
+        for c in map(chr, range(128))
+        for ctx in (c, f"a{c}b", f" {c} ", c * 3, f"1{c}", f"{c} x", f"  {c}\n", f"_{c}_")
+    ]
+    rng = random.Random(7)
+    alphabet = string.printable + "\x00\x01\x1c\x1d\x1e\x1f\x7f"
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(3000)]
+    return texts
+
+
+def test_ascii_text_is_cut_into_the_pieces_the_unicode_rules_give() -> None:
+    # ASCII text takes a faster pattern; a leading "€" (one piece of its own, never joined to what
+    # follows) sends the same text down the Unicode pattern for comparison.
+    (euro,) = encode("€")
+    for text in _ascii_texts():
+        unicode_ids = encode("€" + text)
+        assert unicode_ids[0] == euro
+        assert encode(text) == unicode_ids[1:], repr(text)
