@@ -29,7 +29,7 @@ VOCAB_SIZE = _BASE**MAX_TOKEN_BYTES
 #: skip special tokens.
 EOS_TOKEN_ID = 0xFF + 1
 _PIECE = re.compile(r" ?[^\W\d_]+| ?\d| ?[^\s\w]|\s+(?!\S)|\s+|_", re.UNICODE)
-#: `_PIECE` for ASCII text, with the classes spelt out (about twice as fast: Unicode classes are looked
+#: `_PIECE` for ASCII text, with the classes spelt out (about 1.5 times as fast: Unicode classes are looked
 #: up per character). `\s` of a `str` pattern also matches the separators U+001C..U+001F, so `_WS` does.
 _WS = r"\t\n\x0b\x0c\r\x1c-\x1f "
 _PIECE_ASCII = re.compile(rf" ?[A-Za-z]+| ?[0-9]| ?[^{_WS}A-Za-z0-9_]|[{_WS}]+(?![^{_WS}])|[{_WS}]+|_")
