@@ -38,7 +38,12 @@ class Endpoint:
     name: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "name", urlsplit(self.url).netloc)
+        object.__setattr__(self, "name", endpoint_name(self.url))
+
+
+def endpoint_name(url: str) -> str:
+    """An engine's `host:port` from its base URL: `http://10.0.0.7:8000` → `10.0.0.7:8000`."""
+    return urlsplit(url).netloc
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

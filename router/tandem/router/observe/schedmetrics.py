@@ -7,7 +7,6 @@ gauges are computed at scrape time from the registry and the scheduling state.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -18,6 +17,7 @@ from tandem.router.observe.hotmetrics import LabeledCounter, LabeledHistogram
 from tandem.router.observe.metrics import LATENCY_BUCKETS, PREFIX
 from tandem.router.scheduling.runner import Decision
 from tandem.router.scheduling.state import SchedulingState, Ticket
+from tandem.router.types import endpoint_name
 
 #: Seconds a plugin takes: a scorer over a few endpoints is microseconds.
 PLUGIN_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05)
@@ -91,7 +91,7 @@ class SchedulingMetrics:
         self.ttft_observed.labels(pool).observe(observed_s)
 
     def scraped(self, url: str, outcome: str) -> None:
-        self.scrapes.labels(endpoint=_name(url), outcome=outcome).inc()
+        self.scrapes.labels(endpoint=endpoint_name(url), outcome=outcome).inc()
 
 
 class EngineStateCollector(Collector):
@@ -156,7 +156,7 @@ class EngineStateCollector(Collector):
             labels=["endpoint"],
         )
         for url in self._endpoints.urls():
-            name = [_name(url)]
+            name = [endpoint_name(url)]
             rate.add_metric(name, self._state.rates.rate(url))
             observed = self._state.rates.throughput(url)
             if observed is not None:
@@ -167,7 +167,3 @@ class EngineStateCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
-
-
-def _name(url: str) -> str:
-    return urlsplit(url).netloc
