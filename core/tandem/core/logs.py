@@ -68,7 +68,8 @@ def configure_logging(level: str = "info", *, json_lines: bool = True, stream: T
     turns off the collection of caller, thread and process for every record of the process)."""
     # The logging HOWTO's "Optimization": where each call was made (a walk up the stack per record),
     # the thread and the process are never written by these formatters, so records do not collect
-    # them. On a busy gateway this is a third of its request log line's cost (docs/router-performance.md).
+    # them. On a busy gateway the walk alone was about a third of a request line's cost
+    # (docs/router-performance.md, "Two more tries").
     logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
