@@ -18,11 +18,18 @@ def restored_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     flags = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    uvicorn = {
+        name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate)
+        for name in ("uvicorn", "uvicorn.error")
+    }
     access = logging.getLogger("uvicorn.access").disabled
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
     logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = flags
+    for name, (kept, propagate) in uvicorn.items():
+        logging.getLogger(name).handlers = kept
+        logging.getLogger(name).propagate = propagate
     logging.getLogger("uvicorn.access").disabled = access
 
 
