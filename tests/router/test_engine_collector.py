@@ -2,16 +2,20 @@
 scrape-based rotation as fake-clock stories, and the collector over `httpx.MockTransport`.
 
 Faked: the engines (a MockTransport handler answering per URL, scriptable per test) and the clock.
-Real: the parser (prometheus_client's), the registry, the collector's round and its outcome rules.
+Real: the parser (checked against prometheus_client's on random pages), the registry, the collector's
+round and its outcome rules.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import re
 from collections.abc import Callable
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tests.router.harness import FakeClock
 from tests.router.raw_engine import Answer as RawAnswer
 from tests.router.raw_engine import raw_engine, response
@@ -83,6 +87,114 @@ def test_engine_metrics_are_read_from_vllm_names(text: str, expected: EngineStat
 def test_text_without_the_engine_gauges_is_not_engine_metrics(text: str) -> None:
     with pytest.raises(NotEngineMetrics):
         parse_engine_metrics(text)
+
+
+def reference_stats(text: str) -> EngineStats:
+    """The same numbers through `prometheus_client`'s own text parser (what the parser replaced)."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    wanted = [line for line in text.splitlines() if line.startswith("vllm:")]
+    for family in text_string_to_metric_families("\n".join(wanted)):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
+    usage = samples.get("vllm:kv_cache_usage_perc") or samples.get("vllm:gpu_cache_usage_perc") or []
+    config = samples.get("vllm:cache_config_info", [])
+    blocks = sum(int(labels.get("num_gpu_blocks", 0)) for labels, _ in config)
+    tokens = [
+        v
+        for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+        for _, v in samples.get(name, [])
+    ]
+    return EngineStats(
+        running=round(sum(v for _, v in samples["vllm:num_requests_running"])),
+        waiting=round(sum(v for _, v in samples["vllm:num_requests_waiting"])),
+        kv_usage=sum(v for _, v in usage) / len(usage) if usage else None,
+        block_size=int(config[0][0]["block_size"]) if config else None,
+        num_gpu_blocks=blocks or None,
+        tokens=sum(tokens) if tokens else None,
+    )
+
+
+def random_page(rng: random.Random) -> str:
+    """A page in the text format with what real pages hold around the wanted samples: HELP and TYPE
+    lines, histograms, names that start like wanted ones, label values with escapes, commas and
+    braces, a trailing comma, timestamps, NaN and infinities (in other metrics), several engines, blank
+    lines, CRLF."""
+
+    def value(*, finite: bool = True) -> str:
+        odd = [] if finite else ["NaN", "+Inf", "-Inf"]
+        return rng.choice(["0", "3", "1.0", "0.25", "1.7e+09", "2e-3", str(rng.randint(0, 500)), *odd])
+
+    def label_value() -> str:
+        return "".join(
+            rng.choice(["a", "0", ",", "}", "{", "=", " ", "\\\\", '\\"', "\\n", "é"])
+            for _ in range(rng.randint(0, 6))
+        )
+
+    def labels(extra: dict[str, str]) -> str:
+        pairs = [f'{k}="{v}"' for k, v in extra.items()]
+        pairs += [f'model_name="{label_value()}"'] * rng.randint(0, 1)
+        rng.shuffle(pairs)
+        if not pairs:
+            return ""
+        return "{" + ",".join(pairs) + ("," if rng.random() < 0.2 else "") + "}"
+
+    lines: list[str] = []
+    for engine in range(rng.randint(1, 3)):
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                     "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):  # fmt: skip
+            if rng.random() < 0.3:
+                lines.append(f"# HELP {name} Its help, with {{braces}} and \\ escapes.")
+                lines.append(f"# TYPE {name} gauge")
+            stamp = f" {rng.randint(0, 2**40)}" if rng.random() < 0.2 else ""
+            lines.append(f"{name}{labels({'engine': str(engine)})} {value()}{stamp}")
+            if rng.random() < 0.3:
+                lines.append(f"{name}_max{labels({})} {value(finite=False)}")
+        blocks = {"block_size": "16", "num_gpu_blocks": str(rng.randint(1, 9999)), "engine": str(engine)}
+        lines.append(f"vllm:cache_config_info{labels(blocks)} 1.0")
+        for bucket in ("0.1", "1.0", "+Inf"):
+            lines.append(f'vllm:time_to_first_token_seconds_bucket{{le="{bucket}"}} {rng.randint(0, 9)}')
+        lines.append("")
+    rng.shuffle(lines)
+    return ("\r\n" if rng.random() < 0.2 else "\n").join(lines) + "\n"
+
+
+def test_the_parser_reads_what_prometheus_clients_parser_reads_on_random_pages() -> None:
+    rng = random.Random(7)
+    for _ in range(400):
+        page = random_page(rng)
+        expected = reference_stats(page.replace("\r\n", "\n"))
+        got = parse_engine_metrics(page)
+        assert got.running == expected.running and got.waiting == expected.waiting, page
+        assert (got.kv_usage, got.tokens) == pytest.approx((expected.kv_usage, expected.tokens)), page
+        assert (got.block_size, got.num_gpu_blocks) == (expected.block_size, expected.num_gpu_blocks), page
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:num_requests_running{engine="0"} three',
+        'vllm:num_requests_running{engine="0} 1',
+        "vllm:num_requests_running{engine=0} 1",
+        'vllm:num_requests_running{engine="0"}',
+        'vllm:num_requests_running{engine="0"} 1 soon',
+    ],
+)
+def test_a_malformed_sample_of_a_wanted_metric_makes_the_page_unusable(line: str) -> None:
+    page = f"{line}\nvllm:num_requests_waiting 0\n"
+    with pytest.raises(ValueError):  # the reference parser refuses it too
+        reference_stats(page)
+    with pytest.raises(NotEngineMetrics, match="unparsable metrics text"):
+        parse_engine_metrics(page)
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
+@pytest.mark.parametrize(
+    "name", ["vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total"]
+)
+def test_a_wanted_sample_that_is_not_a_finite_number_makes_the_page_unusable(name: str, value: str) -> None:
+    page = f"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n{name} {value}\n"
+    with pytest.raises(NotEngineMetrics, match=f"{name} is {re.escape(value)}, not a finite number"):
+        parse_engine_metrics(page)
 
 
 STATS = EngineStats(running=1, waiting=0, kv_usage=0.5, block_size=16, num_gpu_blocks=256)
