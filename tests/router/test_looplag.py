@@ -1,9 +1,9 @@
 """The event-loop lag monitor and how the dispatcher uses it.
 
-Real: `LagTotal`, `LoopLagMonitor` on the test's loop, `Dispatcher`, `EndpointRegistry`,
-`RouterMetrics`. Faked: the engines (an `Upstream` that fails every call with the test's error, as
-the real client translates it; tests/router/test_upstream_proxy.py covers the translation) and, for
-the dispatcher, the amount of lag (a monitor whose lag is set by the test).
+Real: `LagTotal`, `LoopLagMonitor` on the test's loop (its slow idle ticks too), `Dispatcher`,
+`EndpointRegistry`, `RouterMetrics`. Faked: the engines (an `Upstream` that fails every call with
+the test's error, as the real client translates it; tests/router/test_upstream_proxy.py covers the
+translation) and, for the dispatcher, the amount of lag (a monitor whose lag is set by the test).
 """
 
 from __future__ import annotations
@@ -60,6 +60,55 @@ async def test_the_monitor_sees_a_blocked_loop_and_records_the_lag_in_its_histog
         assert (prometheus.get_sample_value("tandem_router_event_loop_lag_seconds_count") or 0) >= 1
     finally:
         await monitor.stop()
+
+
+def ticks(prometheus: CollectorRegistry) -> float:
+    return prometheus.get_sample_value("tandem_router_event_loop_lag_seconds_count") or 0.0
+
+
+async def test_an_idle_monitor_ticks_slowly_and_a_mark_watches_its_window_at_the_fine_interval() -> None:
+    prometheus = CollectorRegistry()
+    monitor = LoopLagMonitor(prometheus, interval_s=0.01, idle_interval_s=0.5, busy=lambda: False)
+    await monitor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not monitor.slow:  # the first tick saw no mark and nothing open
+            assert time.monotonic() < deadline, "the idle monitor never slowed down"
+            await asyncio.sleep(0.01)
+        count = ticks(prometheus)
+        await asyncio.sleep(0.1)
+        assert ticks(prometheus) <= count + 1  # not ten more
+        mark = monitor.mark()
+        assert not monitor.slow  # the next tick is 0.01 s away, not up to 0.5 s
+        time.sleep(0.3)  # noqa: ASYNC251 -- block the loop: the window's stall must be seen
+        assert monitor.lag_since(mark) >= 0.25
+    finally:
+        await monitor.stop()
+
+
+async def test_a_busy_monitor_keeps_the_fine_interval() -> None:
+    prometheus = CollectorRegistry()
+    monitor = LoopLagMonitor(prometheus, interval_s=0.01, idle_interval_s=0.5, busy=lambda: True)
+    await monitor.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert not monitor.slow
+        assert ticks(prometheus) >= 5
+    finally:
+        await monitor.stop()
+
+
+def test_the_registry_is_busy_while_an_upstream_request_is_open() -> None:
+    registry = EndpointRegistry(failure_threshold=1, cooldown_seconds=10, clock=lambda: 0.0)
+    registry.set_pool("decode", ["http://10.0.0.1:8000"])
+    (endpoint,) = registry.endpoints("decode")
+    assert not registry.busy()
+    registry.begin(endpoint)
+    registry.begin(endpoint)
+    registry.end(endpoint)
+    assert registry.busy()
+    registry.end(endpoint)
+    assert not registry.busy()
 
 
 class SetLag(LoopLagMonitor):

@@ -131,7 +131,7 @@ def compose(
     # The gateway process's own CPU, memory and file descriptors (process_*): its cost per request.
     ProcessCollector(registry=prometheus)
     metrics = RouterMetrics(prometheus, registry)
-    loop_lag = LoopLagMonitor(prometheus)
+    loop_lag = LoopLagMonitor(prometheus, busy=registry.busy)
     upstream = HTTPUpstream(wire, settings.proxy)
     capacity = engine_capacity(config)
     workers = settings.workers

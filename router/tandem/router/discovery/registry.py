@@ -218,6 +218,10 @@ class EndpointRegistry:
             self._draining = True
         view.in_flight += 1
 
+    def busy(self) -> bool:
+        """Whether any upstream request is open (begun and not yet ended)."""
+        return any(view.in_flight for view in self._views.values())
+
     def hand_over(self, endpoint: Endpoint) -> None:
         """An upstream request to `endpoint` is about to end: its slot may be given away (`end`
         must then say `handed_over`)."""
