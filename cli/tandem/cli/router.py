@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-import uvicorn
 import yaml
 from pydantic import ValidationError
 
 from tandem.cli.exits import fail
+from tandem.cli.gateway_server import GatewayServer
 from tandem.cli.options import logging_options
 from tandem.cli.router_workers import Supervisor, WorkerPlan, bind, server_config
 from tandem.cli.routerflags import settings_from_flags, tuning_options
@@ -126,7 +126,7 @@ def router(
             log_format=log_format,
         )
         raise SystemExit(_run_workers(plan, host=host, port=port, count=count))
-    server = uvicorn.Server(server_config(app, log_level=log_level, host=host, port=port))
+    server = GatewayServer(server_config(app, log_level=log_level, host=host, port=port))
     server.run()
     if not server.started:
         raise SystemExit(1)  # uvicorn has logged why (e.g. the port is taken)

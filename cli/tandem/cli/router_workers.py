@@ -94,8 +94,7 @@ def server_config(app: ASGIApp, *, log_level: str, host: str = "127.0.0.1", port
 
 def serve_worker(plan: WorkerPlan) -> None:
     """A worker's body: one ordinary gateway on the inherited socket (runs in the child)."""
-    import uvicorn
-
+    from tandem.cli.gateway_server import GatewayServer
     from tandem.cli.router import load_router_config
     from tandem.core.logs import configure_logging
     from tandem.router.app import create_app
@@ -107,7 +106,7 @@ def serve_worker(plan: WorkerPlan) -> None:
     if plan.api_keys_file is not None:
         config = config.model_copy(update={"api_keys_file": str(plan.api_keys_file)})
     app = create_app(config, settings=plan.settings, own_process=True)
-    server = uvicorn.Server(server_config(app, log_level=plan.log_level))
+    server = GatewayServer(server_config(app, log_level=plan.log_level))
     server.run(sockets=[bind(plan.host, plan.port, listen=True)])
     if not server.started:
         raise SystemExit(1)
