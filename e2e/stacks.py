@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import threading
 import time
@@ -24,7 +23,7 @@ import httpx
 import pytest
 import redis
 import yaml
-from tests.servers import stop_process
+from tests.servers import free_port, stop_process
 
 from tandem.local.binaries import find_redis_server
 
@@ -64,12 +63,6 @@ class Stack:
     @property
     def gateway(self) -> str:
         return self.endpoint.removesuffix("/v1")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import redis
 import yaml
 from e2e.stacks import wait_ready
 from openai import OpenAI
+from tests.servers import free_port
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "deploy" / "examples" / "local-sim.yaml"
@@ -36,12 +36,6 @@ class Stack:
     endpoint: str
     state_dir: Path
     output: list[str]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def descendants(pid: int) -> set[int]:

@@ -36,11 +36,10 @@ from e2e.stacks import (
     _start_redis,
     complete,
     counter,
-    free_port,
     require_vllm,
     tokenize,
 )
-from tests.servers import stop_process
+from tests.servers import free_port, stop_process
 
 from tandem.core.spec import ENGINE_HASH_SEED
 from tandem.kvpool.engine_config import KVRole, kv_transfer_config, lmcache_env, to_json

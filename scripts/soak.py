@@ -47,6 +47,7 @@ from soak_report import (
 
 from tandem.core.routerconfig import RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceServiceSpec
+from tandem.local.ports import free_ports
 
 LOOPBACK = "127.0.0.1"
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
@@ -161,14 +162,6 @@ class Stack:
                 proc.wait(10)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 def per_engine(options: Options) -> int:
     """Streams one engine holds, with 25% headroom for uneven placement."""
     return math.ceil(options.streams * 1.25 / options.engines)
@@ -210,14 +203,15 @@ def start_stack(options: Options) -> Stack:
     """Start the simulated engines and the router as child processes; logs go to --out."""
     stack = Stack(url="", router_pid=None)
     engines = []
+    ports = free_ports(LOOPBACK)  # below the ephemeral range: still free when each process binds it
     for i in range(options.engines):
-        port = free_port()
+        port = next(ports)
         log = (options.out / f"sim-{i}.log").open("wb")
         stack.processes.append(subprocess.Popen(sim_argv(options, port), stdout=log, stderr=log))
         engines.append(f"http://{LOOPBACK}:{port}")
     config_path = options.out / "router.yaml"
     config_path.write_text(yaml.safe_dump(router_config(options, engines), sort_keys=False))
-    port = free_port()
+    port = next(ports)
     argv = [
         sys.executable, "-m", "tandem.cli", "router", "--config", str(config_path),
         "--host", LOOPBACK, "--port", str(port), "--log-level", "warning",

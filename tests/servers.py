@@ -5,7 +5,8 @@
   It is a plain context manager, so sync and async tests can both use it; the socket is bound before
   the server starts, so there is no port race.
 - `run_redis_server()`: a throwaway `redis-server` child process (no persistence), stopped by its pid.
-- `free_port()`: a loopback port that was free a moment ago (for "nothing listens here" URLs).
+- `free_port()`: a loopback port that nothing holds now, below the ephemeral range, never the same twice
+  in a run (for a child server's port, or a "nothing listens here" URL).
 """
 
 from __future__ import annotations
@@ -26,15 +27,20 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from tandem.local.binaries import find_redis_server
+from tandem.local.ports import free_ports
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 15.0
 
 
+# One draw for the whole test run, so no two calls give the same port.
+_PORTS = free_ports(LOOPBACK)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing holds now, below the ephemeral range (`tandem.local.ports`): no outgoing
+    connection or port-0 bind is handed it before the test's server binds it."""
+    return next(_PORTS)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +46,8 @@ from tandem.bench.report import RunData
 from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, vllm_router_argv
 from tandem.bench.workloads import Workload
 from tandem.core.spec import InferenceService, parse_inference_service
-from tandem.local.plan import LOOPBACK, LocalPlan, ProcessPlan, build_plan
+from tandem.local.plan import LocalPlan, ProcessPlan, build_plan
+from tandem.local.ports import free_ports
 from tandem.local.supervisor import Child, ChildFailed, Supervisor
 
 Progress = Callable[[str], None]
@@ -131,19 +131,6 @@ def bench_service(
     return parse_inference_service(document)
 
 
-def _free_ports() -> Iterator[int]:
-    """Loopback ports free right now, never the same one twice (the OS may hand a port out again
-    once its socket is closed, and none of these is bound until its process starts)."""
-    given: set[int] = set()
-    while True:
-        with socket.socket() as sock:
-            sock.bind((LOOPBACK, 0))
-            port = int(sock.getsockname()[1])
-        if port not in given:
-            given.add(port)
-            yield port
-
-
 @dataclass
 class Started:
     """A target's processes, running: the URLs to send to (one per gateway replica; the engine's for
@@ -187,7 +174,7 @@ def started(
     isvc = bench_service(
         pool, policy=policy, direct=target.kind == "direct", prefix_source=_prefix_source(router_args)
     )
-    ports = _free_ports()
+    ports = free_ports()
     plan = build_plan(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
         redis_server=tools.redis_server, state_dir=run_dir.resolve(),

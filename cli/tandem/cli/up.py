@@ -19,7 +19,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -33,6 +32,7 @@ from tandem.core.spec import InferenceService
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
 from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, Role, build_plan
+from tandem.local.ports import free_ports
 from tandem.local.scrape import write_prometheus_config
 from tandem.local.startup import start_stack
 from tandem.local.state import (
@@ -56,13 +56,6 @@ VLLM_STARTUP_TIMEOUT = 900.0
 
 class _StopRequested(Exception):
     """Raised from the signal handler so start-up and the watch loop unwind the same way."""
-
-
-def _free_ports() -> Iterator[int]:
-    while True:
-        with socket.socket() as sock:
-            sock.bind((LOOPBACK, 0))
-            yield int(sock.getsockname()[1])
 
 
 def _port_in_use(port: int) -> bool:
@@ -272,7 +265,7 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
         fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
     try:
         plan = build_plan(
-            isvc, ports=_free_ports(), router_port=port, python=sys.executable,
+            isvc, ports=free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
         )  # fmt: skip
     except PlanError as exc:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from tandem.autoscaler.readings import parse_engine_metrics
 from tandem.core.routerconfig import EndpointList, write_endpoint_file
 from tandem.core.tasks import stop_tasks
 from tandem.local.plan import EngineFactory
+from tandem.local.ports import free_ports
 from tandem.local.supervisor import Child, ChildFailed, Supervisor
 
 log = logging.getLogger(__name__)
@@ -40,12 +40,9 @@ DRAIN_SETTLE_S = 1.5
 
 
 def loopback_ports() -> Iterator[int]:
-    """Free loopback ports, each released before it is handed out (the engine binds it next)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        yield port
+    """Free loopback ports for engines started later (`tandem.local.ports`: below the ephemeral
+    range, so nothing else is handed one before its engine binds it)."""
+    return free_ports()
 
 
 class LocalEndpoints:
