@@ -19,8 +19,9 @@ import httpx
 import pytest
 
 from tandem.core.routerconfig import FileDiscovery
-from tandem.local.autoscale import LocalEndpoints, LocalPool, loopback_ports
+from tandem.local.autoscale import LocalEndpoints, LocalPool
 from tandem.local.plan import ProcessPlan
+from tandem.local.ports import free_ports
 from tandem.local.supervisor import Supervisor
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.discovery.sources import FileEndpoints
@@ -51,7 +52,7 @@ async def pool(tmp_path: Path) -> AsyncIterator[LocalPool]:
         supervisor=supervisor,
         listed=LocalEndpoints(tmp_path / "endpoints.json"),
         new_engine=sim_engine,
-        ports=loopback_ports(),
+        ports=free_ports(),
         next_index=0,
         startup_timeout_s=DEADLINE_S,
         drain_timeout_s=DEADLINE_S,

@@ -65,4 +65,5 @@ def test_with_no_room_below_the_range_ports_come_from_port_0(tmp_path: Path) -> 
     ports = free_ports(path=path)
     drawn = [next(ports) for _ in range(20)]
     assert len(set(drawn)) == 20
-    assert all(port > 0 for port in drawn)  # the kernel's own choices
+    low, high = ephemeral_range()  # this host's real range: the kernel chose them
+    assert all(low <= port <= high for port in drawn)

@@ -30,19 +30,12 @@ from tandem.autoscaler.readings import parse_engine_metrics
 from tandem.core.routerconfig import EndpointList, write_endpoint_file
 from tandem.core.tasks import stop_tasks
 from tandem.local.plan import EngineFactory
-from tandem.local.ports import free_ports
 from tandem.local.supervisor import Child, ChildFailed, Supervisor
 
 log = logging.getLogger(__name__)
 EnginePool = Literal["prefill", "decode"]
 #: Before reading an engine's queue, give the router time to see the file change (its poll is 0.5 s).
 DRAIN_SETTLE_S = 1.5
-
-
-def loopback_ports() -> Iterator[int]:
-    """Free loopback ports for engines started later (`tandem.local.ports`: below the ephemeral
-    range, so nothing else is handed one before its engine binds it)."""
-    return free_ports()
 
 
 class LocalEndpoints:

@@ -24,8 +24,9 @@ from tandem.autoscaler.readings import GatewayReading
 from tandem.autoscaler.runner import ROUND_SECONDS, Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
 from tandem.core.spec import InferenceService
-from tandem.local.autoscale import LocalEndpoints, LocalPool, loopback_ports
+from tandem.local.autoscale import LocalEndpoints, LocalPool
 from tandem.local.plan import LOOPBACK, LocalPlan
+from tandem.local.ports import free_ports
 from tandem.local.supervisor import Child, Supervisor
 
 Say = Callable[[str], None]
@@ -65,7 +66,7 @@ class LocalAutoscaler:
         self._plan = plan
         self._supervisor = supervisor
         self._listed = listed
-        self._ports = loopback_ports()
+        self._ports = free_ports()  # engines bind them later: below the ephemeral range
         self._metrics_port = metrics_port
         self._say = say
         self._interval = interval_s

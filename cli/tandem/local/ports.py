@@ -21,7 +21,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-LOOPBACK = "127.0.0.1"
+from tandem.local.plan import LOOPBACK
+
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: Linux's default, when the file cannot be read.
 DEFAULT_EPHEMERAL = (32768, 60999)
@@ -73,7 +74,7 @@ def free_ports(
 def bindable(host: str, port: int) -> bool:
     """Whether a TCP socket can bind (`host`, `port`) now (without `SO_REUSEADDR`: a port with a
     connection still in TIME_WAIT counts as taken)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with _socket(host) as sock:
         try:
             sock.bind((host, port))
         except OSError:
@@ -82,6 +83,10 @@ def bindable(host: str, port: int) -> bool:
 
 
 def _any_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with _socket(host) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _socket(host: str) -> socket.socket:
+    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

@@ -120,7 +120,7 @@ class LoopLagMonitor:
 
     def lag_since(self, mark: float) -> float:
         """Seconds of lag since `mark` (from `mark()`)."""
-        return max(0.0, self.mark() - mark) if self._loop is not None else 0.0
+        return max(0.0, self.mark() - mark)
 
     def _schedule(self, delay: float) -> None:
         assert self._loop is not None
