@@ -5,7 +5,10 @@ LMCache's vLLM integration has no CPU path (docs/vllm.md), so this module is ski
 interpreter (`TANDEM_VLLM_PYTHON`, default .venv-vllm) has LMCache and a CUDA device; it runs where a
 GPU is lent. Two engines of the tiny local model are started as the operator starts a prefill and a
 decode engine with `kvPool.connector: lmcache` (`engine_config.kv_transfer_config`, `lmcache_env`, the
-engines' PYTHONHASHSEED) against a Redis this test starts. With greedy decoding:
+engines' PYTHONHASHSEED) against a Redis this test starts, after the operator's init check of the
+image's vLLM and LMCache (`tandem.kvpool.lmcache_check`; a pair it refuses is skipped, and
+TANDEM_LMCACHE_CHECK=off runs it anyway, e.g. with an LMCache patched to size tokens by the cache).
+With greedy decoding:
 
 1. after the producer computes some prompts, Redis holds exactly the keys `engine_pool_keys` gives for
    their tokens (each chunk's `metadata` and `kv_bytes`), nothing else;
@@ -46,6 +49,7 @@ from tandem.kvpool.engine_config import KVRole, kv_transfer_config, lmcache_env,
 from tandem.kvpool.engine_keys import engine_pool_keys
 from tandem.kvpool.keys import PoolKeys
 from tandem.local.vllm_engine import default_args
+from tandem.operator.resources.engine import LMCACHE_CHECK_SCRIPT
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,6 +70,15 @@ def _lmcache_and_cuda() -> None:
     if probe.returncode != 0:
         lines = probe.stderr.strip().splitlines() or ["no output"]
         pytest.skip(f"needs LMCache and torch in {VLLM_PYTHON}: {lines[-1][-200:]}")
+    # The operator's init check of LMCache engine pods: a pair it refuses never starts in a cluster.
+    check = subprocess.run(
+        [str(VLLM_PYTHON), "-c", LMCACHE_CHECK_SCRIPT], capture_output=True, text=True, check=False
+    )
+    print(check.stdout.strip())
+    if check.returncode != 0:
+        pytest.skip(
+            f"the engine pods' init check refuses this vLLM and LMCache: {check.stdout.strip()[-400:]}"
+        )
 
 
 def engine_args() -> list[str]:

@@ -16,7 +16,12 @@ from tests.operator.specs import IMAGES, OWNER, VARIANTS, gpu, sim
 from tandem.core.routerconfig import EngineKVKeys, RouterConfig
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources import Role, desired_children, managed_refs
-from tandem.operator.resources.engine import build_engine_deployment, kv_transfer_config, model_argument
+from tandem.operator.resources.engine import (
+    LMCACHE_CHECK_SCRIPT,
+    build_engine_deployment,
+    kv_transfer_config,
+    model_argument,
+)
 from tandem.operator.resources.kvpool import build_lmcache_configmap, build_redis_deployment
 from tandem.operator.resources.router import build_router_configmap, build_router_deployment
 from tandem.operator.resources.services import build_service
@@ -169,6 +174,33 @@ def test_sim_pools_run_tandem_sim_in_the_tandem_image_with_the_matching_role(
     assert flag(args, "--port") == "8000"
     assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {})
     assert "LMCACHE_CONFIG_FILE" not in env(engine(spec, role))
+
+
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_lmcache_engine_pods_first_check_the_images_vllm_and_lmcache(role: Role) -> None:
+    spec = gpu(
+        engine={"kind": "vllm", "image": "lmcache/vllm-openai:v0.5.4", "env": [{"name": "A", "value": "1"}]},
+        kvPool={"redis": {"passwordSecret": {"name": "kv", "key": "pw"}}},
+    )
+    pod = engine(spec, role)["spec"]["template"]["spec"]
+    (check,) = pod["initContainers"]
+    assert check["name"] == "lmcache-check"
+    assert check["image"] == "lmcache/vllm-openai:v0.5.4"  # the engine's own image, its own python3
+    assert check["command"] == ["python3", "-c", LMCACHE_CHECK_SCRIPT]
+    assert LMCACHE_CHECK_SCRIPT.startswith('"""Refuse an engine image')
+    assert check["env"] == [{"name": "A", "value": "1"}]  # spec.engine.env only: no pool password
+    assert check["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert check["securityContext"] == container(engine(spec, role))["securityContext"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [gpu(kvPool={"connector": "tandem"}), sim()],
+    ids=["tandem connector", "simulated engines"],
+)
+def test_other_engine_pods_have_no_init_container(spec: InferenceServiceSpec) -> None:
+    for role in (Role.PREFILL, Role.DECODE):
+        assert "initContainers" not in engine(spec, role)["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,29 @@ def test_create_only_fields_are_never_patched() -> None:
     assert update_patch(live, DESIRED, create_only=[("spec", "replicas")]) == {}
 
 
+INIT = ("spec", "template", "spec", "initContainers")
+
+
+def test_an_owned_field_the_manifest_leaves_out_is_removed_from_the_live_object() -> None:
+    live = with_(SERVER_DEFAULTED, INIT, [{"name": "lmcache-check"}])
+    patch = update_patch(live, DESIRED, owned=[INIT])
+    assert patch == {"spec": {"template": {"spec": {"initContainers": None}}}}
+    assert update_patch(live, DESIRED) == {}  # not owned: extra live fields are left alone
+
+
+def test_an_owned_field_is_patched_as_usual_when_the_manifest_has_it_and_left_alone_when_neither_has_it() -> (
+    None
+):
+    assert update_patch(SERVER_DEFAULTED, DESIRED, owned=[INIT]) == {}
+    wanted = with_(DESIRED, INIT, [{"name": "lmcache-check"}])
+    assert update_patch(SERVER_DEFAULTED, wanted, owned=[INIT]) == {
+        "spec": {"template": {"spec": {"initContainers": [{"name": "lmcache-check"}]}}}
+    }
+    assert (
+        update_patch(with_(SERVER_DEFAULTED, INIT, [{"name": "lmcache-check"}]), wanted, owned=[INIT]) == {}
+    )
+
+
 def test_owner_references_added_by_others_are_not_patched_away() -> None:
     live = with_(SERVER_DEFAULTED, ("metadata", "ownerReferences"), [{"uid": "someone-else"}])
     assert update_patch(live, DESIRED) == {}

@@ -61,11 +61,15 @@ class MemoryCluster:
 
 
 def _merged(base: Any, patch: Any) -> Any:
+    """RFC 7386: a `null` in the patch removes the field."""
     if not isinstance(patch, dict) or not isinstance(base, dict):
         return copy.deepcopy(patch)
     result = copy.deepcopy(base)
     for key, value in patch.items():
-        result[key] = _merged(result.get(key), value)
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merged(result.get(key), value)
     return result
 
 
@@ -124,6 +128,29 @@ def test_a_changed_spec_patches_only_what_changed() -> None:
         ("patch", "Deployment/demo-decode"),
         ("patch", "Deployment/demo-router"),  # its config hash
     ]
+
+
+def test_leaving_lmcache_removes_the_engine_pods_init_check_and_coming_back_restores_it() -> None:
+    cluster = MemoryCluster()
+    vllm = {"engine": {"kind": "vllm", "image": "lmcache/vllm-openai:v0.3.9"}}
+
+    def init_containers() -> dict[str, list[str]]:
+        found = {}
+        for ref, manifest in cluster.objects.items():
+            if ref.kind == "Deployment" and ref.name in ("demo-prefill", "demo-decode"):
+                pod = manifest["spec"]["template"]["spec"]
+                found[ref.name] = [c["name"] for c in pod.get("initContainers", [])]
+        return found
+
+    run(cluster, body({**vllm, "kvPool": {"connector": "lmcache"}}))
+    assert init_containers() == {"demo-prefill": ["lmcache-check"], "demo-decode": ["lmcache-check"]}
+    run(cluster, body({**vllm, "kvPool": {"connector": "tandem"}}))
+    assert init_containers() == {"demo-prefill": [], "demo-decode": []}
+    cluster.calls.clear()
+    run(cluster, body({**vllm, "kvPool": {"connector": "tandem"}}))
+    assert cluster.writes() == []
+    run(cluster, body({**vllm, "kvPool": {"connector": "lmcache"}}))
+    assert init_containers() == {"demo-prefill": ["lmcache-check"], "demo-decode": ["lmcache-check"]}
 
 
 def test_an_invalid_spec_reports_and_touches_nothing() -> None:

@@ -86,13 +86,38 @@ def without(manifest: Mapping[str, Any], paths: Iterable[FieldPath]) -> dict[str
 
 
 def update_patch(
-    live: Mapping[str, Any], desired: Mapping[str, Any], *, create_only: Iterable[FieldPath] = ()
+    live: Mapping[str, Any],
+    desired: Mapping[str, Any],
+    *,
+    create_only: Iterable[FieldPath] = (),
+    owned: Iterable[FieldPath] = (),
 ) -> dict[str, Any]:
-    """The merge patch for an existing child: identity metadata and `create_only` fields excluded."""
+    """The merge patch for an existing child: identity metadata and `create_only` fields excluded.
+
+    `owned` fields are the operator's whole even where `desired` leaves them out (a pod template's
+    `initContainers`, which only some specs have): a live value there that `desired` lacks is removed
+    (`null` in the patch)."""
     wanted = without(desired, [("metadata", key) for key in IDENTITY] + list(create_only))
     wanted.pop("apiVersion", None)
     wanted.pop("kind", None)
-    return merge_patch(live, wanted)
+    patch = merge_patch(live, wanted)
+    for path in owned:
+        if _lookup(live, path) is not None and _lookup(desired, path) is None:
+            node = patch
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = None
+    return patch
+
+
+def _lookup(manifest: Mapping[str, Any], path: FieldPath) -> Any:
+    """The value at `path`, or None where the path is missing."""
+    node: Any = manifest
+    for key in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node
 
 
 def _copy(value: Any) -> Any:

@@ -37,11 +37,14 @@ class Child:
     """One object an InferenceService should own.
 
     `create_only` lists fields written when the object is created and then left alone, because
-    someone else owns them afterwards (a Deployment's `spec.replicas` under autoscaling).
+    someone else owns them afterwards (a Deployment's `spec.replicas` under autoscaling). `owned`
+    lists fields the operator owns whole even when `manifest` leaves them out: a live value there is
+    removed (an engine pod's `initContainers`, which only LMCache engines have).
     """
 
     manifest: dict[str, Any]
     create_only: tuple[FieldPath, ...] = ()
+    owned: tuple[FieldPath, ...] = ()
 
     @property
     def ref(self) -> ObjectRef:

@@ -144,7 +144,7 @@ def apply_child(cluster: Cluster, child: Child, *, owner: Owner) -> tuple[Action
     if not controlled_by(current, owner):
         detail = "exists and is not controlled by this InferenceService; left untouched"
         return Action("skipped", ref, detail), current
-    patch = update_patch(current, child.manifest, create_only=child.create_only)
+    patch = update_patch(current, child.manifest, create_only=child.create_only, owned=child.owned)
     if not patch:
         return Action("unchanged", ref), current
     log.info("patching %s: %s", ref, sorted(_paths(patch)))

@@ -33,6 +33,8 @@ from tandem.operator.resources.services import build_service
 __all__ = ["Images", "Owner", "Role", "desired_children", "managed_refs"]
 
 REPLICAS: FieldPath = ("spec", "replicas")
+#: An engine pod's init containers (the LMCache check): removed when a spec no longer needs them.
+INIT_CONTAINERS: FieldPath = ("spec", "template", "spec", "initContainers")
 
 
 def desired_children(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> list[Child]:
@@ -59,14 +61,16 @@ def desired_children(spec: InferenceServiceSpec, *, owner: Owner, images: Images
         deployment = build_engine_deployment(spec, owner=owner, role=role, images=images, lmcache=lmcache)
         # With autoscaling on, the autoscaler owns the replica count after creation.
         autoscaled = pool_spec(spec, role).autoscaling.enabled
-        children.append(Child(deployment, create_only=(REPLICAS,) if autoscaled else ()))
+        children.append(
+            Child(deployment, create_only=(REPLICAS,) if autoscaled else (), owned=(INIT_CONTAINERS,))
+        )
     children += [
         Child(build_service(owner, role=Role.ROUTER)),
         Child(build_router_deployment(spec, owner=owner, images=images, config=router_config)),
     ]
     # Builders may share sub-dicts (labels, probes): give every manifest a tree of its own. A JSON
     # round trip is several times faster than deepcopy and proves the manifests are plain JSON.
-    return [Child(json.loads(json.dumps(c.manifest)), c.create_only) for c in children]
+    return [Child(json.loads(json.dumps(c.manifest)), c.create_only, c.owned) for c in children]
 
 
 def managed_refs(owner: Owner) -> list[ObjectRef]:

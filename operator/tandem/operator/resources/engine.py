@@ -3,7 +3,9 @@
 `engine.kind: vllm` runs the vLLM image with the KV connector `kvPool.connector` names:
 - `lmcache`: vLLM's LMCacheConnectorV1, configured by LMCache's `LMCACHE_*` environment and the
   `<name>-lmcache` ConfigMap (`LMCACHE_CONFIG_FILE`; left out when the pool has a password, because
-  LMCache ignores its environment when a file is given and the password may only come from a Secret);
+  LMCache ignores its environment when a file is given and the password may only come from a Secret).
+  An init container first checks the image's vLLM and LMCache (`tandem.kvpool.lmcache_check`): a pair
+  known to corrupt KV transfers keeps the pod from starting, with the reason as its log line;
 - `tandem`: `tandem.kvpool.vllm_connector.TandemConnector`, configured entirely by its
   `--kv-transfer-config` (pool URL, model, chunk size), its password from `TANDEM_KVPOOL_PASSWORD`.
 Both come from the pure builders in `tandem.kvpool.engine_config`. `engine.kind: sim` runs `tandem sim`
@@ -14,6 +16,7 @@ read-only root filesystem (`security.py`). Pure builders.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from tandem.core.kvevents import (
@@ -24,7 +27,7 @@ from tandem.core.kvevents import (
     vllm_kv_events_config,
 )
 from tandem.core.spec import ENGINE_HASH_SEED, DecodeSpec, InferenceServiceSpec, PrefillSpec
-from tandem.kvpool import engine_config
+from tandem.kvpool import engine_config, lmcache_check
 from tandem.kvpool.engine_config import KVRole, lmcache_env, to_json
 from tandem.operator.resources.kvpool import (
     LMCACHE_FILE,
@@ -81,6 +84,10 @@ while time.monotonic() < deadline:
         break
     time.sleep(1)
 """
+
+#: The init container of LMCache engine pods runs this file's source with the image's `python3 -c`.
+LMCACHE_CHECK_SCRIPT = inspect.getsource(lmcache_check)
+LMCACHE_CHECK_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 
 
 def pool_spec(spec: InferenceServiceSpec, role: Role) -> PrefillSpec | DecodeSpec:
@@ -243,6 +250,20 @@ def _container(spec: InferenceServiceSpec, role: Role, *, owner: Owner, images: 
     return container
 
 
+def _lmcache_check_container(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """Refuses an engine image whose vLLM and LMCache are known not to fit (`lmcache_check`). It gets
+    only `spec.engine.env` (where TANDEM_LMCACHE_CHECK=off skips it), not the pool's password."""
+    return {
+        "name": "lmcache-check",
+        "image": spec.engine.image,
+        "command": ["python3", "-c", LMCACHE_CHECK_SCRIPT],
+        "env": [{"name": var.name, "value": var.value} for var in spec.engine.env],
+        "resources": LMCACHE_CHECK_RESOURCES,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(),
+    }
+
+
 def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Pod volumes and the engine container's mounts: model PVC, LMCache config, shared memory, and
     emptyDirs for what the processes write (/tmp; vLLM's HOME)."""
@@ -304,6 +325,8 @@ def build_engine_deployment(
         "enableServiceLinks": False,
         "volumes": _volumes(spec, owner)[0],
     }
+    if uses_lmcache(spec):
+        pod_spec["initContainers"] = [_lmcache_check_container(spec)]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
