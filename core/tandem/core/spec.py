@@ -299,7 +299,8 @@ class KVPoolSpec(SpecModel):
     backend: Literal["redis"] = "redis"
     connector: Literal["lmcache", "tandem"] = Field(
         default="lmcache",
-        description="vLLM KV connector of the engines: lmcache (LMCacheConnectorV1, GPU images) or tandem "
+        description="vLLM KV connector of the engines: lmcache (LMCacheConnectorV1, GPU images; an init "
+        "container refuses images whose vLLM and LMCache are known not to fit) or tandem "
         "(tandem.kvpool.vllm_connector, runs where LMCache cannot, e.g. CPU).",
     )
     redis: RedisSpec = Field(default_factory=RedisSpec)
