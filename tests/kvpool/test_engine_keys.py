@@ -12,11 +12,12 @@ import pytest
 from tandem.kvpool.engine_keys import (
     KeysUnavailable,
     engine_pool_keys,
+    key_alternatives,
     lmcache_kv_dtype,
     parallel_sizes,
     uses_mla,
 )
-from tandem.kvpool.keys import LMCacheHash, PoolKeys, TandemHash
+from tandem.kvpool.keys import LMCache03Hash, LMCacheHash, PoolKeys, TandemHash
 
 QWEN = {"model_type": "qwen2", "torch_dtype": "bfloat16"}
 DEEPSEEK = {"model_type": "deepseek_v3", "kv_lora_rank": 512, "torch_dtype": "bfloat16"}
@@ -57,6 +58,17 @@ def test_tandems_connector_keeps_tandems_hash() -> None:
     found = keys("tandem", seed=None, tp=(2, 2))
     assert isinstance(found, PoolKeys)
     assert (found.scheme, found.world_size, found.dtype) == (TandemHash(), 2, "bfloat16")
+
+
+def test_lmcache_keys_have_lmcache_0_3s_as_their_alternative_and_tandems_none() -> None:
+    found = keys(tp=(2, 2), args=["--dtype", "half"])
+    assert isinstance(found, PoolKeys)
+    (legacy,) = key_alternatives(found)
+    assert legacy.scheme == LMCache03Hash(5313149338359954478)
+    assert (legacy.model, legacy.world_size, legacy.worker_id) == ("/models/qwen", 2, 0)
+    assert legacy.chunk_keys(list(range(256)), suffix="")[0].startswith("vllm@/models/qwen@2@0@")
+    tandem = keys("tandem", seed=None)
+    assert isinstance(tandem, PoolKeys) and key_alternatives(tandem) == ()
 
 
 @pytest.mark.parametrize("seed", [None, "random", "not-a-number"])

@@ -14,7 +14,14 @@ from tests.servers import RedisServer, free_port
 
 from tandem.kvpool.client import connect
 from tandem.kvpool.index import KVPoolIndex
-from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, LMCacheHash, PoolKeys, lmcache_none_hash
+from tandem.kvpool.keys import (
+    KV_BYTES_SUFFIX,
+    METADATA_SUFFIX,
+    LMCache03Hash,
+    LMCacheHash,
+    PoolKeys,
+    lmcache_none_hash,
+)
 
 QWEN = PoolKeys(model="qwen", chunk_size=CHUNK)
 
@@ -143,5 +150,27 @@ async def test_lmcache_engines_chunks_are_found_under_lmcaches_own_keys(redis_se
         assert index.metadata_keys(tokens)[0].startswith("/models/qwen@2@0@")
         assert await index.cached_prefix_tokens(tokens) == 2 * CHUNK
         assert (await index.wait_for_prompt(tokens[: 2 * CHUNK], timeout_s=1.0)).outcome == "ok"
+    finally:
+        await index.aclose()
+
+
+async def test_another_layout_that_holds_the_prompt_becomes_the_keys(redis_server: RedisServer) -> None:
+    """LMCache 0.5's keys find nothing where the engines write LMCache 0.3's: the index tries the
+    alternatives it was given and keeps the first that holds any of the prompt's chunks."""
+    none_hash = lmcache_none_hash("0") or 0
+    current = PoolKeys(model="/models/qwen", chunk_size=CHUNK, scheme=LMCacheHash(none_hash))
+    legacy = replace(current, scheme=LMCache03Hash(none_hash))
+    tokens = prompt(2 * CHUNK + 5)
+    client = connect(redis_server.url, timeout_s=2.0)
+    index = KVPoolIndex(client, keys=current, alternatives=[legacy], clock=lambda: 0.0)
+    try:
+        assert await index.adopt_alternative(tokens) is None  # nothing stored yet
+        assert index.keys is current and index.alternatives == (legacy,)
+        with redis_server.client() as sync:
+            sync.set(legacy.chunk_keys(tokens)[0], b"m")  # the first chunk, as LMCache 0.3 names it
+        assert await index.adopt_alternative(prompt(CHUNK - 1)) is None  # no full chunk: nothing to ask
+        assert await index.adopt_alternative(tokens) is legacy
+        assert index.keys is legacy and not index.alternatives
+        assert index.metadata_keys(tokens) == legacy.chunk_keys(tokens)
     finally:
         await index.aclose()

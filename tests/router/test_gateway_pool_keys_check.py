@@ -10,19 +10,25 @@ assertion counts barriers, fallbacks and Redis commands; none measures time.
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import pytest
-from tests.router.harness import Launcher, RunningRouter, metric
+from tests.core.tokenizer_files import write_qwen2
+from tests.router.harness import Launcher, RunningRouter, metric, router_config
 from tests.router.pd_pool import AUTO_512, PROMPT, complete, fake_pair, sim_pair
 from tests.router.servers import closed_port_url
 from tests.servers import RedisServer
 
+from tandem.core.routerconfig import EngineKVKeys
+from tandem.kvpool.keys import LMCache03Hash, PoolKeys
 from tandem.router.pd.keycheck import MISSES_TO_MISMATCH
 from tandem.router.settings import DisaggregationSettings, RouterSettings
 
 BARRIER = "tandem_router_pd_kv_barrier_wait_seconds_count"
 STATE = "tandem_router_kv_pool_keys_state"
+LMCACHE = EngineKVKeys(connector="lmcache", model="/models/qwen", python_hash_seed="0")
 
 
 def prompt(n: int) -> list[int]:
@@ -141,3 +147,41 @@ async def test_without_a_pool_there_is_no_keys_state(launcher: Launcher) -> None
     decode = await launcher.engine("d0")
     router = await launcher.router(decode=[decode])
     assert "tandem_router_kv_pool_keys_state" not in (await router.http.get("/metrics")).text
+
+
+async def test_lmcache_engines_writing_lmcache_0_3_keys_are_found_after_one_miss(
+    launcher: Launcher, redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default engine image's LMCache (0.3) keys its chunks `vllm@model@1@0@hash`, hashed its own
+    way: the gateway starts with LMCache 0.5's keys, finds the prompt under 0.3's after one barrier
+    miss, and uses those from then on. Faked: the engines (answer, write nothing); the test writes the
+    prompt's chunks as LMCache 0.3 would (tests/core/test_kvkeys_lmcache03.py has its real keys)."""
+    prefill, decode = await fake_pair(launcher)
+    write_qwen2(tmp_path, vocab=600)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    config = router_config(
+        decode=[decode.url],
+        prefill=[prefill.url],
+        mode="always",
+        spec={"engine": {"kind": "vllm"}, "kvPool": {"connector": "lmcache"}},
+        kv_pool_url=redis_server.url,
+    ).model_copy(update={"tokenizer_path": str(tmp_path), "engine_kv_keys": LMCACHE})
+    legacy = PoolKeys(model=LMCACHE.model, chunk_size=256, scheme=LMCache03Hash(5313149338359954478))
+    with redis_server.client() as client:
+        for name in legacy.chunk_keys(PROMPT):
+            client.set(name.removesuffix("metadata") + "kv_bytes", b"kv")
+            client.set(name, b"meta")
+    router = await launcher.router_for(config, settings=SHORT)
+    with caplog.at_level(logging.INFO, logger="tandem.router.pd.disagg"):
+        first = await complete(router, PROMPT)
+        assert first.headers["x-tandem-pd-fallback"] == "barrier_timeout"  # 0.5's keys: not there
+        assert await state(router) == "verified"
+        second = await complete(router, PROMPT)
+    assert "x-tandem-pd-fallback" not in second.headers
+    assert await metric(router, BARRIER, outcome="ok") == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert (
+        "kv pool keys: the engines write lmcache-0.3 keys, not lmcache: the gateway computes those now"
+        in lines
+    )
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

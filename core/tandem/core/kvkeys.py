@@ -17,8 +17,14 @@ negative (keys then read `...@-7cfefdccc681b183@...`).
   hash to themselves mod 2**61-1, tuples combine with xxHash's rounds, CPython ≥ 3.8, 64-bit), so
   this process may call `hash` on the tuple itself; the seed's str hash does depend on it, so
   `lmcache_none_hash` computes it as the engine's CPython does (`tandem.core.pyhash`, CPython ≥ 3.11).
-  Other LMCache versions hashed differently (e.g. `(parent, tokens, None)` before they canonicalised
-  the tuple), and without PYTHONHASHSEED the engines' keys are random per process.
+  Without PYTHONHASHSEED the engines' keys are random per process.
+- LMCache 0.3's (`lmcache03_chunk_hashes`, `LMCache03Hash`): LMCache 0.3.9 (the default engine image's,
+  `lmcache/vllm-openai:v0.3.9`) hashes `(parent, tuple(chunk), None)` from the same NONE_HASH. `None`
+  hashes to the constant 4238894112 on CPython ≥ 3.12 (the vLLM images' Python; on 3.11 and earlier
+  it is the object's address, so such engines' keys differ per process), and a tuple's hash depends
+  only on its elements' hashes, so the int 4238894112 stands in for it here (`PY312_NONE_HASH`).
+  Checked against LMCache 0.3.9's own `ChunkedTokenDatabase` in a vLLM 0.11 process (the known-answer
+  keys in tests/core/test_kvkeys_lmcache03.py).
 
 The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
 `kv_bytes`/`metadata` pair) lives in `tandem.kvpool.keys`, which re-exports these names.
@@ -36,15 +42,20 @@ from tandem.core.pyhash import parse_seed, str_hash
 
 __all__ = [
     "NONE_HASH",
+    "PY312_NONE_HASH",
     "ChunkHashScheme",
+    "LMCache03Hash",
     "LMCacheHash",
     "TandemHash",
     "chunk_hashes",
+    "lmcache03_chunk_hashes",
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
 ]
 
 NONE_HASH = 0
+#: `hash(None)` on CPython 3.12 and later (a constant there; the object's address before).
+PY312_NONE_HASH = 4238894112
 
 
 def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NONE_HASH) -> list[int]:
@@ -95,6 +106,18 @@ def lmcache_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash
     return hashes
 
 
+def lmcache03_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash: int) -> list[int]:
+    """LMCache 0.3's chain (module docstring): `hash((parent, tuple(chunk), None))` as an engine on
+    CPython ≥ 3.12 computes it, from `none_hash`."""
+    _check(chunk_size)
+    hashes: list[int] = []
+    parent = none_hash
+    for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
+        parent = hash((parent, tuple(token_ids[start : start + chunk_size]), PY312_NONE_HASH))
+        hashes.append(parent)
+    return hashes
+
+
 @dataclass(frozen=True, slots=True)
 class TandemHash:
     """Tandem's SHA-256 chain (`chunk_hashes`): the simulator and Tandem's vLLM connector."""
@@ -116,8 +139,20 @@ class LMCacheHash:
         return lmcache_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
 
 
+@dataclass(frozen=True, slots=True)
+class LMCache03Hash:
+    """LMCache 0.3's builtin-hash chain (`lmcache03_chunk_hashes`); its keys have another layout
+    (`tandem.kvpool.keys.PoolKeys`)."""
+
+    none_hash: int
+    name: ClassVar[str] = "lmcache-0.3"
+
+    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int) -> list[int]:
+        return lmcache03_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
+
+
 #: How a writer hashes a prompt's chunks.
-ChunkHashScheme = TandemHash | LMCacheHash
+ChunkHashScheme = TandemHash | LMCacheHash | LMCache03Hash
 
 
 def _check(chunk_size: int) -> None:

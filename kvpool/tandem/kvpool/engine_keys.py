@@ -27,11 +27,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tandem.core.engineargs import arg_value
-from tandem.core.kvkeys import ChunkHashScheme, LMCacheHash, TandemHash, lmcache_none_hash
+from tandem.core.kvkeys import ChunkHashScheme, LMCache03Hash, LMCacheHash, TandemHash, lmcache_none_hash
 from tandem.kvpool.connector_plan import engine_kv_dtype
 from tandem.kvpool.keys import PoolKeys
 
-__all__ = ["KeysUnavailable", "engine_pool_keys", "lmcache_kv_dtype", "parallel_sizes", "uses_mla"]
+__all__ = [
+    "KeysUnavailable",
+    "engine_pool_keys",
+    "key_alternatives",
+    "lmcache_kv_dtype",
+    "parallel_sizes",
+    "uses_mla",
+]
 
 #: vLLM 0.32's `--kv-cache-dtype` values of a float cache: named as the model dtype is
 #: (`connector_plan.engine_kv_dtype`, which reads the flag first).
@@ -157,3 +164,22 @@ def engine_pool_keys(
             "carry the world size, so decode engines cannot read the prefill engines' chunks"
         )
     return PoolKeys(model=model, chunk_size=chunk_size, dtype=dtype, world_size=world[0], scheme=scheme)
+
+
+def key_alternatives(keys: PoolKeys) -> tuple[PoolKeys, ...]:
+    """Other layouts the same engines may write, for a reader to try when `keys` find nothing: for
+    LMCache's, LMCache 0.3's (the default image's; `tandem.core.kvkeys.LMCache03Hash`), same model
+    part, world size and NONE_HASH. None for Tandem's own keys."""
+    if not isinstance(keys.scheme, LMCacheHash):
+        return ()
+    legacy = LMCache03Hash(keys.scheme.none_hash)
+    return (
+        PoolKeys(
+            model=keys.model,
+            chunk_size=keys.chunk_size,
+            dtype=keys.dtype,
+            world_size=keys.world_size,
+            worker_id=keys.worker_id,
+            scheme=legacy,
+        ),
+    )

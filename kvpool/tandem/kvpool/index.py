@@ -60,10 +60,12 @@ class KVPoolIndex:
         *,
         keys: PoolKeys,
         clock: Callable[[], float],
+        alternatives: Sequence[PoolKeys] = (),
         retry_after_s: float = 1.0,
     ) -> None:
         self._client = client
         self.keys = keys
+        self.alternatives = tuple(alternatives)
         self.chunk_size = keys.chunk_size
         self._clock = clock
         self._retry_after_s = retry_after_s
@@ -98,6 +100,27 @@ class KVPoolIndex:
         self._succeeded()
         run = next((i for i, n in enumerate(present) if n != 2), len(keys))
         return run * self.chunk_size
+
+    async def adopt_alternative(self, prompt: Sequence[int]) -> PoolKeys | None:
+        """The first of `alternatives` under which the pool holds any of `prompt`'s full chunks: it
+        becomes `keys` for good (and the alternatives are dropped). None when none does, the prompt
+        has no full chunk, or the pool did not answer. One EXISTS per alternative."""
+        if not self._available():
+            return None
+        for candidate in self.alternatives:
+            names = candidate.chunk_keys(prompt)
+            if not names:
+                return None
+            try:
+                found = await self._client.exists(*names)
+            except POOL_ERRORS as exc:
+                self._failed(exc)
+                return None
+            self._succeeded()
+            if found:
+                self.keys, self.alternatives = candidate, ()
+                return candidate
+        return None
 
     async def wait_for_prompt(self, prompt: Sequence[int], *, timeout_s: float) -> BarrierResult:
         """Wait until every full chunk of `prompt` is in the pool (module docstring)."""

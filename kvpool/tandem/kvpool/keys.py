@@ -7,6 +7,8 @@ A chunk of `chunk_size` prompt tokens is stored as two Redis strings (no separat
 with `key = f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"` (LMCache 0.5.6's
 `CacheEngineKey.to_string()` without `@tag%value` parts; its `RedisConnector`, the one a
 `redis://` URL selects, appends the suffixes).
+LMCache 0.3 (the default engine image's) wrote `f"vllm@{model}@{world_size}@{worker_id}@{chunk_hash:x}"`
+instead: its key format (`vllm`) first, no dtype, and its own chain (`LMCache03Hash`).
 
 Chunk hashes are `tandem.core.kvkeys`' (re-exported here): Tandem's SHA-256 chain (the simulator,
 Tandem's connector) or LMCache's builtin-hash chain (LMCache inside vLLM, which depends on the engines'
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from tandem.core.kvkeys import (
     NONE_HASH,
     ChunkHashScheme,
+    LMCache03Hash,
     LMCacheHash,
     TandemHash,
     chunk_hashes,
@@ -42,6 +45,7 @@ __all__ = [
     "NONE_HASH",
     "ChunkHashScheme",
     "ChunkMetadata",
+    "LMCache03Hash",
     "LMCacheHash",
     "ParsedKey",
     "PoolKeys",
@@ -53,6 +57,7 @@ __all__ = [
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
     "model_pattern",
+    "model_patterns",
     "parse_key",
 ]
 
@@ -78,6 +83,13 @@ _METADATA = struct.Struct("=7i")
 _KEY = re.compile(
     r"^(?P<model>.+?)@(?P<world_size>\d+)@(?P<worker_id>\d+)@(?P<chunk_hash>-?[0-9a-f]+)"
     r"@(?P<rest>.+?)(?P<suffix>kv_bytes|metadata)$",
+    re.DOTALL,
+)
+#: LMCache 0.3's `vllm@model@world_size@worker_id@chunk_hash[@tag%value...]` + suffix (no dtype).
+LMCACHE03_FORMAT = "vllm"
+_KEY03 = re.compile(
+    r"^vllm@(?P<model>.+?)@(?P<world_size>\d+)@(?P<worker_id>\d+)@(?P<chunk_hash>-?[0-9a-f]+)"
+    r"(?P<rest>(?:@[^@%]*%[^@]*)*)(?P<suffix>kv_bytes|metadata)$",
     re.DOTALL,
 )
 
@@ -134,6 +146,9 @@ class PoolKeys:
 
     def chunk_keys(self, token_ids: Sequence[int], suffix: str = METADATA_SUFFIX) -> list[str]:
         """The key (with `suffix`) of every full chunk of `token_ids`, in order."""
+        if isinstance(self.scheme, LMCache03Hash):
+            base = f"{LMCACHE03_FORMAT}@{self.model}@{self.world_size}@{self.worker_id}@"
+            return [f"{base}{h:x}{suffix}" for h in self.scheme.chunk_hashes(token_ids, self.chunk_size)]
         return [
             chunk_key(
                 model=self.model,
@@ -148,21 +163,26 @@ class PoolKeys:
 
 
 def parse_key(key: str) -> ParsedKey | None:
-    """The fields of a chunk key (`...kv_bytes` or `...metadata`); None for any other key.
+    """The fields of a chunk key (`...kv_bytes` or `...metadata`); None for any other key. LMCache
+    0.3's layout is read where the current one does not fit; its dtype is "" (not in its keys).
 
     >>> parse_key("qwen@1@0@-7cfe@bfloat16metadata").model
     'qwen'
+    >>> parse_key("vllm@qwen@1@0@2f7fkv_bytes").model
+    'qwen'
     """
     match = _KEY.match(key)
-    if match is None:
+    legacy = _KEY03.match(key) if match is None else None
+    found = match or legacy
+    if found is None:
         return None
-    suffix = match["suffix"]
+    suffix = found["suffix"]
     return ParsedKey(
-        model=match["model"],
-        world_size=int(match["world_size"]),
-        worker_id=int(match["worker_id"]),
-        chunk_hash=match["chunk_hash"],
-        dtype=match["rest"],
+        model=found["model"],
+        world_size=int(found["world_size"]),
+        worker_id=int(found["worker_id"]),
+        chunk_hash=found["chunk_hash"],
+        dtype=found["rest"] if match is not None else "",
         suffix=suffix,
         base=key[: -len(suffix)],
     )
@@ -172,6 +192,11 @@ def model_pattern(model: str) -> str:
     """A Redis SCAN pattern matching every key of one model (`*` and `?` in names escaped)."""
     escaped = model.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?").replace("[", "\\[")
     return f"{escaped}@*"
+
+
+def model_patterns(model: str) -> tuple[str, str]:
+    """`model_pattern` and the same for LMCache 0.3's layout (`vllm@<model>@*`)."""
+    return model_pattern(model), f"{LMCACHE03_FORMAT}@{model_pattern(model)}"
 
 
 def encode_metadata(*, length: int, dtype: str, layers: int, tokens: int, hidden: int) -> bytes:

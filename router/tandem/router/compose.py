@@ -486,7 +486,7 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
     if access is None:
         return None
     client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
-    return KVPoolIndex(client, keys=access.keys, clock=clock)
+    return KVPoolIndex(client, keys=access.keys, alternatives=access.alternatives, clock=clock)
 
 
 def _waking(hold: PrefillHold) -> Callable[[Pool], None]:

@@ -46,7 +46,7 @@ from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceServiceSpec, ModelSpec, PrefixSourceKind, max_prefill_replicas
 from tandem.kvpool.client import password_from_env
-from tandem.kvpool.engine_keys import KeysUnavailable, engine_pool_keys
+from tandem.kvpool.engine_keys import KeysUnavailable, engine_pool_keys, key_alternatives
 from tandem.kvpool.keys import PoolKeys
 from tandem.router.errors import ConfigurationError
 from tandem.router.settings import KVEventsSettings, RouterSettings
@@ -60,12 +60,14 @@ def served_names(spec: ModelSpec) -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVPoolAccess:
-    """How the gateway reaches the KV pool for P/D decisions and the barrier, and the engines' keys."""
+    """How the gateway reaches the KV pool for P/D decisions and the barrier, and the engines' keys
+    (`alternatives`: other layouts the same engines may write, tried when `keys` find nothing)."""
 
     url: str
     password: str | None
     timeout_s: float
     keys: PoolKeys
+    alternatives: tuple[PoolKeys, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +158,7 @@ def resolve(
                 password=password_from_env(env),
                 timeout_s=settings.disaggregation.kv_pool_timeout_seconds,
                 keys=keys,
+                alternatives=key_alternatives(keys),
             )
     weights = {t.name: t.weight for t in spec.router.tenants} | dict(settings.admission.tenant_weights)
     admission = settings.admission

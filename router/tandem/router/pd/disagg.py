@@ -381,10 +381,29 @@ class Disaggregator:
         result = await self.pool.wait_for_keys(keys(), timeout_s=self.barrier_timeout_s)
         metrics = self.prefiller.dispatcher.metrics
         metrics.pd_kv_barrier_wait.labels(result.outcome).observe(result.waited_s)
-        self._observe(barrier_evidence(result.outcome, chunks=result.chunks, found=result.found), request)
+        evidence = barrier_evidence(result.outcome, chunks=result.chunks, found=result.found)
+        if evidence == "miss" and self.keys.state == "unverified" and await self._other_layout(request):
+            evidence = "hit"
+        self._observe(evidence, request)
         if result.outcome == "ok":
             return result.waited_s, None
         return result.waited_s, "barrier_timeout" if result.outcome == "timeout" else "pool_unavailable"
+
+    async def _other_layout(self, request: PDRequest) -> bool:
+        """After a miss: whether the pool holds this prompt under another layout the engines may write
+        (`KVPoolIndex.adopt_alternative`, e.g. LMCache 0.3's); the gateway then computes those keys."""
+        if self.pool is None:
+            return False
+        was = self.pool.keys.scheme.name
+        adopted = await self.pool.adopt_alternative(request.prompt_tokens())
+        if adopted is None:
+            return False
+        log.info(
+            f"kv pool keys: the engines write {adopted.scheme.name} keys, not {was}: "
+            "the gateway computes those now",
+            extra=keys_fields(adopted),
+        )
+        return True
 
     def _observe(self, evidence: Evidence, request: PDRequest) -> None:
         """Tell the self-check; log its conclusions (once each: the states change rarely)."""

@@ -15,7 +15,10 @@ KV barrier waits its whole timeout before the request goes decode-only. So the k
     none: Redis did not answer (`pool_unavailable`), or the     —            —          —
           prompt is shorter than one chunk
 
-A hit is proof that the engines write these keys, so **verified** is for good. `misses_to_mismatch`
+Before a miss counts, the P/D step asks the pool whether it holds that prompt under another layout
+the same engines may write (`KVPoolIndex.adopt_alternative`; for LMCache's keys, LMCache 0.3's, the
+default engine image's): if it does, the gateway computes those keys from then on and the miss is a
+hit. A hit is proof that the engines write these keys, so **verified** is for good. `misses_to_mismatch`
 (`MISSES_TO_MISMATCH`, 4) misses before any hit mean the engines write other keys (or none): in
 **mismatch** the gateway stops the barrier and the pool look-ups of the P/D decision (`lookups_on`,
 `barrier_due`), as if it could not compute the keys, except that one request per `recheck_after_s`
@@ -33,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tandem.kvpool.keys import LMCacheHash, PoolKeys
+from tandem.kvpool.keys import LMCache03Hash, LMCacheHash, PoolKeys
 
 KeysState = Literal["unverified", "verified", "mismatch"]
 Evidence = Literal["hit", "miss", "none"]
@@ -113,8 +116,9 @@ def mismatch_message(keys: PoolKeys, *, misses: int, recheck_after_s: float) -> 
     scheme = keys.scheme.name
     check = (
         "the engines' PYTHONHASHSEED (engineKvKeys.pythonHashSeed in the router config), their LMCache "
-        "version (the gateway computes LMCache 0.5.6's keys) and the engine image (spec.engine.image)"
-        if scheme == "lmcache"
+        "version (the gateway computes LMCache 0.5.6's keys, and 0.3's when it finds those) and the "
+        "engine image (spec.engine.image)"
+        if scheme.startswith("lmcache")
         else "that the engines run Tandem's connector or the simulator with the same Tandem version"
     )
     return (
@@ -137,6 +141,6 @@ def keys_fields(keys: PoolKeys) -> dict[str, object]:
         "key_world_size": keys.world_size,
         "key_worker_id": keys.worker_id,
     }
-    if isinstance(keys.scheme, LMCacheHash):
+    if isinstance(keys.scheme, LMCacheHash | LMCache03Hash):
         fields["key_none_hash"] = keys.scheme.none_hash
     return fields
