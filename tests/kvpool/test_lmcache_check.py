@@ -114,11 +114,12 @@ def test_the_script_passes_a_fitting_image(tmp_path: Path) -> None:
     assert (code, line["level"], line["msg"]) == (0, "info", "no known layout problem")
 
 
-def test_the_script_names_a_missing_package(tmp_path: Path) -> None:
+def test_the_script_does_not_block_a_pod_it_cannot_check(tmp_path: Path) -> None:
+    """`vllm serve` may run another interpreter than the image's python3: no verdict, a warning."""
     site = _site(tmp_path, {"vllm": ("0.26.0", "vllm")})
     code, line = _check(site)
-    assert code == 1
-    assert line["msg"].startswith("the engine image has no lmcache")
+    assert (code, line["level"]) == (0, "warning")
+    assert line["msg"].startswith("not checked: this python3 has no lmcache")
 
 
 def test_the_script_can_be_switched_off(tmp_path: Path) -> None:

@@ -63,9 +63,9 @@ def main() -> int:
     try:
         vllm, lmcache = installed("vllm"), installed("lmcache")
     except PackageNotFoundError as missing:
-        needs = "kvPool.connector lmcache needs vllm and lmcache"
-        log("error", f"the engine image has no {missing.name}: {needs}")
-        return 1
+        # Not a verdict: `vllm serve` may run another interpreter than this python3; it fails on its own.
+        log("warning", f"not checked: this python3 has no {missing.name} ({sys.executable})")
+        return 0
     problem = layout_problem(vllm, lmcache)
     if problem:
         log("error", problem, vllm=vllm, lmcache=lmcache)
