@@ -227,6 +227,29 @@ async def test_switching_to_an_external_redis_removes_the_managed_one(
     )
 
 
+async def test_leaving_lmcache_removes_the_engine_pods_init_check_over_http(
+    api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]]
+) -> None:
+    """The merge patch's `null` reaches the API server and removes the LMCache check's init container."""
+    body = copy.deepcopy(DEMO)
+    body["spec"]["engine"] = {"kind": "vllm", "image": "lmcache/vllm-openai:v0.3.9"}
+    body["spec"]["kvPool"]["connector"] = "lmcache"
+
+    def init_containers(name: str) -> list[str] | None:
+        found = k8s.find(api, "Deployment", name)
+        if found is None:
+            return None
+        return [c["name"] for c in found["spec"]["template"]["spec"].get("initContainers", [])]
+
+    await k8s.apply(api, body)
+    await eventually(lambda: init_containers("demo-decode") == ["lmcache-check"], "the check is there")
+    await k8s.patch_spec(api, "demo", {"kvPool": {"connector": "tandem"}})
+    await eventually(
+        lambda: init_containers("demo-decode") == [] and init_containers("demo-prefill") == [],
+        "the check is gone",
+    )
+
+
 async def test_an_object_in_the_way_that_the_service_does_not_own_is_left_untouched(
     api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]]
 ) -> None:
