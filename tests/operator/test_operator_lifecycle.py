@@ -230,10 +230,8 @@ async def test_switching_to_an_external_redis_removes_the_managed_one(
 async def test_leaving_lmcache_removes_the_engine_pods_init_check_over_http(
     api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]]
 ) -> None:
-    """The merge patch's `null` reaches the API server and removes the LMCache check's init container."""
-    body = copy.deepcopy(DEMO)
-    body["spec"]["engine"] = {"kind": "vllm", "image": "lmcache/vllm-openai:v0.3.9"}
-    body["spec"]["kvPool"]["connector"] = "lmcache"
+    """The merge patch's `null` reaches the API server and removes the LMCache check's init container,
+    and later reconciles leave it removed (no patch on every pass)."""
 
     def init_containers(name: str) -> list[str] | None:
         found = k8s.find(api, "Deployment", name)
@@ -241,13 +239,20 @@ async def test_leaving_lmcache_removes_the_engine_pods_init_check_over_http(
             return None
         return [c["name"] for c in found["spec"]["template"]["spec"].get("initContainers", [])]
 
-    await k8s.apply(api, body)
-    await eventually(lambda: init_containers("demo-decode") == ["lmcache-check"], "the check is there")
+    vllm = {"engine": {"kind": "vllm", "image": "lmcache/vllm-openai:v0.3.9"}}
+    await ready_demo(api, {**vllm, "kvPool": {"redis": {"memory": "1Gi"}, "connector": "lmcache"}})
+    assert init_containers("demo-decode") == init_containers("demo-prefill") == ["lmcache-check"]
     await k8s.patch_spec(api, "demo", {"kvPool": {"connector": "tandem"}})
     await eventually(
         lambda: init_containers("demo-decode") == [] and init_containers("demo-prefill") == [],
         "the check is gone",
     )
+    await eventually(lambda: k8s.find(api, "ConfigMap", "demo-lmcache") is None, "LMCache's config gone")
+    settled = k8s.mark(api)
+    await reconciles(api, count=1, since=settled)  # the pass that made those changes ends
+    since = k8s.mark(api)
+    await reconciles(api, count=3, since=since)
+    assert k8s.writes(api, since=since) == []
 
 
 async def test_an_object_in_the_way_that_the_service_does_not_own_is_left_untouched(
