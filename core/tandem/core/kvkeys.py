@@ -97,23 +97,22 @@ def lmcache_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash
     """LMCache 0.5.6's chained hashes of every full chunk of `token_ids` (module docstring), starting
     from `none_hash` (`lmcache_none_hash`). Example: under PYTHONHASHSEED=0, the chunk `range(256)`
     hashes to `hash((5313149338359954478, tuple(range(256)), ()))`."""
-    _check(chunk_size)
-    hashes: list[int] = []
-    parent = none_hash
-    for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
-        parent = hash((parent, tuple(token_ids[start : start + chunk_size]), ()))
-        hashes.append(parent)
-    return hashes
+    return _builtin_chain(token_ids, chunk_size, none_hash=none_hash, extra=())
 
 
 def lmcache03_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash: int) -> list[int]:
     """LMCache 0.3's chain (module docstring): `hash((parent, tuple(chunk), None))` as an engine on
     CPython ≥ 3.12 computes it, from `none_hash`."""
+    return _builtin_chain(token_ids, chunk_size, none_hash=none_hash, extra=PY312_NONE_HASH)
+
+
+def _builtin_chain(token_ids: Sequence[int], chunk_size: int, *, none_hash: int, extra: object) -> list[int]:
+    """LMCache's chain over full chunks: `hash((parent, tuple(chunk), extra))` from `none_hash`."""
     _check(chunk_size)
     hashes: list[int] = []
     parent = none_hash
     for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
-        parent = hash((parent, tuple(token_ids[start : start + chunk_size]), PY312_NONE_HASH))
+        parent = hash((parent, tuple(token_ids[start : start + chunk_size]), extra))
         hashes.append(parent)
     return hashes
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from tandem.core.engineargs import arg_value
@@ -172,14 +172,4 @@ def key_alternatives(keys: PoolKeys) -> tuple[PoolKeys, ...]:
     part, world size and NONE_HASH. None for Tandem's own keys."""
     if not isinstance(keys.scheme, LMCacheHash):
         return ()
-    legacy = LMCache03Hash(keys.scheme.none_hash)
-    return (
-        PoolKeys(
-            model=keys.model,
-            chunk_size=keys.chunk_size,
-            dtype=keys.dtype,
-            world_size=keys.world_size,
-            worker_id=keys.worker_id,
-            scheme=legacy,
-        ),
-    )
+    return (replace(keys, scheme=LMCache03Hash(keys.scheme.none_hash)),)
