@@ -10,13 +10,10 @@ Tandem's `LMCACHE_*` settings (chunk 256, `save_unfull_chunk: False`, `builtin` 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from tests.interpreters import cpython
 
 from tandem.core.kvkeys import PY312_NONE_HASH, LMCache03Hash, lmcache03_chunk_hashes, lmcache_none_hash
 from tandem.kvpool.keys import PoolKeys, parse_key
@@ -67,25 +64,11 @@ def test_the_chain_differs_from_lmcache_0_5s_from_the_first_chunk() -> None:
     assert len(old) == len(new) == 2 and old[0] != new[0]
 
 
-def _python_312_or_later() -> str | None:
-    """This interpreter if it is CPython ≥ 3.12, else a working one on PATH or under pyenv, else None."""
-    if sys.version_info >= (3, 12):
-        return sys.executable
-    found = [shutil.which(name) for name in ("python3.13", "python3.12")]
-    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    found += sorted(str(p) for p in pyenv.glob("3.1[2-9]*/bin/python3"))
-    probe = "import sys; sys.exit(sys.version_info < (3, 12))"
-    for candidate in filter(None, found):
-        if subprocess.run([candidate, "-c", probe], capture_output=True, check=False).returncode == 0:
-            return candidate
-    return None
-
-
 def test_the_stand_in_is_none_on_cpython_3_12() -> None:
     """The engines' CPython (≥ 3.12) hashes `(parent, chunk, None)` as this process hashes the int."""
-    python = _python_312_or_later()
+    python = cpython((3, 12))
     if python is None:
-        pytest.skip("no CPython 3.12 or later on PATH")
+        pytest.skip("no CPython 3.12 or later here")
     chunk = tokens(256)
     code = f"import json; print(json.dumps([hash(None), hash(({NONE}, tuple({chunk}), None))]))"
     answer = json.loads(

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.interpreters import cpython
 
 from tandem.kvpool.lmcache_check import SKIP_VARIABLE, layout_problem, release
 from tandem.operator.resources.engine import LMCACHE_CHECK_SCRIPT
@@ -137,17 +138,11 @@ def test_a_check_that_fails_to_run_lets_the_pod_start(tmp_path: Path) -> None:
     assert line["msg"].startswith("not checked: the check failed (AttributeError")
 
 
-def _python_39() -> str | None:
-    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    found = sorted(str(p) for p in pyenv.glob("3.9*/bin/python3"))
-    return found[0] if found else None
-
-
 def test_the_script_runs_on_an_older_python_in_an_image(tmp_path: Path) -> None:
     """An engine image's python3 may predate 3.10 (no packages_distributions, no `X | None` at runtime)."""
-    python = _python_39()
+    python = cpython((3, 8), (3, 9))
     if python is None:
-        pytest.skip("no CPython 3.9 under pyenv")
+        pytest.skip("no CPython 3.8 or 3.9 here")
     site = _site(tmp_path, {"vllm": ("0.26.0", "vllm"), "lmcache": ("0.5.3", "lmcache")})
     done = subprocess.run(
         [python, "-S", "-c", LMCACHE_CHECK_SCRIPT],
