@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -42,9 +43,16 @@ STRIP = re.compile(
     r"third_party/deep_gemm/_C\.cpython-31[01345]-.*)$"
 )
 KERNELS = "vllm/_C_stable_libtorch.abi3.so"
-TANDEM = ["pydantic>=2.7", "pyyaml", "click", "fastapi", "uvicorn[standard]", "httpx", "aiohttp", "orjson"]
-TANDEM += ["tokenizers", "fastokens==0.3.5", "xxhash", "jinja2", "redis>=5", "prometheus-client", "kopf"]
-TANDEM += ["pyzmq", "msgpack", "pytest-asyncio", "sortedcontainers"]
+ROOT = Path(__file__).resolve().parents[1]
+#: What the slow tier imports on the target besides vLLM and LMCache: Tandem's own requirements, the
+#: test runner's asyncio plugin, and LMCache's key code's one extra.
+EXTRA = ["pytest-asyncio", "sortedcontainers"]
+
+
+def tandem_requirements() -> list[str]:
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        project = tomllib.load(handle)["project"]
+    return [*project["dependencies"], *EXTRA]
 
 
 def say(line: str) -> None:
@@ -181,7 +189,7 @@ def main() -> None:
     scratch = out / "download"
     download([f"vllm=={args.vllm}", f"lmcache=={args.lmcache}"], scratch)
     vllm, lmcache = (next(scratch.glob(f"{name}-*.whl")) for name in ("vllm", "lmcache"))
-    wanted = sorted({*requirements(vllm), *requirements(lmcache), *TANDEM})
+    wanted = sorted({*requirements(vllm), *requirements(lmcache), *tandem_requirements()})
     deps = out / "deps"
     download(wanted, deps, deps=True)
     files = [lmcache.rename(out / lmcache.name), *pack_vllm(vllm, out), redis_server(out)]
