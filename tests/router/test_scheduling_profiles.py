@@ -313,3 +313,19 @@ def test_a_large_pool_is_scored_on_a_shortlist_of_prefix_holders_the_least_busy_
     decision = scheduler.decide("decode", request(tokens), snaps)
     assert decision.endpoint in (pool[10], pool[20])  # the prompt's cache wins, as in a small pool
     assert decision.offered <= 6
+
+
+def test_a_shortlist_keeps_the_least_busy_of_many_prefix_holders_and_of_the_pool() -> None:
+    state = SchedulingState(clock=FakeClock())
+    pool = [Endpoint("decode", f"http://10.1.0.{i}:8000") for i in range(64)]
+    snaps = [snapshot(e, in_flight=50) for e in pool]
+    holders = {10: 9, 20: 3, 30: 7, 40: 1, 50: 8, 60: 5}  # index → in flight
+    for i, busy in holders.items():
+        snaps[i] = snapshot(pool[i], in_flight=busy)
+        state.approximate.record(pool[i].url, request(prompt(3, 0)))
+    for i, busy in {5: 0, 6: 0, 7: 2, 8: 0}.items():  # the pool's least busy: ties keep pool order
+        snaps[i] = snapshot(pool[i], in_flight=busy)
+    shortlist = state.shortlist(request(prompt(3, 0)), snaps, prompt_tokens=len(prompt(3, 0)))
+    kept = [s.endpoint for s in shortlist]
+    # the 4 least busy holders (busiest first dropped), the 3 least busy of the pool, the next in turn
+    assert kept == [pool[40], pool[20], pool[60], pool[30], pool[5], pool[6], pool[8], pool[1]]

@@ -169,6 +169,8 @@ class SchedulingState:
         Like SGLang's and Dynamo's routers, which look up the prefix tree first and the load second.
         Example: 64 endpoints, the prompt's system part routed to 2 of them → those 2, the 3 least
         busy and the next in turn: 6 candidates instead of 64."""
+        # `sorted(...)[:k]` is what `heapq.nsmallest(k, ...)` returns, ties in the same order, and
+        # costs less here: the sort runs in C, nsmallest's loop in Python (2.3 against 3.7 µs at 64).
         busy = attrgetter("in_flight")
         keep: dict[Endpoint, EndpointSnapshot] = {}
         if prompt_tokens and self.track_prefixes:
@@ -177,8 +179,6 @@ class SchedulingState:
                 held = [s for s in snapshots if s.endpoint.url in holders]
                 for snap in sorted(held, key=busy)[:SHORTLIST_HOLDERS]:
                     keep[snap.endpoint] = snap
-        # `sorted(...)[:k]` is what `heapq.nsmallest(k, ...)` returns, ties in the same order, and
-        # costs less here: the sort runs in C, nsmallest's loop in Python (2.3 against 3.7 µs at 64).
         for snap in sorted(snapshots, key=busy)[:SHORTLIST_LEAST_BUSY]:
             keep.setdefault(snap.endpoint, snap)
         self._turn = (self._turn + 1) % len(snapshots)
