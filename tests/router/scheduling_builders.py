@@ -40,6 +40,9 @@ def stats(
     block_size: int | None = 16,
     num_gpu_blocks: int | None = 1000,
     tokens: float | None = None,
+    served: float | None = None,
+    started: float | None = None,
+    preemptions: float | None = None,
 ) -> EngineStats:
     return EngineStats(
         running=running,
@@ -48,6 +51,9 @@ def stats(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         tokens=tokens,
+        served=served,
+        started=started,
+        preemptions=preemptions,
     )
 
 

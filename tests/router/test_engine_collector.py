@@ -54,6 +54,18 @@ vllm:cache_config_info{block_size="32",num_gpu_blocks="100",engine="0"} 1
 vllm:cache_config_info{block_size="32",num_gpu_blocks="100",engine="1"} 1
 """
 
+#: What tells whether an engine is new, restarted, or pre-empting: finished requests (every reason
+#: and engine summed), the counters' creation time (the earliest), pre-emptions (summed).
+SERVED_PAGE = """# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="stop"} 10
+vllm:request_success_total{engine="0",finished_reason="length"} 3
+vllm:request_success_total{engine="1",finished_reason="abort"} 1
+vllm:request_success_created{engine="0",finished_reason="stop"} 1795900000.5
+vllm:request_success_created{engine="1",finished_reason="abort"} 1795900001.0
+vllm:num_preemptions_total{engine="0"} 2
+vllm:num_preemptions_total{engine="1"} 1
+"""
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),
@@ -69,6 +81,20 @@ vllm:cache_config_info{block_size="32",num_gpu_blocks="100",engine="1"} 1
             TWO_ENGINES,
             EngineStats(running=5, waiting=1, kv_usage=0.4, block_size=32, num_gpu_blocks=200),
             id="data-parallel-older-kv-name",
+        ),
+        pytest.param(
+            TWO_ENGINES + SERVED_PAGE,
+            EngineStats(
+                running=5,
+                waiting=1,
+                kv_usage=0.4,
+                block_size=32,
+                num_gpu_blocks=200,
+                served=14.0,
+                started=1795900000.5,
+                preemptions=3.0,
+            ),  # fmt: skip
+            id="served-started-preempted",
         ),
         pytest.param(
             "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n",
@@ -343,14 +369,52 @@ async def test_the_background_task_scrapes_every_interval_until_stopped() -> Non
         collector = MetricsCollector(
             registry=reg,
             fetch=httpx_fetch(client),
-            settings=CollectorSettings(interval_seconds=0.5),
+            settings=CollectorSettings(interval_seconds=0.5, learning_interval_seconds=0.5),
             sleep=sleep,
         )
-        await collector.start()
+        await collector.start()  # the first round, before it returns
         await asyncio.wait_for(three_rounds.wait(), timeout=10)
         await collector.stop()
     assert all(0 < s <= 0.5 for s in pauses)
     assert in_rotation(reg) == {"prefill": [], "decode": []}  # 3 unreachable rounds: out
+
+
+async def test_rounds_come_sooner_while_something_is_urgent() -> None:
+    """While `urgent()` (an engine's capacity is being learned) a round follows the last one after
+    `learning_interval_seconds`; otherwise after `interval_seconds`, in pauses of the shorter one so
+    that urgency is noticed within it."""
+    reg = registry(FakeClock())
+    urgent = False
+    rounds: list[int] = []  # pauses seen before each round
+    pauses: list[float] = []
+    done = asyncio.Event()
+
+    async def fetch(url: str, timeout_s: float) -> tuple[int, str]:
+        if url == URL_A:
+            rounds.append(len(pauses))
+        return 200, SIM_PAGE
+
+    async def sleep(seconds: float) -> None:
+        nonlocal urgent
+        pauses.append(seconds)
+        urgent = len(pauses) >= 8
+        if len(pauses) == 12:
+            done.set()
+            await asyncio.Event().wait()
+
+    collector = MetricsCollector(
+        registry=reg,
+        fetch=fetch,
+        settings=CollectorSettings(interval_seconds=1.0, learning_interval_seconds=0.25),
+        urgent=lambda: urgent,
+        sleep=sleep,
+    )
+    await collector.start()
+    await asyncio.wait_for(done.wait(), timeout=10)
+    await collector.stop()
+    assert pauses[:4] == [0.25] * 4
+    # At start; after four quarter pauses (not urgent: one second); then one round per pause once urgent.
+    assert rounds[:3] == [0, 4, 8] and rounds[3:6] == [9, 10, 11]
 
 
 async def test_a_disabled_collector_starts_nothing() -> None:

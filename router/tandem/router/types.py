@@ -83,7 +83,13 @@ class EngineStats:
     `running`/`waiting`: `vllm:num_requests_running`/`_waiting`; `kv_usage`: `vllm:kv_cache_usage_perc`
     (0..1, mean over engines; None if absent); `block_size`/`num_gpu_blocks`: the labels of
     `vllm:cache_config_info` (None if absent); `tokens`: `vllm:prompt_tokens_total` +
-    `vllm:generation_tokens_total`, which grow only when the engine steps (None if absent).
+    `vllm:generation_tokens_total`, which grow only when the engine steps (None if absent); `served`:
+    `vllm:request_success_total`, the requests it has finished since it started (None if absent);
+    `started`: when it started, Unix seconds (the `_created` time of that counter; None if absent);
+    `preemptions`: `vllm:num_preemptions_total`, running requests it sent back to waiting because its
+    KV cache ran out (None if absent).
+    `served` and `started` say whether an engine is new to everyone, not only to this gateway, and
+    whether it restarted since the last reading.
     """
 
     running: int
@@ -92,17 +98,39 @@ class EngineStats:
     block_size: int | None
     num_gpu_blocks: int | None
     tokens: float | None = None
+    served: float | None = None
+    started: float | None = None
+    preemptions: float | None = None
+
+    def restarted_since(self, earlier: EngineStats, /) -> bool:
+        """Whether the engine restarted between `earlier` and this reading: another start time, or
+        counters that went backwards (an engine without the `_created` series). Example: served 90
+        then 3 → True; started 1000.0 then 1000.0 with served 90 then 95 → False."""
+        if (
+            self.started is not None
+            and earlier.started is not None
+            and abs(self.started - earlier.started) > 1e-3
+        ):
+            return True
+        return any(
+            now is not None and before is not None and now < before
+            for now, before in ((self.served, earlier.served), (self.tokens, earlier.tokens))
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineReading:
     """The last good `EngineStats` of an endpoint, when it was scraped (`scraped_at`, clock seconds),
     and whether it is `stale`: the scrapes since then failed `stale_after` times in a row. Policies
-    must treat stale numbers as unknown, not as current."""
+    must treat stale numbers as unknown, not as current. `sent`: how many upstream requests this
+    process had begun to the engine when the scrape was recorded (None where not counted): between two
+    readings, the requests sent in between are the only ones that can be waiting merely for the
+    engine's next step."""
 
     stats: EngineStats
     scraped_at: float
     stale: bool
+    sent: int | None = None
 
     def age_s(self, now: float) -> float:
         """Seconds since the scrape."""

@@ -12,6 +12,12 @@ next to the router's own in-flight counts. Outcomes (`tandem_router_engine_scrap
 | `slow` | no answer within the timeout | as `unusable`: a busy engine still serves |
 | `unreachable` | connect error, broken answer, 5xx | as `unusable`; out of rotation after N in a row |
 
+The first round runs before `start` returns, so a gateway knows its engines' state (what they run,
+whether they are new: `tandem.router.scheduling.state`) before its first request: a gateway that
+restarts in front of warm engines routes at full quality at once. While `urgent()` says an engine's
+numbers are wanted sooner (its capacity is being learned: `EngineCapacity.learning`) the next round
+comes after `learning_interval_seconds` (default 0.25 s) instead of `interval_seconds`.
+
 A timeout does not take an engine out of rotation: on a loaded host an engine can be slow to answer
 `/metrics` while it serves requests well, and the request path's own failure tracking removes an
 engine whose requests fail.
@@ -78,6 +84,7 @@ class MetricsCollector:
         settings: CollectorSettings,
         on_scrape: Callable[[str, ScrapeOutcome], None] | None = None,
         on_members: Callable[[Collection[str]], Awaitable[None]] | None = None,
+        urgent: Callable[[], bool] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._registry = registry
@@ -85,12 +92,14 @@ class MetricsCollector:
         self._settings = settings
         self._on_scrape = on_scrape
         self.on_members = on_members
+        self.urgent = urgent
         self._sleep = sleep
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the background task (the first round runs at once); idempotent."""
+        """Run the first round, then start the background task for the next ones; idempotent."""
         if self._task is None and self._settings.enabled:
+            await self._round()
             self._task = asyncio.create_task(self._run(), name="tandem-metrics-collector")
 
     async def stop(self) -> None:
@@ -141,12 +150,38 @@ class MetricsCollector:
         self._registry.record_scrape(url, stats)
         return "ok"
 
+    async def _round(self) -> None:
+        try:
+            await self.scrape_all()
+        except Exception:  # a bug in one round must not end scraping for the router's lifetime
+            log.exception("metrics collector round failed")
+
+    def _urgent(self) -> bool:
+        if self.urgent is None:
+            return False
+        try:
+            return self.urgent()
+        except Exception:
+            log.exception("deciding the next scrape's time failed")
+            return False
+
     async def _run(self) -> None:
+        """A round every `interval_seconds`, or `learning_interval_seconds` after the last while
+        `urgent()`; urgency is looked at every `learning_interval_seconds` in between. Time is counted
+        as the sleeps asked for plus the rounds' own time (an injected `sleep` need not pass time)."""
         loop = asyncio.get_running_loop()
+        settings = self._settings
+        tick = min(settings.learning_interval_seconds, settings.interval_seconds)
+        since = 0.0  # seconds since the last round started
         while True:
+            due = settings.interval_seconds - since
+            if due > 0 and tick < settings.interval_seconds and self._urgent():
+                due = tick - since
+            if due > 0:
+                pause = min(due, tick)
+                await self._sleep(pause)
+                since += pause
+                continue
             started = loop.time()
-            try:
-                await self.scrape_all()
-            except Exception:  # a bug in one round must not end scraping for the router's lifetime
-                log.exception("metrics collector round failed")
-            await self._sleep(max(0.0, self._settings.interval_seconds - (loop.time() - started)))
+            await self._round()
+            since = loop.time() - started

@@ -9,6 +9,9 @@ The names are vLLM's (research/anchors.md §1.1), which the simulator serves too
 | `kv_usage` | `vllm:kv_cache_usage_perc` (older vLLM: `vllm:gpu_cache_usage_perc`) | mean |
 | `block_size`, `num_gpu_blocks` | labels of `vllm:cache_config_info` | first / sum |
 | `tokens` | `vllm:prompt_tokens_total` + `vllm:generation_tokens_total` (moved by engine steps) | sum |
+| `served` | `vllm:request_success_total` (every `finished_reason`) | sum |
+| `preemptions` | `vllm:num_preemptions_total` (running requests sent back: the cache ran out) | sum |
+| `started` | `vllm:request_success_created` (Unix seconds its counters were created) | earliest |
 
 Example: `vllm:num_requests_running{engine="0"} 3`, `vllm:num_requests_waiting{engine="0"} 1`,
 `vllm:kv_cache_usage_perc{engine="0"} 0.25`, `vllm:cache_config_info{block_size="16",num_gpu_blocks="256"} 1`
@@ -32,7 +35,10 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 CACHE_CONFIG = "vllm:cache_config_info"
 TOKENS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
-_WANTED = frozenset({RUNNING, WAITING, CACHE_CONFIG, *KV_USAGE, *TOKENS})
+SERVED = "vllm:request_success_total"
+STARTED = "vllm:request_success_created"
+PREEMPTIONS = "vllm:num_preemptions_total"
+_WANTED = frozenset({RUNNING, WAITING, CACHE_CONFIG, *KV_USAGE, *TOKENS, SERVED, STARTED, PREEMPTIONS})
 
 
 class NotEngineMetrics(ValueError):
@@ -50,6 +56,9 @@ def parse_engine_metrics(text: str) -> EngineStats:
     usage = next((samples[name] for name in KV_USAGE if samples.get(name)), [])
     block_size, num_gpu_blocks = _cache_config(samples.get(CACHE_CONFIG, []))
     tokens = [value for name in TOKENS for _, value in samples.get(name, [])]
+    served = [value for _, value in samples.get(SERVED, [])]
+    started = [value for _, value in samples.get(STARTED, []) if value > 0]
+    preemptions = [value for _, value in samples.get(PREEMPTIONS, [])]
     return EngineStats(
         running=round(sum(value for _, value in samples[RUNNING])),
         waiting=round(sum(value for _, value in samples[WAITING])),
@@ -57,6 +66,9 @@ def parse_engine_metrics(text: str) -> EngineStats:
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         tokens=sum(tokens) if tokens else None,
+        served=sum(served) if served else None,
+        started=min(started) if started else None,
+        preemptions=sum(preemptions) if preemptions else None,
     )
 
 

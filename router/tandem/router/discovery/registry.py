@@ -39,6 +39,8 @@ class _Engine:
     scraped_at: float = 0.0  # clock seconds of the last good scrape
     misses: int = 0  # failed scrapes since the last good one
     unreachable: int = 0  # of those, the ones that could not reach the engine, in a row
+    sent: int = 0  # upstream requests begun to it, ever
+    sent_at_scrape: int = 0  # `sent` when the last good scrape was recorded
 
 
 class EndpointRegistry:
@@ -167,7 +169,10 @@ class EndpointRegistry:
         if engine is None or engine.stats is None:
             return None
         return EngineReading(
-            stats=engine.stats, scraped_at=engine.scraped_at, stale=engine.misses >= self._stale_after
+            stats=engine.stats,
+            scraped_at=engine.scraped_at,
+            stale=engine.misses >= self._stale_after,
+            sent=engine.sent_at_scrape,
         )
 
     def _refresh_url(self, url: str) -> None:
@@ -186,6 +191,7 @@ class EndpointRegistry:
         if self._unreachable(engine):
             log.info("endpoint reachable again", extra={"endpoint": url})
         engine.stats, engine.scraped_at, engine.misses, engine.unreachable = stats, self._clock(), 0, 0
+        engine.sent_at_scrape = engine.sent
         self._refresh_url(url)
 
     def record_scrape_miss(self, url: str, *, unreachable: bool) -> bool:
@@ -217,6 +223,9 @@ class EndpointRegistry:
             )
             self._draining = True
         view.in_flight += 1
+        engine = self._engines.get(endpoint.url)
+        if engine is not None:
+            engine.sent += 1
 
     def busy(self) -> bool:
         """Whether any upstream request is open (begun and not yet ended)."""
