@@ -9,14 +9,23 @@ a router in front of a fake engine that counts how many requests it holds at onc
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tests.router.fake_engine import FakeEngine
 from tests.router.harness import MODEL, Launcher, RunningRouter, metric
 from tests.router.scheduling_builders import A, snapshot, stats
 
-from tandem.router.discovery.capacity import DEFAULT_CAPACITY, EngineCapacity, capacity_from_args, kv_bound
+from tandem.router.discovery.capacity import (
+    CONFIRM,
+    DEFAULT_CAPACITY,
+    RECHECK_FIRST,
+    EngineCapacity,
+    capacity_from_args,
+    kv_bound,
+)
 from tandem.router.settings import AdmissionSettings, RouterSettings
 
 
@@ -38,11 +47,13 @@ def test_the_pools_concurrency_comes_from_max_num_seqs(args: list[str], expected
 @pytest.mark.parametrize(
     ("initial", "lookahead", "share", "cap", "limit"),
     [
+        (4, 0.0, 1, 1000, 4),  # the default: no lookahead, nothing queued in the engine by design
         (4, 0.1, 1, 1000, 4),  # 0.4 rounds to no lookahead: a small engine's queue stays empty
-        (8, 0.1, 2, 1000, 5),  # the docstring's example: two workers, ceil((8 + 1) / 2) each
+        (8, 0.1, 2, 1000, 5),  # two workers, ceil((8 + 1) / 2) each
+        (8, 0.0, 2, 1000, 4),  # the docstring's example: ceil(8 / 2)
         (256, 0.1, 1, 1000, 282),  # 256 + 26
         (5, 0.1, 2, 1000, 3),  # 0.5 rounds up: ceil(6 / 2)
-        (256, 0.1, 1, 100, 100),  # the operator's cap wins
+        (256, 0.0, 1, 100, 100),  # the operator's cap wins
         (4, 0.25, 1, 1000, 5),
     ],
 )
@@ -53,71 +64,150 @@ def test_the_dispatch_limit_is_capacity_plus_lookahead_shared_and_capped(
     assert capacity.limit(snapshot(A)) == limit
 
 
-def test_concurrency_is_learned_from_what_the_engine_runs_and_what_waits() -> None:
+def learner(capacity: EngineCapacity) -> Callable[..., int]:
+    """`learn(running, waiting, ...)`: C after a reading of endpoint A; every reading is a new one, and
+    a new engine step unless `tokens` says otherwise."""
+    step = iter(range(1, 1_000_000))
+
+    def learn(
+        running: int, waiting: int, *, kv: float | None = 0.1, tokens: float | None = None,
+        started: float | None = None, stale: bool = False,
+    ) -> int:  # fmt: skip
+        reading = stats(
+            running=running, waiting=waiting, kv_usage=kv, started=started,
+            tokens=float(next(step)) if tokens is None else tokens,
+        )  # fmt: skip
+        return capacity.concurrency(snapshot(A, engine=reading, stale=stale))
+
+    return learn
+
+
+def test_a_held_back_engine_teaches_its_limit_and_the_limit_is_held() -> None:
+    """`--max-num-seqs 4` on the engine, nothing declared: three readings holding requests back at 4
+    make C 4, confirmed; running everything it is sent at 4 does not grow C (that would put requests
+    in the engine's queue, ahead of a tenant who arrives later)."""
     capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    learn = learner(capacity)
+    assert [learn(4, 8), learn(4, 8), learn(4, 7)] == [DEFAULT_CAPACITY, DEFAULT_CAPACITY, 4]
+    known = capacity.known(A.url)
+    assert known is not None and known.confirmed and known.kind == "seqs"
+    assert [learn(4, 0) for _ in range(RECHECK_FIRST - 1)] == [4] * (RECHECK_FIRST - 1)
+    assert [learn(3, 0), learn(0, 0)] == [4, 4]  # less running says nothing
 
-    def learn(running: int, waiting: int, *, stale: bool = False) -> int:
-        return capacity.concurrency(snapshot(A, engine=stats(running=running, waiting=waiting), stale=stale))
 
-    # Its KV cache holds 100 sequences: it runs 100 and queues the rest, three readings in a row.
-    assert [learn(100, 30), learn(100, 5), learn(100, 12)] == [DEFAULT_CAPACITY, DEFAULT_CAPACITY, 100]
-    # Running everything it was sent, at least as many as believed: a quarter more is tried.
-    assert learn(100, 0) == 125
-    assert learn(130, 0) == 157  # 125 + 32
-    # Less running and nothing waiting says nothing about the limit.
-    assert learn(3, 0) == 157
-    # Stale numbers are not used.
-    assert learn(7, 9, stale=True) == 157
+def test_a_confirmed_slot_count_is_checked_by_one_request_now_and_then() -> None:
+    """Every RECHECK_FIRST readings at the limit (then twice as many, and so on) one more request is
+    allowed; queued at the limit, it confirms the limit in one reading; run, it lets C grow again."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    learn = learner(capacity)
+    [learn(4, 8) for _ in range(CONFIRM)]
+    saturated = [learn(4, 0) for _ in range(RECHECK_FIRST)]
+    assert saturated == [4] * (RECHECK_FIRST - 1) + [5]  # the check: one more request
+    assert learn(4, 0) == 5  # the extra request has not reached it yet: still checking
+    assert learn(4, 1) == 4  # queued behind the 4 running: the limit stands, confirmed at once
+    saturated = [learn(4, 0) for _ in range(2 * RECHECK_FIRST)]
+    assert saturated == [4] * (2 * RECHECK_FIRST - 1) + [5]  # the next check comes twice as late
+    # This time it runs the fifth: its limit grew (a restarted engine that kept its start time, or
+    # another gateway's limit); C grows by quarters again, unconfirmed, until it holds back again.
+    assert [learn(5, 0), learn(7, 0), learn(7, 3), learn(7, 3), learn(7, 2)] == [7, 9, 9, 9, 7]
 
 
 def test_a_request_caught_waiting_for_the_engines_next_step_does_not_shrink_it() -> None:
     """At saturation a scrape sometimes lands while a just-arrived request waits for the next engine
-    step: running 3 of 4, waiting 1. Believing it once would cap the engine at 3 for good (the gateway
-    never sends a 4th to see it run one)."""
-    capacity = EngineCapacity(initial=256, lookahead=0.0)
-
-    def learn(running: int, waiting: int) -> int:
-        return capacity.concurrency(snapshot(A, engine=stats(running=running, waiting=waiting)))
-
+    step: running 39 of 40, waiting 1. Believing it once would cap the engine at 39 for good."""
+    capacity = EngineCapacity(initial=256)
+    learn = learner(capacity)
     readings = [(40, 0), (39, 1), (40, 0), (39, 1), (39, 1), (40, 0), (38, 1), (39, 1), (40, 0)]
     assert [learn(r, w) for r, w in readings] == [256] * len(readings)
-    # Held back at the same count three times in a row is the engine's limit (its --max-num-seqs
-    # is not known here) ...
+    # Held back at the same count three times in a row is the engine's limit.
     assert [learn(39, 2), learn(39, 1), learn(39, 4)] == [256, 256, 39]
-    # ... and if that was a passing state after all, C grows back while the engine runs all it gets,
-    # by a quarter per reading.
-    assert [learn(39, 0), learn(49, 0), learn(62, 0), learn(78, 0)] == [49, 62, 78, 98]
 
 
 def test_readings_taken_while_the_engine_is_still_in_the_same_step_say_nothing() -> None:
     """A slow engine (vLLM on CPU, a long prefill) takes longer than the scrape interval per step:
     requests that arrived meanwhile wait for the next step while running stays the same. Scrapes in
     the same step (its prompt + generation token counters have not moved) are not readings in a row."""
-    capacity = EngineCapacity(initial=256, lookahead=0.0)
-
-    def learn(running: int, waiting: int, tokens: float) -> int:
-        return capacity.concurrency(
-            snapshot(A, engine=stats(running=running, waiting=waiting, tokens=tokens))
-        )
-
+    capacity = EngineCapacity(initial=256)
+    learn = learner(capacity)
     # One long step seen by five scrapes: running 40, more and more waiting; it counts once.
     assert [learn(40, w, tokens=1000) for w in (3, 9, 14, 20, 26)] == [256] * 5
     # Three steps that each end holding requests back at the same count are the engine's limit.
     assert [learn(40, 5, tokens=1500), learn(40, 6, tokens=1900)] == [256, 40]
 
 
-def test_below_a_known_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:
+def test_an_engine_that_runs_more_than_believed_raises_c_to_that() -> None:
+    """Another gateway sends to it too, or its limit grew: what it runs is a lower bound, unconfirmed."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    learn = learner(capacity)
+    [learn(4, 8) for _ in range(CONFIRM)]
+    assert learn(6, 0) == 6
+    known = capacity.known(A.url)
+    assert known is not None and not known.confirmed
+    assert learn(6, 0) == 8  # unconfirmed: grows by a quarter while it runs everything
+
+
+def test_a_restarted_engine_keeps_its_c_as_a_start_value_and_relearns_it() -> None:
+    """A pod restarted with another --max-num-seqs: its counters' start time changed, so its limit is
+    found again, smaller by holding back, larger by growing."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    learn = learner(capacity)
+    [learn(8, 8, started=1000.0) for _ in range(CONFIRM)]
+    assert learn(8, 0, started=1000.0) == 8
+    assert learn(8, 0, started=2000.0) == 10  # a new start: unconfirmed, so it may grow
+    assert [learn(6, 4, started=2000.0) for _ in range(CONFIRM)] == [10, 10, 6]
+    # Counters that went backwards say the same on an engine without a start time.
+    [learn(6, 0, tokens=t) for t in (5000.0, 5100.0)]
+    assert learn(6, 0, tokens=10.0) == 8
+
+
+def test_below_a_declared_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:
     """Batches of equal requests finish together; a scrape every second can land on the same passing
-    moment each time. With --max-num-seqs 4 known, that is not learned; a full KV cache is."""
-    capacity = EngineCapacity(initial=4, lookahead=0.0, ceiling=4)
-
-    def learn(running: int, waiting: int, kv: float) -> int:
-        return capacity.concurrency(snapshot(A, engine=stats(running=running, waiting=waiting, kv_usage=kv)))
-
-    assert [learn(3, 1, 0.1) for _ in range(5)] == [4] * 5
+    moment each time. With --max-num-seqs 4 declared, that is not learned; a full KV cache is."""
+    capacity = EngineCapacity(initial=4, ceiling=4)
+    learn = learner(capacity)
+    assert [learn(3, 1, kv=0.1) for _ in range(5)] == [4] * 5
     # Full: each reading bounds C at once (3 / 0.95 → 3), and the third in a row is learned.
-    assert [learn(3, 1, 0.95), learn(3, 2, 0.97), learn(3, 1, 0.96)] == [3, 3, 3]
-    assert [learn(3, 0, 0.5), learn(4, 0, 0.5)] == [4, 4]  # grows back, never above the known 4
+    assert [learn(3, 1, kv=0.95), learn(3, 2, kv=0.97), learn(3, 1, kv=0.96)] == [3, 3, 3]
+    assert [learn(3, 0, kv=0.5), learn(4, 0, kv=0.5)] == [4, 4]  # grows back, never above the declared 4
+
+
+def test_a_kv_bound_limit_follows_the_caches_room() -> None:
+    """vLLM's default 256 slots, a KV cache that holds about 40 of these requests: held back at 40
+    with the cache full, C is 40 (kind kv); as requests get shorter the cache has room and C grows to
+    what it holds at KV_FULL, a quarter at most per reading."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    learn = learner(capacity)
+    assert [learn(40, 20, kv=0.97) for _ in range(CONFIRM)] == [41, 41, 40]  # bounded at once, then learned
+    known = capacity.known(A.url)
+    assert known is not None and known.kind == "kv"
+    assert learn(40, 0, kv=0.95) == 40  # no room at KV_FULL: held
+    assert learn(40, 0, kv=0.6) == 50  # room for ⌊40 · 0.9 / 0.6⌋ = 60: a quarter more now
+    assert learn(50, 0, kv=0.75) == 60
+
+
+def test_learning_is_while_the_gateway_sends_more_than_the_engine_was_seen_running() -> None:
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    assert not capacity.learning(snapshot(A))  # nothing sent, nothing read
+    assert capacity.learning(snapshot(A, in_flight=12))  # sending before any reading
+    reading = stats(running=4, waiting=8, kv_usage=0.1, tokens=1.0)
+    assert capacity.learning(snapshot(A, in_flight=12, engine=reading))
+    # Within what it ran, but that reading held requests back: the next readings decide.
+    assert capacity.learning(snapshot(A, in_flight=4, engine=reading))
+    calm = stats(running=4, waiting=0, kv_usage=0.1, tokens=1.5)
+    assert not capacity.learning(snapshot(A, in_flight=4, engine=calm))  # within what it ran, nothing held
+    filling = stats(running=4, waiting=0, kv_usage=0.85, tokens=1.7)
+    assert capacity.learning(snapshot(A, in_flight=4, engine=filling))  # bounded by its KV cache
+    for tokens in (2.0, 3.0, 4.0):
+        reading = stats(running=4, waiting=8, kv_usage=0.1, tokens=tokens)
+        capacity.concurrency(snapshot(A, engine=reading))
+    assert not capacity.learning(snapshot(A, in_flight=12, engine=reading))  # confirmed: nothing to learn
+
+
+def test_the_dispatch_limit_of_a_learned_engine_is_shared_between_gateway_processes() -> None:
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY, share=2)
+    learn = learner(capacity)
+    [learn(4, 8) for _ in range(CONFIRM)]
+    assert capacity.limit(snapshot(A)) == 2
 
 
 @pytest.mark.parametrize(
@@ -138,10 +228,11 @@ def test_a_filling_kv_cache_bounds_the_engine_at_its_running_share(
     assert kv_bound(stats(running=running, kv_usage=usage)) == bound
 
 
-def test_the_kv_bound_holds_at_once_and_lifts_with_the_next_reading_below_it() -> None:
-    """At a step the engine's cache fills in less time than three readings take: the first reading
-    of a filling cache stops more being sent (nothing waits in the engine yet), and it is not learned,
-    so the next reading with room gives the engine its C back."""
+def test_the_kv_bound_holds_at_once_and_a_start_value_stays_bounded() -> None:
+    """At a step the engine's cache fills in less time than the confirming readings take: the first
+    reading of a filling cache stops more being sent (nothing waits in the engine yet). A start value
+    (256, nothing declared or learned) becomes the bound, unconfirmed: the next reading with room does
+    not give the flood back; the engine grows by a quarter per reading while it runs all it gets."""
     capacity = EngineCapacity(initial=256, lookahead=0.1)
 
     def limit(running: int, waiting: int, kv: float, tokens: float) -> int:
@@ -151,10 +242,19 @@ def test_the_kv_bound_holds_at_once_and_lifts_with_the_next_reading_below_it() -
     assert limit(10, 0, 0.45, tokens=100) == 282  # 256 + 26: room
     assert limit(19, 0, 0.86, tokens=200) == 24  # ⌊19 / 0.86⌋ = 22, + 2 lookahead
     assert limit(19, 0, 0.86, tokens=200) == 24  # the same step again: the same bound
-    assert limit(12, 0, 0.55, tokens=300) == 282  # requests ended: lifted, nothing was learned
+    assert limit(12, 0, 0.55, tokens=300) == 24  # requests ended: C stays at 22, unconfirmed
+    assert limit(22, 0, 0.6, tokens=400) == 31  # all 22 run, nothing waits: 22 + 6, + 3 lookahead
     # A stale reading says nothing, and neither does the bound it carried.
-    reading = stats(running=19, waiting=3, kv_usage=0.95, tokens=400)
-    assert capacity.limit(snapshot(A, engine=reading, stale=True)) == 282
+    reading = stats(running=19, waiting=3, kv_usage=0.99, tokens=500)
+    assert capacity.limit(snapshot(A, engine=reading, stale=True)) == 31
+
+
+def test_a_confirmed_c_is_bounded_by_a_filling_cache_only_while_it_fills() -> None:
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    learn = learner(capacity)
+    [learn(40, 8) for _ in range(CONFIRM)]  # a slot count of 40, confirmed
+    assert learn(30, 0, kv=0.95) == 31  # long answers fill the cache: bounded at once
+    assert learn(30, 0, kv=0.5) == 40  # the next reading with room lifts it
 
 
 async def two_seq_router(
@@ -197,3 +297,108 @@ async def test_a_stream_near_its_end_hands_its_slot_to_the_next_request(
     assert engine.most_open == most_open
     assert await metric(router, "tandem_router_admitted_requests") == 0
     assert await metric(router, "tandem_router_pool_in_flight_requests", pool="decode") == 0
+
+
+def test_an_engine_that_preempts_at_c_holds_one_less() -> None:
+    """A KV cache of 128 blocks and answers that end at 22 blocks: the engine admits 6 or 7 and
+    pre-empts (recomputes) as they grow; each reading with new pre-emptions at C takes C one down, to
+    where the cache sustains what runs; C then stays (kind kv: it grows only with room in the cache)."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    step = iter(range(1, 1000))
+
+    def learn(running: int, waiting: int, *, kv: float, preemptions: float) -> int:
+        reading = stats(running=running, waiting=waiting, kv_usage=kv, tokens=float(next(step)),
+                        preemptions=preemptions)  # fmt: skip
+        return capacity.concurrency(snapshot(A, engine=reading))
+
+    assert [learn(6, 8, kv=0.97, preemptions=0) for _ in range(CONFIRM)] == [6, 6, 6]
+    assert learn(6, 0, kv=0.95, preemptions=0) == 6
+    assert learn(5, 1, kv=0.8, preemptions=2) == 5  # pre-empted at C: one less, at once
+    known = capacity.known(A.url)
+    assert known is not None and known.confirmed and known.kind == "kv"
+    assert learn(5, 0, kv=0.86, preemptions=2) == 5  # no room at KV_FULL (5 · 0.9 / 0.86 = 5.2)
+    assert learn(2, 0, kv=0.3, preemptions=2) == 5  # fewer running: nothing learned
+    assert learn(5, 0, kv=0.4, preemptions=2) == 7  # shorter answers: room for 11, a quarter more now
+
+
+def test_a_declared_engine_that_preempts_holds_one_less_too() -> None:
+    capacity = EngineCapacity(initial=8, ceiling=8)
+    learn = learner(capacity)
+    assert learn(8, 0) == 8
+    reading = stats(running=7, waiting=1, kv_usage=0.5, tokens=100.0, preemptions=0)
+    assert capacity.concurrency(snapshot(A, engine=reading)) == 8  # below it, held back: not believed
+    reading = stats(running=7, waiting=1, kv_usage=0.5, tokens=200.0, preemptions=3)
+    assert capacity.concurrency(snapshot(A, engine=reading)) == 7  # pre-empted: its cache ran out at 8
+
+
+async def test_a_gateway_told_nothing_learns_an_engines_slots_and_keeps_the_backlog() -> None:
+    """A real simulated engine with `--max-num-seqs 2`, a gateway whose spec says nothing of it: a
+    burst of 12 streams is learned from the engine's own numbers (held back at 2), the gauges say so,
+    and from then on the engine never holds more than it runs."""
+    import httpx
+    from tests.router.servers import serve
+
+    from tandem.core.routerconfig import RouterConfig
+    from tandem.router.app import create_app as router_app
+    from tandem.sim.app import create_app as sim_app
+    from tandem.sim.settings import SimSettings
+
+    sim = SimSettings(profile="tiny-cpu", served_model_name="qwen", time_scale=10, max_num_seqs=2, seed=1)
+    async with serve(sim_app(sim)) as engine:
+        config = RouterConfig.model_validate(
+            {
+                "service": "capacity-test",
+                "spec": {
+                    "model": {"name": "tiny", "servedName": "qwen"},
+                    "engine": {"kind": "sim"},
+                    "decode": {"replicas": 1},
+                    "disaggregation": {"mode": "off"},
+                    "router": {"slo": {"ttftSeconds": 60}},
+                },
+                "discovery": {"kind": "static", "decode": [engine.url]},
+            }
+        )
+        settings = RouterSettings.model_validate(
+            {"collector": {"interval_seconds": 0.2, "learning_interval_seconds": 0.05}}
+        )
+        async with (
+            serve(router_app(config, settings=settings)) as router,
+            httpx.AsyncClient(timeout=60, trust_env=False) as client,
+        ):
+            body = {"model": "qwen", "prompt": "hello", "max_tokens": 48, "stream": True, "ignore_eos": True}
+            waiting: list[float] = []
+
+            async def watch() -> None:  # the engine's own queue, while the burst runs
+                while True:
+                    page = (await client.get(f"{engine.url}/metrics")).text
+                    line = next(x for x in page.splitlines() if x.startswith("vllm:num_requests_waiting{"))
+                    waiting.append(float(line.rsplit(" ", 1)[1]))
+                    await asyncio.sleep(0.02)
+
+            async def send() -> None:
+                async with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
+                    assert response.status_code == 200
+                    async for _ in response.aiter_bytes():
+                        pass
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.gather(*(send() for _ in range(12)))
+            first = list(waiting)
+            waiting.clear()
+            await asyncio.gather(*(send() for _ in range(12)))  # a second burst, C known
+            watcher.cancel()
+            page = (await client.get(f"{router.url}/metrics")).text
+    name = engine.url.removeprefix("http://")
+
+    def gauge(metric_name: str) -> float:
+        for family in text_string_to_metric_families(page):
+            for sample in family.samples:
+                if sample.name == metric_name and sample.labels.get("endpoint") == name:
+                    return float(sample.value)
+        raise AssertionError(f"{metric_name} for {name} not on the gateway's page")
+
+    assert gauge("tandem_router_engine_capacity") == 2
+    assert gauge("tandem_router_engine_capacity_confirmed") == 1
+    assert gauge("tandem_router_engine_dispatch_limit") == 2
+    assert max(first) > 0, "the first burst reached the engine before its slots were known"
+    assert max(waiting) <= 1, "the second burst waited in the gateway (1: a handover's next request)"

@@ -76,11 +76,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--fairness", "admission", "fairness", click.Choice(["vtc", "fcfs"]), "vtc",
          "Order of requests waiting in the router's queue: VTC between tenants, or arrival order."),
     Flag("--engine-capacity", "admission", "engine_capacity", int, None,
-         "Requests one engine runs at once, to start from (then learned) [default: --max-num-seqs in "
-         "the spec's engine args, else 256]."),
-    Flag("--lookahead", "admission", "lookahead", float, 0.1,
-         "Share of an engine's capacity sent beyond it (rounded; 0 for an engine of 4) to keep its "
-         "batches full."),
+         "Requests one engine runs at once, declared: where its learned capacity starts and the most it "
+         "can be [default: --max-num-seqs in the spec's engine args, else learned from 256]."),
+    Flag("--lookahead", "admission", "lookahead", float, 0.0,
+         "Share of an engine's capacity sent beyond it (rounded), queued in the engine to keep its "
+         "batches full; a tenant who arrives later waits behind it [default: none]."),
     Flag("--handover-tokens", "admission", "handover_tokens", int, 2,
          "A stream this many tokens from its max_tokens gives its engine slot to the next waiting "
          "request, which starts as it ends (0: off)."),
@@ -114,6 +114,8 @@ FLAGS: tuple[Flag, ...] = (
          "Seconds between scrapes of every engine's /metrics."),
     Flag("--metrics-timeout", "collector", "timeout_seconds", float, 1.0,
          "Longest wait for one engine's /metrics, seconds."),
+    Flag("--metrics-learning-interval", "collector", "learning_interval_seconds", float, 0.25,
+         "Seconds between scrapes while an engine's capacity is being learned."),
     Flag("--prefix-source", "scheduling", "prefix_source", click.Choice(["approximate", "precise"]),
          None, "Prefix-cache state: the router's routing history, or the engines' KV events "
          "[default: spec.router.prefixSource]."),

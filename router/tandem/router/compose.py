@@ -7,7 +7,7 @@ and stopped in order by the app's lifespan, `tandem.router.app`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,7 +22,7 @@ from tandem.router.admission.coldstart import ColdStartHold
 from tandem.router.admission.fairness.fcfs import FCFSQueue
 from tandem.router.admission.fairness.vtc import VTCQueue
 from tandem.router.admission.gate import AdmissionGate, Waiter
-from tandem.router.admission.metrics import AdmissionMetrics, HoldMetrics
+from tandem.router.admission.metrics import AdmissionMetrics, EngineCapacityCollector, HoldMetrics
 from tandem.router.admission.policy import SaturationLimits, TTFTPredictor, load_from_snapshot, pool_capacity
 from tandem.router.config import EffectiveConfig
 from tandem.router.discovery.capacity import (
@@ -222,7 +222,8 @@ def compose(
         fetch=metrics_fetch(wire),
         settings=settings.collector,
         on_scrape=routing.metrics.scraped,
-        on_members=routing.follow,
+        on_members=_following(routing, capacity),
+        urgent=lambda: any(capacity.learning(s) for s in registry.snapshots("decode")),
     )
     if isinstance(bus, WorkerBus):
         bus.answer_metrics(lambda: generate_latest(prometheus))
@@ -394,6 +395,7 @@ def build_gate(
         return pool_capacity((load_from_snapshot(s, limit=capacity.limit(s)) for s in candidates), limits)
 
     metrics = AdmissionMetrics(prometheus, max_tenants=settings.max_tenant_labels)
+    prometheus.register(EngineCapacityCollector(capacity, lambda: iter(registry.snapshots("decode"))))
     gate = AdmissionGate(
         queue=queue,
         max_queue=spec.router.max_queue,
@@ -487,6 +489,16 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
         return None
     client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
     return KVPoolIndex(client, keys=access.keys, alternatives=access.alternatives, clock=clock)
+
+
+def _following(routing: Routing, capacity: EngineCapacity) -> Callable[[Collection[str]], Awaitable[None]]:
+    """The collector's `on_members`: what is known per engine follows discovery's engines."""
+
+    async def follow(urls: Collection[str]) -> None:
+        capacity.forget(set(urls))
+        await routing.follow(urls)
+
+    return follow
 
 
 def _waking(hold: PrefillHold) -> Callable[[Pool], None]:

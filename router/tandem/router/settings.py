@@ -56,10 +56,11 @@ class DisaggregationSettings(_Settings):
 class AdmissionSettings(_Settings):
     """The router's queue and fair sharing (docs/router.md, "Admission and the fair queue").
 
-    The gateway sends each engine at most its concurrency plus `lookahead` of it (rounded), this
-    process's share (`tandem.router.discovery.capacity`): the concurrency starts at
-    `engine_capacity` (default: `--max-num-seqs` in `spec.engine.args`, else 256) and is learned from
-    the engine's running and waiting counts; `max_in_flight_per_endpoint` caps it. Optional extra
+    The gateway sends each engine at most its concurrency plus `lookahead` of it (rounded; default
+    none), this process's share (`tandem.router.discovery.capacity`): the concurrency starts at
+    `engine_capacity` (default: `--max-num-seqs` in `spec.engine.args`, else 256), is never above a
+    declared one, and is learned and held from the engine's running and waiting counts;
+    `max_in_flight_per_endpoint` caps it. Optional extra
     checks on the engine's scraped numbers (`max_waiting_per_endpoint`, `max_kv_usage`; off by
     default) hold new requests while an engine reports that much. While every decode endpoint is
     full, requests wait in the router's fair queue (`spec.router.maxQueue` places) for at most
@@ -75,7 +76,7 @@ class AdmissionSettings(_Settings):
         default="vtc", description="Order of waiting requests: vtc (fair between tenants) or fcfs."
     )
     engine_capacity: int | None = Field(default=None, ge=1, le=65_536)
-    lookahead: float = Field(default=0.1, ge=0, le=1)
+    lookahead: float = Field(default=0.0, ge=0, le=1)
     max_in_flight_per_endpoint: int = Field(default=65_536, ge=1, le=65_536)
     max_waiting_per_endpoint: int | None = Field(default=None, ge=0, le=100_000)
     max_kv_usage: float | None = Field(default=None, gt=0, le=1)
@@ -128,10 +129,13 @@ class CollectorSettings(_Settings):
     """The endpoint metrics collector: every `interval_seconds` each engine's `/metrics` is read (at
     most `timeout_seconds` each). Its numbers are marked stale after `stale_after` failed scrapes in
     a row; an engine that cannot be reached `unreachable_after` times in a row leaves rotation until a
-    scrape succeeds. `enabled: false` schedules on the router's own counts only."""
+    scrape succeeds. While an engine's capacity is being learned (`EngineCapacity.learning`) the
+    round comes every `learning_interval_seconds` instead. `enabled: false` schedules on the router's
+    own counts only."""
 
     enabled: bool = True
     interval_seconds: float = Field(default=1.0, gt=0, le=3600)
+    learning_interval_seconds: float = Field(default=0.25, gt=0, le=3600)
     timeout_seconds: float = Field(default=1.0, gt=0, le=600)
     stale_after: int = Field(default=3, ge=1, le=1000)
     unreachable_after: int = Field(default=3, ge=1, le=1000)

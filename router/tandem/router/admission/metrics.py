@@ -13,6 +13,12 @@
   later.
 - `tandem_router_admitted_requests` (gauge): requests holding decode capacity now.
 - `tandem_router_admission_capacity` (gauge): how many the decode pool may hold now (0: none in rotation).
+- `tandem_router_engine_capacity{pool,endpoint}` (gauge): the engine's concurrency C as this process
+  knows it (`tandem.router.discovery.capacity`): learned, or declared.
+- `tandem_router_engine_capacity_confirmed{pool,endpoint}` (gauge): 1 once the engine was seen holding
+  requests back at C (its limit, held), 0 while C is a start value or still growing.
+- `tandem_router_engine_dispatch_limit{pool,endpoint}` (gauge): requests this process may have open
+  to the engine (C, its lookahead, this process's share).
 - `tandem_router_held_requests` (gauge): requests held now because the decode pool has no engine at
   all (`tandem.router.admission.coldstart`); the autoscaler counts them as decode demand.
 - `tandem_router_held_total{outcome}` (counter): held requests by how the hold ended (`released`,
@@ -37,6 +43,8 @@ from tandem.router.observe.hotmetrics import LabeledCounter, LabeledHistogram
 
 if TYPE_CHECKING:
     from tandem.router.admission.gate import AdmissionGate
+    from tandem.router.discovery.capacity import EngineCapacity
+    from tandem.router.types import EndpointSnapshot
 
 PREFIX = "tandem_router"
 OTHER_TENANTS = "other"
@@ -188,6 +196,40 @@ class _GateCollector(Collector):
         )
         capacity.add_metric([], self._gate.capacity() or 0)
         yield from (depth, counters, admitted, capacity)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class EngineCapacityCollector(Collector):
+    """The per-engine capacity gauges (module docstring), read at scrape time from `snapshots()`."""
+
+    def __init__(self, capacity: EngineCapacity, snapshots: Callable[[], Iterator[EndpointSnapshot]]) -> None:
+        self._capacity = capacity
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["pool", "endpoint"]
+        c = GaugeMetricFamily(
+            f"{PREFIX}_engine_capacity", "The engine's concurrency C as this process knows it.", labels=labels
+        )
+        confirmed = GaugeMetricFamily(
+            f"{PREFIX}_engine_capacity_confirmed",
+            "1 once the engine was seen holding requests back at C (its limit), else 0.",
+            labels=labels,
+        )
+        limit = GaugeMetricFamily(
+            f"{PREFIX}_engine_dispatch_limit",
+            "Requests this gateway process may have open to the engine.",
+            labels=labels,
+        )
+        for snap in self._snapshots():
+            names = [snap.endpoint.pool, snap.endpoint.name]
+            c.add_metric(names, self._capacity.concurrency(snap))
+            known = self._capacity.known(snap.endpoint.url)
+            confirmed.add_metric(names, 1.0 if known is not None and known.confirmed else 0.0)
+            limit.add_metric(names, self._capacity.limit(snap))
+        yield from (c, confirmed, limit)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

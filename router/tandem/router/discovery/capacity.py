@@ -1,55 +1,83 @@
 """How many requests each engine can run at once, and so how many the gateway sends it.
 
 The gateway dispatches only into capacity it knows: an engine gets at most `limit` requests from
-this gateway process at once, counted by the gateway itself (`EndpointSnapshot.in_flight`, exact and
-immediate), so the backlog waits in the gateway's fair queue, where it can be ordered between
-tenants, not in the engine's first-come-first-served queue.
+this gateway process at once, counted by the gateway itself (`EndpointSnapshot.occupied`, exact and
+immediate), so a backlog waits in the gateway's fair queue, where it is ordered between tenants and
+pre-emption reaches it, not in the engine's first-come-first-served queue, where neither does.
 
-Per engine, `C` is its concurrency (vLLM's `--max-num-seqs`, or less when its KV cache is the
-limit). It starts at `initial` (the pool's `--max-num-seqs` from `spec.engine.args`, else vLLM's
-default 256) and follows the engine's own numbers, one step per new scrape:
+Per engine, `C` is its concurrency: vLLM's `--max-num-seqs`, or less when its KV cache is the limit.
+Nothing needs to be declared: C is learned from the engine's own numbers, one step per reading taken
+after the engine has stepped (its prompt + generation token counters moved; a slow step seen by two
+scrapes is one reading). A declared `--max-num-seqs` (the spec's engine arguments, or
+`--engine-capacity`) is where C starts and the most it can be; without one C starts at vLLM's
+default 256.
 
-    down:  `CONFIRM` readings in a row show waiting > 0 with the same running R < C, and either
-           the engine's KV cache is at least `KV_FULL` used or its `--max-num-seqs` is unknown
-           →  C = R  (the engine holds requests back at R: that is its limit)
-    up:    waiting = 0 and running ≥ C  →  C = max(running, C + max(1, ⌈C / 4⌉)), at most `ceiling`
-           (it ran everything it was sent: try a quarter more, so a C that went too low is back
-           within a few scrapes: 40 → 50 → 63 → 79 ...)
+**Held back: the engine's limit, learned and then held.** A reading with requests waiting while the
+engine runs fewer than C says the engine holds requests back at what it runs, R: that is its limit.
+`CONFIRM` stepped readings in a row at the same R make it C, *confirmed*: the kind of limit is `kv`
+when the KV cache was at least `KV_BOUND_FROM` used, else `seqs` (a slot count). One reading is not
+enough, since a request that has just arrived waits for the engine's next step (a few ms), and a
+scrape can catch that moment. `PROVEN` (2) readings are enough when each shows more requests waiting
+than this gateway sent the engine since the reading before (times `share`: the other processes'
+sends are not seen): the surplus was there at the last reading already and has waited through an
+engine step since. Below a declared `--max-num-seqs` only a full KV cache is believed
+(batches of equal requests finishing together can show the same passing moment at every scrape).
 
-Only readings taken after the engine has stepped count: when its token counters (`tokens`, vLLM's
-prompt + generation tokens) have not moved since the previous reading, the engine is in the same step
-(a slow engine, e.g. vLLM on CPU or a long prefill, takes longer than the scrape interval), and that
-reading says nothing new: requests that arrived during the step wait for the next one while running
-stays the same, which would otherwise look like a held-back engine three times in a row.
+**Growing without leaking a backlog.** A reading where the engine ran everything it was sent
+(nothing waiting) with at least C running is the only sign C may be too small. What follows it
+depends on what is known:
+
+- C not confirmed (a start value, or a limit the engine has since run past): grow by a quarter,
+  `C + max(1, ⌈C/4⌉)`, to find the limit quickly (40 → 50 → 63 → 79 ...).
+- C confirmed as a slot count: the engine's `--max-num-seqs` does not change while it runs, so C is
+  held. Sending more could only put requests into the engine's queue, where a tenant who arrives
+  later waits behind them. Once every `recheck` readings (doubling from `RECHECK_FIRST` to
+  `RECHECK_LAST` each time the limit is found again) one probe checks it: C + 1 for one reading. The
+  engine queues the extra request (waiting > 0 at R = C: confirmed again, in one reading, since the
+  gateway knows it sent one more) or runs it (the limit is larger: C grows again as unconfirmed).
+- C confirmed by a filling KV cache: the cache's room moves with the requests' lengths. C grows to
+  what the cache holds at `KV_FULL` at the running share, `⌊running · KV_FULL / usage⌋`, by at most
+  a quarter per reading; held back again, it goes one down per confirmation (requests the engine
+  pre-empted wait too, and what runs then is less than what the cache holds). Example: C = 20
+  running at 0.6 used → ⌊20 · 0.9 / 0.6⌋ = 30, at most 25 this reading.
+
+**Pre-empted: one less.** An engine that pre-empted running requests since the last reading
+(`vllm:num_preemptions_total` grew: its KV cache ran out as the running answers grew) while running
+at least C − 1 (or while C is a start value) holds too many for its cache: C goes one below the
+smaller of C and the most it was seen running, confirmed as `kv`. The pre-empted
+requests wait at the front of its queue and recompute, and a tenant's request sent after them waits
+behind them. Example: a cache of 128 blocks, answers that end at 22 blocks: it admits 7, pre-empts as
+they grow; C settles at 5, where nothing is pre-empted. This holds below a declared `--max-num-seqs`
+too: a pre-emption is a full cache, the one thing believed there.
+
+An engine that restarted (its counters' start time changed, or its counters went backwards) keeps
+its C as a start value, unconfirmed: it may have come back with another `--max-num-seqs`, which the
+readings then find (a larger one by growth, a smaller one held back). An engine that runs more than
+C (another gateway sending to it, a limit that grew) raises C to what it runs, unconfirmed.
 
 **The KV cache bounds C at once.** A reading whose KV cache is at least `KV_BOUND_FROM` used also
 bounds C for as long as it is the latest: `C ≤ max(running, ⌊running / usage⌋)`, the requests the
-cache holds when full at the share each running request holds now. It is not learned (the next
-reading replaces it, and a reading below `KV_BOUND_FROM` lifts it), so it cannot keep an engine
-small; it stops the gateway from sending a filling engine requests it can only queue while the
-three readings the learned C needs come in (at a step from idle those seconds were the engine's
-queue, and its requests could not move to the engines that joined meanwhile). Example: running 20,
-KV 0.9 used → C ≤ ⌊20 / 0.9⌋ = 22; KV 0.5 used → no bound. Below `KV_BOUND_FROM` the share is not
-used: running requests of unequal sizes (a few long conversations) would make it say full too soon.
+cache holds when full at the share each running request holds now. It stops the gateway from sending
+a filling engine requests it can only queue while the confirming readings come in. A confirmed C is
+not lowered by it (the next reading replaces it, so it cannot keep an engine small); a start value is
+(C becomes the bound, unconfirmed, and grows by a quarter per reading while the engine runs all it
+gets): otherwise the first reading with room, after the engine pre-empted and freed its cache, would
+give it back its 256 and the flood with it. Example: running 20, KV 0.9
+used → C ≤ ⌊20 / 0.9⌋ = 22; KV 0.5 used → no bound.
 
-One reading is not enough to go down: a request that has just arrived waits for the engine's next
-step (a few ms), and a scrape that catches that moment would otherwise shrink C for good (the
-gateway would never send enough again to see it grow back). Nor are readings in a row when the
-engine's `--max-num-seqs` is known (`ceiling`, from the spec's engine arguments): a periodic load
-(batches of equal requests finishing together) can show the same passing moment at every scrape,
-so below a known `--max-num-seqs` only a full KV cache is believed: the one thing that keeps vLLM
-from running what it may. A C that went too low still grows back, by a quarter per reading, while the
-engine runs everything it gets. `ceiling` is `initial` when it comes from the engine's arguments
-(the engine will not run more), else `MAX_CAPACITY`.
+**Learning fast.** `learning(snapshot)`: C is not confirmed and the gateway has more requests open to
+the engine than it has ever been seen running, or the latest reading held requests back or bounded C
+by the KV cache, so the next readings decide C; the metrics collector
+then scrapes it every `learning_interval` instead of every interval (docs/router.md, "Engine
+capacity"). At a flood's start C is found in about `CONFIRM` fast readings.
 
 `limit = ceil((C + lookahead) / share)`, capped at `cap`, with `lookahead = round(fraction · C)`
-requests queued in the engine so its next batch is not short while the gateway's next request is on
-its way (default fraction 0.1: none for an engine of 4, 26 for one of 256; a queued lookahead
-request makes a tenant who arrives later wait behind it, so it stays small), and `share` the number
-of gateway processes sending to the same engines (workers × replicas; each takes its part). Example:
-an engine with `--max-num-seqs 8` behind 2 workers: C = 8, lookahead 1, each worker sends it at
-most ceil(9 / 2) = 5. Starting from 256 on an engine whose KV cache holds 100 sequences: three
-scrapes in a row show running 100 with waiting > 0 → C = 100, limit 110.
+requests queued in the engine beyond C (default 0: the handover, `--handover-tokens`, already sends
+the next request as a stream ends) and `share` the number of gateway processes sending to the same
+engines (workers × replicas; each takes its part). Example: an engine with `--max-num-seqs 8` behind
+2 workers: each worker sends it at most ceil(8 / 2) = 4. Starting from 256 on an engine whose
+`--max-num-seqs` is 4 and a flood of 12 requests for it: three fast readings show running 4 with 8
+waiting → C = 4, confirmed; the flood's backlog now waits in the gateway.
 
 Pure (the readings come in; no clock, no I/O).
 """
@@ -59,19 +87,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tandem.core.engineargs import arg_value
 from tandem.router.types import EndpointSnapshot, EngineReading, EngineStats
 
-#: vLLM's default `--max-num-seqs`, the starting point when the spec's engine arguments say nothing.
+#: vLLM's default `--max-num-seqs`, the starting point when nothing is declared.
 DEFAULT_CAPACITY = 256
 MAX_CAPACITY = 65_536
-#: Readings in a row that must show the same held-back running count before C goes down.
+#: Stepped readings in a row that must show the same held-back running count before C is learned;
+#: `PROVEN` when each showed more requests waiting than were sent since the reading before.
 CONFIRM = 3
+PROVEN = 2
 #: KV-cache usage (0..1) at which an engine that holds requests back is taken to be full.
 KV_FULL = 0.9
 #: KV-cache usage (0..1) from which a reading bounds C at once (`kv_bound`).
 KV_BOUND_FROM = 0.8
+#: Readings between the checks of a confirmed slot count: the first, and the most after doubling.
+RECHECK_FIRST = 30
+RECHECK_LAST = 960
+
+Limit = Literal["seqs", "kv"]
 
 
 def capacity_from_args(args: Sequence[str]) -> int | None:
@@ -91,32 +127,49 @@ def kv_bound(stats: EngineStats) -> int | None:
 
 
 @dataclass(slots=True)
+class EngineLimit:
+    """What is known of one engine's concurrency (module docstring). `c`: C; `confirmed`: C was seen
+    holding requests back, as `kind`; `most`: the most it was seen running since it started;
+    `probing`: C is one above a confirmed slot count for one check."""
+
+    c: int
+    confirmed: bool = False
+    kind: Limit | None = None
+    most: int = 0
+    probing: bool = False
+    # (running, stepped readings in a row holding requests back at it, all of them `proven`)
+    held: tuple[int, int, bool] = (0, 0, False)
+    tokens: float | None = None
+    sent: int | None = None  # the latest reading's `EngineReading.sent`
+    bound: int | None = None  # `kv_bound` of the latest reading
+    recheck_in: int = RECHECK_FIRST
+    recheck_every: int = RECHECK_FIRST
+    seen: EngineReading | None = None
+
+
+@dataclass(slots=True)
 class EngineCapacity:
     """Learned concurrency per engine URL and the dispatch limit it gives (module docstring)."""
 
     initial: int = DEFAULT_CAPACITY
-    lookahead: float = 0.1
+    lookahead: float = 0.0
     share: int = 1
     cap: int = MAX_CAPACITY
     ceiling: int = MAX_CAPACITY
-    _learned: dict[str, int] = field(default_factory=dict)
-    _seen: dict[str, EngineReading] = field(default_factory=dict)
-    _held: dict[str, tuple[int, int]] = field(default_factory=dict)  # url → (running, readings in a row)
-    _tokens: dict[str, float] = field(default_factory=dict)  # url → the engine's token counters' sum
-    _bound: dict[str, int] = field(default_factory=dict)  # url → `kv_bound` of its latest reading
+    _engines: dict[str, EngineLimit] = field(default_factory=dict)
+
+    @property
+    def declared(self) -> bool:
+        """Whether the engines' `--max-num-seqs` was declared (`ceiling` from the spec or settings)."""
+        return self.ceiling < MAX_CAPACITY
 
     def concurrency(self, snapshot: EndpointSnapshot) -> int:
         """C for this endpoint's engine, updated from a reading not seen before: the learned C, within
         the latest fresh reading's KV bound (module docstring)."""
-        url, reading = snapshot.endpoint.url, snapshot.engine
-        if reading is None or reading.stale:
-            return self._learned.get(url, self.initial)
-        if self._seen.get(url) is not reading:
-            self._seen[url] = reading
-            self._learn(url, reading)
-        c = self._learned.get(url, self.initial)
-        bound = self._bound.get(url)
-        return c if bound is None else min(c, bound)
+        engine = self._read(snapshot)
+        if engine is None:
+            return self.initial
+        return engine.c if engine.bound is None else min(engine.c, engine.bound)
 
     def limit(self, snapshot: EndpointSnapshot) -> int:
         """Requests this gateway process may have open to the endpoint."""
@@ -131,39 +184,137 @@ class EngineCapacity:
         """Σ `limit`: how many requests this process may have open to the pool."""
         return sum(self.limit(s) for s in snapshots)
 
-    def forget(self, keep: set[str]) -> None:
-        for url in [u for u in self._learned if u not in keep]:
-            del self._learned[url]
-        for url in [u for u in self._seen if u not in keep]:
-            del self._seen[url]
-        for url in [u for u in self._held if u not in keep]:
-            del self._held[url]
-        for url in [u for u in self._tokens if u not in keep]:
-            del self._tokens[url]
-        for url in [u for u in self._bound if u not in keep]:
-            del self._bound[url]
+    def learning(self, snapshot: EndpointSnapshot) -> bool:
+        """Whether the engine's next readings decide its C: not confirmed, and this process has more
+        requests open to it than its share of the most it was seen running, or the latest reading held
+        requests back or bounded C by the KV cache (module docstring)."""
+        engine = self._read(snapshot)
+        if engine is None:
+            return snapshot.occupied > 0
+        if engine.confirmed:
+            return False
+        return engine.held[1] > 0 or engine.bound is not None or snapshot.occupied * self.share > engine.most
 
-    def _learn(self, url: str, reading: EngineReading) -> None:
+    def known(self, url: str) -> EngineLimit | None:
+        """What is known of `url`'s engine (metrics, tests); None before its first reading."""
+        return self._engines.get(url)
+
+    def urls(self) -> list[str]:
+        return list(self._engines)
+
+    def forget(self, keep: set[str]) -> None:
+        for url in [u for u in self._engines if u not in keep]:
+            del self._engines[url]
+
+    def _read(self, snapshot: EndpointSnapshot) -> EngineLimit | None:
+        """The engine's state, after learning from its reading if that reading is new."""
+        url, reading = snapshot.endpoint.url, snapshot.engine
+        engine = self._engines.get(url)
+        if reading is None or reading.stale:
+            return engine
+        if engine is None:
+            engine = self._engines[url] = EngineLimit(c=self.initial)
+        if engine.seen is not reading:
+            earlier = engine.seen
+            engine.seen = reading
+            self._learn(engine, reading, earlier)
+        return engine
+
+    def _learn(self, engine: EngineLimit, reading: EngineReading, earlier: EngineReading | None) -> None:
         stats = reading.stats
-        bound = kv_bound(stats)
-        if bound is None:
-            self._bound.pop(url, None)
-        else:
-            self._bound[url] = bound
+        engine.bound = kv_bound(stats)
+        if earlier is not None and stats.restarted_since(earlier.stats):
+            engine.confirmed, engine.kind, engine.probing, engine.most = False, None, False, 0
+            engine.held, engine.tokens = (0, 0, False), None
+            engine.recheck_every = engine.recheck_in = RECHECK_FIRST
         if stats.tokens is not None:
-            if self._tokens.get(url) == stats.tokens:
+            if engine.tokens == stats.tokens:
                 return  # the engine has not stepped since the last reading: nothing new
-            self._tokens[url] = stats.tokens
-        c = self._learned.get(url, self.initial)
+            engine.tokens = stats.tokens
+        sent = engine.sent
+        engine.sent = reading.sent
+        running, waiting = stats.running, stats.waiting
+        engine.most = max(engine.most, running)
         kv_full = stats.kv_usage is not None and stats.kv_usage >= KV_FULL
-        if stats.waiting > 0 and 0 < stats.running < c and (kv_full or self.ceiling >= MAX_CAPACITY):
-            running, seen = self._held.get(url, (stats.running, 0))
-            seen = seen + 1 if running == stats.running else 1
-            self._held[url] = (stats.running, seen)
-            if seen >= CONFIRM:
-                c = stats.running
+        c = engine.c
+        if engine.bound is not None and not engine.confirmed and engine.bound < c:
+            engine.c = c = engine.bound  # a start value no longer: the cache says less
+        if _preempted(stats, earlier) and c > 1 and (running >= c - 1 or not engine.confirmed):
+            # Its KV cache ran out: running requests went back to wait (and recompute), ahead of
+            # anything sent after them. C is one less than what ran, confirmed as kv.
+            engine.c = max(1, min(c, engine.most) - 1)
+            engine.confirmed, engine.kind, engine.probing = True, "kv", False
+            engine.held = (0, 0, False)
+        elif running > c and not (engine.confirmed and engine.kind == "kv"):
+            # It runs more than believed: at least that, and no longer a known limit. (A cache-bound
+            # engine runs one more now and then, a handed-over request while the stream it replaces
+            # ends: its room is read from its cache instead, `_ran_everything`.)
+            engine.c, engine.confirmed, engine.kind, engine.probing = running, False, None, False
+            engine.held = (0, 0, False)
+        elif waiting > 0 and 0 < running < c:
+            # Waiting beyond what was sent since the last reading waited through an engine step.
+            proven = (
+                sent is not None and reading.sent is not None and waiting > (reading.sent - sent) * self.share
+            )
+            self._held_back(engine, running, kv_full=kv_full, kv_filling=_filling(stats), proven=proven)
         else:
-            self._held.pop(url, None)
-            if stats.waiting == 0 and stats.running >= c:
-                c = max(stats.running, c + max(1, math.ceil(c / 4)))
-        self._learned[url] = max(1, min(self.ceiling, MAX_CAPACITY, c))
+            engine.held = (0, 0, False)
+            if waiting == 0 and running >= c:
+                self._ran_everything(engine, running, usage=stats.kv_usage)
+        engine.c = max(1, min(self.ceiling, MAX_CAPACITY, engine.c))
+
+    def _held_back(
+        self, engine: EngineLimit, running: int, *, kv_full: bool, kv_filling: bool, proven: bool
+    ) -> None:
+        """Waiting requests while it runs `running` < C: count the reading; enough in a row make
+        `running` its confirmed limit: `CONFIRM`, or `PROVEN` when each showed more waiting than was
+        sent since the reading before, or one when a probe's one extra request waits at the confirmed
+        limit (the gateway knows it sent exactly one more)."""
+        if self.declared and not kv_full:
+            return  # below a declared --max-num-seqs only a full cache is believed
+        last, count, sure = engine.held
+        if last == running:
+            count, sure = count + 1, sure and proven
+        else:
+            count, sure = 1, proven
+        engine.held = (running, count, sure)
+        again = engine.probing and running == engine.c - 1  # the probe's extra request was queued
+        if count < (PROVEN if sure else CONFIRM) and not again:
+            return
+        if engine.confirmed and engine.kind == "kv":
+            # A cache-bound limit moves with the answers' lengths, and requests pre-empted by the
+            # engine wait too: one down per confirmation, not at once to what runs now.
+            engine.c = max(running, engine.c - 1)
+        else:
+            engine.c, engine.kind = running, "kv" if kv_filling else "seqs"
+        engine.confirmed, engine.probing, engine.held = True, False, (0, 0, False)
+        engine.recheck_every = min(RECHECK_LAST, engine.recheck_every * 2) if again else RECHECK_FIRST
+        engine.recheck_in = engine.recheck_every
+
+    def _ran_everything(self, engine: EngineLimit, running: int, *, usage: float | None) -> None:
+        """Nothing waits and it runs at least C: grow as the module docstring says."""
+        c = engine.c
+        if engine.probing or not engine.confirmed:
+            if engine.probing and running <= c - 1:
+                return  # the probe's extra request has not arrived yet: wait for a reading that shows it
+            engine.confirmed, engine.kind, engine.probing = False, None, False
+            engine.c = max(running, c + max(1, math.ceil(c / 4)))
+        elif engine.kind == "kv":
+            if usage is not None and usage > 0:  # room at the running share: up to KV_FULL's worth
+                engine.c = max(c, min(c + max(1, math.ceil(c / 4)), math.floor(running * KV_FULL / usage)))
+        else:  # a confirmed slot count: held, but checked now and then
+            engine.recheck_in -= 1
+            if engine.recheck_in <= 0:
+                engine.probing = True
+                engine.c = c + 1
+
+
+def _filling(stats: EngineStats) -> bool:
+    """Whether the KV cache is filling enough (`KV_BOUND_FROM`) to be what holds requests back."""
+    return stats.kv_usage is not None and stats.kv_usage >= KV_BOUND_FROM
+
+
+def _preempted(stats: EngineStats, earlier: EngineReading | None) -> bool:
+    """Whether the engine pre-empted running requests (its KV cache ran out) since `earlier`."""
+    before = earlier.stats.preemptions if earlier is not None else None
+    return stats.preemptions is not None and before is not None and stats.preemptions > before
