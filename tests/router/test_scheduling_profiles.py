@@ -204,9 +204,35 @@ def test_slow_start_gives_an_engine_one_new_prompt_until_it_answers() -> None:
     assert state.warming(C.url)
     # Any answer ends it, even one that tells nothing of its speed (not streamed, so no TTFT sample).
     state.answered(retry, status=200, streamed=False)
-    state.started(C, request(prompt(103, 0), request_id="n3"))
+    third = state.started(C, request(prompt(103, 0), request_id="n3"))
     assert not state.warming(C.url) and state.ahead(C.url) < math.inf
+    # A new prompt does not queue behind another one's prefill; once that has answered, C takes it.
+    assert scheduler.decide("decode", request(prompt(102, 0), request_id="n2"), snaps).endpoint != C
+    state.answered(third, status=200, streamed=True)
     assert scheduler.decide("decode", request(prompt(102, 0), request_id="n2"), snaps).endpoint == C
+
+
+def test_an_engine_that_served_others_is_warm_to_a_gateway_that_has_just_started() -> None:
+    """Warmth is read from the engine's own counters: an engine that finished requests for anyone
+    (`served` > 0) is not new to a fresh gateway; one that restarted since (its start time changed) is
+    new again, and its routed-prefix picture is emptied (its cache is)."""
+    state = SchedulingState(clock=FakeClock())
+    scheduler = tandem(state, weights=ScoringWeights(load=0, kv=0, ttft=0))  # prefix alone: C is emptiest
+    for g in range(40):
+        state.approximate.record((A if g % 2 else B).url, request(prompt(g, 0)))
+    warm = [snapshot(e, engine=stats(served=500, started=1000.0)) for e in (A, B, C)]
+    first = request(prompt(100, 0), request_id="n0")
+    assert scheduler.decide("decode", first, warm).endpoint == C
+    state.started(C, first)
+    assert not state.warming(C.url), "it served 500 requests before this gateway started"
+    _, scored = state.candidates("decode", request(prompt(101, 0)), warm, profile="prompt")
+    assert not any(c.warming for c in scored), "the slow-start filter has nothing to drop"
+    # C restarts: a new start time, nothing served yet. New again, its picture emptied.
+    state.approximate.record(C.url, request(prompt(7, 0)))
+    restarted = [*warm[:2], snapshot(C, engine=stats(served=0, started=2000.0))]
+    decision = scheduler.decide("decode", request(prompt(102, 0), request_id="n2"), restarted)
+    assert state.warming(C.url) and decision.endpoint != C
+    assert state.approximate.match([C.url], request(prompt(7, 0)))[C.url] == 0
 
 
 def test_the_imbalance_guard_spreads_a_dominant_prefix() -> None:

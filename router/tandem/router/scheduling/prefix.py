@@ -133,6 +133,13 @@ class ApproximatePrefixIndex:
         cache = self._caches.get(url)
         return cache.block_size if cache is not None else self._default_block_size
 
+    def clear(self, url: str) -> None:
+        """Empty `url`'s picture, keeping its sizes (its engine restarted with an empty cache)."""
+        cache = self._caches.get(url)
+        if cache is not None:
+            self._drop_firsts(url, cache)
+            cache.keys.clear()
+
     def forget(self, keep: Collection[str]) -> None:
         """Drop every endpoint not in `keep` (it left discovery)."""
         for url in [u for u in self._caches if u not in keep]:

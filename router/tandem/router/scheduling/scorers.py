@@ -21,6 +21,8 @@ NEUTRAL = 0.5
 DEFAULT_THRESHOLD = 0.3
 #: Requests above the least loaded candidate's load within which a new prompt still goes by cache fill.
 LOAD_SLACK = 1.0
+#: Share of the prompt's own tokens of queued prefill work above the least within which it still does.
+QUEUE_SLACK = 0.25
 
 
 def min_max_low_is_best(values: Mapping[str, float]) -> dict[str, float]:
@@ -57,7 +59,10 @@ class PrefixScorer:
     queue was seconds long (measured in docs/autoscaler.md). Exactly the least loaded alone was too
     narrow: loads one request apart are the usual state of a busy pool, and new prefixes placed by
     load there evicted each other in small caches (tests/router/test_routing_sims.py: hit rate
-    0.85 → 0.73–0.80). `L` is `Candidate.load`, as the load scorer reads it.
+    0.85 → 0.73–0.80). `L` is `Candidate.load`, as the load scorer reads it. Within one request of
+    the least load, an engine already computing another new prompt (`Candidate.queued_tokens`, the
+    uncached tokens sent to it without a first token yet) is left out: a new prompt behind it would
+    wait for that whole prefill, which is what makes a shared-prefix workload's TTFT bimodal.
 
     Example, n = 1000, fills A 0.5, B 0.2, C 0.2, loads equal: A holds 960 (r = 0.96 ≥ 0.3, s = 0) →
     A 0.96, B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) →
@@ -79,9 +84,12 @@ class PrefixScorer:
         if spread <= 0.0:  # some endpoint caches at least θ of the prompt: the overlap alone
             return ratios
         lowest = min(c.load for c in candidates)
-        availability = min_max_low_is_best(
-            {c.url: c.cache_fill for c in candidates if c.load <= lowest + LOAD_SLACK}
-        )
+        near = [c for c in candidates if c.load <= lowest + LOAD_SLACK]
+        # Of those, the ones with the least prompt work ahead: a new prompt sent behind another one
+        # waits for its whole prefill (the slow mode of a shared-prefix workload's TTFT).
+        least = min(c.queued_tokens for c in near)
+        near = [c for c in near if c.queued_tokens <= least + QUEUE_SLACK * n]
+        availability = min_max_low_is_best({c.url: c.cache_fill for c in near})
         return {url: ratio + spread * availability.get(url, 0.0) for url, ratio in ratios.items()}
 
 

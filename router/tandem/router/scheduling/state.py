@@ -47,7 +47,7 @@ from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates, ttft_seconds
-from tandem.router.types import Endpoint, EndpointSnapshot, Pool
+from tandem.router.types import Endpoint, EndpointSnapshot, EngineReading, Pool
 
 #: Profile of a cycle whose endpoint computes the prompt (prefill pool; decode without a prefill).
 PROMPT = "prompt"
@@ -123,8 +123,8 @@ class SchedulingState:
         self.track_prefixes = track_prefixes
         self._on_record = on_record
         self._queued: dict[str, int] = {}  # url → uncached tokens without a first token yet
-        self._answered: set[str] = set()  # urls that have answered an attempt (not warming)
-        self._sized: dict[str, object] = {}  # url → the engine reading its index was sized from
+        self._answered: set[str] = set()  # urls that have answered (this gateway, or anyone: not warming)
+        self._sized: dict[str, EngineReading] = {}  # url → the engine reading last learned from
         self._turn = 0
         # Precise source only: block keys of prompts in flight, per URL (the events lag behind), and
         # of prompts answered in the last `pending_ttl_s` (key → expiry, oldest first).
@@ -148,7 +148,7 @@ class SchedulingState:
             snapshots = self.shortlist(request, snapshots, prompt_tokens=n)
         for snapshot in snapshots:
             if snapshot.engine is not None and self._sized.get(snapshot.endpoint.url) is not snapshot.engine:
-                self._size_index(snapshot)
+                self._read_engine(snapshot)
         urls = [s.endpoint.url for s in snapshots]
         matched = self._match(urls, request) if n and self.track_prefixes else {}
         cycle = Cycle(
@@ -223,8 +223,11 @@ class SchedulingState:
         return self.rates.predict(url, queued_tokens=queued, uncached_tokens=0)
 
     def warming(self, url: str) -> bool:
-        """Whether `url` has not answered an attempt yet (streamed or not, a prefill or not, any status
-        below 400) and already computes a prompt (`filters.SlowStart`)."""
+        """Whether `url` is new and already computes a prompt (`filters.SlowStart`). New: it has not
+        answered an attempt of this gateway yet (streamed or not, a prefill or not, any status below
+        400) and its engine's own counters, when read, show no finished request since it started
+        (`_read_engine`): an engine that served other gateways for hours is not new to a gateway that
+        has just started."""
         return url not in self._answered and self._queued.get(url, 0) > 0
 
     # -- the dispatcher's feedback (DispatchObserver) -------------------------------------------
@@ -317,14 +320,22 @@ class SchedulingState:
             warming=self.warming(url),
         )
 
-    def _size_index(self, snapshot: EndpointSnapshot) -> None:
-        """Size the endpoint's routed picture from its engine's reading (once per new reading)."""
-        if snapshot.engine is not None:
-            stats = snapshot.engine.stats
-            self.approximate.configure(
-                snapshot.endpoint.url, block_size=stats.block_size, capacity_blocks=stats.num_gpu_blocks
-            )
-            self._sized[snapshot.endpoint.url] = snapshot.engine
+    def _read_engine(self, snapshot: EndpointSnapshot) -> None:
+        """Learn from the endpoint's new engine reading (once per reading): size its routed picture;
+        an engine that has finished requests (its own `served`, whoever sent them) is not new, so it
+        is not `warming`; one that restarted since the last reading is new again, its cache empty."""
+        engine = snapshot.engine
+        if engine is None:
+            return
+        url, stats = snapshot.endpoint.url, engine.stats
+        earlier = self._sized.get(url)
+        if earlier is not None and stats.restarted_since(earlier.stats):
+            self._answered.discard(url)
+            self.approximate.clear(url)
+        if stats.served:
+            self._answered.add(url)
+        self.approximate.configure(url, block_size=stats.block_size, capacity_blocks=stats.num_gpu_blocks)
+        self._sized[url] = engine
 
     def _release(self, ticket: Ticket, *, computed: bool = False) -> None:
         """The attempt's work left the queue; `computed`: its engine answered it (the prompt's
