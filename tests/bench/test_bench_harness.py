@@ -319,3 +319,32 @@ def test_gateway_replicas_share_the_flood_and_their_fair_queue_counters_while_di
     assert "- gateway replicas: tandem: 2 replicas" in result.stdout
     assert re.search(r"\| requests per gateway replica \| \d+ / \d+ \| – \|", result.stdout)
     assert re.search(r"\| gateway replicas \| 2 \| – \|", result.stdout)
+
+
+def test_a_restarted_start_warms_the_engines_through_one_gateway_and_measures_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(cli, [
+        "bench", "--policy", "round-robin", "--start", "restarted", "--warmup", "3",
+        "--engine-arg=--max-num-seqs=4", *TINY, "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    (run,) = doc["runs"]
+    assert run["label"] == "round-robin@restarted" and run["target"]["start"] == "restarted"
+    assert run["requests"]["ok"] == 6
+    assert run["engines"]["overall"]["delta"]["requests"] == 6, "the warm-up is not measured"
+    logs = tmp_path / "runs" / "round-robin@restarted" / "logs"
+    warmup = [
+        json.loads(x) for x in (logs / "router.warmup.log").read_text().splitlines() if x.startswith("{")
+    ]
+    fresh = [json.loads(x) for x in (logs / "router.log").read_text().splitlines() if x.startswith("{")]
+    assert len([e for e in warmup if e["msg"] == "request"]) == 3, (
+        "the warm-up went through the first gateway"
+    )
+    assert len([e for e in fresh if e["msg"] == "request"]) == 6, "the run through a fresh one"
+    # Nothing declared by default: the engines got --max-num-seqs, the gateway's spec did not.
+    config = (tmp_path / "runs" / "round-robin@restarted" / "router.yaml").read_text()
+    assert "--max-num-seqs" not in config
+    engine_argv = next(c["argv"] for c in run["children"] if c["role"] == "decode")
+    assert "--max-num-seqs" in " ".join(engine_argv)

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.bench.targets import Target, TargetError, parse_targets, parse_variant, with_gateway_replicas
+from tandem.bench.targets import (
+    Target,
+    TargetError,
+    parse_starts,
+    parse_targets,
+    parse_variant,
+    with_gateway_replicas,
+    with_starts,
+)
 
 
 @pytest.mark.parametrize(
@@ -76,3 +84,25 @@ def test_gateway_replicas_apply_to_tandem_targets_only_and_are_recorded_in_their
         "kind": "tandem", "policy": "tandem", "router_args": ["--fairness=fcfs"], "replicas": 2,
     }  # fmt: skip
     assert with_gateway_replicas(targets, 1) == targets
+
+
+def test_each_start_is_a_target_of_its_own_and_direct_runs_cold_only() -> None:
+    targets = parse_targets(policies=["tandem"], peers=["vllm-router:cache_aware"], direct=True)
+    starts = parse_starts(["cold,restarted", "warm", "cold"])
+    assert starts == ["cold", "restarted", "warm"]
+    expanded = with_starts(targets, starts)
+    assert [t.label for t in expanded] == [
+        "tandem", "tandem@restarted", "tandem@warm",
+        "vllm-router:cache_aware", "vllm-router:cache_aware@restarted", "vllm-router:cache_aware@warm",
+        "direct",
+    ]  # fmt: skip
+    assert expanded[1].describe() == {
+        "kind": "tandem",
+        "policy": "tandem",
+        "replicas": 1,
+        "start": "restarted",
+    }
+    assert expanded[0].describe() == {"kind": "tandem", "policy": "tandem", "replicas": 1}
+    assert parse_starts([]) == ["cold"]
+    with pytest.raises(TargetError, match="--start 'hot': choose from cold, restarted, warm"):
+        parse_starts(["cold,hot"])

@@ -111,3 +111,39 @@ def test_an_endpoint_run_records_the_autoscaler_timeline_next_to_the_clients_ttf
     assert (out / "timeline.png").stat().st_size > 0
     assert "| svc/decode |" in result.stdout and "SLO attainment (TTFT ≤ 500 ms" in result.stdout
     assert scrapes.count >= 4
+
+
+def test_a_gateways_engine_capacity_is_recorded_per_engine() -> None:
+    """The gateway's per-engine capacity gauges are kept; the summary says where C started, where it
+    ended and when it was first confirmed."""
+    from tandem.bench.stats import Slo
+    from tandem.bench.timeline import Sample, build_timeline, timeline_markdown
+
+    page = (
+        "# TYPE tandem_router_engine_capacity gauge\n"
+        'tandem_router_engine_capacity{pool="decode",endpoint="127.0.0.1:8101"} 4\n'
+        "# TYPE tandem_router_engine_capacity_confirmed gauge\n"
+        'tandem_router_engine_capacity_confirmed{pool="decode",endpoint="127.0.0.1:8101"} 1\n'
+        "# TYPE tandem_router_engine_dispatch_limit gauge\n"
+        'tandem_router_engine_dispatch_limit{pool="decode",endpoint="127.0.0.1:8101"} 4\n'
+        "# TYPE tandem_router_endpoint_in_flight_requests gauge\n"
+        'tandem_router_endpoint_in_flight_requests{pool="decode",endpoint="127.0.0.1:8101"} 3\n'
+    )
+    kept = {name for name, _, _ in parse_gauges(page)}
+    assert kept == {
+        "tandem_router_engine_capacity",
+        "tandem_router_engine_capacity_confirmed",
+        "tandem_router_engine_dispatch_limit",
+    }
+    labels = {"pool": "decode", "endpoint": "127.0.0.1:8101"}
+    samples = [
+        Sample(t, "gw", name, labels, value)
+        for t, c, confirmed in ((0.0, 256, 0), (1.0, 256, 0), (1.5, 4, 1), (2.5, 4, 1))
+        for name, value in (
+            ("tandem_router_engine_capacity", c),
+            ("tandem_router_engine_capacity_confirmed", confirmed),
+        )
+    ]
+    doc = build_timeline(samples, [], time_scale=1.0, slo=Slo())
+    assert doc["engine_capacity"] == {"127.0.0.1:8101": {"first": 256, "last": 4, "confirmed_at_s": 1.5}}
+    assert "| 127.0.0.1:8101 | 256 | 4 | 1.5 |" in timeline_markdown(doc)

@@ -45,6 +45,7 @@ from tandem.bench.records import DriveResult
 from tandem.bench.report import RunData
 from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, vllm_router_argv
 from tandem.bench.workloads import Workload
+from tandem.core.engineargs import without_flag
 from tandem.core.spec import InferenceService, parse_inference_service
 from tandem.local.plan import LocalPlan, ProcessPlan, build_plan
 from tandem.local.ports import free_ports
@@ -65,6 +66,12 @@ class PoolSettings:
     `engines`: decode engines (1 for `direct`); `prefill_engines` only with `pd`; `time_scale`:
     simulated seconds per wall second; `engine_args`: extra `tandem sim` flags for every engine;
     `router_args`: extra `tandem router` flags for Tandem's gateway (e.g. admission limits);
+    `warmup_requests`: requests sent through the gateway before a `restarted` or `warm` start's run
+    (`Target.start`);
+    `declare_capacity`: whether Tandem's gateway reads the engines' `--max-num-seqs` from its spec. By
+    default it does not: the engines get every `engine_args` flag, the gateway's copy of the spec has
+    no `--max-num-seqs`, so it learns each engine's capacity as it would in front of engines started
+    elsewhere or left at vLLM's default (`tandem.router.discovery.capacity`);
     `slo_ttft_s`/`slo_tpot_s`: the objectives the benchmark scores, in engine seconds. Tandem's gateway
     gets them as `spec.router.slo` in **wall** seconds (÷ time scale), since it measures and predicts
     in wall time: its early rejection and queue deadlines then aim at the objectives the table scores.
@@ -81,6 +88,8 @@ class PoolSettings:
     seed: int = 0
     slo_ttft_s: float = 1.0
     slo_tpot_s: float = 0.1
+    declare_capacity: bool = False
+    warmup_requests: int = 16
 
     def describe(self) -> str:
         pools = f"{self.engines} decode"
@@ -144,6 +153,8 @@ class Started:
     children: list[Child]
     notes: list[str]
     tandem_gateways: tuple[str, ...] = ()
+    #: Stops the gateway's processes and starts them again, fresh, in front of the same engines.
+    restart_gateways: Callable[[], None] = lambda: None
 
     @property
     def base_url(self) -> str:
@@ -179,7 +190,10 @@ def started(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
         redis_server=tools.redis_server, state_dir=run_dir.resolve(),
     )  # fmt: skip
-    gateways = _gateways(target, plan=plan, tools=tools, ports=ports, router_args=pool.router_args)
+    gateways = _gateways(
+        target, plan=plan, tools=tools, ports=ports, router_args=pool.router_args,
+        declare_capacity=pool.declare_capacity,
+    )  # fmt: skip
     supervisor = Supervisor(log_dir=run_dir.resolve() / "logs")
     children: list[Child] = []
     try:
@@ -196,7 +210,20 @@ def started(
         decode = [p.url for p in plan.processes if p.role == "decode"]
         urls = tuple(f"{base}/v1" for base in [g.url for g in gateways] or decode[:1])
         tandem = urls if target.kind == "tandem" else ()
-        running = Started(urls, engines, plan.model, children, [], tandem)
+
+        def restart_gateways() -> None:
+            for child in [c for c in children if c.plan.role == "router"]:
+                supervisor.stop(child)
+                children.remove(child)
+                child.log_path.replace(child.log_path.with_suffix(".warmup.log"))  # the next one's is fresh
+            try:
+                _start_stage(
+                    target, list(gateways), supervisor=supervisor, started=children, progress=progress
+                )
+            except ChildFailed as exc:
+                raise HarnessError(f"[{target.label}] {exc}") from None
+
+        running = Started(urls, engines, plan.model, children, [], tandem, restart_gateways)
         yield running
         dead = supervisor.first_dead()
         if dead is not None:
@@ -223,6 +250,9 @@ def run_target(
         settings = replace(
             driver, base_url=run.base_url, base_urls=run.base_urls, model=run.model, label=target.label
         )
+        if target.start != "cold":
+            _warm_up(run, target, workload=workload, settings=settings, requests=pool.warmup_requests,
+                     progress=progress)  # fmt: skip
         spread = f" (request i to replica i mod {len(run.base_urls)})" if len(run.base_urls) > 1 else ""
         against = " and ".join(run.base_urls) + spread
         progress(f"[{target.label}] running {len(workload.requests)} requests against {against}")
@@ -236,6 +266,28 @@ def run_target(
         target.label, target.describe(), measured.result, measured.before, measured.after, children,
         tuple(run.notes), gateway=gateway, replicas=measured.replicas,
     )  # fmt: skip
+
+
+def _warm_up(
+    run: Started,
+    target: Target,
+    *,
+    workload: Workload,
+    settings: DriverSettings,
+    requests: int,
+    progress: Progress,
+) -> None:
+    """The warm-up of a `restarted` or `warm` start: the workload's first `requests` requests through
+    the gateway, at their own times, unrecorded; then, for `restarted`, a fresh gateway."""
+    warm = replace(workload, requests=workload.requests[:requests])
+    progress(f"[{target.label}] warm-up: {len(warm.requests)} requests through the gateway")
+    result = asyncio.run(drive(warm, settings, progress=progress))
+    failed = sum(not r.ok for r in result.records)
+    if failed:
+        run.notes.append(f"warm-up: {failed} of {len(warm.requests)} requests failed")
+    if target.start == "restarted":
+        progress(f"[{target.label}] restarting the gateway in front of the warm engines")
+        run.restart_gateways()
 
 
 @dataclass(frozen=True)
@@ -278,17 +330,27 @@ def _prefix_source(router_args: Sequence[str]) -> str:
 
 
 def _gateways(
-    target: Target, *, plan: LocalPlan, tools: Tools, ports: Iterator[int], router_args: tuple[str, ...]
+    target: Target,
+    *,
+    plan: LocalPlan,
+    tools: Tools,
+    ports: Iterator[int],
+    router_args: tuple[str, ...],
+    declare_capacity: bool = False,
 ) -> list[ProcessPlan]:
     """The target's gateway processes: none for `direct`, `target.replicas` for Tandem's gateway
-    (`tandem_replicas`, which writes its config file), one for a peer. `ports` gives the ports beyond
-    the plan's router port (a peer's metrics port, more replicas)."""
+    (`tandem_replicas`, which writes its config file, without the engines' `--max-num-seqs` unless
+    `declare_capacity`), one for a peer. `ports` gives the ports beyond the plan's router port (a
+    peer's metrics port, more replicas)."""
     router = next(p for p in plan.processes if p.role == "router")
     if target.kind == "direct":
         return []
     if target.kind == "tandem":
         plan.router_config_path.parent.mkdir(parents=True, exist_ok=True)
         config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if not declare_capacity:
+            engine = config["spec"]["engine"]
+            engine["args"] = without_flag(engine.get("args", []), "--max-num-seqs")
         plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         extra = (*router_args, *target.router_args)
         more = [next(ports) for _ in range(target.replicas - 1)]
@@ -356,11 +418,23 @@ def _start(
         list(gateways),
     ]
     for stage in stages:
-        children = [supervisor.start(p) for p in stage]
-        started.extend(children)
-        for child in children:
-            took = supervisor.wait_ready(child, timeout=STARTUP_TIMEOUT_S[child.plan.role])
-            progress(f"[{target.label}] {child.plan.name:<11} {child.plan.url} ready in {took:.1f}s")
+        _start_stage(target, stage, supervisor=supervisor, started=started, progress=progress)
+
+
+def _start_stage(
+    target: Target,
+    stage: Sequence[ProcessPlan],
+    *,
+    supervisor: Supervisor,
+    started: list[Child],
+    progress: Progress,
+) -> None:
+    """Start `stage`'s processes at once and wait for each one's health."""
+    children = [supervisor.start(p) for p in stage]
+    started.extend(children)
+    for child in children:
+        took = supervisor.wait_ready(child, timeout=STARTUP_TIMEOUT_S[child.plan.role])
+        progress(f"[{target.label}] {child.plan.name:<11} {child.plan.url} ready in {took:.1f}s")
 
 
 Counters = dict[str, EngineCounters | str]
@@ -385,4 +459,5 @@ def _child_info(child: Child) -> dict[str, Any]:
         "pid": child.process.pid,
         "returncode": child.process.returncode,
         "log": str(child.log_path),
+        "argv": list(child.plan.argv),
     }

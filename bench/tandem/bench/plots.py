@@ -128,15 +128,23 @@ def overhead(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str) -> No
 
 
 def autoscaler_timeline(timeline: Mapping[str, Any], path: Path, *, title: str) -> None:
-    """Replicas per pool, rolling TTFT p90 and KV utilisation over time (`tandem.bench.timeline`)."""
+    """Replicas per pool, rolling TTFT p90 and KV utilisation over time (`tandem.bench.timeline`);
+    with a gateway's capacity gauges recorded, a fourth panel: each engine's capacity C."""
     plt = _pyplot()
-    fig, (reps, ttft, kv) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True)
+    with_capacity = any(s["name"] == "tandem_router_engine_capacity" for s in timeline["series"])
+    rows = 4 if with_capacity else 3
+    fig, axes = plt.subplots(rows, 1, figsize=(8, 2.5 * rows), sharex=True)
+    reps, ttft, kv = axes[0], axes[1], axes[2]
     for series in timeline["series"]:
         name, labels = series["name"], series["labels"]
         xs = [p[0] for p in series["points"]]
         ys = [p[1] for p in series["points"]]
         tag = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        if name.endswith("ready_replicas"):
+        if name == "tandem_router_engine_capacity":
+            axes[3].step(xs, ys, where="post", label=labels.get("endpoint", tag))
+        elif name.startswith("tandem_router_engine"):
+            continue
+        elif name.endswith("ready_replicas"):
             reps.step(xs, ys, where="post", label=f"ready {tag}")
         elif name.endswith("desired_replicas"):
             reps.step(xs, ys, where="post", linestyle="--", label=f"desired {tag}")
@@ -153,9 +161,12 @@ def autoscaler_timeline(timeline: Mapping[str, Any], path: Path, *, title: str) 
     reps.set_ylabel("replicas")
     ttft.set_ylabel("TTFT (ms)")
     kv.set_ylabel("KV utilisation")
-    kv.set_xlabel("time since start (s)")
+    if with_capacity:
+        axes[3].set_ylabel("engine capacity C")
+        axes[3].set_yscale("log", base=2)
+    axes[-1].set_xlabel("time since start (s)")
     reps.set_title(title)
-    for ax in (reps, ttft, kv):
+    for ax in axes:
         ax.grid(alpha=0.3)
         _legend(ax)
     fig.tight_layout()

@@ -12,6 +12,11 @@
 
 Tandem targets may run as `replicas` gateway processes in front of the same engines
 (`--gateway-replicas N`, `with_gateway_replicas`); peers and command peers are one process each.
+
+Every target with a gateway may also be measured from another **start** (`--start`, `with_starts`):
+`cold` (engines and gateway just started, the default), `restarted` (a warm-up through the gateway,
+then a fresh gateway in front of the warm engines, as after a rollout or a new replica) or `warm`
+(the same warm-up, the same gateway). The label then ends in `@restarted` or `@warm`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from tandem.bench.command_peer import NAME, PeerCommand, PeerCommandError, parse
 from tandem.core.spec import ROUTING_POLICIES
 
 TargetKind = Literal["tandem", "vllm-router", "command", "direct"]
+Start = Literal["cold", "restarted", "warm"]
+STARTS: tuple[Start, ...] = ("cold", "restarted", "warm")
 VLLM_ROUTER = "vllm-router"
 #: vllm-router policies that work with plain OpenAI engines (kv_aware needs ZMQ KV events).
 VLLM_ROUTER_POLICIES = ("round_robin", "cache_aware", "random", "power_of_two", "consistent_hash")
@@ -41,7 +48,8 @@ class TargetError(ValueError):
 class Target:
     """What one run measures; `policy` for `tandem` and `vllm-router`, `peer` for `command`; a
     `tandem` variant's `name` and extra gateway arguments `router_args`; `replicas`: the gateway
-    processes the harness starts for it (more than 1 only for `tandem`)."""
+    processes the harness starts for it (more than 1 only for `tandem`); `start`: the state the run
+    begins from (module docstring)."""
 
     kind: TargetKind
     policy: str | None = None
@@ -49,9 +57,14 @@ class Target:
     name: str | None = None
     router_args: tuple[str, ...] = ()
     replicas: int = 1
+    start: Start = "cold"
 
     @property
     def label(self) -> str:
+        return self._base_label if self.start == "cold" else f"{self._base_label}@{self.start}"
+
+    @property
+    def _base_label(self) -> str:
         if self.kind == "tandem":
             return self.name or str(self.policy)
         if self.kind == "vllm-router":
@@ -61,8 +74,8 @@ class Target:
         return "direct"
 
     def describe(self) -> dict[str, str | int | list[str] | None]:
-        """bench.json's `target`: kind, policy, a command peer's command, a variant's arguments, and
-        the gateway processes (`replicas`; none for `direct`)."""
+        """bench.json's `target`: kind, policy, a command peer's command, a variant's arguments, the
+        gateway processes (`replicas`; none for `direct`) and, when not cold, the `start`."""
         described: dict[str, str | int | list[str] | None]
         if self.peer is not None:
             described = {"kind": self.kind, "policy": None, "command": self.peer.template}
@@ -72,6 +85,8 @@ class Target:
             described = {"kind": self.kind, "policy": self.policy}
         if self.kind != "direct":
             described["replicas"] = self.replicas
+        if self.start != "cold":
+            described["start"] = self.start
         return described
 
 
@@ -113,6 +128,26 @@ def with_gateway_replicas(targets: Sequence[Target], replicas: int) -> list[Targ
     """The targets with every Tandem target running `replicas` gateway processes (pure); peers,
     command peers and `direct` are unchanged (one process, or none)."""
     return [replace(t, replicas=replicas) if t.kind == "tandem" else t for t in targets]
+
+
+def parse_starts(values: Sequence[str]) -> list[Start]:
+    """`--start cold,restarted` (repeatable) → the starts in order, without duplicates; none given →
+    `["cold"]`. Raises TargetError naming a value that is not one of `STARTS`."""
+    starts: list[Start] = []
+    for value in (v.strip() for item in values for v in item.split(",") if v.strip()):
+        match = next((s for s in STARTS if s == value), None)
+        if match is None:
+            raise TargetError(f"--start {value!r}: choose from {', '.join(STARTS)}")
+        starts.append(match)
+    return list(dict.fromkeys(starts)) or ["cold"]
+
+
+def with_starts(targets: Sequence[Target], starts: Sequence[Start]) -> list[Target]:
+    """Every target once per start, target after target (pure); `direct` has no gateway to restart
+    and runs cold only. Example: [tandem, vllm-router:cache_aware] × [cold, restarted] → tandem,
+    tandem@restarted, vllm-router:cache_aware, vllm-router:cache_aware@restarted."""
+    cold: list[Start] = ["cold"]
+    return [replace(t, start=start) for t in targets for start in (starts if t.kind != "direct" else cold)]
 
 
 def parse_variant(value: str) -> Target:

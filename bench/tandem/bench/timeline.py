@@ -4,7 +4,9 @@ During an endpoint-mode run (`tandem bench --url ... --timeline URL`), `Timeline
 each URL's `/metrics` every `interval_s` (1 s) and keeps every **gauge** sample whose name starts
 with `tandem_autoscaler_` (e.g. `tandem_autoscaler_desired_replicas{service,pool}`,
 `tandem_autoscaler_ready_replicas{service,pool}`, `tandem_autoscaler_kv_utilization{service}`,
-`tandem_autoscaler_ttft_p90_seconds{service}`), stamped with wall seconds since the run started. A
+`tandem_autoscaler_ttft_p90_seconds{service}`) or is one of a gateway's per-engine capacity gauges
+(`tandem_router_engine_capacity{pool,endpoint}`, `_capacity_confirmed`, `tandem_router_engine_dispatch_limit`:
+give the gateway's URL to `--timeline` too), stamped with wall seconds since the run started. A
 failed scrape is counted and skipped; it never fails the run.
 
 `build_timeline` (pure) turns the samples and the run's request records into `timeline.json`:
@@ -14,7 +16,10 @@ failed scrape is counted and skipped; it never fails the run.
 - `replica_seconds`: per `ready_replicas` series (keyed `service/pool`), the integral of ready
   replicas over time, holding each sample until the next one (the last sample counts for nothing).
   Example: samples 1 at t=0, 3 at t=10, 3 at t=20 → 1 × 10 + 3 × 10 = 40 replica-seconds;
-- `slo`: SLO attainment and goodput of the run (`tandem.bench.stats.slo_report`).
+- `slo`: SLO attainment and goodput of the run (`tandem.bench.stats.slo_report`);
+- `engine_capacity`: per engine (`endpoint` label; with several gateway workers, per worker too), the
+  capacity C the gateway started from, the last one, and the first time it was confirmed (None:
+  never). Example: `{"127.0.0.1:8101": {"first": 256, "last": 4, "confirmed_at_s": 1.0}}`.
 Replica-seconds against SLO attainment is the autoscaler's trade-off: capacity paid for against
 requests served within their objectives.
 """
@@ -35,6 +40,10 @@ from tandem.bench.engines import metrics_url
 from tandem.bench.stats import Slo, Timed, percentile, slo_report
 
 PREFIX = "tandem_autoscaler_"
+CAPACITY = "tandem_router_engine_capacity"
+CONFIRMED = "tandem_router_engine_capacity_confirmed"
+#: The gauges a timeline keeps: the autoscaler's, and a gateway's per-engine capacity.
+PREFIXES = (PREFIX, CAPACITY, "tandem_router_engine_dispatch_limit")
 
 
 @dataclass(frozen=True)
@@ -48,8 +57,11 @@ class Sample:
     value: float
 
 
-def parse_gauges(text: str, *, prefix: str = PREFIX) -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of every gauge sample whose name starts with `prefix` (pure).
+def parse_gauges(
+    text: str, *, prefix: str | tuple[str, ...] = PREFIXES
+) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every gauge sample whose name starts with `prefix` (one, or any of
+    several; pure).
 
     Raises ValueError on text that is not Prometheus exposition format.
     """
@@ -173,7 +185,29 @@ def build_timeline(
         ),
         "replica_seconds": replica_seconds,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, **slo_report(requests, slo)},
+        "engine_capacity": engine_capacity(series),
     }
+
+
+def engine_capacity(series: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per engine: the first and last `tandem_router_engine_capacity` and the first time its
+    `_confirmed` gauge read 1 (module docstring); keyed by the `endpoint` label, with `@worker` when
+    the gateway's workers report apart."""
+
+    def key(labels: Mapping[str, str]) -> str:
+        worker = labels.get("worker")
+        return labels.get("endpoint", "?") + (f"@{worker}" if worker is not None else "")
+
+    out: dict[str, dict[str, float | None]] = {}
+    for s in series:
+        if s["name"] == CAPACITY and s["points"]:
+            entry = out.setdefault(key(s["labels"]), {"confirmed_at_s": None})
+            entry["first"], entry["last"] = s["points"][0][1], s["points"][-1][1]
+    for s in series:
+        if s["name"] == CONFIRMED:
+            at = next((t for t, v in s["points"] if v >= 1), None)
+            out.setdefault(key(s["labels"]), {"first": None, "last": None})["confirmed_at_s"] = at
+    return dict(sorted(out.items()))
 
 
 def timeline_markdown(doc: Mapping[str, Any]) -> str:
@@ -190,6 +224,19 @@ def timeline_markdown(doc: Mapping[str, Any]) -> str:
         f"SLO attainment (TTFT ≤ {slo['ttft_s'] * 1000:g} ms, TPOT ≤ {slo['tpot_s'] * 1000:g} ms): "
         f"{attainment} ({slo['met']} requests); goodput "
         f"{'–' if slo['goodput_rps'] is None else format(slo['goodput_rps'], '.2f')} req/s; "
-        f"{len(doc['series'])} autoscaler series over {doc['duration_s']:.0f} s.",
+        f"{len(doc['series'])} series over {doc['duration_s']:.0f} s.",
     ]
+    capacity = doc.get("engine_capacity") or {}
+    if capacity:
+        lines += ["", "| engine | C at start | C at end | confirmed at (s) |", "| --- | ---: | ---: | ---: |"]
+        for engine, c in capacity.items():
+            at = c.get("confirmed_at_s")
+            lines.append(
+                f"| {engine} | {_number(c.get('first'))} | {_number(c.get('last'))} | "
+                f"{'–' if at is None else format(at, '.1f')} |"
+            )
     return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"

@@ -55,8 +55,10 @@ from tandem.bench.targets import (
     Target,
     TargetError,
     find_vllm_router,
+    parse_starts,
     parse_targets,
     with_gateway_replicas,
+    with_starts,
 )
 from tandem.bench.workloads import Workload, WorkloadError, bounded
 from tandem.cli.exits import fail
@@ -118,6 +120,14 @@ HELP: Mapping[str, str] = MappingProxyType(
         "scale the endpoint's simulated engines run at).",
         "engine_arg": "Harness: an extra `tandem sim` argument, e.g. --engine-arg=--num-gpu-blocks=2048.",
         "router_arg": "Harness: an extra `tandem router` argument, e.g. --router-arg=--fairness=fcfs.",
+        "start": "Harness: where each target's run starts, comma-separated: cold (engines and gateway just "
+        "started), restarted (a warm-up through the gateway, then a fresh gateway in front of the warm "
+        "engines), warm (the warm-up, same gateway); each start is a target of its own (label@start). "
+        "[default: cold]",
+        "warmup": "Harness: requests of the workload's start sent before a restarted or warm run.",
+        "declare_capacity": "Harness: tell Tandem's gateway the engines' --max-num-seqs (from --engine-arg) "
+        "in its spec. By default it is not told and learns each engine's capacity, as in front of engines "
+        "started elsewhere; a variant can declare it instead, e.g. 'declared=tandem --engine-capacity=4'.",
         "gateway_replicas": "Harness: run each Tandem target (--policy, --variant) as N gateway processes "
         "with `--replicas N`, sharing their fair-queue counters through the KV pool's Redis; request i "
         "goes to replica i mod N. Peers and --direct run as usual (one process). [default: 1]",
@@ -167,6 +177,9 @@ HELP: Mapping[str, str] = MappingProxyType(
 )
 @click.option("--engine-arg", multiple=True, metavar="ARG", help=HELP["engine_arg"])
 @click.option("--router-arg", multiple=True, metavar="ARG", help=HELP["router_arg"])
+@click.option("--declare-capacity", is_flag=True, help=HELP["declare_capacity"])
+@click.option("--start", "starts", multiple=True, metavar="LIST", help=HELP["start"])
+@click.option("--warmup", type=click.IntRange(1, 100_000), default=16, show_default=True, help=HELP["warmup"])
 @click.option("--gateway-replicas", default="1", metavar="N", help=HELP["gateway_replicas"])
 @click.option(
     "--workload", type=click.Choice(sorted(WORKLOADS)), help="Built-in workload [default: shared-prefix]."
@@ -405,6 +418,10 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
         _fail(f"--gateway-replicas {replicas} runs Tandem's gateway as replicas: give --policy or --variant "
               "(peers and --direct run one process)")  # fmt: skip
     targets = with_gateway_replicas(targets, replicas)
+    try:
+        targets = with_starts(targets, parse_starts(o["starts"]))
+    except TargetError as exc:
+        _fail(str(exc))
     for peer in (t.peer for t in targets if t.peer is not None):
         if find_program(peer) is None:
             _fail(f"--peer-command {peer.name}: {peer.argv[0]!r} is not an executable file, nor on PATH")
@@ -423,7 +440,8 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
         engines=o["engines"], prefill_engines=o["prefill_engines"], pd=o["pd"], profile=o["profile"],
         time_scale=o["time_scale"], model=o["model"], engine_args=tuple(o["engine_arg"]),
         router_args=tuple(o["router_arg"]), seed=o["seed"], slo_ttft_s=o["slo_ttft_ms"] / 1000,
-        slo_tpot_s=o["slo_tpot_ms"] / 1000,
+        slo_tpot_s=o["slo_tpot_ms"] / 1000, declare_capacity=o["declare_capacity"],
+        warmup_requests=o["warmup"],
     )  # fmt: skip
     return targets, tools, pool
 

@@ -17,3 +17,18 @@ def arg_value(args: Sequence[str], flag: str, *aliases: str) -> str | None:
             elif arg.startswith(name + "="):
                 value = arg.split("=", 1)[1]
     return value
+
+
+def without_flag(args: Sequence[str], flag: str) -> list[str]:
+    """`args` without `flag` and its value (`--flag v` and `--flag=v`, every time it is given).
+    Example: `without_flag(["--seed", "0", "--max-num-seqs", "4"], "--max-num-seqs")` → `["--seed", "0"]`."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            kept.append(arg)
+    return kept
