@@ -93,7 +93,7 @@ vllm:num_preemptions_total{engine="1"} 1
                 served=14.0,
                 started=1795900000.5,
                 preemptions=3.0,
-            ),  # fmt: skip
+            ),
             id="served-started-preempted",
         ),
         pytest.param(
