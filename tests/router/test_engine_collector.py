@@ -379,25 +379,23 @@ async def test_the_background_task_scrapes_every_interval_until_stopped() -> Non
     assert in_rotation(reg) == {"prefill": [], "decode": []}  # 3 unreachable rounds: out
 
 
-async def test_rounds_come_sooner_while_something_is_urgent() -> None:
-    """While `urgent()` (an engine's capacity is being learned) a round follows the last one after
-    `learning_interval_seconds`; otherwise after `interval_seconds`, in pauses of the shorter one so
-    that urgency is noticed within it."""
+async def test_urgent_engines_are_read_between_the_rounds() -> None:
+    """A round reads every engine every `interval_seconds`; while `urgent()` names an engine (its
+    capacity is being learned) that one alone is read again every `learning_interval_seconds`, in
+    pauses of that length so that urgency is noticed within one."""
     reg = registry(FakeClock())
-    urgent = False
-    rounds: list[int] = []  # pauses seen before each round
+    urgent: list[str] = []
+    reads: list[tuple[int, str]] = []  # (pauses before it, engine)
     pauses: list[float] = []
     done = asyncio.Event()
 
     async def fetch(url: str, timeout_s: float) -> tuple[int, str]:
-        if url == URL_A:
-            rounds.append(len(pauses))
+        reads.append((len(pauses), url))
         return 200, SIM_PAGE
 
     async def sleep(seconds: float) -> None:
-        nonlocal urgent
         pauses.append(seconds)
-        urgent = len(pauses) >= 8
+        urgent[:] = [URL_A] if len(pauses) >= 8 else []
         if len(pauses) == 12:
             done.set()
             await asyncio.Event().wait()
@@ -412,9 +410,12 @@ async def test_rounds_come_sooner_while_something_is_urgent() -> None:
     await collector.start()
     await asyncio.wait_for(done.wait(), timeout=10)
     await collector.stop()
-    assert pauses[:4] == [0.25] * 4
-    # At start; after four quarter pauses (not urgent: one second); then one round per pause once urgent.
-    assert rounds[:3] == [0, 4, 8] and rounds[3:6] == [9, 10, 11]
+    assert pauses[:8] == pytest.approx([0.25] * 8, abs=0.01)  # less the reads' own time
+    a = [n for n, url in reads if url == URL_A]
+    b = [n for n, url in reads if url == URL_B]
+    assert b == [0, 4, 8], "every engine: at start, then once a second (four quarter pauses)"
+    assert a[:3] == [0, 4, 8] and a[3:6] == [9, 10, 11], "the urgent one: every quarter second once urgent"
+
 
 
 async def test_a_disabled_collector_starts_nothing() -> None:

@@ -223,7 +223,7 @@ def compose(
         settings=settings.collector,
         on_scrape=routing.metrics.scraped,
         on_members=_following(routing, capacity),
-        urgent=lambda: any(capacity.learning(s) for s in registry.snapshots("decode")),
+        urgent=lambda: [s.endpoint.url for s in registry.snapshots("decode") if capacity.learning(s)],
     )
     if isinstance(bus, WorkerBus):
         bus.answer_metrics(lambda: generate_latest(prometheus))

@@ -129,8 +129,8 @@ class CollectorSettings(_Settings):
     """The endpoint metrics collector: every `interval_seconds` each engine's `/metrics` is read (at
     most `timeout_seconds` each). Its numbers are marked stale after `stale_after` failed scrapes in
     a row; an engine that cannot be reached `unreachable_after` times in a row leaves rotation until a
-    scrape succeeds. While an engine's capacity is being learned (`EngineCapacity.learning`) the
-    round comes every `learning_interval_seconds` instead. `enabled: false` schedules on the router's
+    scrape succeeds. While an engine's capacity is being learned (`EngineCapacity.learning`) that
+    engine is read every `learning_interval_seconds` as well. `enabled: false` schedules on the router's
     own counts only."""
 
     enabled: bool = True

@@ -14,9 +14,9 @@ next to the router's own in-flight counts. Outcomes (`tandem_router_engine_scrap
 
 The first round runs before `start` returns, so a gateway knows its engines' state (what they run,
 whether they are new: `tandem.router.scheduling.state`) before its first request: a gateway that
-restarts in front of warm engines routes at full quality at once. While `urgent()` says an engine's
-numbers are wanted sooner (its capacity is being learned: `EngineCapacity.learning`) the next round
-comes after `learning_interval_seconds` (default 0.25 s) instead of `interval_seconds`.
+restarts in front of warm engines routes at full quality at once. The engines whose numbers are
+wanted sooner (`urgent()`: their capacity is being learned, `EngineCapacity.learning`) are read again
+every `learning_interval_seconds` (default 0.25 s) between the rounds, only they.
 
 A timeout does not take an engine out of rotation: on a loaded host an engine can be slow to answer
 `/metrics` while it serves requests well, and the request path's own failure tracking removes an
@@ -84,7 +84,7 @@ class MetricsCollector:
         settings: CollectorSettings,
         on_scrape: Callable[[str, ScrapeOutcome], None] | None = None,
         on_members: Callable[[Collection[str]], Awaitable[None]] | None = None,
-        urgent: Callable[[], bool] | None = None,
+        urgent: Callable[[], Collection[str]] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._registry = registry
@@ -156,32 +156,40 @@ class MetricsCollector:
         except Exception:  # a bug in one round must not end scraping for the router's lifetime
             log.exception("metrics collector round failed")
 
-    def _urgent(self) -> bool:
+    def _urgent(self) -> list[str]:
         if self.urgent is None:
-            return False
+            return []
         try:
-            return self.urgent()
+            return [url for url in self.urgent() if url in self._registry.urls()]
         except Exception:
             log.exception("deciding the next scrape's time failed")
-            return False
+            return []
 
     async def _run(self) -> None:
-        """A round every `interval_seconds`, or `learning_interval_seconds` after the last while
-        `urgent()`; urgency is looked at every `learning_interval_seconds` in between. Time is counted
-        as the sleeps asked for plus the rounds' own time (an injected `sleep` need not pass time)."""
+        """A round over every engine every `interval_seconds`; in between, the engines `urgent()`
+        names are read again every `learning_interval_seconds` (urgency is looked at that often).
+        Time is counted as the sleeps asked for plus the scrapes' own time (an injected `sleep` need
+        not pass time)."""
         loop = asyncio.get_running_loop()
         settings = self._settings
         tick = min(settings.learning_interval_seconds, settings.interval_seconds)
-        since = 0.0  # seconds since the last round started
+        since_round = since_urgent = 0.0  # seconds since the last round / the last urgent scrapes
         while True:
-            due = settings.interval_seconds - since
-            if due > 0 and tick < settings.interval_seconds and self._urgent():
-                due = tick - since
-            if due > 0:
-                pause = min(due, tick)
-                await self._sleep(pause)
-                since += pause
+            if since_round >= settings.interval_seconds:
+                started = loop.time()
+                await self._round()
+                since_round = since_urgent = loop.time() - started
                 continue
-            started = loop.time()
-            await self._round()
-            since = loop.time() - started
+            urgent = self._urgent() if tick < settings.interval_seconds else []
+            if urgent and since_urgent >= tick:
+                started = loop.time()
+                await asyncio.gather(*(self.scrape(url) for url in urgent))
+                took = loop.time() - started
+                since_round, since_urgent = since_round + took, took
+                continue
+            pause = min(tick, settings.interval_seconds - since_round)
+            if urgent:
+                pause = min(pause, max(0.0, tick - since_urgent))
+            await self._sleep(pause)
+            since_round += pause
+            since_urgent += pause
