@@ -417,7 +417,6 @@ async def test_urgent_engines_are_read_between_the_rounds() -> None:
     assert a[:3] == [0, 4, 8] and a[3:6] == [9, 10, 11], "the urgent one: every quarter second once urgent"
 
 
-
 async def test_a_disabled_collector_starts_nothing() -> None:
     async with engines({}) as client:
         collector = MetricsCollector(
