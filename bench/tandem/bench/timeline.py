@@ -63,10 +63,15 @@ def parse_gauges(
     """(name, labels, value) of every gauge sample whose name starts with `prefix` (one, or any of
     several; pure).
 
-    Raises ValueError on text that is not Prometheus exposition format.
+    Only the lines of wanted families are parsed (a gateway's page is mostly histograms the timeline
+    does not keep, and parsing them every second cost the client CPU the run was measuring). Raises
+    ValueError when a wanted line is not Prometheus exposition format.
     """
+    prefixes = (prefix,) if isinstance(prefix, str) else prefix
+    marks = tuple(f"# {kind} {p}" for kind in ("TYPE", "HELP") for p in prefixes)
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes + marks))
     out = []
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(wanted):
         if family.type != "gauge" or not family.name.startswith(prefix):
             continue
         for sample in family.samples:
