@@ -334,7 +334,7 @@ def test_a_declared_engine_that_preempts_holds_one_less_too() -> None:
 async def test_a_gateway_told_nothing_learns_an_engines_slots_and_keeps_the_backlog() -> None:
     """A real simulated engine with `--max-num-seqs 2`, a gateway whose spec says nothing of it: a
     burst of 12 streams is learned from the engine's own numbers (held back at 2), the gauges say so,
-    and from then on the engine never holds more than it runs."""
+    and from then on the engine holds no more waiting than the handover sends ahead."""
     import httpx
     from tests.router.servers import serve
 
@@ -401,4 +401,6 @@ async def test_a_gateway_told_nothing_learns_an_engines_slots_and_keeps_the_back
     assert gauge("tandem_router_engine_capacity_confirmed") == 1
     assert gauge("tandem_router_engine_dispatch_limit") == 2
     assert max(first) > 0, "the first burst reached the engine before its slots were known"
-    assert max(waiting) <= 1, "the second burst waited in the gateway (1: a handover's next request)"
+    # The second burst waited in the gateway: at most the 2 requests sent as 2 streams neared their
+    # end together (the handover) wait in the engine, against 10 with nothing learned.
+    assert max(waiting) <= 2, waiting
