@@ -199,9 +199,6 @@ class EngineCapacity:
         """What is known of `url`'s engine (metrics, tests); None before its first reading."""
         return self._engines.get(url)
 
-    def urls(self) -> list[str]:
-        return list(self._engines)
-
     def forget(self, keep: set[str]) -> None:
         for url in [u for u in self._engines if u not in keep]:
             del self._engines[url]

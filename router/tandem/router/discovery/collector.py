@@ -160,7 +160,8 @@ class MetricsCollector:
         if self.urgent is None:
             return []
         try:
-            return [url for url in self.urgent() if url in self._registry.urls()]
+            members = set(self._registry.urls())
+            return [url for url in self.urgent() if url in members]
         except Exception:
             log.exception("deciding the next scrape's time failed")
             return []
