@@ -87,6 +87,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--preemption", "admission", "preemption", click.Choice(["on", "off"]), "on",
          "With --fairness vtc: a request of a tenant with nothing running may stop a stream of a "
          "tenant over its share of the engines and take its slot; the stream is continued later."),
+    Flag("--recall", "admission", "recall", click.Choice(["on", "off"]), "on",
+         "Take back requests an engine queues beyond its learned capacity (none started) to wait "
+         "in the fair queue again."),
     Flag("--max-in-flight-per-endpoint", "admission", "max_in_flight_per_endpoint", int, 65536,
          "Most requests the router keeps open to one engine, whatever its capacity."),
     Flag("--max-waiting-per-endpoint", "admission", "max_waiting_per_endpoint", _OffOr(int), None,

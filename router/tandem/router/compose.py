@@ -31,7 +31,7 @@ from tandem.router.discovery.capacity import (
     EngineCapacity,
     capacity_from_args,
 )
-from tandem.router.discovery.collector import MetricsCollector
+from tandem.router.discovery.collector import MetricsCollector, ScrapeOutcome
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.http.server import Gateway
@@ -54,6 +54,7 @@ from tandem.router.settings import KVEventsSettings
 from tandem.router.types import Pool
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
+from tandem.router.upstream.recall import Recalls
 from tandem.router.upstream.wire import Wire
 from tandem.router.workers.bus import Bus, SoloBus, WorkerBus
 from tandem.router.workers.counters import SharedCounters
@@ -154,6 +155,7 @@ def compose(
         # A connect timeout of which the loop lost half or more measured the router (dispatch).
         excusing_lag_s=settings.proxy.connect_timeout_seconds / 2,
         capacity=capacity,
+        recalls=Recalls() if settings.admission.recall == "on" else None,
     )
     kv_pool = _kv_pool(config, clock)
     keys = PoolKeysCheck()
@@ -221,7 +223,7 @@ def compose(
         registry=registry,
         fetch=metrics_fetch(wire),
         settings=settings.collector,
-        on_scrape=routing.metrics.scraped,
+        on_scrape=_scraped(routing, dispatcher),
         on_members=_following(routing, capacity),
         urgent=lambda: [s.endpoint.url for s in registry.snapshots("decode") if capacity.learning(s)],
     )
@@ -489,6 +491,21 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
         return None
     client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
     return KVPoolIndex(client, keys=access.keys, alternatives=access.alternatives, clock=clock)
+
+
+def _scraped(routing: Routing, dispatcher: Dispatcher) -> Callable[[str, ScrapeOutcome], None]:
+    """The collector's `on_scrape`: the scrape metrics, then what a good reading recalls."""
+    recalls, capacity, registry = dispatcher.recalls, dispatcher.capacity, dispatcher.registry
+
+    def scraped(url: str, outcome: ScrapeOutcome) -> None:
+        routing.metrics.scraped(url, outcome)
+        if recalls is None or capacity is None or outcome != "ok" or not recalls.pending(url):
+            return
+        for snapshot in registry.snapshots("decode"):
+            if snapshot.endpoint.url == url:
+                recalls.check(snapshot, limit=capacity.limit(snapshot))
+
+    return scraped
 
 
 def _following(routing: Routing, capacity: EngineCapacity) -> Callable[[Collection[str]], Awaitable[None]]:

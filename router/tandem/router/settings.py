@@ -102,6 +102,11 @@ class AdmissionSettings(_Settings):
         description="With vtc fairness: a tenant with nothing running may take a slot from a tenant "
         "over its share; the stopped stream is continued later.",
     )
+    recall: Literal["on", "off"] = Field(
+        default="on",
+        description="Take back requests an engine queues beyond its learned capacity (none started) "
+        "to wait in the fair queue again.",
+    )
     replicas: int | None = Field(
         default=None,
         ge=1,

@@ -3,7 +3,9 @@
 The gateway dispatches only into capacity it knows: an engine gets at most `limit` requests from
 this gateway process at once, counted by the gateway itself (`EndpointSnapshot.occupied`, exact and
 immediate), so a backlog waits in the gateway's fair queue, where it is ordered between tenants and
-pre-emption reaches it, not in the engine's first-come-first-served queue, where neither does.
+pre-emption reaches it, not in the engine's first-come-first-served queue, where neither does. What
+was sent before C was known and waits in the engine beyond it is taken back
+(`tandem.router.upstream.recall`).
 
 Per engine, `C` is its concurrency: vLLM's `--max-num-seqs`, or less when its KV cache is the limit.
 Nothing needs to be declared: C is learned from the engine's own numbers, one step per reading taken

@@ -69,6 +69,12 @@ class RouterMetrics:
             ["pool", "reason"],
             registry=registry,
         )
+        self.recalled = LabeledCounter(
+            f"{PREFIX}_recalled",
+            "Requests taken back from an engine's queue beyond its capacity, to wait in the fair queue.",
+            ["pool", "endpoint"],
+            registry=registry,
+        )
         self.pd_decisions = LabeledCounter(
             f"{PREFIX}_pd_decisions",
             "Generation requests by P/D decision (disaggregate, decode_only) and its reason.",

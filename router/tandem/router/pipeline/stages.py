@@ -24,8 +24,9 @@ whatever happened. The code each stage calls lives in its own package: `identity
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import orjson
@@ -48,8 +49,11 @@ from tandem.router.types import SLO, Route
 from tandem.router.upstream.client import UpstreamCall
 from tandem.router.upstream.continuation import continuable
 from tandem.router.upstream.dispatch import Attempt, Dispatcher
+from tandem.router.upstream.recall import Recalled
 from tandem.router.upstream.relay import Yielding, relay
 from tandem.router.upstream.usage import request_usage
+
+log = logging.getLogger(__name__)
 
 
 class Stage(Protocol):
@@ -187,9 +191,15 @@ class Dispatch:
     again among the pool as it is now. At a step an engine joins the decode pool while the requests
     that arrived before it are in prefill; bound to the one engine chosen at their arrival, they
     waited behind its queue while the new one stood idle (docs/autoscaler.md). Counted in
-    `tandem_router_pd_decode_rechosen_total`."""
+    `tandem_router_pd_decode_rechosen_total`.
+
+    With `gate`, a request still without an answer may be recalled from an engine that queues it
+    beyond its capacity (`tandem.router.upstream.recall`): it gives its grant back, waits for its
+    tenant's turn again (`AdmissionGate.resume`) and is sent again under an id of its own. Requests
+    whose KV was loaded from a prefill elsewhere are not recalled."""
 
     dispatcher: Dispatcher
+    gate: AdmissionGate | None = None
     name: str = "dispatch"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -208,10 +218,38 @@ class Dispatch:
             headers={"x-request-id": ctx.upstream_id},
             stream=ctx.stream,
         )
-        attempt: Attempt = await self.dispatcher.open("decode", request=ctx, call=call, first=first)
+        recallable = self.gate is not None and not ctx.kv_loaded and ctx.grant is not None
+        recalls = 0
+        while True:
+            try:
+                attempt: Attempt = await self.dispatcher.open(
+                    "decode", request=ctx, call=call, first=first, recallable=recallable
+                )
+                break
+            except Recalled as recalled:
+                recalls += 1
+                first = None
+                call = replace(call, headers={"x-request-id": f"{ctx.upstream_id}-r{recalls}"})
+                await self._wait_again(ctx, recalled)
         ctx.attempt = attempt
         ctx.cleanups.append(attempt.finish)
         ctx.decode_endpoint = attempt.endpoint.name
+
+    async def _wait_again(self, ctx: RequestContext, recalled: Recalled) -> None:
+        """The recalled request's grant goes back; a new one comes at its tenant's turn."""
+        if self.gate is None or ctx.grant is None:
+            raise RuntimeError("recalled without a gate")
+        log.info(
+            "request recalled from an engine's queue: waits for its turn again",
+            extra={"endpoint": recalled.endpoint.name, "tenant": ctx.tenant},
+        )
+        charged = ctx.grant.prompt_tokens  # charged once: the usage corrects it on the new grant
+        ctx.grant.release()
+        grant = await self.gate.resume(tenant=ctx.tenant, priority=ctx.priority)
+        grant.prompt_tokens = charged
+        ctx.grant = grant
+        ctx.cleanups.append(grant.release)
+        ctx.queue_s = (ctx.queue_s or 0.0) + grant.queued_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +342,7 @@ def generation_stages(
             admit,
             Pick(dispatcher),
             Disaggregate(disaggregator),
-            Dispatch(dispatcher),
+            Dispatch(dispatcher, gate=admit.gate if dispatcher.recalls is not None else None),
             relay_stage,
         )
     )

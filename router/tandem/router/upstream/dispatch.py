@@ -30,6 +30,7 @@ from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import DispatchObserver, NoObserver, Routable, Scheduler
 from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 from tandem.router.upstream.client import Upstream, UpstreamCall, UpstreamReply
+from tandem.router.upstream.recall import Recalled, Recalls
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class Dispatcher:
     timer: Callable[[], float] = time.perf_counter
     #: Each engine's dispatch limit: candidates without room are passed over while others have it.
     capacity: EngineCapacity | None = None
+    #: Requests without an answer yet, which a reading may recall (`tandem.router.upstream.recall`).
+    recalls: Recalls | None = None
 
     def choose(self, pool: Pool, request: Routable) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
@@ -115,11 +118,18 @@ class Dispatcher:
         return endpoint
 
     async def open(
-        self, pool: Pool, *, request: Routable, call: UpstreamCall, first: Endpoint | None = None
+        self,
+        pool: Pool,
+        *,
+        request: Routable,
+        call: UpstreamCall,
+        first: Endpoint | None = None,
+        recallable: bool = False,
     ) -> Attempt:
         """Send `call` to an endpoint of `pool` chosen by the scheduler (the first attempt goes to
         `first` when given and still a candidate), retrying as described above. Raises
-        `NoEndpointAvailable` (with the failures in its message)."""
+        `NoEndpointAvailable` (with the failures in its message), or `Recalled` when `recallable`
+        and a reading took it back before its answer started (`tandem.router.upstream.recall`)."""
         tried: list[Endpoint] = []
         failures: list[UpstreamError] = []
         for _ in range(1 + self.retries):
@@ -134,7 +144,7 @@ class Dispatcher:
                 self.metrics.retries.labels(pool, failures[-1].kind).inc()
             tried.append(endpoint)
             try:
-                return await self.attempt(endpoint, call, request=request)
+                return await self.attempt(endpoint, call, request=request, recallable=recallable)
             except UpstreamError as exc:
                 # Kept without its traceback, which holds this frame (and so `failures`): a request
                 # served on a retry would otherwise be a reference cycle (tests/router/test_request_garbage).
@@ -142,13 +152,20 @@ class Dispatcher:
         raise _unavailable(pool, failures, known=len(self.registry.endpoints(pool)))
 
     async def attempt(
-        self, endpoint: Endpoint, call: UpstreamCall, *, request: Routable | None = None
+        self,
+        endpoint: Endpoint,
+        call: UpstreamCall,
+        *,
+        request: Routable | None = None,
+        recallable: bool = False,
     ) -> Attempt:
-        """One try on `endpoint`, no retry. Raises `UpstreamError` (already recorded). `request`:
-        the client's request, for the observer (attempts without one are not observed)."""
+        """One try on `endpoint`, no retry. Raises `UpstreamError` (already recorded), or
+        `Recalled` (`recallable`: see `open`). `request`: the client's request, for the observer
+        (attempts without one are not observed)."""
         self.registry.begin(endpoint)
         ticket = self.observer.started(endpoint, request) if request is not None else None
         mark = self.loop_lag.mark() if self.loop_lag is not None else 0.0
+        pending = self.recalls.register(endpoint) if recallable and self.recalls is not None else None
         try:
             reply = await self.upstream.open(endpoint, call)
         except UpstreamError as exc:
@@ -156,10 +173,16 @@ class Dispatcher:
             self.observer.finished(ticket)
             self.note_failure(endpoint, exc, excused=self._loop_stalled(exc, mark))
             raise
-        except BaseException:  # cancelled (client gone, timeout): free the slot, blame no one
+        except BaseException as exc:  # cancelled (client gone, timeout, recall): free it, blame no one
             self.registry.end(endpoint)
             self.observer.finished(ticket)
+            if pending is not None and pending.taken_back(exc):
+                self.metrics.recalled.labels(endpoint.pool, endpoint.name).inc()
+                raise Recalled(endpoint) from None
             raise
+        finally:
+            if pending is not None and self.recalls is not None:
+                self.recalls.done(endpoint, pending)
         self.registry.record_success(endpoint)
         lag = self.loop_lag.lag_since(mark) if self.loop_lag is not None else 0.0
         self.observer.answered(ticket, status=reply.status, streamed=reply.streaming, lag_s=lag)

@@ -1,0 +1,120 @@
+"""Recalling requests that wait in an engine's queue beyond its capacity.
+
+The gateway dispatches into the capacity it knows (`tandem.router.discovery.capacity`). Before an
+engine's C is known (a fresh gateway, nothing declared: C starts at 256), a flood that arrives at once
+is sent on, and the engine queues all it cannot run, first come first served. Once C is learned the
+gateway sends no more, but what it already sent still waits in the engine, ahead of any tenant that
+asks later: with 64 streams on four engines of 4 slots, 12 per engine, three seconds of answers.
+
+A recall takes such requests back. When a reading of an engine shows requests waiting while this
+process has more requests open to it than its dispatch limit, the newest of those still without an
+answer's first byte are recalled (`to_recall`: the excess, at most what the engine says waits):
+
+- the upstream request is closed (the engine aborts it; it had not started, or it would have sent a
+  first byte), its slot on the endpoint is free, nothing counts against the engine;
+- the request gives its unit of admission capacity back and waits in the fair queue again, at the
+  front of its tenant's requests, its prompt not charged twice (`AdmissionGate.resume`);
+- when its turn comes it is dispatched again, to whichever engine the scheduler picks then.
+
+The client sees nothing but a later first token. Newest first: an engine schedules first come first
+served, so the requests dispatched last are the ones still waiting. Only requests with no answer yet
+are recalled (a streamed answer's first byte, a whole buffered answer), and only those whose KV was
+not loaded from a prefill elsewhere (the KV they wait for may live only on that engine). Example: C
+confirmed at 4 while this gateway has 16 open to the engine and the reading says 12 wait: the 12
+newest are recalled; with 2 gateway workers each holds 8 against a limit of 2 and recalls 6.
+
+Counted in `tandem_router_recalled_total{pool,endpoint}`; each recalled request logs one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tandem.router.types import Endpoint, EndpointSnapshot
+
+
+def to_recall(*, occupied: int, limit: int, waiting: int, pending: int) -> int:
+    """How many of the `pending` (no answer yet) requests to recall: the excess of the `occupied`
+    slots over `limit`, at most `waiting` (what the engine's reading says waits).
+
+    >>> to_recall(occupied=16, limit=4, waiting=12, pending=16)
+    12
+    >>> to_recall(occupied=16, limit=4, waiting=3, pending=16)
+    3
+    >>> to_recall(occupied=4, limit=4, waiting=5, pending=4)
+    0
+    """
+    return max(0, min(occupied - limit, waiting, pending))
+
+
+class Recalled(Exception):
+    """The request was taken back from `endpoint` before its answer started (module docstring);
+    not an `UpstreamError`: it is not retried elsewhere at once, it waits for its turn again."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        super().__init__(f"recalled from {endpoint.name}")
+        self.endpoint = endpoint
+
+
+class Pending:
+    """One request sent to an engine and waiting for the head of its answer, in a task that a recall
+    cancels (`Recalls.register`)."""
+
+    __slots__ = ("recalled", "task")
+
+    def __init__(self, task: asyncio.Task[object]) -> None:
+        self.task = task
+        self.recalled = False
+
+    def recall(self) -> None:
+        self.recalled = True
+        self.task.cancel()
+
+    def taken_back(self, error: BaseException) -> bool:
+        """Whether `error`, raised in the task while it waited, is this recall and nothing else (the
+        task's cancellation is then undone; a client gone at the same moment still cancels it)."""
+        return self.recalled and isinstance(error, asyncio.CancelledError) and self.task.uncancel() == 0
+
+
+class Recalls:
+    """The requests without an answer yet, per engine URL in dispatch order, and the recall of the
+    newest ones (module docstring)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, dict[Pending, None]] = {}
+
+    def register(self, endpoint: Endpoint) -> Pending | None:
+        """The current task waits for `endpoint`'s answer; pair with `done`. None outside a task."""
+        task = asyncio.current_task()
+        if task is None:
+            return None
+        entry = Pending(task)
+        self._pending.setdefault(endpoint.url, {})[entry] = None
+        return entry
+
+    def done(self, endpoint: Endpoint, entry: Pending) -> None:
+        """The answer's head came, or the wait ended otherwise: no longer recallable."""
+        waiting = self._pending.get(endpoint.url)
+        if waiting is not None:
+            waiting.pop(entry, None)
+            if not waiting:
+                del self._pending[endpoint.url]
+
+    def pending(self, url: str) -> int:
+        return len(self._pending.get(url, ()))
+
+    def check(self, snapshot: EndpointSnapshot, *, limit: int) -> int:
+        """After a reading of `snapshot`'s engine: recall what `to_recall` says, newest first;
+        returns how many."""
+        reading = snapshot.engine
+        waiting = self._pending.get(snapshot.endpoint.url)
+        if reading is None or reading.stale or not waiting:
+            return 0
+        count = to_recall(
+            occupied=snapshot.occupied, limit=limit, waiting=reading.stats.waiting, pending=len(waiting)
+        )
+        newest = list(waiting)[-count:] if count else []
+        for entry in newest:
+            del waiting[entry]
+            entry.recall()
+        return count
