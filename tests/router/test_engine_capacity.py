@@ -123,6 +123,36 @@ def test_a_request_caught_waiting_for_the_engines_next_step_does_not_shrink_it()
     assert [learn(39, 2), learn(39, 1), learn(39, 4)] == [256, 256, 39]
 
 
+def test_a_burst_is_learned_in_two_readings_when_the_second_shows_what_had_waited() -> None:
+    """A burst of 16 reaches an engine of 4 slots between two scrapes: the first reading after it
+    (12 waiting, 16 sent since) proves nothing, since those could have arrived a moment before; the
+    second (11 still waiting, nothing sent since) shows requests that waited through engine steps at
+    running 4: C is 4, confirmed, without the third reading."""
+    from tandem.router.types import EndpointSnapshot, EngineReading
+
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+
+    def learn(running: int, waiting: int, *, sent: int, tokens: float) -> int:
+        reading = EngineReading(
+            stats=stats(running=running, waiting=waiting, kv_usage=0.1, tokens=tokens),
+            scraped_at=0.0,
+            stale=False,
+            sent=sent,
+        )
+        view = EndpointSnapshot(
+            endpoint=A, in_flight=16, consecutive_failures=0, in_rotation=True, engine=reading
+        )
+        return capacity.concurrency(view)
+
+    assert learn(0, 0, sent=0, tokens=0.0) == DEFAULT_CAPACITY  # before the burst
+    assert learn(4, 12, sent=16, tokens=100.0) == DEFAULT_CAPACITY
+    assert learn(4, 11, sent=16, tokens=200.0) == 4
+    # A second reading whose waiting requests may all have just been sent is not proof: three readings.
+    other = EngineCapacity(initial=DEFAULT_CAPACITY)
+    capacity = other
+    assert [learn(4, 3, sent=n, tokens=100.0 * n) for n in (10, 13, 16)] == [DEFAULT_CAPACITY] * 2 + [4]
+
+
 def test_readings_taken_while_the_engine_is_still_in_the_same_step_say_nothing() -> None:
     """A slow engine (vLLM on CPU, a long prefill) takes longer than the scrape interval per step:
     requests that arrived meanwhile wait for the next step while running stays the same. Scrapes in

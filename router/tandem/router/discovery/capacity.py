@@ -19,11 +19,11 @@ engine runs fewer than C says the engine holds requests back at what it runs, R:
 `CONFIRM` stepped readings in a row at the same R make it C, *confirmed*: the kind of limit is `kv`
 when the KV cache was at least `KV_BOUND_FROM` used, else `seqs` (a slot count). One reading is not
 enough, since a request that has just arrived waits for the engine's next step (a few ms), and a
-scrape can catch that moment. `PROVEN` (2) readings are enough when each shows more requests waiting
-than this gateway sent the engine since the reading before (times `share`: the other processes'
-sends are not seen): the surplus was there at the last reading already and has waited through an
-engine step since. Below a declared `--max-num-seqs` only a full KV cache is believed
-(batches of equal requests finishing together can show the same passing moment at every scrape).
+scrape can catch that moment. `PROVEN` (2) readings are enough when each after the first shows more
+requests waiting than this gateway sent the engine since the reading before (times `share`: the
+other processes' sends are not seen): the surplus was there at the last reading already and has
+waited through an engine step since. Below a declared `--max-num-seqs` only a full KV cache is
+believed (batches of equal requests finishing together can show the same passing moment at every scrape).
 
 **Growing without leaking a backlog.** A reading where the engine ran everything it was sent
 (nothing waiting) with at least C running is the only sign C may be too small. What follows it
@@ -98,7 +98,8 @@ from tandem.router.types import EndpointSnapshot, EngineReading, EngineStats
 DEFAULT_CAPACITY = 256
 MAX_CAPACITY = 65_536
 #: Stepped readings in a row that must show the same held-back running count before C is learned;
-#: `PROVEN` when each showed more requests waiting than were sent since the reading before.
+#: `PROVEN` when each after the first showed more requests waiting than were sent since the reading
+#: before (the surplus was there at the first one and has waited through an engine step since).
 CONFIRM = 3
 PROVEN = 2
 #: KV-cache usage (0..1) at which an engine that holds requests back is taken to be full.
@@ -139,7 +140,7 @@ class EngineLimit:
     kind: Limit | None = None
     most: int = 0
     probing: bool = False
-    # (running, stepped readings in a row holding requests back at it, all of them `proven`)
+    # (running, stepped readings in a row holding requests back at it, all after the first `proven`)
     held: tuple[int, int, bool] = (0, 0, False)
     tokens: float | None = None
     sent: int | None = None  # the latest reading's `EngineReading.sent`
@@ -266,16 +267,16 @@ class EngineCapacity:
         self, engine: EngineLimit, running: int, *, kv_full: bool, kv_filling: bool, proven: bool
     ) -> None:
         """Waiting requests while it runs `running` < C: count the reading; enough in a row make
-        `running` its confirmed limit: `CONFIRM`, or `PROVEN` when each showed more waiting than was
-        sent since the reading before, or one when a probe's one extra request waits at the confirmed
-        limit (the gateway knows it sent exactly one more)."""
+        `running` its confirmed limit: `CONFIRM`, or `PROVEN` when each after the first showed more
+        waiting than was sent since the reading before, or one when a probe's one extra request waits
+        at the confirmed limit (the gateway knows it sent exactly one more)."""
         if self.declared and not kv_full:
             return  # below a declared --max-num-seqs only a full cache is believed
         last, count, sure = engine.held
         if last == running:
             count, sure = count + 1, sure and proven
         else:
-            count, sure = 1, proven
+            count, sure = 1, True  # the first of a run proves nothing and needs nothing
         engine.held = (running, count, sure)
         again = engine.probing and running == engine.c - 1  # the probe's extra request was queued
         if count < (PROVEN if sure else CONFIRM) and not again:
