@@ -33,6 +33,8 @@ from tandem.router.workers.share import (
     apply_service,
 )
 
+TOKEN = "0123456789abcdef" * 4
+
 
 def test_labelling_adds_the_worker_to_every_sample_with_or_without_labels() -> None:
     text = b'# HELP a_total a\n# TYPE a_total counter\na_total{route="x y"} 1.0\nup 1.0\n'
@@ -66,7 +68,7 @@ def _page(worker: int) -> bytes:
 
 async def test_siblings_hear_each_others_events_and_answer_for_metrics() -> None:
     key = f"test-{os.getpid()}"
-    buses = [WorkerBus(key=key, index=i, count=2, timeout_s=2.0) for i in (0, 1)]
+    buses = [WorkerBus(key=key, index=i, count=2, token=TOKEN, timeout_s=2.0) for i in (0, 1)]
     heard: list[tuple[int, object]] = []
     for i, bus in enumerate(buses):
         bus.on("route", partial(_hear, heard, i))
@@ -90,7 +92,7 @@ async def test_siblings_hear_each_others_events_and_answer_for_metrics() -> None
 
 async def test_service_charged_on_one_worker_reaches_the_others_counters() -> None:
     key = f"test-svc-{os.getpid()}"
-    buses = [WorkerBus(key=key, index=i, count=2) for i in (0, 1)]
+    buses = [WorkerBus(key=key, index=i, count=2, token=TOKEN) for i in (0, 1)]
     counters: dict[str, float] = {}
     buses[1].on(SERVICE, apply_service(lambda t, s: counters.__setitem__(t, counters.get(t, 0.0) + s)))
     await asyncio.gather(*(bus.start() for bus in buses))
@@ -113,7 +115,7 @@ async def test_a_tenants_rate_limit_holds_once_across_workers() -> None:
     """Two workers, 3 requests a minute: what one takes, the other's buckets lose too, so the
     tenant gets 3 requests from the pair, not 3 from each."""
     key = f"test-lim-{os.getpid()}"
-    buses = [WorkerBus(key=key, index=i, count=2) for i in (0, 1)]
+    buses = [WorkerBus(key=key, index=i, count=2, token=TOKEN) for i in (0, 1)]
     clock = FakeClock()
     limiters = [RateLimiter(default=Limits(requests_per_minute=3), per_tenant={}, clock=clock) for _ in buses]
     for bus, limiter in zip(buses, limiters, strict=True):

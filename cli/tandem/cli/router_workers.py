@@ -3,8 +3,9 @@
 The parent reserves the address (a socket bound with `SO_REUSEPORT`, not listening) and starts N
 worker processes (`multiprocessing`'s spawn: a fresh interpreter each, given only the settings), each
 an ordinary gateway with `RouterSettings.workers` telling it its index, the count and this run's bus
-key (so the workers find each other: `tandem.router.workers.bus`). Each worker listens on the same
-address with `SO_REUSEPORT`, and the kernel spreads new connections over the workers by a hash of
+key and token (so the workers find each other, and only each other: `tandem.router.workers.bus`; the
+token travels in the pickled settings, never in argv or the environment). Each worker listens on the
+same address with `SO_REUSEPORT`, and the kernel spreads new connections over the workers by a hash of
 their addresses: a shared accept queue instead let one worker take every connection of a client that
 opens a few keep-alive connections at once (measured: all 500 requests of 8 connections on one of 2).
 
@@ -29,6 +30,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
+
+from pydantic import SecretStr
 
 from tandem.router.settings import RouterSettings
 
@@ -119,6 +122,8 @@ class Supervisor:
         self._plan = plan
         self._count = count
         self._key = f"{os.getpid()}-{secrets.token_hex(4)}"
+        #: The bus's secret (`tandem.router.workers.peer`): travels to each worker in its pickled plan.
+        self._token = SecretStr(secrets.token_hex(32))
         self._context = multiprocessing.get_context("spawn")
         self._workers: dict[int, BaseProcess] = {}
         self._started_at: dict[int, float] = {}
@@ -128,7 +133,7 @@ class Supervisor:
 
     def _start(self, index: int) -> None:
         workers = self._plan.settings.workers.model_copy(
-            update={"count": self._count, "index": index, "key": self._key}
+            update={"count": self._count, "index": index, "key": self._key, "token": self._token}
         )
         plan = replace(self._plan, settings=self._plan.settings.model_copy(update={"workers": workers}))
         process = self._context.Process(

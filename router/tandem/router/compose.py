@@ -46,11 +46,12 @@ from tandem.router.pd.hold import PrefillHold
 from tandem.router.pd.keycheck import STATES, PoolKeysCheck
 from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Identify, Limit, Parse, Relay, generation_stages
+from tandem.router.request.limits import BodyLimits, ReadingBudget
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
-from tandem.router.settings import KVEventsSettings
+from tandem.router.settings import AccessSettings, KVEventsSettings
 from tandem.router.types import Pool
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
@@ -137,7 +138,12 @@ def compose(
     capacity = engine_capacity(config)
     workers = settings.workers
     bus: Bus = (
-        WorkerBus(key=workers.key, index=workers.index, count=workers.count)
+        WorkerBus(
+            key=workers.key,
+            index=workers.index,
+            count=workers.count,
+            token=workers.token.get_secret_value(),
+        )
         if workers.count > 1
         else SoloBus()
     )
@@ -203,7 +209,14 @@ def compose(
         bus.on(LIMITS, apply_limits(access.limiter.absorb))
     pipeline = generation_stages(
         identify=Identify(access.tenants, config.default_slo, access.priorities),
-        parse=Parse(config.served_models, settings.access.max_request_bytes, config.log_prompts),
+        parse=Parse(
+            config.served_models,
+            settings.access.max_request_bytes,
+            config.log_prompts,
+            limits=_body_limits(settings.access),
+            budget=ReadingBudget(settings.access.max_reading_bytes),
+            body_seconds=settings.access.body_seconds,
+        ),
         limit=Limit(access),
         hold=Hold(
             build_hold(config, registry=registry, prometheus=prometheus, clock=clock),
@@ -491,6 +504,17 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
         return None
     client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
     return KVPoolIndex(client, keys=access.keys, alternatives=access.alternatives, clock=clock)
+
+
+def _body_limits(access: AccessSettings) -> BodyLimits:
+    return BodyLimits(
+        max_json_elements=access.max_json_elements,
+        max_messages=access.max_messages,
+        max_content_parts=access.max_content_parts,
+        max_sequences=access.max_sequences,
+        allowed_extensions=frozenset(access.allowed_extensions),
+        allow_media_urls=access.allow_media_urls,
+    )
 
 
 def _scraped(routing: Routing, dispatcher: Dispatcher) -> Callable[[str, ScrapeOutcome], None]:

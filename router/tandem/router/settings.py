@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class _Settings(BaseModel):
@@ -192,22 +192,46 @@ class AccessSettings(_Settings):
     The key file itself is `RouterConfig.apiKeysFile` (or `--api-keys-file`); here is how often it is
     checked for changes. `max_rate_limited_tenants` bounds the tenants whose buckets are kept.
     `log_prompts` adds prompt and output text to the request log line (also on with
-    `spec.router.logPrompts`). `max_request_bytes`: larger request bodies are refused with 413.
+    `spec.router.logPrompts`). `max_request_bytes`: larger request bodies are refused with 413;
+    `max_reading_bytes`: the bytes all requests may be reading and parsing at once (429 beyond);
+    `body_seconds`: the time a client has to send its whole body (408). The shape limits and the
+    opt-in engine extensions are `tandem.router.request.limits`'s.
     """
 
     api_keys_reload_seconds: float = Field(default=2.0, gt=0, le=3600)
     max_rate_limited_tenants: int = Field(default=10_000, ge=1, le=10_000_000)
     log_prompts: bool = False
-    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1 << 34)
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=1 << 34)
+    max_reading_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1 << 36)
+    body_seconds: float = Field(default=60.0, gt=0, le=3600)
+    max_json_elements: int = Field(default=262_144, ge=16, le=100_000_000)
+    max_messages: int = Field(default=2048, ge=1, le=1_000_000)
+    max_content_parts: int = Field(default=4096, ge=1, le=1_000_000)
+    max_sequences: int = Field(default=16, ge=1, le=4096)
+    allowed_extensions: list[
+        Literal[
+            "vllm_xargs",
+            "chat_template",
+            "prompt_embeds",
+            "logits_processors",
+            "mm_processor_kwargs",
+            "media_io_kwargs",
+        ]
+    ] = Field(default_factory=list, description="vLLM request extensions clients may use.")
+    allow_media_urls: bool = Field(
+        default=False, description="Let clients name media by URL (the engine fetches it)."
+    )
 
 
 class WorkersSettings(_Settings):
-    """`tandem router --workers N`: N processes serve one port. `index` and `key` are set by the
-    parent for each worker (`key` names this run's bus sockets); a single process has count 1."""
+    """`tandem router --workers N`: N processes serve one port. `index`, `key` and `token` are set by
+    the parent for each worker (`key` names this run's bus sockets, `token` is the secret a worker
+    presents to its siblings: `tandem.router.workers.peer`); a single process has count 1."""
 
     count: int = Field(default=1, ge=1, le=64)
     index: int = Field(default=0, ge=0, le=63)
     key: str = Field(default="solo", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    token: SecretStr = Field(default=SecretStr(""))
 
 
 class RouterSettings(_Settings):

@@ -14,6 +14,12 @@ sibling. Frames are a 4-byte big-endian length and a msgpack body.
   Prometheus text and merges the answers with its own (`tandem.router.workers.exposition`), each
   sample labelled `worker`; a sibling that does not answer within the timeout is left out.
 
+- **Who may connect** (`tandem.router.workers.peer`): a peer of the worker's own uid (`SO_PEERCRED`,
+  checked on both ends) whose first frame is `[token, purpose]` with this run's token; anything else
+  is closed, counted in `refused` and logged. **What is applied** (`tandem.router.workers.messages`):
+  an event whose payload is not valid (a non-finite number, a wrong type) is dropped whole, counted
+  in `rejected` and logged; the connection stays open.
+
 With one worker there is no bus (`SoloBus`: publishing does nothing, metrics are the worker's own).
 """
 
@@ -31,6 +37,18 @@ from typing import Any, Protocol
 import msgpack  # type: ignore[import-untyped]
 
 from tandem.router.workers.exposition import label_worker, merge
+from tandem.router.workers.messages import BadMessage
+from tandem.router.workers.peer import (
+    HELLO_TIMEOUT_S,
+    MAX_HELLO,
+    Refused,
+    check_hello,
+    check_peer,
+    check_token,
+    hello,
+    own_uid,
+    peer_of,
+)
 
 log = logging.getLogger("tandem.router.workers")
 
@@ -83,20 +101,25 @@ def address(key: str, index: int) -> str:
     return f"\0tandem-router-{key}-{index}"
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> Any:
+async def _read_frame(reader: asyncio.StreamReader, *, limit: int = MAX_FRAME) -> Any:
     size = _HEADER.unpack(await reader.readexactly(_HEADER.size))[0]
-    if size > MAX_FRAME:
+    if size > limit:
         raise ValueError(f"a frame of {size} bytes is over the limit")
     return msgpack.unpackb(await reader.readexactly(size), strict_map_key=False)
 
 
-async def _open(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to a sibling's abstract-namespace socket. The socket is made here and handed
+async def _open(path: str, *, uid: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to a sibling's abstract-namespace socket, whose listener runs as `uid`
+    (PermissionError otherwise: someone else holds the name). The socket is made here and handed
     over: uvloop's `open_unix_connection(path)` refuses abstract names (EINVAL)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
         await asyncio.get_running_loop().sock_connect(sock, path)
+        check_peer(peer_of(sock), uid=uid)
+    except Refused as exc:
+        sock.close()
+        raise PermissionError(f"{path[1:]}: {exc}") from exc
     except BaseException:
         sock.close()
         raise
@@ -119,12 +142,24 @@ class _Sibling:
 
 
 class WorkerBus:
-    """The bus of worker `index` of `count` (module docstring)."""
+    """The bus of worker `index` of `count` (module docstring): `token` is this run's secret, the
+    same for every worker; `uid` the only user a peer may run as (this process's, by default)."""
 
-    def __init__(self, *, key: str, index: int, count: int, timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        key: str,
+        index: int,
+        count: int,
+        token: str,
+        timeout_s: float = 1.0,
+        uid: int | None = None,
+    ) -> None:
         if not 0 <= index < count:
             raise ValueError(f"worker index {index} is not in [0, {count})")
         self.worker: int | None = index
+        self._token = check_token(token)
+        self._uid = own_uid() if uid is None else uid
         self._key = key
         self._count = count
         self._timeout = timeout_s
@@ -137,6 +172,8 @@ class WorkerBus:
         self._metrics: Callable[[], bytes] = lambda: b""
         self.dropped = 0
         self.received = 0
+        self.refused = 0
+        self.rejected = 0
 
     def on(self, kind: str, handler: Callable[[Any], None]) -> None:
         self._handlers[kind] = handler
@@ -200,13 +237,18 @@ class WorkerBus:
         delay = 0.01
         while True:
             try:
-                reader, writer = await _open(sibling.path)
+                reader, writer = await _open(sibling.path, uid=self._uid)
+            except PermissionError as exc:
+                log.warning("bus: not connecting to a sibling's name held by another user: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 1.5)
+                continue
             except OSError:
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 1.5)
                 continue
             delay = 0.01
-            writer.write(_frame(HELLO_EVENTS))
+            writer.write(_frame(hello(self._token, HELLO_EVENTS)))
             while sibling.pending:
                 writer.write(sibling.pending.popleft())
             sibling.writer = writer
@@ -220,23 +262,49 @@ class WorkerBus:
             self._handlers_running.add(task)
             task.add_done_callback(self._handlers_running.discard)
         try:
-            hello = await _read_frame(reader)
-            if hello == HELLO_METRICS:
+            purpose = await self._admit(reader, writer)
+            if purpose is None:
+                return
+            if purpose == HELLO_METRICS:
                 writer.write(_frame(self._metrics()))
                 await writer.drain()
                 return
             while True:
-                for kind, payload in await _read_frame(reader):
-                    self.received += 1
-                    handler = self._handlers.get(kind)
-                    if handler is not None:
-                        handler(payload)
+                self._apply(await _read_frame(reader))
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         except Exception:  # a sibling's bad frame must not end this worker's listening
             log.exception("bus: a sibling's frame could not be applied")
         finally:
             writer.close()
+
+    async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
+        """The purpose of a sibling's connection, or None once a stranger's is refused and closed."""
+        try:
+            check_peer(peer_of(writer.get_extra_info("socket")), uid=self._uid)
+            first = await asyncio.wait_for(_read_frame(reader, limit=MAX_HELLO), HELLO_TIMEOUT_S)
+            return check_hello(first, token=self._token, purposes=(HELLO_EVENTS, HELLO_METRICS))
+        except (Refused, ValueError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            self.refused += 1
+            log.warning("bus: refused a connection (%s): %r", _describe(writer), exc)
+            return None
+
+    def _apply(self, frame: Any) -> None:
+        """Hand each event of a sibling's frame to its handler; a bad event is dropped whole."""
+        if not isinstance(frame, list):
+            frame = [frame]  # counted and dropped below, as one bad event
+        for event in frame:
+            self.received += 1
+            try:
+                if not (isinstance(event, list) and len(event) == 2 and isinstance(event[0], str)):
+                    raise BadMessage("an event must be [kind, payload]")
+                handler = self._handlers.get(event[0])
+                if handler is not None:
+                    handler(event[1])
+            except BadMessage as exc:
+                self.rejected += 1
+                if self.rejected & (self.rejected - 1) == 0:  # the 1st, 2nd, 4th, 8th...: no flood
+                    log.warning("bus: dropped a sibling's invalid event (%d so far): %s", self.rejected, exc)
 
     async def gather(self, local: Callable[[], bytes]) -> bytes:
         """This worker's metrics and its siblings', merged (module docstring)."""
@@ -249,9 +317,9 @@ class WorkerBus:
 
     async def _ask(self, path: str) -> bytes | None:
         async def ask() -> bytes:
-            reader, writer = await _open(path)
+            reader, writer = await _open(path, uid=self._uid)
             try:
-                writer.write(_frame(HELLO_METRICS))
+                writer.write(_frame(hello(self._token, HELLO_METRICS)))
                 text = await _read_frame(reader)
                 return bytes(text)
             finally:
@@ -261,3 +329,11 @@ class WorkerBus:
             return await asyncio.wait_for(ask(), self._timeout)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError):
             return None
+
+
+def _describe(writer: asyncio.StreamWriter) -> str:
+    try:
+        peer = peer_of(writer.get_extra_info("socket"))
+    except OSError:
+        return "peer unknown"
+    return "peer unknown" if peer is None else f"peer pid {peer.pid}, uid {peer.uid}"

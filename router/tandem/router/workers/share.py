@@ -11,6 +11,10 @@
 - `"limits"` events: `{tenant: [requests, tokens]}`, what this worker took from the tenant's rate-limit
   buckets, summed and sent like the service; every sibling debits its own buckets, so N workers hold
   a tenant to its limit once, not N times.
+
+Every `apply_*` reads its payload whole through `tandem.router.workers.messages` first: an event with
+one bad value (`nan`, a string, a negative count) raises `BadMessage` and changes nothing; the bus
+counts it (`WorkerBus.rejected`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tandem.router.workers import messages
 from tandem.router.workers.bus import Bus
 
 ROUTE = "route"
@@ -81,8 +86,8 @@ def apply_limits(absorb: Callable[[str, int, int], None]) -> Callable[[Any], Non
     """A sibling's `"limits"` event into this worker's buckets (`RateLimiter.absorb`)."""
 
     def apply(payload: Any) -> None:
-        for tenant, (requests, tokens) in payload.items():
-            absorb(str(tenant), int(requests), int(tokens))
+        for tenant, (requests, tokens) in messages.limits(payload).items():
+            absorb(tenant, requests, tokens)
 
     return apply
 
@@ -100,8 +105,7 @@ def apply_routes(record: Callable[[str, Sequence[int]], None]) -> Callable[[Any]
     """A sibling's `"route"` event into this worker's index (`record_keys`)."""
 
     def apply(payload: Any) -> None:
-        url, keys = payload
-        record(str(url), [int(k) for k in keys])
+        record(*messages.route(payload))
 
     return apply
 
@@ -110,7 +114,7 @@ def apply_service(add: Callable[[str, float], None]) -> Callable[[Any], None]:
     """A sibling's `"service"` event into this worker's counters (`add_service`)."""
 
     def apply(payload: Any) -> None:
-        for tenant, service in payload.items():
-            add(str(tenant), float(service))
+        for tenant, service in messages.service(payload).items():
+            add(tenant, service)
 
     return apply
