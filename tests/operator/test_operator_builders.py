@@ -305,7 +305,12 @@ def test_every_child_is_owned_labelled_and_named_after_the_service() -> None:
         (sim(), {("ConfigMap", "demo-lmcache")}),
         (
             gpu(kvPool={"redis": {"url": "redis://cache.example:6379"}}),
-            {("Deployment", "demo-kv"), ("Service", "demo-kv")},
+            {
+                ("Deployment", "demo-kv"),
+                ("Service", "demo-kv"),
+                ("NetworkPolicy", "demo-kv"),
+                ("Secret", "demo-kv-auth"),
+            },
         ),
     ],
     ids=["vllm with managed redis", "sim: no LMCache config", "external redis: no Redis"],
@@ -343,10 +348,13 @@ def test_the_kv_transfer_config_is_the_one_place_the_connector_is_named() -> Non
         kv_transfer_config(gpu(), Role.ROUTER, owner=OWNER)
 
 
-def test_builders_are_deterministic() -> None:
+def test_builders_are_deterministic_but_for_the_value_of_a_generated_secret() -> None:
+    def fixed() -> str:
+        return "same-value"
+
     for spec in VARIANTS.values():
-        first = [c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES)]
-        second = [c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES)]
+        first = [c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES, new_value=fixed)]
+        second = [c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES, new_value=fixed)]
         assert first == second
 
 

@@ -84,17 +84,22 @@ def test_with_a_password_the_managed_redis_requires_it_from_the_secret() -> None
     assert c["command"][:2] == ["sh", "-c"]
     assert "requirepass" in c["command"][2]
     assert flag(c["args"], "--maxmemory") == str(2**30)
-    assert "--protected-mode" not in c["args"]
+    assert flag(c["args"], "--protected-mode") == "yes"
     env = {e["name"]: e for e in c["env"]}
     assert env["TANDEM_KVPOOL_PASSWORD"]["valueFrom"] == PASSWORD_REF
     assert env["REDISCLI_AUTH"]["valueFrom"] == PASSWORD_REF  # the readiness probe's redis-cli
 
 
-def test_without_a_password_the_managed_redis_is_open_to_the_namespace() -> None:
-    c = only_container(build_redis_deployment(gpu(), owner=OWNER, images=IMAGES))
-    assert c["command"] == ["redis-server"]
-    assert flag(c["args"], "--protected-mode") == "no"
-    assert not any("valueFrom" in e for e in c["env"])
+def test_without_a_password_secret_the_managed_redis_requires_the_generated_one() -> None:
+    children = {(c.ref.kind, c.ref.name): c for c in desired_children(gpu(), owner=OWNER, images=IMAGES)}
+    c = only_container(children["Deployment", "demo-kv"].manifest)
+    assert c["command"][:2] == ["sh", "-c"]
+    assert flag(c["args"], "--protected-mode") == "yes"
+    generated = {"secretKeyRef": {"name": "demo-kv-auth", "key": "password"}}
+    assert {e["name"]: e.get("valueFrom") for e in c["env"]}["TANDEM_KVPOOL_PASSWORD"] == generated
+    secret = children["Secret", "demo-kv-auth"]
+    assert set(secret.manifest["data"]) == {"password"}
+    assert secret.create_only == (("data",),)  # drawn once: a reconcile never rotates it
 
 
 @pytest.mark.parametrize(

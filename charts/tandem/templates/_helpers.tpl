@@ -111,6 +111,18 @@ namespace. One YAML list item per rule, each with the comment saying what it is 
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, create, patch, delete]
+# Children: the Secrets it generates (the managed Redis' password, the engines' API key), created
+# once and never rotated by a reconcile. `get` also reads the Secrets a spec names, to refuse those
+# without the label tandem.dev/usable: "true" before mounting them. No list or watch: the operator
+# reads a Secret only by the name a spec gives.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch, delete]
+# Children: the NetworkPolicies that leave open only the documented paths into the gateway,
+# engine and Redis pods; verbs as for Deployments (pruned when spec.networkPolicy.enabled is off).
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
 # Kubernetes lets the operator grant only what it holds itself (RBAC escalation prevention):
 # the router's Role grants get/list/watch on EndpointSlices, so the operator holds them too.
 # The operator itself never reads EndpointSlices.

@@ -25,6 +25,7 @@ COMMANDS = {
     "router": "tandem.cli.router:router",
     "operator": "tandem.cli.operator:operator",
     "crd": "tandem.cli.crd:crd",
+    "render": "tandem.cli.render:render",
     "bench": "tandem.cli.bench:bench",
     "kvpool": "tandem.cli.kvpool:kvpool",
     "autoscaler": "tandem.cli.autoscaler:autoscaler",

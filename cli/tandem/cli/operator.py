@@ -25,6 +25,13 @@ from tandem.operator.settings import DEFAULT_REDIS_IMAGE, OperatorSettings
     help="Namespace to watch (repeatable). None: every namespace (cluster-wide).",
 )
 @click.option(
+    "--metrics-namespace",
+    "metrics_namespaces",
+    multiple=True,
+    help="Namespace whose pods may scrape engines and gateways through the NetworkPolicies the "
+    "operator renders (repeatable): the autoscaler's, Prometheus'.",
+)
+@click.option(
     "--tandem-image",
     envvar="TANDEM_IMAGE",
     required=True,
@@ -54,6 +61,7 @@ from tandem.operator.settings import DEFAULT_REDIS_IMAGE, OperatorSettings
 @logging_options
 def operator(
     namespaces: tuple[str, ...],
+    metrics_namespaces: tuple[str, ...],
     tandem_image: str,
     redis_image: str,
     resync_seconds: float,
@@ -67,6 +75,7 @@ def operator(
     try:
         settings = OperatorSettings(
             namespaces=namespaces,
+            metrics_namespaces=metrics_namespaces,
             tandem_image=tandem_image,
             redis_image=redis_image,
             resync_seconds=resync_seconds,

@@ -124,6 +124,13 @@ class SimSpec(SpecModel):
     )
 
 
+class SecretKeyRef(SpecModel):
+    """One key of a Secret in the InferenceService's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Secret name.")
+    key: str = Field(min_length=1, max_length=253, description="Key inside the Secret.")
+
+
 class EngineSpec(SpecModel):
     """Which engine runs the pools, its image, and extra arguments and environment."""
 
@@ -134,6 +141,11 @@ class EngineSpec(SpecModel):
     args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra engine environment variables.")
     sim: SimSpec = Field(default_factory=SimSpec, description="Simulator settings (kind sim).")
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API key engines require on /v1/* (vLLM's --api-key); only "
+        "the gateway is given it. Default: a Secret <name>-engine-key the operator generates once.",
+    )
 
 
 class ResourceRequirements(SpecModel):
@@ -269,13 +281,6 @@ class DisaggregationSpec(SpecModel):
     )
 
 
-class SecretKeyRef(SpecModel):
-    """One key of a Secret in the InferenceService's namespace."""
-
-    name: str = Field(min_length=1, max_length=253, description="Secret name.")
-    key: str = Field(min_length=1, max_length=253, description="Key inside the Secret.")
-
-
 class RedisSpec(SpecModel):
     """The Redis behind the KV pool: managed by Tandem (memory, eviction policy) or external (url)."""
 
@@ -289,7 +294,8 @@ class RedisSpec(SpecModel):
     password_secret: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding the Redis password: the managed Redis requires it, and the "
-        "engines, router and autoscaler read it from the Secret.",
+        "engines and router read it from the Secret. Default for the managed Redis: a Secret "
+        "<name>-kv-auth the operator generates once.",
     )
 
 
@@ -431,6 +437,20 @@ class RouterSpec(SpecModel):
     log_prompts: bool = Field(default=False, description="Log prompt and output text.")
 
 
+class NetworkPolicySpec(SpecModel):
+    """The NetworkPolicies the operator renders for the service (docs/security.md, Network policies)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Render NetworkPolicies: only the documented paths between the gateway, the engines "
+        "and Redis are open; off: none are created (bring your own).",
+    )
+    client_namespaces: list[Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]] = Field(
+        default_factory=list,
+        description="Namespaces whose pods may reach the gateway's port, besides the service's own.",
+    )
+
+
 class InferenceServiceSpec(SpecModel):
     """The desired state of one disaggregated inference service."""
 
@@ -441,6 +461,7 @@ class InferenceServiceSpec(SpecModel):
     disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
     kv_pool: KVPoolSpec = Field(default_factory=KVPoolSpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
 
 class ObjectMeta(SpecModel):

@@ -36,6 +36,7 @@ class Context:
 
     cluster: Cluster
     images: Images
+    metrics_namespaces: tuple[str, ...] = ()
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
@@ -55,7 +56,13 @@ def reconcile_handler(
     lock: threading.Lock = memo.setdefault("reconcile_lock", threading.Lock())
     with lock:
         now = context.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        outcome = reconcile(dict(body), cluster=context.cluster, images=context.images, now=now)
+        outcome = reconcile(
+            dict(body),
+            cluster=context.cluster,
+            images=context.images,
+            now=now,
+            metrics_namespaces=context.metrics_namespaces,
+        )
     patch.status.update(as_patch(outcome.status, body.get("status") or {}))
     for event in outcome.events:
         # `body` may predate the status a concurrent handler just wrote; remember what this
@@ -117,7 +124,9 @@ async def run_operator(
 ) -> None:
     """Run the operator until stopped: cluster-wide, or only in `settings.namespaces`."""
     context = Context(
-        cluster=cluster, images=Images(tandem=settings.tandem_image, redis=settings.redis_image)
+        cluster=cluster,
+        images=Images(tandem=settings.tandem_image, redis=settings.redis_image),
+        metrics_namespaces=settings.metrics_namespaces,
     )
     await kopf.operator(
         registry=build_registry(resync_seconds=settings.resync_seconds),

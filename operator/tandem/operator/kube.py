@@ -35,6 +35,8 @@ PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("v1", "Secret"): "secrets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
 }
 
 

@@ -8,13 +8,15 @@ derives the status from the Deployments as observed. Running it twice in a row c
 second time. It never raises for API errors: they end up in the outcome (status, events, `error`).
 
 A spec that the CRD schema accepts but the model rejects (a cross-field rule) is reported with
-Ready=False/InvalidSpec and a Warning event, and no child is created, patched or deleted.
+Ready=False/InvalidSpec and a Warning event, and no child is created, patched or deleted. So is a spec
+that names a Secret it may not use (`resources.secrets.refusal`: absent, or without the label
+`tandem.dev/usable: "true"`), with Ready=False/SecretRefused.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,6 +25,7 @@ from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.diff import update_patch
 from tandem.operator.objects import Child, ObjectRef
 from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
+from tandem.operator.resources.secrets import named_secrets, new_secret, refusal
 from tandem.operator.resources.services import router_endpoint, service_name
 from tandem.operator.status import (
     ConditionType,
@@ -42,7 +45,7 @@ _WORKLOAD_ROLES: dict[ConditionType, Role] = {
     "RouterReady": Role.ROUTER,
 }
 #: Ready reasons that deserve a Warning event (once per distinct message).
-WARNING_REASONS = ("InvalidSpec", "ApplyBlocked")
+WARNING_REASONS = ("InvalidSpec", "SecretRefused", "ApplyBlocked")
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,19 @@ class Outcome:
     error: ClusterError | None = None
 
 
-def reconcile(body: Mapping[str, Any], *, cluster: Cluster, images: Images, now: str) -> Outcome:
+def reconcile(
+    body: Mapping[str, Any],
+    *,
+    cluster: Cluster,
+    images: Images,
+    now: str,
+    metrics_namespaces: Sequence[str] = (),
+    new_value: Callable[[], str] = new_secret,
+) -> Outcome:
     """Drive the children of the InferenceService `body` towards its spec and report its status.
 
-    `now` (RFC 3339) stamps conditions that change; `images` are the Tandem and Redis images.
+    `now` (RFC 3339) stamps conditions that change; `images` are the Tandem and Redis images;
+    `metrics_namespaces` and `new_value` as in `desired_children`.
     """
     meta = body["metadata"]
     generation = meta.get("generation")
@@ -93,7 +105,21 @@ def reconcile(body: Mapping[str, Any], *, cluster: Cluster, images: Images, now:
     live: dict[ObjectRef, dict[str, Any]] = {}
     problems: list[str] = []
     try:
-        _apply_all(isvc.spec, owner=owner, images=images, cluster=cluster, outcome=outcome, live=live)
+        refused = refused_secrets(isvc.spec, namespace=owner.namespace, cluster=cluster)
+        if refused:
+            status = invalid_status(
+                errors=refused,
+                generation=generation,
+                previous=previous,
+                now=now,
+                reason="SecretRefused",
+                phase="Blocked",
+            )
+            return Outcome(status=status, events=_warnings(previous, status))
+        children = desired_children(
+            isvc.spec, owner=owner, images=images, metrics_namespaces=metrics_namespaces, new_value=new_value
+        )
+        _apply_all(children, owner=owner, cluster=cluster, outcome=outcome, live=live)
     except ClusterError as exc:
         outcome.error = exc
         problems.append(str(exc))
@@ -111,16 +137,24 @@ def reconcile(body: Mapping[str, Any], *, cluster: Cluster, images: Images, now:
     return outcome
 
 
+def refused_secrets(spec: InferenceServiceSpec, *, namespace: str, cluster: Cluster) -> list[str]:
+    """Why each Secret the spec names may not be used (empty: all may); raises ClusterError."""
+    reasons = []
+    for path, ref in named_secrets(spec):
+        reason = refusal(path, ref, cluster.get(ObjectRef("v1", "Secret", namespace, ref.name)))
+        if reason is not None:
+            reasons.append(reason)
+    return reasons
+
+
 def _apply_all(
-    spec: InferenceServiceSpec,
+    children: list[Child],
     *,
     owner: Owner,
-    images: Images,
     cluster: Cluster,
     outcome: Outcome,
     live: dict[ObjectRef, dict[str, Any]],
 ) -> None:
-    children = desired_children(spec, owner=owner, images=images)
     for child in children:
         action, obj = apply_child(cluster, child, owner=owner)
         outcome.actions.append(action)

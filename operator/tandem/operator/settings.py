@@ -20,6 +20,11 @@ class OperatorSettings(BaseModel):
     namespaces: tuple[Namespace, ...] = Field(
         default=(), description="Namespaces to watch; empty: every namespace (cluster-wide)."
     )
+    metrics_namespaces: tuple[Namespace, ...] = Field(
+        default=(),
+        description="Namespaces whose pods may reach the engines' and gateways' ports through the "
+        "NetworkPolicies the operator renders (for /metrics: the autoscaler's, Prometheus').",
+    )
     tandem_image: str = Field(
         min_length=1, description="Image of the router and of simulated engines (`tandem ...`)."
     )

@@ -222,19 +222,27 @@ def derive_status(
 
 
 def invalid_status(
-    *, errors: Sequence[str], generation: int | None, previous: Mapping[str, Any], now: str
+    *,
+    errors: Sequence[str],
+    generation: int | None,
+    previous: Mapping[str, Any],
+    now: str,
+    reason: str = "InvalidSpec",
+    phase: Phase = "Invalid",
 ) -> InferenceServiceStatus:
-    """Status of a spec the model rejects: Ready=False/InvalidSpec naming the fields, phase Invalid;
-    component conditions and replica counts stay as last observed (no child was changed)."""
+    """Status of a spec the operator will not apply: Ready=False with `reason` (InvalidSpec: the model
+    rejects it, phase Invalid; SecretRefused: it names a Secret it may not use, phase Blocked) and the
+    errors as message; component conditions and replica counts stay as last observed (no child was
+    changed)."""
     conditions = merge_conditions(
         previous.get("conditions", []),
-        {"Ready": Verdict("False", "InvalidSpec", "; ".join(errors))},
+        {"Ready": Verdict("False", reason, "; ".join(errors))},
         generation=generation,
         now=now,
     )
     return InferenceServiceStatus(
         observed_generation=generation,
-        phase="Invalid",
+        phase=phase,
         conditions=conditions,
         prefill=_kept(PoolStatus, previous.get("prefill")),
         decode=_kept(PoolStatus, previous.get("decode")),

@@ -2,12 +2,15 @@
 
 `desired_children` is the whole desired state of one InferenceService; `managed_refs` names every
 object the operator could ever create for it (so that objects no longer desired, such as the
-managed Redis after switching to an external URL, can be found and removed).
+managed Redis after switching to an external URL, can be found and removed). The builders see the
+spec with the generated Secrets filled in (`secrets.with_generated_secrets`): the pool's password and
+the engines' API key always name a Secret.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.objects import Child, FieldPath, ObjectRef
@@ -20,6 +23,7 @@ from tandem.operator.resources.kvpool import (
     uses_lmcache,
 )
 from tandem.operator.resources.meta import Images, Owner, Role, child_name
+from tandem.operator.resources.netpol import build_network_policies, policy_name
 from tandem.operator.resources.router import (
     ROUTER_SUFFIX,
     build_router_configmap,
@@ -27,6 +31,13 @@ from tandem.operator.resources.router import (
     build_router_role,
     build_router_role_binding,
     build_router_service_account,
+)
+from tandem.operator.resources.secrets import (
+    ENGINE_KEY_SUFFIX,
+    KV_AUTH_SUFFIX,
+    new_secret,
+    secret_children,
+    with_generated_secrets,
 )
 from tandem.operator.resources.services import build_service
 
@@ -37,10 +48,25 @@ REPLICAS: FieldPath = ("spec", "replicas")
 INIT_CONTAINERS: FieldPath = ("spec", "template", "spec", "initContainers")
 
 
-def desired_children(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> list[Child]:
+def desired_children(
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    images: Images,
+    metrics_namespaces: Sequence[str] = (),
+    new_value: Callable[[], str] = new_secret,
+) -> list[Child]:
     """Every child the spec asks for, in a creation order where dependencies come first
-    (configuration and identity, then the KV pool, then Services, then the workloads)."""
-    children: list[Child] = []
+    (Secrets and NetworkPolicies, configuration and identity, then the KV pool, then Services, then
+    the workloads). `metrics_namespaces`: namespaces whose pods may scrape the engines and gateways
+    (the autoscaler's, Prometheus'); `new_value` draws a generated Secret's value (used only when
+    the Secret is created)."""
+    children: list[Child] = secret_children(spec, owner, new_value=new_value)
+    spec = with_generated_secrets(spec, owner)
+    children += [
+        Child(policy)
+        for policy in build_network_policies(spec, owner=owner, metrics_namespaces=metrics_namespaces)
+    ]
     lmcache = build_lmcache_configmap(spec, owner=owner) if uses_lmcache(spec) else None
     if lmcache is not None:
         children.append(Child(lmcache))
@@ -80,7 +106,11 @@ def managed_refs(owner: Owner) -> list[ObjectRef]:
     workloads = [child_name(owner, s) for s in (KV_SUFFIX, "prefill", "decode", ROUTER_SUFFIX)]
     router = child_name(owner, ROUTER_SUFFIX)
     rbac = "rbac.authorization.k8s.io/v1"
+    secrets = [child_name(owner, KV_AUTH_SUFFIX), child_name(owner, ENGINE_KEY_SUFFIX)]
+    policies = [policy_name(owner, role) for role in (Role.ROUTER, Role.PREFILL, Role.DECODE, Role.KV_POOL)]
     return [
+        *(ObjectRef("v1", "Secret", ns, name) for name in secrets),
+        *(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", ns, name) for name in policies),
         *(ObjectRef("v1", "ConfigMap", ns, name) for name in config_maps),
         ObjectRef("v1", "ServiceAccount", ns, router),
         ObjectRef(rbac, "Role", ns, router),

@@ -117,8 +117,9 @@ def _redis_container(spec: InferenceServiceSpec, images: Images) -> dict[str, An
         pool_config(spec.kv_pool.redis),
         port=REDIS_PORT,
         data_dir=REDIS_DATA_DIR,
-        # Without a password Redis would refuse every client but loopback ones.
-        protected_mode=None if password else False,
+        # Protected mode stays on: with a password it refuses nothing an authenticated client sends,
+        # and without one (only when a spec could name none) it refuses every non-loopback client.
+        protected_mode=True,
     )
     # The readiness probe's redis-cli reads the password from REDISCLI_AUTH.
     env = [

@@ -27,8 +27,10 @@ from tandem.operator.resources.meta import (
     to_yaml,
 )
 from tandem.operator.resources.security import (
+    GATEWAY_ENGINE_KEY_ENV,
     TMP_MOUNT,
     container_security_context,
+    engine_key_env,
     password_env,
     pod_security_context,
 )
@@ -175,8 +177,9 @@ def _router_container(spec: InferenceServiceSpec, images: Images) -> dict[str, A
         container["volumeMounts"].append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
     for volume, mount in _tokenizer_volume(spec):
         container["volumeMounts"].append({"name": volume["name"], "mountPath": mount, "readOnly": True})
-    # The pool's password (from its Secret) for the barrier's look-ups; the URL in the config has none.
-    env = password_env(spec)
+    # The pool's password (from its Secret) for the barrier's look-ups and shared counters (the URL
+    # in the config has none), and the key the gateway sends to engines.
+    env = [*password_env(spec), *engine_key_env(spec, GATEWAY_ENGINE_KEY_ENV)]
     if env:
         container["env"] = env
     return container

@@ -6,9 +6,10 @@ to emptyDir volumes mounted where they need to (`/tmp` everywhere; vLLM's home f
 ~/.config; Redis' data directory). Pods that do not talk to the Kubernetes API (engines, Redis) get
 no service-account token.
 
-The Redis password, when `kvPool.redis.passwordSecret` names one, reaches containers only as an
-environment variable from a `secretKeyRef` (`TANDEM_KVPOOL_PASSWORD`): never in a ConfigMap, an
-argument list or the pod spec itself.
+The Redis password (`kvPool.redis.passwordSecret`, generated when the spec names none) and the
+engines' API key (`engine.apiKeySecret`, likewise) reach containers only as environment variables
+from a `secretKeyRef` (`TANDEM_KVPOOL_PASSWORD`; `VLLM_API_KEY` in engines, `TANDEM_ENGINE_API_KEY` in
+the gateway): never in a ConfigMap, an argument list or the pod spec itself.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ VLLM_UID = 1000
 #: The `redis` user of the official Redis images.
 REDIS_UID = 999
 TMP_MOUNT = "/tmp"
+#: Where engines read the key they require on /v1/* (vLLM's own variable; `tandem sim` reads it too).
+ENGINE_KEY_ENV = "VLLM_API_KEY"
+#: Where the gateway reads the key it sends to engines (`tandem router`).
+GATEWAY_ENGINE_KEY_ENV = "TANDEM_ENGINE_API_KEY"
 
 
 def pod_security_context(*, run_as_user: int | None = None) -> dict[str, Any]:
@@ -59,3 +64,11 @@ def password_env(spec: InferenceServiceSpec, name: str = PASSWORD_ENV) -> list[d
         return []
     ref = {"secretKeyRef": {"name": secret.name, "key": secret.key}}
     return [{"name": name, "valueFrom": ref}]
+
+
+def engine_key_env(spec: InferenceServiceSpec, name: str = ENGINE_KEY_ENV) -> list[dict[str, Any]]:
+    """`[name = the engine API key Secret's key]` when the spec names one, else nothing."""
+    secret = spec.engine.api_key_secret
+    if secret is None:
+        return []
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}]

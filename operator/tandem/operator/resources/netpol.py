@@ -1,0 +1,113 @@
+"""NetworkPolicies: only the documented paths into a service's pods are open. Pure builders.
+
+One ingress policy per role, selecting that role's pods (`spec.networkPolicy.enabled`, on by default):
+
+- into the gateway (`<name>-router`), port 8080: from every pod of the service's namespace, and
+  pods of `spec.networkPolicy.clientNamespaces` and of the operator's metrics namespaces;
+- into the prefill and decode engines (`<name>-prefill`, `<name>-decode`), port 8000: from the
+  gateway's pods, and pods of the operator's metrics namespaces (for `/metrics`: `/v1/*` needs the
+  engine key, which only the gateway holds);
+- into the engines, ports 5557 and 5558 (KV events and their replay, `router.prefixSource:
+  precise` only): from the gateway's pods;
+- into the managed Redis (`<name>-kv`), port 6379: from the gateway's and the engines' pods.
+
+A selected pod accepts nothing else, from anyone: NetworkPolicies are additive allow-lists, so a
+pod that some policy selects for ingress refuses every connection no policy allows. Same-namespace
+peers are named by their labels; other namespaces by `kubernetes.io/metadata.name`, which the API
+server sets on every namespace and nobody can change. Egress is not restricted (the engines
+download weights, the gateway calls the Kubernetes API). Kubelet probes come from the node, which
+most network plugins always allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tandem.core.kvevents import KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT
+from tandem.core.spec import InferenceServiceSpec
+from tandem.operator.resources.meta import (
+    ENGINE_PORT,
+    REDIS_PORT,
+    ROUTER_PORT,
+    Owner,
+    Role,
+    object_meta,
+    selector_labels,
+)
+from tandem.operator.resources.services import service_name
+
+#: The label the API server puts on every namespace, holding its name.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+ENGINE_ROLES = (Role.PREFILL, Role.DECODE)
+
+
+def policy_name(owner: Owner, role: Role) -> str:
+    """A role's NetworkPolicy is named as its Service and Deployment, e.g. `demo-decode`."""
+    return service_name(owner, role)
+
+
+def _ports(*ports: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+def _namespaces(names: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: name}}} for name in names]
+
+
+def _pods(owner: Owner, *roles: Role) -> list[dict[str, Any]]:
+    return [{"podSelector": {"matchLabels": selector_labels(owner, role)}} for role in roles]
+
+
+def ingress_rules(
+    spec: InferenceServiceSpec, owner: Owner, role: Role, *, metrics_namespaces: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """The ingress rules into `role`'s pods (module docstring's table)."""
+    if role is Role.ROUTER:
+        peers = [
+            {"podSelector": {}},
+            *_namespaces([*spec.network_policy.client_namespaces, *metrics_namespaces]),
+        ]
+        return [{"from": peers, "ports": _ports(ROUTER_PORT)}]
+    if role is Role.KV_POOL:
+        return [{"from": _pods(owner, Role.ROUTER, *ENGINE_ROLES), "ports": _ports(REDIS_PORT)}]
+    rules = [
+        {"from": [*_pods(owner, Role.ROUTER), *_namespaces(metrics_namespaces)], "ports": _ports(ENGINE_PORT)}
+    ]
+    if spec.router.prefix_source == "precise":
+        rules.append(
+            {"from": _pods(owner, Role.ROUTER), "ports": _ports(KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)}
+        )
+    return rules
+
+
+def build_network_policy(
+    spec: InferenceServiceSpec, *, owner: Owner, role: Role, metrics_namespaces: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The ingress NetworkPolicy of one role's pods."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": object_meta(owner, name=policy_name(owner, role), role=role),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(owner, role)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress_rules(spec, owner, role, metrics_namespaces=metrics_namespaces),
+        },
+    }
+
+
+def build_network_policies(
+    spec: InferenceServiceSpec, *, owner: Owner, metrics_namespaces: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Every NetworkPolicy of the service: none when `spec.networkPolicy.enabled` is off; the KV
+    pool's only for the managed Redis."""
+    if not spec.network_policy.enabled:
+        return []
+    roles = [Role.ROUTER, *ENGINE_ROLES]
+    if spec.kv_pool.redis.url is None:
+        roles.append(Role.KV_POOL)
+    return [
+        build_network_policy(spec, owner=owner, role=role, metrics_namespaces=metrics_namespaces)
+        for role in roles
+    ]
