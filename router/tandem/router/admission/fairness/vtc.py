@@ -33,6 +33,22 @@ request pushes out heavy's newest; heavy's next request is refused.
 Bound (paper, Lemma 4.3 and Theorem 4.4): with U = max(input_weight·L_input, output_weight·M), L_input the
 longest prompt and M the most tokens a batch holds, counters of backlogged tenants differ by at most U,
 and their service over any interval by at most 2U.
+
+**Bounded state** (tenant names may come from a client header, so there may be millions): the queue
+keeps a counter only for tenants with requests waiting (at most `max_size`) and for the `max_idle`
+most recently seen others (idle: nothing waiting; seen: charged, lifted, or added to by a sibling),
+forgetting the least recently seen first. Tracked tenants ≤ `max_size` + `max_idle`, whatever the
+number of names: `tracked()`. A running stream's tenant is charged as its tokens arrive, so it stays
+among the recently seen; the queue itself does not see streams end. Forgetting keeps the bound: the
+lemma is about backlogged tenants only, and a tenant forgotten while idle comes back through the
+lift, at `max(its counter, the floor)` with its counter read as 0, i.e. at the floor, the smallest
+counter of the backlogged tenants; backlogged counters then still lie within U of each other, so the
+2U service bound holds from that moment as it does for a new tenant. What forgetting gives up is the
+memory that stops a tenant that was served *above* the floor from pausing to shed its lead: only one
+of `max_idle` tenants seen since, and a client that picks its tenant name can take a fresh name
+anyway (with API keys on, tenants are the key file's). The last tenant to leave the queue, whose
+counter is the floor while nothing waits, is never forgotten. Example: `max_idle` = 2; A, B, C go
+idle in that order; C's arrival among the idle forgets A; A returns at the floor, as a new tenant would.
 """
 
 from __future__ import annotations
@@ -76,9 +92,13 @@ class VTCQueue(Generic[T]):
         tenant_weights: Mapping[str, float] | None = None,
         max_size: int = 1000,
         on_charge: Callable[[str, float], None] | None = None,
+        max_idle: int = IDLE_TENANTS_REMEMBERED,
     ) -> None:
         if input_weight <= 0 or output_weight <= 0:
             raise ValueError("input_weight and output_weight must be positive")
+        if max_idle < 1:
+            raise ValueError("max_idle must be at least 1")
+        self.max_idle = max_idle
         self.input_weight = input_weight
         self.output_weight = output_weight
         self._tenant_weights = dict(tenant_weights or {})
@@ -104,6 +124,10 @@ class VTCQueue(Generic[T]):
     def counters(self) -> dict[str, float]:
         """Counters of every tenant remembered (backlogged or recently idle)."""
         return dict(self._counters)
+
+    def tracked(self) -> int:
+        """Tenants the queue holds any state for: at most `max_size` + `max_idle` (module docstring)."""
+        return len(self._counters.keys() | self._queued.keys())
 
     def waiting(self, tenant: str) -> int:
         """Requests of `tenant` waiting."""
@@ -174,9 +198,6 @@ class VTCQueue(Generic[T]):
             raise ValueError("requests are waiting: queue this one")
         self._lift(tenant)
         self._last_departed = tenant
-        self._idle[tenant] = None
-        self._idle.move_to_end(tenant)
-        self._forget_oldest_idle()
         self._charge(tenant, self.input_weight * prompt_tokens)
 
     def ahead(self, *, tenant: str, priority: int = 0) -> int:
@@ -245,10 +266,12 @@ class VTCQueue(Generic[T]):
     def add_service(self, tenant: str, service: float) -> None:
         """Service a sibling worker charged `tenant` (already weighted): counters are shared."""
         self._counters[tenant] = self.counter(tenant) + service
+        self._seen(tenant)
 
     def _charge(self, tenant: str, cost: float) -> None:
         service = cost / self.weight(tenant)
         self._counters[tenant] = self.counter(tenant) + service
+        self._seen(tenant)
         if self.on_charge is not None:
             self.on_charge(tenant, service)
 
@@ -278,11 +301,19 @@ class VTCQueue(Generic[T]):
         if self._queued[tenant] == 0:
             del self._queued[tenant]
             self._last_departed = tenant
-            self._idle[tenant] = None
-            self._forget_oldest_idle()
+            self._seen(tenant)
 
-    def _forget_oldest_idle(self) -> None:
-        while len(self._idle) > IDLE_TENANTS_REMEMBERED:
-            tenant, _ = self._idle.popitem(last=False)
-            if tenant != self._last_departed:
-                self._counters.pop(tenant, None)
+    def _seen(self, tenant: str) -> None:
+        """`tenant`'s counter moved: if it waits for nothing, it is now the most recently seen idle
+        tenant, and the least recently seen beyond `max_idle` are forgotten (module docstring)."""
+        if tenant in self._queued:
+            return
+        self._idle[tenant] = None
+        self._idle.move_to_end(tenant)
+        while len(self._idle) > self.max_idle:
+            oldest = next(iter(self._idle))
+            if oldest == self._last_departed:  # the floor while nothing waits: kept, seen anew
+                self._idle.move_to_end(oldest)
+                oldest = next(iter(self._idle))
+            del self._idle[oldest]
+            self._counters.pop(oldest, None)
