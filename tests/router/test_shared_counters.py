@@ -58,9 +58,9 @@ async def test_each_replica_counts_what_the_others_served(
     assert await b.sync() and await a.sync() and await a.sync()
     assert a_queue.counter("silver") == b_queue.counter("silver") == 45.0
     assert a_queue.counter("gold") == b_queue.counter("gold") == 120.0
-    # The docstring's layout: one hash, tenant fields prefixed, the epoch of whoever created it.
+    # The docstring's layout: one hash, tenant fields prefixed, each with its generation.
     stored = redis_server.client().hgetall(KEY)
-    assert stored[b"t:gold"] == b"120" and stored[b"t:silver"] == b"45" and b"epoch" in stored
+    assert stored[b"t:gold"] == b"120" and stored[b"t:silver"] == b"45" and b"g:gold" in stored
 
 
 async def test_a_replica_that_joins_later_learns_the_history(replica: Replica) -> None:
@@ -102,6 +102,77 @@ async def test_a_lost_hash_restarts_the_books_without_a_jump(
     a_queue.pass_through(tenant="gold", prompt_tokens=1)
     assert await a.sync() and await b.sync()
     assert b_queue.counter("gold") == 100.0 + 5.0 + 1.0
+
+
+async def test_a_flood_of_tenant_names_leaves_the_hash_and_the_books_at_the_bound(
+    redis_server: RedisServer,
+) -> None:
+    """20,000 names charged through one replica, 2,000 a sync (a header-chosen tenant each), with a
+    bound of 500: the hash, the recency set and both replicas' books stay at the bound."""
+    bound = 500
+    queues: list[VTCQueue[str]] = []
+    replicas: list[SharedCounters] = []
+    for _ in range(2):
+        queue: VTCQueue[str] = VTCQueue(max_idle=bound)
+        counters = SharedCounters(
+            connect(redis_server.url), key=KEY, interval_s=0.1, add=queue.add_service, max_tenants=bound
+        )
+        queue.on_charge = counters.charged
+        queues.append(queue)
+        replicas.append(counters)
+    client = redis_server.client()
+    try:
+        for batch in range(10):
+            for i in range(2_000):
+                queues[0].pass_through(tenant=f"flood-{batch}-{i}", prompt_tokens=1)
+            assert await replicas[0].sync() and await replicas[1].sync()
+            assert client.zcard(KEY + ":seen") == bound
+            assert client.hlen(KEY) == 2 * bound
+            assert replicas[0].tracked() == replicas[1].tracked() == bound
+            assert queues[1].tracked() == bound
+        # Each sync carried the first 500 names of its batch (the pending bound); the rest were
+        # dropped and counted. B's counter of a kept one is A's charge (A's own also holds its lift).
+        assert replicas[0].dropped == 10 * (2_000 - bound)
+        assert queues[1].counter("flood-9-0") == 1.0
+    finally:
+        for counters in replicas:
+            await counters.stop()
+
+
+async def test_a_tenant_idle_past_the_limit_leaves_the_hash_and_returns_without_a_jump(
+    redis_server: RedisServer,
+) -> None:
+    now = [1_000.0]
+    queues: list[VTCQueue[str]] = []
+    replicas: list[SharedCounters] = []
+    for _ in range(2):
+        queue: VTCQueue[str] = VTCQueue()
+        counters = SharedCounters(
+            connect(redis_server.url),
+            key=KEY,
+            interval_s=0.1,
+            add=queue.add_service,
+            wall=lambda: now[0],
+            idle_s=60,
+        )
+        queue.on_charge = counters.charged
+        queues.append(queue)
+        replicas.append(counters)
+    a, b = replicas
+    try:
+        queues[0].pass_through(tenant="gold", prompt_tokens=100)
+        assert await a.sync() and await b.sync()
+        now[0] += 61  # nobody charged gold for over a minute: the next sync trims it
+        queues[0].pass_through(tenant="silver", prompt_tokens=1)
+        assert await a.sync() and await b.sync()
+        assert set(redis_server.client().hkeys(KEY)) == {b"t:silver", b"g:silver"}
+        queues[1].pass_through(tenant="gold", prompt_tokens=7)  # gold returns, through B
+        assert await b.sync() and await a.sync()
+        assert queues[0].counter("gold") == 107.0  # A adds B's 7, not B's 107 again nor a drop
+        assert queues[1].counter("gold") == 107.0
+    finally:
+        for counters in replicas:
+            await counters.stop()
 
 
 def test_redis_counters_need_a_pool_and_auto_needs_replicas() -> None:
