@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from tandem.core.spec import parse_inference_service
-from tandem.local.plan import LocalPlan, PlanError, build_plan
+from tandem.local.plan import LocalCredentials, LocalPlan, PlanError, build_plan
+
+CREDENTIALS = LocalCredentials(redis_password="pool-pw", engine_api_key="engine-key")
 
 
 def plan_for(spec: dict[str, Any], *, redis_server: str | None = "/usr/bin/redis-server") -> LocalPlan:
@@ -26,6 +28,7 @@ def plan_for(spec: dict[str, Any], *, redis_server: str | None = "/usr/bin/redis
         python="/py",
         redis_server=redis_server,
         state_dir=Path("/state"),
+        credentials=CREDENTIALS,
     )
 
 
@@ -78,7 +81,23 @@ def test_engine_args_and_env_reach_the_engines() -> None:
     plan = plan_for({"engine": engine_spec})
     engine = plan.processes[1]
     assert engine.argv[-2:] == ("--max-num-seqs", "8")
-    assert engine.env == {"A": "1"}
+    assert engine.env == {"A": "1", "VLLM_API_KEY": "engine-key", "TANDEM_KVPOOL_PASSWORD": "pool-pw"}
+
+
+def test_redis_requires_a_password_and_only_the_environment_carries_the_credentials() -> None:
+    plan = plan_for({"prefill": {"replicas": 1}, "decode": {"replicas": 1}})
+    redis, prefill, decode, router = plan.processes
+    assert redis.argv[:2] == ("sh", "-c") and redis.argv[3] == "/usr/bin/redis-server"
+    assert redis.argv[redis.argv.index("--protected-mode") + 1] == "yes"
+    assert redis.env["TANDEM_KVPOOL_PASSWORD"] == "pool-pw"
+    for engine in (prefill, decode):
+        assert (engine.env["VLLM_API_KEY"], engine.env["TANDEM_KVPOOL_PASSWORD"]) == ("engine-key", "pool-pw")
+    assert router.env == {"TANDEM_ENGINE_API_KEY": "engine-key", "TANDEM_KVPOOL_PASSWORD": "pool-pw"}
+    for process in plan.processes:
+        assert not any("pool-pw" in arg or "engine-key" in arg for arg in process.argv), process.name
+    assert "pool-pw" not in plan.router_config.model_dump_json()
+    external = plan_for({"kvPool": {"redis": {"url": "redis://10.0.0.5:6379"}}}, redis_server=None)
+    assert "TANDEM_KVPOOL_PASSWORD" not in external.processes[-1].env  # the caller's own, inherited
 
 
 @pytest.mark.parametrize(

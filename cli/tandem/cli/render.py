@@ -13,6 +13,7 @@ What the operator checks against the cluster (whether a Secret the spec names ca
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -28,12 +29,12 @@ DEFAULT_TANDEM_IMAGE = "ghcr.io/tandem-dev/tandem:latest"
 
 def render_documents(
     path: Path, *, images: Images, metrics_namespaces: tuple[str, ...] = ()
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """The manifests for every InferenceService in `path`; ClickException on a bad file or spec."""
     services, errors = load_inference_services(path)
     if errors:
         raise click.ClickException(f"{path} is not a valid InferenceService: {errors[0]}")
-    manifests: list[dict[str, object]] = []
+    manifests: list[dict[str, Any]] = []
     for isvc in services:
         owner = Owner(name=isvc.metadata.name, namespace=isvc.metadata.namespace, uid=PLACEHOLDER_UID)
         children = desired_children(

@@ -9,6 +9,8 @@ without a KV pool, or a `tokenizerPath` without the model's tokenizer files).
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,6 +29,7 @@ from tandem.core.routerconfig import RouterConfig
 from tandem.core.spec import check_rules
 from tandem.router.app import create_app
 from tandem.router.errors import ConfigurationError
+from tandem.router.settings import RouterSettings
 
 EXIT_BAD_CONFIG = 2
 
@@ -105,6 +108,7 @@ def router(
         config = config.model_copy(update={"api_keys_file": str(api_keys_file)})
     try:
         settings = settings_from_flags(tuning)  # the tuning flags, validated into RouterSettings
+        settings = with_engine_key(settings, os.environ)
     except click.UsageError as exc:
         _fail(exc.message)
     configure_logging(log_level, json_lines=log_format == "json")
@@ -130,6 +134,18 @@ def router(
     server.run()
     if not server.started:
         raise SystemExit(1)  # uvicorn has logged why (e.g. the port is taken)
+
+
+#: Where `tandem router` reads the key engines require (a Secret in a cluster; `tandem up` sets it).
+ENGINE_KEY_ENV = "TANDEM_ENGINE_API_KEY"
+
+
+def with_engine_key(settings: RouterSettings, environ: Mapping[str, str]) -> RouterSettings:
+    """`settings` with the engine API key from `environ[ENGINE_KEY_ENV]` (unset or empty: none); the
+    key is never a flag, where `ps` and the pod spec would show it."""
+    key = environ.get(ENGINE_KEY_ENV) or None
+    proxy = settings.proxy.model_copy(update={"engine_api_key": key})
+    return settings.model_copy(update={"proxy": proxy})
 
 
 def _run_workers(plan: WorkerPlan, *, host: str, port: int, count: int) -> int:

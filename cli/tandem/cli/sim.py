@@ -143,6 +143,13 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
     show_default=True,
     help="Batches kept for replay.",
 )
+@click.option(
+    "--api-key",
+    envvar="VLLM_API_KEY",
+    default=None,
+    help="Require `Authorization: Bearer KEY` on /v1/* as vLLM does (env VLLM_API_KEY, where a "
+    "cluster puts it); /health and /metrics stay open.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on."

@@ -31,7 +31,7 @@ from tandem.cli.status import render_table, status_rows
 from tandem.core.spec import InferenceService
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
-from tandem.local.plan import LOOPBACK, LocalPlan, PlanError, Role, build_plan
+from tandem.local.plan import LOOPBACK, LocalCredentials, LocalPlan, PlanError, Role, build_plan
 from tandem.local.ports import free_ports
 from tandem.local.scrape import write_prometheus_config
 from tandem.local.startup import start_stack
@@ -267,6 +267,7 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
         plan = build_plan(
             isvc, ports=free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
+            credentials=LocalCredentials.generate(),
         )  # fmt: skip
     except PlanError as exc:
         fail(str(exc), code=2)

@@ -7,14 +7,20 @@ discovery instead (`<state dir>/endpoints.json`, written by the local runtime as
 and drains engines), and `LocalPlan.new_engine` builds the process of any further engine. With
 `router.prefixSource: precise` every engine publishes its KV events on Unix sockets named after its
 HTTP port (`tandem.core.kvevents.local_addresses`) and the router config says where. Nothing here
-touches the system; ports and binary paths come in as arguments.
+touches the system; ports, binary paths and credentials come in as arguments.
+
+As in a cluster, the managed Redis requires a password and the engines an API key that only the
+gateway is given (`LocalCredentials`, drawn at random per run): both reach processes through their
+environment only (`TANDEM_KVPOOL_PASSWORD`; `VLLM_API_KEY` for engines, `TANDEM_ENGINE_API_KEY` for
+the gateway), never through argv or the router's config file.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -27,12 +33,32 @@ from tandem.core.kvevents import (
 )
 from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
-from tandem.kvpool.redisconf import pool_config, server_args
+from tandem.kvpool.engine_config import PASSWORD_ENV
+from tandem.kvpool.redisconf import authenticated_command, pool_config, server_args
 from tandem.local.vllm_engine import EngineRole, engine_command, engine_kv_keys
 
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
 ENDPOINT_FILE = "endpoints.json"
+
+
+#: Where engines read the key they require (vLLM's variable; `tandem sim` reads it too), and where the
+#: gateway reads the key it sends them.
+ENGINE_KEY_ENV = "VLLM_API_KEY"
+GATEWAY_ENGINE_KEY_ENV = "TANDEM_ENGINE_API_KEY"
+
+
+@dataclass(frozen=True)
+class LocalCredentials:
+    """The managed Redis' password and the engines' API key of one local run (URL-safe strings)."""
+
+    redis_password: str = field(repr=False)
+    engine_api_key: str = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> LocalCredentials:
+        """Fresh random credentials: 32 random bytes each, URL-safe base64."""
+        return cls(redis_password=secrets.token_urlsafe(32), engine_api_key=secrets.token_urlsafe(32))
 
 
 class PlanError(ValueError):
@@ -83,13 +109,19 @@ def build_plan(
     python: str,
     redis_server: str | None,
     state_dir: Path,
+    credentials: LocalCredentials | None = None,
 ) -> LocalPlan:
     """The processes that run `isvc` here, in start order (KV pool, engines, gateway).
 
     `ports` yields free loopback ports for internal components; `redis_server` is the Redis binary
-    (None is fine when the spec names an external Redis URL).
+    (None is fine when the spec names an external Redis URL); `credentials` default to fresh ones.
     """
     spec = isvc.spec
+    credentials = credentials or LocalCredentials.generate()
+    # The engines and the gateway: the engine key; with the managed Redis, its password too (an
+    # external Redis' password is the environment's own TANDEM_KVPOOL_PASSWORD, inherited).
+    engine_env = {ENGINE_KEY_ENV: credentials.engine_api_key}
+    gateway_env = {GATEWAY_ENGINE_KEY_ENV: credentials.engine_api_key}
     if spec.engine.kind not in ("sim", "vllm"):
         raise PlanError(
             f"engine.kind {spec.engine.kind!r} is not supported by the local runtime; use engine.kind: sim"
@@ -99,15 +131,26 @@ def build_plan(
     if pool_url is None:
         if redis_server is None:
             raise PlanError("no redis-server binary found (install Debian's redis-server)")
-        redis = _redis_process(isvc, port=next(ports), binary=redis_server, state_dir=state_dir)
+        redis = _redis_process(
+            isvc,
+            port=next(ports),
+            binary=redis_server,
+            state_dir=state_dir,
+            password=credentials.redis_password,
+        )
         processes.append(redis)
         pool_url = redis.url
+        for env in (engine_env, gateway_env):
+            env[PASSWORD_ENV] = credentials.redis_password
     events = local_addresses(state_dir) if spec.router.prefix_source == "precise" else None
 
     def new_engine(role: Literal["prefill", "decode"], index: int, port: int) -> ProcessPlan:
-        return _engine_process(
+        engine = _engine_process(
             isvc, role=role, index=index, port=port, python=python, pool_url=pool_url, events=events
         )
+        return replace(
+            engine, env={**engine_env, **engine.env}
+        )  # the spec's engine.env wins, as in a cluster
 
     engines = [new_engine(role, i, next(ports)) for role, count in _pool_sizes(isvc) for i in range(count)]
     processes.extend(engines)
@@ -139,6 +182,7 @@ def build_plan(
               "--host", LOOPBACK, "--port", str(router_port)),
         port=router_port,
         probe="http",
+        env=gateway_env,
     )  # fmt: skip
     processes.append(router)
     return LocalPlan(
@@ -165,10 +209,16 @@ def _pool_sizes(isvc: InferenceService) -> tuple[tuple[Literal["prefill", "decod
     return (("prefill", isvc.spec.prefill.replicas), ("decode", isvc.spec.decode.replicas))
 
 
-def _redis_process(isvc: InferenceService, *, port: int, binary: str, state_dir: Path) -> ProcessPlan:
+def _redis_process(
+    isvc: InferenceService, *, port: int, binary: str, state_dir: Path, password: str
+) -> ProcessPlan:
+    """redis-server on loopback with `requirepass` (written by `AUTH_SCRIPT` to `<state dir>/auth.conf`,
+    mode 600, from the environment) and protected mode on."""
     config = pool_config(isvc.spec.kv_pool.redis)
-    argv = (binary, *server_args(config, port=port, bind=LOOPBACK, data_dir=str(state_dir)))
-    return ProcessPlan(name="redis", role="kvpool", argv=argv, port=port, probe="redis")
+    args = server_args(config, port=port, bind=LOOPBACK, data_dir=str(state_dir), protected_mode=True)
+    env = {PASSWORD_ENV: password, "REDIS_DATA_DIR": str(state_dir)}
+    argv = (*authenticated_command(binary), *args)
+    return ProcessPlan(name="redis", role="kvpool", argv=argv, port=port, probe="redis", env=env)
 
 
 def _engine_process(

@@ -10,11 +10,13 @@ costs only recomputation. With `allkeys-lru` (the default) Redis evicts either k
 its own; readers treat a pair with one half missing as absent (`tandem.kvpool.keys`).
 
 The password (`requirepass`) never appears in a command line, where `ps` and the pod spec would show
-it. In a cluster the container runs `AUTH_SCRIPT`: a shell builtin (`printf`) writes `requirepass` from
-the environment variable (filled from the Secret `kvPool.redis.passwordSecret`) into a file on the
-pod's private emptyDir, and `redis-server` starts with that file as its configuration, followed by the
-ordinary arguments. Passwords must be URL-safe (letters, digits, `-._~`): LMCache takes the
-password inside its `redis://:<password>@host` URL, and Redis' config parser splits on spaces.
+it. The pool always has one: in a cluster a generated Secret's when the spec names none, locally a
+random one `tandem up` draws. The container (or `tandem up`) runs `AUTH_SCRIPT`: a shell builtin
+(`printf`) writes `requirepass` from the environment variable (filled from the Secret
+`kvPool.redis.passwordSecret`) into a file on the pod's private emptyDir, and `redis-server` starts
+with that file as its configuration, followed by the ordinary arguments. Passwords must be URL-safe
+(letters, digits, `-._~`): LMCache takes the password inside its `redis://:<password>@host` URL, and
+Redis' config parser splits on spaces.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from tandem.kvpool.engine_config import PASSWORD_ENV
 REDIS_PORT = 6379
 #: Where the in-container script writes the config holding `requirepass` (inside the data emptyDir).
 AUTH_CONF = "auth.conf"
-#: `sh -c AUTH_SCRIPT redis-server <args...>`: the script reads the password from `$PASSWORD_ENV`,
-#: writes it to `$REDIS_DATA_DIR/auth.conf` (mode 600) and replaces itself with redis-server.
+#: `sh -c AUTH_SCRIPT <redis-server binary> <args...>`: the script refuses an empty password (Redis
+#: would read `requirepass ""` as none), writes the password from `$PASSWORD_ENV` to
+#: `$REDIS_DATA_DIR/auth.conf` (mode 600) and replaces itself with the binary (`$0`).
 _CONF_PATH = '"${REDIS_DATA_DIR}/' + AUTH_CONF + '"'
 AUTH_SCRIPT = (
-    f'umask 077 && printf "requirepass %s\\n" "${{{PASSWORD_ENV}}}" > {_CONF_PATH}'
-    f' && exec redis-server {_CONF_PATH} "$@"'
+    f'test -n "${{{PASSWORD_ENV}}}" || {{ echo "{PASSWORD_ENV} is empty" >&2; exit 1; }}'
+    f' && umask 077 && printf "requirepass %s\\n" "${{{PASSWORD_ENV}}}" > {_CONF_PATH}'
+    f' && exec "$0" {_CONF_PATH} "$@"'
 )
 
 
@@ -81,10 +85,10 @@ def server_args(
     return args
 
 
-def authenticated_command() -> list[str]:
-    """A container `command` that starts redis-server with `requirepass` from the environment.
+def authenticated_command(binary: str = "redis-server") -> list[str]:
+    """A container `command` that starts `binary` (redis-server) with `requirepass` from the environment.
 
-    The container's `args` are then `server_args(...)`; it needs `$TANDEM_KVPOOL_PASSWORD` and
-    `$REDIS_DATA_DIR` (a writable directory, e.g. an emptyDir) in its environment.
+    The container's `args` are then `server_args(...)`; it needs `$TANDEM_KVPOOL_PASSWORD` (not empty)
+    and `$REDIS_DATA_DIR` (a writable directory, e.g. an emptyDir) in its environment.
     """
-    return ["sh", "-c", AUTH_SCRIPT, "redis-server"]
+    return ["sh", "-c", AUTH_SCRIPT, binary]

@@ -33,6 +33,13 @@ class ProxySettings(_Settings):
     models_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="Per-engine limit when aggregating /v1/models."
     )
+    engine_api_key: str | None = Field(
+        default=None,
+        min_length=1,
+        repr=False,
+        description="Sent as `Authorization: Bearer <key>` on every call to an engine's /v1/* (engines "
+        "started with vLLM's --api-key); `tandem router` reads it from $TANDEM_ENGINE_API_KEY.",
+    )
 
 
 class DisaggregationSettings(_Settings):

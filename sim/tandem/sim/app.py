@@ -30,7 +30,7 @@ from tandem.sim.engine.loop import EngineDead, EngineLoop
 from tandem.sim.kvevents_publisher import KVEventPublisher
 from tandem.sim.kvpool import KVPool, connect
 from tandem.sim.metrics import SimMetrics
-from tandem.sim.middleware import RequestContextMiddleware
+from tandem.sim.middleware import ApiKeyMiddleware, RequestContextMiddleware
 from tandem.sim.protocol import APIError
 from tandem.sim.settings import SimSettings
 from tandem.sim.state import Runtime, SimApp
@@ -67,6 +67,8 @@ def create_app(
     )
     app = FastAPI(title="tandem sim", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.sim = state
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(RequestContextMiddleware)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(EngineDead, _engine_dead)

@@ -1,4 +1,4 @@
-"""Per-request context: the request id and one structured log line per request.
+"""Per-request context (the request id and one structured log line per request) and vLLM's API key.
 
 The id is the client's `x-request-id` header when it sends one, else a fresh one; it is set in
 `tandem.core.logs.REQUEST_ID` for every log line of the request and echoed in the response's
@@ -7,6 +7,8 @@ The id is the client's `x-request-id` header when it sends one, else a fresh one
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import time
 import uuid
@@ -68,3 +70,27 @@ class RequestContextMiddleware:
                 },
             )
             REQUEST_ID.reset(token)
+
+
+class ApiKeyMiddleware:
+    """vLLM's `--api-key` (`VLLM_API_KEY`): every request to a path under `/v1` needs
+    `Authorization: Bearer <key>`, else 401 `{"error": "Unauthorized"}`, as vLLM answers; `/health`,
+    `/metrics`, `/tokenize` and the rest stay open, as in vLLM. Digests are compared in constant time."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str) -> None:
+        self.app = app
+        self._digest = hashlib.sha256(f"Bearer {api_key}".encode()).digest()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not path.startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get("authorization", "")
+        if hmac.compare_digest(hashlib.sha256(given.encode()).digest(), self._digest):
+            await self.app(scope, receive, send)
+            return
+        body = b'{"error":"Unauthorized"}'
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

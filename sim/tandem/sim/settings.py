@@ -51,6 +51,17 @@ class SimSettings(BaseModel):
     kv_events_topic: str = Field(default="", description="Topic frame of every KV-event message.")
     kv_events_encoding: KVEventsEncoding = "map"
     kv_events_buffer_steps: int = Field(default=10_000, ge=1, le=10_000_000)
+    api_key: str | None = Field(
+        default=None,
+        min_length=1,
+        repr=False,
+        description="Key /v1/* requires as `Authorization: Bearer <key>` (vLLM's --api-key); None: open.",
+    )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, value: object) -> object:
+        return value or None  # as vLLM: an empty key requires nothing
 
     @model_validator(mode="before")
     @classmethod

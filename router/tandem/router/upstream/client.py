@@ -105,11 +105,19 @@ class Upstream(Protocol):
     async def open(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply: ...
 
 
-async def get_whole(wire: Wire, url: str, path: str, *, name: str, timeout_s: float) -> Answer:
+async def get_whole(
+    wire: Wire,
+    url: str,
+    path: str,
+    *,
+    name: str,
+    timeout_s: float,
+    headers: Mapping[str, str] | None = None,
+) -> Answer:
     """GET `path` from the engine at `url` and read its whole answer within `timeout_s`; raises
     `UpstreamError` (`UpstreamTimeout` when the answer takes longer)."""
     answer = await wire.exchange(
-        url, name=name, method="GET", path=path, headers={}, body=b"", read_s=timeout_s
+        url, name=name, method="GET", path=path, headers=dict(headers or {}), body=b"", read_s=timeout_s
     )
     try:
         async with asyncio.timeout(timeout_s):
@@ -138,11 +146,15 @@ def metrics_fetch(wire: Wire) -> Fetch:
 
 
 class HTTPUpstream:
-    """Sends calls to engines over the gateway's `Wire`."""
+    """Sends calls to engines over the gateway's `Wire`, with `Authorization: Bearer <key>` on each
+    when `settings.engine_api_key` is set (engines that require vLLM's API key); the key overrides
+    any authorization header a call carries."""
 
     def __init__(self, wire: Wire, settings: ProxySettings) -> None:
         self._wire = wire
         self._settings = settings
+        key = settings.engine_api_key
+        self._auth: dict[str, str] = {} if key is None else {"authorization": f"Bearer {key}"}
 
     async def open(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply:
         """POST `call` to `endpoint` and wait for the head of the answer (see `UpstreamReply`).
@@ -151,7 +163,12 @@ class HTTPUpstream:
         and the other `UpstreamError`s for transport failures; in every error case the connection
         is closed before raising.
         """
-        headers = {"content-type": "application/json", "accept-encoding": "identity", **call.headers}
+        headers = {
+            "content-type": "application/json",
+            "accept-encoding": "identity",
+            **call.headers,
+            **self._auth,
+        }
         answer = await self._wire.exchange(
             endpoint.url,
             name=endpoint.name,
@@ -178,7 +195,9 @@ class HTTPUpstream:
 
     async def get_json(self, endpoint: Endpoint, path: str, *, timeout_s: float) -> Any:
         """GET `path` and parse JSON; raises `UpstreamError` (transport or non-2xx) or ValueError."""
-        answer = await get_whole(self._wire, endpoint.url, path, name=endpoint.name, timeout_s=timeout_s)
+        answer = await get_whole(
+            self._wire, endpoint.url, path, name=endpoint.name, timeout_s=timeout_s, headers=self._auth
+        )
         if not 200 <= answer.status < 300:
             raise UpstreamStatusError(
                 f"{endpoint.name}: answered {answer.status}", upstream_status=answer.status
