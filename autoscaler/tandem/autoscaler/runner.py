@@ -5,12 +5,21 @@ go), runs a round every `interval_s` (`ROUND_SECONDS` by default: the collector'
 outcome as metrics and hands the service's outcomes to `report` (Kubernetes: Events and status; locally:
 log lines). One pool's failure in a round (an API error while scaling) is logged and does not stop
 the others or the next round.
+
+Services are independent: each service's step is a task of its own, and a round waits for them at
+most `budget_s` (by default the interval, and at least the scrape deadline). A service still busy
+then (an engine that answers slowly, an API call that hangs) goes on in the background: its outcome
+is recorded and reported when it ends, the round returns without it, and the next round starts no
+second step for it while the first runs. So one tenant's engine can delay only its own service's
+decisions. Example: services A and B, B's engines drip `/metrics`: each round ends after A's step,
+B's scrape fails at its deadline (`tandem.autoscaler.scraper`) and B holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,6 +34,7 @@ from tandem.autoscaler.control import (
 )
 from tandem.autoscaler.decider import DeciderParams, decode_params, prefill_params
 from tandem.autoscaler.metrics import AutoscalerMetrics
+from tandem.autoscaler.scraper import SCRAPE_DEADLINE_S
 from tandem.core.spec import InferenceServiceSpec
 
 log = logging.getLogger(__name__)
@@ -84,12 +94,16 @@ class Autoscaler:
         report: Report = _no_report,
         interval_s: float = ROUND_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        budget_s: float | None = None,
     ) -> None:
         self.metrics = metrics
         self.report = report
         self._interval = interval_s
         self._clock = clock
+        self._budget = budget_s if budget_s is not None else max(interval_s, SCRAPE_DEADLINE_S)
         self.services: dict[str, list[PoolController]] = {}
+        #: Each service's step now running (module docstring: one at a time per service).
+        self.in_flight: dict[str, asyncio.Task[list[PoolOutcome]]] = {}
         #: When the last round ended (the clock's seconds); None before the first.
         self.last_round: float | None = None
 
@@ -112,15 +126,39 @@ class Autoscaler:
     def remove_service(self, service: str) -> None:
         if self.services.pop(service, None) is not None:
             self.metrics.forget(service)
+        task = self.in_flight.pop(service, None)
+        if task is not None:
+            task.cancel()
 
     async def round(self) -> list[PoolOutcome]:
-        """One step of every pool of every service, services concurrently."""
+        """One step of every pool of every service not still busy with the last one, services
+        independently; returns the outcomes of the steps that ended within `budget_s`."""
         now = self._clock()
-        results = await asyncio.gather(
-            *(self._service_round(name, controllers, now) for name, controllers in self.services.items())
-        )
+        started: list[asyncio.Task[list[PoolOutcome]]] = []
+        for name, controllers in self.services.items():
+            if name in self.in_flight:
+                log.info("autoscaler: last round's step still running; skipped", extra={"service": name})
+                continue
+            task = asyncio.create_task(self._service_round(name, controllers, now), name=f"autoscale {name}")
+            task.add_done_callback(functools.partial(self._ended, name))
+            self.in_flight[name] = task
+            started.append(task)
+        done: set[asyncio.Task[list[PoolOutcome]]] = set()
+        if started:
+            done, _ = await asyncio.wait(started, timeout=self._budget)
         self.last_round = self._clock()
-        return [outcome for outcomes in results for outcome in outcomes]
+        return [outcome for task in started if task in done for outcome in task.result()]
+
+    def _ended(self, service: str, task: asyncio.Task[list[PoolOutcome]]) -> None:
+        if self.in_flight.get(service) is task:
+            del self.in_flight[service]
+
+    async def close(self) -> None:
+        """Cancel the steps still running."""
+        tasks = list(self.in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def alive(self, within_s: float) -> bool:
         """True when a round ended less than `within_s` ago (liveness)."""
@@ -151,12 +189,15 @@ class Autoscaler:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds every `interval_s` until `stop` is set."""
-        while not stop.is_set():
-            started = self._clock()
-            await self.round()
-            remaining = self._interval - (self._clock() - started)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(0.0, remaining))
+        try:
+            while not stop.is_set():
+                started = self._clock()
+                await self.round()
+                remaining = self._interval - (self._clock() - started)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=max(0.0, remaining))
+        finally:
+            await self.close()
 
 
 def _log(outcome: PoolOutcome) -> None:

@@ -1,8 +1,16 @@
 """Scraping engines' and gateways' `/metrics` over HTTP (the collector's I/O half).
 
-Each engine (and each gateway replica) gets one GET per round with a short timeout; an answer that is
-not a 200 with metrics text, a timeout or a connection error is a failed scrape (None), which makes the
-pool's observation invalid: the decider then holds instead of guessing.
+Each engine (and each gateway replica) gets one GET per round; an answer that is not a 200 with
+metrics text, a timeout or a connection error is a failed scrape (None), which makes the pool's
+observation invalid: the decider then holds instead of guessing.
+
+An engine's pod runs the tenant's image, so its `/metrics` is not trusted to be well behaved. Each
+scrape has a **total deadline** (`deadline_s`: connect, headers and the whole body; a page that drips
+a byte a second never ends otherwise, since each byte restarts a read timeout) and a **size cap**
+(`max_bytes`: a declared `Content-Length` above it is refused before the body, and a body is read in
+chunks and dropped as soon as it passes the cap, so an endless or 100 MB answer costs at most the cap
+plus one chunk of memory; a compressed page is refused, as it could inflate past the cap). Any of
+these makes the scrape fail (None, logged with the reason).
 """
 
 from __future__ import annotations
@@ -19,6 +27,15 @@ from tandem.autoscaler.readings import EngineReading, GatewayReading, parse_engi
 
 log = logging.getLogger(__name__)
 
+#: Seconds a whole scrape may take, and the largest page read (bytes): vLLM's page is tens of KiB.
+SCRAPE_DEADLINE_S = 0.8
+MAX_PAGE_BYTES = 8 * 1024 * 1024
+
+
+class PageRefused(Exception):
+    """A `/metrics` answer over the size cap, or compressed (asked not to be: a small compressed
+    body can inflate far past the cap)."""
+
 
 class Scraper:
     """Scrapes many engines at once with one shared client (the caller owns and closes it)."""
@@ -27,11 +44,13 @@ class Scraper:
         self,
         client: httpx.AsyncClient,
         *,
-        timeout_s: float = 0.8,
+        deadline_s: float = SCRAPE_DEADLINE_S,
+        max_bytes: int = MAX_PAGE_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
-        self._timeout = timeout_s
+        self._deadline = deadline_s
+        self._max_bytes = max_bytes
         #: Stamps each reading with when its answer arrived (`EngineReading.at`).
         self._clock = clock
 
@@ -66,9 +85,30 @@ class Scraper:
 
     async def _text(self, url: str, *, what: str) -> str | None:
         try:
-            response = await self._client.get(f"{url.rstrip('/')}/metrics", timeout=self._timeout)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self._deadline):
+                page = await self._page(f"{url.rstrip('/')}/metrics")
+        except TimeoutError:
+            log.warning(f"{what} scrape failed", extra={"endpoint": url, "error": "deadline passed"})
+            return None
+        except (httpx.HTTPError, PageRefused) as exc:
             log.warning(f"{what} scrape failed", extra={"endpoint": url, "error": repr(exc)})
             return None
-        return response.text
+        return page.decode("utf-8", errors="replace")
+
+    async def _page(self, url: str) -> bytes:
+        """The body of a 200 answer, at most `max_bytes` of it (module docstring)."""
+        headers = {"accept-encoding": "identity"}
+        async with self._client.stream("GET", url, headers=headers, timeout=self._deadline) as response:
+            response.raise_for_status()
+            encoding = response.headers.get("content-encoding", "identity").lower()
+            if encoding != "identity":
+                raise PageRefused(f"a {encoding} page, asked for identity")
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self._max_bytes:
+                raise PageRefused(f"{declared} bytes declared, the cap is {self._max_bytes}")
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > self._max_bytes:
+                    raise PageRefused(f"over {self._max_bytes} bytes")
+            return bytes(body)
