@@ -88,7 +88,10 @@ async def test_the_process_serves_healthz_logs_json_and_exits_0_on_sigterm(
 
 
 def test_the_charts_autoscaler_command_line_parses() -> None:
-    values = {"autoscaler": {"enabled": True, "namespace": "team-a", "metricsPort": 9191}}
+    values = {
+        "autoscaler": {"enabled": True, "namespace": "team-a", "metricsPort": 9191},
+        "operator": {"clusterWide": True},
+    }
     rendered = helm.Chart.load(ROOT / "charts" / "tandem").render(
         values, name="tandem", namespace="tandem-system"
     )

@@ -270,7 +270,10 @@ def from_the_autoscaler(request: Any) -> bool:
 
 def autoscaler_grants(namespaces: tuple[str, ...]) -> Grants:
     """The autoscaler's rights in the chart installed to watch `namespaces` (empty: every one)."""
-    values = {"autoscaler": {"enabled": True}, "operator": {"watchNamespaces": list(namespaces)}}
+    values = {
+        "autoscaler": {"enabled": True},
+        "operator": {"watchNamespaces": list(namespaces), "clusterWide": not namespaces},
+    }
     return Grants(chart_documents(values), account="tandem-autoscaler")
 
 

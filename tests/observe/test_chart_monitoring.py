@@ -135,7 +135,11 @@ def test_the_service_monitor_scrapes_the_gateway_and_engine_services_the_operato
 
 @pytest.mark.parametrize(
     ("operator", "selector"),
-    [({}, {"any": True}), ({"watchNamespaces": ["team-a", "team-b"]}, {"matchNames": ["team-a", "team-b"]})],
+    [
+        ({}, {"matchNames": ["tandem-system"]}),
+        ({"clusterWide": True}, {"any": True}),
+        ({"watchNamespaces": ["team-a", "team-b"]}, {"matchNames": ["team-a", "team-b"]}),
+    ],
 )
 def test_the_service_monitor_looks_where_the_operator_watches(
     operator: dict[str, Any], selector: dict[str, Any]

@@ -204,7 +204,9 @@ DEMO: dict[str, Any] = {
 
 def operator_grants(namespaces: tuple[str, ...]) -> Grants:
     """The operator's rights in the chart rendered with `operator.watchNamespaces: namespaces`."""
-    chart = chart_documents({"operator": {"watchNamespaces": list(namespaces)}})
+    chart = chart_documents(
+        {"operator": {"watchNamespaces": list(namespaces), "clusterWide": not namespaces}}
+    )
     return Grants(chart, account="tandem-operator")
 
 

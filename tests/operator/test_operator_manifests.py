@@ -64,7 +64,10 @@ NAMESPACED: dict[str, Any] = {
 VALUES = {
     "default": None,
     "all features": ALL_FEATURES,
-    "autoscaler in one namespace": {"autoscaler": {"enabled": True, "namespace": "team-a"}},
+    "autoscaler in one namespace": {
+        "autoscaler": {"enabled": True, "namespace": "team-a"},
+        "operator": {"clusterWide": True},
+    },
 }
 RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
@@ -123,13 +126,45 @@ def test_the_rendered_chart_passes_strict_validation(values: str, version: str) 
         assert_valid(yaml.safe_load(crd["data"]), version)
 
 
-def test_the_default_chart_renders_the_operator_and_its_rbac_only() -> None:
-    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in render(None))
+CLUSTER_WIDE: dict[str, Any] = {"operator": {"clusterWide": True}}
+
+
+def test_the_default_chart_renders_the_operator_with_rights_in_its_own_namespace_only() -> None:
+    documents = render(None)
+    kinds = sorted((d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in documents)
+    assert kinds == [
+        ("Deployment", "tandem-system", "tandem-operator"),
+        ("Role", "tandem-system", "tandem-operator"),
+        ("RoleBinding", "tandem-system", "tandem-operator"),
+        ("ServiceAccount", "tandem-system", "tandem-operator"),
+    ]
+    (operator,) = by_kind(documents, "Deployment")
+    assert "--namespace=tandem-system" in operator["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_cluster_wide_is_asked_for_and_then_a_cluster_role_is_rendered() -> None:
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in render(CLUSTER_WIDE))
     assert kinds == [
         ("ClusterRole", "tandem-operator"),
         ("ClusterRoleBinding", "tandem-operator"),
         ("Deployment", "tandem-operator"),
         ("ServiceAccount", "tandem-operator"),
+    ]
+
+
+def test_the_autoscalers_namespace_may_scrape_through_the_operators_network_policies() -> None:
+    (operator,) = [
+        d
+        for d in by_kind(
+            render({"autoscaler": {"enabled": True}, "operator": {"metricsNamespaces": ["monitoring"]}}),
+            "Deployment",
+        )
+        if d["metadata"]["name"] == "tandem-operator"
+    ]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--metrics-namespace=")] == [
+        "--metrics-namespace=monitoring",
+        "--metrics-namespace=tandem-system",
     ]
 
 
@@ -180,7 +215,7 @@ def test_each_namespaced_role_holds_the_cluster_roles_rules_less_the_cluster_sco
     name = f"tandem-{component}"
     (cluster_role,) = [
         d
-        for d in by_kind(render({"autoscaler": {"enabled": True}}), "ClusterRole")
+        for d in by_kind(render({"autoscaler": {"enabled": True}, **CLUSTER_WIDE}), "ClusterRole")
         if d["metadata"]["name"] == name
     ]
     # CRDs are cluster-scoped (a Role cannot grant them), and a namespaced operator does not read them.
@@ -192,7 +227,7 @@ def test_each_namespaced_role_holds_the_cluster_roles_rules_less_the_cluster_sco
 
 
 def test_an_autoscaler_namespace_narrows_the_autoscalers_rights_to_that_namespace() -> None:
-    documents = render({"autoscaler": {"enabled": True, "namespace": "team-a"}})
+    documents = render({"autoscaler": {"enabled": True, "namespace": "team-a"}, **CLUSTER_WIDE})
     assert rbac_objects(documents) == {
         ("ClusterRole", None, "tandem-operator"),
         ("ClusterRoleBinding", None, "tandem-operator"),
@@ -204,8 +239,9 @@ def test_an_autoscaler_namespace_narrows_the_autoscalers_rights_to_that_namespac
 @pytest.mark.parametrize(
     ("values", "namespaces"),
     [
-        ({"autoscaler": {"enabled": True}}, []),
-        ({"autoscaler": {"enabled": True, "namespace": "team-a"}}, ["team-a"]),
+        ({"autoscaler": {"enabled": True}, **CLUSTER_WIDE}, []),
+        ({"autoscaler": {"enabled": True}}, ["tandem-system"]),
+        ({"autoscaler": {"enabled": True, "namespace": "team-a"}, **CLUSTER_WIDE}, ["team-a"]),
         (NAMESPACED, ["team-a", "team-b"]),
         (
             {"autoscaler": {"enabled": True, "namespace": "team-b"}, "operator": NAMESPACED["operator"]},
@@ -260,7 +296,9 @@ def operator_rules(install: str = "cluster-wide") -> list[dict[str, Any]]:
     """The operator's ClusterRole rules, or (namespaced) those of its Role in team-a."""
     if install == "cluster-wide":
         roles = [
-            d for d in by_kind(render(None), "ClusterRole") if d["metadata"]["name"] == "tandem-operator"
+            d
+            for d in by_kind(render(CLUSTER_WIDE), "ClusterRole")
+            if d["metadata"]["name"] == "tandem-operator"
         ]
     else:
         roles = [
@@ -321,7 +359,7 @@ def test_the_kustomize_base_passes_strict_validation(version: str) -> None:
 
 def test_the_kustomize_base_matches_the_chart_defaults() -> None:
     kustomize = {d["kind"]: d for d in kustomize_documents()}
-    chart = {d["kind"]: d for d in render(None)}
+    chart = {d["kind"]: d for d in render(CLUSTER_WIDE)}
     assert kustomize["ClusterRole"]["rules"] == chart["ClusterRole"]["rules"]
     container = kustomize["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     chart_container = chart["Deployment"]["spec"]["template"]["spec"]["containers"][0]

@@ -47,14 +47,37 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* Namespaces the operator watches, as a JSON list; [] means every namespace. They are
+operator.watchNamespaces when set; else every namespace with operator.clusterWide; else (the default)
+the release's namespace only, so that a default install holds no cluster-wide right. */}}
+{{- define "tandem.operatorNamespaces" -}}
+{{- if .Values.operator.watchNamespaces }}
+{{- .Values.operator.watchNamespaces | toJson }}
+{{- else if .Values.operator.clusterWide }}
+{{- list | toJson }}
+{{- else }}
+{{- list .Release.Namespace | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces whose pods may scrape engines and gateways through the NetworkPolicies the
+operator renders: operator.metricsNamespaces, and the release's when the autoscaler runs there. */}}
+{{- define "tandem.metricsNamespaces" -}}
+{{- $namespaces := .Values.operator.metricsNamespaces | default list }}
+{{- if and .Values.autoscaler.enabled (not (has .Release.Namespace $namespaces)) }}
+{{- $namespaces = append $namespaces .Release.Namespace }}
+{{- end }}
+{{- $namespaces | toJson }}
+{{- end }}
+
 {{/* Namespaces the autoscaler watches, as a JSON list; [] means every namespace. It is
 autoscaler.namespace when set (which must then be one the operator watches: the autoscaler only
-scales pools the operator manages), else operator.watchNamespaces. */}}
+scales pools the operator manages), else the operator's namespaces. */}}
 {{- define "tandem.autoscalerNamespaces" -}}
-{{- $watched := .Values.operator.watchNamespaces | default list }}
+{{- $watched := include "tandem.operatorNamespaces" . | fromJsonArray }}
 {{- with .Values.autoscaler.namespace }}
 {{- if and $watched (not (has . $watched)) }}
-{{- fail (printf "autoscaler.namespace %q must be one of operator.watchNamespaces %v: the operator does not manage the pools of other namespaces" . $watched) }}
+{{- fail (printf "autoscaler.namespace %q must be one of the operator's namespaces %v (operator.watchNamespaces, else the release's unless operator.clusterWide): the operator does not manage the pools of other namespaces" . $watched) }}
 {{- end }}
 {{- list . | toJson }}
 {{- else }}
@@ -66,7 +89,7 @@ scales pools the operator manages), else operator.watchNamespaces. */}}
 and a RoleBinding in each of the namespaces, or, for [], a ClusterRole and a ClusterRoleBinding
 (every namespace). docs/security.md, "Namespaced install". */}}
 {{- define "tandem.rbacScopes" -}}
-{{- $scopes := dict "operator" (.Values.operator.watchNamespaces | default list) }}
+{{- $scopes := dict "operator" (include "tandem.operatorNamespaces" . | fromJsonArray) }}
 {{- if .Values.autoscaler.enabled }}
 {{- $_ := set $scopes "autoscaler" (include "tandem.autoscalerNamespaces" . | fromJsonArray) }}
 {{- end }}
