@@ -37,7 +37,7 @@ class Behaviour:
     """How the engine answers; tests may change it between requests.
 
     `status`: answer every generation request with this status (an OpenAI error body when >= 400).
-    `tokens`: tokens generated (capped by the request's `max_tokens`).
+    `tokens`: tokens generated (capped by the request's output limit, as vLLM reads it).
     `token_delay`: seconds between streamed tokens. `answer_delay`: seconds before answering at all.
     `die_after`: streamed tokens sent before the connection breaks.
     `kv_transfer_params`: returned in non-streaming answers to requests asking for a remote decode.
@@ -113,7 +113,9 @@ class FakeEngine:
         if behaviour.status >= 400:
             message = f"{self.name} fails on purpose"
             return JSONResponse(error_body(behaviour.status, message), status_code=behaviour.status)
-        n = min(behaviour.tokens, body.get("max_tokens") or behaviour.tokens)
+        # vLLM's limit: on chat `max_completion_tokens or max_tokens`, on completions `max_tokens`
+        limit = (body.get("max_completion_tokens") if chat else None) or body.get("max_tokens")
+        n = min(behaviour.tokens, limit or behaviour.tokens)
         if body.get("stream"):
             progress = _StreamProgress()
             return _RecordingStream(self, progress, self._events(body, n=n, chat=chat, progress=progress))

@@ -407,3 +407,28 @@ async def test_output_is_charged_as_it_streams_and_settled_with_the_engines_usag
     assert sample(registry, "tandem_router_tenant_served_tokens_total", tenant="a", kind="prompt") == 12
     assert sample(registry, "tandem_router_tenant_served_tokens_total", tenant="a", kind="completion") == 5
     assert sample(registry, "tandem_router_tenant_vtc_counter", tenant="a") == 22
+
+
+async def test_a_request_that_had_its_turn_waits_at_the_front_and_is_charged_its_prompt_once() -> None:
+    """A pre-empted stream's continuation charges no prompt (its first grant did; the engine's
+    usage of the continuation counts the prompt again, with the text so far); a recalled request's
+    first charge is corrected by its usage, not added to. Neither is refused for waiting long."""
+    clock = FakeClock()
+    gate, _ = make_gate(Pool(capacity=1), clock, max_wait_s=60)
+    first = await gate.admit(request("r1", "a", prompt=100))
+    assert gate.queue.counter("a") == 100
+    continued = asyncio.create_task(gate.resume(tenant="a", priority=0))
+    recalled = asyncio.create_task(gate.resume(tenant="a", priority=0, prompt_tokens=100))
+    await settle()
+    clock.advance(3600)  # an hour in the queue: past max_queue_wait, still waiting
+    await asyncio.sleep(0.05)
+    assert not continued.done() and not recalled.done()
+    first.release()  # the one queued last went to the front of its tenant's requests: recalled
+    again = await recalled
+    again.settle(Usage(prompt_tokens=103, completion_tokens=1))
+    assert gate.queue.counter("a") == 103 + 2  # the estimate of 100 corrected to 103, not added to
+    again.release()
+    grant = await continued
+    grant.settle(Usage(prompt_tokens=130, completion_tokens=4))
+    assert gate.queue.counter("a") == 105 + 2 * 4  # output weight 2; no second prompt charge
+    grant.release()

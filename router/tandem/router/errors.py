@@ -62,6 +62,12 @@ class RequestTooLarge(InvalidRequest):
     status = 413
 
 
+class RequestTimeout(InvalidRequest):
+    """The client did not send its whole body in time (a slow or stalled sender)."""
+
+    status = 408
+
+
 class Unauthenticated(RouterError):
     """No API key, or one that is not in the key table; OpenAI's `invalid_api_key`. The message never
     quotes the key."""

@@ -45,6 +45,7 @@ waiting uses the loop's timers: one per waiter for its deadline, and one gate-wi
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -205,6 +206,13 @@ class Grant:
             self._gate.running.discard(self)
             self._gate.released()
 
+    def recharge(self, prompt_tokens: int | None) -> None:
+        """A grant for a request that already had its turn (`AdmissionGate.resume`): its prompt was
+        charged by its first grant (`prompt_tokens`, which the engine's usage corrects), or, for a
+        continuation (None), is not charged at all."""
+        self.prompt_tokens = prompt_tokens or 0
+        self._charged = prompt_tokens is not None
+
     def give_up(self) -> Callable[[], None] | None:
         """Pre-empted: its unit of capacity now belongs to another request (`release` frees nothing
         more); returns the callback that stops its stream."""
@@ -309,23 +317,29 @@ class AdmissionGate:
         finally:
             del waiter  # a refusal's traceback holds this frame (`_wait`)
 
-    async def resume(self, *, tenant: str, priority: int) -> Grant:
-        """Capacity for a pre-empted stream's continuation (`preemption`): it waits at the front of
-        its tenant's requests, its prompt is not charged again, and it is never refused for a full
-        queue (its answer has started); it waits at most `max_queue_wait` (then `Overloaded`)."""
+    async def resume(self, *, tenant: str, priority: int, prompt_tokens: int | None = None) -> Grant:
+        """Capacity for a request that already had its turn: a pre-empted stream's continuation
+        (`preemption`), or a request recalled from an engine's queue (`prompt_tokens`: what its
+        first grant charged for its prompt). It waits at the front of its tenant's requests, its
+        prompt is not charged again (a continuation's grant charges no prompt at all; a recalled
+        one's corrects the first charge with the engine's usage), and it is never refused: not for a
+        full queue, not for waiting long (its tenant's turn comes; the client may leave)."""
         now = self._clock()
         request = _Resumed(tenant=tenant, priority=priority)
         capacity = self._capacity()
         if capacity is None:  # none in rotation: the dispatcher's 503 ends the stream
             self.admitted += 1
-            return Grant(self, tenant=tenant, prompt_tokens=0, charged=False, priority=priority)
-        if self.admitted < capacity and not len(self.queue):
-            return self._pass_through(request, now=now)
-        waiter = self._enqueue(request, now=now, budget=self._max_wait, prompt_tokens=0, front=True)
-        try:
-            return await self._wait(waiter)
-        finally:
-            del waiter  # see `admit`
+            grant = Grant(self, tenant=tenant, prompt_tokens=0, charged=False, priority=priority)
+        elif self.admitted < capacity and not len(self.queue):
+            grant = self._pass_through(request, now=now)
+        else:
+            waiter = self._enqueue(request, now=now, budget=math.inf, prompt_tokens=0, front=True)
+            try:
+                grant = await self._wait(waiter)
+            finally:
+                del waiter  # see `admit`
+        grant.recharge(prompt_tokens)
+        return grant
 
     def _enqueue(
         self, request: Admittable, *, now: float, budget: float, prompt_tokens: int, front: bool = False
@@ -465,7 +479,8 @@ class AdmissionGate:
         and each waking up four times a second cost more CPU than the requests it was waiting for)."""
         future = waiter.future
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(max(0.0, waiter.deadline - self._clock()), self._expire, waiter)
+        left = waiter.deadline - self._clock()
+        timer = loop.call_later(max(0.0, left), self._expire, waiter) if math.isfinite(left) else None
         self._waiting.add(waiter)
         if self._poll_handle is None:
             self._poll_handle = loop.call_later(self._poll_s, self._poll)
@@ -475,7 +490,8 @@ class AdmissionGate:
             self._abandon(waiter)
             raise
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._waiting.discard(waiter)
             waiter.ticket = None  # out of the queue; the ticket refers back to the waiter
         try:

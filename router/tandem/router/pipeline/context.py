@@ -148,13 +148,14 @@ class RequestContext:
         self.response_complete = True
 
     def expected_output(self) -> int | None:
-        """Output tokens the answer will have at most, when a stream of one choice names them
-        (`max_tokens` or `max_completion_tokens`); None otherwise (the handover needs it)."""
+        """Output tokens the answer will have at most, when a stream of one choice names them; None
+        otherwise (the handover needs it). The limit is the one the engine applies
+        (`output_limit`): a smaller `max_tokens` beside a larger `max_completion_tokens` must not
+        free the slot after a token while the engine generates thousands."""
         body = self.body
         if not self.stream or body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
             return None
-        limit = body.get("max_tokens", body.get("max_completion_tokens"))
-        return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+        return output_limit(self.route, body)
 
     def keep_output(self, text: str) -> None:
         """The generated text, for the log line (only with `logPrompts`)."""
@@ -227,3 +228,21 @@ def estimate_tokens(body: Mapping[str, Any]) -> int:
             elif isinstance(content, list):
                 chars += sum(len(p.get("text") or "") for p in content if isinstance(p, Mapping))
     return max(1, chars // CHARS_PER_TOKEN)
+
+
+def output_limit(route: Route, body: Mapping[str, Any]) -> int | None:
+    """The output limit vLLM applies to `body`: on chat, `max_completion_tokens` when set, else
+    `max_tokens` (vLLM's `max_completion_tokens or max_tokens`); on completions only `max_tokens`
+    (vLLM ignores any other). None when it names none (the engine's context length bounds it).
+
+    >>> output_limit(Route.CHAT, {"max_tokens": 1, "max_completion_tokens": 8000})
+    8000
+    >>> output_limit(Route.COMPLETIONS, {"max_tokens": 16, "max_completion_tokens": 8000})
+    16
+    """
+    names = ("max_completion_tokens", "max_tokens") if route is Route.CHAT else ("max_tokens",)
+    for name in names:
+        limit = body.get(name)
+        if limit is not None:
+            return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    return None

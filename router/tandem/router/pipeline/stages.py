@@ -6,7 +6,7 @@ each one small object with one job, reading and writing the request's `RequestCo
 | stage | does | fails with |
 |---|---|---|
 | `Identify` | request id, tenant (API key or header), SLO headers, priority band | 400, 401, 403 |
-| `Parse` | body read and parsed once, validated, model checked, steering fields dropped | 400, 404, 413 |
+| `Parse` | body read once, size and shape bounded, validated, model checked, steering fields dropped | 400-429 |
 | `Limit` | the tenant's rate limits, before the prompt is tokenized | 429 |
 | `Hold` | while the decode pool has no engine at all (from zero), waits for its first one | 429 |
 | `Admit` | waits for decode capacity in fair (VTC) order; holds a `Grant` | 429 |
@@ -24,6 +24,7 @@ whatever happened. The code each stage calls lives in its own package: `identity
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from tandem.core.logs import REQUEST_ID
 from tandem.router.admission.access import Access
 from tandem.router.admission.coldstart import ColdStartHold
 from tandem.router.admission.gate import AdmissionGate, Grant
+from tandem.router.errors import Overloaded, RequestTimeout
 from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
@@ -44,6 +46,7 @@ from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
 from tandem.router.pipeline.meter import GrantMeter
 from tandem.router.pipeline.resume import Resume
+from tandem.router.request.limits import BodyLimits, ReadingBudget
 from tandem.router.request.parse import parse_generation, prompt_text
 from tandem.router.types import SLO, Route
 from tandem.router.upstream.client import UpstreamCall
@@ -97,19 +100,49 @@ class Identify:
 
 @dataclass(frozen=True, slots=True)
 class Parse:
-    """The body, read and parsed once; `log_prompts` keeps the prompt text for the log line."""
+    """The body, read and parsed once; `log_prompts` keeps the prompt text for the log line.
+
+    The body must arrive within `body_seconds` (408), fit `max_request_bytes` (413) and the
+    `budget` of bytes all requests may be reading and parsing at once (429 `reading`), and pass
+    `limits` (`tandem.router.request.limits`). A body of `off_loop_bytes` or more is tokenized in a
+    worker thread, so one long prompt does not stall every other request's stream."""
 
     accepted_models: frozenset[str]
     max_request_bytes: int
     log_prompts: bool
+    limits: BodyLimits | None = None
+    budget: ReadingBudget | None = None
+    body_seconds: float = 60.0
+    off_loop_bytes: int = 65_536
     name: str = "parse"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
-        raw = await exchange.read_body(limit=self.max_request_bytes)
-        parsed = parse_generation(ctx.route, raw, accepted=self.accepted_models)
+        declared = exchange.headers.get("content-length")
+        size = int(declared) if declared is not None and declared.isdigit() else self.max_request_bytes
+        taken = min(size, self.max_request_bytes)
+        if self.budget is not None and not self.budget.take(taken):
+            raise Overloaded(
+                "the gateway is reading too many request bodies at once; retry later",
+                reason="reading",
+                retry_after_s=1,
+            )
+        try:
+            try:
+                async with asyncio.timeout(self.body_seconds):
+                    raw = await exchange.read_body(limit=self.max_request_bytes)
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"the request body did not arrive within {self.body_seconds:g}s"
+                ) from None
+            parsed = parse_generation(ctx.route, raw, accepted=self.accepted_models, limits=self.limits)
+        finally:
+            if self.budget is not None:
+                self.budget.give(taken)
         ctx.body, ctx.model, ctx.stream = parsed.body, parsed.model, parsed.stream
         if self.log_prompts:
             ctx.prompt_text = prompt_text(parsed.body)
+        if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:
+            await asyncio.to_thread(ctx.encoded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +278,7 @@ class Dispatch:
         )
         charged = ctx.grant.prompt_tokens  # charged once: the usage corrects it on the new grant
         ctx.grant.release()
-        grant = await self.gate.resume(tenant=ctx.tenant, priority=ctx.priority)
-        grant.prompt_tokens = charged
+        grant = await self.gate.resume(tenant=ctx.tenant, priority=ctx.priority, prompt_tokens=charged)
         ctx.grant = grant
         ctx.cleanups.append(grant.release)
         ctx.queue_s = (ctx.queue_s or 0.0) + grant.queued_s

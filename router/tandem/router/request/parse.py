@@ -9,8 +9,12 @@ fields only the gateway may set.
 4. **Hygiene**: `STEERING_FIELDS` are dropped from the body. They steer an engine's internals (the
    P/D handoff's `kv_transfer_params`, vLLM's scheduler `priority`, the engine's own `request_id`)
    and only the gateway sets them: a client's `kv_transfer_params` would otherwise reach a decode
-   engine on the decode-only paths, and a client `priority` would jump the engine's queue past the
-   tenant bands of the gateway's fair queue.
+   engine on the decode-only paths, a client `priority` would jump the engine's queue past the
+   tenant bands of the gateway's fair queue, and a client `cache_salt` would choose whose cached
+   prompts it shares.
+
+Limits on the body's elements, shape and engine extensions apply between these steps
+(`tandem.router.request.limits`).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from pydantic import ValidationError
 
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest, validation_message
 from tandem.router.errors import ClientDisconnected, InvalidRequest, ModelNotFound, RequestTooLarge
+from tandem.router.request.limits import BodyLimits, check_elements, check_fields, check_shape
 from tandem.router.types import Route
 
 GenerationRequest = CompletionRequest | ChatCompletionRequest
 #: Fields only the gateway sets; dropped from client bodies (module docstring).
-STEERING_FIELDS = ("kv_transfer_params", "priority", "request_id")
+STEERING_FIELDS = ("kv_transfer_params", "priority", "request_id", "cache_salt")
 #: Most characters of prompt text kept for the log line (`logPrompts`).
 MAX_PROMPT_CHARS = 16_384
 
@@ -42,11 +47,18 @@ class Parsed:
     stream: bool
 
 
-def parse_generation(route: Route, raw: bytes, *, accepted: Collection[str]) -> Parsed:
-    """Steps 1-4 of the module docstring for a body already read; raises `InvalidRequest` (400),
-    `ModelNotFound` (404)."""
+def parse_generation(
+    route: Route, raw: bytes, *, accepted: Collection[str], limits: BodyLimits | None = None
+) -> Parsed:
+    """Steps 1-4 of the module docstring for a body already read, with `limits`' checks each before
+    the work it guards (`tandem.router.request.limits`); raises `InvalidRequest` (400),
+    `RequestTooLarge` (413), `ModelNotFound` (404)."""
+    limits = limits or BodyLimits()
+    check_elements(raw, limits)
     body = parse_json_object(raw)
+    check_shape(route, body, limits)
     validated = validate_generation(route, body)
+    check_fields(route, body, limits)
     check_model(validated.model, accepted=accepted)
     for name in STEERING_FIELDS:
         body.pop(name, None)
