@@ -6,7 +6,7 @@ each one small object with one job, reading and writing the request's `RequestCo
 | stage | does | fails with |
 |---|---|---|
 | `Identify` | request id, tenant (API key or header), SLO headers, priority band | 400, 401, 403 |
-| `Parse` | body read once, size and shape bounded, validated, model checked, steering fields dropped | 400-429 |
+| `Parse` | body read once, its size and shape bounded, validated, steering fields dropped | 400-429 |
 | `Limit` | the tenant's rate limits, before the prompt is tokenized | 429 |
 | `Hold` | while the decode pool has no engine at all (from zero), waits for its first one | 429 |
 | `Admit` | waits for decode capacity in fair (VTC) order; holds a `Grant` | 429 |
