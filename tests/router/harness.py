@@ -134,8 +134,14 @@ class Launcher:
         clock: FakeClock | None = None,
         **app_options: Any,
     ) -> RunningRouter:
-        """A router for any config (e.g. Kubernetes discovery), with its clients."""
+        """A router for any config (e.g. Kubernetes discovery), with its clients. The tests read which
+        engines served a request from the `x-tandem-*` headers, so they are on unless `settings`
+        says otherwise explicitly (`topology_headers` set)."""
         extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
+        settings = settings or RouterSettings()
+        if "topology_headers" not in settings.access.model_fields_set:
+            access = settings.access.model_copy(update={"topology_headers": True})
+            settings = settings.model_copy(update={"access": access})
         app = create_app(config, settings=settings, **extra, **app_options)
         url = await self._serve(app)
         # verify=False: plain http on loopback, and it skips loading the CA bundle (~0.1 s a client).

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 import tracemalloc
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from tests.router.harness import MODEL, Launcher
+from tests.router.harness import MODEL, Launcher, metric
 
-from tandem.router.settings import AdmissionSettings, RouterSettings
+from tandem.router.settings import AccessSettings, AdmissionSettings, ProxySettings, RouterSettings
 
 CAPACITY = 2
 
@@ -111,3 +112,64 @@ async def test_a_body_of_any_shape_is_refused_or_served_without_the_gateway_ball
     assert peak - 2 * len(body) < 100 * 2**20, (
         f"{peak / 2**20:.0f} MiB traced for a {len(body) / 2**20:.1f} MiB body"
     )
+
+
+async def test_a_client_learns_no_engine_address_from_headers_or_errors(launcher: Launcher) -> None:
+    """With the gateway's defaults no response names an engine: no `x-tandem-*` header (they told
+    whether a prompt was cached, and where), and an engine failure is reported without its address
+    (the gateway's log line keeps it, under the request id)."""
+    good = await launcher.engine("d0", tokens=2)
+    settings = RouterSettings(access=AccessSettings(topology_headers=False))
+    router = await launcher.router(decode=[good], settings=settings)
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    answered = await router.http.post("/v1/completions", json=body)
+    assert answered.status_code == 200
+    assert not [name for name in answered.headers if name.lower().startswith("x-tandem-")]
+    good.behaviour.status = 500  # the engine now fails every request
+    failed = await router.http.post("/v1/completions", json=body)
+    assert failed.status_code == 503
+    host = good.url.removeprefix("http://")
+    assert host not in failed.text and "127.0.0.1" not in failed.text, failed.text
+    assert failed.json()["error"]["message"]
+
+
+async def test_a_client_that_stops_reading_loses_its_stream_and_its_slot(launcher: Launcher) -> None:
+    """A client opens a long stream and never reads it: once the server's buffers are full the
+    gateway waits `client_write_seconds` (0.5 here), then ends the stream, closes the engine's
+    request and gives its slot to the next request, which is answered. (Before, the silence timer
+    re-armed while the upstream was paused, and the stream held its slot for as long as the client
+    kept the connection.)"""
+    engine = await launcher.engine("d0", tokens=200_000)
+    settings = RouterSettings(
+        proxy=ProxySettings(client_write_seconds=0.5),
+        admission=AdmissionSettings(poll_seconds=0.02, handover_tokens=0),
+    )
+    spec: dict[str, dict[str, Any]] = {
+        "engine": {"kind": "sim", "args": ["--max-num-seqs", "1"]},
+        "router": {"slo": {"ttftSeconds": 60}},
+    }
+    router = await launcher.router(decode=[engine], settings=settings, spec=spec)
+    host, port = router.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: backpressure soon
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    body = orjson.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 200_000, "stream": True})
+    head = f"POST /v1/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+    await asyncio.get_running_loop().sock_sendall(
+        sock, head.encode() + f"content-length: {len(body)}\r\n\r\n".encode() + body
+    )
+    try:
+        for _ in range(600):  # until the gateway let go of the engine's request and of its slot
+            if engine.open_requests == 0 and await metric(router, "tandem_router_admitted_requests") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.open_requests == 0
+        # The slot is free: the next request (capacity 1) is served while the stalled socket stays open.
+        answered = await router.http.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "next", "max_tokens": 2}
+        )
+        assert answered.status_code == 200
+    finally:
+        sock.close()
+    assert await metric(router, "tandem_router_admitted_requests") == 0

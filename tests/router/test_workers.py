@@ -167,7 +167,7 @@ def _worker_pids(parent: int) -> list[int]:
 def test_two_workers_share_one_port_and_route_each_prefix_to_one_engine(tmp_path: Path) -> None:
     with sim_processes(tmp_path, ["a", "b"], time_scale=100.0) as engines:
         config = _config(tmp_path, [e.url for e in engines])
-        with router_process(tmp_path, config) as router:
+        with router_process(tmp_path, config, "--topology-headers") as router:
             served: dict[int, set[str]] = {}
             for request in range(48):  # a new connection each time: the kernel spreads them
                 group = request % 8

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +48,7 @@ from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, vllm_router_argv
 from tandem.bench.workloads import Workload
 from tandem.core.engineargs import without_flag
 from tandem.core.spec import InferenceService, parse_inference_service
-from tandem.local.plan import LocalPlan, ProcessPlan, build_plan
+from tandem.local.plan import LocalCredentials, LocalPlan, ProcessPlan, build_plan
 from tandem.local.ports import free_ports
 from tandem.local.supervisor import Child, ChildFailed, Supervisor
 
@@ -186,9 +187,12 @@ def started(
         pool, policy=policy, direct=target.kind == "direct", prefix_source=_prefix_source(router_args)
     )
     ports = free_ports()
+    # Engines without an API key: the peer routers call them directly, and every target must meet
+    # the same engines (the managed Redis still has its password).
+    credentials = LocalCredentials(redis_password=secrets.token_urlsafe(32), engine_api_key=None)
     plan = build_plan(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
-        redis_server=tools.redis_server, state_dir=run_dir.resolve(),
+        redis_server=tools.redis_server, state_dir=run_dir.resolve(), credentials=credentials,
     )  # fmt: skip
     gateways = _gateways(
         target, plan=plan, tools=tools, ports=ports, router_args=pool.router_args,

@@ -135,7 +135,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-prompts", "access", "log_prompts", bool, False,
          "Put prompt and output text in the request log lines (also on with spec.router.logPrompts).",
          is_flag=True),
-    Flag("--max-request-bytes", "access", "max_request_bytes", int, 32 * 1024 * 1024,
+    Flag("--topology-headers", "access", "topology_headers", bool, False,
+         "Name the engines that served each request in x-tandem-* response headers (diagnostics: "
+         "clients learn pod addresses and whether a prompt was cached).", is_flag=True),
+    Flag("--max-request-bytes", "access", "max_request_bytes", int, 4 * 1024 * 1024,
          "Largest request body accepted; larger ones get 413."),
     Flag("--api-keys-reload-interval", "access", "api_keys_reload_seconds", float, 2.0,
          "Seconds between checks of the API key file for changes (a Secret updated in place)."),

@@ -53,7 +53,9 @@ class LocalCredentials:
     """The managed Redis' password and the engines' API key of one local run (URL-safe strings)."""
 
     redis_password: str = field(repr=False)
-    engine_api_key: str = field(repr=False)
+    #: None: engines take requests without a key (`tandem bench`, whose peer routers call them
+    #: directly and must see the same engines).
+    engine_api_key: str | None = field(repr=False)
 
     @classmethod
     def generate(cls) -> LocalCredentials:
@@ -120,8 +122,9 @@ def build_plan(
     credentials = credentials or LocalCredentials.generate()
     # The engines and the gateway: the engine key; with the managed Redis, its password too (an
     # external Redis' password is the environment's own TANDEM_KVPOOL_PASSWORD, inherited).
-    engine_env = {ENGINE_KEY_ENV: credentials.engine_api_key}
-    gateway_env = {GATEWAY_ENGINE_KEY_ENV: credentials.engine_api_key}
+    key = credentials.engine_api_key
+    engine_env = {ENGINE_KEY_ENV: key} if key is not None else {}
+    gateway_env = {GATEWAY_ENGINE_KEY_ENV: key} if key is not None else {}
     if spec.engine.kind not in ("sim", "vllm"):
         raise PlanError(
             f"engine.kind {spec.engine.kind!r} is not supported by the local runtime; use engine.kind: sim"

@@ -230,6 +230,8 @@ def compose(
             config.log_prompts,
             handover_tokens=settings.admission.handover_tokens,
             resume=Resume(gate, dispatcher) if gate.preemption else None,
+            topology_headers=settings.access.topology_headers,
+            write_s=settings.proxy.client_write_seconds,
         ),
     )
     collector = MetricsCollector(

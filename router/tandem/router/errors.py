@@ -36,10 +36,19 @@ class RouterError(Exception):
     openai_type: ClassVar[str | None] = None
     openai_code: ClassVar[str | None] = None
 
+    #: What a client is told instead of `message` when the message names engines (pod addresses):
+    #: the full message goes to the gateway's log line, under the request id.
+    public: ClassVar[str | None] = None
+
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+
+    @property
+    def public_message(self) -> str:
+        """The error's text as a client sees it: never an engine's address."""
+        return self.public or self.message
 
     def response_headers(self) -> dict[str, str]:
         """Extra headers for the error response (none by default)."""
@@ -128,6 +137,7 @@ class ColdStart(Overloaded):
 
 class NoEndpointAvailable(RouterError):
     status = 503
+    public = "no engine could serve the request now; retry later"
 
 
 class ClientDisconnected(RouterError):
@@ -136,11 +146,17 @@ class ClientDisconnected(RouterError):
     status = 499
 
 
+class ClientStalled(ClientDisconnected):
+    """The client stopped reading its stream for longer than the gateway waits (499 too): the stream
+    ends, the upstream request is closed and the capacity it held goes to the next request."""
+
+
 class UpstreamError(RouterError):
     """An engine failed. `kind` is the `kind` label of `tandem_router_upstream_errors_total`."""
 
     status = 502
     kind: ClassVar[str] = "other"
+    public = "an engine failed to answer the request"
 
 
 class UpstreamConnectError(UpstreamError):

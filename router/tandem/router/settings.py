@@ -30,6 +30,12 @@ class ProxySettings(_Settings):
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
     read_timeout_seconds: float = Field(default=600.0, gt=0, le=86_400)
     retries: int = Field(default=1, ge=0, le=5, description="Other endpoints tried before the first byte.")
+    client_write_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A client that takes nothing of its stream this long loses it.",
+    )
     models_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="Per-engine limit when aggregating /v1/models."
     )
@@ -227,6 +233,10 @@ class AccessSettings(_Settings):
     ] = Field(default_factory=list, description="vLLM request extensions clients may use.")
     allow_media_urls: bool = Field(
         default=False, description="Let clients name media by URL (the engine fetches it)."
+    )
+    topology_headers: bool = Field(
+        default=False,
+        description="Name the engines that served a request in x-tandem-* response headers (diagnostics).",
     )
 
 

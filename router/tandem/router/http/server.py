@@ -155,7 +155,7 @@ async def _answer_error(
         if isinstance(exc, ClientDisconnected):
             ctx.client_disconnected = True
         status, headers = exc.status, exc.response_headers()
-        body = error_body(exc.status, exc.message, param=exc.param)
+        body = error_body(exc.status, exc.public_message, param=exc.param)
         if exc.openai_type is not None:
             body["error"]["type"] = exc.openai_type
         if exc.openai_code is not None:

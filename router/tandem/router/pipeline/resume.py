@@ -61,7 +61,7 @@ class Resume:
             attempt = await self.dispatcher.open("decode", request=ctx, call=call)
         except RouterError as exc:
             ctx.error = exc.message
-            await _end(send, f"the answer was interrupted and could not be continued: {exc.message}")
+            await _end(send, f"the answer was interrupted and could not be continued: {exc.public_message}")
             return
         ctx.cleanups.append(attempt.finish)
         ctx.grant, ctx.attempt, ctx.decode_endpoint = grant, attempt, attempt.endpoint.name

@@ -53,7 +53,7 @@ from tandem.router.upstream.client import UpstreamCall
 from tandem.router.upstream.continuation import continuable
 from tandem.router.upstream.dispatch import Attempt, Dispatcher
 from tandem.router.upstream.recall import Recalled
-from tandem.router.upstream.relay import Yielding, relay
+from tandem.router.upstream.relay import STALLED_WRITE_S, Yielding, relay
 from tandem.router.upstream.usage import request_usage
 
 log = logging.getLogger(__name__)
@@ -294,6 +294,11 @@ class Relay:
     log_prompts: bool
     handover_tokens: int = 0  # 0: a slot frees only when its answer is over
     resume: Resume | None = None
+    #: Name the engines that served the request in `x-tandem-*` headers (diagnostics; off by
+    #: default: a client would learn pod addresses, and whether its prompt was cached).
+    topology_headers: bool = False
+    #: Seconds a client may take nothing of its stream before the stream ends (`ClientStalled`).
+    write_s: float = STALLED_WRITE_S
     name: str = "relay"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -310,7 +315,13 @@ class Relay:
             grant.preempt = yielding.stop
         meter = self._meter(ctx, grant, ctx.expected_output(), attempt=attempt)
         stopped = await relay(
-            attempt, send=exchange.send, headers=_headers(ctx), meter=meter, progress=ctx, yielding=yielding
+            attempt,
+            send=exchange.send,
+            headers=_headers(ctx, topology=self.topology_headers),
+            meter=meter,
+            progress=ctx,
+            yielding=yielding,
+            write_s=self.write_s,
         )
         if stopped and yielding is not None and self.resume is not None:
             ctx.continued = True
@@ -341,9 +352,12 @@ class Relay:
         )
 
 
-def _headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
-    """`x-request-id` and the `x-tandem-*` headers naming the engines that served the request."""
+def _headers(ctx: RequestContext, *, topology: bool) -> list[tuple[bytes, bytes]]:
+    """`x-request-id`, and with `topology` the `x-tandem-*` headers naming the engines that served
+    the request."""
     headers = [(b"x-request-id", ctx.request_id.encode())]
+    if not topology:
+        return headers
     if ctx.decode_endpoint is not None:
         headers.append((b"x-tandem-decode-endpoint", ctx.decode_endpoint.encode()))
     if ctx.prefill_endpoint is not None:

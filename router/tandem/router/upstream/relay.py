@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
@@ -37,9 +38,13 @@ import orjson
 from starlette.types import Message, Send
 
 from tandem.core.openai_api import error_body
-from tandem.router.errors import UpstreamError
+from tandem.router.errors import ClientStalled, UpstreamError
 from tandem.router.upstream.continuation import Kept, whole_events
 from tandem.router.upstream.dispatch import Attempt
+
+log = logging.getLogger(__name__)
+#: Seconds a client may take nothing of its stream before the stream ends (`_EagerSend`).
+STALLED_WRITE_S = 30.0
 
 SSE_DONE = b"data: [DONE]\n\n"
 Header = tuple[bytes, bytes]
@@ -113,6 +118,7 @@ async def relay(
     progress: Progress,
     yielding: Yielding | None = None,
     started: bool = False,
+    write_s: float = STALLED_WRITE_S,
 ) -> bool:
     """Send `attempt`'s answer to the client with extra `headers`. Takes ownership of `attempt` and
     `meter` (module docstring). Returns True when `yielding` was stopped: the client's stream is
@@ -126,12 +132,17 @@ async def relay(
             if not reply.streaming:
                 attempt.finish()
                 meter.buffered(reply.status, reply.head)
-                message = f"upstream {attempt.endpoint.name} answered {reply.status} to the continuation"
+                message = f"the engine answered {reply.status} to the continuation"
+                log.warning(
+                    "continuation refused by the engine",
+                    extra={"endpoint": attempt.endpoint.name, "status": reply.status},
+                )
                 body = sse_error_event(message) + SSE_DONE
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 progress.response_end()
                 return False
-            await _stream(attempt, send=send, meter=meter, progress=progress)  # it marks the end
+            # it marks the end itself
+            await _stream(attempt, send=send, meter=meter, progress=progress, write_s=write_s)
             return False
         if not reply.streaming:
             attempt.finish()
@@ -148,7 +159,9 @@ async def relay(
         start = [content_type, *headers]
         await send({"type": "http.response.start", "status": reply.status, "headers": start})
         # the stream marks the response complete itself, when its last bytes are sent (`_EagerSend`)
-        return await _stream(attempt, send=send, meter=meter, progress=progress, yielding=yielding)
+        return await _stream(
+            attempt, send=send, meter=meter, progress=progress, yielding=yielding, write_s=write_s
+        )
     finally:
         attempt.finish()
         meter.close()
@@ -161,9 +174,11 @@ async def _stream(
     meter: ResponseMeter,
     progress: Progress,
     yielding: Yielding | None = None,
+    write_s: float = STALLED_WRITE_S,
 ) -> bool:
     """Relay the stream to its end (False), or until `yielding` is stopped (True, nothing ended)."""
-    return await _Pump(attempt, send=send, meter=meter, progress=progress, yielding=yielding).run()
+    pump = _Pump(attempt, send=send, meter=meter, progress=progress, yielding=yielding, write_s=write_s)
+    return await pump.run()
 
 
 class _Pump:
@@ -196,6 +211,7 @@ class _Pump:
         meter: ResponseMeter,
         progress: Progress,
         yielding: Yielding | None,
+        write_s: float,
     ) -> None:
         loop = asyncio.get_running_loop()
         reply = attempt.reply
@@ -209,7 +225,9 @@ class _Pump:
         self._held = b""
         self._last = b""
         self._done: asyncio.Future[bool] = loop.create_future()
-        self._send = _EagerSend(send, pause=reply.pause, resume=reply.resume, failed=self._failed)
+        self._send = _EagerSend(
+            send, pause=reply.pause, resume=reply.resume, failed=self._failed, stall_s=write_s
+        )
         self._context = contextvars.copy_context()
 
     async def run(self) -> bool:
@@ -281,7 +299,11 @@ class _Pump:
             tail = self._meter.stream_end()
             last = tail or self._last
             separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) or not last else b"\n\n"
-            message = f"upstream {attempt.endpoint.name} failed mid-stream: {error.message}"
+            message = "the engine failed mid-stream"
+            log.warning(
+                "upstream failed mid-stream",
+                extra={"endpoint": attempt.endpoint.name, "error": error.message},
+            )
             return tail + separator + sse_error_event(message) + SSE_DONE
 
         self._close(tail)
@@ -311,9 +333,22 @@ class _EagerSend:
     transport and returns without waiting unless the client's connection is applying backpressure
     (uvicorn: its write buffer is over the high-water mark); then the coroutine is finished on the
     event loop once the server is ready, the engine's connection is paused meanwhile (`pause`,
-    `resume`), and later messages wait their turn in order. `failed` is told if `send` raises."""
+    `resume`), and later messages wait their turn in order. `failed` is told if `send` raises, or
+    with `ClientStalled` when the client has taken nothing for `stall_s` seconds (it stopped reading:
+    its stream ends, and with it the upstream request and the request's hold on capacity)."""
 
-    __slots__ = ("_blocked", "_failed", "_idle", "_on_sent", "_pause", "_queue", "_resume", "_send")
+    __slots__ = (
+        "_blocked",
+        "_failed",
+        "_idle",
+        "_on_sent",
+        "_pause",
+        "_queue",
+        "_resume",
+        "_send",
+        "_stall",
+        "_stall_s",
+    )
 
     def __init__(
         self,
@@ -322,11 +357,14 @@ class _EagerSend:
         pause: Callable[[], None],
         resume: Callable[[], None],
         failed: Callable[[BaseException], None],
+        stall_s: float = STALLED_WRITE_S,
     ) -> None:
         self._send = send
         self._pause = pause
         self._resume = resume
         self._failed = failed
+        self._stall_s = stall_s
+        self._stall: asyncio.TimerHandle | None = None
         self._blocked: Generator[Any, Any, None] | None = None
         self._queue: deque[Message] = deque()
         self._idle: asyncio.Future[None] | None = None
@@ -348,6 +386,8 @@ class _EagerSend:
             return
         self._blocked = coro
         self._pause()
+        if self._stall is None:
+            self._stall = asyncio.get_running_loop().call_later(self._stall_s, self._stalled)
         if isinstance(waiter, asyncio.Future):
             waiter.add_done_callback(self._wake)
         else:  # a bare yield (asyncio.sleep(0)): go on at the next turn of the loop
@@ -361,6 +401,9 @@ class _EagerSend:
         while self._blocked is None and self._queue:
             self._step(self._send(self._queue.popleft()).__await__())
         if self._blocked is None:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
             self._resume()
             on_sent, self._on_sent = self._on_sent, None
             if on_sent is not None:
@@ -368,6 +411,11 @@ class _EagerSend:
             idle = self._idle
             if idle is not None and not idle.done():
                 idle.set_result(None)
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self._blocked is not None:
+            self._failed(ClientStalled(f"the client took nothing for {self._stall_s:g}s: its stream ended"))
 
     def when_sent(self, callback: Callable[[], None]) -> None:
         """Call `callback` once every message posted so far has been sent: now, or when the client
@@ -391,6 +439,9 @@ class _EagerSend:
         coro, self._blocked = self._blocked, None
         self._queue.clear()
         self._on_sent = None
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         self._pause = self._resume = _nothing
         self._failed = _ignore
         if coro is not None:
