@@ -5,7 +5,9 @@ Real: the autoscaler's HTTP client code (`HttpCluster`, `Informer`), its control
 `/healthz` and `/metrics` over HTTP. Emulated: the Kubernetes API (kmock with the operator tests'
 `StampingEmulator`), where a PATCH of `deployments/<name>/scale` lands on the Deployment itself (as the
 real scale subresource changes `spec.replicas`) and nothing plays the Deployment controller, so the
-EndpointSlices are the test's own; in the scaling story the emulator refuses (403) what the chart's
+EndpointSlices are the test's own, and so are the pool Deployments, owned by their InferenceService as
+the operator's are (an owner reference by uid: the autoscaler scales nothing else,
+tests/autoscaler/test_ownership.py); in the scaling story the emulator refuses (403) what the chart's
 RBAC does not grant the autoscaler (cluster-wide, or Roles in the watched namespaces;
 tests/operator/rbac.py). Waits poll with a generous deadline.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -23,6 +24,18 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry
+from tests.autoscaler.kube_objects import (
+    ISVC_PATH,
+    PATIENCE_S,
+    create,
+    deployment,
+    endpoint_slice,
+    owned_deployment,
+    scale_patches,
+    scale_reads,
+    service,
+    until,
+)
 from tests.operator.cluster_state import NAMESPACE, find, isvc, names, path_of
 from tests.operator.emulator import StampingEmulator
 from tests.operator.rbac import Access, Grants, accesses, chart_documents
@@ -38,73 +51,19 @@ from tandem.autoscaler.incluster import (
     KubeReporter,
     run_in_cluster,
 )
-from tandem.autoscaler.kube import HttpCluster, Informer, slices_path
+from tandem.autoscaler.kube import HttpCluster
 from tandem.autoscaler.readings import EngineReading
 from tandem.core.kubeaccess import KubeAccess
 
-PATIENCE_S = 60.0
-ISVC_PATH = f"/apis/tandem.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
 
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + PATIENCE_S
-    while not check():
-        assert loop.time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.05)
-
-
-async def create(api: kmock_lib.KubernetesEmulator, path: str, body: dict[str, Any]) -> None:
-    """POST an object into the test namespace (`metadata.namespace` set, as an API server does)."""
-    body = {**body, "metadata": {**body["metadata"], "namespace": NAMESPACE}}
-    response = await api.post(path, json=body)
-    assert response.status == 200, await response.text()
-
-
-async def deployment(api: kmock_lib.KubernetesEmulator, name: str, replicas: int) -> None:
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {"replicas": replicas},
-    }
-    await create(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", body)
-
-
-async def endpoint_slice(api: kmock_lib.KubernetesEmulator, service: str, addresses: list[str]) -> None:
-    body = {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": f"{service}-x1", "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
-    }
-    await create(api, f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices", body)
-
-
-def scale_patches(api: kmock_lib.KubernetesEmulator) -> list[Any]:
-    """The `spec` of every PATCH of a scale subresource (the emulator adds its own resourceVersion)."""
-    return [
-        r.data["spec"] for r in list(api) if r.method.value == "PATCH" and str(r.url.path).endswith("/scale")
-    ]
-
-
-@pytest.fixture
-async def cluster(api: kmock_lib.KubernetesEmulator) -> AsyncIterator[HttpCluster]:
-    access = KubeAccess.plain(str(api.url))
-    async with access.client() as client:
-        slices = Informer(client=client, access=access, path=slices_path(NAMESPACE))
-        yield HttpCluster(client=client, access=access, slices=[slices])
-
-
-def controller(cluster: HttpCluster, util: float) -> PoolController:
+def controller(cluster: HttpCluster, ref: ServiceRef, util: float) -> PoolController:
     """A decode controller whose one engine reports `util` (the scrape is a stub; the target is real)."""
 
     async def scrape(urls: Any) -> dict[str, EngineReading | None]:
         return {"http://engine-0": EngineReading(kv_usage=util, running=1.0)}
 
     params = DeciderParams(min=1, max=4, target=0.5, panic_window_s=2.0, stable_window_s=4.0)
-    target = KubePool(cluster=cluster, ref=ServiceRef(NAMESPACE, "demo", "uid-1"), pool="decode")
+    target = KubePool(cluster=cluster, ref=ref, pool="decode")
     return PoolController(
         service=f"{NAMESPACE}/demo", pool="decode", params=params, target=target, scrape=scrape
     )
@@ -113,29 +72,25 @@ def controller(cluster: HttpCluster, util: float) -> PoolController:
 async def test_the_actuator_patches_the_scale_subresource_only_when_the_decision_differs(
     api: kmock_lib.KubernetesEmulator, cluster: HttpCluster
 ) -> None:
-    await deployment(api, "demo-decode", 1)
-    steady = await controller(cluster, util=0.5).step(now=10.0)  # 1 × 0.5 / 0.5 = 1 replica: as is
+    ref = await service(api)
+    await owned_deployment(api, ref, "decode", 1)
+    steady = await controller(cluster, ref, util=0.5).step(now=10.0)  # 1 × 0.5 / 0.5 = 1 replica: as is
     assert (steady.previous, steady.desired, steady.direction) == (1, 1, None)
     assert scale_patches(api) == []
 
-    loaded = await controller(cluster, util=1.0).step(now=10.0)  # 1 × 1.0 / 0.5 = 2: panic, up
+    loaded = await controller(cluster, ref, util=1.0).step(now=10.0)  # 1 × 1.0 / 0.5 = 2: panic, up
     assert (loaded.previous, loaded.desired, loaded.direction) == (1, 2, "up")
     assert scale_patches(api) == [{"replicas": 2}]
     assert (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] == 2
 
 
-def scale_reads(api: kmock_lib.KubernetesEmulator) -> int:
-    return sum(1 for r in list(api) if r.method.value == "GET" and str(r.url.path).endswith("/scale"))
-
-
 async def test_the_scale_is_read_at_most_every_few_seconds_and_known_from_the_last_patch(
     api: kmock_lib.KubernetesEmulator, cluster: HttpCluster
 ) -> None:
-    await deployment(api, "demo-decode", 1)
+    ref = await service(api)
+    await owned_deployment(api, ref, "decode", 1)
     now = [100.0]
-    target = KubePool(
-        cluster=cluster, ref=ServiceRef(NAMESPACE, "demo", "uid-1"), pool="decode", clock=lambda: now[0]
-    )
+    target = KubePool(cluster=cluster, ref=ref, pool="decode", clock=lambda: now[0])
     assert await target.requested() == 1 and scale_reads(api) == 1
     now[0] += 0.5  # the next round: from the last read
     assert await target.requested() == 1 and scale_reads(api) == 1
@@ -293,6 +248,7 @@ async def test_a_loaded_engine_behind_an_endpointslice_scales_its_deployment_up(
         assert denied == [], f"the chart's autoscaler RBAC refuses: {denied}"
     assert {
         Access(NAMESPACE, "apps", "deployments/scale", "patch"),
+        Access(NAMESPACE, "apps", "deployments", "get"),  # its ownerReferences, before the first patch
         Access(NAMESPACE, "", "events", "create"),
     } <= made
     # It watched InferenceServices and EndpointSlices where the chart says: everywhere, or in each
@@ -307,10 +263,9 @@ async def scale_up_story(api: kmock_lib.KubernetesEmulator, namespaces: tuple[st
     status and the metrics saying so."""
     with fake_engine() as engine_url:
         engine_port = int(engine_url.rsplit(":", 1)[1])
-        await deployment(api, "demo-decode", 1)
+        ref = await service(api, "demo", SPEC)
+        await owned_deployment(api, ref, "decode", 1)
         await endpoint_slice(api, "demo-decode", ["127.0.0.1"])
-        body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "demo"}}
-        await create(api, ISVC_PATH, {**body, "spec": SPEC})
         settings = ClusterSettings(
             namespaces=namespaces,
             interval_s=0.2,
@@ -348,6 +303,46 @@ async def scale_up_story(api: kmock_lib.KubernetesEmulator, namespaces: tuple[st
     assert path_of("Deployment", "demo-decode") + "/scale" in {str(r.url.path) for r in list(api)}
 
 
+async def test_the_loop_leaves_a_deployment_it_does_not_own_alone_and_counts_the_refusals(
+    api: kmock_lib.KubernetesEmulator,
+) -> None:
+    """A loaded engine behind an EndpointSlice, but `demo-decode` is someone else's Deployment (no
+    owner reference to the InferenceService): the loop wants more replicas every round and never
+    patches it; /metrics counts the refusals, and the Deployment is read whole once."""
+    with fake_engine() as engine_url:
+        await service(api, "demo", SPEC)
+        await deployment(api, "demo-decode", 1)
+        await endpoint_slice(api, "demo-decode", ["127.0.0.1"])
+        settings = ClusterSettings(
+            interval_s=0.2,
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            engine_port=int(engine_url.rsplit(":", 1)[1]),
+        )
+        stop, ports, registry = asyncio.Event(), list[int](), CollectorRegistry()
+        access = KubeAccess.plain(str(api.url))
+        task = asyncio.create_task(
+            run_in_cluster(settings, access=access, stop=stop, registry=registry, on_listening=ports.append)
+        )
+        refused = (
+            "tandem_autoscaler_scale_refused_total",
+            {"service": f"{NAMESPACE}/demo", "pool": "decode"},
+        )
+        try:
+            await until(lambda: (registry.get_sample_value(*refused) or 0) >= 3, "three refusals")
+            async with httpx.AsyncClient(trust_env=False) as client:
+                metrics = await client.get(f"http://127.0.0.1:{ports[0]}/metrics")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, PATIENCE_S)
+    assert 'tandem_autoscaler_scale_refused_total{pool="decode",service="ns1/demo"}' in metrics.text
+    assert scale_patches(api) == []
+    assert (find(api, "Deployment", "demo-decode") or {})["spec"]["replicas"] == 1
+    assert names(api, "Event") == set()
+    whole = path_of("Deployment", "demo-decode")
+    assert sum(1 for r in list(api) if r.method.value == "GET" and str(r.url.path) == whole) == 1
+
+
 @contextlib.contextmanager
 def fake_gateway(held: int) -> Any:
     """A real HTTP server on 127.0.0.1 whose /metrics says the gateway holds `held` requests for want of
@@ -368,12 +363,11 @@ async def test_requests_held_by_the_gateway_scale_a_decode_pool_from_zero(
     """Decode at 0 replicas (min 0), no decode engine anywhere, the gateway holding 3 requests behind
     its EndpointSlice: the loop asks the Deployment for its first replica, with an Event."""
     with fake_gateway(held=3) as gateway_url:
-        await deployment(api, "zero-decode", 0)
-        await endpoint_slice(api, "zero-router", ["127.0.0.1"])
         scaling = {"enabled": True, "min": 0, "max": 4, "targetKvUtilization": 0.5}
         spec = {**SPEC, "decode": {"replicas": 0, "autoscaling": scaling}}
-        body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "zero"}}
-        await create(api, ISVC_PATH, {**body, "spec": spec})
+        ref = await service(api, "zero", spec)
+        await owned_deployment(api, ref, "decode", 0)
+        await endpoint_slice(api, "zero-router", ["127.0.0.1"])
         settings = ClusterSettings(
             interval_s=0.2,
             metrics_host="127.0.0.1",

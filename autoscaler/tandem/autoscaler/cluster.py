@@ -3,9 +3,12 @@
 Pure: no I/O. `ClusterAPI` is implemented over HTTP by `tandem.autoscaler.kube.HttpCluster`; tests can
 give the loop any other implementation. The builders below make the request bodies:
 
-- `scale_patch(n)`: a merge patch of a Deployment's `scale` subresource, `{"spec": {"replicas": n}}`;
-  nothing else of the Deployment is touched (the operator owns the rest, and leaves `replicas` alone
-  while autoscaling is on).
+- `scale_patch(n, uid=...)`: a merge patch of a Deployment's `scale` subresource,
+  `{"metadata": {"uid": uid}, "spec": {"replicas": n}}`; nothing else of the Deployment is touched
+  (the operator owns the rest, and leaves `replicas` alone while autoscaling is on). The uid is a
+  precondition: the API server refuses the patch (409) when the Deployment of that name is another one.
+- `owners_of(deployment)`: the Deployment's uid and the uids of the InferenceServices among its
+  `ownerReferences`: the autoscaler scales a Deployment only when its own service is one of them.
 - `scale_event(...)`: a core/v1 Event on the InferenceService, reason `ScaledUp` / `ScaledDown`, message
   `decode 2 → 4: panic: 6s window wants 4, ...` (the pool, the numbers and the decider's reason).
 - `autoscaling_status(...)`: the `status.autoscaling.<pool>` block, `{desired, ready, reason,
@@ -40,6 +43,31 @@ class ServiceRef:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class ScaleView:
+    """A Deployment's scale subresource: `spec.replicas`, and the Deployment's uid (the subresource
+    carries the Deployment's name, namespace and uid, but not its ownerReferences)."""
+
+    replicas: int
+    uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Owners:
+    """A Deployment (by uid) and the uids of the InferenceServices among its `ownerReferences`."""
+
+    deployment_uid: str
+    services: frozenset[str]
+
+    def include(self, ref: ServiceRef) -> bool:
+        """Whether `ref` owns the Deployment (an unknown service uid owns nothing)."""
+        return bool(ref.uid) and ref.uid in self.services
+
+
+class ScaleRefused(Exception):
+    """The Deployment named like a pool is not owned by that pool's InferenceService: not scaled."""
+
+
 class ClusterAPI(Protocol):
     """The Kubernetes calls of the in-cluster autoscaler. Every method raises `ClusterError` on failure."""
 
@@ -47,12 +75,17 @@ class ClusterAPI(Protocol):
         """URLs of the ready endpoints of a Service (its EndpointSlices), sorted."""
         ...
 
-    async def get_scale(self, namespace: str, deployment: str) -> int:
-        """`spec.replicas` of a Deployment's scale subresource."""
+    async def get_scale(self, namespace: str, deployment: str) -> ScaleView:
+        """`spec.replicas` of a Deployment's scale subresource, and the Deployment's uid."""
         ...
 
-    async def patch_scale(self, namespace: str, deployment: str, replicas: int) -> None:
-        """Merge-patch the scale subresource to `replicas`."""
+    async def get_deployment(self, namespace: str, deployment: str) -> Mapping[str, Any]:
+        """The Deployment itself (for its ownerReferences)."""
+        ...
+
+    async def patch_scale(self, namespace: str, deployment: str, replicas: int, *, uid: str) -> None:
+        """Merge-patch the scale subresource to `replicas`, on condition that the Deployment's uid
+        is `uid` (409 otherwise)."""
         ...
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
@@ -68,9 +101,26 @@ class ClusterAPI(Protocol):
 ClusterError = KubeError
 
 
-def scale_patch(replicas: int) -> dict[str, Any]:
-    """The scale subresource merge patch. Example: 4 → {"spec": {"replicas": 4}}."""
-    return {"spec": {"replicas": replicas}}
+def scale_patch(replicas: int, *, uid: str = "") -> dict[str, Any]:
+    """The scale subresource merge patch, with the Deployment's uid as a precondition when given.
+    Example: (4, uid="d1") → {"metadata": {"uid": "d1"}, "spec": {"replicas": 4}}."""
+    patch: dict[str, Any] = {"spec": {"replicas": replicas}}
+    if uid:
+        patch["metadata"] = {"uid": uid}
+    return patch
+
+
+def owners_of(deployment: Mapping[str, Any]) -> Owners:
+    """The Deployment's uid and its InferenceService owners' uids (`kind: InferenceService`
+    references; the operator sets one, `controller: true`, on every pool Deployment).
+    Example: ownerReferences [{kind: InferenceService, uid: s1}, {kind: ReplicaSet, uid: r1}] →
+    services {s1}."""
+    meta = deployment.get("metadata") or {}
+    references = meta.get("ownerReferences") or []
+    services = frozenset(
+        str(r["uid"]) for r in references if isinstance(r, Mapping) and r.get("kind") == KIND and r.get("uid")
+    )
+    return Owners(deployment_uid=str(meta.get("uid") or ""), services=services)
 
 
 def scale_event(

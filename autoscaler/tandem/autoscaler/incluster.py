@@ -13,7 +13,9 @@
   Service), patched only when the decision differs from its `spec.replicas`. That count is read
   from the API server at most every `SCALE_REREAD_S` and known in between from the last read or
   patch: a round every half second would otherwise GET each pool's scale twice a second, and a
-  change made by someone else is seen within those seconds.
+  change made by someone else is seen within those seconds. A Deployment is scaled only when an
+  `ownerReferences` entry names the InferenceService by uid (`tandem.autoscaler.ownership`: read
+  once per Deployment uid; refused, logged and counted otherwise).
 - **Report** (`KubeReporter`): an Event (`ScaledUp` / `ScaledDown`) on the InferenceService per scale
   action, and `status.autoscaling.<pool>` = {desired, ready, reason, lastScaleTime, panic} merge-patched
   on the status subresource when desired, ready, panic or lastScaleTime change, and otherwise at most
@@ -40,6 +42,7 @@ from pydantic import ValidationError
 
 from tandem.autoscaler.cluster import (
     ClusterAPI,
+    ClusterError,
     PoolAutoscalingView,
     ServiceRef,
     autoscaling_status,
@@ -51,6 +54,7 @@ from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
 from tandem.autoscaler.health import HealthServer
 from tandem.autoscaler.kube import HttpCluster, Informer, services_path, slices_path
 from tandem.autoscaler.metrics import AutoscalerMetrics
+from tandem.autoscaler.ownership import OwnerCheck
 from tandem.autoscaler.readings import GatewayReading
 from tandem.autoscaler.runner import ROUND_SECONDS, Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
@@ -74,7 +78,8 @@ SCALE_REREAD_S = 5.0
 @dataclass(kw_only=True)
 class KubePool:
     """`tandem.autoscaler.control.PoolTarget` for one pool's Deployment (module docstring);
-    `clock` is monotonic seconds."""
+    `clock` is monotonic seconds; `owners` is the process's shared ownership check (a pool of its
+    own when not given)."""
 
     cluster: ClusterAPI
     ref: ServiceRef
@@ -82,8 +87,15 @@ class KubePool:
     port: int = ENGINE_PORT
     clock: Callable[[], float] = time.monotonic
     reread_s: float = SCALE_REREAD_S
+    owners: OwnerCheck | None = None
     #: (when, replicas) of the last read or patch of the scale subresource.
     _known: tuple[float, int] | None = field(default=None, init=False, repr=False)
+    #: The Deployment's uid as the scale subresource last showed it ("": not read yet).
+    _uid: str = field(default="", init=False, repr=False)
+    _check: OwnerCheck = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._check = self.owners if self.owners is not None else OwnerCheck(cluster=self.cluster)
 
     @property
     def deployment(self) -> str:
@@ -96,12 +108,20 @@ class KubePool:
         now = self.clock()
         if self._known is not None and now - self._known[0] < self.reread_s:
             return self._known[1]
-        replicas = await self.cluster.get_scale(self.ref.namespace, self.deployment)
-        self._known = (now, replicas)
-        return replicas
+        scale = await self.cluster.get_scale(self.ref.namespace, self.deployment)
+        self._known, self._uid = (now, scale.replicas), scale.uid
+        return scale.replicas
 
     async def scale(self, replicas: int, *, reason: str) -> None:
-        await self.cluster.patch_scale(self.ref.namespace, self.deployment, replicas)
+        """Patch the scale subresource once the Deployment is known to be the service's; raises
+        `ScaleRefused` (nothing patched) when it is not."""
+        namespace, deployment = self.ref.namespace, self.deployment
+        uid = await self._check.verify(self.ref, pool=self.pool, deployment=deployment, uid=self._uid)
+        try:
+            await self.cluster.patch_scale(namespace, deployment, replicas, uid=uid)
+        except ClusterError:
+            self._known = None  # read it again next round: it may have been replaced (409)
+            raise
         self._known = (self.clock(), replicas)
         log.info(
             "deployment scaled",
@@ -233,8 +253,10 @@ class ServiceSync:
         autoscaler: Autoscaler,
         reporter: KubeReporter,
         ports: tuple[int, int] = (ENGINE_PORT, ROUTER_PORT),
+        owners: OwnerCheck | None = None,
     ) -> None:
         self._ports = ports
+        self._owners = owners if owners is not None else OwnerCheck(cluster=cluster)
         self._cluster = cluster
         self._scraper = scraper
         self._autoscaler = autoscaler
@@ -260,7 +282,9 @@ class ServiceSync:
             self._remove(ref.key)
             return
         targets: dict[PoolName, PoolTarget] = {
-            pool: KubePool(cluster=self._cluster, ref=ref, pool=pool, port=self._ports[0])
+            pool: KubePool(
+                cluster=self._cluster, ref=ref, pool=pool, port=self._ports[0], owners=self._owners
+            )
             for pool in ("prefill", "decode")
         }
         gateways = GatewayQueues(cluster=self._cluster, ref=ref, scraper=self._scraper, port=self._ports[1])
@@ -276,8 +300,10 @@ class ServiceSync:
         self._autoscaler.set_service(ref.key, controllers)
 
     def _remove(self, key: str) -> None:
-        if self.refs.pop(key, None) is not None:
+        ref = self.refs.pop(key, None)
+        if ref is not None:
             log.info("no longer autoscaled", extra={"service": key})
+            self._owners.forget(ref)
         self._autoscaler.remove_service(key)
         self._reporter.forget(key)
 
@@ -325,7 +351,9 @@ async def run_in_cluster(
         slices = [Informer(client=api, access=access, path=slices_path(ns)) for ns in scopes]
         cluster = HttpCluster(client=api, access=access, slices=slices)
         scraper = Scraper(engines)
-        autoscaler = Autoscaler(metrics=AutoscalerMetrics(registry), interval_s=settings.interval_s)
+        metrics = AutoscalerMetrics(registry)
+        autoscaler = Autoscaler(metrics=metrics, interval_s=settings.interval_s)
+        owners = OwnerCheck(cluster=cluster, refused=lambda ref, pool: metrics.refused(ref.key, pool))
         sync_holder: list[ServiceSync] = []
         reporter = KubeReporter(
             cluster=cluster,
@@ -339,6 +367,7 @@ async def run_in_cluster(
             autoscaler=autoscaler,
             reporter=reporter,
             ports=(settings.engine_port, settings.router_port),
+            owners=owners,
         )
         sync_holder.append(sync)
         services = [

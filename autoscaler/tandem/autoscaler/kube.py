@@ -11,8 +11,8 @@ EndpointSlice discovery talks to it; every failure is `tandem.core.kubeerror.Kub
   the first list is in.
 - `HttpCluster`: `tandem.autoscaler.cluster.ClusterAPI`: ready engine URLs from the EndpointSlice
   informers' caches, one per namespace watched or one for all (the same rule as the router,
-  `tandem.core.endpointslices.ready_urls`), the scale subresource of Deployments, Events, and the
-  InferenceService's status subresource (merge patches).
+  `tandem.core.endpointslices.ready_urls`), the scale subresource of Deployments (and a Deployment
+  itself, for its ownerReferences), Events, and the InferenceService's status subresource (merge patches).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from tandem.autoscaler.cluster import ServiceRef, scale_patch
+from tandem.autoscaler.cluster import ScaleView, ServiceRef, scale_patch
 from tandem.core.endpointslices import ready_urls
 from tandem.core.kubeaccess import KubeAccess, list_and_watch, request_json, watch_events
 from tandem.core.spec import GROUP, PLURAL, VERSION
@@ -125,12 +125,17 @@ class HttpCluster:
         mine = [s for slices in self._slices for (ns, _), s in slices.objects.items() if ns == namespace]
         return ready_urls(mine, service=service, port=port)
 
-    async def get_scale(self, namespace: str, deployment: str) -> int:
+    async def get_scale(self, namespace: str, deployment: str) -> ScaleView:
         body = await self._call("GET", self._scale_path(namespace, deployment))
-        return int((body.get("spec") or {}).get("replicas") or 0)
+        replicas = int((body.get("spec") or {}).get("replicas") or 0)
+        return ScaleView(replicas=replicas, uid=str((body.get("metadata") or {}).get("uid") or ""))
 
-    async def patch_scale(self, namespace: str, deployment: str, replicas: int) -> None:
-        await self._call("PATCH", self._scale_path(namespace, deployment), body=scale_patch(replicas))
+    async def get_deployment(self, namespace: str, deployment: str) -> dict[str, Any]:
+        return await self._call("GET", f"{collection('apps/v1', 'deployments', namespace)}/{deployment}")
+
+    async def patch_scale(self, namespace: str, deployment: str, replicas: int, *, uid: str) -> None:
+        body = scale_patch(replicas, uid=uid)
+        await self._call("PATCH", self._scale_path(namespace, deployment), body=body)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         await self._call("POST", collection("v1", "events", namespace), body=event)

@@ -120,6 +120,13 @@ class AutoscalerMetrics:
             pool,
             registry=registry,
         )
+        self.scale_refusals = Counter(
+            "tandem_autoscaler_scale_refused",
+            "Scale actions refused because the pool's Deployment has no ownerReference to the "
+            "InferenceService (by uid).",
+            pool,
+            registry=registry,
+        )
 
     def record(self, outcome: PoolOutcome) -> None:
         """Update the series of one pool after a decision."""
@@ -151,9 +158,13 @@ class AutoscalerMetrics:
             self.arrivals.labels(outcome.service).set(observed.arrival_tokens_per_s or 0.0)
             self.capacity.labels(outcome.service).set(prefill_capacity(observed) or 0.0)
 
+    def refused(self, service: str, pool: str) -> None:
+        """Count a scale refused for want of ownership (`tandem.autoscaler.ownership`)."""
+        self.scale_refusals.labels(service, pool).inc()
+
     def forget(self, service: str) -> None:
         """Drop every series of a service that is gone (or no longer autoscaled)."""
-        for gauge in (self.desired, self.ready, self.panic, self.holds, self.start):
+        for gauge in (self.desired, self.ready, self.panic, self.holds, self.start, self.scale_refusals):
             for pool in ("prefill", "decode"):
                 _remove(gauge, service, pool)
         per_service = (self.kv, self.ttft, self.backlog, self.gateway_queued, self.arrivals, self.capacity)

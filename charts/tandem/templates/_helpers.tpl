@@ -174,6 +174,12 @@ namespace. One YAML list item per rule, each with the comment saying what it is 
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [get, patch]
+# A pool's Deployment read by name, once per Deployment uid, before it is first scaled: the scale
+# subresource has no ownerReferences, and only a Deployment owned by the InferenceService is scaled.
+# No list or watch.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get]
 # The ready engine and gateway pods to scrape (the pool Services' EndpointSlices, as the router
 # finds them): listed, then watched.
 - apiGroups: [discovery.k8s.io]
