@@ -290,10 +290,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         written = yaml.safe_load((state / "prometheus.yml").read_text())
         pool_url = yaml.safe_load((state / "router.yaml").read_text())["kvPoolUrl"]
         exporter_port, prometheus_port = free_port(), free_port()
+        # The stack's Redis has a password: `tandem up` keeps it in the state dir for its own user.
+        password = (state / "auth.conf").read_text().split()[1]  # `requirepass <password>`
         processes.start(
             [sys.executable, "-m", "tandem.cli", "kvpool", "exporter", "--url", pool_url,
              "--host", "127.0.0.1", "--port", str(exporter_port)],
             log=tmp / "exporter.log",
+            env={**os.environ, "TANDEM_KVPOOL_PASSWORD": password},
         )  # fmt: skip
         _wait_http(f"http://127.0.0.1:{exporter_port}/metrics", timeout_s=30, what="tandem kvpool exporter")
         config = tmp / "prometheus.yml"
