@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import threading
@@ -131,7 +132,7 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
     command += ["--port", str(free_port()), "--state-dir", str(state_dir)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TANDEM_ENGINE_API_KEY": ENGINE_KEY},
     )  # fmt: skip
     output: list[str] = []
     reader: threading.Thread | None = None
@@ -156,6 +157,11 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
         stop_process(redis_process)
 
 
+#: The engines' API key of the stacks these tests start (`tandem up` takes it from the environment):
+#: the tests call engines directly, as only the gateway may otherwise.
+ENGINE_KEY = secrets.token_urlsafe(24)
+
+
 def complete(base: str, text: str, *, max_tokens: int = 12) -> dict[str, Any]:
     body = {
         "model": SERVED,
@@ -164,7 +170,8 @@ def complete(base: str, text: str, *, max_tokens: int = 12) -> dict[str, Any]:
         "temperature": 0,
         "return_token_ids": True,
     }
-    response = httpx.post(f"{base}/v1/completions", json=body, timeout=300)
+    headers = {"authorization": f"Bearer {ENGINE_KEY}"}
+    response = httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=300)
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer

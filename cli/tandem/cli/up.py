@@ -13,12 +13,14 @@ Exit codes: 0 after a requested stop, 1 when a child fails or the port or state 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -31,7 +33,15 @@ from tandem.cli.status import render_table, status_rows
 from tandem.core.spec import InferenceService
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
-from tandem.local.plan import LOOPBACK, LocalCredentials, LocalPlan, PlanError, Role, build_plan
+from tandem.local.plan import (
+    GATEWAY_ENGINE_KEY_ENV,
+    LOOPBACK,
+    LocalCredentials,
+    LocalPlan,
+    PlanError,
+    Role,
+    build_plan,
+)
 from tandem.local.ports import free_ports
 from tandem.local.scrape import write_prometheus_config
 from tandem.local.startup import start_stack
@@ -256,6 +266,14 @@ def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler
     type=click.IntRange(1, 65535),
     help="Port of the autoscaler's /metrics on 127.0.0.1 (when a pool has autoscaling.enabled).",
 )
+def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
+    """This run's Redis password and engine key, drawn at random; the engine key is the environment's
+    `TANDEM_ENGINE_API_KEY` when set (to call the engines directly: tests, debugging)."""
+    drawn = LocalCredentials.generate()
+    key = environ.get(GATEWAY_ENGINE_KEY_ENV)
+    return dataclasses.replace(drawn, engine_api_key=key) if key else drawn
+
+
 def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int) -> None:
     """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
     isvc = _with_engine(load_one(path), engine)
@@ -267,7 +285,7 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
         plan = build_plan(
             isvc, ports=free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
-            credentials=LocalCredentials.generate(),
+            credentials=_credentials(os.environ),
         )  # fmt: skip
     except PlanError as exc:
         fail(str(exc), code=2)
