@@ -73,7 +73,8 @@ async def test_when_every_decode_engine_is_down_the_client_gets_a_503_in_openai_
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["type"] == "ServiceUnavailableError"
     assert caught.value.body["code"] == 503
-    assert "no decode endpoint could serve the request" in caught.value.body["message"]
+    assert "no decode endpoint could serve the request (2 attempts failed)" in caught.value.body["message"]
+    assert "127.0.0.1" not in caught.value.body["message"]  # the log line names them, not the client
     assert await metric(router, "tandem_router_requests_total", status="503") == 1
 
 

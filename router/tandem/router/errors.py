@@ -136,8 +136,17 @@ class ColdStart(Overloaded):
 
 
 class NoEndpointAvailable(RouterError):
+    """`public`: the message without the failed engines' addresses (None: the message has none)."""
+
     status = 503
-    public = "no engine could serve the request now; retry later"
+
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        self._public = public
+
+    @property
+    def public_message(self) -> str:
+        return self._public or self.message
 
 
 class ClientDisconnected(RouterError):
@@ -156,7 +165,7 @@ class UpstreamError(RouterError):
 
     status = 502
     kind: ClassVar[str] = "other"
-    public = "an engine failed to answer the request"
+    public = "an engine failed to answer the request"  # retried elsewhere first; the log names it
 
 
 class UpstreamConnectError(UpstreamError):

@@ -213,6 +213,10 @@ def _unavailable(pool: Pool, failures: list[UpstreamError], *, known: int) -> No
         state = "none known" if not known else f"all {known} cooling down after failures"
         return NoEndpointAvailable(f"no {pool} endpoint in rotation ({state})")
     detail = "; ".join(f.message for f in failures)
-    error = NoEndpointAvailable(f"no {pool} endpoint could serve the request: {detail}")
+    attempts = f"{len(failures)} attempt{'s' if len(failures) > 1 else ''} failed"
+    error = NoEndpointAvailable(
+        f"no {pool} endpoint could serve the request: {detail}",
+        public=f"no {pool} endpoint could serve the request ({attempts}); retry later",
+    )
     error.__cause__ = failures[-1]
     return error
