@@ -232,6 +232,14 @@ def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler
     return code
 
 
+def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
+    """This run's Redis password and engine key, drawn at random; the engine key is the environment's
+    `TANDEM_ENGINE_API_KEY` when set (to call the engines directly: tests, debugging)."""
+    drawn = LocalCredentials.generate()
+    key = environ.get(GATEWAY_ENGINE_KEY_ENV)
+    return dataclasses.replace(drawn, engine_api_key=key) if key else drawn
+
+
 @click.command()
 @click.option(
     "-f",
@@ -266,14 +274,6 @@ def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler
     type=click.IntRange(1, 65535),
     help="Port of the autoscaler's /metrics on 127.0.0.1 (when a pool has autoscaling.enabled).",
 )
-def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
-    """This run's Redis password and engine key, drawn at random; the engine key is the environment's
-    `TANDEM_ENGINE_API_KEY` when set (to call the engines directly: tests, debugging)."""
-    drawn = LocalCredentials.generate()
-    key = environ.get(GATEWAY_ENGINE_KEY_ENV)
-    return dataclasses.replace(drawn, engine_api_key=key) if key else drawn
-
-
 def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int) -> None:
     """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
     isvc = _with_engine(load_one(path), engine)
