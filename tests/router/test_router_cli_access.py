@@ -63,7 +63,7 @@ def test_auth_enabled_in_the_spec_without_a_key_file_exits_2(tmp_path: Path) -> 
 def test_access_flags_reach_the_settings() -> None:
     values: dict[str, object] = {flag.dest: flag.default for flag in FLAGS}
     defaults = settings_from_flags(values).access
-    assert (defaults.log_prompts, defaults.max_request_bytes) == (False, 32 * 1024 * 1024)
+    assert (defaults.log_prompts, defaults.max_request_bytes) == (False, 4 * 1024 * 1024)
     values.update(log_prompts=True, max_request_bytes=4096, api_keys_reload_interval=0.5)
     access = settings_from_flags(values).access
     assert (access.log_prompts, access.max_request_bytes, access.api_keys_reload_seconds) == (True, 4096, 0.5)
