@@ -323,7 +323,9 @@ class AdmissionGate:
         first grant charged for its prompt). It waits at the front of its tenant's requests, its
         prompt is not charged again (a continuation's grant charges no prompt at all; a recalled
         one's corrects the first charge with the engine's usage), and it is never refused: not for a
-        full queue, not for waiting long (its tenant's turn comes; the client may leave)."""
+        full queue, not for waiting long (its tenant's turn comes; the client may leave). A recalled
+        request may pre-empt as a newcomer may (`preemption`); a continuation never does, or streams
+        would take slots from each other by turns."""
         now = self._clock()
         request = _Resumed(tenant=tenant, priority=priority)
         capacity = self._capacity()
@@ -334,6 +336,10 @@ class AdmissionGate:
             grant = self._pass_through(request, now=now)
         else:
             waiter = self._enqueue(request, now=now, budget=math.inf, prompt_tokens=0, front=True)
+            if self.preemption and prompt_tokens is not None and not waiter.future.done():
+                self._preempt_for(
+                    waiter
+                )  # recalled: it may take a slot as a newcomer may (not a continuation)
             try:
                 grant = await self._wait(waiter)
             finally:
