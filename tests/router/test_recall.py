@@ -16,9 +16,9 @@ import asyncio
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.router.harness import router_config
 from tests.router.servers import serve
 
-from tandem.core.routerconfig import RouterConfig
 from tandem.router.app import create_app as router_app
 from tandem.router.settings import RouterSettings
 from tandem.router.types import Endpoint, EndpointSnapshot, EngineReading, EngineStats
@@ -101,19 +101,7 @@ async def test_a_burst_sent_before_the_slots_were_known_is_recalled_behind_a_new
         profile="tiny-cpu", served_model_name="qwen", time_scale=TIME_SCALE, max_num_seqs=2, seed=1
     )
     async with serve(sim_app(sim)) as engine:
-        config = RouterConfig.model_validate(
-            {
-                "service": "recall-test",
-                "spec": {
-                    "model": {"name": "tiny", "servedName": "qwen"},
-                    "engine": {"kind": "sim"},
-                    "decode": {"replicas": 1},
-                    "disaggregation": {"mode": "off"},
-                    "router": {"slo": {"ttftSeconds": 60}},
-                },
-                "discovery": {"kind": "static", "decode": [engine.url]},
-            }
-        )
+        config = router_config(decode=[engine.url], spec={"router": {"slo": {"ttftSeconds": 60}}})
         settings = RouterSettings.model_validate(
             {
                 "collector": {"interval_seconds": 0.2, "learning_interval_seconds": 0.05},

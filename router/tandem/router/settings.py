@@ -199,6 +199,18 @@ class SchedulingSettings(_Settings):
     kv_events: KVEventsSettings = Field(default_factory=KVEventsSettings)
 
 
+#: vLLM request extensions an engine acts on beyond sampling: refused unless enabled
+#: (`tandem.router.request.limits`).
+EngineExtension = Literal[
+    "vllm_xargs",
+    "chat_template",
+    "prompt_embeds",
+    "logits_processors",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
+]
+
+
 class AccessSettings(_Settings):
     """Who may call the gateway and how much (docs/security.md, "API keys and rate limits").
 
@@ -221,16 +233,9 @@ class AccessSettings(_Settings):
     max_messages: int = Field(default=2048, ge=1, le=1_000_000)
     max_content_parts: int = Field(default=4096, ge=1, le=1_000_000)
     max_sequences: int = Field(default=16, ge=1, le=4096)
-    allowed_extensions: list[
-        Literal[
-            "vllm_xargs",
-            "chat_template",
-            "prompt_embeds",
-            "logits_processors",
-            "mm_processor_kwargs",
-            "media_io_kwargs",
-        ]
-    ] = Field(default_factory=list, description="vLLM request extensions clients may use.")
+    allowed_extensions: list[EngineExtension] = Field(
+        default_factory=list, description="vLLM request extensions clients may use."
+    )
     allow_media_urls: bool = Field(
         default=False, description="Let clients name media by URL (the engine fetches it)."
     )

@@ -28,22 +28,16 @@ Example: `{"messages": [...3000 messages...]}` → 400 "at most 2048 messages"; 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from tandem.router.errors import InvalidRequest, RequestTooLarge
+from tandem.router.settings import EngineExtension
 from tandem.router.types import Route
 
 #: Request extensions an engine acts on beyond sampling: refused unless enabled (module docstring).
-GUARDED_EXTENSIONS = (
-    "vllm_xargs",
-    "chat_template",
-    "prompt_embeds",
-    "logits_processors",
-    "mm_processor_kwargs",
-    "media_io_kwargs",
-)
+GUARDED_EXTENSIONS: tuple[str, ...] = get_args(EngineExtension)
 #: Content part types whose media an engine fetches when given a URL.
 _MEDIA_PARTS = {"image_url": "url", "audio_url": "url", "video_url": "url"}
 
@@ -151,14 +145,6 @@ def _media_url(part: object) -> str | None:
     if isinstance(inner, str):
         return inner
     return None
-
-
-def guarded(names: Collection[str]) -> frozenset[str]:
-    """`names` checked against `GUARDED_EXTENSIONS` (settings validation); raises ValueError."""
-    unknown = sorted(set(names) - set(GUARDED_EXTENSIONS))
-    if unknown:
-        raise ValueError(f"unknown extensions {unknown}; known: {list(GUARDED_EXTENSIONS)}")
-    return frozenset(names)
 
 
 class ReadingBudget:
