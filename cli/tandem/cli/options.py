@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import click
@@ -22,3 +23,14 @@ def logging_options(func: F) -> F:
         help="json: one JSON object per line (for log pipelines); text: for terminals.",
     )(func)
     return click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)(func)
+
+
+#: `-f/--file FILE`: InferenceService documents (`tandem validate`, `tandem render`).
+documents_file = click.option(
+    "-f",
+    "--file",
+    "path",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="YAML file with one or more InferenceService documents.",
+)

@@ -19,6 +19,7 @@ import click
 import yaml
 
 from tandem.cli.documents import load_inference_services
+from tandem.cli.options import documents_file
 from tandem.operator.resources import Images, Owner, desired_children
 from tandem.operator.settings import DEFAULT_REDIS_IMAGE
 
@@ -45,14 +46,7 @@ def render_documents(
 
 
 @click.command()
-@click.option(
-    "-f",
-    "--file",
-    "path",
-    required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="YAML file with one or more InferenceService documents.",
-)
+@documents_file
 @click.option(
     "--tandem-image",
     envvar="TANDEM_IMAGE",

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from tandem.cli.documents import load_inference_services
+from tandem.cli.options import documents_file
 from tandem.core.spec import InferenceService
 
 
@@ -23,14 +24,7 @@ def summary(isvc: InferenceService) -> str:
 
 
 @click.command()
-@click.option(
-    "-f",
-    "--file",
-    "path",
-    required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="YAML file with one or more InferenceService documents.",
-)
+@documents_file
 def validate(path: Path) -> None:
     """Validate InferenceService documents: print each error with its field path (exit 1), or a
     one-line summary per valid document."""
