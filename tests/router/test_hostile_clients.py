@@ -10,12 +10,13 @@ import asyncio
 import gc
 import socket
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from tests.router.harness import MODEL, Launcher, metric
+from tests.router.harness import MODEL, Launcher, RunningRouter, metric
 
 from tandem.router.settings import AccessSettings, AdmissionSettings, ProxySettings, RouterSettings
 
@@ -160,11 +161,8 @@ async def test_a_client_that_stops_reading_loses_its_stream_and_its_slot(launche
         sock, head.encode() + f"content-length: {len(body)}\r\n\r\n".encode() + body
     )
     try:
-        for _ in range(600):  # until the gateway let go of the engine's request and of its slot
-            if engine.open_requests == 0 and await metric(router, "tandem_router_admitted_requests") == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert engine.open_requests == 0
+        await asyncio.wait_for(engine.arrived.wait(), timeout=30)  # the stream reached the engine
+        assert await _eventually(router, lambda: engine.open_requests == 0)  # and was let go
         # The slot is free: the next request (capacity 1) is served while the stalled socket stays open.
         answered = await router.http.post(
             "/v1/completions", json={"model": MODEL, "prompt": "next", "max_tokens": 2}
@@ -172,4 +170,14 @@ async def test_a_client_that_stops_reading_loses_its_stream_and_its_slot(launche
         assert answered.status_code == 200
     finally:
         sock.close()
-    assert await metric(router, "tandem_router_admitted_requests") == 0
+    assert await _eventually(router, lambda: True)
+
+
+async def _eventually(router: RunningRouter, condition: Callable[[], bool]) -> bool:
+    """Whether `condition` holds with no request admitted, within 30 s (a grant is released just
+    after its response's last byte)."""
+    for _ in range(600):
+        if condition() and await metric(router, "tandem_router_admitted_requests") == 0:
+            return True
+        await asyncio.sleep(0.05)
+    return False
