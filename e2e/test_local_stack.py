@@ -146,7 +146,9 @@ def test_a_long_prompt_leaves_its_kv_chunks_in_the_pool(stack: Stack) -> None:
     with OpenAI(base_url=stack.endpoint, api_key="unused") as client:
         client.completions.create(model="qwen", prompt=prompt, max_tokens=2)
     config = yaml.safe_load((stack.state_dir / "router.yaml").read_text())
-    pool = redis.Redis.from_url(config["kvPoolUrl"])
+    # The stack's Redis requires its password (`tandem up` keeps it in the state dir for its user).
+    password = (stack.state_dir / "auth.conf").read_text().split()[1]  # `requirepass <password>`
+    pool = redis.Redis.from_url(config["kvPoolUrl"], password=password)
     try:
         keys = {k.decode() for k in pool.scan_iter(match="Qwen/Qwen2.5-7B-Instruct@*")}
     finally:
