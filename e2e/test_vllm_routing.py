@@ -26,7 +26,17 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e.stacks import MODEL_DIR, SERVED, Stack, complete, counter, require_vllm, running_stack, tokenize
+from e2e.stacks import (
+    ENGINE_KEY,
+    MODEL_DIR,
+    SERVED,
+    Stack,
+    complete,
+    counter,
+    require_vllm,
+    running_stack,
+    tokenize,
+)
 
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.tokenizer_files import load_tokenizer
@@ -158,7 +168,12 @@ def test_vllm_continues_a_stopped_chat_answer_as_the_gateway_asks(stack: Stack) 
     rendered = {k: continued[k] for k in ("messages", "add_generation_prompt", "continue_final_message")}
     counted = httpx.post(f"{engine}/tokenize", json={"model": SERVED, **rendered}, timeout=60)
     assert counted.status_code == 200, counted.text
-    answer = httpx.post(f"{engine}/v1/chat/completions", json={**continued, "stream": False}, timeout=300)
+    answer = httpx.post(
+        f"{engine}/v1/chat/completions",
+        json={**continued, "stream": False},
+        headers={"authorization": f"Bearer {ENGINE_KEY}"},  # engines take only the gateway's key
+        timeout=300,
+    )
     assert answer.status_code == 200, answer.text
     usage = answer.json()["usage"]
     assert usage["completion_tokens"] == 12 - 4
