@@ -51,7 +51,7 @@ from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, 
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
-from tandem.router.settings import AccessSettings, KVEventsSettings
+from tandem.router.settings import KVEventsSettings
 from tandem.router.types import Pool
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
@@ -213,7 +213,7 @@ def compose(
             config.served_models,
             settings.access.max_request_bytes,
             config.log_prompts,
-            limits=_body_limits(settings.access),
+            limits=BodyLimits.of(settings.access),
             budget=ReadingBudget(settings.access.max_reading_bytes),
             body_seconds=settings.access.body_seconds,
         ),
@@ -506,17 +506,6 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
         return None
     client = connect(access.url, timeout_s=access.timeout_s, password=access.password)
     return KVPoolIndex(client, keys=access.keys, alternatives=access.alternatives, clock=clock)
-
-
-def _body_limits(access: AccessSettings) -> BodyLimits:
-    return BodyLimits(
-        max_json_elements=access.max_json_elements,
-        max_messages=access.max_messages,
-        max_content_parts=access.max_content_parts,
-        max_sequences=access.max_sequences,
-        allowed_extensions=frozenset(access.allowed_extensions),
-        allow_media_urls=access.allow_media_urls,
-    )
 
 
 def _scraped(routing: Routing, dispatcher: Dispatcher) -> Callable[[str, ScrapeOutcome], None]:

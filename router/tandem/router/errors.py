@@ -37,18 +37,20 @@ class RouterError(Exception):
     openai_code: ClassVar[str | None] = None
 
     #: What a client is told instead of `message` when the message names engines (pod addresses):
-    #: the full message goes to the gateway's log line, under the request id.
+    #: the full message goes to the gateway's log line, under the request id. An instance may say
+    #: it itself (`public=`).
     public: ClassVar[str | None] = None
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, public: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self._public = public
 
     @property
     def public_message(self) -> str:
         """The error's text as a client sees it: never an engine's address."""
-        return self.public or self.message
+        return self._public or self.public or self.message
 
     def response_headers(self) -> dict[str, str]:
         """Extra headers for the error response (none by default)."""
@@ -136,17 +138,7 @@ class ColdStart(Overloaded):
 
 
 class NoEndpointAvailable(RouterError):
-    """`public`: the message without the failed engines' addresses (None: the message has none)."""
-
     status = 503
-
-    def __init__(self, message: str, *, public: str | None = None) -> None:
-        super().__init__(message)
-        self._public = public
-
-    @property
-    def public_message(self) -> str:
-        return self._public or self.message
 
 
 class ClientDisconnected(RouterError):

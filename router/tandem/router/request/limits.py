@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from tandem.router.errors import InvalidRequest, RequestTooLarge
-from tandem.router.settings import EngineExtension
+from tandem.router.settings import AccessSettings, EngineExtension
 from tandem.router.types import Route
 
 #: Request extensions an engine acts on beyond sampling: refused unless enabled (module docstring).
@@ -52,6 +52,18 @@ class BodyLimits:
     max_sequences: int = 16
     allowed_extensions: frozenset[str] = field(default_factory=frozenset)
     allow_media_urls: bool = False
+
+    @classmethod
+    def of(cls, access: AccessSettings) -> BodyLimits:
+        """The limits the gateway's `access` settings name."""
+        return cls(
+            max_json_elements=access.max_json_elements,
+            max_messages=access.max_messages,
+            max_content_parts=access.max_content_parts,
+            max_sequences=access.max_sequences,
+            allowed_extensions=frozenset(access.allowed_extensions),
+            allow_media_urls=access.allow_media_urls,
+        )
 
 
 def json_elements(raw: bytes) -> int:
