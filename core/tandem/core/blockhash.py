@@ -81,3 +81,19 @@ def namespace_key(name: str) -> int:
         return ROOT_KEY
     digest = hashlib.blake2b(name.encode(), digest_size=8, person=_NAMESPACE_PERSON)
     return int.from_bytes(digest.digest(), "little")
+
+
+def scope_key(*, lora_name: str | None = None, cache_salt: str | None = None) -> int:
+    """The root of a request's key space, as vLLM scopes its prefix cache: the LoRA adapter and the
+    `cache_salt` (vLLM folds both into the first block's `extra_keys`). Neither: `ROOT_KEY`; an adapter
+    alone: `namespace_key(lora_name)`, as before salts existed; a salt: a root of its own per
+    (adapter, salt), so two tenants' equal prompts never share a key.
+
+    >>> scope_key() == ROOT_KEY
+    True
+    >>> scope_key(cache_salt="a") != scope_key(cache_salt="b")
+    True
+    """
+    if not cache_salt:
+        return namespace_key(lora_name) if lora_name else ROOT_KEY
+    return namespace_key(f"{lora_name or ''}\x1fcache_salt\x1f{cache_salt}")
