@@ -55,11 +55,12 @@ def request(
     stop: tuple[str, ...] = (),
     ignore_eos: bool = True,
     pool_tokens: int | None = None,
+    cache_salt: str | None = None,
 ) -> NewRequest:
     """A greedy request (its text depends on the prompt only)."""
     seed = stream_seed(prompt_ids, temperature=0.0, seed=None, entropy=0)
     params = SamplingParams(max_tokens=max_tokens, stream_seed=seed, stop=stop, ignore_eos=ignore_eos)
-    return NewRequest(request_id, prompt_ids, params, pool_tokens)
+    return NewRequest(request_id, prompt_ids, params, pool_tokens, cache_salt)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 
 from tandem.core.kvkeys import chunk_hashes
 from tandem.sim.engine.blocks import BlockPool, BlockRemoved, BlockStored, KVEvent
+from tandem.sim.engine.requests import chain_root, prompt_block_hashes
 
 BS = 4  # small blocks keep the stories short
 
@@ -20,11 +21,18 @@ def seq(*values: int) -> list[int]:
     return list(values)
 
 
-def allocate(pool: BlockPool, owner: str, tokens: Sequence[int], *, use_cache: bool = True) -> bool:
-    hashes = chunk_hashes(tokens, BS)
+def allocate(
+    pool: BlockPool, owner: str, tokens: Sequence[int], *, use_cache: bool = True, salt: str | None = None
+) -> bool:
+    hashes = prompt_block_hashes(tokens, BS, cache_salt=salt)
     hits = pool.cached_prefix(hashes, num_tokens=len(tokens)) if use_cache else []
     return pool.allocate(
-        owner, num_tokens=len(tokens), token_ids=tokens, block_hashes=hashes, computed_blocks=hits
+        owner,
+        num_tokens=len(tokens),
+        token_ids=tokens,
+        block_hashes=hashes,
+        computed_blocks=hits,
+        cache_salt=salt,
     )
 
 
@@ -148,4 +156,38 @@ def test_a_prefix_already_held_by_another_block_is_not_stored_twice() -> None:
     allocate(pool, "b", tokens, use_cache=False)  # computed again, e.g. both arrived together
     assert [e for e in events if isinstance(e, BlockStored)] == [
         BlockStored((chunk_hashes(tokens, BS)[0],), None, (1, 2, 3, 4), BS)
+    ]
+
+
+def test_without_a_salt_block_hashes_are_the_chunk_hashes_from_the_default_root() -> None:
+    tokens = seq(1, 2, 3, 4, 5, 6, 7, 8)
+    assert prompt_block_hashes(tokens, BS, cache_salt=None) == chunk_hashes(tokens, BS)
+    salted = prompt_block_hashes(tokens, BS, cache_salt="a")
+    assert salted == chunk_hashes(tokens, BS, parent=chain_root("a"))
+    assert not set(salted) & set(chunk_hashes(tokens, BS))
+
+
+def test_equal_tokens_under_different_salts_share_no_block_and_equal_salts_share_as_before() -> None:
+    pool = BlockPool(num_blocks=12, block_size=BS)
+    tokens = seq(1, 2, 3, 4, 5, 6, 7, 8, 9)
+    allocate(pool, "a", tokens, salt="tenant-a")
+    for salt in ("tenant-b", None):
+        assert pool.cached_prefix(prompt_block_hashes(tokens, BS, cache_salt=salt), num_tokens=9) == []
+    same = pool.cached_prefix(prompt_block_hashes(tokens, BS, cache_salt="tenant-a"), num_tokens=9)
+    assert same == list(pool.blocks_of("a")[:2])
+    allocate(pool, "b", tokens, salt="tenant-b")
+    assert not set(pool.blocks_of("a")) & set(pool.blocks_of("b"))
+
+
+def test_a_salted_sequences_first_block_carries_the_salt_in_its_extra_keys() -> None:
+    """As vLLM: `(salt,)` on block 0 of the sequence only; a later run, chained to its parent, has None."""
+    events: list[KVEvent] = []
+    pool = BlockPool(num_blocks=8, block_size=BS, on_event=events.append)
+    tokens = seq(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+    hashes = prompt_block_hashes(tokens, BS, cache_salt="t")
+    pool.allocate("a", num_tokens=9, token_ids=tokens, block_hashes=hashes, cache_salt="t")
+    pool.allocate("a", num_tokens=13, token_ids=tokens, block_hashes=hashes, cache_salt="t")
+    assert events == [
+        BlockStored((hashes[0], hashes[1]), None, tuple(tokens[:8]), BS, (("t",), None)),
+        BlockStored((hashes[2],), hashes[1], (9, 10, 11, 12), BS, (None,)),
     ]

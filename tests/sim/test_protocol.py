@@ -74,6 +74,9 @@ def test_chat_max_tokens_resolution(fields: dict[str, Any], max_tokens: int) -> 
         pytest.param({"prompt": [5, VOCAB_SIZE]}, 400, "prompt", "out of vocabulary", id="bad-token-id"),
         pytest.param({"min_tokens": -1}, 400, "min_tokens", "non-negative", id="bad-min-tokens"),
         pytest.param({"temperature": 3}, 400, "temperature", "less than or equal", id="temperature-range"),
+        pytest.param({"cache_salt": ""}, 400, "cache_salt", "non-empty string", id="empty-salt"),
+        pytest.param({"cache_salt": 7}, 400, "cache_salt", "non-empty string", id="salt-not-a-string"),
+        pytest.param({"cache_salt": "s" * 1025}, 400, "cache_salt", "at most 1024", id="salt-too-long"),
     ],
 )
 def test_bad_completion_requests_are_rejected_with_the_offending_parameter(
@@ -83,6 +86,12 @@ def test_bad_completion_requests_are_rejected_with_the_offending_parameter(
     assert (error.status, error.param) == (status, param)
     assert words in error.message
     assert error.body()["error"]["code"] == status
+
+
+def test_a_cache_salt_reaches_the_generation_and_none_is_no_salt() -> None:
+    assert completion(cache_salt="tenant-a").cache_salt == "tenant-a"
+    assert chat(cache_salt="tenant-b").cache_salt == "tenant-b"
+    assert completion().cache_salt is None and completion(cache_salt=None).cache_salt is None
 
 
 def test_a_prompt_may_be_token_ids_or_a_one_element_list() -> None:

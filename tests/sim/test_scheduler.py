@@ -100,6 +100,19 @@ def test_a_repeated_prompt_hits_the_prefix_cache_in_tokens() -> None:
     assert run.step_tokens[0]["second"] == 4
 
 
+def test_a_cache_salt_scopes_the_prefix_cache_to_requests_with_the_same_salt() -> None:
+    core = make_core()
+    shared = prompt(100)
+    core.add_request(request("a", shared, max_tokens=2, cache_salt="tenant-a"), now=0.0)
+    run_to_completion(core)
+    hits = {}
+    for name, salt in [("other-salt", "tenant-b"), ("no-salt", None), ("same-salt", "tenant-a")]:
+        assert core.local_prefix_tokens(shared, cache_salt=salt) == (96 if salt == "tenant-a" else 0)
+        core.add_request(request(name, shared, max_tokens=2, cache_salt=salt), now=1.0)
+        hits[name] = run_to_completion(core, now=1.0).total("prefix_hits")
+    assert hits == {"other-salt": 0, "no-salt": 0, "same-salt": 96}
+
+
 @pytest.mark.parametrize(
     ("local_prefix", "loaded", "computed"),
     [

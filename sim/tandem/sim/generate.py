@@ -55,7 +55,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     pool_tokens = await _pool_lookup(runtime, gen) if sim.settings.consumes_kv else None
     engine_id = uuid.uuid4().hex
     stream = runtime.loop.submit(
-        NewRequest(engine_id, gen.prompt_token_ids, _sampling(sim, gen), pool_tokens)
+        NewRequest(engine_id, gen.prompt_token_ids, _sampling(sim, gen), pool_tokens, gen.cache_salt)
     )
     fields = log_fields(request)
     fields.update(prompt_tokens=len(gen.prompt_token_ids), kv_pool_tokens=pool_tokens, stream=gen.stream)
@@ -89,7 +89,7 @@ async def _pool_lookup(runtime: Runtime, gen: Generation) -> int | None:
     """Prompt tokens the pool holds and the shell fetched (None: no pool, or it is down)."""
     if runtime.pool is None:
         return None
-    local = runtime.loop.core.local_prefix_tokens(gen.prompt_token_ids)
+    local = runtime.loop.core.local_prefix_tokens(gen.prompt_token_ids, cache_salt=gen.cache_salt)
     return await runtime.pool.lookup(gen.prompt_token_ids, skip_tokens=local)
 
 

@@ -6,7 +6,9 @@ Request rules (vLLM's, where the simulator serves one choice per request):
   vLLM and OpenAI (an explicit null means "the rest of the context");
 - `/v1/chat/completions`: the prompt is `render_chat(messages)`; `max_completion_tokens` wins over
   `max_tokens`; with neither, the rest of the context;
-- prompt + max_tokens above `max_model_len` → 400 naming the limit.
+- prompt + max_tokens above `max_model_len` → 400 naming the limit;
+- `cache_salt` (vLLM's), when sent, is a non-empty string of at most 1024 characters, else 400; it
+  scopes the request's prefix cache (`tandem.sim.engine.requests.chain_root`).
 Responses have vLLM's fields; streams are `data: {json}\\n\\n` events ending with `data: [DONE]\\n\\n`.
 """
 
@@ -27,6 +29,7 @@ from tandem.core.openai_api import (
 from tandem.core.tokenizer import VOCAB_SIZE, encode, render_chat
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+CACHE_SALT_MAX_CHARS = 1024
 SSE_DONE = b"data: [DONE]\n\n"
 Kind = Literal["completion", "chat"]
 M = TypeVar("M", bound=BaseModel)
@@ -65,7 +68,8 @@ class DetokenizeRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Generation:
-    """A checked generation request, ready for the engine. `max_tokens` is resolved (>= 1)."""
+    """A checked generation request, ready for the engine. `max_tokens` is resolved (>= 1);
+    `cache_salt` is None when the client sent none."""
 
     kind: Kind
     prompt_token_ids: tuple[int, ...]
@@ -79,6 +83,7 @@ class Generation:
     stream: bool
     include_usage: bool
     echo: bool
+    cache_salt: str | None = None
 
 
 def parse_json(raw: bytes) -> Any:
@@ -160,6 +165,7 @@ def prepare(
         stream=request.stream,
         include_usage=request.include_usage,
         echo=isinstance(request, CompletionRequest) and request.echo,
+        cache_salt=_cache_salt(request),
     )
 
 
@@ -190,6 +196,19 @@ def _min_tokens(request: CompletionRequest | ChatCompletionRequest) -> int:
     value = (request.model_extra or {}).get("min_tokens", 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise APIError(400, "min_tokens must be a non-negative integer", param="min_tokens")
+    return value
+
+
+def _cache_salt(request: CompletionRequest | ChatCompletionRequest) -> str | None:
+    value = (request.model_extra or {}).get("cache_salt")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= CACHE_SALT_MAX_CHARS:
+        raise APIError(
+            400,
+            f"cache_salt must be a non-empty string of at most {CACHE_SALT_MAX_CHARS} characters",
+            param="cache_salt",
+        )
     return value
 
 

@@ -45,7 +45,6 @@ class RenderFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     request_id: str | None = None
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)
     stream_options: RenderStreamOptions | None = None
 
@@ -81,7 +80,7 @@ def generate_request(
         "output_mode": "tokens",
         "stream": gen.stream,
         "stream_options": stream_options,
-        "cache_salt": fields.cache_salt,
+        "cache_salt": gen.cache_salt,
         "priority": fields.priority,
         "kv_transfer_params": None,
         "ec_transfer_params": None,

@@ -11,7 +11,9 @@ The cache has `num_blocks` blocks of `block_size` tokens. Invariants:
 Usage (`vllm:kv_cache_usage_perc`) is used blocks / total: cached but free blocks count as free.
 
 Every block that gains a hash is reported as `BlockStored` and every hash that is evicted as
-`BlockRemoved`, through the optional `on_event` callback: the hook for vLLM-style KV events.
+`BlockRemoved`, through the optional `on_event` callback: the hook for vLLM-style KV events. A salted
+owner's runs carry vLLM's per-block `extra_keys`: `(salt,)` on the sequence's first block, None on
+the others (vLLM adds the salt to the first block's extra keys only).
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class BlockStored:
-    """Consecutive blocks of one sequence became cached. `token_ids` holds their tokens, in order."""
+    """Consecutive blocks of one sequence became cached. `token_ids` holds their tokens, in order.
+    `extra_keys` (vLLM's, one entry per block) is None for an unsalted sequence; for a salted one it
+    is `(salt,)` for the sequence's first block and None for every other block."""
 
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    extra_keys: tuple[tuple[str, ...] | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,26 @@ class BlockRemoved:
 
 KVEvent = BlockStored | BlockRemoved
 KVEventSink = Callable[[KVEvent], None]
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """The owner's sequence a run of newly cached blocks belongs to."""
+
+    token_ids: Sequence[int]
+    block_hashes: Sequence[int]
+    cache_salt: str | None
+
+
+def _extra_keys(
+    cache_salt: str | None, *, run_start: int, count: int
+) -> tuple[tuple[str, ...] | None, ...] | None:
+    """vLLM's `extra_keys` for `count` blocks from block `run_start` of a sequence (module docstring).
+    Example: salt "t", a run of 3 blocks from block 0 → `(("t",), None, None)`; from block 2 → all None."""
+    if cache_salt is None:
+        return None
+    first: tuple[tuple[str, ...] | None, ...] = ((cache_salt,),) if run_start == 0 else (None,)
+    return first + (None,) * (count - 1)
 
 
 @dataclass
@@ -102,11 +127,13 @@ class BlockPool:
         token_ids: Sequence[int],
         block_hashes: Sequence[int],
         computed_blocks: Sequence[int] = (),
+        cache_salt: str | None = None,
     ) -> bool:
         """Give `owner` enough blocks for its first `num_tokens` tokens; False (and no change) when
         the free blocks do not suffice. `computed_blocks` (cache hits from `cached_prefix`, only when
         the owner holds nothing yet) are shared, not copied. Full blocks among the first `num_tokens`
-        get their hash from `block_hashes` and become findable by other requests."""
+        get their hash from `block_hashes` (already rooted at the owner's `cache_salt`) and become
+        findable by other requests; `cache_salt` only shapes the events' `extra_keys`."""
         blocks = self._owned.get(owner, [])
         needed = math.ceil(num_tokens / self.block_size) - len(blocks) - len(computed_blocks)
         # Touching a cached block that is free takes it out of the free queue.
@@ -124,7 +151,9 @@ class BlockPool:
         if evicted_hashes:
             self._emit(BlockRemoved(evicted_hashes))
         full = min(num_tokens // self.block_size, len(block_hashes))
-        self._register(owner, blocks, full=full, token_ids=token_ids, block_hashes=block_hashes)
+        self._register(
+            owner, blocks, full=full, token_ids=token_ids, block_hashes=block_hashes, cache_salt=cache_salt
+        )
         return True
 
     def free(self, owner: str) -> None:
@@ -162,32 +191,33 @@ class BlockPool:
         full: int,
         token_ids: Sequence[int],
         block_hashes: Sequence[int],
+        cache_salt: str | None,
     ) -> None:
         """Hash the owner's blocks [already registered, full) and report each contiguous new run."""
         start = self._num_hashed.get(owner, 0)
         run: list[int] = []
         run_start = start
+        chain = _Chain(token_ids, block_hashes, cache_salt)
         for index in range(start, full):
             block_hash = block_hashes[index]
             if block_hash in self._cached:  # another block already holds this prefix
-                self._flush_run(run, run_start, token_ids=token_ids, block_hashes=block_hashes)
+                self._flush_run(run, run_start, chain)
                 run, run_start = [], index + 1
                 continue
             self._blocks[blocks[index]].block_hash = block_hash
             self._cached[block_hash] = blocks[index]
             run.append(block_hash)
-        self._flush_run(run, run_start, token_ids=token_ids, block_hashes=block_hashes)
+        self._flush_run(run, run_start, chain)
         self._num_hashed[owner] = max(start, full)
 
-    def _flush_run(
-        self, run: list[int], run_start: int, *, token_ids: Sequence[int], block_hashes: Sequence[int]
-    ) -> None:
+    def _flush_run(self, run: list[int], run_start: int, chain: _Chain) -> None:
         if not run:
             return
         size = self.block_size
-        parent = block_hashes[run_start - 1] if run_start > 0 else None
-        tokens = tuple(token_ids[run_start * size : (run_start + len(run)) * size])
-        self._emit(BlockStored(tuple(run), parent, tokens, size))
+        parent = chain.block_hashes[run_start - 1] if run_start > 0 else None
+        tokens = tuple(chain.token_ids[run_start * size : (run_start + len(run)) * size])
+        extra_keys = _extra_keys(chain.cache_salt, run_start=run_start, count=len(run))
+        self._emit(BlockStored(tuple(run), parent, tokens, size, extra_keys))
 
     def _emit(self, event: KVEvent) -> None:
         if self._on_event is not None:

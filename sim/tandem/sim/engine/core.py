@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tandem.core.kvkeys import chunk_hashes
 from tandem.core.tokenizer import EOS_TOKEN_ID, decode
 from tandem.sim.engine.blocks import BlockPool, KVEventSink
 from tandem.sim.engine.generation import find_stop, sample_token, stop_buffer, visible_length
@@ -26,6 +25,7 @@ from tandem.sim.engine.requests import (
     Request,
     RequestOutput,
     SchedulerStats,
+    prompt_block_hashes,
 )
 from tandem.sim.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.sim.engine.timemodel import StepTime, step_time
@@ -98,9 +98,10 @@ class EngineCore:
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
 
-    def local_prefix_tokens(self, prompt_token_ids: Sequence[int]) -> int:
-        """Tokens of this prompt the local prefix cache holds now (read-only: nothing is touched)."""
-        hashes = chunk_hashes(prompt_token_ids, self.config.block_size)
+    def local_prefix_tokens(self, prompt_token_ids: Sequence[int], *, cache_salt: str | None = None) -> int:
+        """Tokens of this prompt the local prefix cache holds now under `cache_salt` (read-only:
+        nothing is touched); blocks cached under another salt, or none, do not count."""
+        hashes = prompt_block_hashes(prompt_token_ids, self.config.block_size, cache_salt=cache_salt)
         hits = self.pool.cached_prefix(hashes, num_tokens=len(prompt_token_ids))
         return len(hits) * self.config.block_size
 

@@ -6,6 +6,7 @@ Times are simulated seconds on the engine's clock; token counts are tokens.
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -13,6 +14,32 @@ from typing import Literal
 from tandem.core.kvkeys import NONE_HASH, chunk_hashes
 
 FinishReason = Literal["stop", "length", "abort"]
+_SALT_DOMAIN = b"tandem-sim/cache_salt\x00"
+
+
+def chain_root(cache_salt: str | None) -> int:
+    """The parent of a request's first block hash: the root of its prefix-cache space.
+
+    No salt: `NONE_HASH`, so unsalted hashes are those of `chunk_hashes` from its default root. A
+    salt: the first 8 bytes (big-endian, signed, as `chunk_hashes`' own) of SHA-256 over
+    `b"tandem-sim/cache_salt\\x00"` and the salt's UTF-8, a root per salt. vLLM puts the salt into the
+    first block's extra keys instead; either way the salt changes the first hash and, through the
+    chain, every later one, so equal prompts under different salts share no block.
+
+    >>> chain_root(None) == NONE_HASH
+    True
+    >>> chain_root("tenant-a") != chain_root("tenant-b")
+    True
+    """
+    if cache_salt is None:
+        return NONE_HASH
+    digest = hashlib.sha256(_SALT_DOMAIN + cache_salt.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int, *, cache_salt: str | None) -> list[int]:
+    """The chained hashes of every full block of `token_ids` under `cache_salt` (`chain_root`)."""
+    return chunk_hashes(token_ids, block_size, parent=chain_root(cache_salt))
 
 
 @dataclass(frozen=True)
@@ -31,12 +58,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class NewRequest:
     """What the API layer submits. `pool_tokens` is the length of the prompt prefix that the external
-    KV pool holds and that the shell has already fetched (None: the pool was not consulted)."""
+    KV pool holds and that the shell has already fetched (None: the pool was not consulted);
+    `cache_salt` (vLLM's) scopes the request's prefix cache (`chain_root`)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     pool_tokens: int | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +97,8 @@ class Request:
     """The engine's mutable state for one request.
 
     Invariants: `token_ids` = prompt + outputs; `num_computed_tokens` <= len(token_ids);
-    `block_hashes` has one chained hash per full block of `token_ids`; `text` is the output text with
+    `block_hashes` has one chained hash per full block of `token_ids`, from `chain_root(cache_salt)`;
+    `text` is the output text with
     EOS left out and cut before a stop string; `emitted_chars` <= len(text) chars were already sent.
     """
 
@@ -79,6 +109,7 @@ class Request:
     block_size: int
     pool_tokens: int | None
     token_ids: list[int]
+    cache_salt: str | None = None
     block_hashes: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_preemptions: int = 0
@@ -100,6 +131,7 @@ class Request:
             block_size=block_size,
             pool_tokens=new.pool_tokens,
             token_ids=list(new.prompt_token_ids),
+            cache_salt=new.cache_salt,
         )
         request._extend_hashes()
         return request
@@ -123,7 +155,7 @@ class Request:
     def _extend_hashes(self) -> None:
         done = len(self.block_hashes) * self.block_size
         if self.num_tokens - done >= self.block_size:
-            parent = self.block_hashes[-1] if self.block_hashes else NONE_HASH
+            parent = self.block_hashes[-1] if self.block_hashes else chain_root(self.cache_salt)
             self.block_hashes.extend(chunk_hashes(self.token_ids[done:], self.block_size, parent=parent))
 
 

@@ -140,6 +140,7 @@ class Scheduler:
             num_tokens=request.num_computed_tokens + num_new,
             token_ids=request.token_ids,
             block_hashes=request.block_hashes,
+            cache_salt=request.cache_salt,
         ):
             victim = self.running.pop()
             self._preempt(victim)
@@ -171,6 +172,7 @@ class Scheduler:
                 token_ids=request.token_ids,
                 block_hashes=request.block_hashes,
                 computed_blocks=hits,
+                cache_salt=request.cache_salt,
             ):
                 break  # the head waits for blocks; later requests wait behind it (FCFS)
             self.waiting.popleft()
