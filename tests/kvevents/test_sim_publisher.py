@@ -60,6 +60,28 @@ def test_map_encoding_names_every_field_under_a_type_tag() -> None:
     assert events[1] == {"type": "BlockRemoved", "block_hashes": [2**64 - 5], "medium": "GPU", "group_idx": 0}
 
 
+SALTED = BlockStored((-5, 7), None, tuple(range(8)), 4, extra_keys=(("tenant-a",), None))
+
+
+def test_a_salted_store_carries_vllms_extra_keys_in_both_encodings() -> None:
+    """msgspec writes `list[tuple | None]` as arrays: the 9th positional item, or a named field."""
+    (array,) = msgpack.unpackb(encode_batch([SALTED], ts=2.5, encoding="array"))[1]
+    assert array == [
+        "BlockStored",
+        [2**64 - 5, 7],
+        None,
+        list(range(8)),
+        4,
+        None,
+        "GPU",
+        None,
+        [["tenant-a"], None],
+    ]
+    (as_map,) = msgpack.unpackb(encode_batch([SALTED], ts=2.5, encoding="map"))[1]
+    assert as_map["extra_keys"] == [["tenant-a"], None]
+    assert list(as_map).index("extra_keys") == list(as_map).index("lora_name") + 1
+
+
 @pytest.mark.parametrize("encoding", ["array", "map"])
 def test_the_router_decodes_what_the_sim_encodes(encoding: str) -> None:
     decoded = decode_batch(encode_batch([STORED, REMOVED], ts=2.5, encoding=encoding))  # type: ignore[arg-type]

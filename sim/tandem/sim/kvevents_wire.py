@@ -12,6 +12,12 @@ is, per `encoding`:
   "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}`,
   `{"type": "BlockRemoved", "block_hashes": [...], "medium": "GPU", "group_idx": 0}`.
 
+A salted request's `BlockStored` also carries `extra_keys`, one entry per block, as vLLM's msgspec
+writes a `list[tuple | None]`: the 9th array item, or the `"extra_keys"` field right after
+`"lora_name"`. The first block of a sequence has `["<salt>"]` (vLLM's `(cache_salt,)` without LoRA,
+multimodal inputs or prompt embeddings; a tuple is a msgpack array), every other block nil. An
+unsalted request's events leave the field out, as msgspec omits a None default.
+
 Block hashes are sent as unsigned 64-bit ints, as vLLM does with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`
 (its default): the simulator's signed hashes are taken modulo 2**64 (-1 is sent as 2**64 - 1).
 """
@@ -57,6 +63,7 @@ def _array_event(event: KVEvent) -> list[object]:
             None,  # lora_id
             MEDIUM_GPU,
             None,  # lora_name
+            *([] if event.extra_keys is None else [_extra_keys(event.extra_keys)]),
         ]
     assert isinstance(event, BlockRemoved)
     return ["BlockRemoved", hashes, MEDIUM_GPU]
@@ -66,6 +73,7 @@ def _map_event(event: KVEvent) -> dict[str, object]:
     hashes = [external_hash(h) for h in event.block_hashes]
     if isinstance(event, BlockStored):
         parent = event.parent_block_hash
+        extra = {} if event.extra_keys is None else {"extra_keys": _extra_keys(event.extra_keys)}
         return {
             "type": "BlockStored",
             "block_hashes": hashes,
@@ -75,8 +83,13 @@ def _map_event(event: KVEvent) -> dict[str, object]:
             "lora_id": None,
             "medium": MEDIUM_GPU,
             "lora_name": None,
+            **extra,
             "group_idx": 0,
             "kv_cache_spec_kind": "full_attention",
         }
     assert isinstance(event, BlockRemoved)
     return {"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM_GPU, "group_idx": 0}
+
+
+def _extra_keys(extra_keys: Sequence[tuple[str, ...] | None]) -> list[list[str] | None]:
+    return [None if keys is None else list(keys) for keys in extra_keys]
