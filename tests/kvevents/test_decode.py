@@ -26,6 +26,7 @@ from tandem.router.discovery.kvevents.decode import (
     BlockStored,
     DecodeError,
     decode_batch,
+    first_block_salt,
     normalize_block_hash,
 )
 
@@ -108,6 +109,52 @@ def test_missing_trailing_and_unknown_extra_fields_are_tolerated(event: object, 
     assert decode_batch(batch(event)).events == (expected,)
 
 
+EMBEDS = hashlib.sha256(b"prompt-embeds").digest()
+
+
+@pytest.mark.parametrize(
+    ("first_keys", "lora_name", "salt"),
+    [
+        pytest.param(None, None, None, id="no-extra-keys"),
+        pytest.param([], None, None, id="empty"),
+        pytest.param(["tenant-a"], None, "tenant-a", id="salt-alone"),
+        pytest.param(["sql"], "sql", None, id="lora-alone"),
+        pytest.param(["sql", "tenant-a"], "sql", "tenant-a", id="lora-then-salt"),
+        pytest.param(["sql", "sql"], "sql", "sql", id="salt-named-like-the-adapter"),
+        pytest.param([["img-1", 8], ["img-2", 0], "tenant-a"], None, "tenant-a", id="multimodal-first"),
+        pytest.param(["sql", ["sql-img-1", 8], "tenant-a", EMBEDS], "sql", "tenant-a", id="every-kind"),
+        pytest.param([["img-1", 8], EMBEDS], None, None, id="multimodal-and-embeds-no-salt"),
+        pytest.param([3, "tenant-a"], None, "tenant-a", id="old-int-lora-id"),
+        pytest.param(
+            [{"type": "lora", "name": "sql"}, {"type": "cache_salt", "salt": "tenant-a"}],
+            "sql",
+            "tenant-a",
+            id="typed-keys",
+        ),
+        pytest.param([{"type": "prompt_embeds", "hash": EMBEDS}], None, None, id="typed-without-salt"),
+    ],
+)
+def test_the_salt_is_the_first_string_after_the_adapter_in_the_first_blocks_extra_keys(
+    first_keys: list[object] | None, lora_name: str | None, salt: str | None
+) -> None:
+    """vLLM's order: LoRA name, (mm_identifier, offset) pairs, cache_salt, prompt-embeds hashes."""
+    assert first_block_salt(first_keys, lora_name=lora_name) == salt
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_a_stored_event_reports_the_salt_of_its_first_block(encoding: str) -> None:
+    extra_keys = [["sql", "tenant-a"], ["sql"]]
+    if encoding == "array":
+        event: object = ["BlockStored", [11, 12], None, TOKENS, 4, None, "GPU", "sql", extra_keys, 0]
+    else:
+        event = {**stored_map([11, 12], TOKENS), "lora_name": "sql", "extra_keys": extra_keys}
+    (stored,) = decode_batch(batch(event)).events
+    assert isinstance(stored, BlockStored)
+    assert (stored.lora_name, stored.cache_salt) == ("sql", "tenant-a")
+    (unsalted,) = decode_batch(batch(stored_map([11, 12], TOKENS))).events  # extra_keys [None, None]
+    assert isinstance(unsalted, BlockStored) and unsalted.cache_salt is None
+
+
 def test_unknown_event_tags_are_skipped_and_counted() -> None:
     decoded = decode_batch(batch(["Future", 1], {"type": "Other"}, removed_array([11])))
     assert decoded.events == (BlockRemoved((11,), "GPU"),)
@@ -186,6 +233,8 @@ def test_older_batches_without_a_rank_and_map_shaped_batches_decode() -> None:
         pytest.param(batch(["BlockRemoved", [b""]]), "empty bytes", id="empty-bytes-hash"),
         pytest.param(batch(["BlockRemoved", [True]]), "bool", id="bool-hash"),
         pytest.param(batch(["BlockRemoved", [1], 7]), "medium must be a string", id="medium"),
+        pytest.param(batch([*stored_array([1], [1, 2, 3, 4]), "salt"]), "extra_keys", id="extra-keys"),
+        pytest.param(batch([*stored_array([1], [1, 2, 3, 4]), ["salt"]]), "extra_keys", id="extra-key-entry"),
     ],
 )
 def test_malformed_payloads_are_rejected_with_the_reason(payload: bytes, words: str) -> None:

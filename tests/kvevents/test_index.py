@@ -6,7 +6,10 @@ care how the engine hashes). Nothing is faked.
 
 from __future__ import annotations
 
-from tandem.core.blockhash import block_keys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.core.blockhash import block_keys, scope_key
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
 from tandem.router.discovery.kvevents.index import PrecisePrefixIndex
@@ -16,6 +19,17 @@ A = "http://127.0.0.1:8101"
 B = "http://127.0.0.1:8102"
 BS = 4
 PROMPT = tuple(range(100, 118))  # 18 tokens: 4 full blocks and 2 tokens
+
+
+@dataclass(frozen=True)
+class KeyedTokens:
+    """A `KeyedPrompt` whose keys (for blocks of `BS`) were computed by its owner, as the gateway does."""
+
+    keys: Sequence[int]
+
+    def block_keys(self, block_size: int, /) -> Sequence[int]:
+        assert block_size == BS
+        return self.keys
 
 
 def stored(first: int, tokens: tuple[int, ...], *, parent: int | None = None, **extra: object) -> BlockStored:
@@ -111,6 +125,27 @@ def test_lora_blocks_live_in_their_own_key_space() -> None:
     index.apply(A, [stored(10, PROMPT[:8], lora_name="sql-adapter")])
     assert index.longest_prefix([A], PROMPT) == {A: 0}
     assert index.longest_prefix([A], PROMPT, lora_name="sql-adapter") == {A: 8}
+
+
+def test_salted_chains_match_only_under_their_salt() -> None:
+    """A salt scopes the chain that starts with it; its children (parented, no salt of their own)
+    stay in that scope, and the keys are those the gateway computes under `scope_key`."""
+    index = PrecisePrefixIndex()
+    index.apply(A, [stored(10, PROMPT[:8], cache_salt="tenant-a")])
+    index.apply(A, [stored(12, PROMPT[8:16], parent=11)])
+    assert index.longest_prefix([A], PROMPT, cache_salt="tenant-a") == {A: 16}
+    assert index.longest_prefix([A], PROMPT, cache_salt="tenant-b") == {A: 0}
+    assert index.longest_prefix([A], PROMPT) == {A: 0}
+    gateway_keys = block_keys(PROMPT, BS, parent=scope_key(cache_salt="tenant-a"))
+    assert index.match([A], KeyedTokens(gateway_keys)) == {A: 16}
+
+
+def test_an_adapter_and_a_salt_scope_together() -> None:
+    index = PrecisePrefixIndex()
+    index.apply(A, [stored(10, PROMPT[:8], lora_name="sql", cache_salt="tenant-a")])
+    assert index.longest_prefix([A], PROMPT, lora_name="sql", cache_salt="tenant-a") == {A: 8}
+    assert index.longest_prefix([A], PROMPT, lora_name="sql") == {A: 0}
+    assert index.longest_prefix([A], PROMPT, cache_salt="tenant-a") == {A: 0}
 
 
 def test_sliding_window_groups_of_hybrid_models_are_ignored() -> None:

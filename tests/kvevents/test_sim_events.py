@@ -88,9 +88,13 @@ async def follow(
         await subscriber.aclose()
 
 
-async def complete(url: str, prompt: list[int], *, max_tokens: int = 40) -> None:
+async def complete(
+    url: str, prompt: list[int], *, max_tokens: int = 40, cache_salt: str | None = None
+) -> None:
     """A greedy completion that runs past several block boundaries (so several batches are sent)."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    body: dict[str, object] = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         response = await client.post("/v1/completions", json=body)
     assert response.status_code == 200, response.text
@@ -107,6 +111,29 @@ async def test_the_index_matches_the_full_blocks_of_a_prompt_the_sim_served(enco
             assert index.longest_prefix([sim.url], shared_start) == {sim.url: 96}
             assert index.longest_prefix([sim.url], list(range(7000, 7200))) == {sim.url: 0}
             assert index.stats(sim.url).block_size == 16
+
+
+@pytest.mark.parametrize("encoding", ["map", "array"])
+async def test_a_salted_prompt_is_indexed_only_under_the_salt_that_sent_it(encoding: Encoding) -> None:
+    """Tenant A's request is cached under A's salt: the index (and the engine) hold it for A only, not
+    for B's equal prompt or an unsalted one; once B sends it too, both hold it, each in its own scope."""
+    index = PrecisePrefixIndex()
+    with serve_sim(encoding=encoding) as sim:
+        async with follow(sim.source(), index):
+            await complete(sim.url, PROMPT, cache_salt="tenant-a")
+            await eventually(
+                lambda: index.longest_prefix([sim.url], PROMPT, cache_salt="tenant-a")[sim.url] == 192
+            )
+            assert index.longest_prefix([sim.url], PROMPT, cache_salt="tenant-b") == {sim.url: 0}
+            assert index.longest_prefix([sim.url], PROMPT) == {sim.url: 0}
+            core = sim.app.state.sim.runtime.loop.core
+            assert core.local_prefix_tokens(PROMPT, cache_salt="tenant-b") == 0
+            await complete(sim.url, PROMPT, cache_salt="tenant-b")
+            await eventually(
+                lambda: index.longest_prefix([sim.url], PROMPT, cache_salt="tenant-b")[sim.url] == 192
+            )
+            assert index.longest_prefix([sim.url], PROMPT, cache_salt="tenant-a") == {sim.url: 192}
+            assert index.longest_prefix([sim.url], PROMPT) == {sim.url: 0}
 
 
 async def test_evictions_in_the_engine_reach_the_index() -> None:

@@ -18,6 +18,10 @@ items are ignored (newer vLLM). An event with an unknown tag is skipped and repo
 `DecodedBatch.unknown_tags`. A known event whose required fields are missing or mistyped makes the
 whole payload invalid (`DecodeError`): it is corrupt, and applying half of it would be worse.
 
+`extra_keys` (vLLM's `list[tuple | None] | None`, one entry per block; a tuple arrives as an array)
+is read for one thing, the `cache_salt` of a sequence's first block (`first_block_salt`); a field
+that is not nil or an array of nil-or-array entries is a mistyped field as above.
+
 Block hashes (`ExternalBlockHash = bytes | int`) are normalised to unsigned 64-bit ints the way vLLM's
 `maybe_convert_block_hash` turns its 32-byte hashes into ints when `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`
 is on (its default): `int.from_bytes(h, "big") & (2**64 - 1)`, i.e. the last 8 bytes, big-endian. So
@@ -62,7 +66,9 @@ class DecodeError(RouterError):
 @dataclass(frozen=True)
 class BlockStored:
     """Consecutive full blocks of one sequence became cached; `token_ids` holds their tokens in order
-    (len(block_hashes) * block_size of them, or none for a tier copy of blocks already announced)."""
+    (len(block_hashes) * block_size of them, or none for a tier copy of blocks already announced).
+    `cache_salt` is the salt the first block's `extra_keys` carry (`first_block_salt`), None if none:
+    vLLM sets it only on a sequence's first block, so only a run with no parent can have one."""
 
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
@@ -73,6 +79,7 @@ class BlockStored:
     lora_id: int | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,33 @@ def normalize_block_hash(value: object) -> int:
     raise DecodeError(f"a block hash must be bytes or int, got {type(value).__name__}")
 
 
+def first_block_salt(first_keys: Sequence[object] | None, *, lora_name: str | None) -> str | None:
+    """The `cache_salt` in the extra keys of a sequence's first block, or None.
+
+    vLLM builds a block's extra keys as `lora_extra_keys + mm_extra_keys + cache_salt_keys +
+    prompt_embeds_keys` (`generate_block_hash_extra_keys`), the salt on the first block only: the LoRA
+    name (a string, the event's `lora_name`; an int id in vLLM before lora names), then one
+    `(mm_identifier, offset)` pair per multimodal input, then the salt (a string), then prompt-embeds
+    hashes (bytes). So the rule: drop a leading element equal to `lora_name`, skip pairs, bytes and
+    ints; the first string left is the salt. A typed key (`{"type": "cache_salt", "salt": ...}`, a
+    `CacheSaltKey` from publishers that type their extra keys) names it directly; other maps are
+    skipped. Examples: `["t"]` → "t"; with `lora_name="sql"`, `["sql", ["img-1", 8], "t", b"..."]` →
+    "t" and `["sql"]` → None; `["sql", "sql"]` → "sql" (an adapter and a salt of the same name).
+    """
+    if not first_keys:
+        return None
+    keys = list(first_keys)
+    if lora_name is not None and keys[0] == lora_name:
+        keys = keys[1:]
+    for key in keys:
+        if isinstance(key, str):
+            return key
+        if isinstance(key, dict) and key.get("type") == "cache_salt" and isinstance(key.get("salt"), str):
+            salt: str = key["salt"]
+            return salt
+    return None
+
+
 def _batch_fields(raw: object) -> tuple[float, Sequence[object], int | None]:
     if isinstance(raw, list):
         if len(raw) < 2:
@@ -190,16 +224,19 @@ def _stored(fields: Mapping[str, object]) -> BlockStored:
     block_size = _required(fields, "block_size")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise DecodeError(f"block_size must be a positive int, got {block_size!r}")
+    lora_name = _opt_str(fields.get("lora_name"), "lora_name")
+    extra_keys = _extra_keys(fields.get("extra_keys"))
     return BlockStored(
         block_hashes=_hashes(_required(fields, "block_hashes")),
         parent_block_hash=None if parent is None else normalize_block_hash(parent),
         token_ids=_token_ids(_required(fields, "token_ids")),
         block_size=block_size,
         medium=_opt_str(fields.get("medium"), "medium"),
-        lora_name=_opt_str(fields.get("lora_name"), "lora_name"),
+        lora_name=lora_name,
         lora_id=_opt_int(fields.get("lora_id"), "lora_id"),
         group_idx=_opt_int(fields.get("group_idx"), "group_idx"),
         kv_cache_spec_kind=_opt_str(fields.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
+        cache_salt=first_block_salt(extra_keys[0] if extra_keys else None, lora_name=lora_name),
     )
 
 
@@ -213,6 +250,14 @@ def _hashes(value: object) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise DecodeError(f"block_hashes must be an array, got {type(value).__name__}")
     return tuple(normalize_block_hash(h) for h in value)
+
+
+def _extra_keys(value: object) -> list[list[object] | None] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(keys is None or isinstance(keys, list) for keys in value):
+        raise DecodeError("extra_keys must be nil or an array of arrays and nils")
+    return value
 
 
 def _token_ids(value: object) -> tuple[int, ...]:

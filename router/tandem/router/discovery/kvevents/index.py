@@ -10,11 +10,15 @@ and to resolve `BlockRemoved`. A request is looked up by computing its router ke
 blocks and walking them from the first while the endpoint holds them.
 
 Rules, per endpoint:
-- `BlockStored` chains its blocks from the parent's router key: the root (`ROOT_KEY`, or the LoRA
-  adapter's `namespace_key(lora_name)`) when `parent_block_hash` is None, else the key the parent's
-  engine hash maps to. If the parent's engine hash is unknown (events missed, or the parent was evicted
-  from this index), the tokens before the run are unknown, so the run is chained from a *detached*
-  root derived from that engine hash: its blocks are tracked (so `BlockRemoved` and later children stay
+- `BlockStored` chains its blocks from the parent's router key. With `parent_block_hash` None, that
+  is the root of the sequence's key space, `scope_key(lora_name=..., cache_salt=...)` with the salt
+  its first block's `extra_keys` carry (`decode.first_block_salt`): `ROOT_KEY` for neither,
+  `namespace_key(lora_name)` for an adapter alone, a root per (adapter, salt) otherwise; the gateway
+  roots a request's keys the same way. Otherwise it is the key the parent's engine hash maps to (vLLM
+  puts the salt on a sequence's first block only; the parent's key already lies in its scope). If the
+  parent's engine hash is unknown (events missed, or the parent was evicted from this index), the
+  tokens before the run are unknown, so the run is chained from a *detached* root derived from that
+  engine hash: its blocks are tracked (so `BlockRemoved` and later children stay
   consistent) but no request walk from the root can reach them. Counted in `detached_stores`.
 - A `BlockStored` without token ids (a copy of known blocks to another medium, e.g. CPU offload)
   reuses the router keys its engine hashes already map to; unknown ones are skipped (`unmapped`).
@@ -35,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tandem.core.blockhash import ROOT_KEY, block_keys, namespace_key
+from tandem.core.blockhash import block_keys, namespace_key, scope_key
 from tandem.router.discovery.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from tandem.router.discovery.kvevents.ports import KeyedPrompt
 
@@ -121,12 +125,14 @@ class PrecisePrefixIndex:
         *,
         block_size: int | None = None,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
     ) -> dict[str, int]:
         """Tokens of the longest prefix of `token_ids` each endpoint holds, in full blocks: 0 for an
         endpoint without events. `endpoints=None` asks every known endpoint. The block size is the one
-        the endpoint's events carry unless `block_size` is given. Example (blocks of 16): a 100-token
-        prompt whose first 5 blocks were stored matches 80 tokens; its last 4 tokens never match."""
-        root = namespace_key(lora_name) if lora_name else ROOT_KEY
+        the endpoint's events carry unless `block_size` is given; only blocks stored under the same
+        adapter and `cache_salt` count. Example (blocks of 16): a 100-token prompt whose first 5
+        blocks were stored matches 80 tokens; its last 4 tokens never match."""
+        root = scope_key(lora_name=lora_name, cache_salt=cache_salt)
         memo: dict[int, Sequence[int]] = {}
 
         def keys(size: int) -> Sequence[int]:
@@ -137,7 +143,8 @@ class PrecisePrefixIndex:
         return self._longest(endpoints, keys, block_size=block_size)
 
     def match(self, endpoints: Iterable[str], prompt: KeyedPrompt) -> dict[str, int]:
-        """`PrefixSource.match`: each endpoint's own block size, base model (root keys)."""
+        """`PrefixSource.match`: each endpoint's own block size; the prompt's keys are rooted in its
+        scope (`scope_key` of its adapter and salt) by the prompt's owner."""
         return self._longest(endpoints, prompt.block_keys, block_size=None)
 
     def _longest(
@@ -185,7 +192,7 @@ class PrecisePrefixIndex:
 
     def _parent_key(self, state: _Endpoint, event: BlockStored) -> int:
         if event.parent_block_hash is None:
-            return namespace_key(event.lora_name) if event.lora_name else ROOT_KEY
+            return scope_key(lora_name=event.lora_name, cache_salt=event.cache_salt)
         known = state.engine_keys.get(event.parent_block_hash)
         if known is not None:
             return known
