@@ -18,8 +18,8 @@ Rules, per endpoint:
   puts the salt on a sequence's first block only; the parent's key already lies in its scope). If the
   parent's engine hash is unknown (events missed, or the parent was evicted from this index), the
   tokens before the run are unknown, so the run is chained from a *detached* root derived from that
-  engine hash: its blocks are tracked (so `BlockRemoved` and later children stay
-  consistent) but no request walk from the root can reach them. Counted in `detached_stores`.
+  engine hash: its blocks are tracked (so `BlockRemoved` and later children stay consistent) but no
+  request walk from the root can reach them. Counted in `detached_stores`.
 - A `BlockStored` without token ids (a copy of known blocks to another medium, e.g. CPU offload)
   reuses the router keys its engine hashes already map to; unknown ones are skipped (`unmapped`).
 - A block is held per (engine hash, medium), medium None meaning "GPU"; it stays in the index while
