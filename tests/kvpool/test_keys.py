@@ -1,25 +1,35 @@
-"""The KV pool key layout (`tandem.kvpool.keys`): chained chunk hashes, keys, metadata.
+"""The KV pool key layout (`tandem.kvpool.keys`): chained chunk hashes, keys, scopes, metadata and its tag.
 
 Pure: nothing is faked because nothing does I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tandem.kvpool.keys import (
     DTYPE_TO_INT,
+    MAC_BYTES,
     MEMORY_FORMAT_KV_2LTD,
+    METADATA_BYTES,
     ChunkMetadata,
     LMCacheHash,
     PoolKeys,
+    TandemHash,
+    check_chunk,
     chunk_hashes,
     chunk_key,
+    chunk_mac,
     decode_metadata,
     encode_metadata,
     lmcache_none_hash,
     model_pattern,
     parse_key,
+    pool_key,
+    seal_metadata,
+    split_metadata,
 )
 
 CHUNK = 256
@@ -92,7 +102,7 @@ def test_metadata_round_trips_with_the_true_shape() -> None:
 
 
 def test_metadata_of_the_wrong_size_is_rejected() -> None:
-    with pytest.raises(ValueError, match="28 bytes"):
+    with pytest.raises(ValueError, match="28 or 60 bytes"):
         decode_metadata(b"\x00" * 27)
 
 
@@ -152,3 +162,84 @@ def test_pool_keys_default_to_tandems_hash_on_one_rank() -> None:
     ]
     with pytest.raises(ValueError, match="chunk_size"):
         PoolKeys(model="qwen", chunk_size=0)
+
+
+def test_pool_keys_pass_the_scope_to_the_hash_and_keep_the_shared_scope_by_default() -> None:
+    keyed = PoolKeys(model="qwen", chunk_size=CHUNK, scheme=TandemHash(key=KEY))
+    prompt = tokens(2 * CHUNK)
+    assert (
+        keyed.chunk_keys(prompt) == keyed.chunk_keys(prompt, scope=None) == keyed.chunk_keys(prompt, scope="")
+    )
+    assert keyed.chunk_keys(prompt, suffix="", scope="t1-a") == [
+        chunk_key(model="qwen", chunk_hash=h)
+        for h in TandemHash(key=KEY).chunk_hashes(prompt, CHUNK, scope="t1-a")
+    ]
+    assert not set(keyed.chunk_keys(prompt, scope="t1-a")) & set(keyed.chunk_keys(prompt, scope="t1-b"))
+    assert not set(keyed.chunk_keys(prompt)) & set(
+        PoolKeys(model="qwen", chunk_size=CHUNK).chunk_keys(prompt)
+    )
+
+
+# --------------------------------------------------------------------------- the chunk tag
+
+KEY = bytes(range(32))
+NAME = "qwen@1@0@1f@bfloat16"
+HEADER = encode_metadata(length=4, dtype="bfloat16", layers=1, tokens=1, hidden=1)
+
+
+def test_the_pool_key_is_blake2b_of_the_secret() -> None:
+    assert pool_key("secret").hex() == "afc10c1d183233fb793ece57cafad4ee48630d7270ac3eda236389f3dab8b3b8"
+    assert len(pool_key("x" * 1000)) == 32
+    with pytest.raises(ValueError, match="empty"):
+        pool_key("")
+
+
+def test_the_chunk_mac_is_keyed_blake2b_over_the_length_prefixed_name_and_header_then_the_bytes() -> None:
+    expected = hashlib.blake2b(
+        len(NAME).to_bytes(8, "big") + NAME.encode() + (28).to_bytes(8, "big") + HEADER + b"kv",
+        key=KEY,
+        digest_size=32,
+        person=b"tandem-kv-mac",
+    ).digest()
+    assert chunk_mac(KEY, NAME, HEADER, b"kv") == expected
+    assert chunk_mac(KEY, NAME, bytes(28), b"kv").hex() == (
+        "81a33859c73245444b416574dcd22f6c9cdfbc8d786e3b8aba9c35c30af69dbf"
+    )
+
+
+def test_a_sealed_value_is_the_header_then_its_tag_and_still_decodes() -> None:
+    sealed = seal_metadata(KEY, name=NAME, metadata=HEADER, kv_bytes=b"kvkv")
+    assert len(sealed) == METADATA_BYTES + MAC_BYTES == 60
+    assert split_metadata(sealed) == (HEADER, chunk_mac(KEY, NAME, HEADER, b"kvkv"))
+    assert decode_metadata(sealed) == decode_metadata(HEADER)
+    with pytest.raises(ValueError, match="28 or 60 bytes"):
+        decode_metadata(sealed[:-1])
+
+
+@pytest.mark.parametrize(
+    ("name", "metadata", "kv_bytes", "verdict"),
+    [
+        (NAME, "sealed", b"kvkv", "ok"),
+        (NAME, HEADER, b"kvkv", "untagged"),  # LMCache's value, or a writer without the key
+        (NAME, "sealed", b"kvkX", "mac"),  # bytes corrupted or swapped
+        (NAME, "sealed", b"kvkv" + b"\x00", "mac"),  # bytes of another length
+        ("qwen@1@0@2f@bfloat16", "sealed", b"kvkv", "mac"),  # a valid chunk copied under another name
+        (NAME, "short", b"kvkv", "mac"),  # a truncated tag
+        (NAME, "other-key", b"kvkv", "mac"),  # sealed with another key
+        (NAME, "forged-header", b"kvkv", "mac"),  # the header changed after sealing
+    ],
+)
+def test_a_chunk_loads_only_when_its_tag_verifies(
+    name: str, metadata: object, kv_bytes: bytes, verdict: str
+) -> None:
+    sealed = seal_metadata(KEY, name=NAME, metadata=HEADER, kv_bytes=b"kvkv")
+    values = {
+        "sealed": sealed,
+        "short": sealed[:-1],
+        "other-key": seal_metadata(b"other", name=NAME, metadata=HEADER, kv_bytes=b"kvkv"),
+        "forged-header": encode_metadata(length=8, dtype="bfloat16", layers=1, tokens=1, hidden=1)
+        + sealed[28:],
+    }
+    raw = values[metadata] if isinstance(metadata, str) else metadata
+    assert isinstance(raw, bytes)
+    assert check_chunk(KEY, name=name, metadata=raw, kv_bytes=kv_bytes) == verdict

@@ -5,9 +5,15 @@ Both chain over full chunks only, so chunk i identifies the whole prefix up to i
 negative (keys then read `...@-7cfefdccc681b183@...`).
 
 - Tandem's (`chunk_hashes`, `TandemHash`): the simulator's block hashes and Tandem's vLLM connector.
-  `h_{-1} = 0`, H = the first 8 bytes (big-endian, signed) of SHA-256 over the parent as 8 signed
-  big-endian bytes followed by the tokens as little-endian uint32 (ids above 2**32-1 are reduced mod
-  2**32). The same in every process, whatever PYTHONHASHSEED is.
+  Unkeyed and unscoped (`TandemHash()`): `h_{-1} = 0`, H = the first 8 bytes (big-endian, signed) of
+  SHA-256 over the parent as 8 signed big-endian bytes followed by the tokens as little-endian uint32
+  (ids above 2**32-1 are reduced mod 2**32). The same in every process, whatever PYTHONHASHSEED is.
+  A *scope* (vLLM's `cache_salt`, the tenant's) gives the chain its own root (`scope_root`), so two
+  scopes' equal prompts never share a key; unkeyed, anyone can still compute a scope's keys.
+  Keyed (`TandemHash(key=K)`, the pool secret `TANDEM_KV_POOL_KEY`): H is keyed BLAKE2b-64 over the
+  same bytes (`keyed_chunk_hashes`) and the root is keyed BLAKE2b of the scope (no scope: a fixed
+  shared scope). Without K nobody can compute a key, aim a write at another tenant's chunk or
+  collide with it; the 8-byte output keeps keys in LMCache's layout (`...@-7cfe...@bfloat16`).
 - LMCache's (`lmcache_chunk_hashes`, `LMCacheHash`): what LMCache 0.5.6's `ChunkedTokenDatabase`
   computes inside vLLM 0.32 with its default `pre_caching_hash_algorithm: builtin` and
   `save_unfull_chunk: False`. vLLM's `get_hash_fn_by_name` does not know `builtin`, so LMCache falls
@@ -26,6 +32,13 @@ negative (keys then read `...@-7cfefdccc681b183@...`).
   Checked against LMCache 0.3.9's own `ChunkedTokenDatabase` in a vLLM 0.11 process (the known-answer
   keys in tests/core/test_kvkeys_lmcache03.py).
 
+Scopes and LMCache: LMCache 0.5.6's `LMCacheConnectorV1` (the one Tandem configures) never reads a
+request's `cache_salt`: `vllm_v1_adapter.py` does not mention it, `ChunkedTokenDatabase` chains
+`_hash_tokens(chunk, prefix_hash)` with no extra keys (so `()`), and `CacheEngineKey` holds only the
+model, world size, worker, chunk hash, dtype and `lmcache.tag.*` request configs. Equal prompts of two
+tenants therefore share LMCache's keys; the LMCache schemes accept `scope` and ignore it, as LMCache
+does. (Only LMCache's multi-process connector, `LMCacheMPConnector`, carries the salt.)
+
 The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
 `kv_bytes`/`metadata` pair) lives in `tandem.kvpool.keys`, which re-exports these names.
 """
@@ -34,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tandem.core.blockhash import le32
@@ -48,14 +61,23 @@ __all__ = [
     "LMCacheHash",
     "TandemHash",
     "chunk_hashes",
+    "keyed_chunk_hashes",
     "lmcache03_chunk_hashes",
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
+    "scope_root",
 ]
 
 NONE_HASH = 0
 #: `hash(None)` on CPython 3.12 and later (a constant there; the object's address before).
 PY312_NONE_HASH = 4238894112
+#: BLAKE2b personalisations (at most 16 bytes) keep the keyed chain, its roots and unkeyed scope roots
+#: in separate domains: no chunk hash can be replayed as a root or the reverse.
+_CHAIN_PERSON = b"tandem-kv-chain"
+_ROOT_PERSON = b"tandem-kv-root"
+_SCOPE_PERSON = b"tandem-kv-scope"
+#: The largest BLAKE2b key.
+MAX_KEY_BYTES = 64
 
 
 def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NONE_HASH) -> list[int]:
@@ -73,6 +95,56 @@ def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NON
         digest = hashlib.sha256(parent.to_bytes(8, "big", signed=True))
         digest.update(data[start : start + stride])
         parent = int.from_bytes(digest.digest()[:8], "big", signed=True)
+        hashes.append(parent)
+    return hashes
+
+
+def scope_root(scope: str | None = None, *, key: bytes | None = None) -> int:
+    """The parent of a scope's first chunk, `h_{-1}` (module docstring). `scope` is vLLM's `cache_salt`;
+    None and "" are the shared scope (vLLM treats an empty salt as none).
+
+    - no key, no scope: `NONE_HASH` (0), so `TandemHash()` is the chain Tandem always wrote;
+    - no key, a scope: BLAKE2b-64 of the scope (personalised), signed big-endian: separate, not secret;
+    - a key: keyed BLAKE2b-64 of the scope, the shared scope included (an empty message), so keyed and
+      unkeyed pools never share a key.
+
+    >>> scope_root() == NONE_HASH
+    True
+    >>> scope_root("tenant-a") != scope_root("tenant-b")
+    True
+    >>> scope_root(key=b"k") != scope_root(key=b"l")
+    True
+    """
+    message = _scope_bytes(scope)
+    if key is None:
+        if not message:
+            return NONE_HASH
+        digest = hashlib.blake2b(message, digest_size=8, person=_SCOPE_PERSON).digest()
+    else:
+        digest = hashlib.blake2b(message, digest_size=8, key=_checked_key(key), person=_ROOT_PERSON).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def keyed_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, key: bytes, parent: int) -> list[int]:
+    """The keyed chain: `h_i = BLAKE2b-64(key, person="tandem-kv-chain")(be64(h_{i-1}) || le32(chunk_i))`,
+    signed big-endian, over every full chunk, from `parent` (`scope_root(scope, key=key)` for a prompt's
+    start, the last hash to continue a chain as `chunk_hashes` does).
+
+    Worked example (tests/core/test_kvkeys_tandem.py pins it): key `bytes(range(32))`, chunk size 2,
+    tokens `[1, 2, 3, 4, 5]`, shared scope: the root is 2069546087608350159; chunk 0 hashes
+    `be64(root) || 01 00 00 00 02 00 00 00` to 6521123471800769786, chunk 1 continues from it, and
+    the 5th token (a partial chunk) has no hash.
+    """
+    _check(chunk_size)
+    data = le32(token_ids[: len(token_ids) // chunk_size * chunk_size])
+    stride = 4 * chunk_size
+    template = hashlib.blake2b(digest_size=8, key=_checked_key(key), person=_CHAIN_PERSON)
+    hashes: list[int] = []
+    for start in range(0, len(data), stride):
+        digest = template.copy()  # the keyed state, built once: a copy per chunk is cheaper than a new key
+        digest.update(parent.to_bytes(8, "big", signed=True))
+        digest.update(data[start : start + stride])
+        parent = int.from_bytes(digest.digest(), "big", signed=True)
         hashes.append(parent)
     return hashes
 
@@ -119,12 +191,38 @@ def _builtin_chain(token_ids: Sequence[int], chunk_size: int, *, none_hash: int,
 
 @dataclass(frozen=True, slots=True)
 class TandemHash:
-    """Tandem's SHA-256 chain (`chunk_hashes`): the simulator and Tandem's vLLM connector."""
+    """Tandem's chain (module docstring): the simulator and Tandem's vLLM connector. `key` is the pool
+    secret (1 to 64 bytes; `tandem.kvpool.client.pool_key_from_env`) or None for the unkeyed SHA-256
+    chain; it never appears in a repr.
 
+    `root(scope)` and `extend(tokens, C, parent=...)` split `chunk_hashes` for writers that grow a
+    chain as a sequence grows (the simulator's blocks):
+    `extend(b, C, parent=chunk_hashes(a, C, scope=s)[-1])` is the tail of `chunk_hashes(a + b, C, scope=s)`
+    when `len(a)` is a multiple of `C`.
+    """
+
+    key: bytes | None = field(default=None, repr=False)
     name: ClassVar[str] = "tandem"
 
-    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int) -> list[int]:
-        return chunk_hashes(token_ids, chunk_size)
+    def __post_init__(self) -> None:
+        if self.key is not None:
+            _checked_key(self.key)
+
+    def root(self, scope: str | None = None) -> int:
+        """The parent of the first chunk in `scope` (`scope_root`)."""
+        return scope_root(scope, key=self.key)
+
+    def extend(self, token_ids: Sequence[int], chunk_size: int, *, parent: int) -> list[int]:
+        """The chain over `token_ids`' full chunks from `parent`."""
+        if self.key is None:
+            return chunk_hashes(token_ids, chunk_size, parent=parent)
+        return keyed_chunk_hashes(token_ids, chunk_size, key=self.key, parent=parent)
+
+    def chunk_hashes(
+        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
+    ) -> list[int]:
+        """The hash of every full chunk of a prompt in `scope` (vLLM's `cache_salt`; None: shared)."""
+        return self.extend(token_ids, chunk_size, parent=self.root(scope))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +232,11 @@ class LMCacheHash:
     none_hash: int
     name: ClassVar[str] = "lmcache"
 
-    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int) -> list[int]:
+    def chunk_hashes(
+        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
+    ) -> list[int]:
+        """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt`."""
+        del scope  # LMCache 0.5.6's keys carry no salt (module docstring)
         return lmcache_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
 
 
@@ -146,12 +248,28 @@ class LMCache03Hash:
     none_hash: int
     name: ClassVar[str] = "lmcache-0.3"
 
-    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int) -> list[int]:
+    def chunk_hashes(
+        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
+    ) -> list[int]:
+        """LMCache 0.3's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt`."""
+        del scope  # neither does LMCache 0.3
         return lmcache03_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
 
 
 #: How a writer hashes a prompt's chunks.
 ChunkHashScheme = TandemHash | LMCacheHash | LMCache03Hash
+
+
+def _scope_bytes(scope: str | None) -> bytes:
+    """A scope as the roots hash it: b"" for the shared scope, else a prefixed UTF-8 salt (so no salt
+    encodes as the shared scope)."""
+    return b"cache_salt\x1f" + scope.encode() if scope else b""
+
+
+def _checked_key(key: bytes) -> bytes:
+    if not 1 <= len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"a pool key must be 1 to {MAX_KEY_BYTES} bytes, got {len(key)}")
+    return key
 
 
 def _check(chunk_size: int) -> None:

@@ -29,6 +29,9 @@ TANDEM_CONNECTOR_MODULE = "tandem.kvpool.vllm_connector"
 LMCACHE_CONNECTOR_CLASS = "LMCacheConnectorV1"
 #: The environment variable the tandem connector reads the Redis password from.
 PASSWORD_ENV = "TANDEM_KVPOOL_PASSWORD"
+#: The environment variable holding the pool secret (`tandem.kvpool.client.pool_key_from_env`): keyed
+#: chunk hashes and a tag on every chunk Tandem's connector writes. Engines and the gateway hold it.
+POOL_KEY_ENV = "TANDEM_KV_POOL_KEY"
 FAILURE_POLICY = "recompute"
 
 

@@ -4,8 +4,9 @@ reader that cannot ask them (the gateway's conditional P/D decision and KV barri
 `engine_pool_keys` gives the `PoolKeys` of the prefill engines' worker 0, or `KeysUnavailable` with
 the reason. Per connector (`tandem.kvpool.engine_config`):
 
-- `tandem` (Tandem's connector): Tandem's SHA-256 chain, the model part `spec.model.name`, world
-  size tensor × pipeline parallel (what `vllm_connector` writes), dtype `engine_kv_dtype`.
+- `tandem` (Tandem's connector): Tandem's chain (`TandemHash`, keyed with the pool key the engines
+  hold, `TANDEM_KV_POOL_KEY`, when there is one), the model part `spec.model.name`, world size
+  tensor × pipeline parallel (what `vllm_connector` writes), dtype `engine_kv_dtype`.
 - `lmcache` (LMCache 0.5.6's `LMCacheConnectorV1` in vLLM 0.32, `pre_caching_hash_algorithm:
   builtin`, `save_unfull_chunk: False`, `redis://` remote): LMCache's builtin-hash chain from the
   engines' NONE_HASH (`tandem.core.kvkeys.lmcache_none_hash` of their PYTHONHASHSEED; none without
@@ -133,10 +134,12 @@ def engine_pool_keys(
     tensor_parallel: tuple[int, int],
     model_config: Mapping[str, object] | None,
     python_hash_seed: str | None,
+    pool_key: bytes | None = None,
 ) -> PoolKeys | KeysUnavailable:
     """The keys of worker 0 of the prefill engines (module docstring). `model`: the key's model part
     (what the engines were started with); `tensor_parallel`: the (prefill, decode) pools'
-    `tensorParallel`; `python_hash_seed`: the engines' PYTHONHASHSEED (None: unset)."""
+    `tensorParallel`; `python_hash_seed`: the engines' PYTHONHASHSEED (None: unset); `pool_key`: the
+    engines' pool key (Tandem's connector only; LMCache's keys are never keyed)."""
     try:
         prefill, decode = (parallel_sizes(engine_args, tensor_parallel=tp) for tp in tensor_parallel)
     except ValueError as exc:
@@ -144,7 +147,7 @@ def engine_pool_keys(
     if connector == "tandem":
         world = (prefill[0] * prefill[1], decode[0] * decode[1])  # what vllm_connector multiplies
         dtype: str | None = engine_kv_dtype(engine_args, model_config)
-        scheme: ChunkHashScheme = TandemHash()
+        scheme: ChunkHashScheme = TandemHash(key=pool_key)
     else:
         none_hash = lmcache_none_hash(python_hash_seed)
         if none_hash is None:

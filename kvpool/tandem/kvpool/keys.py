@@ -3,28 +3,35 @@
 A chunk of `chunk_size` prompt tokens is stored as two Redis strings (no separator before the suffix):
 - `<key>kv_bytes`: the raw KV tensor bytes, written first;
 - `<key>metadata`: 28 bytes, `struct.pack("=7i", length, memory_fmt, dtype_int, 2, layers, tokens, hidden)`,
-  written second. A chunk exists when its metadata exists.
+  written second. A chunk exists when its metadata exists. A keyed writer (Tandem's connector with a
+  pool key) appends a 32-byte tag: `chunk_mac(pool_key, key, first 28 bytes, kv_bytes)`, so the value
+  is 60 bytes and the commit marker carries the proof; readers with the key load only chunks whose tag
+  verifies (`check_chunk`). LMCache never reads keyed entries (their hashes are not its own).
 with `key = f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"` (LMCache 0.5.6's
 `CacheEngineKey.to_string()` without `@tag%value` parts; its `RedisConnector`, the one a
 `redis://` URL selects, appends the suffixes).
 LMCache 0.3 (the default engine image's) wrote `f"vllm@{model}@{world_size}@{worker_id}@{chunk_hash:x}"`
 instead: its key format (`vllm`) first, no dtype, and its own chain (`LMCache03Hash`).
 
-Chunk hashes are `tandem.core.kvkeys`' (re-exported here): Tandem's SHA-256 chain (the simulator,
-Tandem's connector) or LMCache's builtin-hash chain (LMCache inside vLLM, which depends on the engines'
-PYTHONHASHSEED). Both chain over full chunks, so chunk i identifies the whole prefix up to its end;
-both can be negative: keys look like `qwen@1@0@-7cfefdccc681b183@bfloat16`. `PoolKeys` names a
-prompt's chunks as one writer does. Tools that read keys they did not compute treat the hash as
-opaque: `parse_key` reads only the fields every writer shares (model, world size, worker, dtype),
-which is what stats and flush need.
+Chunk hashes are `tandem.core.kvkeys`' (re-exported here): Tandem's chain (the simulator, Tandem's
+connector; keyed with the pool key when there is one, rooted per scope) or LMCache's builtin-hash chain
+(LMCache inside vLLM, which depends on the engines' PYTHONHASHSEED). Both chain over full chunks, so
+chunk i identifies the whole prefix up to its end; both can be negative: keys look like
+`qwen@1@0@-7cfefdccc681b183@bfloat16`. `PoolKeys` names a prompt's chunks as one writer does, in a
+scope (vLLM's `cache_salt`; `tandem.core.kvkeys.scope_root`). Tools that read keys they did not
+compute treat the hash as opaque: `parse_key` reads only the fields every writer shares (model, world
+size, worker, dtype), which is what stats and flush need.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tandem.core.kvkeys import (
     NONE_HASH,
@@ -33,14 +40,18 @@ from tandem.core.kvkeys import (
     LMCacheHash,
     TandemHash,
     chunk_hashes,
+    keyed_chunk_hashes,
     lmcache_chunk_hashes,
     lmcache_none_hash,
+    scope_root,
 )
 
 __all__ = [
     "DTYPE_TO_INT",
     "KV_BYTES_SUFFIX",
+    "MAC_BYTES",
     "MEMORY_FORMAT_KV_2LTD",
+    "METADATA_BYTES",
     "METADATA_SUFFIX",
     "NONE_HASH",
     "ChunkHashScheme",
@@ -50,15 +61,22 @@ __all__ = [
     "ParsedKey",
     "PoolKeys",
     "TandemHash",
+    "check_chunk",
     "chunk_hashes",
     "chunk_key",
+    "chunk_mac",
     "decode_metadata",
     "encode_metadata",
+    "keyed_chunk_hashes",
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
     "model_pattern",
     "model_patterns",
     "parse_key",
+    "pool_key",
+    "scope_root",
+    "seal_metadata",
+    "split_metadata",
 ]
 
 KV_BYTES_SUFFIX = "kv_bytes"
@@ -78,6 +96,14 @@ DTYPE_TO_INT = {
     "fp8_e5m2": 8,
 }
 _METADATA = struct.Struct("=7i")
+#: LMCache's metadata value: one group's 7 int32s.
+METADATA_BYTES = _METADATA.size
+#: The tag a keyed writer appends to the metadata value.
+MAC_BYTES = 32
+_MAC_PERSON = b"tandem-kv-mac"
+_POOL_KEY_PERSON = b"tandem-pool-key"
+#: A chunk's tag check: verified, no tag where one is required, or a tag that does not verify.
+ChunkCheck = Literal["ok", "untagged", "mac"]
 #: `model@world_size@worker_id@chunk_hash@dtype[@tag%value...]` + suffix. The model part is matched
 #: lazily, so a model name containing `@` still parses when the fields after it are well formed.
 _KEY = re.compile(
@@ -144,11 +170,16 @@ class PoolKeys:
         if self.chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
 
-    def chunk_keys(self, token_ids: Sequence[int], suffix: str = METADATA_SUFFIX) -> list[str]:
-        """The key (with `suffix`) of every full chunk of `token_ids`, in order."""
+    def chunk_keys(
+        self, token_ids: Sequence[int], suffix: str = METADATA_SUFFIX, *, scope: str | None = None
+    ) -> list[str]:
+        """The key (with `suffix`) of every full chunk of `token_ids` in `scope` (the request's
+        `cache_salt`; None: the shared scope), in order. LMCache's schemes ignore the scope, as
+        LMCache does (`tandem.core.kvkeys`)."""
+        hashes = self.scheme.chunk_hashes(token_ids, self.chunk_size, scope=scope)
         if isinstance(self.scheme, LMCache03Hash):
             base = f"{LMCACHE03_FORMAT}@{self.model}@{self.world_size}@{self.worker_id}@"
-            return [f"{base}{h:x}{suffix}" for h in self.scheme.chunk_hashes(token_ids, self.chunk_size)]
+            return [f"{base}{h:x}{suffix}" for h in hashes]
         return [
             chunk_key(
                 model=self.model,
@@ -158,7 +189,7 @@ class PoolKeys:
                 dtype=self.dtype,
             )
             + suffix
-            for h in self.scheme.chunk_hashes(token_ids, self.chunk_size)
+            for h in hashes
         ]
 
 
@@ -205,8 +236,74 @@ def encode_metadata(*, length: int, dtype: str, layers: int, tokens: int, hidden
 
 
 def decode_metadata(raw: bytes) -> ChunkMetadata:
-    """Inverse of `encode_metadata`; raises ValueError for a value of the wrong size."""
-    if len(raw) != _METADATA.size:
-        raise ValueError(f"metadata must be {_METADATA.size} bytes, got {len(raw)}")
-    length, fmt, dtype_int, d0, d1, d2, d3 = _METADATA.unpack(raw)
+    """Inverse of `encode_metadata`, for LMCache's 28-byte value and a keyed writer's 28 + 32 (the tag
+    is ignored here: `check_chunk` verifies it); raises ValueError for a value of another size."""
+    header, _tag = split_metadata(raw)
+    length, fmt, dtype_int, d0, d1, d2, d3 = _METADATA.unpack(header)
     return ChunkMetadata(length, fmt, dtype_int, (d0, d1, d2, d3))
+
+
+def split_metadata(raw: bytes) -> tuple[bytes, bytes | None]:
+    """A metadata value's 28-byte header and its tag (None for LMCache's untagged value); ValueError
+    for any other size.
+
+    >>> split_metadata(bytes(28))[1] is None
+    True
+    >>> len(split_metadata(bytes(60))[1] or b"")
+    32
+    """
+    if len(raw) == METADATA_BYTES:
+        return raw, None
+    if len(raw) == METADATA_BYTES + MAC_BYTES:
+        return raw[:METADATA_BYTES], raw[METADATA_BYTES:]
+    raise ValueError(
+        f"metadata must be {METADATA_BYTES} or {METADATA_BYTES + MAC_BYTES} bytes, got {len(raw)}"
+    )
+
+
+def pool_key(secret: str) -> bytes:
+    """The 32-byte key of the pool's keyed hashes and tags from the secret `TANDEM_KV_POOL_KEY` holds
+    (any string; the operator and `tandem up` generate 32 random bytes, hex): BLAKE2b-256 of its UTF-8
+    bytes, personalised. A hash, not a slow KDF: the secret is machine-generated, not a password."""
+    if not secret:
+        raise ValueError("the pool secret is empty")
+    return hashlib.blake2b(secret.encode(), digest_size=32, person=_POOL_KEY_PERSON).digest()
+
+
+def chunk_mac(key: bytes, name: str, metadata: bytes, kv_bytes: bytes) -> bytes:
+    """The 32-byte tag of one stored chunk: keyed BLAKE2b-256 (person `tandem-kv-mac`) over
+    `be64(len(name)) || name || be64(len(metadata)) || metadata || kv_bytes`.
+
+    `name` is the chunk's key without its suffix (`ChunkNamer.base`, `chunk_key`), so a valid chunk
+    copied under another name (another scope, model or rank) fails; `metadata` is the 28-byte header
+    (a tag never covers itself). Lengths are prefixed so no two (name, metadata) pairs share an input.
+    """
+    mac = hashlib.blake2b(key=key, digest_size=MAC_BYTES, person=_MAC_PERSON)
+    encoded = name.encode()
+    mac.update(len(encoded).to_bytes(8, "big"))
+    mac.update(encoded)
+    mac.update(len(metadata).to_bytes(8, "big"))
+    mac.update(metadata)
+    mac.update(kv_bytes)
+    return mac.digest()
+
+
+def seal_metadata(key: bytes, *, name: str, metadata: bytes, kv_bytes: bytes) -> bytes:
+    """The metadata value a keyed writer stores: the 28-byte header followed by its tag."""
+    if len(metadata) != METADATA_BYTES:
+        raise ValueError(f"metadata must be {METADATA_BYTES} bytes, got {len(metadata)}")
+    return metadata + chunk_mac(key, name, metadata, kv_bytes)
+
+
+def check_chunk(key: bytes, *, name: str, metadata: bytes, kv_bytes: bytes) -> ChunkCheck:
+    """Whether a chunk read back may be loaded by a reader holding `key`: `ok` when the metadata's tag
+    is `chunk_mac` of the name, header and bytes (compared in constant time); `untagged` for a value
+    without a tag (LMCache's, a writer without the key, or an attacker's); `mac` for a wrong tag or a
+    value of another size (forged, corrupted, written under another key, or bytes of another write)."""
+    try:
+        header, tag = split_metadata(metadata)
+    except ValueError:
+        return "mac"
+    if tag is None:
+        return "untagged"
+    return "ok" if hmac.compare_digest(tag, chunk_mac(key, name, header, kv_bytes)) else "mac"

@@ -45,9 +45,9 @@ from typing import Any
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceServiceSpec, ModelSpec, PrefixSourceKind, max_prefill_replicas
-from tandem.kvpool.client import password_from_env
+from tandem.kvpool.client import password_from_env, pool_key_from_env
 from tandem.kvpool.engine_keys import KeysUnavailable, engine_pool_keys, key_alternatives
-from tandem.kvpool.keys import PoolKeys
+from tandem.kvpool.keys import PoolKeys, TandemHash
 from tandem.router.errors import ConfigurationError
 from tandem.router.settings import KVEventsSettings, RouterSettings
 from tandem.router.types import SLO
@@ -200,10 +200,12 @@ def resolve(
 
 def pool_keys(config: RouterConfig) -> PoolKeys | KeysUnavailable:
     """The chunk keys the engines write to the pool, or why the gateway cannot compute them (module
-    docstring)."""
+    docstring). Simulated engines and Tandem's connector key their chain with the pool key the gateway
+    shares with them (`TANDEM_KV_POOL_KEY`; unset: the unkeyed chain)."""
     spec = config.spec
+    key = pool_key_from_env(os.environ)
     if spec.engine.kind == "sim":
-        return PoolKeys(model=spec.model.name, chunk_size=spec.kv_pool.chunk_size)
+        return PoolKeys(model=spec.model.name, chunk_size=spec.kv_pool.chunk_size, scheme=TandemHash(key=key))
     if config.tokenizer_path is None:
         return KeysUnavailable("no tokenizer files (tokenizerPath): prompt tokens are estimates")
     told = config.engine_kv_keys
@@ -222,6 +224,7 @@ def pool_keys(config: RouterConfig) -> PoolKeys | KeysUnavailable:
         tensor_parallel=(spec.prefill.tensor_parallel, spec.decode.tensor_parallel),
         model_config=_model_config(Path(config.tokenizer_path)),
         python_hash_seed=told.python_hash_seed if told is not None else None,
+        pool_key=key,
     )
 
 
