@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from tandem.core.kvkeys import chunk_hashes
+from tandem.core.kvkeys import chunk_hashes, scope_root
 from tandem.sim.engine.blocks import BlockPool, BlockRemoved, BlockStored, KVEvent
-from tandem.sim.engine.requests import chain_root, prompt_block_hashes
+from tandem.sim.engine.requests import prompt_block_hashes
 
 BS = 4  # small blocks keep the stories short
 
@@ -163,7 +163,7 @@ def test_without_a_salt_block_hashes_are_the_chunk_hashes_from_the_default_root(
     tokens = seq(1, 2, 3, 4, 5, 6, 7, 8)
     assert prompt_block_hashes(tokens, BS, cache_salt=None) == chunk_hashes(tokens, BS)
     salted = prompt_block_hashes(tokens, BS, cache_salt="a")
-    assert salted == chunk_hashes(tokens, BS, parent=chain_root("a"))
+    assert salted == chunk_hashes(tokens, BS, parent=scope_root("a"))
     assert not set(salted) & set(chunk_hashes(tokens, BS))
 
 

@@ -8,7 +8,7 @@ Request rules (vLLM's, where the simulator serves one choice per request):
   `max_tokens`; with neither, the rest of the context;
 - prompt + max_tokens above `max_model_len` → 400 naming the limit;
 - `cache_salt` (vLLM's), when sent, is a non-empty string of at most 1024 characters, else 400; it
-  scopes the request's prefix cache (`tandem.sim.engine.requests.chain_root`).
+  scopes the request's prefix cache (`tandem.sim.engine.requests.prompt_block_hashes`).
 Responses have vLLM's fields; streams are `data: {json}\\n\\n` events ending with `data: [DONE]\\n\\n`.
 """
 

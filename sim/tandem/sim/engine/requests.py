@@ -6,40 +6,30 @@ Times are simulated seconds on the engine's clock; token counts are tokens.
 from __future__ import annotations
 
 import enum
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tandem.core.kvkeys import NONE_HASH, chunk_hashes
+from tandem.core.kvkeys import chunk_hashes, scope_root
 
 FinishReason = Literal["stop", "length", "abort"]
-_SALT_DOMAIN = b"tandem-sim/cache_salt\x00"
-
-
-def chain_root(cache_salt: str | None) -> int:
-    """The parent of a request's first block hash: the root of its prefix-cache space.
-
-    No salt: `NONE_HASH`, so unsalted hashes are those of `chunk_hashes` from its default root. A
-    salt: the first 8 bytes (big-endian, signed, as `chunk_hashes`' own) of SHA-256 over
-    `b"tandem-sim/cache_salt\\x00"` and the salt's UTF-8, a root per salt. vLLM puts the salt into the
-    first block's extra keys instead; either way the salt changes the first hash and, through the
-    chain, every later one, so equal prompts under different salts share no block.
-
-    >>> chain_root(None) == NONE_HASH
-    True
-    >>> chain_root("tenant-a") != chain_root("tenant-b")
-    True
-    """
-    if cache_salt is None:
-        return NONE_HASH
-    digest = hashlib.sha256(_SALT_DOMAIN + cache_salt.encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int, *, cache_salt: str | None) -> list[int]:
-    """The chained hashes of every full block of `token_ids` under `cache_salt` (`chain_root`)."""
-    return chunk_hashes(token_ids, block_size, parent=chain_root(cache_salt))
+    """The chained hashes of every full block of `token_ids` under `cache_salt`.
+
+    The chain is Tandem's unkeyed one (`tandem.core.kvkeys.chunk_hashes`) from the salt's root,
+    `scope_root(cache_salt)`: no salt, `NONE_HASH` (the hashes from before salts); a salt, a root of
+    its own (a personalised BLAKE2b-64 of the salt). vLLM adds the salt to the first block's extra keys
+    instead; either way the salt changes the first hash and, through the chain, every later one, so
+    equal prompts under different salts share no block.
+
+    >>> prompt_block_hashes([1, 2], 2, cache_salt=None) == chunk_hashes([1, 2], 2)
+    True
+    >>> prompt_block_hashes([1, 2], 2, cache_salt="a") != prompt_block_hashes([1, 2], 2, cache_salt="b")
+    True
+    """
+    return chunk_hashes(token_ids, block_size, parent=scope_root(cache_salt))
 
 
 @dataclass(frozen=True)
@@ -59,7 +49,7 @@ class SamplingParams:
 class NewRequest:
     """What the API layer submits. `pool_tokens` is the length of the prompt prefix that the external
     KV pool holds and that the shell has already fetched (None: the pool was not consulted);
-    `cache_salt` (vLLM's) scopes the request's prefix cache (`chain_root`)."""
+    `cache_salt` (vLLM's) scopes the request's prefix cache (`prompt_block_hashes`)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -97,7 +87,7 @@ class Request:
     """The engine's mutable state for one request.
 
     Invariants: `token_ids` = prompt + outputs; `num_computed_tokens` <= len(token_ids);
-    `block_hashes` has one chained hash per full block of `token_ids`, from `chain_root(cache_salt)`;
+    `block_hashes` has one chained hash per full block of `token_ids`, from `scope_root(cache_salt)`;
     `text` is the output text with
     EOS left out and cut before a stop string; `emitted_chars` <= len(text) chars were already sent.
     """
@@ -155,7 +145,7 @@ class Request:
     def _extend_hashes(self) -> None:
         done = len(self.block_hashes) * self.block_size
         if self.num_tokens - done >= self.block_size:
-            parent = self.block_hashes[-1] if self.block_hashes else chain_root(self.cache_salt)
+            parent = self.block_hashes[-1] if self.block_hashes else scope_root(self.cache_salt)
             self.block_hashes.extend(chunk_hashes(self.token_ids[done:], self.block_size, parent=parent))
 
 
