@@ -1,17 +1,19 @@
-"""The vLLM connector's pure logic: settings, keys, lookups, load and save planning, failure memory."""
+"""The vLLM connector's pure logic: settings, keys, scopes, lookups, load and save planning, failures."""
 
 from __future__ import annotations
 
 import pytest
 
-from tandem.core.kvkeys import chunk_hashes
+from tandem.core.kvkeys import TandemHash, chunk_hashes
 from tandem.kvpool.connector_plan import (
+    COUNTER_HELP,
     ChunkNamer,
     ConnectorConfigError,
     FailureMemory,
     PoolHealth,
     PoolSettings,
     SaveTracker,
+    bypasses_pool,
     chunk_presence,
     engine_kv_dtype,
     lmcache_dtype,
@@ -41,12 +43,19 @@ def test_settings_from_extra_config_with_defaults() -> None:
     assert settings == PoolSettings(
         url="redis://127.0.0.1:1", model="/models/x", chunk_size=256, timeout_s=2.0
     )
+    assert settings.pool_key_env == "TANDEM_KV_POOL_KEY"
+
+
+def test_the_pool_key_variable_may_be_renamed() -> None:
+    extra = {"url": "redis://h:1", "pool_key_env": "MY_POOL_KEY"}
+    assert PoolSettings.from_extra_config(extra, default_model="m").pool_key_env == "MY_POOL_KEY"
 
 
 @pytest.mark.parametrize(
     "extra",
     [{}, {"url": ""}, {"url": "redis://h:1", "chunk_size": 0}, {"url": "redis://h:1", "chunk_size": True},
-     {"url": "redis://h:1", "timeout_s": -1}, {"url": "redis://h:1", "model": ""}],
+     {"url": "redis://h:1", "timeout_s": -1}, {"url": "redis://h:1", "model": ""},
+     {"url": "redis://h:1", "pool_key_env": ""}, {"url": "redis://h:1", "pool_key_env": 1}],
 )  # fmt: skip
 def test_bad_settings_are_refused(extra: dict[str, object]) -> None:
     with pytest.raises(ConnectorConfigError):
@@ -75,6 +84,30 @@ def test_prompt_hashes_are_the_pools_chained_chunk_hashes() -> None:
     assert hashes == chunk_hashes(tokens, C)
     assert len(hashes) == 2  # the 88-token tail has no chunk
     assert prompt_chunk_hashes(tokens[:512], C) == hashes  # a prefix chain: same first chunks
+
+
+def test_a_salted_prompt_is_hashed_in_its_scope_with_the_pool_key() -> None:
+    tokens, keyed = list(range(600)), TandemHash(key=b"k" * 32)
+    salted = prompt_chunk_hashes(tokens, C, scheme=keyed, scope="t1-a")
+    assert salted == keyed.chunk_hashes(tokens, C, scope="t1-a")
+    assert not set(salted) & set(prompt_chunk_hashes(tokens, C, scheme=keyed, scope="t1-b"))
+    assert not set(salted) & set(prompt_chunk_hashes(tokens, C, scheme=keyed))
+    assert prompt_chunk_hashes(tokens, C, scope="t1-a") == TandemHash().chunk_hashes(tokens, C, scope="t1-a")
+
+
+@pytest.mark.parametrize(
+    ("lora", "multimodal", "prompt_embeds", "bypass"),
+    [(False, False, False, False), (True, False, False, True), (False, True, False, True),
+     (False, False, True, True)],
+)  # fmt: skip
+def test_only_adapters_images_and_embeddings_bypass_the_pool(
+    lora: bool, multimodal: bool, prompt_embeds: bool, bypass: bool
+) -> None:
+    assert bypasses_pool(lora=lora, multimodal=multimodal, prompt_embeds=prompt_embeds) is bypass
+
+
+def test_refused_chunks_have_counters_by_reason() -> None:
+    assert {"chunks_rejected_untagged", "chunks_rejected_mac"} <= set(COUNTER_HELP)
 
 
 # ---- lookup arithmetic

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from tests.kvpool.pool import CHUNK, prompt, store_prompt
+from tests.kvpool.pool import CHUNK, PAYLOAD, prompt, store_prompt
 from tests.servers import RedisServer, free_port
 
 from tandem.kvpool.client import connect
@@ -20,6 +20,8 @@ from tandem.kvpool.keys import (
     LMCache03Hash,
     LMCacheHash,
     PoolKeys,
+    TandemHash,
+    encode_metadata,
     lmcache_none_hash,
 )
 
@@ -172,5 +174,24 @@ async def test_another_layout_that_holds_the_prompt_becomes_the_keys(redis_serve
         assert await index.adopt_alternative(tokens) is legacy
         assert index.keys is legacy and not index.alternatives
         assert index.metadata_keys(tokens) == legacy.chunk_keys(tokens)
+    finally:
+        await index.aclose()
+
+
+async def test_the_index_looks_a_prompt_up_in_its_tenants_scope(redis_server: RedisServer) -> None:
+    keys = PoolKeys(model="qwen", chunk_size=CHUNK, scheme=TandemHash(key=b"k" * 32))
+    tokens = prompt(2 * CHUNK)
+    meta = encode_metadata(length=PAYLOAD, dtype="bfloat16", layers=1, tokens=CHUNK, hidden=1)
+    with redis_server.client() as client:
+        for base in keys.chunk_keys(tokens, suffix="", scope="t1-a"):  # tenant a's chunks only
+            client.set(base + KV_BYTES_SUFFIX, b"x" * PAYLOAD)
+            client.set(base + METADATA_SUFFIX, meta)
+    index = KVPoolIndex(connect(redis_server.url), keys=keys, clock=time.monotonic)
+    try:
+        assert await index.cached_prefix_tokens(tokens, scope="t1-a") == 2 * CHUNK
+        assert await index.cached_prefix_tokens(tokens, scope="t1-b") == 0
+        assert await index.cached_prefix_tokens(tokens) == 0
+        assert (await index.wait_for_prompt(tokens, timeout_s=1.0, scope="t1-a")).outcome == "ok"
+        assert (await index.wait_for_prompt(tokens, timeout_s=0.02, scope="t1-b")).outcome == "timeout"
     finally:
         await index.aclose()

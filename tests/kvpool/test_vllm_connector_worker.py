@@ -1,8 +1,10 @@
-"""The connector's worker side turns any save or load error into a failed transfer, never an exception.
+"""The connector's worker side turns any save or load error into a failed transfer, never an exception;
+with a pool key it seals what it writes and loads only chunks whose tag verifies.
 
 Real vLLM and torch (skipped where vLLM is not importable: only `.venv-vllm` has it), real
-`WorkerSide`, real `TandemConnectorStats`; the connector around it and Redis are small fakes
-(a dict behind a pipeline), and the KV caches are CPU tensors.
+`WorkerSide`, real `TandemConnectorStats`, real tags (`tandem.kvpool.keys`); the connector around it
+and Redis are small fakes (a dict behind a pipeline), and the KV caches are CPU tensors. The attacker
+writes straight into that dict, as any client allowed to write the Redis could.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ with warnings.catch_warnings():  # torch's own modules, imported by vLLM's, use 
     from tandem.kvpool import connector_worker, vllm_connector  # need vLLM, skipped above without it
 from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, PoolHealth, PoolSettings  # noqa: E402
 from tandem.kvpool.connector_stats import TandemConnectorStats  # noqa: E402
+from tandem.kvpool.keys import (  # noqa: E402
+    MAC_BYTES,
+    METADATA_BYTES,
+    TandemHash,
+    check_chunk,
+    encode_metadata,
+    seal_metadata,
+)
 
 BLOCKS, N, H, D = 8, 16, 2, 8
 
@@ -50,11 +60,14 @@ class FakeConnector:
     pool_failed = vllm_connector.TandemConnector.pool_failed
     pool_ok = vllm_connector.TandemConnector.pool_ok
 
-    def __init__(self) -> None:
+    def __init__(self, pool_key: bytes | None = None) -> None:
         self.store: dict[str, bytes] = {}
+        self.deleted: list[tuple[str, ...]] = []
         self.redis = SimpleNamespace(
-            pipeline=lambda transaction: FakePipeline(self.store), delete=lambda *k: 0
+            pipeline=lambda transaction: FakePipeline(self.store), delete=self._delete
         )
+        self.pool_key = pool_key
+        self.scheme = TandemHash(key=pool_key)
         self.settings = PoolSettings.from_extra_config(
             {"url": "redis://x", "chunk_size": 2 * N}, default_model="m"
         )
@@ -66,12 +79,18 @@ class FakeConnector:
         self.vllm_config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}))
         self.kv_cache_config = None
 
+    def _delete(self, *keys: str) -> int:
+        self.deleted.append(keys)
+        return sum(self.store.pop(key, None) is not None for key in keys)
+
     def namer(self, worker_id: int) -> ChunkNamer:
         return ChunkNamer(model="m", world_size=1, worker_id=worker_id, dtype=self.dtype)
 
 
-def worker(shape: tuple[int, ...] = (2, BLOCKS, N, H, D)) -> tuple[Any, FakeConnector]:
-    connector = FakeConnector()
+def worker(
+    shape: tuple[int, ...] = (2, BLOCKS, N, H, D), *, pool_key: bytes | None = None
+) -> tuple[Any, FakeConnector]:
+    connector = FakeConnector(pool_key)
     side = connector_worker.WorkerSide(connector)  # type: ignore[arg-type]
     side.register({"layer.0": torch.ones(shape, dtype=torch.bfloat16)})
     return side, connector
@@ -154,3 +173,148 @@ def test_bytes_gone_between_lookup_and_load_are_reported_for_recompute_and_the_e
     assert connector.stats.data["load_failures"] == 1
     assert connector.stats.data["transfer_errors"] == 0
     assert deleted == [(connector.namer(0).metadata(1), kv_bytes)]
+
+
+# --------------------------------------------------------------------------- tags (a keyed pool)
+
+KEY = bytes(range(32))
+CHUNK_BLOCKS = (0, 1)
+LOAD = ChunkLoad(chunk_index=0, chunk_hash=1, skip_blocks=0, block_ids=(4, 5))
+
+
+def keyed_pool() -> tuple[Any, FakeConnector]:
+    """A producer's chunk 1 (blocks 0 and 1 of a cache filled with a per-block pattern), sealed."""
+    side, connector = worker(pool_key=KEY)
+    kv = side.layers[0][0]
+    for block in range(BLOCKS):
+        kv[:, block] = block + 1
+    side.save([connector_worker.SaveRequest(req_id="r", chunks=[ChunkSave(0, 1, CHUNK_BLOCKS)])])
+    return side, connector
+
+
+def load(side: Any) -> set[int]:
+    side.load([connector_worker.LoadRequest(req_id="r", chunks=[LOAD])])
+    return set(side.take_invalid_blocks())
+
+
+def test_a_keyed_producer_seals_the_metadata_with_a_tag_that_verifies() -> None:
+    _, connector = keyed_pool()
+    namer = connector.namer(0)
+    metadata, value = connector.store[namer.metadata(1)], connector.store[namer.kv_bytes(1)]
+    assert len(metadata) == METADATA_BYTES + MAC_BYTES
+    assert check_chunk(KEY, name=namer.base(1), metadata=metadata, kv_bytes=value) == "ok"
+
+
+def test_a_keyed_consumer_loads_a_chunk_whose_tag_verifies() -> None:
+    side, connector = keyed_pool()
+    assert load(side) == set()
+    kv = side.layers[0][0]
+    assert torch.equal(kv[:, 4], kv[:, 0]) and torch.equal(kv[:, 5], kv[:, 1])
+    assert connector.stats.data["chunks_loaded"] == 1
+    assert (
+        connector.stats.data["chunks_rejected_mac"] == connector.stats.data["chunks_rejected_untagged"] == 0
+    )
+
+
+def tamper(connector: FakeConnector, how: str) -> None:
+    """What an attacker (or a fault) leaves at chunk 1's key names."""
+    namer = connector.namer(0)
+    metadata_key, bytes_key = namer.metadata(1), namer.kv_bytes(1)
+    header, value = connector.store[metadata_key][:METADATA_BYTES], connector.store[bytes_key]
+    planted = bytes(len(value))  # KV of the right size the attacker wants the engine to use
+    if how == "untagged":  # an attacker without the key writes LMCache's plain 28 bytes
+        connector.store[bytes_key], connector.store[metadata_key] = planted, header
+    elif how == "forged":  # ... or guesses a tag
+        connector.store[bytes_key], connector.store[metadata_key] = planted, header + bytes(MAC_BYTES)
+    elif how == "corrupted":  # one byte of the stored KV flipped
+        connector.store[bytes_key] = bytes([value[0] ^ 1]) + value[1:]
+    elif how == "short":  # the tag cut short
+        connector.store[metadata_key] = connector.store[metadata_key][:-1]
+    elif how == "another-key":  # sealed by a writer holding another key
+        connector.store[bytes_key] = planted
+        connector.store[metadata_key] = seal_metadata(
+            b"not the key", name=namer.base(1), metadata=header, kv_bytes=planted
+        )
+    elif how == "replayed":  # a valid chunk of another name copied here
+        other = namer.base(2)
+        connector.store[bytes_key] = planted
+        connector.store[metadata_key] = seal_metadata(KEY, name=other, metadata=header, kv_bytes=planted)
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [
+        ("untagged", "untagged"),
+        ("forged", "mac"),
+        ("corrupted", "mac"),
+        ("short", "mac"),
+        ("another-key", "mac"),
+        ("replayed", "mac"),
+    ],
+)
+def test_a_chunk_planted_or_damaged_at_the_right_name_is_not_loaded_but_recomputed_counted_and_deleted(
+    how: str, reason: str
+) -> None:
+    side, connector = keyed_pool()
+    kv = side.layers[0][0]
+    before = kv.clone()
+    tamper(connector, how)
+    assert load(side) == {4, 5}  # the engine recomputes these blocks
+    assert torch.equal(kv, before)  # nothing of the planted bytes reached the cache
+    assert connector.stats.data[f"chunks_rejected_{reason}"] == 1
+    assert connector.stats.data["load_failures"] == 1
+    assert connector.stats.data["chunks_loaded"] == 0
+    assert side.take_failed_hashes().failed_hashes == {1}  # the scheduler stops offering it
+    namer = connector.namer(0)
+    assert namer.metadata(1) not in connector.store and namer.kv_bytes(1) not in connector.store
+
+
+def test_a_refused_chunk_fails_the_rest_of_the_request_too() -> None:
+    side, connector = worker(pool_key=KEY)
+    chunks = [ChunkSave(0, 1, CHUNK_BLOCKS), ChunkSave(1, 2, (2, 3))]
+    side.save([connector_worker.SaveRequest(req_id="r", chunks=chunks)])
+    connector.store[connector.namer(0).metadata(1)] = encode_metadata(
+        length=1, dtype="bfloat16", layers=1, tokens=1, hidden=1
+    )  # chunk 1 untagged: chunk 2 follows it in the prefix, so it cannot be used either
+    loads = [LOAD, ChunkLoad(chunk_index=1, chunk_hash=2, skip_blocks=0, block_ids=(6, 7))]
+    side.load([connector_worker.LoadRequest(req_id="r", chunks=loads)])
+    assert side.take_invalid_blocks() == {4, 5, 6, 7}
+    assert connector.stats.data["chunks_rejected_untagged"] == 1
+    assert connector.stats.data["load_failures"] == 2
+
+
+def test_metadata_gone_between_lookup_and_load_is_a_broken_entry_not_a_rejection() -> None:
+    side, connector = keyed_pool()
+    del connector.store[connector.namer(0).metadata(1)]
+    assert load(side) == {4, 5}
+    assert (
+        connector.stats.data["chunks_rejected_untagged"] == connector.stats.data["chunks_rejected_mac"] == 0
+    )
+    assert connector.stats.data["load_failures"] == 1
+
+
+def test_an_unkeyed_pool_writes_lmcaches_28_bytes_and_reads_without_verifying() -> None:
+    side, connector, _ = saved_chunk()
+    assert len(connector.store[connector.namer(0).metadata(1)]) == METADATA_BYTES
+    connector.store[connector.namer(0).metadata(1)] += bytes(MAC_BYTES)  # a tag nobody checks
+    assert load(side) == set()
+    assert connector.stats.data["chunks_loaded"] == 1
+
+
+def test_the_scheduler_hashes_a_salted_request_in_its_scope_and_bypasses_adapters() -> None:
+    connector = FakeConnector(pool_key=KEY)
+    scheduler = vllm_connector._SchedulerSide(connector)  # type: ignore[arg-type]
+    chunk = connector.settings.chunk_size
+    tokens = list(range(3 * chunk))
+
+    def request(**extra: Any) -> Any:
+        fields = {"prompt_token_ids": tokens, "lora_request": None, "mm_features": None, "cache_salt": None}
+        return SimpleNamespace(**{**fields, **extra})
+
+    salted = scheduler._prompt(request(cache_salt="t1-a"))
+    assert salted.hashes == TandemHash(key=KEY).chunk_hashes(tokens, chunk, scope="t1-a")
+    assert salted.hashes != scheduler._prompt(request()).hashes
+    assert salted.hashes != scheduler._prompt(request(cache_salt="t1-b")).hashes
+    assert scheduler._prompt(request(lora_request=object(), cache_salt="t1-a")).hashes == []
+    assert scheduler._prompt(request(mm_features=[object()])).hashes == []
+    assert scheduler._prompt(request(prompt_embeds=object())).hashes == []

@@ -2,6 +2,8 @@
 
 - `PoolSettings`: `kv_connector_extra_config` parsed and checked.
 - `ChunkNamer`: LMCache's key layout (`tandem.core.kvkeys`) for one engine rank and KV dtype.
+- `prompt_chunk_hashes`: a prompt's chunk hashes in its scope (vLLM's `cache_salt`), keyed with the
+  pool key when there is one; None for a request whose KV depends on more than its tokens and salt.
 - Lookup arithmetic (`lookup_window`, `matched_tokens`): which chunks a consumer may load. A sync load
   must leave at least one prompt token to compute (vLLM asserts it), so at most
   `(num_tokens - 1) // chunk_size` chunks count, and only chunks past the engine's local prefix hit.
@@ -22,10 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tandem.core.engineargs import arg_value
-from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, chunk_hashes, chunk_key
+from tandem.kvpool.engine_config import POOL_KEY_ENV
+from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, TandemHash, chunk_key
 
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_TIMEOUT_S = 2.0
+
+_UNKEYED = TandemHash()
 
 #: torch dtype names (`str(torch.bfloat16)` without "torch.") → LMCache's dtype strings in keys.
 _LMCACHE_DTYPE = {"float16": "half", "bfloat16": "bfloat16", "float32": "float", "float64": "double"}
@@ -37,13 +42,15 @@ class ConnectorConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """The connector's settings (`kv_connector_extra_config`)."""
+    """The connector's settings (`kv_connector_extra_config`). `pool_key_env` names the variable the
+    pool secret is read from (`TANDEM_KV_POOL_KEY` unless set; unset or empty there: an unkeyed pool)."""
 
     url: str
     model: str
     chunk_size: int = DEFAULT_CHUNK_SIZE
     timeout_s: float = DEFAULT_TIMEOUT_S
     password_env: str | None = None
+    pool_key_env: str = POOL_KEY_ENV
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, object], *, default_model: str) -> PoolSettings:
@@ -55,6 +62,7 @@ class PoolSettings:
         chunk_size = extra.get("chunk_size", DEFAULT_CHUNK_SIZE)
         timeout_s = extra.get("timeout_s", DEFAULT_TIMEOUT_S)
         password_env = extra.get("password_env")
+        pool_key_env = extra.get("pool_key_env", POOL_KEY_ENV)
         if not isinstance(model, str) or not model:
             raise ConnectorConfigError("kv_connector_extra_config.model must be a non-empty string")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
@@ -67,9 +75,12 @@ class PoolSettings:
             )
         if password_env is not None and not isinstance(password_env, str):
             raise ConnectorConfigError("kv_connector_extra_config.password_env must be a string")
+        if not isinstance(pool_key_env, str) or not pool_key_env:
+            raise ConnectorConfigError("kv_connector_extra_config.pool_key_env must be a non-empty string")
         return cls(
-            url=url, model=model, chunk_size=chunk_size, timeout_s=float(timeout_s), password_env=password_env
-        )
+            url=url, model=model, chunk_size=chunk_size, timeout_s=float(timeout_s),
+            password_env=password_env, pool_key_env=pool_key_env,
+        )  # fmt: skip
 
     def check_block_size(self, block_size: int) -> None:
         """Chunks must be made of whole engine blocks."""
@@ -128,10 +139,24 @@ class ChunkNamer:
         return self.base(chunk_hash) + METADATA_SUFFIX
 
 
-def prompt_chunk_hashes(prompt_token_ids: Sequence[int], chunk_size: int) -> list[int]:
-    """The chained hash of every full chunk of the prompt (`tandem.core.kvkeys.chunk_hashes`): the same
-    for every process and machine, whatever PYTHONHASHSEED is."""
-    return chunk_hashes(prompt_token_ids, chunk_size)
+def prompt_chunk_hashes(
+    prompt_token_ids: Sequence[int],
+    chunk_size: int,
+    *,
+    scheme: TandemHash = _UNKEYED,
+    scope: str | None = None,
+) -> list[int]:
+    """The chained hash of every full chunk of the prompt in `scope` (the request's `cache_salt`;
+    None: shared), with `scheme` (`TandemHash(key=pool key)`; unkeyed by default): the same for every
+    process and machine holding the key, whatever PYTHONHASHSEED is."""
+    return scheme.chunk_hashes(prompt_token_ids, chunk_size, scope=scope)
+
+
+def bypasses_pool(*, lora: bool, multimodal: bool, prompt_embeds: bool) -> bool:
+    """Whether a request's KV depends on more than its token ids and its salt (a LoRA adapter, images,
+    prompt embeddings), which the chunk hash does not cover: such requests neither load nor save. A
+    `cache_salt` alone does not bypass: it scopes the request's chunk hashes."""
+    return lora or multimodal or prompt_embeds
 
 
 def lookup_window(*, num_computed_tokens: int, num_tokens: int, num_chunks: int, chunk_size: int) -> range:
@@ -359,7 +384,12 @@ COUNTER_HELP = {
     "lookup_broken": "Entries found at lookup with metadata but no bytes (evicted); deleted, recomputed.",
     "chunks_loaded": "Chunks loaded from the KV pool into the paged KV cache.",
     "bytes_loaded": "Bytes loaded from the KV pool.",
-    "load_failures": "Chunk loads that failed (missing, wrong size, pool or connector error); recomputed.",
+    "load_failures": "Chunk loads that failed (missing, wrong size, rejected, pool or connector error); "
+    "recomputed.",
+    "chunks_rejected_untagged": "Chunks a keyed reader refused because their metadata had no tag; "
+    "deleted, recomputed.",
+    "chunks_rejected_mac": "Chunks a keyed reader refused because their tag did not verify (forged, "
+    "corrupted or written with another key); deleted, recomputed.",
     "chunks_saved": "Chunks written to the KV pool by a producer.",
     "chunks_already_stored": "Chunks a producer found already stored and did not write again.",
     "bytes_saved": "Bytes written to the KV pool.",

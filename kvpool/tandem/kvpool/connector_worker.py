@@ -3,10 +3,13 @@ scheduler side hands it each step.
 
 `WorkerSide` runs in each vLLM worker: it places each layer's block axis when the caches are
 registered (from the attention backend, else the tensor's shape: `tandem.kvpool.kv_layout`), writes
-a step's full prompt chunks to the pool in `wait_for_save` (skipping those already stored), and
-reads chunks into their blocks in `start_load_kv`. Every error stays here: a failed save is skipped
-and counted, a failed load reports its blocks invalid so the engine recomputes them (and a broken
-entry's hash goes back to the scheduler in `TandemWorkerMetadata`). The connector module's
+a step's full prompt chunks to the pool in `wait_for_save` (skipping those already stored; with a
+pool key, each metadata value sealed with its tag), and reads chunks into their blocks in
+`start_load_kv` (with a pool key, only chunks whose tag verifies: the metadata is read in the same
+pipeline as the bytes, so verifying costs no round trip). Every error stays here: a failed save is
+skipped and counted, a failed or refused load reports its blocks invalid so the engine recomputes
+them (and a broken or refused entry is deleted and its hash goes back to the scheduler in
+`TandemWorkerMetadata`). The connector module's
 docstring has the key and byte layout.
 """
 
@@ -24,7 +27,7 @@ from vllm.logger import init_logger
 from tandem.kvpool import kv_blocks
 from tandem.kvpool.client import POOL_ERRORS
 from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, chunk_presence
-from tandem.kvpool.keys import encode_metadata
+from tandem.kvpool.keys import check_chunk, encode_metadata, seal_metadata
 from tandem.kvpool.kv_layout import KVLayout, infer_layout, layout_from_backend
 
 if TYPE_CHECKING:
@@ -171,7 +174,7 @@ class WorkerSide:
             for chunk_hash in missing:
                 value = kv_blocks.gather(self.layers, chunks[chunk_hash].block_ids)
                 pipe.set(self.namer.kv_bytes(chunk_hash), value)
-                pipe.set(self.namer.metadata(chunk_hash), self._metadata(len(value)))
+                pipe.set(self.namer.metadata(chunk_hash), self._metadata(chunk_hash, value))
                 written += len(value)
             if missing:
                 pipe.execute()
@@ -197,13 +200,19 @@ class WorkerSide:
         found = chunk_presence(pipe.execute(), num_chunks=len(hashes), world_size=1)
         return [h for h, whole in zip(hashes, found.present, strict=True) if not whole]
 
-    def _metadata(self, length: int) -> bytes:
-        return encode_metadata(
-            length=length,
+    def _metadata(self, chunk_hash: int, value: bytes) -> bytes:
+        """LMCache's 28-byte header for `value`, sealed with its tag when the pool is keyed."""
+        header = encode_metadata(
+            length=len(value),
             dtype=self.c.dtype,
             layers=len(self.layers),
             tokens=self.c.settings.chunk_size,
             hidden=self._hidden(),
+        )
+        if self.c.pool_key is None:
+            return header
+        return seal_metadata(
+            self.c.pool_key, name=self.namer.base(chunk_hash), metadata=header, kv_bytes=value
         )
 
     # -- load (consumer)
@@ -220,16 +229,21 @@ class WorkerSide:
                 self._fail(request.chunks, broken=False)
 
     def _load_request(self, request: LoadRequest) -> None:
+        keyed = self.c.pool_key is not None
         pipe = self.c.redis.pipeline(transaction=False)
         for chunk in request.chunks:
             pipe.get(self.namer.kv_bytes(chunk.chunk_hash))
-        values = pipe.execute()
+            if keyed:  # the tag rides in the metadata: same round trip
+                pipe.get(self.namer.metadata(chunk.chunk_hash))
+        answers = pipe.execute()
         self.c.pool_ok()
+        step = 2 if keyed else 1
         per_chunk = self.c.settings.chunk_size // self.c.block_size
         expected = self._block_bytes() * per_chunk
-        for position, (chunk, value) in enumerate(zip(request.chunks, values, strict=True)):
-            if not isinstance(value, bytes) or len(value) != expected:
-                self._drop_broken(chunk.chunk_hash)
+        for position, chunk in enumerate(request.chunks):
+            raw, header = answers[step * position], answers[step * position + 1] if keyed else None
+            value = self._loadable(chunk.chunk_hash, raw, header, expected=expected)
+            if value is None:
                 self._fail(request.chunks[position:], broken=True)
                 return
             try:
@@ -246,6 +260,32 @@ class WorkerSide:
                 return
             self.c.stats.add("chunks_loaded")
             self.c.stats.add("bytes_loaded", len(value))
+
+    def _loadable(self, chunk_hash: int, value: object, header: object, *, expected: int) -> bytes | None:
+        """The chunk's bytes when they may be loaded, else None after deleting the entry: bytes missing
+        or of the wrong size (evicted, or the metadata evicted since the lookup) are broken; with a pool
+        key, a chunk whose tag does not verify (`tandem.kvpool.keys.check_chunk`) is refused and counted
+        (it can only be an attacker's, a corruption or a write under another key; deleting it lets a
+        producer write the true chunk again)."""
+        key = self.c.pool_key
+        if not isinstance(value, bytes) or len(value) != expected or (key is not None and header is None):
+            self._drop_broken(chunk_hash)
+            return None
+        if key is None:
+            return value
+        name = self.namer.base(chunk_hash)
+        raw = header if isinstance(header, bytes) else b""
+        verdict = check_chunk(key, name=name, metadata=raw, kv_bytes=value)
+        if verdict == "ok":
+            return value
+        self.c.stats.add(f"chunks_rejected_{verdict}")
+        logger.warning(
+            "KV pool chunk %s refused (%s); deleting it and recomputing",
+            name, "no tag" if verdict == "untagged" else "its tag does not verify",
+        )  # fmt: skip
+        with contextlib.suppress(*POOL_ERRORS):
+            self.c.redis.delete(self.namer.metadata(chunk_hash), self.namer.kv_bytes(chunk_hash))
+        return None
 
     def _drop_broken(self, chunk_hash: int) -> None:
         """Delete an entry whose bytes are missing or of the wrong size, so it is rewritten later."""

@@ -15,6 +15,12 @@ Two questions, one Redis round trip each:
   the result also says how many chunks it waited for and how many were there at its last check
   (the gateway's self-check of its keys, `tandem.router.pd.keycheck`, reads them).
 
+Every question takes the request's `scope` (its `cache_salt`; None: the shared scope), which roots
+the chunk hashes of Tandem's keys (`tandem.core.kvkeys.scope_root`; LMCache's ignore it). Presence is
+not proof: the index does not read tags (the engines' connector verifies them on load), so a planted
+entry can at worst make the gateway wait for or count a chunk the decode engine then refuses and
+recomputes.
+
 Redis failures never raise: the answer is "unavailable" (None / `pool_unavailable`), and for
 `retry_after_s` afterwards the pool is not asked at all, so a dead pool costs requests no waiting.
 The client is built to fail fast (no retries, short timeouts; `tandem.kvpool.client.connect`).
@@ -74,13 +80,13 @@ class KVPoolIndex:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    def metadata_keys(self, prompt: Sequence[int]) -> list[str]:
-        """The metadata key of every full chunk of `prompt`, in order."""
-        return self.keys.chunk_keys(prompt)
+    def metadata_keys(self, prompt: Sequence[int], *, scope: str | None = None) -> list[str]:
+        """The metadata key of every full chunk of `prompt` in `scope`, in order."""
+        return self.keys.chunk_keys(prompt, scope=scope)
 
-    async def cached_prefix_tokens(self, prompt: Sequence[int]) -> int | None:
+    async def cached_prefix_tokens(self, prompt: Sequence[int], *, scope: str | None = None) -> int | None:
         """Tokens of `prompt`'s leading chunks present in the pool; None when the pool is unavailable."""
-        return await self.cached_prefix(self.metadata_keys(prompt))
+        return await self.cached_prefix(self.metadata_keys(prompt, scope=scope))
 
     async def cached_prefix(self, keys: Sequence[str]) -> int | None:
         """`cached_prefix_tokens` for a prompt whose `metadata_keys` the caller has already (a P/D step
@@ -101,14 +107,14 @@ class KVPoolIndex:
         run = next((i for i, n in enumerate(present) if n != 2), len(keys))
         return run * self.chunk_size
 
-    async def adopt_alternative(self, prompt: Sequence[int]) -> PoolKeys | None:
+    async def adopt_alternative(self, prompt: Sequence[int], *, scope: str | None = None) -> PoolKeys | None:
         """The first of `alternatives` under which the pool holds any of `prompt`'s full chunks: it
         becomes `keys` for good (and the alternatives are dropped). None when none does, the prompt
         has no full chunk, or the pool did not answer. One EXISTS per alternative."""
         if not self._available():
             return None
         for candidate in self.alternatives:
-            names = candidate.chunk_keys(prompt)
+            names = candidate.chunk_keys(prompt, scope=scope)
             if not names:
                 return None
             try:
@@ -122,9 +128,11 @@ class KVPoolIndex:
                 return candidate
         return None
 
-    async def wait_for_prompt(self, prompt: Sequence[int], *, timeout_s: float) -> BarrierResult:
-        """Wait until every full chunk of `prompt` is in the pool (module docstring)."""
-        return await self.wait_for_keys(self.metadata_keys(prompt), timeout_s=timeout_s)
+    async def wait_for_prompt(
+        self, prompt: Sequence[int], *, timeout_s: float, scope: str | None = None
+    ) -> BarrierResult:
+        """Wait until every full chunk of `prompt` (in `scope`) is in the pool (module docstring)."""
+        return await self.wait_for_keys(self.metadata_keys(prompt, scope=scope), timeout_s=timeout_s)
 
     async def wait_for_keys(self, keys: Sequence[str], *, timeout_s: float) -> BarrierResult:
         """`wait_for_prompt` for a prompt whose `metadata_keys` the caller has already."""

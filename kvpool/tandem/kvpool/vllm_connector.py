@@ -10,10 +10,19 @@ Selected with (see `tandem.kvpool.engine_config`)::
 How it works (pure logic in `tandem.kvpool.connector_plan`; the worker side, which moves the bytes, in
 `tandem.kvpool.connector_worker`):
 
-- **Keys.** A prompt's full `chunk_size`-token chunks get chained SHA-256 hashes over the token ids
-  (`tandem.core.kvkeys`; no PYTHONHASHSEED dependence), one entry per chunk and rank:
+- **Keys.** A prompt's full `chunk_size`-token chunks get chained hashes over the token ids
+  (`tandem.core.kvkeys.TandemHash`; no PYTHONHASHSEED dependence), rooted in the request's scope (its
+  `cache_salt`: tenants never share a key) and keyed with the pool key (`TANDEM_KV_POOL_KEY`, or the
+  variable `pool_key_env` names) when one is set; one entry per chunk and rank:
   `{model}@{world_size}@{rank}@{hash:x}@{dtype}` + `kv_bytes` (written first) and + `metadata`
   (LMCache's 28-byte int32 struct, written last: a chunk exists when its metadata exists).
+- **Tags.** With a pool key the metadata carries a 32-byte tag after the 28 bytes
+  (`tandem.kvpool.keys.chunk_mac` over the key name, the header and the bytes); a load verifies it and
+  treats an untagged or wrong-tagged chunk as a miss: the entry is deleted, its blocks recomputed, and
+  it is counted (`chunks_rejected_untagged`, `chunks_rejected_mac`). Without a key nothing is tagged
+  or verified: any writer of the pool can then plant KV.
+- **Bypassed requests**: a LoRA adapter, multimodal inputs or prompt embeddings make a request's KV
+  depend on more than its tokens and salt, so it neither loads nor saves.
 - **Bytes.** `kv_bytes` holds, layer after layer (layer names sorted), the chunk's whole paged-cache
   blocks as the engine stores them, block after block (`tandem.kvpool.kv_blocks`). Each layer's block
   axis is read from its attention backend, or from the tensor's shape when the backend cannot be read
@@ -63,13 +72,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 from vllm.logger import init_logger
 
-from tandem.kvpool.client import POOL_ERRORS, connect_sync, password_from_env, redact_url
+from tandem.kvpool.client import POOL_ERRORS, connect_sync, password_from_env, pool_key_from_env, redact_url
 from tandem.kvpool.connector_plan import (
     ChunkNamer,
     FailureMemory,
     PoolHealth,
     PoolSettings,
     SaveTracker,
+    bypasses_pool,
     chunk_presence,
     lmcache_dtype,
     lookup_window,
@@ -85,6 +95,7 @@ from tandem.kvpool.connector_worker import (
     TandemWorkerMetadata,
     WorkerSide,
 )
+from tandem.kvpool.keys import TandemHash
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -137,6 +148,9 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
         parallel = vllm_config.parallel_config
         self.world_size = int(parallel.tensor_parallel_size) * int(parallel.pipeline_parallel_size)
         self.dtype = _kv_dtype_name(vllm_config)
+        #: The pool key (keyed hashes, tags written and verified), or None for an unkeyed pool.
+        self.pool_key = pool_key_from_env(os.environ, self.settings.pool_key_env)
+        self.scheme = TandemHash(key=self.pool_key)
         self.stats = TandemConnectorStats()
         self.health = PoolHealth(clock=time.monotonic)
         self._redis: Redis | None = None
@@ -146,10 +160,12 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
         else:
             self._worker = WorkerSide(self)
         logger.info(
-            "TandemConnector %s (%s%s): pool %s, model key %r, chunk %d tokens, block %d, dtype %s",
+            "TandemConnector %s (%s%s): pool %s, model key %r, chunk %d tokens, block %d, dtype %s, %s",
             role.name.lower(), "producer" if self.produces else "", " consumer" if self.consumes else "",
             redact_url(self.settings.url), self.settings.model, self.settings.chunk_size, self.block_size,
             self.dtype,
+            "keyed (chunks tagged and verified)" if self.pool_key is not None
+            else f"unkeyed ({self.settings.pool_key_env} unset: chunks are neither tagged nor verified)",
         )  # fmt: skip
 
     # -- shared plumbing
@@ -305,13 +321,16 @@ class _SchedulerSide:
 
     def _prompt(self, request: Request) -> _Prompt:
         tokens = request.prompt_token_ids
-        # The chunk hash covers token ids only: requests whose KV depends on more are left alone.
-        special = (
-            request.lora_request is not None or bool(request.mm_features) or request.cache_salt is not None
+        # The chunk hash covers token ids and the salt only: requests whose KV depends on more are left alone.
+        bypass = bypasses_pool(
+            lora=request.lora_request is not None,
+            multimodal=bool(request.mm_features),
+            prompt_embeds=getattr(request, "prompt_embeds", None) is not None,
         )
-        if tokens is None or special or getattr(request, "prompt_embeds", None) is not None:
+        if tokens is None or bypass:
             return _Prompt(hashes=[], num_prompt_tokens=0)
-        return _Prompt(hashes=prompt_chunk_hashes(tokens, self.chunk), num_prompt_tokens=len(tokens))
+        hashes = prompt_chunk_hashes(tokens, self.chunk, scheme=self.c.scheme, scope=request.cache_salt)
+        return _Prompt(hashes=hashes, num_prompt_tokens=len(tokens))
 
     def num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         self.lookups.pop(request.request_id, None)
