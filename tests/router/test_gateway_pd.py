@@ -38,6 +38,8 @@ async def test_the_prefill_engine_gets_one_token_no_stream_and_remote_decode_par
     _ = [chunk async for chunk in stream]
     [sent] = prefill.received
     assert sent.path == "/v1/chat/completions"
+    # both halves carry the tenant's cache salt: the prefill's KV is stored where the decode looks
+    assert sent.body.pop("cache_salt") == decode.received[0].body["cache_salt"]
     assert sent.body == {
         "model": MODEL,
         "messages": MESSAGES,
@@ -67,6 +69,7 @@ async def test_the_decode_engine_gets_the_original_request_with_the_prefills_par
         body = b"".join([chunk async for chunk in response.aiter_raw()])
     assert b" d0-2" in body and body.endswith(b"data: [DONE]\n\n")
     [sent] = decode.received
+    assert sent.body.pop("cache_salt") == prefill.received[0].body["cache_salt"]
     assert sent.body == {**original, "kv_transfer_params": NIXL_PARAMS}
     upstream_id = sent.headers["x-request-id"]
     assert prefill.received[0].headers["x-request-id"] == upstream_id  # one id for both halves

@@ -83,6 +83,7 @@ async def test_the_body_reaches_the_engine_unchanged_with_unknown_fields(launche
     }
     response = await router.http.post("/v1/completions", json=body)
     assert response.status_code == 200
+    assert engine.received[0].body.pop("cache_salt").startswith("t1-")  # the gateway's own field
     assert engine.received[0].body == body
     assert engine.received[0].path == "/v1/completions"
 
@@ -141,11 +142,13 @@ async def test_engine_steering_fields_from_clients_are_dropped(launcher: Launche
         },
         "priority": -100,
         "request_id": "someone-elses-request",
+        "cache_salt": "another-tenants-salt",
     }
     response = await router.http.post("/v1/completions", json=hostile)
     assert response.status_code == 200
     sent = engine.received[0].body
     assert not {"kv_transfer_params", "priority", "request_id"} & set(sent)
+    assert sent.pop("cache_salt") != "another-tenants-salt"  # replaced by the tenant's own
     assert sent == {"model": MODEL, "prompt": "x", "max_tokens": 1}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, NoReturn
 
 import click
 import yaml
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from tandem.cli.exits import fail
 from tandem.cli.gateway_server import GatewayServer
@@ -108,7 +109,7 @@ def router(
         config = config.model_copy(update={"api_keys_file": str(api_keys_file)})
     try:
         settings = settings_from_flags(tuning)  # the tuning flags, validated into RouterSettings
-        settings = with_engine_key(settings, os.environ)
+        settings = with_cache_key(with_engine_key(settings, os.environ), os.environ)
     except click.UsageError as exc:
         _fail(exc.message)
     configure_logging(log_level, json_lines=log_format == "json")
@@ -120,6 +121,11 @@ def router(
         app = create_app(config, settings=settings, own_process=True)
     except ConfigurationError as exc:
         _fail(exc.message if exc.message.startswith("API keys:") else f"{config_path}: {exc.message}")
+    if not os.environ.get(CACHE_KEY_ENV) and config.spec.router.cache_isolation != "off":
+        logging.getLogger("tandem.router").warning(
+            f"{CACHE_KEY_ENV} is not set: the tenants' cache salts use a key drawn for this process; "
+            "other gateways in front of the same engines will not reuse its cache entries"
+        )
     count = workers or config.spec.router.workers
     if count > 1:
         plan = WorkerPlan(
@@ -146,6 +152,19 @@ def with_engine_key(settings: RouterSettings, environ: Mapping[str, str]) -> Rou
     key = environ.get(ENGINE_KEY_ENV) or None
     proxy = settings.proxy.model_copy(update={"engine_api_key": key})
     return settings.model_copy(update={"proxy": proxy})
+
+
+#: Where `tandem router` reads the key of the tenants' cache salts (a Secret in a cluster).
+CACHE_KEY_ENV = "TANDEM_CACHE_KEY"
+
+
+def with_cache_key(settings: RouterSettings, environ: Mapping[str, str]) -> RouterSettings:
+    """`settings` with the cache-salt key from `environ[CACHE_KEY_ENV]`; unset or empty: one drawn
+    now, which this process's workers share (they get the settings). Gateways that do not share a
+    key do not share their tenants' cache entries (`tandem router` warns)."""
+    key = environ.get(CACHE_KEY_ENV) or secrets.token_urlsafe(32)
+    access = settings.access.model_copy(update={"cache_key": SecretStr(key)})
+    return settings.model_copy(update={"access": access})
 
 
 def _run_workers(plan: WorkerPlan, *, host: str, port: int, count: int) -> int:

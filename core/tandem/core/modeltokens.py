@@ -216,7 +216,7 @@ class PromptEncoder:
         self._segment_limit = segment_memo
         self._char_limit = segment_chars
         self._chars = 0
-        self._keys: OrderedDict[tuple[int, int], tuple[int, ...]] = OrderedDict()
+        self._keys: OrderedDict[tuple[int, int, int], tuple[int, ...]] = OrderedDict()
         self._key_limit = key_memo
         self._seen = SeenTwice()
         markers = [m for m in tokenizer.markers if m]
@@ -307,22 +307,24 @@ class PromptEncoder:
 
     # -- block keys ---------------------------------------------------------------------------
 
-    def block_keys(self, encoded: Encoded, block_size: int) -> tuple[int, ...]:
-        """`block_keys(encoded.ids, block_size)`, reusing the keys of the longest known leading
-        segments and remembering this prompt's for the next."""
+    def block_keys(self, encoded: Encoded, block_size: int, *, root: int = ROOT_KEY) -> tuple[int, ...]:
+        """`block_keys(encoded.ids, block_size, parent=root)`, reusing the keys of the longest known
+        leading segments under the same root and remembering this prompt's for the next. `root` is
+        the request's key space (`tandem.core.blockhash.scope_key`: its tenant's cache salt), so a
+        memo never carries one tenant's keys into another's."""
         full = len(encoded.ids) // block_size
         known: tuple[int, ...] = ()
         for chain, count in reversed(encoded.marks):
-            hit = self._keys.get((chain, block_size))
+            hit = self._keys.get((chain, block_size, root))
             if hit is not None and len(hit) == count // block_size:
-                self._keys.move_to_end((chain, block_size))
+                self._keys.move_to_end((chain, block_size, root))
                 known = hit
                 break
         start = len(known) * block_size
-        parent = known[-1] if known else ROOT_KEY
+        parent = known[-1] if known else root
         keys = known + tuple(block_keys(encoded.ids[start : full * block_size], block_size, parent=parent))
         for chain, count in encoded.marks:
-            entry = (chain, block_size)
+            entry = (chain, block_size, root)
             if count // block_size > len(known) and entry not in self._keys and self._seen.again(hash(entry)):
                 self._keys[entry] = keys[: count // block_size]
         while len(self._keys) > self._key_limit:

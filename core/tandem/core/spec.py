@@ -388,6 +388,14 @@ class TenantSpec(SpecModel):
         description="Whether a request may lower itself below the tenant's band with x-priority "
         "(never raise itself above it).",
     )
+    cache_group: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Tenants with the same cache group share cached prompts (e.g. a public system "
+        "prompt); a tenant without one shares its cache with nobody (router.cacheIsolation).",
+    )
 
 
 class AuthSpec(SpecModel):
@@ -434,6 +442,12 @@ class RouterSpec(SpecModel):
     auth: AuthSpec = Field(default_factory=AuthSpec)
     rate_limits: RateLimitSpec = Field(default_factory=RateLimitSpec, description="Per-tenant limits.")
     tenants: list[TenantSpec] = Field(default_factory=list, description="Per-tenant weights and limits.")
+    cache_isolation: Literal["tenant", "off"] = Field(
+        default="tenant",
+        description="`tenant`: each tenant's prompts are cached apart (vLLM's cache_salt, the KV "
+        "pool's keys and the gateway's prefix index), shared only within a tenants[].cacheGroup; "
+        "`off`: one cache for every tenant.",
+    )
     log_prompts: bool = Field(default=False, description="Log prompt and output text.")
 
 

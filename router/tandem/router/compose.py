@@ -6,6 +6,7 @@ and stopped in order by the app's lifespan, `tandem.router.app`).
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.modeltokens import PromptEncoder
+from tandem.core.spec import RouterSpec
 from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.access import Access, build_access
 from tandem.router.admission.coldstart import ColdStartHold
@@ -37,6 +39,7 @@ from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.http.server import Gateway
 from tandem.router.http.side import Operations
 from tandem.router.identity.auth.keyfile import KeyFile
+from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.observe.arrivals import Arrivals
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import PoolKeysCollector, RouterMetrics
@@ -51,7 +54,7 @@ from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, 
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
-from tandem.router.settings import KVEventsSettings
+from tandem.router.settings import AccessSettings, KVEventsSettings
 from tandem.router.types import Pool
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
@@ -216,6 +219,7 @@ def compose(
             limits=BodyLimits.of(settings.access),
             budget=ReadingBudget(settings.access.max_reading_bytes),
             body_seconds=settings.access.body_seconds,
+            scopes=cache_scopes(config.spec.router, settings.access),
         ),
         limit=Limit(access),
         hold=Hold(
@@ -541,3 +545,14 @@ def _waking(hold: PrefillHold) -> Callable[[Pool], None]:
             hold.wake()
 
     return changed
+
+
+def cache_scopes(router: RouterSpec, access: AccessSettings) -> CacheScopes | None:
+    """The tenants' cache salts (`tandem.router.identity.cachescope`); None with isolation off. A
+    gateway given no key (`TANDEM_CACHE_KEY`) draws one for its life: its tenants stay apart, but
+    another gateway before the same engines hits none of its cache entries."""
+    if router.cache_isolation == "off":
+        return None
+    key = access.cache_key.get_secret_value().encode() or secrets.token_bytes(32)
+    groups = {t.name: t.cache_group for t in router.tenants if t.cache_group is not None}
+    return CacheScopes(key=key, mode=router.cache_isolation, groups=groups)

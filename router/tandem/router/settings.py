@@ -243,6 +243,9 @@ class AccessSettings(_Settings):
         default=False,
         description="Name the engines that served a request in x-tandem-* response headers (diagnostics).",
     )
+    #: The key of the tenants' cache salts (`tandem.router.identity.cachescope`), from
+    #: `TANDEM_CACHE_KEY`, never a flag; empty: a random key for this process's life.
+    cache_key: SecretStr = Field(default=SecretStr(""), exclude=True)
 
 
 class WorkersSettings(_Settings):

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Literal
 from urllib.parse import urlsplit
 
-from tandem.core.blockhash import block_keys
+from tandem.core.blockhash import block_keys, scope_key
 
 Pool = Literal["prefill", "decode"]
 POOLS: tuple[Pool, ...] = ("prefill", "decode")
@@ -179,6 +179,7 @@ class RequestView:
     slo: SLO = DEFAULT_SLO
     deadline_s: float | None = None
     kv_loaded: bool = False
+    cache_salt: str | None = None
     _keys: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def prompt_tokens(self) -> Sequence[int]:
@@ -193,5 +194,6 @@ class RequestView:
     def block_keys(self, block_size: int) -> Sequence[int]:
         keys = self._keys.get(block_size)
         if keys is None:
-            keys = self._keys[block_size] = block_keys(self.prompt_token_ids, block_size)
+            root = scope_key(cache_salt=self.cache_salt)
+            keys = self._keys[block_size] = block_keys(self.prompt_token_ids, block_size, parent=root)
         return keys

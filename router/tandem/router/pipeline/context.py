@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.core.blockhash import ROOT_KEY, scope_key
 from tandem.core.modeltokens import Encoded, PromptEncoder
 from tandem.router.admission.gate import Grant
 from tandem.router.types import SLO, Endpoint, Route
@@ -88,6 +89,14 @@ class RequestContext:
     _encoded: Encoded | None = None
     _estimate: int | None = None
     _keys: dict[int, Sequence[int]] = field(default_factory=dict)
+    #: The tenant's `cache_salt` (None: isolation off) and the root of its prefix keys.
+    cache_salt: str | None = None
+    _root: int = ROOT_KEY
+
+    def scope(self, cache_salt: str) -> None:
+        """The request's prompts are cached under `cache_salt` (set before any key is computed)."""
+        self.cache_salt, self._root = cache_salt, scope_key(cache_salt=cache_salt)
+        self._keys.clear()
 
     # -- the prompt ---------------------------------------------------------------------------
 
@@ -115,12 +124,14 @@ class RequestContext:
         return self._estimate
 
     def block_keys(self, block_size: int) -> Sequence[int]:
-        """`tandem.core.blockhash.block_keys` of the prompt in blocks of `block_size`, once."""
+        """`tandem.core.blockhash.block_keys` of the prompt in blocks of `block_size`, once, rooted in
+        the tenant's cache scope (`scope`)."""
         keys = self._keys.get(block_size)
         if keys is None:
             if self.encoder is None:
                 raise RuntimeError("the request has no prompt encoder")
-            keys = self._keys[block_size] = self.encoder.block_keys(self.encoded(), block_size)
+            keys = self.encoder.block_keys(self.encoded(), block_size, root=self._root)
+            self._keys[block_size] = keys
         return keys
 
     def _encode(self) -> Encoded:

@@ -6,7 +6,7 @@ each one small object with one job, reading and writing the request's `RequestCo
 | stage | does | fails with |
 |---|---|---|
 | `Identify` | request id, tenant (API key or header), SLO headers, priority band | 400, 401, 403 |
-| `Parse` | body read once, its size and shape bounded, validated, steering fields dropped | 400-429 |
+| `Parse` | body read once, bounded, validated, steering fields dropped, tenant's cache salt set | 400-429 |
 | `Limit` | the tenant's rate limits, before the prompt is tokenized | 429 |
 | `Hold` | while the decode pool has no engine at all (from zero), waits for its first one | 429 |
 | `Admit` | waits for decode capacity in fair (VTC) order; holds a `Grant` | 429 |
@@ -37,6 +37,7 @@ from tandem.router.admission.access import Access
 from tandem.router.admission.coldstart import ColdStartHold
 from tandem.router.admission.gate import AdmissionGate, Grant
 from tandem.router.errors import Overloaded, RequestTimeout
+from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
@@ -105,7 +106,9 @@ class Parse:
     The body must arrive within `body_seconds` (408), fit `max_request_bytes` (413) and the
     `budget` of bytes all requests may be reading and parsing at once (429 `reading`), and pass
     `limits` (`tandem.router.request.limits`). A body of `off_loop_bytes` or more is tokenized in a
-    worker thread, so one long prompt does not stall every other request's stream."""
+    worker thread, so one long prompt does not stall every other request's stream. With `scopes`,
+    the body sent to engines carries the tenant's `cache_salt` (`tandem.router.identity.cachescope`),
+    and the prompt's prefix keys are rooted in it."""
 
     accepted_models: frozenset[str]
     max_request_bytes: int
@@ -114,6 +117,7 @@ class Parse:
     budget: ReadingBudget | None = None
     body_seconds: float = 60.0
     off_loop_bytes: int = 65_536
+    scopes: CacheScopes | None = None
     name: str = "parse"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -139,6 +143,10 @@ class Parse:
             if self.budget is not None:
                 self.budget.give(taken)
         ctx.body, ctx.model, ctx.stream = parsed.body, parsed.model, parsed.stream
+        salt = self.scopes.salt(ctx.tenant) if self.scopes is not None else None
+        if salt is not None:
+            ctx.body["cache_salt"] = salt
+            ctx.scope(salt)
         if self.log_prompts:
             ctx.prompt_text = prompt_text(parsed.body)
         if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:
