@@ -18,6 +18,7 @@ from tests.router.servers import closed_port_url
 from tests.servers import RedisServer
 
 from tandem.kvpool.keys import PoolKeys, chunk_hashes, chunk_key
+from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.settings import DisaggregationSettings, RouterSettings
 
 
@@ -25,8 +26,9 @@ async def test_after_a_prefill_the_barrier_sees_the_chunks_and_decode_loads_them
     launcher: Launcher, redis_server: RedisServer
 ) -> None:
     prefill, decode = await sim_pair(launcher, redis_server.url)
+    settings = RouterSettings.model_validate({"access": {"cache_key": "k" * 32}})
     router = await launcher.router(
-        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
+        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url, settings=settings
     )
     response = await complete(router, PROMPT)
     assert response.headers["x-tandem-prefill-endpoint"] == prefill.removeprefix("http://")
@@ -34,9 +36,12 @@ async def test_after_a_prefill_the_barrier_sees_the_chunks_and_decode_loads_them
     assert await metric(router, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="ok") == 1
     # The decode engine found both chunks the prefill engine wrote under the router's key names.
     assert await engine_counter(decode, "vllm:external_prefix_cache_hits_total") == 512
-    keys = [chunk_key(model=MODEL_NAME, chunk_hash=h) + "metadata" for h in chunk_hashes(PROMPT, 256)]
+    # Under the tenant's scope (its cache salt), not the shared one.
+    salt = CacheScopes(key=b"k" * 32).salt("default")
+    keys = PoolKeys(model=MODEL_NAME, chunk_size=256).chunk_keys(PROMPT, scope=salt)
+    shared = [chunk_key(model=MODEL_NAME, chunk_hash=h) + "metadata" for h in chunk_hashes(PROMPT, 256)]
     with redis_server.client() as client:
-        assert client.exists(*keys) == 2
+        assert (client.exists(*keys), client.exists(*shared)) == (2, 0)
 
 
 async def test_auto_mode_prefills_what_is_not_cached_and_decodes_what_the_pool_holds(
@@ -65,9 +70,11 @@ async def test_a_disaggregated_request_hashes_its_chunk_keys_once_for_the_look_u
     hashed: list[int] = []
     real = PoolKeys.chunk_keys
 
-    def counting(self: PoolKeys, token_ids: Sequence[int], suffix: str = "metadata") -> list[str]:
+    def counting(
+        self: PoolKeys, token_ids: Sequence[int], suffix: str = "metadata", *, scope: str | None = None
+    ) -> list[str]:
         hashed.append(len(token_ids))
-        return real(self, token_ids, suffix)
+        return real(self, token_ids, suffix, scope=scope)
 
     monkeypatch.setattr(PoolKeys, "chunk_keys", counting)
     prefill, decode = await sim_pair(launcher, redis_server.url)

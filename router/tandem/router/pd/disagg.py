@@ -102,6 +102,11 @@ class PDRequest(Routable, Protocol):
 
     def prompt_tokens(self) -> Sequence[int]: ...
 
+    @property
+    def cache_salt(self) -> str | None:
+        """The tenant's cache scope: the KV pool's keys of its prompts are the scope's."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PDDecision:
@@ -292,7 +297,8 @@ class Disaggregator:
 
         def keys() -> Sequence[str]:
             if not memo:
-                memo.append(pool.metadata_keys(request.prompt_tokens()) if pool is not None else [])
+                tokens, scope = request.prompt_tokens(), request.cache_salt
+                memo.append(pool.metadata_keys(tokens, scope=scope) if pool is not None else [])
             return memo[0]
 
         decision = await self._decide(request, decode=decode, keys=keys)
@@ -395,7 +401,7 @@ class Disaggregator:
         if self.pool is None:
             return False
         was = self.pool.keys.scheme.name
-        adopted = await self.pool.adopt_alternative(request.prompt_tokens())
+        adopted = await self.pool.adopt_alternative(request.prompt_tokens(), scope=request.cache_salt)
         if adopted is None:
             return False
         log.info(
@@ -413,7 +419,7 @@ class Disaggregator:
         was = check.state
         changed = check.observe(evidence, now=self.prefiller.clock())
         if changed == "mismatch":
-            looked_for = keys.chunk_keys(request.prompt_tokens()[: keys.chunk_size])
+            looked_for = keys.chunk_keys(request.prompt_tokens()[: keys.chunk_size], scope=request.cache_salt)
             log.error(
                 mismatch_message(keys, misses=check.misses, recheck_after_s=check.recheck_after_s),
                 extra={**keys_fields(keys), "example_key": looked_for[0] if looked_for else None},
