@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
 from tandem.core.tasks import stop_tasks
-from tandem.kvpool.client import password_from_env
+from tandem.kvpool.client import password_from_env, pool_key_from_env
 from tandem.sim import generate, routes
 from tandem.sim.engine.blocks import KVEvent, KVEventSink
 from tandem.sim.engine.clock import Clock, ScaledClock
@@ -89,9 +89,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     pool = None
     if settings.kv_pool is not None and settings.kv_role != "none":
-        # TANDEM_KVPOOL_PASSWORD (from a Secret in a cluster) unless the URL carries a password.
+        # TANDEM_KVPOOL_PASSWORD (from a Secret in a cluster) unless the URL carries a password, and
+        # the pool key TANDEM_KV_POOL_KEY (keyed chunk hashes and tags) as Tandem's connector reads it.
         client = connect(settings.kv_pool, password=password_from_env(os.environ))
-        pool = KVPool(client, layout=settings.pool_layout(), metrics=state.metrics)
+        layout = settings.pool_layout(key=pool_key_from_env(os.environ))
+        pool = KVPool(client, layout=layout, metrics=state.metrics)
     task = asyncio.create_task(loop.run(), name="tandem-sim-engine")
     state.runtime = Runtime(loop=loop, task=task, pool=pool, kv_publisher=publisher)
     logger.info(

@@ -90,7 +90,7 @@ async def _pool_lookup(runtime: Runtime, gen: Generation) -> int | None:
     if runtime.pool is None:
         return None
     local = runtime.loop.core.local_prefix_tokens(gen.prompt_token_ids, cache_salt=gen.cache_salt)
-    return await runtime.pool.lookup(gen.prompt_token_ids, skip_tokens=local)
+    return await runtime.pool.lookup(gen.prompt_token_ids, skip_tokens=local, scope=gen.cache_salt)
 
 
 @dataclass
@@ -175,7 +175,7 @@ class _Job:
         """Start the producer's pool write when the prompt is done; finish it before the end."""
         pool = self.runtime.pool
         if self.store is None and pool is not None and self.sim.settings.produces_kv:
-            self.store = self.runtime.spawn(pool.store(self.gen.prompt_token_ids))
+            self.store = self.runtime.spawn(pool.store(self.gen.prompt_token_ids, scope=self.gen.cache_salt))
         if output.finished:
             if self.store is not None:
                 await asyncio.shield(self.store)  # a cancelled client must not cancel the write

@@ -1,12 +1,16 @@
 """The KV pool adapter: real Redis I/O in LMCache's layout (`tandem.sim.engine.kvlayout`).
 
-- `store(prompt)` (producer): for each full chunk whose metadata is absent, `SET <key>kv_bytes` then
-  `SET <key>metadata`, in that order on one connection, so a reader that sees the metadata finds the
-  bytes. Chunks already present are skipped.
-- `lookup(prompt, skip_tokens)` (consumer): the longest run of consecutive chunks from chunk 0 whose
-  metadata exists, then GET of the chunks past the `skip_tokens` the engine holds locally, verifying
-  each `kv_bytes` against its metadata; a missing or short value ends the run. Returns the tokens
-  available, or None when the pool could not be asked.
+Chunks are named in the request's scope (its `cache_salt`: another salt's chunks are other keys) and,
+with a pool key, keyed and tagged as Tandem's connector writes them.
+- `store(prompt, scope=)` (producer): for each full chunk whose metadata is absent, `SET <key>kv_bytes`
+  then `SET <key>metadata` (sealed with the chunk's tag when keyed), in that order on one connection,
+  so a reader that sees the metadata finds the bytes. Chunks already present are skipped.
+- `lookup(prompt, skip_tokens, scope=)` (consumer): the longest run of consecutive chunks from chunk 0
+  whose metadata exists, then GET of the chunks past the `skip_tokens` the engine holds locally,
+  verifying each `kv_bytes` against its metadata (and, keyed, its tag); a missing or short value ends
+  the run, and so does a chunk a keyed reader refuses (no tag, or a wrong one), counted in
+  `tandem_sim_kv_pool_chunks_rejected_total{reason}`: the engine computes it instead. Returns the
+  tokens available, or None when the pool could not be asked.
 
 When Redis fails (unreachable, timeouts, errors) the adapter logs once, counts the error and the
 fallback, and answers "nothing" for `retry_after_s` wall seconds before trying again, so a dead pool
@@ -52,9 +56,9 @@ class KVPool:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def store(self, prompt_token_ids: Sequence[int]) -> None:
-        """Write the prompt's missing full chunks; never raises for pool failures."""
-        chunks = self.layout.chunks(prompt_token_ids)
+    async def store(self, prompt_token_ids: Sequence[int], *, scope: str | None = None) -> None:
+        """Write the prompt's missing full chunks in `scope`; never raises for pool failures."""
+        chunks = self.layout.chunks(prompt_token_ids, scope=scope)
         if not chunks:
             return
         if not self._available():
@@ -68,10 +72,12 @@ class KVPool:
         self._succeeded()
         self._metrics.pool_stored(written=written, skipped=len(chunks) - written, nbytes=nbytes)
 
-    async def lookup(self, prompt_token_ids: Sequence[int], *, skip_tokens: int = 0) -> int | None:
-        """Tokens of the prompt's prefix held by the pool and fetched (the first `skip_tokens` are
-        only checked for presence); None if the pool is unavailable."""
-        chunks = self.layout.chunks(prompt_token_ids)
+    async def lookup(
+        self, prompt_token_ids: Sequence[int], *, skip_tokens: int = 0, scope: str | None = None
+    ) -> int | None:
+        """Tokens of the prompt's prefix held by the pool in `scope` and fetched (the first
+        `skip_tokens` are only checked for presence); None if the pool is unavailable."""
+        chunks = self.layout.chunks(prompt_token_ids, scope=scope)
         if not self._available():
             self._metrics.pool_fallback("lookup")
             return None
@@ -91,11 +97,11 @@ class KVPool:
         missing = [chunk for chunk, exists in zip(chunks, present, strict=True) if not exists]
         if not missing:
             return 0, 0
-        metadata = self.layout.metadata()
         nbytes = 0
         async with self._client.pipeline(transaction=False) as pipe:
             for chunk in missing:
                 payload = self.layout.payload(chunk)
+                metadata = self.layout.metadata(chunk, payload)
                 nbytes += len(payload) + len(metadata)
                 pipe.set(chunk.kv_bytes_key, payload)  # bytes first: metadata marks a complete chunk
                 pipe.set(chunk.metadata_key, metadata)
@@ -121,8 +127,11 @@ class KVPool:
                 pipe.get(chunk.kv_bytes_key)
             values = await pipe.execute()
         verified, nbytes = 0, 0
-        for metadata, kv_bytes in zip(values[::2], values[1::2], strict=True):
-            if not self.layout.is_complete(metadata, kv_bytes):
+        for chunk, metadata, kv_bytes in zip(to_fetch, values[::2], values[1::2], strict=True):
+            verdict = self.layout.check(chunk, metadata, kv_bytes)
+            if verdict != "ok":
+                if verdict != "incomplete":
+                    self._metrics.pool_rejected(verdict)
                 break
             verified += 1
             nbytes += len(kv_bytes) + len(metadata)

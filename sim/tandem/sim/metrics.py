@@ -149,6 +149,12 @@ class SimMetrics:
             label="operation",
             values=operations,
         )
+        self._chunks_rejected = family.by(
+            "tandem_sim_kv_pool_chunks_rejected",
+            "KV chunks a keyed reader refused and recomputed, by reason (untagged: no tag; mac: wrong tag).",
+            label="reason",
+            values=("untagged", "mac"),
+        )
 
     def record(self, iteration: IterationStats, scheduler: SchedulerStats) -> None:
         """Fold one step (or an arrival/abort) into the metrics."""
@@ -185,3 +191,7 @@ class SimMetrics:
 
     def pool_fallback(self, operation: str) -> None:
         self._pool_fallbacks.labels(**self._labels, operation=operation).inc()
+
+    def pool_rejected(self, reason: str) -> None:
+        """A chunk read back whose tag was missing (`untagged`) or wrong (`mac`): treated as absent."""
+        self._chunks_rejected.labels(**self._labels, reason=reason).inc()

@@ -134,10 +134,12 @@ class SimSettings(BaseModel):
             ),
         )
 
-    def pool_layout(self) -> PoolLayout:
+    def pool_layout(self, *, key: bytes | None = None) -> PoolLayout:
+        """The pool layout of these settings, keyed with the pool key `key` (None: unkeyed)."""
         return PoolLayout(
             model_name=self.model,
             shape=self.engine_profile.model,
             chunk_size=self.kv_chunk_size,
             bytes_scale=self.kv_bytes_scale,
+            key=key,
         )
