@@ -105,3 +105,9 @@ def test_a_keyed_consumer_recomputes_chunks_whose_tag_is_missing_or_wrong(
         metric = Scrape(url)
         assert metric("vllm:external_prefix_cache_hits_total") == hits
         assert metric("tandem_sim_kv_pool_chunks_rejected_total", reason=reason) == 1
+    refused = second if damage == "strip-second-tag" else first
+    with redis_server.client() as pool:  # deleted, as the connector does, so a producer can rewrite it
+        assert pool.exists(f"{refused}metadata", f"{refused}kv_bytes") == 0
+    with engine("producer", redis_server.url) as (url, _):
+        complete(url)
+    assert pool_hits(redis_server, salt=None) == 512

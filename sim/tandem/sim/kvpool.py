@@ -8,9 +8,10 @@ with a pool key, keyed and tagged as Tandem's connector writes them.
 - `lookup(prompt, skip_tokens, scope=)` (consumer): the longest run of consecutive chunks from chunk 0
   whose metadata exists, then GET of the chunks past the `skip_tokens` the engine holds locally,
   verifying each `kv_bytes` against its metadata (and, keyed, its tag); a missing or short value ends
-  the run, and so does a chunk a keyed reader refuses (no tag, or a wrong one), counted in
-  `tandem_sim_kv_pool_chunks_rejected_total{reason}`: the engine computes it instead. Returns the
-  tokens available, or None when the pool could not be asked.
+  the run, and so does a chunk a keyed reader refuses (no tag, or a wrong one): counted in
+  `tandem_sim_kv_pool_chunks_rejected_total{reason}`, logged and deleted (so a producer can write the
+  true chunk again), and the engine computes it. Returns the tokens available, or None when the pool
+  could not be asked.
 
 When Redis fails (unreachable, timeouts, errors) the adapter logs once, counts the error and the
 fallback, and answers "nothing" for `retry_after_s` wall seconds before trying again, so a dead pool
@@ -19,6 +20,7 @@ costs requests no waiting; the first success afterwards is logged too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -131,12 +133,25 @@ class KVPool:
             verdict = self.layout.check(chunk, metadata, kv_bytes)
             if verdict != "ok":
                 if verdict != "incomplete":
-                    self._metrics.pool_rejected(verdict)
+                    await self._refuse(chunk, verdict)
                 break
             verified += 1
             nbytes += len(kv_bytes) + len(metadata)
         self._metrics.pool_read(chunks=verified, nbytes=nbytes)
         return first_fetch + verified
+
+    async def _refuse(self, chunk: ChunkRef, verdict: str) -> None:
+        """Count, log and delete a chunk a keyed reader refused, as Tandem's connector does: it can only
+        be forged, corrupted or written under another key, and deleting it lets a producer write the
+        true chunk again. A failed delete is left for the next reader."""
+        self._metrics.pool_rejected(verdict)
+        reason = "no tag" if verdict == "untagged" else "its tag does not verify"
+        logger.warning(
+            "kv pool chunk refused; deleting it and recomputing",
+            extra={"chunk": chunk.name, "reason": reason},
+        )
+        with contextlib.suppress(*POOL_ERRORS):
+            await self._client.delete(chunk.metadata_key, chunk.kv_bytes_key)
 
     def _available(self) -> bool:
         return self._down_until is None or self._monotonic() >= self._down_until
