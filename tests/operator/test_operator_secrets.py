@@ -1,6 +1,7 @@
-"""The Secrets of a service: the Redis password and the engine API key are always there (generated once
-when the spec names none, never rotated by a reconcile), only the gateway gets the engine key, and a
-Secret the spec names is used only when it is labelled usable.
+"""The Secrets of a service: the Redis password, the engine API key and the cache keys are always there
+(generated once when the spec names none, never rotated by a reconcile), only the gateway gets the
+engine key and the salt key, engines and the gateway get the pool key, and a Secret the spec names is
+used only when it is labelled usable.
 
 Real: the reconcile, the builders and the spec model. Faked: the API server, an in-memory `Cluster`
 (test_operator_reconcile.MemoryCluster) that records every call.
@@ -9,17 +10,27 @@ Real: the reconcile, the builders and the spec model. Faked: the API server, an 
 from __future__ import annotations
 
 import base64
+import json
+from pathlib import Path
 from typing import Any
 
-from tests.operator.specs import IMAGES, OWNER, gpu
+import pytest
+import yaml
+from click.testing import CliRunner
+from tests.operator.specs import IMAGES, OWNER, gpu, sim
 from tests.operator.test_operator_reconcile import NOW, MemoryCluster, body, status_dict
 
+from tandem.cli.main import cli
+from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.objects import ObjectRef
 from tandem.operator.reconcile import Outcome, reconcile
 from tandem.operator.resources import desired_children
 
 KV_AUTH = ObjectRef("v1", "Secret", OWNER.namespace, "demo-kv-auth")
 ENGINE_KEY = ObjectRef("v1", "Secret", OWNER.namespace, "demo-engine-key")
+CACHE_KEYS = ObjectRef("v1", "Secret", OWNER.namespace, "demo-cache-keys")
+POOL_KEY = {"secretKeyRef": {"name": "demo-cache-keys", "key": "pool-key"}}
+SALT_KEY = {"secretKeyRef": {"name": "demo-cache-keys", "key": "salt-key"}}
 
 
 def run(cluster: MemoryCluster, document: dict[str, Any], value: str) -> Outcome:
@@ -105,3 +116,67 @@ def test_a_missing_secret_is_refused_and_a_labelled_one_is_used() -> None:
     assert ENGINE_KEY not in cluster.objects  # the spec's own key: none generated
     router = cluster.objects[ObjectRef("apps/v1", "Deployment", OWNER.namespace, "demo-router")]
     assert env_of(router)["TANDEM_ENGINE_API_KEY"] == {"secretKeyRef": {"name": "engine-key", "key": "key"}}
+
+
+def test_the_cache_keys_secret_holds_two_keys_drawn_apart_labelled_usable_and_owned() -> None:
+    cluster = MemoryCluster()
+    draws = iter(f"value-{n}" for n in range(100))
+    reconcile(body(), cluster=cluster, images=IMAGES, now=NOW, new_value=lambda: next(draws))
+    secret = cluster.objects[CACHE_KEYS]
+    assert set(secret["data"]) == {"pool-key", "salt-key"}
+    assert decoded(secret, "pool-key") != decoded(secret, "salt-key")
+    assert secret["metadata"]["labels"]["tandem.dev/usable"] == "true"
+    assert secret["metadata"]["ownerReferences"] == [OWNER.reference()]
+    assert secret["type"] == "Opaque"
+
+
+def test_the_cache_keys_are_drawn_once_and_created_again_only_when_deleted() -> None:
+    cluster = MemoryCluster()
+    first = run(cluster, body(), "first-value")
+    run(cluster, body(status=status_dict(first)), "second-value")
+    assert decoded(cluster.objects[CACHE_KEYS], "pool-key") == "first-value"
+    assert ("patch", "Secret/demo-cache-keys") not in cluster.calls
+    del cluster.objects[CACHE_KEYS]
+    run(cluster, body(status=status_dict(first)), "third-value")
+    assert decoded(cluster.objects[CACHE_KEYS], "salt-key") == "third-value"
+
+
+@pytest.mark.parametrize("spec", [gpu(), sim(), gpu(kvPool={"redis": {"url": "redis://cache.example:6379"}})])
+def test_engines_and_the_gateway_get_the_pool_key_and_only_the_gateway_the_salt_key(
+    spec: InferenceServiceSpec,
+) -> None:
+    manifests = {
+        (c.ref.kind, c.ref.name): c.manifest for c in desired_children(spec, owner=OWNER, images=IMAGES)
+    }
+    router = env_of(manifests["Deployment", "demo-router"])
+    assert (router["TANDEM_KV_POOL_KEY"], router["TANDEM_CACHE_KEY"]) == (POOL_KEY, SALT_KEY)
+    for engine in ("demo-prefill", "demo-decode"):
+        pod = manifests["Deployment", engine]["spec"]["template"]["spec"]
+        assert env_of(manifests["Deployment", engine])["TANDEM_KV_POOL_KEY"] == POOL_KEY
+        assert "TANDEM_CACHE_KEY" not in env_of(manifests["Deployment", engine])
+        assert "salt-key" not in json.dumps(pod)  # not in args, init containers or volumes either
+    if ("Deployment", "demo-kv") in manifests:
+        assert "cache-keys" not in json.dumps(manifests["Deployment", "demo-kv"])
+    for kind, name in manifests:
+        if kind == "ConfigMap":
+            assert "cache-keys" not in json.dumps(manifests[kind, name])
+
+
+def test_tandem_render_shows_the_cache_keys_secret_and_its_references() -> None:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-sim.yaml"
+    result = CliRunner().invoke(cli, ["render", "-f", str(example)])
+    assert result.exit_code == 0, result.output
+    manifests = [m for m in yaml.safe_load_all(result.output) if m]
+    name = next(m for m in manifests if m["kind"] == "Deployment")["metadata"]["labels"][
+        "app.kubernetes.io/instance"
+    ]
+    (secret,) = [
+        m for m in manifests if m["kind"] == "Secret" and m["metadata"]["name"] == f"{name}-cache-keys"
+    ]
+    assert set(secret["data"]) == {"pool-key", "salt-key"}
+    router = next(
+        m for m in manifests if m["metadata"]["name"] == f"{name}-router" and m["kind"] == "Deployment"
+    )
+    assert env_of(router)["TANDEM_CACHE_KEY"] == {
+        "secretKeyRef": {"name": f"{name}-cache-keys", "key": "salt-key"}
+    }

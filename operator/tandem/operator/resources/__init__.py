@@ -4,7 +4,7 @@
 object the operator could ever create for it (so that objects no longer desired, such as the
 managed Redis after switching to an external URL, can be found and removed). The builders see the
 spec with the generated Secrets filled in (`secrets.with_generated_secrets`): the pool's password and
-the engines' API key always name a Secret.
+the engines' API key always name a Secret; the cache keys are always the generated `<name>-cache-keys`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tandem.operator.resources.router import (
     build_router_service_account,
 )
 from tandem.operator.resources.secrets import (
+    CACHE_KEYS_SUFFIX,
     ENGINE_KEY_SUFFIX,
     KV_AUTH_SUFFIX,
     new_secret,
@@ -106,7 +107,7 @@ def managed_refs(owner: Owner) -> list[ObjectRef]:
     workloads = [child_name(owner, s) for s in (KV_SUFFIX, "prefill", "decode", ROUTER_SUFFIX)]
     router = child_name(owner, ROUTER_SUFFIX)
     rbac = "rbac.authorization.k8s.io/v1"
-    secrets = [child_name(owner, KV_AUTH_SUFFIX), child_name(owner, ENGINE_KEY_SUFFIX)]
+    secrets = [child_name(owner, s) for s in (KV_AUTH_SUFFIX, ENGINE_KEY_SUFFIX, CACHE_KEYS_SUFFIX)]
     policies = [policy_name(owner, role) for role in (Role.ROUTER, Role.PREFILL, Role.DECODE, Role.KV_POOL)]
     return [
         *(ObjectRef("v1", "Secret", ns, name) for name in secrets),

@@ -50,6 +50,7 @@ from tandem.operator.resources.meta import (
 from tandem.operator.resources.security import (
     TMP_MOUNT,
     VLLM_UID,
+    cache_keys_env,
     container_security_context,
     engine_key_env,
     password_env,
@@ -186,12 +187,14 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
 def engine_env(spec: InferenceServiceSpec, *, owner: Owner) -> list[dict[str, Any]]:
     """Environment of every engine container; the spec's `engine.env` wins on a name clash.
 
-    The engine API key (`VLLM_API_KEY`, which vLLM and `tandem sim` require on /v1/*) and the pool's
-    password come from their Secrets. The password variable comes before LMCache's URL, which refers to it as
+    The engine API key (`VLLM_API_KEY`, which vLLM and `tandem sim` require on /v1/*), the pool's
+    password and the pool key (`TANDEM_KV_POOL_KEY`; never the gateway's salt key) come from their
+    Secrets. The password variable comes before LMCache's URL, which refers to it as
     `$(TANDEM_KVPOOL_PASSWORD)`: Kubernetes expands only variables defined earlier in the list.
     """
     env: dict[str, dict[str, Any]] = {"PYTHONHASHSEED": {"value": ENGINE_HASH_SEED}}
-    env |= {e["name"]: {"valueFrom": e["valueFrom"]} for e in [*password_env(spec), *engine_key_env(spec)]}
+    secrets = [*password_env(spec), *engine_key_env(spec), *cache_keys_env(owner, gateway=False)]
+    env |= {e["name"]: {"valueFrom": e["valueFrom"]} for e in secrets}
     if spec.engine.kind == "vllm":
         env["HOME"] = {"value": VLLM_HOME}
     if uses_lmcache(spec):

@@ -29,6 +29,7 @@ from tandem.operator.resources.meta import (
 from tandem.operator.resources.security import (
     GATEWAY_ENGINE_KEY_ENV,
     TMP_MOUNT,
+    cache_keys_env,
     container_security_context,
     engine_key_env,
     password_env,
@@ -146,7 +147,7 @@ def build_router_role_binding(owner: Owner) -> dict[str, Any]:
     }
 
 
-def _router_container(spec: InferenceServiceSpec, images: Images) -> dict[str, Any]:
+def _router_container(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> dict[str, Any]:
     health = {"httpGet": {"path": "/health", "port": "http"}}
     container: dict[str, Any] = {
         "name": "router",
@@ -178,10 +179,13 @@ def _router_container(spec: InferenceServiceSpec, images: Images) -> dict[str, A
     for volume, mount in _tokenizer_volume(spec):
         container["volumeMounts"].append({"name": volume["name"], "mountPath": mount, "readOnly": True})
     # The pool's password (from its Secret) for the barrier's look-ups and shared counters (the URL
-    # in the config has none), and the key the gateway sends to engines.
-    env = [*password_env(spec), *engine_key_env(spec, GATEWAY_ENGINE_KEY_ENV)]
-    if env:
-        container["env"] = env
+    # in the config has none), the key the gateway sends to engines, the pool key (the engines' keyed
+    # chunk hashes) and the salt key (tenants' cache_salt; the gateway's alone).
+    container["env"] = [
+        *password_env(spec),
+        *engine_key_env(spec, GATEWAY_ENGINE_KEY_ENV),
+        *cache_keys_env(owner, gateway=True),
+    ]
     return container
 
 
@@ -226,7 +230,7 @@ def build_router_deployment(
                 "metadata": {"labels": meta["labels"], "annotations": annotations},
                 "spec": {
                     "serviceAccountName": name,
-                    "containers": [_router_container(spec, images)],
+                    "containers": [_router_container(spec, owner=owner, images=images)],
                     "volumes": volumes,
                     "securityContext": pod_security_context(),
                     "enableServiceLinks": False,

@@ -1,10 +1,15 @@
-"""The Secrets of a service: the two the operator generates, and which Secrets a spec may use. Pure.
+"""The Secrets of a service: the three the operator generates, and which Secrets a spec may use. Pure.
 
-**Generated.** Every service has two credentials, whether or not its spec names them:
+**Generated.** Every service has these credentials, whether or not its spec names them:
 
 - the managed Redis' password (`kvPool.redis.passwordSecret`), default: the Secret `<name>-kv-auth`,
   key `password`; an external Redis (`kvPool.redis.url`) gets none generated (its owner sets it up);
-- the engines' API key (`engine.apiKeySecret`), default: the Secret `<name>-engine-key`, key `api-key`.
+- the engines' API key (`engine.apiKeySecret`), default: the Secret `<name>-engine-key`, key `api-key`;
+- the cache keys, always the Secret `<name>-cache-keys` (the spec has no field naming another), two
+  keys: `pool-key`, the pool secret (`TANDEM_KV_POOL_KEY` in engines and gateways: keyed chunk hashes
+  and the tag on every chunk Tandem's connector writes, `tandem.kvpool.keys`), and `salt-key`, the
+  gateway's key of the tenants' `cache_salt` (`TANDEM_CACHE_KEY`, gateways only: an engine that could
+  compute salts could pick another tenant's). Each is drawn on its own.
 
 A generated Secret is created once, with a fresh random value (`new_secret`, 32 random bytes as
 URL-safe base64: letters, digits, `-` and `_`, so the password fits a `redis://:<password>@` URL),
@@ -26,7 +31,7 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from tandem.core.spec import InferenceServiceSpec, SecretKeyRef
 from tandem.operator.objects import Child, FieldPath
@@ -36,6 +41,9 @@ KV_AUTH_SUFFIX = "kv-auth"
 KV_AUTH_KEY = "password"
 ENGINE_KEY_SUFFIX = "engine-key"
 ENGINE_KEY_KEY = "api-key"
+CACHE_KEYS_SUFFIX = "cache-keys"
+POOL_KEY_KEY = "pool-key"
+SALT_KEY_KEY = "salt-key"
 #: The label that makes a Secret usable by an InferenceService's spec (value "true").
 USABLE_LABEL = "tandem.dev/usable"
 #: A generated Secret's value is written once, at creation.
@@ -55,6 +63,19 @@ def kv_auth_ref(owner: Owner) -> SecretKeyRef:
 def engine_key_ref(owner: Owner) -> SecretKeyRef:
     """The generated engine API key's Secret key."""
     return SecretKeyRef(name=child_name(owner, ENGINE_KEY_SUFFIX), key=ENGINE_KEY_KEY)
+
+
+class CacheKeyRefs(NamedTuple):
+    """The two keys of the generated `<name>-cache-keys` Secret."""
+
+    pool_key: SecretKeyRef
+    salt_key: SecretKeyRef
+
+
+def cache_keys_refs(owner: Owner) -> CacheKeyRefs:
+    """The pool key's and the salt key's Secret keys (module docstring)."""
+    name = child_name(owner, CACHE_KEYS_SUFFIX)
+    return CacheKeyRefs(SecretKeyRef(name=name, key=POOL_KEY_KEY), SecretKeyRef(name=name, key=SALT_KEY_KEY))
 
 
 def generated_refs(spec: InferenceServiceSpec, owner: Owner) -> list[tuple[Role, SecretKeyRef]]:
@@ -82,28 +103,41 @@ def with_generated_secrets(spec: InferenceServiceSpec, owner: Owner) -> Inferenc
 
 def build_generated_secret(owner: Owner, *, ref: SecretKeyRef, role: Role, value: str) -> dict[str, Any]:
     """The Secret `ref.name` holding `value` under `ref.key`, labelled usable."""
-    meta = object_meta(owner, name=ref.name, role=role)
+    return build_secret(owner, name=ref.name, role=role, values={ref.key: value})
+
+
+def build_secret(owner: Owner, *, name: str, role: Role, values: Mapping[str, str]) -> dict[str, Any]:
+    """The Secret `name` holding `values` (key → value), labelled usable."""
+    meta = object_meta(owner, name=name, role=role)
     meta["labels"][USABLE_LABEL] = "true"
-    encoded = base64.b64encode(value.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": meta,
         "type": "Opaque",
-        "data": {ref.key: encoded},
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in values.items()},
     }
+
+
+def build_cache_keys_secret(owner: Owner, *, new_value: Callable[[], str] = new_secret) -> dict[str, Any]:
+    """The Secret `<name>-cache-keys`: a pool key and a salt key, each drawn with `new_value`."""
+    refs = cache_keys_refs(owner)
+    values = {refs.pool_key.key: new_value(), refs.salt_key.key: new_value()}
+    return build_secret(owner, name=refs.pool_key.name, role=Role.ROUTER, values=values)
 
 
 def secret_children(
     spec: InferenceServiceSpec, owner: Owner, *, new_value: Callable[[], str] = new_secret
 ) -> list[Child]:
     """The generated Secrets as children whose `data` is written only at creation."""
-    return [
+    children = [
         Child(
             build_generated_secret(owner, ref=ref, role=role, value=new_value()), create_only=(SECRET_DATA,)
         )
         for role, ref in generated_refs(spec, owner)
     ]
+    children.append(Child(build_cache_keys_secret(owner, new_value=new_value), create_only=(SECRET_DATA,)))
+    return children
 
 
 def named_secrets(spec: InferenceServiceSpec) -> list[tuple[str, SecretKeyRef]]:

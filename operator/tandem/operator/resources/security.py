@@ -6,18 +6,22 @@ to emptyDir volumes mounted where they need to (`/tmp` everywhere; vLLM's home f
 ~/.config; Redis' data directory). Pods that do not talk to the Kubernetes API (engines, Redis) get
 no service-account token.
 
-The Redis password (`kvPool.redis.passwordSecret`, generated when the spec names none) and the
-engines' API key (`engine.apiKeySecret`, likewise) reach containers only as environment variables
-from a `secretKeyRef` (`TANDEM_KVPOOL_PASSWORD`; `VLLM_API_KEY` in engines, `TANDEM_ENGINE_API_KEY` in
-the gateway): never in a ConfigMap, an argument list or the pod spec itself.
+The Redis password (`kvPool.redis.passwordSecret`, generated when the spec names none), the
+engines' API key (`engine.apiKeySecret`, likewise) and the cache keys (the generated
+`<name>-cache-keys`) reach containers only as environment variables from a `secretKeyRef`
+(`TANDEM_KVPOOL_PASSWORD`; `VLLM_API_KEY` in engines, `TANDEM_ENGINE_API_KEY` in the gateway;
+`TANDEM_KV_POOL_KEY` in engines and the gateway, `TANDEM_CACHE_KEY` in the gateway only): never in a
+ConfigMap, an argument list or the pod spec itself.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tandem.core.spec import InferenceServiceSpec
-from tandem.kvpool.engine_config import PASSWORD_ENV
+from tandem.core.spec import InferenceServiceSpec, SecretKeyRef
+from tandem.kvpool.engine_config import PASSWORD_ENV, POOL_KEY_ENV
+from tandem.operator.resources.meta import Owner
+from tandem.operator.resources.secrets import cache_keys_refs
 
 #: The uid/gid vLLM runs as: the vLLM images default to root, which `runAsNonRoot` refuses.
 VLLM_UID = 1000
@@ -28,6 +32,8 @@ TMP_MOUNT = "/tmp"
 ENGINE_KEY_ENV = "VLLM_API_KEY"
 #: Where the gateway reads the key it sends to engines (`tandem router`).
 GATEWAY_ENGINE_KEY_ENV = "TANDEM_ENGINE_API_KEY"
+#: Where the gateway reads the key it derives tenants' `cache_salt` from (`tandem router`).
+CACHE_KEY_ENV = "TANDEM_CACHE_KEY"
 
 
 def pod_security_context(*, run_as_user: int | None = None) -> dict[str, Any]:
@@ -72,3 +78,17 @@ def engine_key_env(spec: InferenceServiceSpec, name: str = ENGINE_KEY_ENV) -> li
     if secret is None:
         return []
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}]
+
+
+def cache_keys_env(owner: Owner, *, gateway: bool) -> list[dict[str, Any]]:
+    """The pool key (`TANDEM_KV_POOL_KEY`) for every engine and gateway, and for a gateway (`gateway`)
+    the salt key (`TANDEM_CACHE_KEY`) too, from the generated `<name>-cache-keys` Secret."""
+    refs = cache_keys_refs(owner)
+    env = [_from_secret(POOL_KEY_ENV, refs.pool_key)]
+    if gateway:
+        env.append(_from_secret(CACHE_KEY_ENV, refs.salt_key))
+    return env
+
+
+def _from_secret(name: str, ref: SecretKeyRef) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
