@@ -1,5 +1,6 @@
 """A local `tandem up` stack trusts nobody by default: its Redis refuses clients without the password,
-its engines refuse `/v1/*` calls without the key only the gateway holds, and the stack still serves.
+its engines refuse `/v1/*` calls without the key only the gateway holds, every chunk in its pool is
+keyed and sealed with the run's pool key, and the stack still serves.
 
 Real: the plan `tandem up` builds for a spec (fresh random credentials), its processes started by the
 local runtime's own Supervisor (redis-server, two simulated engines, the gateway) on loopback, and
@@ -16,6 +17,7 @@ import pytest
 import redis
 
 from tandem.core.spec import parse_inference_service
+from tandem.kvpool.keys import check_chunk, pool_key
 from tandem.local.binaries import find_redis_server
 from tandem.local.plan import LocalCredentials, LocalPlan, build_plan
 from tandem.local.ports import free_ports
@@ -101,3 +103,19 @@ def test_the_gateway_holds_the_key_and_the_engines_reach_the_pool_with_the_passw
     # The prefill engine stored the prompt's KV in the pool: it authenticated with the password.
     with redis.Redis(port=port_of(stack, "redis"), password=CREDENTIALS.redis_password) as client:
         assert client.dbsize() > 0
+
+
+def test_the_engines_key_and_seal_every_chunk_with_the_runs_pool_key(stack: LocalPlan) -> None:
+    prompt = "another prompt, long enough to fill chunks of the pool " * 8
+    body = {"model": "m", "prompt": prompt, "max_tokens": 2}
+    assert httpx.post(f"{stack.endpoint}/completions", json=body, timeout=30).status_code == 200
+    assert CREDENTIALS.pool_key is not None
+    key = pool_key(CREDENTIALS.pool_key)
+    with redis.Redis(port=port_of(stack, "redis"), password=CREDENTIALS.redis_password) as client:
+        names = [name.decode() for name in client.scan_iter(match="*metadata")]
+        assert names
+        for name in names:
+            base = name.removesuffix("metadata")
+            metadata, kv_bytes = client.get(name), client.get(base + "kv_bytes")
+            assert metadata is not None and kv_bytes is not None
+            assert check_chunk(key, name=base, metadata=metadata, kv_bytes=kv_bytes) == "ok", base

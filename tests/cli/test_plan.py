@@ -131,3 +131,35 @@ def test_with_precise_prefix_state_each_simulated_engine_publishes_on_its_own_so
     later = scaled.new_engine("decode", 9, 9999)
     argv = list(later.argv)
     assert argv[argv.index("--kv-events-endpoint") + 1] == "ipc:///state/kv-events/9999.pub"
+
+
+def test_engines_and_the_gateway_share_the_pool_key_and_only_the_gateway_holds_the_salt_key() -> None:
+    keyed = LocalCredentials(redis_password="pool-pw", engine_api_key=None, pool_key="pk", cache_key="sk")
+    doc = {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "demo"},
+        "spec": {"model": {"name": "m/7b"}, "engine": {"kind": "sim"}},
+    }
+    plan = build_plan(
+        parse_inference_service(doc), ports=itertools.count(9000), router_port=8080, python="/py",
+        redis_server="/usr/bin/redis-server", state_dir=Path("/state"), credentials=keyed,
+    )  # fmt: skip
+    redis, *engines, router = plan.processes
+    assert (router.env["TANDEM_KV_POOL_KEY"], router.env["TANDEM_CACHE_KEY"]) == ("pk", "sk")
+    for engine in engines:
+        assert engine.env["TANDEM_KV_POOL_KEY"] == "pk" and "TANDEM_CACHE_KEY" not in engine.env
+    assert "TANDEM_KV_POOL_KEY" not in redis.env and "TANDEM_CACHE_KEY" not in redis.env
+    for process in plan.processes:
+        assert not any(arg in ("pk", "sk") for arg in process.argv), process.name
+    assert (
+        '"pk"' not in plan.router_config.model_dump_json()
+        and '"sk"' not in plan.router_config.model_dump_json()
+    )
+
+
+def test_a_run_draws_its_own_cache_keys() -> None:
+    first, second = LocalCredentials.generate(), LocalCredentials.generate()
+    assert first.pool_key and first.cache_key and first.pool_key != first.cache_key
+    assert first.pool_key != second.pool_key
+    assert "pool_key" not in repr(first) and first.pool_key not in repr(first)

@@ -31,9 +31,11 @@ from tandem.cli.documents import load_one
 from tandem.cli.exits import fail
 from tandem.cli.status import render_table, status_rows
 from tandem.core.spec import InferenceService
+from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
 from tandem.local.plan import (
+    CACHE_KEY_ENV,
     GATEWAY_ENGINE_KEY_ENV,
     LOOPBACK,
     LocalCredentials,
@@ -233,11 +235,17 @@ def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler
 
 
 def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
-    """This run's Redis password and engine key, drawn at random; the engine key is the environment's
-    `TANDEM_ENGINE_API_KEY` when set (to call the engines directly: tests, debugging)."""
+    """This run's Redis password, engine key and cache keys, drawn at random; the engine key, the pool
+    key and the salt key are the environment's `TANDEM_ENGINE_API_KEY`, `TANDEM_KV_POOL_KEY` and
+    `TANDEM_CACHE_KEY` when set (to call the engines directly or compute the pool's keys: tests,
+    debugging)."""
     drawn = LocalCredentials.generate()
-    key = environ.get(GATEWAY_ENGINE_KEY_ENV)
-    return dataclasses.replace(drawn, engine_api_key=key) if key else drawn
+    given = {
+        "engine_api_key": environ.get(GATEWAY_ENGINE_KEY_ENV),
+        "pool_key": environ.get(POOL_KEY_ENV),
+        "cache_key": environ.get(CACHE_KEY_ENV),
+    }
+    return dataclasses.replace(drawn, **{name: value for name, value in given.items() if value})
 
 
 @click.command()

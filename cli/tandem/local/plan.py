@@ -10,9 +10,12 @@ HTTP port (`tandem.core.kvevents.local_addresses`) and the router config says wh
 touches the system; ports, binary paths and credentials come in as arguments.
 
 As in a cluster, the managed Redis requires a password and the engines an API key that only the
-gateway is given (`LocalCredentials`, drawn at random per run): both reach processes through their
-environment only (`TANDEM_KVPOOL_PASSWORD`; `VLLM_API_KEY` for engines, `TANDEM_ENGINE_API_KEY` for
-the gateway), never through argv or the router's config file.
+gateway is given, engines and the gateway share the pool key (keyed chunk hashes, a tag on every
+chunk) and the gateway alone holds the salt key it derives tenants' `cache_salt` from
+(`LocalCredentials`, drawn at random per run): all reach processes through their environment only
+(`TANDEM_KVPOOL_PASSWORD`; `VLLM_API_KEY` for engines, `TANDEM_ENGINE_API_KEY` for the gateway;
+`TANDEM_KV_POOL_KEY` for both; `TANDEM_CACHE_KEY` for the gateway), never through argv or the
+router's config file.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from tandem.core.kvevents import (
 )
 from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
-from tandem.kvpool.engine_config import PASSWORD_ENV
+from tandem.kvpool.engine_config import PASSWORD_ENV, POOL_KEY_ENV
 from tandem.kvpool.redisconf import authenticated_command, pool_config, server_args
 from tandem.local.vllm_engine import EngineRole, engine_command, engine_kv_keys
 
@@ -46,21 +49,34 @@ ENDPOINT_FILE = "endpoints.json"
 #: gateway reads the key it sends them.
 ENGINE_KEY_ENV = "VLLM_API_KEY"
 GATEWAY_ENGINE_KEY_ENV = "TANDEM_ENGINE_API_KEY"
+#: Where the gateway reads the key it derives tenants' cache_salt from (never given to engines).
+CACHE_KEY_ENV = "TANDEM_CACHE_KEY"
 
 
 @dataclass(frozen=True)
 class LocalCredentials:
-    """The managed Redis' password and the engines' API key of one local run (URL-safe strings)."""
+    """The managed Redis' password, the engines' API key and the cache keys of one local run (URL-safe
+    strings)."""
 
     redis_password: str = field(repr=False)
     #: None: engines take requests without a key (`tandem bench`, whose peer routers call them
     #: directly and must see the same engines).
     engine_api_key: str | None = field(repr=False)
+    #: The pool secret (`TANDEM_KV_POOL_KEY`) of engines and gateway; None: an unkeyed pool (the
+    #: environment's own variable, if any, is inherited).
+    pool_key: str | None = field(default=None, repr=False)
+    #: The gateway's salt key (`TANDEM_CACHE_KEY`); None: the gateway draws one for its life.
+    cache_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def generate(cls) -> LocalCredentials:
         """Fresh random credentials: 32 random bytes each, URL-safe base64."""
-        return cls(redis_password=secrets.token_urlsafe(32), engine_api_key=secrets.token_urlsafe(32))
+        return cls(
+            redis_password=secrets.token_urlsafe(32),
+            engine_api_key=secrets.token_urlsafe(32),
+            pool_key=secrets.token_urlsafe(32),
+            cache_key=secrets.token_urlsafe(32),
+        )
 
 
 class PlanError(ValueError):
@@ -125,6 +141,10 @@ def build_plan(
     key = credentials.engine_api_key
     engine_env = {ENGINE_KEY_ENV: key} if key is not None else {}
     gateway_env = {GATEWAY_ENGINE_KEY_ENV: key} if key is not None else {}
+    if credentials.pool_key is not None:  # engines key and seal their chunks; the gateway computes the keys
+        engine_env[POOL_KEY_ENV] = gateway_env[POOL_KEY_ENV] = credentials.pool_key
+    if credentials.cache_key is not None:  # the gateway's alone: an engine could compute tenants' salts
+        gateway_env[CACHE_KEY_ENV] = credentials.cache_key
     if spec.engine.kind not in ("sim", "vllm"):
         raise PlanError(
             f"engine.kind {spec.engine.kind!r} is not supported by the local runtime; use engine.kind: sim"
