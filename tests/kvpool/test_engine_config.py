@@ -63,6 +63,7 @@ def test_lmcache_env_points_at_the_pool_with_raw_chunks() -> None:
     assert env["LMCACHE_CHUNK_SIZE"] == "256"
     assert env["LMCACHE_REMOTE_SERDE"] == "naive"
     assert env["LMCACHE_LOCAL_CPU"] == "False"
+    assert env["LMCACHE_PRE_CACHING_HASH_ALGORITHM"] == "sha256_cbor"  # keys without Python's hash
 
 
 def test_to_json_is_compact_and_round_trips() -> None:

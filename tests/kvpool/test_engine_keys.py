@@ -17,7 +17,7 @@ from tandem.kvpool.engine_keys import (
     parallel_sizes,
     uses_mla,
 )
-from tandem.kvpool.keys import LMCache03Hash, LMCacheHash, PoolKeys, TandemHash
+from tandem.kvpool.keys import LMCache03Hash, LMCacheCborHash, LMCacheHash, PoolKeys, TandemHash
 
 QWEN = {"model_type": "qwen2", "torch_dtype": "bfloat16"}
 DEEPSEEK = {"model_type": "deepseek_v3", "kv_lora_rank": 512, "torch_dtype": "bfloat16"}
@@ -44,20 +44,38 @@ def keys(
     )
 
 
-def test_lmcache_engines_key_by_their_model_argument_world_size_dtype_and_none_hash() -> None:
+BUILTIN = {"LMCACHE_PRE_CACHING_HASH_ALGORITHM": "builtin"}
+
+
+def test_lmcache_engines_key_by_their_model_argument_world_size_dtype_and_sha256_cbor_none_hash() -> None:
     assert keys(tp=(2, 2), args=["--dtype", "half"]) == PoolKeys(
         model="/models/qwen",
         chunk_size=256,
         dtype="half",
         world_size=2,
-        scheme=LMCacheHash(5313149338359954478),
+        scheme=LMCacheCborHash(5625442194607170974, builtin_none_hash=5313149338359954478),
     )
+
+
+def test_lmcache_engines_told_to_hash_with_builtin_key_by_pythons_hash() -> None:
+    found = keys(args=["--dtype", "half"], env=BUILTIN)
+    assert isinstance(found, PoolKeys) and found.scheme == LMCacheHash(5313149338359954478)
+    for name in ("sha256_cbor", "sha256_cbor_64bit"):  # LMCache 0.5.6 reads the old name as the new
+        cbor = keys(env={"LMCACHE_PRE_CACHING_HASH_ALGORITHM": name})
+        assert isinstance(cbor, PoolKeys) and isinstance(cbor.scheme, LMCacheCborHash)
+    other = keys(env={"LMCACHE_PRE_CACHING_HASH_ALGORITHM": "xxhash"})
+    assert isinstance(other, KeysUnavailable) and "'xxhash'" in other.reason
 
 
 def test_tandems_connector_keeps_tandems_hash() -> None:
     found = keys("tandem", seed=None, tp=(2, 2))
     assert isinstance(found, PoolKeys)
     assert (found.scheme, found.world_size, found.dtype) == (TandemHash(), 2, "bfloat16")
+    keyed = engine_pool_keys(
+        connector="tandem", model="m", chunk_size=256, engine_args=(), engine_env={}, tensor_parallel=(1, 1),
+        model_config=QWEN, python_hash_seed=None, pool_key=b"k" * 32,
+    )  # fmt: skip
+    assert isinstance(keyed, PoolKeys) and keyed.scheme == TandemHash(key=b"k" * 32)
 
 
 def test_lmcache_keys_have_lmcache_0_3s_as_their_alternative_and_tandems_none() -> None:
@@ -72,9 +90,16 @@ def test_lmcache_keys_have_lmcache_0_3s_as_their_alternative_and_tandems_none() 
 
 
 @pytest.mark.parametrize("seed", [None, "random", "not-a-number"])
-def test_lmcache_without_a_fixed_seed_has_no_computable_keys(seed: str | None) -> None:
-    found = keys(seed=seed)
+def test_lmcache_builtin_without_a_fixed_seed_has_no_computable_keys(seed: str | None) -> None:
+    found = keys(seed=seed, env=BUILTIN)
     assert isinstance(found, KeysUnavailable) and "PYTHONHASHSEED" in found.reason
+
+
+def test_lmcache_sha256_cbor_keys_need_no_numeric_seed_and_then_have_no_0_3_alternative() -> None:
+    found = keys(seed=None)
+    assert isinstance(found, PoolKeys)
+    assert found.scheme == LMCacheCborHash(11230124004819357437)  # vLLM 0.32's seed "vllm-none-hash"
+    assert key_alternatives(found) == ()
 
 
 def test_pools_of_different_world_sizes_share_no_keys_unless_mla_collapses_them() -> None:

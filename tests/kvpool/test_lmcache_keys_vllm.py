@@ -1,5 +1,6 @@
 """Tandem's LMCache keys against LMCache's own: the gateway's `PoolKeys` for LMCache engines equal the
-keys LMCache 0.5.6's `ChunkedTokenDatabase` makes inside a vLLM 0.32 engine process.
+keys LMCache 0.5.6's `ChunkedTokenDatabase` makes inside a vLLM 0.32 engine process, with the
+`sha256_cbor` chunk hash Tandem configures (`engine_config.lmcache_env`).
 
 Real (only in .venv-vllm, where vLLM and LMCache are installed; skipped elsewhere): a child process
 started as the operator starts engines (PYTHONHASHSEED=0 and `engine_config.lmcache_env`'s
@@ -24,7 +25,7 @@ import pytest
 
 from tandem.kvpool.engine_config import lmcache_env
 from tandem.kvpool.engine_keys import engine_pool_keys, lmcache_kv_dtype
-from tandem.kvpool.keys import PoolKeys
+from tandem.kvpool.keys import PoolKeys, lmcache_cbor_none_hash
 
 if importlib.util.find_spec("lmcache") is None or importlib.util.find_spec("vllm") is None:
     pytest.skip("needs LMCache and vLLM (.venv-vllm)", allow_module_level=True)
@@ -57,6 +58,7 @@ for case in json.loads(sys.argv[2]):
 out["settings"] = [config.chunk_size, config.save_unfull_chunk, config.pre_caching_hash_algorithm]
 out["none_hash"] = token_database.NONE_HASH
 out["builtin"] = database.hash_func is hash
+out["hash_func"] = getattr(database.hash_func, "__name__", "")
 print("RESULT " + json.dumps(out))
 """
 #: (--kv-cache-dtype, --dtype) pairs whose LMCache name `lmcache_kv_dtype` must know.
@@ -151,9 +153,9 @@ def lmcache() -> dict[str, Any]:
 
 
 def test_lmcache_runs_with_the_settings_the_keys_assume(lmcache: dict[str, Any]) -> None:
-    assert lmcache["settings"] == [CHUNK, False, "builtin"]
-    assert lmcache["builtin"] is True  # vLLM does not know "builtin": LMCache falls back to Python's hash
-    assert lmcache["none_hash"] == 5313149338359954478
+    assert lmcache["settings"] == [CHUNK, False, "sha256_cbor"]
+    assert (lmcache["builtin"], lmcache["hash_func"]) == (False, "sha256_cbor")  # vLLM's, not Python's hash
+    assert lmcache["none_hash"] == lmcache_cbor_none_hash("0") == 5625442194607170974
 
 
 @pytest.mark.parametrize("index", range(len(CASES)))

@@ -24,6 +24,15 @@ negative (keys then read `...@-7cfefdccc681b183@...`).
   this process may call `hash` on the tuple itself; the seed's str hash does depend on it, so
   `lmcache_none_hash` computes it as the engine's CPython does (`tandem.core.pyhash`, CPython ≥ 3.11).
   Without PYTHONHASHSEED the engines' keys are random per process.
+- LMCache's with `pre_caching_hash_algorithm: sha256_cbor` (`lmcache_cbor_chunk_hashes`,
+  `LMCacheCborHash`), what Tandem configures LMCache with (`tandem.kvpool.engine_config.lmcache_env`):
+  LMCache takes vLLM's `sha256_cbor` (SHA-256 of `cbor2.dumps(x, canonical=True)`) and folds each
+  digest to `int.from_bytes(d[:8], "big")` (unsigned): `H(parent, chunk) = fold(sha256_cbor((parent,
+  tuple(chunk), ())))`, `h_{-1} = fold(sha256_cbor(seed))` with seed the engines' PYTHONHASHSEED, or
+  vLLM 0.32's fixed `"vllm-none-hash"` when unset (`lmcache_cbor_none_hash`). No dependence on
+  Python's hash, so any process computes it; the CBOR of non-negative ints and arrays is encoded here
+  (`_cbor`). Checked against LMCache 0.5.6's own `ChunkedTokenDatabase` in a vLLM 0.32 process
+  (tests/kvpool/test_lmcache_keys_vllm.py, .venv-vllm).
 - LMCache 0.3's (`lmcache03_chunk_hashes`, `LMCache03Hash`): LMCache 0.3.9 (the default engine image's,
   `lmcache/vllm-openai:v0.3.9`) hashes `(parent, tuple(chunk), None)` from the same NONE_HASH. `None`
   hashes to the constant 4238894112 on CPython ≥ 3.12 (the vLLM images' Python; on 3.11 and earlier
@@ -45,6 +54,7 @@ The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,11 +68,14 @@ __all__ = [
     "PY312_NONE_HASH",
     "ChunkHashScheme",
     "LMCache03Hash",
+    "LMCacheCborHash",
     "LMCacheHash",
     "TandemHash",
     "chunk_hashes",
     "keyed_chunk_hashes",
     "lmcache03_chunk_hashes",
+    "lmcache_cbor_chunk_hashes",
+    "lmcache_cbor_none_hash",
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
     "scope_root",
@@ -76,6 +89,9 @@ PY312_NONE_HASH = 4238894112
 _CHAIN_PERSON = b"tandem-kv-chain"
 _ROOT_PERSON = b"tandem-kv-root"
 _SCOPE_PERSON = b"tandem-kv-scope"
+#: vLLM 0.32's NONE_HASH seed for a cryptographic hash when PYTHONHASHSEED is unset
+#: (`kv_cache_utils.DEFAULT_NONE_HASH_SEED`).
+VLLM_DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 #: The largest BLAKE2b key.
 MAX_KEY_BYTES = 64
 
@@ -178,6 +194,75 @@ def lmcache03_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_ha
     return _builtin_chain(token_ids, chunk_size, none_hash=none_hash, extra=PY312_NONE_HASH)
 
 
+def lmcache_cbor_none_hash(python_hash_seed: str | None) -> int:
+    """LMCache's NONE_HASH under `sha256_cbor` in engines whose PYTHONHASHSEED is `python_hash_seed`
+    (None: unset, vLLM 0.32's fixed seed): the first 8 bytes, big-endian, of SHA-256 over the seed's
+    CBOR text string. Example: `"0"` hashes `61 30` (a 1-byte text, "0")."""
+    seed = VLLM_DEFAULT_NONE_HASH_SEED if python_hash_seed is None else python_hash_seed
+    encoded = seed.encode()
+    return _fold(hashlib.sha256(_cbor_head(3, len(encoded)) + encoded).digest())
+
+
+def lmcache_cbor_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash: int) -> list[int]:
+    """LMCache 0.5.6's chain under `sha256_cbor` (module docstring) over every full chunk, from
+    `none_hash` (`lmcache_cbor_none_hash`). Each chunk hashes the CBOR array
+    `[parent, [tokens...], []]`: `83`, the parent as an unsigned int, `99 01 00` and 256 token ints
+    for a 256-token chunk, `80`. Token ids must be non-negative (they are)."""
+    _check(chunk_size)
+    hashes: list[int] = []
+    parent = none_hash
+    head = _cbor_head(4, chunk_size)
+    table = _small_uints()
+    for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
+        chunk = token_ids[start : start + chunk_size]
+        tokens = b"".join(
+            [
+                table[t]
+                if 0 <= t < _TABLE_SIZE
+                else b"\x1a" + t.to_bytes(4, "big")
+                if t < 1 << 32
+                else _cbor_uint(t)
+                for t in chunk
+            ]
+        )
+        parent = _fold(hashlib.sha256(b"\x83" + _cbor_uint(parent) + head + tokens + b"\x80").digest())
+        hashes.append(parent)
+    return hashes
+
+
+#: Token ids below this are encoded from a table, larger ones (up to 2**32) inline as `1a` + 4 bytes:
+#: 8,192 tokens of a 152k vocabulary in ~2 ms against 10 ms encoding each id with `_cbor_uint`.
+_TABLE_SIZE = 1 << 16
+
+
+@functools.cache
+def _small_uints() -> tuple[bytes, ...]:
+    """The CBOR encoding of every int below `_TABLE_SIZE` (built once, on first use: ~40 ms)."""
+    return tuple(_cbor_head(0, value) for value in range(_TABLE_SIZE))
+
+
+def _fold(digest: bytes) -> int:
+    """LMCache's `_normalize_hash_to_int`: a digest's first 8 bytes as a big-endian unsigned int."""
+    return int.from_bytes(digest[:8], "big")
+
+
+def _cbor_uint(value: int) -> bytes:
+    """A non-negative int as CBOR (major type 0, shortest form, as cbor2 writes it)."""
+    if value < 0:
+        raise ValueError(f"only non-negative ints are encoded here, got {value}")
+    return _cbor_head(0, value)
+
+
+def _cbor_head(major: int, argument: int) -> bytes:
+    """A CBOR item head: the major type and its argument (a value, a length) in the shortest form."""
+    if argument < 24:
+        return bytes((major << 5 | argument,))
+    for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        if argument < 1 << (8 * size):
+            return bytes((major << 5 | info,)) + argument.to_bytes(size, "big")
+    raise ValueError(f"{argument} does not fit CBOR's 64-bit argument")
+
+
 def _builtin_chain(token_ids: Sequence[int], chunk_size: int, *, none_hash: int, extra: object) -> list[int]:
     """LMCache's chain over full chunks: `hash((parent, tuple(chunk), extra))` from `none_hash`."""
     _check(chunk_size)
@@ -241,6 +326,25 @@ class LMCacheHash:
 
 
 @dataclass(frozen=True, slots=True)
+class LMCacheCborHash:
+    """LMCache's `sha256_cbor` chain from the engines' NONE_HASH (`lmcache_cbor_chunk_hashes`).
+    `builtin_none_hash`: the same engines' builtin NONE_HASH (`lmcache_none_hash`) where there is one,
+    for readers that also try LMCache 0.3's keys (0.3 does not know `sha256_cbor` and hashes with
+    Python's `hash`; `tandem.kvpool.engine_keys.key_alternatives`)."""
+
+    none_hash: int
+    builtin_none_hash: int | None = None
+    name: ClassVar[str] = "lmcache-sha256_cbor"
+
+    def chunk_hashes(
+        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
+    ) -> list[int]:
+        """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt`."""
+        del scope  # LMCache 0.5.6's keys carry no salt (module docstring)
+        return lmcache_cbor_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
+
+
+@dataclass(frozen=True, slots=True)
 class LMCache03Hash:
     """LMCache 0.3's builtin-hash chain (`lmcache03_chunk_hashes`); its keys have another layout
     (`tandem.kvpool.keys.PoolKeys`)."""
@@ -257,7 +361,7 @@ class LMCache03Hash:
 
 
 #: How a writer hashes a prompt's chunks.
-ChunkHashScheme = TandemHash | LMCacheHash | LMCache03Hash
+ChunkHashScheme = TandemHash | LMCacheHash | LMCacheCborHash | LMCache03Hash
 
 
 def _scope_bytes(scope: str | None) -> bytes:

@@ -33,6 +33,10 @@ PASSWORD_ENV = "TANDEM_KVPOOL_PASSWORD"
 #: chunk hashes and a tag on every chunk Tandem's connector writes. Engines and the gateway hold it.
 POOL_KEY_ENV = "TANDEM_KV_POOL_KEY"
 FAILURE_POLICY = "recompute"
+#: LMCache's chunk hash for the engines Tandem configures: vLLM's `sha256_cbor` (`tandem.core.kvkeys.
+#: LMCacheCborHash`), which, unlike LMCache's default `builtin`, does not depend on Python's hash.
+LMCACHE_HASH_ALGORITHM = "sha256_cbor"
+LMCACHE_HASH_ENV = "LMCACHE_PRE_CACHING_HASH_ALGORITHM"
 
 
 def kv_transfer_config(
@@ -82,8 +86,10 @@ def lmcache_env(*, pool_url: str, chunk_size: int) -> dict[str, str]:
     """LMCache's settings for the shared Redis pool, as `LMCACHE_<KEY>` environment variables.
 
     Chunks of `chunk_size` tokens go to `pool_url` as raw tensor bytes (`naive` serde, the layout
-    `tandem.core.kvkeys` describes); no local CPU tier (the pool is the hand-off between engines) and
-    no partial trailing chunks (LMCache's default, which the key scheme assumes).
+    `tandem.core.kvkeys` describes); no local CPU tier (the pool is the hand-off between engines), no
+    partial trailing chunks (LMCache's default, which the key scheme assumes), and `sha256_cbor`
+    chunk hashes (`LMCACHE_HASH_ALGORITHM`: keys any process can compute from the engines'
+    PYTHONHASHSEED string, unset included).
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -93,4 +99,5 @@ def lmcache_env(*, pool_url: str, chunk_size: int) -> dict[str, str]:
         "LMCACHE_REMOTE_SERDE": "naive",
         "LMCACHE_LOCAL_CPU": "False",
         "LMCACHE_SAVE_UNFULL_CHUNK": "False",
+        LMCACHE_HASH_ENV: LMCACHE_HASH_ALGORITHM,
     }

@@ -7,13 +7,16 @@ the reason. Per connector (`tandem.kvpool.engine_config`):
 - `tandem` (Tandem's connector): Tandem's chain (`TandemHash`, keyed with the pool key the engines
   hold, `TANDEM_KV_POOL_KEY`, when there is one), the model part `spec.model.name`, world size
   tensor × pipeline parallel (what `vllm_connector` writes), dtype `engine_kv_dtype`.
-- `lmcache` (LMCache 0.5.6's `LMCacheConnectorV1` in vLLM 0.32, `pre_caching_hash_algorithm:
-  builtin`, `save_unfull_chunk: False`, `redis://` remote): LMCache's builtin-hash chain from the
-  engines' NONE_HASH (`tandem.core.kvkeys.lmcache_none_hash` of their PYTHONHASHSEED; none without
-  one), the model part vLLM's `model_config.model` (the model argument the engines were started
-  with), world size `parallel_config.world_size` = tensor × pipeline × prefill-context parallel, or 1
-  for MLA models (LMCache's `save_only_first_rank`, on by default for MLA, collapses it and only
-  rank 0 writes), dtype LMCache's name of vLLM's KV cache torch dtype (`lmcache_kv_dtype`).
+- `lmcache` (LMCache 0.5.6's `LMCacheConnectorV1` in vLLM 0.32, `save_unfull_chunk: False`,
+  `redis://` remote): with `pre_caching_hash_algorithm: sha256_cbor` (what Tandem configures,
+  `engine_config.lmcache_env`; the engines' `LMCACHE_PRE_CACHING_HASH_ALGORITHM` in `engine_env`
+  overrides it) LMCache's sha256_cbor chain from its NONE_HASH of the engines' PYTHONHASHSEED string
+  (`tandem.core.kvkeys.lmcache_cbor_none_hash`; unset is fine); with `builtin`, the builtin-hash
+  chain (`lmcache_none_hash`; none without a numeric PYTHONHASHSEED). The model part vLLM's
+  `model_config.model` (the model argument the engines were started with), world size
+  `parallel_config.world_size` = tensor × pipeline × prefill-context parallel, or 1 for MLA models
+  (LMCache's `save_only_first_rank`, on by default for MLA, collapses it and only rank 0 writes),
+  dtype LMCache's name of vLLM's KV cache torch dtype (`lmcache_kv_dtype`).
 
 Both connectors put the world size in the key, so decode engines find the prefill engines' chunks
 only when both pools run the same world size; otherwise the pool cannot hand KV over at all and the
@@ -28,8 +31,17 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from tandem.core.engineargs import arg_value
-from tandem.core.kvkeys import ChunkHashScheme, LMCache03Hash, LMCacheHash, TandemHash, lmcache_none_hash
+from tandem.core.kvkeys import (
+    ChunkHashScheme,
+    LMCache03Hash,
+    LMCacheCborHash,
+    LMCacheHash,
+    TandemHash,
+    lmcache_cbor_none_hash,
+    lmcache_none_hash,
+)
 from tandem.kvpool.connector_plan import engine_kv_dtype
+from tandem.kvpool.engine_config import LMCACHE_HASH_ALGORITHM, LMCACHE_HASH_ENV
 from tandem.kvpool.keys import PoolKeys
 
 __all__ = [
@@ -149,16 +161,15 @@ def engine_pool_keys(
         dtype: str | None = engine_kv_dtype(engine_args, model_config)
         scheme: ChunkHashScheme = TandemHash(key=pool_key)
     else:
-        none_hash = lmcache_none_hash(python_hash_seed)
-        if none_hash is None:
-            return KeysUnavailable(
-                f"the engines' PYTHONHASHSEED is {python_hash_seed or 'unset'}: LMCache's chunk hashes "
-                "are random per engine process (set one number on every engine, e.g. 0)"
-            )
+        lmcache_scheme = _lmcache_scheme(
+            engine_env.get(LMCACHE_HASH_ENV, LMCACHE_HASH_ALGORITHM), python_hash_seed
+        )
+        if isinstance(lmcache_scheme, KeysUnavailable):
+            return lmcache_scheme
+        scheme = lmcache_scheme
         mla = uses_mla(model_config, engine_env)
         world = (1, 1) if mla else (math.prod(prefill), math.prod(decode))
         dtype = lmcache_kv_dtype(engine_args, model_config)
-        scheme = LMCacheHash(none_hash)
     if dtype is None:
         return KeysUnavailable("the engines' --kv-cache-dtype is not one whose LMCache name is known")
     if world[0] != world[1]:
@@ -169,10 +180,36 @@ def engine_pool_keys(
     return PoolKeys(model=model, chunk_size=chunk_size, dtype=dtype, world_size=world[0], scheme=scheme)
 
 
+def _lmcache_scheme(
+    algorithm: str, python_hash_seed: str | None
+) -> LMCacheHash | LMCacheCborHash | KeysUnavailable:
+    """LMCache 0.5.6's chain for `pre_caching_hash_algorithm` (module docstring). LMCache 0.5.6 reads
+    `sha256_cbor_64bit` as `sha256_cbor` (vLLM's rename)."""
+    legacy = lmcache_none_hash(python_hash_seed)
+    if algorithm in ("sha256_cbor", "sha256_cbor_64bit"):
+        return LMCacheCborHash(lmcache_cbor_none_hash(python_hash_seed), builtin_none_hash=legacy)
+    if algorithm != "builtin":
+        return KeysUnavailable(
+            f"the engines' LMCache pre_caching_hash_algorithm is {algorithm!r}: the gateway computes "
+            "LMCache's keys for sha256_cbor (Tandem's setting) and builtin only"
+        )
+    if legacy is None:
+        return KeysUnavailable(
+            f"the engines' PYTHONHASHSEED is {python_hash_seed or 'unset'}: LMCache's chunk hashes "
+            "are random per engine process (set one number on every engine, e.g. 0)"
+        )
+    return LMCacheHash(legacy)
+
+
 def key_alternatives(keys: PoolKeys) -> tuple[PoolKeys, ...]:
     """Other layouts the same engines may write, for a reader to try when `keys` find nothing: for
     LMCache's, LMCache 0.3's (the default image's; `tandem.core.kvkeys.LMCache03Hash`), same model
-    part, world size and NONE_HASH. None for Tandem's own keys."""
-    if not isinstance(keys.scheme, LMCacheHash):
-        return ()
-    return (replace(keys, scheme=LMCache03Hash(keys.scheme.none_hash)),)
+    part and world size, from the builtin NONE_HASH of the engines' PYTHONHASHSEED (LMCache 0.3 knows
+    `sha256_cbor_64bit` and `sha256` only and falls back to Python's hash for `sha256_cbor`; none
+    without a numeric seed). None for Tandem's own keys."""
+    scheme = keys.scheme
+    if isinstance(scheme, LMCacheHash):
+        return (replace(keys, scheme=LMCache03Hash(scheme.none_hash)),)
+    if isinstance(scheme, LMCacheCborHash) and scheme.builtin_none_hash is not None:
+        return (replace(keys, scheme=LMCache03Hash(scheme.builtin_none_hash)),)
+    return ()
