@@ -127,6 +127,12 @@ class ModelTokenizer(Protocol):
         """Why a fast encoder that was tried is not used; None when none was tried or it is used."""
         ...
 
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token covers: `len(text) // max_token_chars` tokens at least,
+        a bound on a prompt's length that costs no tokenizing."""
+        ...
+
     def encode(self, text: str, /) -> list[int]:
         """`text` → ids, special-token strings recognised, nothing added around it."""
         ...
@@ -150,6 +156,9 @@ class TandemTokenizer:
     completion_prefix: tuple[int, ...] = ()
     backend = "tandem"
     fast_refused: str | None = None
+
+    #: A token is at most `MAX_TOKEN_BYTES` bytes of UTF-8, so at most as many characters.
+    max_token_chars = tandem_tokenizer.MAX_TOKEN_BYTES
 
     def encode(self, text: str, /) -> list[int]:
         return tandem_tokenizer.encode(text)

@@ -93,6 +93,11 @@ class HFTokenizer:
         )
         empty = tokenizer.encode("", add_special_tokens=True).ids
         self.completion_prefix: tuple[int, ...] = tuple(empty)
+        # A vocabulary entry's length in its own alphabet (byte-level BPE: a character per byte;
+        # SentencePiece: "▁" per space, "<0xE4>" per fallback byte) is at least the characters of
+        # text it covers, so the longest entry bounds any token's characters.
+        vocabulary = tokenizer.get_vocab(with_added_tokens=True)
+        self.max_token_chars: int = max((len(t) for t in vocabulary), default=1)
         self._template = _compile_template(chat_template) if chat_template else None
 
     def encode(self, text: str, /) -> list[int]:

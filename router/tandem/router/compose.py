@@ -6,6 +6,7 @@ and stopped in order by the app's lifespan, `tandem.router.app`).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -36,6 +37,7 @@ from tandem.router.discovery.capacity import (
 from tandem.router.discovery.collector import MetricsCollector, ScrapeOutcome
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.http.catalog import engine_models
 from tandem.router.http.server import Gateway
 from tandem.router.http.side import Operations
 from tandem.router.identity.auth.keyfile import KeyFile
@@ -49,13 +51,14 @@ from tandem.router.pd.hold import PrefillHold
 from tandem.router.pd.keycheck import STATES, PoolKeysCheck
 from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Identify, Limit, Parse, Relay, generation_stages
+from tandem.router.request.context_limit import ContextLimit
 from tandem.router.request.limits import BodyLimits, ReadingBudget
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
 from tandem.router.settings import AccessSettings, KVEventsSettings
-from tandem.router.types import Pool
+from tandem.router.types import Endpoint, Pool
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.upstream.recall import Recalls
@@ -207,6 +210,10 @@ def compose(
     access = build_access(
         router=config.spec.router, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
     )
+    model = config.spec.model
+    context = ContextLimit(
+        max_token_chars=encoder.tokenizer.max_token_chars, model_names={model.name, model.public_name}
+    )
     if isinstance(bus, WorkerBus):  # one rate limit across the workers, not one per worker
         access.limiter.on_take = SharedLimits(bus).took
         bus.on(LIMITS, apply_limits(access.limiter.absorb))
@@ -220,6 +227,8 @@ def compose(
             budget=ReadingBudget(settings.access.max_reading_bytes),
             body_seconds=settings.access.body_seconds,
             scopes=cache_scopes(config.spec.router, settings.access),
+            context=context,
+            tokenizing=asyncio.Semaphore(1),
         ),
         limit=Limit(access),
         hold=Hold(
@@ -238,12 +247,13 @@ def compose(
             write_s=settings.proxy.client_write_seconds,
         ),
     )
+    learner = ContextLearner(context, upstream, timeout_s=settings.proxy.models_timeout_seconds)
     collector = MetricsCollector(
         registry=registry,
         fetch=metrics_fetch(wire),
         settings=settings.collector,
         on_scrape=_scraped(routing, dispatcher),
-        on_members=_following(routing, capacity),
+        on_members=_following(routing, capacity, learner),
         urgent=lambda: [s.endpoint.url for s in registry.snapshots("decode") if capacity.learning(s)],
     )
     if isinstance(bus, WorkerBus):
@@ -527,11 +537,14 @@ def _scraped(routing: Routing, dispatcher: Dispatcher) -> Callable[[str, ScrapeO
     return scraped
 
 
-def _following(routing: Routing, capacity: EngineCapacity) -> Callable[[Collection[str]], Awaitable[None]]:
+def _following(
+    routing: Routing, capacity: EngineCapacity, context: ContextLearner
+) -> Callable[[Collection[str]], Awaitable[None]]:
     """The collector's `on_members`: what is known per engine follows discovery's engines."""
 
     async def follow(urls: Collection[str]) -> None:
         capacity.forget(set(urls))
+        context.follow(urls)
         await routing.follow(urls)
 
     return follow
@@ -556,3 +569,33 @@ def cache_scopes(router: RouterSpec, access: AccessSettings) -> CacheScopes | No
     key = access.cache_key.get_secret_value().encode() or secrets.token_bytes(32)
     groups = {t.name: t.cache_group for t in router.tenants if t.cache_group is not None}
     return CacheScopes(key=key, mode=router.cache_isolation, groups=groups)
+
+
+class ContextLearner:
+    """Asks each new engine its `/v1/models` for the context length (`request.context_limit`), in the
+    background (a slow engine never delays the collector's round), again every `retry_s` while it
+    states none."""
+
+    def __init__(
+        self, limit: ContextLimit, upstream: HTTPUpstream, *, timeout_s: float, retry_s: float = 30.0
+    ) -> None:
+        self._limit, self._upstream, self._timeout_s, self._retry_s = limit, upstream, timeout_s, retry_s
+        self._asked: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def follow(self, urls: Collection[str]) -> None:
+        self._limit.forget(urls)
+        now = time.monotonic()
+        asked = self._asked
+        due = [u for u in urls if not self._limit.knows(u) and now - asked.get(u, -1e18) >= self._retry_s]
+        if due and (self._task is None or self._task.done()):
+            self._asked.update(dict.fromkeys(due, now))
+            self._task = asyncio.create_task(self._ask(due))
+
+    async def _ask(self, urls: Sequence[str]) -> None:
+        endpoints = [Endpoint("decode", url) for url in urls]
+        answers = await asyncio.gather(
+            *(engine_models(self._upstream, e, timeout_s=self._timeout_s) for e in endpoints)
+        )
+        for url, entries in zip(urls, answers, strict=True):
+            self._limit.learn(url, entries)

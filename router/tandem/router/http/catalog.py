@@ -32,7 +32,7 @@ async def list_models(
 ) -> dict[str, Any]:
     """The OpenAI `list` object. `created` (unix seconds) stamps the synthesised entry."""
     answers = await asyncio.gather(
-        *(_engine_models(upstream, endpoint, timeout_s=timeout_s) for endpoint in endpoints)
+        *(engine_models(upstream, endpoint, timeout_s=timeout_s) for endpoint in endpoints)
     )
     merged: dict[str, dict[str, Any]] = {}
     for entries in answers:
@@ -50,9 +50,10 @@ async def list_models(
     return {"object": "list", "data": list(merged.values())}
 
 
-async def _engine_models(
+async def engine_models(
     upstream: HTTPUpstream, endpoint: Endpoint, *, timeout_s: float
 ) -> list[dict[str, Any]]:
+    """An engine's `/v1/models` entries; [] when it does not answer with a list."""
     try:
         answer = await upstream.get_json(endpoint, "/v1/models", timeout_s=timeout_s)
     except (UpstreamError, ValueError) as exc:

@@ -47,6 +47,7 @@ from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
 from tandem.router.pipeline.meter import GrantMeter
 from tandem.router.pipeline.resume import Resume
+from tandem.router.request.context_limit import ContextLimit
 from tandem.router.request.limits import BodyLimits, ReadingBudget
 from tandem.router.request.parse import parse_generation, prompt_text
 from tandem.router.types import SLO, Route
@@ -118,6 +119,8 @@ class Parse:
     body_seconds: float = 60.0
     off_loop_bytes: int = 65_536
     scopes: CacheScopes | None = None
+    context: ContextLimit | None = None
+    tokenizing: asyncio.Semaphore | None = None
     name: str = "parse"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -139,18 +142,38 @@ class Parse:
                     f"the request body did not arrive within {self.body_seconds:g}s"
                 ) from None
             parsed = parse_generation(ctx.route, raw, accepted=self.accepted_models, limits=self.limits)
+            ctx.body, ctx.model, ctx.stream = parsed.body, parsed.model, parsed.stream
+            salt = self.scopes.salt(ctx.tenant) if self.scopes is not None else None
+            if salt is not None:
+                ctx.body["cache_salt"] = salt
+                ctx.scope(salt)
+            if self.log_prompts:
+                ctx.prompt_text = prompt_text(parsed.body)
+            if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:
+                await self._tokenize(ctx)
         finally:
             if self.budget is not None:
                 self.budget.give(taken)
-        ctx.body, ctx.model, ctx.stream = parsed.body, parsed.model, parsed.stream
-        salt = self.scopes.salt(ctx.tenant) if self.scopes is not None else None
-        if salt is not None:
-            ctx.body["cache_salt"] = salt
-            ctx.scope(salt)
-        if self.log_prompts:
-            ctx.prompt_text = prompt_text(parsed.body)
-        if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:
+
+    async def _tokenize(self, ctx: RequestContext) -> None:
+        """A big prompt: refused unread when it cannot fit the context (`request.context_limit`),
+        else tokenized in a worker thread, one at a time (`tokenizing`), its bytes still counted in
+        the reading budget, so big prompts cannot pile their tokens up in memory at once."""
+        if self.context is not None:
+            self.context.check_unread(ctx.body)
+        if self.tokenizing is None:
             await asyncio.to_thread(ctx.encoded)
+        else:
+            async with self.tokenizing:
+                await asyncio.to_thread(ctx.encoded)
+        if self.context is not None and _one_prompt(ctx.body):
+            self.context.check_tokens(ctx.prompt_length())
+
+
+def _one_prompt(body: Mapping[str, object]) -> bool:
+    """Whether `body` holds one prompt (a chat, a string, token ids), not a batch of them."""
+    prompt = body.get("prompt")
+    return not isinstance(prompt, list) or all(isinstance(t, int) for t in prompt)
 
 
 @dataclass(frozen=True, slots=True)
