@@ -248,3 +248,30 @@ def test_a_template_saved_beside_the_config_is_the_chat_template(tmp_path: Path)
     inline = "{{ messages[0]['content'] }}!"
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": inline}), encoding="utf-8")
     assert load_tokenizer(tmp_path).render_chat(messages) == "hi!"  # the config's own wins
+
+
+@pytest.mark.parametrize("name", ["byte_level", "metaspace"])
+def test_no_token_covers_more_characters_than_max_token_chars(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    """The bound the gateway refuses over-long prompts by, unread (`request.context_limit`)."""
+    tokenizer: HFTokenizer = request.getfixturevalue(name)
+    text = "The gateway refuses a prompt longer than the model's context, internationally and quickly. " * 20
+    ids = tokenizer.encode(text)
+    assert len(ids) >= len(text) // tokenizer.max_token_chars
+    widest = max(len(tokenizer._tokenizer.decode([i])) for i in set(ids))
+    assert widest <= tokenizer.max_token_chars
+    assert TandemTokenizer.max_token_chars == 4
+
+
+def test_memoised_block_keys_of_two_roots_never_mix() -> None:
+    encoder = PromptEncoder(TandemTokenizer())
+    encoded = encoder.text("shared system prompt " * 40)
+    for _ in range(3):  # memoised after the second sighting
+        a = encoder.block_keys(encoded, 16, root=1)
+        b = encoder.block_keys(encoded, 16)
+    assert (
+        a != b
+        and a == tuple(block_keys(encoded.ids, 16, parent=1))
+        and b == tuple(block_keys(encoded.ids, 16))
+    )

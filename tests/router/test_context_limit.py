@@ -63,6 +63,15 @@ def test_each_prompt_of_a_batch_is_checked_alone_and_token_ids_exactly() -> None
     limit(None).check_unread({"prompt": "x" * 10**6})  # no engine stated a limit: the engine decides
 
 
+def test_an_estimating_tokenizer_refuses_only_what_no_tokenizer_could_fit() -> None:
+    context = ContextLimit(max_token_chars=4, model_names={MODEL}, exact=False)
+    context.learn("http://e0", [{"id": MODEL, "max_model_len": 2048}])
+    context.check_unread({"prompt": "x" * 100_000})  # 1,562 tokens at 64 characters each: may fit
+    context.check_tokens(10**6)  # an estimate's count decides nothing
+    with pytest.raises(InvalidRequest, match="at least 2048"):
+        context.check_unread({"prompt": "x" * 64 * 2048})
+
+
 async def learned(router_http: httpx.AsyncClient, body: dict[str, object]) -> httpx.Response:
     """POST `body` once the gateway has read the engine's /v1/models (in the background at start)."""
     for _ in range(100):

@@ -212,7 +212,9 @@ def compose(
     )
     model = config.spec.model
     context = ContextLimit(
-        max_token_chars=encoder.tokenizer.max_token_chars, model_names={model.name, model.public_name}
+        max_token_chars=encoder.tokenizer.max_token_chars,
+        model_names={model.name, model.public_name},
+        exact=config.tokenizer_exact,
     )
     if isinstance(bus, WorkerBus):  # one rate limit across the workers, not one per worker
         access.limiter.on_take = SharedLimits(bus).took

@@ -13,6 +13,12 @@ gateway learns the context length and applies the engine's rule itself, cheapest
 2. **Tokens**: a prompt that passes is tokenized (off the event loop, `tandem.router.pipeline.stages.
    Parse`); one whose exact count reaches the limit is refused then, before any prefix key.
 
+Both tests need the model's own tokenizer (`engine.kind: sim`, or `tokenizerPath`). A gateway that
+only estimates tokens (a vLLM engine whose tokenizer files it was not given) would refuse prompts the
+engine takes, so it applies the character test alone, with `ESTIMATE_TOKEN_CHARS` characters a token
+(no vocabulary has longer tokens in practice; a 4 MiB prompt still has at least 65,536 tokens), and
+leaves the exact count to the engine.
+
 Each prompt of a batch (`prompt` as a list) is checked on its own, as the engine checks them. The
 limit is `max_model_len` from the engines' `/v1/models` (the smallest any engine states, learned as
 engines join: `learn`); until one states it, nothing is refused here (the engine still is).
@@ -29,14 +35,19 @@ from typing import Any
 
 from tandem.router.errors import InvalidRequest
 
+#: Characters a token covers at most when the gateway's tokenizer is an estimate (module docstring).
+ESTIMATE_TOKEN_CHARS = 64
+
 
 class ContextLimit:
-    """The model's context length as its engines state it, and the two tests of the module docstring."""
+    """The model's context length as its engines state it, and the two tests of the module docstring.
+    `exact`: the tokenizer is the model's own (else an estimate: the character test alone)."""
 
-    def __init__(self, *, max_token_chars: int, model_names: Collection[str]) -> None:
+    def __init__(self, *, max_token_chars: int, model_names: Collection[str], exact: bool = True) -> None:
         if max_token_chars < 1:
             raise ValueError("max_token_chars must be positive")
-        self.max_token_chars = max_token_chars
+        self.exact = exact
+        self.max_token_chars = max_token_chars if exact else max(max_token_chars, ESTIMATE_TOKEN_CHARS)
         self._names = frozenset(model_names)
         self._stated: dict[str, int] = {}
 
@@ -75,7 +86,7 @@ class ContextLimit:
     def check_tokens(self, count: int) -> None:
         """Test 2, for one prompt tokenized: raises `InvalidRequest` at `tokens` or more."""
         limit = self.tokens
-        if limit is not None and count >= limit:
+        if self.exact and limit is not None and count >= limit:
             raise too_long(limit, count, exact=True)
 
 
