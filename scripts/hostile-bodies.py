@@ -36,10 +36,10 @@ def shapes(model: str) -> dict[str, bytes]:
     tiny = [{"role": "user", "content": "a"}] * fill(31)
     parts = [{"type": "text", "text": "a"}] * fill(29)
     out = {
-        "900k-tiny-messages": {"model": model, "messages": tiny},
-        "content-parts": {"model": model, "messages": [{"role": "user", "content": parts}]},
+        "135k-tiny-messages": {"model": model, "messages": tiny},
+        "145k-content-parts": {"model": model, "messages": [{"role": "user", "content": parts}]},
         "prompt-list-16x256k": {"model": model, "prompt": ["word " * 52_000] * 16, "max_tokens": 1},
-        "token-list-700k": {"model": model, "prompt": [17] * fill(4), "max_tokens": 1},
+        "1M-token-ids": {"model": model, "prompt": [17] * fill(4), "max_tokens": 1},
         "one-4MiB-string": {"model": model, "prompt": "word " * fill(5), "max_tokens": 1},
         "chat-4MiB-one-message": {
             "model": model,
@@ -49,7 +49,7 @@ def shapes(model: str) -> dict[str, bytes]:
     }
     bodies = {name: json.dumps(body, separators=(",", ":")).encode() for name, body in out.items()}
     depth = (LIMIT - 200) // 2
-    bodies["deep-nesting-2M"] = (
+    bodies["2M-deep-nesting"] = (
         f'{{"model":"{model}","prompt":"x","vendor":'.encode() + b"[" * depth + b"]" * depth + b"}"
     )
     return bodies
