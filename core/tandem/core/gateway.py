@@ -1,0 +1,170 @@
+"""One endpoint for many models: the `InferenceGateway` kind, and the gateway file that serves it.
+
+An `InferenceGateway` (group `tandem.dev`, version `v1alpha1`, short name `igw`) owns an OpenAI endpoint
+for every InferenceService its `selector` selects: the gateway Deployment and Service, API keys,
+tenants (weights, bands, rate limits, cache groups) and the queue bound. Each selected service keeps
+its own pools, routing policy, SLO, P/D mode and autoscaling; the gateway routes a request by its
+body's `model` to that service's pools. A service no gateway selects keeps its own gateway.
+
+Names a client may send (`served_names`):
+- each selected service's `spec.model.servedName` (else `spec.model.name`);
+- each alias: a client-facing name mapped to one service, or to several with weights (canary, A/B,
+  blue/green). The answer's `model` is the name the client sent.
+
+A name that two selected services claim, or an alias that names a served model or another alias,
+is refused (`name_conflicts`): the operator reports it on both kinds (a condition and an Event naming
+both) and serves neither.
+
+`GatewayFile` is what the operator (a ConfigMap) and `tandem up` hand to `tandem router --config`
+when one process fronts several services: the gateway-level settings and, per service, exactly the
+`RouterConfig` a single-service gateway reads today. Living in `tandem.core` lets the operator and the
+local runtime write it without importing the router.
+
+Example (two versions of a model behind one name, 90/10):
+
+    apiVersion: tandem.dev/v1alpha1
+    kind: InferenceGateway
+    metadata: {name: fleet}
+    spec:
+      selector: {matchLabels: {tandem.dev/gateway: fleet}}
+      aliases:
+        - name: chat
+          targets: [{service: qwen-v1, weight: 90}, {service: qwen-v2, weight: 10}]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tandem.core.routerconfig import RouterConfig
+from tandem.core.spec import (
+    DNS_LABEL_PATTERN,
+    AuthSpec,
+    NetworkPolicySpec,
+    RateLimitSpec,
+    SpecModel,
+    TenantSpec,
+)
+
+#: A client-facing model name: what OpenAI clients send in `model` (vLLM's served names are free text;
+#: these are bounded so that they can be metric label values and Kubernetes status entries).
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,252}$"
+#: Most targets an alias may split over (GIE's `InferenceModel.targetModels` bound).
+MAX_TARGETS = 10
+
+
+class LabelSelector(SpecModel):
+    """Kubernetes' label selector, `matchLabels` only (every label must match). Empty selects every
+    InferenceService in the gateway's namespace."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.match_labels.items())
+
+
+class AliasTarget(SpecModel):
+    """One service an alias sends a share of its requests to."""
+
+    service: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63, description="A selected InferenceService.")
+    weight: int = Field(default=1, ge=0, le=1_000_000, description="Share of the alias's requests (0: none).")
+
+
+class AliasSpec(SpecModel):
+    """A client-facing name mapped to one service, or to several with weights. The split is exact over
+    time (smooth weighted round robin), and the answer's `model` is the alias."""
+
+    name: str = Field(pattern=MODEL_NAME_PATTERN, description="The name clients send in `model`.")
+    targets: list[AliasTarget] = Field(min_length=1, max_length=MAX_TARGETS)
+
+    @model_validator(mode="after")
+    def _weights(self) -> AliasSpec:
+        services = [t.service for t in self.targets]
+        if len(set(services)) != len(services):
+            raise ValueError(f"alias {self.name!r} names a service twice")
+        if sum(t.weight for t in self.targets) <= 0:
+            raise ValueError(f"alias {self.name!r}: the weights sum to 0")
+        return self
+
+
+class InferenceGatewaySpec(SpecModel):
+    """The desired state of one multi-model gateway."""
+
+    selector: LabelSelector = Field(default_factory=LabelSelector, description="InferenceServices served.")
+    replicas: int = Field(default=2, ge=1, le=100)
+    workers: int = Field(default=1, ge=1, le=64, description="Gateway processes per replica.")
+    auth: AuthSpec = Field(default_factory=AuthSpec)
+    tenants: list[TenantSpec] = Field(
+        default_factory=list, description="Weights, bands, limits, cache groups."
+    )
+    rate_limits: RateLimitSpec = Field(default_factory=RateLimitSpec, description="Per-tenant limits.")
+    max_queue: int = Field(
+        default=1000, ge=0, le=1_000_000, description="The gateway's queue bound, all models."
+    )
+    aliases: list[AliasSpec] = Field(default_factory=list, max_length=1000)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+
+    @model_validator(mode="after")
+    def _unique_aliases(self) -> InferenceGatewaySpec:
+        names = [a.name for a in self.aliases]
+        if len(set(names)) != len(names):
+            raise ValueError("alias names must be unique")
+        return self
+
+
+class GatewayService(SpecModel):
+    """One selected service as the gateway process reads it."""
+
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63)
+    config: RouterConfig
+
+
+class GatewayFile(SpecModel):
+    """`tandem router --config FILE` for a gateway in front of several services (module docstring)."""
+
+    kind: Literal["gateway"] = "gateway"
+    gateway: str = Field(min_length=1, max_length=253, description="The InferenceGateway's name.")
+    spec: InferenceGatewaySpec
+    services: list[GatewayService] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewayFile:
+        conflicts = name_conflicts(
+            {s.name: s.config.spec.model.public_name for s in self.services}, self.spec.aliases
+        )
+        if conflicts:
+            raise ValueError("; ".join(conflicts))
+        known = {s.name for s in self.services}
+        for alias in self.spec.aliases:
+            missing = [t.service for t in alias.targets if t.service not in known]
+            if missing:
+                raise ValueError(f"alias {alias.name!r} targets services not served: {', '.join(missing)}")
+        return self
+
+
+def served_names(models: Mapping[str, str], aliases: Iterable[AliasSpec]) -> list[str]:
+    """Every name a client may send: the services' served names (`models`: service → name), then the
+    aliases', in order."""
+    return [*models.values(), *(a.name for a in aliases)]
+
+
+def name_conflicts(models: Mapping[str, str], aliases: Iterable[AliasSpec]) -> list[str]:
+    """Why these names cannot be served together, one line per conflict ([] when they can).
+
+    >>> name_conflicts({"a": "qwen", "b": "qwen"}, [])
+    ["model name 'qwen' is claimed by services a and b"]
+    """
+    out: list[str] = []
+    owners: dict[str, list[str]] = {}
+    for service, name in models.items():
+        owners.setdefault(name, []).append(service)
+    for name, services in owners.items():
+        if len(services) > 1:
+            out.append(f"model name {name!r} is claimed by services {' and '.join(sorted(services))}")
+    for alias in aliases:
+        if alias.name in owners:
+            out.append(f"alias {alias.name!r} is the model name of service {sorted(owners[alias.name])[0]}")
+    return out
