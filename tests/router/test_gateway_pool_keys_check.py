@@ -181,7 +181,7 @@ async def test_lmcache_engines_writing_lmcache_0_3_keys_are_found_after_one_miss
     assert await metric(router, BARRIER, outcome="ok") == 1
     lines = [r.getMessage() for r in caplog.records]
     assert (
-        "kv pool keys: the engines write lmcache-0.3 keys, not lmcache: the gateway computes those now"
-        in lines
+        "kv pool keys: the engines write lmcache-0.3 keys, not lmcache-sha256_cbor: "
+        "the gateway computes those now" in lines
     )
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -10,8 +10,9 @@ from typing import Any
 
 from tests.router.harness import router_config
 
+from tandem.core.kvkeys import LMCacheCborHash, lmcache_cbor_none_hash
 from tandem.core.routerconfig import EngineKVKeys, RouterConfig
-from tandem.kvpool.keys import LMCacheHash, TandemHash
+from tandem.kvpool.keys import TandemHash
 from tandem.router.config import resolve
 from tandem.router.settings import RouterSettings
 
@@ -31,17 +32,24 @@ def test_lmcache_engines_are_looked_up_with_lmcaches_keys(tmp_path: Path) -> Non
     effective = resolve(vllm_config(tmp_path, engine_kv_keys=LMCACHE_KEYS), RouterSettings())
     assert effective.kv_pool is not None and effective.kv_pool_off is None
     keys = effective.kv_pool.keys
-    assert keys.scheme == LMCacheHash(5313149338359954478)  # hash("0") under PYTHONHASHSEED=0
+    # The engines hash with sha256_cbor (Tandem sets it); the builtin chain's seed stays known for
+    # engines told otherwise. hash("0") under PYTHONHASHSEED=0 is 5313149338359954478.
+    assert keys.scheme == LMCacheCborHash(lmcache_cbor_none_hash("0"), builtin_none_hash=5313149338359954478)
     assert (keys.model, keys.world_size, keys.worker_id, keys.dtype) == ("/models/qwen", 1, 0, "half")
-    assert effective.describe()["kv_pool_keys"] == "lmcache"
+    assert effective.describe()["kv_pool_keys"] == "lmcache-sha256_cbor"
 
 
-def test_lmcache_engines_without_a_hash_seed_are_not_looked_up(tmp_path: Path) -> None:
+def test_lmcache_engines_without_a_hash_seed_are_looked_up_with_sha256_cbors_fixed_seed(
+    tmp_path: Path,
+) -> None:
+    """sha256_cbor starts from a fixed seed when PYTHONHASHSEED is unset, so the keys are computable;
+    the builtin chain's are not (random per process)."""
     unseeded = LMCACHE_KEYS.model_copy(update={"python_hash_seed": None})
     effective = resolve(vllm_config(tmp_path, engine_kv_keys=unseeded), RouterSettings())
-    assert effective.kv_pool is None
-    assert effective.kv_pool_off is not None and "PYTHONHASHSEED is unset" in effective.kv_pool_off
-    assert effective.describe()["kv_pool_keys"] is None
+    assert effective.kv_pool is not None
+    assert effective.kv_pool.keys.scheme == LMCacheCborHash(
+        lmcache_cbor_none_hash(None), builtin_none_hash=None
+    )
 
 
 def test_a_config_that_does_not_say_how_lmcache_keys_is_not_looked_up(tmp_path: Path) -> None:
