@@ -21,15 +21,15 @@ import yaml
 from pydantic import SecretStr, ValidationError
 
 from tandem.cli.exits import fail
-from tandem.cli.gateway_server import GatewayServer
 from tandem.cli.options import logging_options
-from tandem.cli.router_workers import Supervisor, WorkerPlan, bind, server_config
+from tandem.cli.router_workers import Supervisor, WorkerPlan, bind, gateway_server
 from tandem.cli.routerflags import settings_from_flags, tuning_options
 from tandem.core.logs import configure_logging
 from tandem.core.routerconfig import RouterConfig
 from tandem.core.spec import check_rules
 from tandem.router.app import create_app
 from tandem.router.errors import ConfigurationError
+from tandem.router.observe.metrics import ConnectionTally
 from tandem.router.settings import RouterSettings
 
 EXIT_BAD_CONFIG = 2
@@ -116,9 +116,10 @@ def router(
     if log_level != "debug":
         # httpx logs every upstream request at info; our one line per request names the engines.
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    tally = ConnectionTally(cap=settings.access.max_connections)
     try:
         # In the parent too: a bad config stops here.
-        app = create_app(config, settings=settings, own_process=True)
+        app = create_app(config, settings=settings, own_process=True, connections=tally)
     except ConfigurationError as exc:
         _fail(exc.message if exc.message.startswith("API keys:") else f"{config_path}: {exc.message}")
     if not os.environ.get(CACHE_KEY_ENV) and config.spec.router.cache_isolation != "off":
@@ -136,7 +137,7 @@ def router(
             log_format=log_format,
         )
         raise SystemExit(_run_workers(plan, host=host, port=port, count=count))
-    server = GatewayServer(server_config(app, log_level=log_level, host=host, port=port))
+    server = gateway_server(app, tally, settings=settings, log_level=log_level, host=host, port=port)
     server.run()
     if not server.started:
         raise SystemExit(1)  # uvicorn has logged why (e.g. the port is taken)

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     import uvicorn
     from starlette.types import ASGIApp
 
+    from tandem.cli.gateway_server import GatewayServer
+    from tandem.router.observe.metrics import ConnectionTally
+
 log = logging.getLogger("tandem.router")
 
 GRACE_S = 10.0
@@ -72,20 +75,35 @@ def bind(host: str, port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
-def server_config(app: ASGIApp, *, log_level: str, host: str = "127.0.0.1", port: int = 0) -> uvicorn.Config:
+def server_config(
+    app: ASGIApp,
+    *,
+    log_level: str,
+    tally: ConnectionTally,
+    header_seconds: float,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> uvicorn.Config:
     """uvicorn's settings for a gateway process, alone or as a worker (a worker's socket is given to
     `run`, so its host and port are unused).
 
     `proxy_headers` is off: the gateway reads neither the client's address nor the scheme, and the
     middleware that would rewrite them from `X-Forwarded-*` wrapped every request
     (docs/router-performance.md). Access logs are off: the gateway logs one line per request itself.
+    The HTTP protocol is uvicorn's httptools one with a deadline on each request's head and a cap on
+    the connections served, counted in `tally` (`tandem.cli.connections`); WebSocket is off (the
+    gateway serves none, and an upgraded connection would leave the count).
     """
     import uvicorn
+
+    from tandem.cli.connections import guarded_protocol
 
     return uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=guarded_protocol(tally, header_seconds=header_seconds),
+        ws="none",
         log_config=None,
         log_level=log_level,
         access_log=False,
@@ -95,12 +113,34 @@ def server_config(app: ASGIApp, *, log_level: str, host: str = "127.0.0.1", port
     )
 
 
+def gateway_server(
+    app: ASGIApp, tally: ConnectionTally, *, settings: RouterSettings, log_level: str, host: str, port: int
+) -> GatewayServer:
+    """The server for one gateway process: `server_config` with `settings.access`'s limits, and the
+    process's open-files limit raised for the cap (`tandem.cli.connections.open_files_for`)."""
+    from tandem.cli.connections import open_files_for
+    from tandem.cli.gateway_server import GatewayServer
+
+    warning = open_files_for(tally.cap)
+    if warning is not None:
+        log.warning(warning)
+    config = server_config(
+        app,
+        log_level=log_level,
+        tally=tally,
+        header_seconds=settings.access.header_seconds,
+        host=host,
+        port=port,
+    )
+    return GatewayServer(config)
+
+
 def serve_worker(plan: WorkerPlan) -> None:
     """A worker's body: one ordinary gateway on the inherited socket (runs in the child)."""
-    from tandem.cli.gateway_server import GatewayServer
     from tandem.cli.router import load_router_config
     from tandem.core.logs import configure_logging
     from tandem.router.app import create_app
+    from tandem.router.observe.metrics import ConnectionTally
 
     configure_logging(plan.log_level, json_lines=plan.log_format == "json")
     if plan.log_level != "debug":
@@ -108,8 +148,11 @@ def serve_worker(plan: WorkerPlan) -> None:
     config = load_router_config(plan.config_path)
     if plan.api_keys_file is not None:
         config = config.model_copy(update={"api_keys_file": str(plan.api_keys_file)})
-    app = create_app(config, settings=plan.settings, own_process=True)
-    server = GatewayServer(server_config(app, log_level=plan.log_level))
+    tally = ConnectionTally(cap=plan.settings.access.max_connections)  # this worker's own
+    app = create_app(config, settings=plan.settings, own_process=True, connections=tally)
+    server = gateway_server(
+        app, tally, settings=plan.settings, log_level=plan.log_level, host=plan.host, port=plan.port
+    )
     server.run(sockets=[bind(plan.host, plan.port, listen=True)])
     if not server.started:
         raise SystemExit(1)

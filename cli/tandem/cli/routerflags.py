@@ -140,6 +140,12 @@ FLAGS: tuple[Flag, ...] = (
          "clients learn pod addresses and whether a prompt was cached).", is_flag=True),
     Flag("--max-request-bytes", "access", "max_request_bytes", int, 4 * 1024 * 1024,
          "Largest request body accepted; larger ones get 413."),
+    Flag("--header-seconds", "access", "header_seconds", float, 10.0,
+         "Seconds a client has to send a request's line and headers, from connecting or from its first "
+         "byte after a response; then 408 and the connection is closed."),
+    Flag("--max-connections", "access", "max_connections", int, 4096,
+         "Client connections one gateway process (each worker) serves at once; more are answered 503 "
+         "and closed."),
     Flag("--api-keys-reload-interval", "access", "api_keys_reload_seconds", float, 2.0,
          "Seconds between checks of the API key file for changes (a Secret updated in place)."),
 )  # fmt: skip

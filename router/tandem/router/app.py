@@ -41,6 +41,7 @@ from tandem.router.http.server import GatewayApp
 from tandem.router.http.side import side_app
 from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.identity.auth.keys import KeyTableError
+from tandem.router.observe.metrics import ConnectionsCollector, ConnectionTally
 from tandem.router.settings import RouterSettings
 from tandem.router.upstream.client import new_wire
 
@@ -57,6 +58,7 @@ def create_app(
     discovery: Discovery | None = None,
     environ: Mapping[str, str] | None = None,
     own_process: bool = False,
+    connections: ConnectionTally | None = None,
 ) -> GatewayApp:
     """The gateway for `config`.
 
@@ -65,8 +67,9 @@ def create_app(
     endpoints' prefix caches for the P/D decision (default: the scheduler's prefix source).
     `discovery`: replaces the one `config.discovery` names (tests). `environ`: the environment
     (default `os.environ`). `own_process`: this app is the process's only one and lives as long as
-    it (module docstring). Raises `ConfigurationError` at once for a configuration this build
-    cannot serve.
+    it (module docstring). `connections`: the counts of the HTTP server that serves this app
+    (`tandem.cli.connections`), shown on /metrics. Raises `ConfigurationError` at once for a
+    configuration this build cannot serve.
     """
     env = os.environ if environ is None else environ
     effective = resolve(config, settings or RouterSettings(), environ=env)
@@ -84,6 +87,7 @@ def create_app(
         predictor=predictor,
         prefix=prefix,
         own_process=own_process,
+        connections=connections,
     )
     side = side_app(lifespan=lifespan, served=effective.served_models, auth=key_file is not None, clock=clock)
     return GatewayApp(side)
@@ -125,6 +129,7 @@ def _lifespan(
     predictor: TTFTPredictor | None,
     prefix: PrefixSource | None,
     own_process: bool,
+    connections: ConnectionTally | None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]:
     """Builds the components at start-up (discovery fills the registry before the first request)
     and tears down in reverse order at shutdown."""
@@ -150,6 +155,8 @@ def _lifespan(
             )
             if parts.kv_pool is not None:
                 stack.push_async_callback(parts.kv_pool.aclose)
+            if connections is not None:
+                parts.prometheus.register(ConnectionsCollector(connections))
             await discovery.start(parts.registry)
             stack.push_async_callback(discovery.stop)
             for service in parts.services:

@@ -219,8 +219,11 @@ class AccessSettings(_Settings):
     `log_prompts` adds prompt and output text to the request log line (also on with
     `spec.router.logPrompts`). `max_request_bytes`: larger request bodies are refused with 413;
     `max_reading_bytes`: the bytes all requests may be reading and parsing at once (429 beyond);
-    `body_seconds`: the time a client has to send its whole body (408). The shape limits and the
-    opt-in engine extensions are `tandem.router.request.limits`'s.
+    `body_seconds`: the time a client has to send its whole body (408); `header_seconds`: the time it
+    has to send a request's line and headers (408, then the connection is closed); `max_connections`:
+    the client connections one gateway process (each worker) serves at once, more are answered 503
+    and closed (`tandem.cli.connections`). The shape limits and the opt-in engine extensions are
+    `tandem.router.request.limits`'s.
     """
 
     api_keys_reload_seconds: float = Field(default=2.0, gt=0, le=3600)
@@ -229,6 +232,8 @@ class AccessSettings(_Settings):
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=1 << 34)
     max_reading_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1 << 36)
     body_seconds: float = Field(default=60.0, gt=0, le=3600)
+    header_seconds: float = Field(default=10.0, gt=0, le=3600)
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000)
     max_json_elements: int = Field(default=262_144, ge=16, le=100_000_000)
     max_messages: int = Field(default=2048, ge=1, le=1_000_000)
     max_content_parts: int = Field(default=4096, ge=1, le=1_000_000)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tandem.router.discovery.registry import EndpointRegistry
@@ -215,6 +216,55 @@ class PoolKeysCollector(Collector):
         for state in self._states:
             gauge.add_metric([state], 1.0 if state == now else 0.0)
         yield gauge
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+#: Why the HTTP server ended a client connection itself: `cap` (it arrived while `max_connections`
+#: were served), `header_deadline` (its request head was not complete within `header_seconds`).
+CONNECTION_REFUSALS = ("cap", "header_deadline")
+
+
+@dataclass(slots=True)
+class ConnectionTally:
+    """This process's client connections, counted by its HTTP server (`tandem.cli.connections`) and
+    read at scrape time (`ConnectionsCollector`). `cap`: the most served at once; `open`: served now
+    (a connection being closed with a 408 included, a refused one not); `lingering`: refused
+    connections still open while their 503 is read; `refused`: connections ended by the server, by
+    reason (`CONNECTION_REFUSALS`)."""
+
+    cap: int
+    open: int = 0
+    lingering: int = 0
+    refused: Tally[str] = field(default_factory=Tally)
+
+
+class ConnectionsCollector(Collector):
+    """`tandem_router_connections_open`, `_max` and `_refused_total{reason}` from a `ConnectionTally`."""
+
+    def __init__(self, tally: ConnectionTally) -> None:
+        self._tally = tally
+
+    def collect(self) -> Iterator[Metric]:
+        tally = self._tally
+        yield GaugeMetricFamily(
+            f"{PREFIX}_connections_open", "Client connections this process serves now.", value=tally.open
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_connections_max",
+            "Client connections this process serves at most (--max-connections); more are refused.",
+            value=tally.cap,
+        )
+        refused = CounterMetricFamily(
+            f"{PREFIX}_connections_refused",
+            "Client connections the server ended itself: cap (answered 503 on arrival, over "
+            "--max-connections), header_deadline (request head not complete in --header-seconds).",
+            labels=["reason"],
+        )
+        for reason in CONNECTION_REFUSALS:
+            refused.add_metric([reason], tally.refused[reason])
+        yield refused
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
