@@ -116,6 +116,21 @@ namespace. One YAML list item per rule, each with the comment saying what it is 
 - apiGroups: [tandem.dev]
   resources: [inferenceservices/finalizers]
   verbs: [update]
+# InferenceGateways: kopf lists and watches them (each gateway's reconcile starts from a watch
+# event, a resume or its timer) and patches them for its bookkeeping; each reconcile of an
+# InferenceService lists those of its namespace to find the one that serves it, and a changed
+# InferenceService patches an annotation of the gateways it concerns so that they reconcile at once.
+- apiGroups: [tandem.dev]
+  resources: [inferencegateways]
+  verbs: [list, watch, patch]
+# A gateway's status: its conditions, models and services (the status subresource, as above).
+- apiGroups: [tandem.dev]
+  resources: [inferencegateways/status]
+  verbs: [patch]
+# A gateway's children carry an owner reference with blockOwnerDeletion (as above).
+- apiGroups: [tandem.dev]
+  resources: [inferencegateways/finalizers]
+  verbs: [update]
 # Children: the prefill, decode, Redis and router Deployments. Each reconcile gets each child
 # by name (no list or watch), creates it if missing or patches what differs; delete: the
 # reconcile prunes a child the spec no longer asks for (the managed Redis once an external

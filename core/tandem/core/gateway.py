@@ -34,20 +34,32 @@ Example (two versions of a model behind one name, 90/10):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
 
 from tandem.core.routerconfig import RouterConfig
 from tandem.core.spec import (
     DNS_LABEL_PATTERN,
     AuthSpec,
     NetworkPolicySpec,
+    ObjectMeta,
     RateLimitSpec,
+    SpecError,
+    SpecInvalid,
     SpecModel,
     TenantSpec,
 )
+from tandem.core.spec import _from_pydantic as from_pydantic_error
+
+GATEWAY_KIND = "InferenceGateway"
+GATEWAY_PLURAL = "inferencegateways"
+GATEWAY_SHORT_NAME = "igw"
+#: Longest gateway name: its children are named `<name>-gateway[-keys]`, within 63 characters.
+MAX_GATEWAY_NAME = 50
 
 #: A client-facing model name: what OpenAI clients send in `model` (vLLM's served names are free text;
 #: these are bounded so that they can be metric label values and Kubernetes status entries).
@@ -115,11 +127,77 @@ class InferenceGatewaySpec(SpecModel):
         return self
 
 
+class InferenceGateway(SpecModel):
+    """A whole `InferenceGateway` document (apiVersion, kind, metadata, spec)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+    api_version: Literal["tandem.dev/v1alpha1"]
+    kind: Literal["InferenceGateway"]
+    metadata: ObjectMeta
+    spec: InferenceGatewaySpec
+
+
+def parse_inference_gateway(document: Mapping[str, Any]) -> InferenceGateway:
+    """Validate a whole InferenceGateway document; raise `SpecInvalid` listing every error with its
+    field path (`spec.aliases[0].targets`)."""
+    try:
+        gateway = InferenceGateway.model_validate(document)
+    except ValidationError as exc:
+        raise SpecInvalid([from_pydantic_error(err) for err in exc.errors()]) from None
+    errors = check_gateway_rules(gateway)
+    if errors:
+        raise SpecInvalid(errors)
+    return gateway
+
+
+def check_gateway_rules(gateway: InferenceGateway) -> list[SpecError]:
+    """Rules a structural schema cannot express. Pure; empty when valid."""
+    errors: list[SpecError] = []
+    if len(gateway.metadata.name) > MAX_GATEWAY_NAME:
+        errors.append(SpecError("metadata.name", f"at most {MAX_GATEWAY_NAME} characters for a gateway"))
+    spec = gateway.spec
+    if spec.auth.enabled and spec.auth.api_keys_secret is None:
+        errors.append(SpecError("spec.auth.apiKeysSecret", "is required when auth.enabled is true"))
+    seen: set[str] = set()
+    for i, tenant in enumerate(spec.tenants):
+        if tenant.name in seen:
+            errors.append(SpecError(f"spec.tenants[{i}].name", f"duplicate tenant {tenant.name!r}"))
+        seen.add(tenant.name)
+    return errors
+
+
+def service_env(base: str, service: str) -> str:
+    """The environment variable holding one service's copy of a credential in a gateway serving
+    several: `service_env("TANDEM_KV_POOL_KEY", "qwen-v1")` is `TANDEM_KV_POOL_KEY_QWEN_V1` (service
+    names are DNS labels, so `-` → `_` keeps them apart)."""
+    return f"{base}_{re.sub(r'[^A-Za-z0-9]', '_', service).upper()}"
+
+
 class GatewayService(SpecModel):
-    """One selected service as the gateway process reads it."""
+    """One selected service as the gateway process reads it.
+
+    Each service has its own credentials (its pool key, its Redis password, its engines' API key),
+    so a gateway serving several reads each from the variable named here; unset: the single-service
+    variable (`TANDEM_KV_POOL_KEY`, `TANDEM_KVPOOL_PASSWORD`, `TANDEM_ENGINE_API_KEY`), which is what
+    `tandem up` sets for every service of a run.
+    """
 
     name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63)
     config: RouterConfig
+    pool_key_env: str | None = Field(
+        default=None, pattern=r"^[A-Z_][A-Z0-9_]*$", description="Variable holding this service's pool key."
+    )
+    kv_pool_password_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="Variable holding this service's Redis password (none: the pool has no password).",
+    )
+    engine_api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="Variable holding the key this service's engines require.",
+    )
 
 
 class GatewayFile(SpecModel):
@@ -129,6 +207,12 @@ class GatewayFile(SpecModel):
     gateway: str = Field(min_length=1, max_length=253, description="The InferenceGateway's name.")
     spec: InferenceGatewaySpec
     services: list[GatewayService] = Field(min_length=1)
+    api_keys_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The gateway's API key table (`spec.auth`: the mounted apiKeysSecret); the services' "
+        "own `config.apiKeysFile` is unset, since keys and tenants are the gateway's.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayFile:

@@ -9,17 +9,25 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tandem.operator.crd import openapi_schema
+from tandem.operator.crd import CrdKind, openapi_schema
 
 BEGIN = "<!-- BEGIN GENERATED CRD REFERENCE (tandem crd --reference) -->"
 END = "<!-- END GENERATED CRD REFERENCE -->"
+GATEWAY_BEGIN = "<!-- BEGIN GENERATED GATEWAY REFERENCE (tandem crd --gateway --reference) -->"
+GATEWAY_END = "<!-- END GENERATED GATEWAY REFERENCE -->"
+#: The markers around each kind's table in docs/operator.md.
+MARKERS: dict[CrdKind, tuple[str, str]] = {
+    "InferenceService": (BEGIN, END),
+    "InferenceGateway": (GATEWAY_BEGIN, GATEWAY_END),
+}
 
 
-def reference_markdown() -> str:
-    """The table of every `spec` field, between the BEGIN and END markers."""
-    spec = openapi_schema()["properties"]["spec"]
+def reference_markdown(kind: CrdKind = "InferenceService") -> str:
+    """The table of every `spec` field, between the kind's BEGIN and END markers."""
+    spec = openapi_schema(kind)["properties"]["spec"]
+    begin, end = MARKERS[kind]
     lines = [
-        BEGIN,
+        begin,
         "| Field | Type | Default | Allowed | Description |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -27,7 +35,7 @@ def reference_markdown() -> str:
         default = "required" if required else _code(node["default"]) if "default" in node else ""
         cells = [f"`{path}`", _type(node), default, _allowed(node), node.get("description", "")]
         lines.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-ConditionType = Literal["Ready", "PrefillReady", "DecodeReady", "KVPoolReady", "RouterReady", "ReplicasReady"]
+ConditionType = Literal[
+    "Ready", "PrefillReady", "DecodeReady", "KVPoolReady", "RouterReady", "ReplicasReady", "ServedByGateway"
+]
 Phase = Literal["Progressing", "Ready", "Invalid", "Blocked"]
 _M = TypeVar("_M", bound="BaseModel")
 COMPONENTS: tuple[ConditionType, ...] = ("PrefillReady", "DecodeReady", "KVPoolReady", "RouterReady")
@@ -79,6 +81,9 @@ class InferenceServiceStatus(_StatusModel):
     prefill: PoolStatus | None = None
     decode: PoolStatus | None = None
     endpoint: str | None = Field(default=None, description="In-cluster OpenAI base URL of the router.")
+    gateway: str | None = Field(
+        default=None, description="The InferenceGateway serving this model, when one selects it."
+    )
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="Written by the autoscaler: its last decision per autoscaled pool."
     )
@@ -183,18 +188,22 @@ def derive_status(
     generation: int | None,
     previous: Mapping[str, Any],
     now: str,
+    overrides: Mapping[ConditionType, Verdict] | None = None,
 ) -> InferenceServiceStatus:
     """Status of a valid InferenceService from its Deployments.
 
     `workloads` maps each component condition to its Deployment (None for a KV pool that is an
     external Redis); `names` gives the Deployment names for messages; `problems` are reasons the
     operator could not apply the desired state (a child owned by someone else, an API error), which
-    make Ready False with phase Blocked.
+    make Ready False with phase Blocked; `overrides` replace component verdicts (a router that an
+    InferenceGateway replaces).
     """
     verdicts: dict[ConditionType, Verdict] = {}
     for ctype in COMPONENTS:
         workload = workloads.get(ctype)
-        if workload is None:
+        if overrides and ctype in overrides:
+            verdicts[ctype] = overrides[ctype]
+        elif workload is None:
             verdicts[ctype] = Verdict("True", "ExternalRedis", "the KV pool is spec.kvPool.redis.url")
         else:
             verdicts[ctype] = judge_workload(workload, kind="Deployment", name=names[ctype])
@@ -258,7 +267,14 @@ def _kept(model: type[_M], value: Any) -> _M | None:
         return None
 
 
-def as_patch(status: InferenceServiceStatus, current: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level status fields whose value differs from `current` (empty: nothing to write)."""
+#: Top-level status fields the operator removes when its status has none (merge patch: null).
+CLEARED = ("gateway",)
+
+
+def as_patch(status: BaseModel, current: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level status fields whose value differs from `current` (empty: nothing to write);
+    a `CLEARED` field the status no longer has is removed."""
     desired = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return {key: value for key, value in desired.items() if current.get(key) != value}
+    patch: dict[str, Any] = {key: value for key, value in desired.items() if current.get(key) != value}
+    patch |= {key: None for key in CLEARED if key in current and key not in desired}
+    return patch
