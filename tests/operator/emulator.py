@@ -32,6 +32,8 @@ import kmock
 import pytest
 from kmock._internal import enums, parsing, rendering
 
+from tandem.core.gateway import GATEWAY_KIND, GATEWAY_PLURAL
+
 _kmock_parse_path = parsing.parse_path
 
 
@@ -169,8 +171,9 @@ class StampingEmulator(kmock.KubernetesEmulator):
 
 
 def know_inference_services(api: kmock.KubernetesEmulator, *, resource: str) -> kmock.KubernetesEmulator:
-    """Teach the emulated API server the built-in kinds and the InferenceService `resource`
-    (`group/version/plural`) with its status subresource; returns it."""
+    """Teach the emulated API server the built-in kinds, the InferenceService `resource`
+    (`group/version/plural`) and the InferenceGateway beside it, with their status subresources;
+    returns it."""
     with warnings.catch_warnings():
         # kmock 0.8 reads its bundled resource list with the legacy importlib.resources API.
         warnings.filterwarnings("ignore", "read_binary is deprecated", DeprecationWarning)
@@ -178,6 +181,13 @@ def know_inference_services(api: kmock.KubernetesEmulator, *, resource: str) -> 
     api.resources[resource] = kmock.ResourceInfo(
         kind="InferenceService",
         singular="inferenceservice",
+        namespaced=True,
+        verbs={"list", "watch", "get", "patch", "create", "delete"},
+        subresources={"status"},
+    )
+    api.resources[f"{resource.rsplit('/', 1)[0]}/{GATEWAY_PLURAL}"] = kmock.ResourceInfo(
+        kind=GATEWAY_KIND,
+        singular=GATEWAY_KIND.lower(),
         namespaced=True,
         verbs={"list", "watch", "get", "patch", "create", "delete"},
         subresources={"status"},

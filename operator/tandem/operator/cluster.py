@@ -34,3 +34,12 @@ class Cluster(Protocol):
     def delete(self, ref: ObjectRef) -> None:
         """Delete the object (background propagation); a missing object is not an error."""
         ...
+
+
+class ListingCluster(Cluster, Protocol):
+    """A Cluster that also lists a kind's objects in a namespace (the handlers' view of the
+    InferenceServices and InferenceGateways around the object they reconcile)."""
+
+    def list(self, api_version: str, kind: str, namespace: str) -> list[dict[str, Any]]:
+        """Every object of the kind in the namespace; raises ClusterError (404: the kind is unknown)."""
+        ...

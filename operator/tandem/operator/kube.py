@@ -23,7 +23,9 @@ from typing import Any
 
 import yaml
 
+from tandem.core.gateway import GATEWAY_KIND, GATEWAY_PLURAL
 from tandem.core.kubeaccess import KubeAccess, KubeAccessError, send_json
+from tandem.core.spec import API_VERSION, KIND, PLURAL
 from tandem.operator.cluster import ClusterError
 from tandem.operator.objects import ObjectRef
 
@@ -38,6 +40,8 @@ PLURALS = {
     ("v1", "Secret"): "secrets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
 }
+#: Tandem's own kinds, which the operator lists and patches (annotations) but never creates.
+OWN_PLURALS = {(API_VERSION, KIND): PLURAL, (API_VERSION, GATEWAY_KIND): GATEWAY_PLURAL}
 
 
 def connect(kubeconfig: str | None, *, environ: Mapping[str, str] | None = None) -> KubeAccess:
@@ -108,7 +112,7 @@ def _tls(cluster: Mapping[str, Any], user: Mapping[str, Any], *, base: Path) -> 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
     """`/apis/apps/v1/namespaces/ns/deployments` for ("apps/v1", "Deployment", "ns")."""
     try:
-        plural = PLURALS[(api_version, kind)]
+        plural = (PLURALS | OWN_PLURALS)[(api_version, kind)]
     except KeyError:
         raise ValueError(f"the operator does not manage {kind} ({api_version})") from None
     root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
@@ -134,6 +138,12 @@ class KubeCluster:
             if exc.status == 404:
                 return None
             raise
+
+    def list(self, api_version: str, kind: str, namespace: str) -> list[dict[str, Any]]:
+        found = send_json(self._client, self._access, "GET", collection_path(api_version, kind, namespace))
+        items: list[dict[str, Any]] = (found or {}).get("items") or []
+        # A list's items carry no apiVersion and kind; the objects' readers (Events, owners) need them.
+        return [{"apiVersion": api_version, "kind": kind, **item} for item in items]
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         ref = ObjectRef.of(manifest)

@@ -23,13 +23,16 @@ from typing import Any, Literal
 from tandem.core.spec import InferenceServiceSpec, SpecInvalid, parse_inference_service
 from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.diff import update_patch
+from tandem.operator.gateway_status import served_by_condition
 from tandem.operator.objects import Child, ObjectRef
 from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
 from tandem.operator.resources.secrets import named_secrets, new_secret, refusal
 from tandem.operator.resources.services import router_endpoint, service_name
+from tandem.operator.selection import serving_gateway
 from tandem.operator.status import (
     ConditionType,
     InferenceServiceStatus,
+    Verdict,
     Workload,
     derive_status,
     invalid_status,
@@ -85,11 +88,14 @@ def reconcile(
     now: str,
     metrics_namespaces: Sequence[str] = (),
     new_value: Callable[[], str] = new_secret,
+    gateways: Sequence[Mapping[str, Any]] = (),
 ) -> Outcome:
     """Drive the children of the InferenceService `body` towards its spec and report its status.
 
     `now` (RFC 3339) stamps conditions that change; `images` are the Tandem and Redis images;
-    `metrics_namespaces` and `new_value` as in `desired_children`.
+    `metrics_namespaces` and `new_value` as in `desired_children`; `gateways`: the InferenceGateways
+    of its namespace, one of which may serve it (`tandem.operator.gateways.serving_gateway`): then it
+    has no gateway of its own, and its status names the one serving it.
     """
     meta = body["metadata"]
     generation = meta.get("generation")
@@ -101,6 +107,7 @@ def reconcile(
         status = invalid_status(errors=errors, generation=generation, previous=previous, now=now)
         return Outcome(status=status, events=_warnings(previous, status))
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    gateway = serving_gateway(body, gateways)
     outcome = Outcome(status=InferenceServiceStatus())
     live: dict[ObjectRef, dict[str, Any]] = {}
     problems: list[str] = []
@@ -117,7 +124,12 @@ def reconcile(
             )
             return Outcome(status=status, events=_warnings(previous, status))
         children = desired_children(
-            isvc.spec, owner=owner, images=images, metrics_namespaces=metrics_namespaces, new_value=new_value
+            isvc.spec,
+            owner=owner,
+            images=images,
+            metrics_namespaces=metrics_namespaces,
+            new_value=new_value,
+            gateway=gateway,
         )
         _apply_all(children, owner=owner, cluster=cluster, outcome=outcome, live=live)
     except ClusterError as exc:
@@ -132,6 +144,7 @@ def reconcile(
         generation=generation,
         previous=previous,
         now=now,
+        gateway=gateway,
     )
     outcome.events = _warnings(previous, outcome.status)
     return outcome
@@ -210,6 +223,7 @@ def _observed_status(
     generation: int | None,
     previous: Mapping[str, Any],
     now: str,
+    gateway: Owner | None = None,
 ) -> InferenceServiceStatus:
     workloads: dict[ConditionType, Workload | None] = {}
     names: dict[ConditionType, str] = {}
@@ -220,15 +234,36 @@ def _observed_status(
             continue
         ref = ObjectRef("apps/v1", "Deployment", owner.namespace, names[ctype])
         workloads[ctype] = Workload.observe(live.get(ref))
-    return derive_status(
+    if gateway is None:
+        return derive_status(
+            workloads=workloads,
+            names=names,
+            problems=problems,
+            endpoint=router_endpoint(owner),
+            generation=generation,
+            previous=previous,
+            now=now,
+        )
+    endpoint = router_endpoint(gateway, Role.GATEWAY)
+    served = Verdict("True", "ServedByGateway", f"InferenceGateway {gateway.name} routes its requests")
+    status = derive_status(
         workloads=workloads,
         names=names,
         problems=problems,
-        endpoint=router_endpoint(owner),
+        endpoint=endpoint,
         generation=generation,
         previous=previous,
         now=now,
+        overrides={"RouterReady": served},
     )
+    condition = served_by_condition(
+        previous.get("conditions") or [],
+        gateway=gateway.name,
+        endpoint=endpoint,
+        generation=generation,
+        now=now,
+    )
+    return status.model_copy(update={"conditions": [*status.conditions, condition], "gateway": gateway.name})
 
 
 def _warnings(previous: Mapping[str, Any], status: InferenceServiceStatus) -> list[Event]:

@@ -56,18 +56,21 @@ def desired_children(
     images: Images,
     metrics_namespaces: Sequence[str] = (),
     new_value: Callable[[], str] = new_secret,
+    gateway: Owner | None = None,
 ) -> list[Child]:
     """Every child the spec asks for, in a creation order where dependencies come first
     (Secrets and NetworkPolicies, configuration and identity, then the KV pool, then Services, then
     the workloads). `metrics_namespaces`: namespaces whose pods may scrape the engines and gateways
     (the autoscaler's, Prometheus'); `new_value` draws a generated Secret's value (used only when
-    the Secret is created)."""
+    the Secret is created). `gateway`: the InferenceGateway serving the service, if one does: then
+    the service has no gateway Deployment and Service of its own, and its NetworkPolicies admit that
+    gateway's pods (its router ConfigMap, identity and policy stay, so that it comes back at once)."""
     children: list[Child] = secret_children(spec, owner, new_value=new_value)
     spec = with_generated_secrets(spec, owner)
-    children += [
-        Child(policy)
-        for policy in build_network_policies(spec, owner=owner, metrics_namespaces=metrics_namespaces)
-    ]
+    policies = build_network_policies(
+        spec, owner=owner, metrics_namespaces=metrics_namespaces, gateway=gateway
+    )
+    children += [Child(policy) for policy in policies]
     lmcache = build_lmcache_configmap(spec, owner=owner) if uses_lmcache(spec) else None
     if lmcache is not None:
         children.append(Child(lmcache))
@@ -91,10 +94,11 @@ def desired_children(
         children.append(
             Child(deployment, create_only=(REPLICAS,) if autoscaled else (), owned=(INIT_CONTAINERS,))
         )
-    children += [
-        Child(build_service(owner, role=Role.ROUTER)),
-        Child(build_router_deployment(spec, owner=owner, images=images, config=router_config)),
-    ]
+    if gateway is None:
+        children += [
+            Child(build_service(owner, role=Role.ROUTER)),
+            Child(build_router_deployment(spec, owner=owner, images=images, config=router_config)),
+        ]
     # Builders may share sub-dicts (labels, probes): give every manifest a tree of its own. A JSON
     # round trip is several times faster than deepcopy and proves the manifests are plain JSON.
     return [Child(json.loads(json.dumps(c.manifest)), c.create_only, c.owned) for c in children]

@@ -41,6 +41,8 @@ class Role(StrEnum):
     DECODE = "decode"
     KV_POOL = "kv-pool"
     ROUTER = "router"
+    #: An InferenceGateway's gateway, in front of several InferenceServices.
+    GATEWAY = "gateway"
 
 
 @dataclass(frozen=True)

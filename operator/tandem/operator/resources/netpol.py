@@ -11,6 +11,10 @@ One ingress policy per role, selecting that role's pods (`spec.networkPolicy.ena
   precise` only): from the gateway's pods;
 - into the managed Redis (`<name>-kv`), port 6379: from the gateway's and the engines' pods.
 
+A service that an InferenceGateway serves admits that gateway's pods wherever it admits its own
+gateway's (engines, KV events, Redis); the InferenceGateway's own policy (`build_gateway_policy`) opens
+its port 8080 as a service's gateway policy does.
+
 A selected pod accepts nothing else, from anyone: NetworkPolicies are additive allow-lists, so a
 pod that some policy selects for ingress refuses every connection no policy allows. Same-namespace
 peers are named by their labels; other namespaces by `kubernetes.io/metadata.name`, which the API
@@ -59,32 +63,40 @@ def _pods(owner: Owner, *roles: Role) -> list[dict[str, Any]]:
     return [{"podSelector": {"matchLabels": selector_labels(owner, role)}} for role in roles]
 
 
+def _gateways(owner: Owner, gateway: Owner | None) -> list[dict[str, Any]]:
+    """The service's own gateway pods, and those of the InferenceGateway serving it, if any."""
+    return [*_pods(owner, Role.ROUTER), *(_pods(gateway, Role.GATEWAY) if gateway is not None else [])]
+
+
+def client_rules(client_namespaces: Sequence[str], metrics_namespaces: Sequence[str]) -> list[dict[str, Any]]:
+    """Into a gateway's port: every pod of its namespace, and pods of the client and metrics
+    namespaces."""
+    peers = [{"podSelector": {}}, *_namespaces([*client_namespaces, *metrics_namespaces])]
+    return [{"from": peers, "ports": _ports(ROUTER_PORT)}]
+
+
 def ingress_rules(
-    spec: InferenceServiceSpec, owner: Owner, role: Role, *, metrics_namespaces: Sequence[str] = ()
+    spec: InferenceServiceSpec,
+    owner: Owner,
+    role: Role,
+    *,
+    metrics_namespaces: Sequence[str] = (),
+    gateway: Owner | None = None,
 ) -> list[dict[str, Any]]:
-    """The ingress rules into `role`'s pods (module docstring's table)."""
+    """The ingress rules into `role`'s pods (module docstring's table); `gateway`: the
+    InferenceGateway serving the service."""
     if role is Role.ROUTER:
-        peers = [
-            {"podSelector": {}},
-            *_namespaces([*spec.network_policy.client_namespaces, *metrics_namespaces]),
-        ]
-        return [{"from": peers, "ports": _ports(ROUTER_PORT)}]
+        return client_rules(spec.network_policy.client_namespaces, metrics_namespaces)
+    gateways = _gateways(owner, gateway)
     if role is Role.KV_POOL:
-        return [{"from": _pods(owner, Role.ROUTER, *ENGINE_ROLES), "ports": _ports(REDIS_PORT)}]
-    rules = [
-        {"from": [*_pods(owner, Role.ROUTER), *_namespaces(metrics_namespaces)], "ports": _ports(ENGINE_PORT)}
-    ]
+        return [{"from": [*gateways, *_pods(owner, *ENGINE_ROLES)], "ports": _ports(REDIS_PORT)}]
+    rules = [{"from": [*gateways, *_namespaces(metrics_namespaces)], "ports": _ports(ENGINE_PORT)}]
     if spec.router.prefix_source == "precise":
-        rules.append(
-            {"from": _pods(owner, Role.ROUTER), "ports": _ports(KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)}
-        )
+        rules.append({"from": gateways, "ports": _ports(KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)})
     return rules
 
 
-def build_network_policy(
-    spec: InferenceServiceSpec, *, owner: Owner, role: Role, metrics_namespaces: Sequence[str] = ()
-) -> dict[str, Any]:
-    """The ingress NetworkPolicy of one role's pods."""
+def _policy(owner: Owner, role: Role, ingress: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -92,22 +104,48 @@ def build_network_policy(
         "spec": {
             "podSelector": {"matchLabels": selector_labels(owner, role)},
             "policyTypes": ["Ingress"],
-            "ingress": ingress_rules(spec, owner, role, metrics_namespaces=metrics_namespaces),
+            "ingress": ingress,
         },
     }
 
 
+def build_network_policy(
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    role: Role,
+    metrics_namespaces: Sequence[str] = (),
+    gateway: Owner | None = None,
+) -> dict[str, Any]:
+    """The ingress NetworkPolicy of one role's pods."""
+    rules = ingress_rules(spec, owner, role, metrics_namespaces=metrics_namespaces, gateway=gateway)
+    return _policy(owner, role, rules)
+
+
 def build_network_policies(
-    spec: InferenceServiceSpec, *, owner: Owner, metrics_namespaces: Sequence[str] = ()
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    metrics_namespaces: Sequence[str] = (),
+    gateway: Owner | None = None,
 ) -> list[dict[str, Any]]:
     """Every NetworkPolicy of the service: none when `spec.networkPolicy.enabled` is off; the KV
-    pool's only for the managed Redis."""
+    pool's only for the managed Redis; `gateway` as in `ingress_rules`."""
     if not spec.network_policy.enabled:
         return []
     roles = [Role.ROUTER, *ENGINE_ROLES]
     if spec.kv_pool.redis.url is None:
         roles.append(Role.KV_POOL)
     return [
-        build_network_policy(spec, owner=owner, role=role, metrics_namespaces=metrics_namespaces)
+        build_network_policy(
+            spec, owner=owner, role=role, metrics_namespaces=metrics_namespaces, gateway=gateway
+        )
         for role in roles
     ]
+
+
+def build_gateway_policy(
+    owner: Owner, *, client_namespaces: Sequence[str], metrics_namespaces: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The ingress NetworkPolicy of an InferenceGateway's pods (`<name>-gateway`), port 8080."""
+    return _policy(owner, Role.GATEWAY, client_rules(client_namespaces, metrics_namespaces))

@@ -4,11 +4,12 @@ Deployment running `tandem router --config /etc/tandem/router.yaml`. Pure builde
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.core.kvevents import cluster_addresses
 from tandem.core.routerconfig import EngineKVKeys, KubernetesDiscovery, RouterConfig
-from tandem.core.spec import InferenceServiceSpec, engine_hash_seed
+from tandem.core.spec import InferenceServiceSpec, SecretKeyRef, engine_hash_seed
 from tandem.operator.resources.engine import (
     CONFIG_HASH_ANNOTATION,
     MODEL_MOUNT,
@@ -110,21 +111,22 @@ def build_router_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict[
     }
 
 
-def build_router_service_account(owner: Owner) -> dict[str, Any]:
-    """ServiceAccount `<name>-router`, the identity the router uses to read EndpointSlices."""
+def build_router_service_account(owner: Owner, role: Role = Role.ROUTER) -> dict[str, Any]:
+    """ServiceAccount `<name>-router` (an InferenceGateway's: `<name>-gateway`), the identity the
+    gateway uses to read EndpointSlices."""
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": object_meta(owner, name=child_name(owner, ROUTER_SUFFIX), role=Role.ROUTER),
+        "metadata": object_meta(owner, name=service_name(owner, role), role=role),
     }
 
 
-def build_router_role(owner: Owner) -> dict[str, Any]:
-    """Role `<name>-router`: read EndpointSlices in the service's namespace, nothing else."""
+def build_router_role(owner: Owner, role: Role = Role.ROUTER) -> dict[str, Any]:
+    """Role `<name>-router` (`<name>-gateway`): read EndpointSlices in the namespace, nothing else."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": object_meta(owner, name=child_name(owner, ROUTER_SUFFIX), role=Role.ROUTER),
+        "metadata": object_meta(owner, name=service_name(owner, role), role=role),
         "rules": [
             {
                 "apiGroups": ["discovery.k8s.io"],
@@ -135,19 +137,29 @@ def build_router_role(owner: Owner) -> dict[str, Any]:
     }
 
 
-def build_router_role_binding(owner: Owner) -> dict[str, Any]:
-    """RoleBinding `<name>-router` of the Role to the ServiceAccount."""
-    name = child_name(owner, ROUTER_SUFFIX)
+def build_router_role_binding(owner: Owner, role: Role = Role.ROUTER) -> dict[str, Any]:
+    """RoleBinding `<name>-router` (`<name>-gateway`) of the Role to the ServiceAccount."""
+    name = service_name(owner, role)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": object_meta(owner, name=name, role=Role.ROUTER),
+        "metadata": object_meta(owner, name=name, role=role),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
     }
 
 
-def _router_container(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> dict[str, Any]:
+@dataclass(frozen=True)
+class GatewayPod:
+    """What varies between a service's own gateway pod and an InferenceGateway's: the credentials'
+    variables, the API-key Secret, and extra read-only volumes (tokenizer files) with their mounts."""
+
+    env: list[dict[str, Any]]
+    api_keys: SecretKeyRef | None = None
+    mounts: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+
+def _router_container(pod: GatewayPod, *, images: Images) -> dict[str, Any]:
     health = {"httpGet": {"path": "/health", "port": "http"}}
     container: dict[str, Any] = {
         "name": "router",
@@ -174,19 +186,26 @@ def _router_container(spec: InferenceServiceSpec, *, owner: Owner, images: Image
         ],
         "securityContext": container_security_context(),
     }
-    if spec.router.auth.enabled:
+    if pod.api_keys is not None:
         container["volumeMounts"].append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
-    for volume, mount in _tokenizer_volume(spec):
+    for volume, mount in pod.mounts:
         container["volumeMounts"].append({"name": volume["name"], "mountPath": mount, "readOnly": True})
-    # The pool's password (from its Secret) for the barrier's look-ups and shared counters (the URL
-    # in the config has none), the key the gateway sends to engines, the pool key (the engines' keyed
-    # chunk hashes) and the salt key (tenants' cache_salt; the gateway's alone).
-    container["env"] = [
+    container["env"] = pod.env
+    return container
+
+
+def service_gateway_pod(spec: InferenceServiceSpec, *, owner: Owner) -> GatewayPod:
+    """The parts of a service's own gateway pod: the pool's password (from its Secret) for the
+    barrier's look-ups and shared counters (the URL in the config has none), the key the gateway
+    sends to engines, the pool key (the engines' keyed chunk hashes) and the salt key (tenants'
+    cache_salt; the gateway's alone); the API keys and the tokenizer files."""
+    env = [
         *password_env(spec),
         *engine_key_env(spec, GATEWAY_ENGINE_KEY_ENV),
         *cache_keys_env(owner, gateway=True),
     ]
-    return container
+    secret = spec.router.auth.api_keys_secret if spec.router.auth.enabled else None
+    return GatewayPod(env=env, api_keys=secret, mounts=tokenizer_volume(spec))
 
 
 def build_router_deployment(
@@ -194,8 +213,19 @@ def build_router_deployment(
 ) -> dict[str, Any]:
     """Deployment `<name>-router`, given its ConfigMap `config`; the pod template carries the
     config's hash, so a config change rolls the router pods."""
-    name = child_name(owner, ROUTER_SUFFIX)
-    meta = object_meta(owner, name=name, role=Role.ROUTER)
+    pod = service_gateway_pod(spec, owner=owner)
+    return build_gateway_deployment(
+        pod, owner=owner, role=Role.ROUTER, replicas=spec.router.replicas, images=images, config=config
+    )
+
+
+def build_gateway_deployment(
+    pod: GatewayPod, *, owner: Owner, role: Role, replicas: int, images: Images, config: dict[str, Any]
+) -> dict[str, Any]:
+    """The gateway Deployment `<name>-<role>` running `pod`, given its ConfigMap `config` (same
+    name); the pod template carries the config's hash, so a config change rolls the pods."""
+    name = service_name(owner, role)
+    meta = object_meta(owner, name=name, role=role)
     annotations = {
         CONFIG_HASH_ANNOTATION: config_hash(config["data"]),
         "prometheus.io/scrape": "true",
@@ -206,31 +236,30 @@ def build_router_deployment(
         {"name": "config", "configMap": {"name": name}},
         {"name": "tmp", "emptyDir": {}},
     ]
-    secret = spec.router.auth.api_keys_secret
-    if spec.router.auth.enabled and secret is not None:
+    if pod.api_keys is not None:
         volumes.append(
             {
                 "name": "api-keys",
                 "secret": {
-                    "secretName": secret.name,
-                    "items": [{"key": secret.key, "path": API_KEYS_FILE}],
+                    "secretName": pod.api_keys.name,
+                    "items": [{"key": pod.api_keys.key, "path": API_KEYS_FILE}],
                     "defaultMode": 0o440,
                 },
             }
         )
-    volumes += [volume for volume, _ in _tokenizer_volume(spec)]
+    volumes += [volume for volume, _ in pod.mounts]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": spec.router.replicas,
-            "selector": {"matchLabels": selector_labels(owner, Role.ROUTER)},
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(owner, role)},
             "template": {
                 "metadata": {"labels": meta["labels"], "annotations": annotations},
                 "spec": {
                     "serviceAccountName": name,
-                    "containers": [_router_container(spec, owner=owner, images=images)],
+                    "containers": [_router_container(pod, images=images)],
                     "volumes": volumes,
                     "securityContext": pod_security_context(),
                     "enableServiceLinks": False,
@@ -240,16 +269,18 @@ def build_router_deployment(
     }
 
 
-def _tokenizer_volume(spec: InferenceServiceSpec) -> list[tuple[dict[str, Any], str]]:
-    """(volume, mount path) for `tokenizer_path`: the ConfigMap, or the weights' PVC read-only."""
+def tokenizer_volume(spec: InferenceServiceSpec, *, suffix: str = "") -> list[tuple[dict[str, Any], str]]:
+    """(volume, mount path) for `tokenizer_path`: the ConfigMap, or the weights' PVC read-only. A
+    gateway serving several services names each volume with a `suffix` (`-<service>`) and mounts it
+    elsewhere (`resources.gateway`)."""
     if tokenizer_path(spec) is None:
         return []
     if spec.model.tokenizer is not None:
-        volume = {"name": "tokenizer", "configMap": {"name": spec.model.tokenizer.config_map}}
+        volume = {"name": f"tokenizer{suffix}", "configMap": {"name": spec.model.tokenizer.config_map}}
         return [(volume, TOKENIZER_DIR)]
     assert spec.model.source is not None and spec.model.source.pvc
     volume = {
-        "name": "model",
+        "name": f"model{suffix}",
         "persistentVolumeClaim": {"claimName": spec.model.source.pvc, "readOnly": True},
     }
     return [(volume, MODEL_MOUNT)]

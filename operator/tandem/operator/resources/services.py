@@ -21,12 +21,19 @@ from tandem.operator.resources.meta import (
 )
 
 #: Name suffix of each Service (equal to its Deployment's).
-SERVICE_SUFFIX = {Role.PREFILL: "prefill", Role.DECODE: "decode", Role.KV_POOL: "kv", Role.ROUTER: "router"}
+SERVICE_SUFFIX = {
+    Role.PREFILL: "prefill",
+    Role.DECODE: "decode",
+    Role.KV_POOL: "kv",
+    Role.ROUTER: "router",
+    Role.GATEWAY: "gateway",
+}
 _PORTS = {
     Role.PREFILL: ("http", ENGINE_PORT),
     Role.DECODE: ("http", ENGINE_PORT),
     Role.KV_POOL: ("redis", REDIS_PORT),
     Role.ROUTER: ("http", ROUTER_PORT),
+    Role.GATEWAY: ("http", ROUTER_PORT),
 }
 
 
@@ -54,6 +61,7 @@ def build_service(owner: Owner, *, role: Role) -> dict[str, Any]:
     }
 
 
-def router_endpoint(owner: Owner) -> str:
-    """The in-cluster OpenAI base URL of the service, e.g. `http://demo-router.ns.svc:8080/v1`."""
-    return f"http://{service_name(owner, Role.ROUTER)}.{owner.namespace}.svc:{ROUTER_PORT}/v1"
+def router_endpoint(owner: Owner, role: Role = Role.ROUTER) -> str:
+    """The in-cluster OpenAI base URL of the service, e.g. `http://demo-router.ns.svc:8080/v1` (of an
+    InferenceGateway with `role` GATEWAY: `http://fleet-gateway.ns.svc:8080/v1`)."""
+    return f"http://{service_name(owner, role)}.{owner.namespace}.svc:{ROUTER_PORT}/v1"
