@@ -50,7 +50,7 @@ from tandem.operator.resources import Images, Owner, Role
 from tandem.operator.resources.gateway import Member, gateway_children, gateway_owner, gateway_refs
 from tandem.operator.resources.secrets import new_secret, refusal
 from tandem.operator.resources.services import router_endpoint, service_name
-from tandem.operator.selection import age_of, is_ready, listed_services, meta_of, selects, services_to_touch
+from tandem.operator.selection import age_of, is_ready, meta_of, selects, services_to_touch
 from tandem.operator.status import Verdict, Workload, judge_workload
 
 #: The annotation one kind patches on the other to have it reconcile now (module docstring); outside
@@ -92,7 +92,7 @@ def reconcile_gateway(
     report = _Report(previous=previous, generation=meta.get("generation"), now=now)
     outcome = _decide(body, report, services=services, gateways=gateways)
     if isinstance(outcome, GatewayOutcome):
-        outcome.touch = services_to_touch(owner.name, list(listed_services(body)), services)
+        outcome.touch = services_to_touch(owner.name, [s.name for s in outcome.status.services], services)
         return outcome
     spec, members, bodies = outcome
     return _apply(
@@ -122,9 +122,10 @@ def _decide(
     except SpecInvalid as exc:
         return report.refused("InvalidSpec", "; ".join(str(e) for e in exc.errors))
     members, bodies = _members(body, services)
+    still = {m.owner.name for m in members}
     refusal_ = _refusal(body, spec, members, bodies, gateways)
     if refusal_ is not None:
-        return report.refused(*refusal_)
+        return report.refused(*refusal_, still=still)
     served_models = {m.owner.name for m in members}
     missing = [
         f"alias {a.name!r} targets {t.service}, which this gateway does not serve"
@@ -133,9 +134,9 @@ def _decide(
         if t.service not in served_models
     ]
     if missing:
-        return report.refused("AliasTargetNotServed", "; ".join(missing))
+        return report.refused("AliasTargetNotServed", "; ".join(missing), still=still)
     if not members:
-        return report.refused("NoServices", "the selector selects no valid InferenceService")
+        return report.refused("NoServices", "the selector selects no valid InferenceService", still=still)
     return spec, members, bodies
 
 
@@ -267,12 +268,28 @@ class _Report:
             {"observedGeneration": self.generation, "conditions": conditions, **values}
         )
 
-    def refused(self, reason: str, message: str, involved: Sequence[str] = ()) -> GatewayOutcome:
-        """Nothing applied: Ready=False with `reason`; what is served stays as last reported."""
+    def refused(
+        self, reason: str, message: str, involved: Sequence[str] = (), *, still: set[str] | None = None
+    ) -> GatewayOutcome:
+        """Nothing applied: Ready=False with `reason`; what is served stays as last reported, less the
+        services no longer selected (`still`: those selected; None: unknown, an invalid spec), which
+        have their own gateway back."""
         conflict = (
             Verdict("True", reason, message) if reason == "NamesConflict" else Verdict("False", "NoConflict")
         )
         status = self.status({"Ready": Verdict("False", reason, message), "NamesConflict": conflict})
+        if still is not None:
+            kept = [s for s in status.services if s.name in still]
+            dropped = {s.model for s in status.services if s.name not in still}
+            models = [m for m in status.models if m not in dropped]
+            ready = f"{sum(s.ready for s in kept)}/{len(kept)}"
+            update = {
+                "services": kept,
+                "models": models,
+                "model_names": ", ".join(models),
+                "ready_services": ready,
+            }
+            status = status.model_copy(update=update)
         events = self.warnings(status)
         per_service = [(name, Event("Warning", reason, message)) for name in involved] if events else []
         return GatewayOutcome(status=status, events=events, service_events=per_service)

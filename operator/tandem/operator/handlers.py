@@ -58,8 +58,21 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def reconcile_handler(
+def reconcile_timer(
     *, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """The periodic reconcile of one InferenceService (nothing about it changed)."""
+    reconcile_handler(body=body, patch=patch, memo=memo, logger=logger, changed=False)
+
+
+def reconcile_handler(
+    *,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    changed: bool = True,
+    **_: Any,
 ) -> None:
     """Reconcile one InferenceService; one at a time per object (timer and events may overlap)."""
     context: Context = memo["tandem"]
@@ -79,7 +92,7 @@ def reconcile_handler(
     status = as_patch(outcome.status, body.get("status") or {})
     patch.status.update(status)
     ready = any(c.type == "Ready" and c.status == "True" for c in outcome.status.conditions)
-    stale = gateways_to_touch(body, gateways, ready=ready)
+    stale = gateways_to_touch(body, gateways, ready=ready, changed=changed)
     _touch(context.cluster, GATEWAY_KIND, namespace, stale, why=body, logger=logger)
     _post(memo, body, outcome.events)
     changes = [f"{a.verb} {a.ref}" for a in outcome.actions if a.verb != "unchanged"]
@@ -204,12 +217,13 @@ def build_registry(*, resync_seconds: float) -> kopf.OperatorRegistry:
     timer, and a watch for deletions."""
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(login)
-    for plural, handler in ((PLURAL, reconcile_handler), (GATEWAY_PLURAL, gateway_handler)):
+    kinds = ((PLURAL, reconcile_handler, reconcile_timer), (GATEWAY_PLURAL, gateway_handler, gateway_handler))
+    for plural, handler, timer in kinds:
         for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
             on(GROUP, VERSION, plural, registry=registry)(handler)
         kopf.timer(
             GROUP, VERSION, plural, registry=registry, interval=resync_seconds, initial_delay=resync_seconds
-        )(handler)
+        )(timer)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(service_gone)
     kopf.on.event(GROUP, VERSION, GATEWAY_PLURAL, registry=registry)(gateway_gone)
     return registry

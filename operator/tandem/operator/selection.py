@@ -16,6 +16,15 @@ from tandem.core.gateway import LabelSelector
 from tandem.operator.resources.gateway import gateway_owner
 from tandem.operator.resources.meta import Owner
 
+#: A gateway's Ready reasons when it applies nothing (`tandem.operator.gateways`).
+REFUSAL_REASONS = (
+    "InvalidSpec",
+    "SecretRefused",
+    "NamesConflict",
+    "AliasTargetNotServed",
+    "NoServices",
+)
+
 
 def selector_of(gateway: Mapping[str, Any]) -> LabelSelector | None:
     """The gateway's selector as stored, None when it is not a valid one."""
@@ -62,18 +71,34 @@ def serving_gateway(service: Mapping[str, Any], gateways: Sequence[Mapping[str, 
 
 
 def gateways_to_touch(
-    service: Mapping[str, Any], gateways: Sequence[Mapping[str, Any]], *, ready: bool, deleted: bool = False
+    service: Mapping[str, Any],
+    gateways: Sequence[Mapping[str, Any]],
+    *,
+    ready: bool,
+    deleted: bool = False,
+    changed: bool = True,
 ) -> list[str]:
     """Gateways whose status is stale about `service` (now `ready`, or `deleted`): they select it
-    and do not list it, list it and no longer select it, or list it with another readiness."""
+    and do not list it, list it and no longer select it, or list it with another readiness. A gateway
+    that refuses what it selects (a conflict) reconciles again only when the service `changed` (not
+    on its timer), since nothing else could lift the refusal."""
     stale = []
+    name = str(meta_of(service).get("name"))
     for gateway in gateways:
         listed = listed_services(gateway)
         selected = not deleted and selects(gateway, service)
-        name = meta_of(service).get("name")
-        if selected != (name in listed) or (selected and listed.get(str(name)) != ready):
+        if selected and name not in listed and not changed and refusing(gateway):
+            continue
+        if selected != (name in listed) or (selected and listed.get(name) != ready):
             stale.append(str(meta_of(gateway)["name"]))
     return stale
+
+
+def refusing(gateway: Mapping[str, Any]) -> bool:
+    """Whether the gateway's Ready says it refuses its services (a conflict, an invalid spec)."""
+    conditions: list[dict[str, Any]] = (gateway.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+    return ready.get("status") == "False" and ready.get("reason") in REFUSAL_REASONS
 
 
 def services_to_touch(
