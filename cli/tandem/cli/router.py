@@ -1,7 +1,9 @@
-"""`tandem router --config FILE`: serve the OpenAI gateway for one InferenceService.
+"""`tandem router --config FILE`: serve the OpenAI gateway for one InferenceService, or for several.
 
 The config file is a `tandem.core.routerconfig.RouterConfig` in YAML or JSON (what the operator puts
-in a ConfigMap and `tandem up` writes). An invalid file ends with one line naming the field and
+in a ConfigMap and `tandem up` writes), or, with `kind: gateway`, a `tandem.core.gateway.GatewayFile`:
+one gateway in front of several services, routed by the body's `model` (docs/router.md, "Many models
+behind one gateway"). An invalid file ends with one line naming the field and
 exit code 2; so does a configuration this build cannot serve (e.g. `--shared-counters redis`
 without a KV pool, or a `tokenizerPath` without the model's tokenizer files).
 """
@@ -24,6 +26,7 @@ from tandem.cli.exits import fail
 from tandem.cli.options import logging_options
 from tandem.cli.router_workers import Supervisor, WorkerPlan, bind, gateway_server
 from tandem.cli.routerflags import settings_from_flags, tuning_options
+from tandem.core.gateway import GatewayFile
 from tandem.core.logs import configure_logging
 from tandem.core.routerconfig import RouterConfig
 from tandem.core.spec import check_rules
@@ -46,7 +49,16 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 
 def load_router_config(path: Path) -> RouterConfig:
-    """Parse and validate the config file; exits 2 with a one-line reason when it is invalid."""
+    """`load_config` for a file that must be one service's `RouterConfig`."""
+    config = load_config(path)
+    if isinstance(config, GatewayFile):
+        _fail(f"{path}: kind: expected a RouterConfig, not a gateway file")
+    return config
+
+
+def load_config(path: Path) -> RouterConfig | GatewayFile:
+    """Parse and validate the config file (a `GatewayFile` when its `kind` is `gateway`); exits 2
+    with a one-line reason when it is invalid."""
     try:
         document: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -55,15 +67,22 @@ def load_router_config(path: Path) -> RouterConfig:
         _fail(f"{path}: not valid YAML or JSON: {exc}".replace("\n", " "))
     if not isinstance(document, dict):
         _fail(f"{path}: expected a mapping (a RouterConfig), got {type(document).__name__}")
+    model = GatewayFile if document.get("kind") == "gateway" else RouterConfig
     try:
-        config = RouterConfig.model_validate(document)
+        config = model.model_validate(document)
     except ValidationError as exc:
         first = exc.errors()[0]
         message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
         _fail(f"{path}: {_field_path(first['loc'])}: {message}")
-    errors = check_rules(config.spec)
-    if errors:
-        _fail(f"{path}: {errors[0]}")
+    specs = (
+        [(f"services[{i}].config.", s.config.spec) for i, s in enumerate(config.services)]
+        if isinstance(config, GatewayFile)
+        else [("", config.spec)]
+    )
+    for where, spec in specs:
+        errors = check_rules(spec)
+        if errors:
+            _fail(f"{path}: {where}{errors[0]}")
     return config
 
 
@@ -104,7 +123,7 @@ def router(
 ) -> None:
     """Serve the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics) in front of the engines named in the config."""
-    config = load_router_config(config_path)
+    config = load_config(config_path)
     if api_keys_file is not None:
         config = config.model_copy(update={"api_keys_file": str(api_keys_file)})
     try:
@@ -122,12 +141,19 @@ def router(
         app = create_app(config, settings=settings, own_process=True, connections=tally)
     except ConfigurationError as exc:
         _fail(exc.message if exc.message.startswith("API keys:") else f"{config_path}: {exc.message}")
-    if not os.environ.get(CACHE_KEY_ENV) and config.spec.router.cache_isolation != "off":
+    isolated = (
+        any(s.config.spec.router.cache_isolation != "off" for s in config.services)
+        if isinstance(config, GatewayFile)
+        else config.spec.router.cache_isolation != "off"
+    )
+    if not os.environ.get(CACHE_KEY_ENV) and isolated:
         logging.getLogger("tandem.router").warning(
             f"{CACHE_KEY_ENV} is not set: the tenants' cache salts use a key drawn for this process; "
             "other gateways in front of the same engines will not reuse its cache entries"
         )
-    count = workers or config.spec.router.workers
+    count = workers or (
+        config.spec.workers if isinstance(config, GatewayFile) else config.spec.router.workers
+    )
     if count > 1:
         plan = WorkerPlan(
             config_path=config_path,

@@ -137,7 +137,7 @@ def gateway_server(
 
 def serve_worker(plan: WorkerPlan) -> None:
     """A worker's body: one ordinary gateway on the inherited socket (runs in the child)."""
-    from tandem.cli.router import load_router_config
+    from tandem.cli.router import load_config
     from tandem.core.logs import configure_logging
     from tandem.router.app import create_app
     from tandem.router.observe.metrics import ConnectionTally
@@ -145,7 +145,7 @@ def serve_worker(plan: WorkerPlan) -> None:
     configure_logging(plan.log_level, json_lines=plan.log_format == "json")
     if plan.log_level != "debug":
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    config = load_router_config(plan.config_path)
+    config = load_config(plan.config_path)
     if plan.api_keys_file is not None:
         config = config.model_copy(update={"api_keys_file": str(plan.api_keys_file)})
     tally = ConnectionTally(cap=plan.settings.access.max_connections)  # this worker's own

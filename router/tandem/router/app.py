@@ -28,11 +28,13 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from tandem.core.gateway import GatewayFile
 from tandem.core.modeltokens import ModelTokenizer, PromptEncoder, TandemTokenizer
 from tandem.core.routerconfig import RouterConfig
 from tandem.core.tokenizer_files import TokenizerFilesError, load_tokenizer
 from tandem.router.admission.policy import TTFTPredictor
 from tandem.router.compose import compose
+from tandem.router.compose.many import create_many_app
 from tandem.router.config import EffectiveConfig, resolve
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.sources import Discovery, discovery_for
@@ -49,7 +51,7 @@ log = logging.getLogger("tandem.router")
 
 
 def create_app(
-    config: RouterConfig,
+    config: RouterConfig | GatewayFile,
     *,
     settings: RouterSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -70,8 +72,20 @@ def create_app(
     it (module docstring). `connections`: the counts of the HTTP server that serves this app
     (`tandem.cli.connections`), shown on /metrics. Raises `ConfigurationError` at once for a
     configuration this build cannot serve.
+
+    A `GatewayFile` (`kind: gateway`) makes one gateway in front of several services
+    (`tandem.router.compose.many`; `predictor`, `prefix` and `discovery` are for one service only).
     """
     env = os.environ if environ is None else environ
+    if isinstance(config, GatewayFile):
+        return create_many_app(
+            config,
+            settings=settings,
+            clock=clock,
+            environ=env,
+            collectors=[ConnectionsCollector(connections)] if connections is not None else (),
+            own_process=own_process,
+        )
     effective = resolve(config, settings or RouterSettings(), environ=env)
     key_file = load_key_file(effective)
     encoder = PromptEncoder(model_tokenizer(effective))

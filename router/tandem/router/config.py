@@ -149,7 +149,7 @@ def resolve(
     spec = config.spec
     kv_pool, kv_pool_off = None, None
     if config.kv_pool_url is not None:
-        keys = pool_keys(config)
+        keys = pool_keys(config, environ=env)
         if isinstance(keys, KeysUnavailable):
             kv_pool_off = keys.reason
         else:
@@ -198,12 +198,15 @@ def resolve(
     )
 
 
-def pool_keys(config: RouterConfig) -> PoolKeys | KeysUnavailable:
+def pool_keys(
+    config: RouterConfig, *, environ: Mapping[str, str] | None = None
+) -> PoolKeys | KeysUnavailable:
     """The chunk keys the engines write to the pool, or why the gateway cannot compute them (module
     docstring). Simulated engines and Tandem's connector key their chain with the pool key the gateway
-    shares with them (`TANDEM_KV_POOL_KEY`; unset: the unkeyed chain)."""
+    shares with them (`TANDEM_KV_POOL_KEY` in `environ`, default this process's; unset: the unkeyed
+    chain)."""
     spec = config.spec
-    key = pool_key_from_env(os.environ)
+    key = pool_key_from_env(os.environ if environ is None else environ)
     if spec.engine.kind == "sim":
         return PoolKeys(model=spec.model.name, chunk_size=spec.kv_pool.chunk_size, scheme=TandemHash(key=key))
     if config.tokenizer_path is None:

@@ -126,33 +126,197 @@ def compose(
     predictor: TTFTPredictor | None = None,
     prefix: PrefixSource | None = None,
 ) -> Components:
-    """Build every component (pure construction: nothing starts, nothing connects)."""
+    """Build every component (pure construction: nothing starts, nothing connects): what belongs to
+    the gateway (identity, rate limits, body limits, the HTTP shell) and what belongs to the service
+    (`compose_service`), in one pipeline."""
     settings = config.settings
-    registry = EndpointRegistry(
-        failure_threshold=settings.rotation.failure_threshold,
-        cooldown_seconds=settings.rotation.cooldown_seconds,
-        clock=clock,
-        stale_after=settings.collector.stale_after,
-        unreachable_after=settings.collector.unreachable_after,
-    )
+    registry = new_registry(config, clock=clock)
     prometheus = CollectorRegistry()
     # The gateway process's own CPU, memory and file descriptors (process_*): its cost per request.
     ProcessCollector(registry=prometheus)
     metrics = RouterMetrics(prometheus, registry)
     loop_lag = LoopLagMonitor(prometheus, busy=registry.busy)
     upstream = HTTPUpstream(wire, settings.proxy)
-    capacity = engine_capacity(config)
-    workers = settings.workers
-    bus: Bus = (
-        WorkerBus(
-            key=workers.key,
-            index=workers.index,
-            count=workers.count,
-            token=workers.token.get_secret_value(),
-        )
-        if workers.count > 1
-        else SoloBus()
+    bus = new_bus(config)
+    access = gateway_access(config, key_file=key_file, prometheus=prometheus, clock=clock, bus=bus)
+    service = compose_service(
+        config,
+        registry=registry,
+        prometheus=prometheus,
+        metrics=metrics,
+        upstream=upstream,
+        wire=wire,
+        scrapes=scrapes,
+        encoder=encoder,
+        clock=clock,
+        bus=bus,
+        loop_lag=loop_lag,
+        output_charge=access.output_charge,
+        predictor=predictor,
+        prefix=prefix,
     )
+    pipeline = generation_stages(
+        identify=Identify(access.tenants, config.default_slo, access.priorities),
+        parse=gateway_parse(
+            config,
+            accepted=config.served_models,
+            scopes=cache_scopes(config.spec.router, settings.access),
+            context=service.context,
+        ),
+        limit=Limit(access),
+        hold=service.hold,
+        admit=service.admit,
+        dispatcher=service.dispatcher,
+        disaggregator=service.disaggregator,
+        relay_stage=service.relay,
+    )
+    if isinstance(bus, WorkerBus):
+        bus.answer_metrics(lambda: generate_latest(prometheus))
+    services: list[Service] = [bus, loop_lag]
+    if key_file is not None:
+        services.append(key_file)  # follows Secret updates
+    services += service.services
+    return Components(
+        config=config,
+        registry=registry,
+        prometheus=prometheus,
+        metrics=metrics,
+        upstream=upstream,
+        dispatcher=service.dispatcher,
+        admission=service.admit.gate,
+        access=access,
+        routing=service.routing,
+        kv_pool=service.kv_pool,
+        loop_lag=loop_lag,
+        gateway=Gateway(pipeline=pipeline, encoder=encoder, metrics=metrics, clock=clock),
+        operations=Operations(
+            registry=registry,
+            upstream=upstream,
+            prometheus=prometheus,
+            metrics=metrics,
+            tenants=access.tenants,
+            bus=bus,
+            model=config.spec.model,
+            started_unix=int(time.time()),
+            models_timeout_s=settings.proxy.models_timeout_seconds,
+            scales_from_zero=scales_from_zero(config),
+        ),
+        services=tuple(services),
+    )
+
+
+def new_registry(config: EffectiveConfig, *, clock: Callable[[], float]) -> EndpointRegistry:
+    """A service's engines, as discovery and the metrics collector keep them."""
+    settings = config.settings
+    return EndpointRegistry(
+        failure_threshold=settings.rotation.failure_threshold,
+        cooldown_seconds=settings.rotation.cooldown_seconds,
+        clock=clock,
+        stale_after=settings.collector.stale_after,
+        unreachable_after=settings.collector.unreachable_after,
+    )
+
+
+def new_bus(config: EffectiveConfig) -> Bus:
+    """The bus to this process's sibling workers (none with one worker)."""
+    workers = config.settings.workers
+    if workers.count <= 1:
+        return SoloBus()
+    return WorkerBus(
+        key=workers.key, index=workers.index, count=workers.count, token=workers.token.get_secret_value()
+    )
+
+
+def gateway_access(
+    config: EffectiveConfig,
+    *,
+    key_file: KeyFile | None,
+    prometheus: CollectorRegistry,
+    clock: Callable[[], float],
+    bus: Bus,
+) -> Access:
+    """Who is asking and how much they may send: API keys or the tenant header, bands, rate limits
+    (one limit across the workers, not one per worker)."""
+    access = build_access(
+        router=config.spec.router,
+        settings=config.settings,
+        key_file=key_file,
+        prometheus=prometheus,
+        clock=clock,
+    )
+    if isinstance(bus, WorkerBus):
+        access.limiter.on_take = SharedLimits(bus).took
+        bus.on(LIMITS, apply_limits(access.limiter.absorb))
+    return access
+
+
+def gateway_parse(
+    config: EffectiveConfig,
+    *,
+    accepted: frozenset[str] | None,
+    scopes: CacheScopes | None,
+    context: ContextLimit | None,
+    log_prompts: bool | None = None,
+) -> Parse:
+    """The body's reading and parsing, with the gateway's limits on bodies (`accepted` None: the
+    model is resolved after it, `tandem.router.pipeline.route`)."""
+    access = config.settings.access
+    return Parse(
+        accepted,
+        access.max_request_bytes,
+        config.log_prompts if log_prompts is None else log_prompts,
+        limits=BodyLimits.of(access),
+        budget=ReadingBudget(access.max_reading_bytes),
+        body_seconds=access.body_seconds,
+        scopes=scopes,
+        context=context,
+        tokenizing=asyncio.Semaphore(1),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceParts:
+    """What one InferenceService holds in a gateway: its engines and their metrics, its scheduler,
+    its fair queue over its own decode capacity, its P/D, and the stages from `Hold` on."""
+
+    config: EffectiveConfig
+    registry: EndpointRegistry
+    prometheus: CollectorRegistry
+    metrics: RouterMetrics
+    upstream: HTTPUpstream
+    routing: Routing
+    dispatcher: Dispatcher
+    disaggregator: Disaggregator
+    kv_pool: KVPoolIndex | None
+    context: ContextLimit
+    hold: Hold
+    admit: Admit
+    relay: Relay
+    #: Background work, in start order (stopped in reverse).
+    services: Sequence[Service]
+
+
+def compose_service(
+    config: EffectiveConfig,
+    *,
+    registry: EndpointRegistry,
+    prometheus: CollectorRegistry,
+    metrics: RouterMetrics,
+    upstream: HTTPUpstream,
+    wire: Wire,
+    scrapes: httpx.AsyncClient,
+    encoder: PromptEncoder,
+    clock: Callable[[], float],
+    bus: Bus,
+    loop_lag: LoopLagMonitor,
+    output_charge: Callable[[str], Callable[[int], None] | None],
+    predictor: TTFTPredictor | None = None,
+    prefix: PrefixSource | None = None,
+) -> ServiceParts:
+    """One service's components (`ServiceParts`), its metrics in `prometheus`; `bus` carries what
+    its workers share (a gateway of many services gives each a bus of its own kinds)."""
+    settings = config.settings
+    capacity = engine_capacity(config)
     routing = build_routing(
         config, registry=registry, prometheus=prometheus, scrapes=scrapes, clock=clock, bus=bus
     )
@@ -207,47 +371,19 @@ def compose(
         bus=bus,
         capacity=capacity,
     )
-    access = build_access(
-        router=config.spec.router, settings=settings, key_file=key_file, prometheus=prometheus, clock=clock
-    )
     model = config.spec.model
     context = ContextLimit(
         max_token_chars=encoder.tokenizer.max_token_chars,
         model_names={model.name, model.public_name},
         exact=config.tokenizer_exact,
     )
-    if isinstance(bus, WorkerBus):  # one rate limit across the workers, not one per worker
-        access.limiter.on_take = SharedLimits(bus).took
-        bus.on(LIMITS, apply_limits(access.limiter.absorb))
-    pipeline = generation_stages(
-        identify=Identify(access.tenants, config.default_slo, access.priorities),
-        parse=Parse(
-            config.served_models,
-            settings.access.max_request_bytes,
-            config.log_prompts,
-            limits=BodyLimits.of(settings.access),
-            budget=ReadingBudget(settings.access.max_reading_bytes),
-            body_seconds=settings.access.body_seconds,
-            scopes=cache_scopes(config.spec.router, settings.access),
-            context=context,
-            tokenizing=asyncio.Semaphore(1),
-        ),
-        limit=Limit(access),
-        hold=Hold(
-            build_hold(config, registry=registry, prometheus=prometheus, clock=clock),
-            arrivals=Arrivals(prometheus, exact=config.spec.prefill.autoscaling.enabled),
-        ),
-        admit=Admit(gate),
-        dispatcher=dispatcher,
-        disaggregator=disaggregator,
-        relay_stage=Relay(
-            access.output_charge,
-            config.log_prompts,
-            handover_tokens=settings.admission.handover_tokens,
-            resume=Resume(gate, dispatcher) if gate.preemption else None,
-            topology_headers=settings.access.topology_headers,
-            write_s=settings.proxy.client_write_seconds,
-        ),
+    relay_stage = Relay(
+        output_charge,
+        config.log_prompts,
+        handover_tokens=settings.admission.handover_tokens,
+        resume=Resume(gate, dispatcher) if gate.preemption else None,
+        topology_headers=settings.access.topology_headers,
+        write_s=settings.proxy.client_write_seconds,
     )
     learner = ContextLearner(context, upstream, timeout_s=settings.proxy.models_timeout_seconds)
     collector = MetricsCollector(
@@ -258,39 +394,25 @@ def compose(
         on_members=_following(routing, capacity, learner),
         urgent=lambda: [s.endpoint.url for s in registry.snapshots("decode") if capacity.learning(s)],
     )
-    if isinstance(bus, WorkerBus):
-        bus.answer_metrics(lambda: generate_latest(prometheus))
-    services: list[Service] = [bus, loop_lag]
-    if counters is not None:
-        services.append(counters)
-    if key_file is not None:
-        services.append(key_file)  # follows Secret updates
+    services: list[Service] = [] if counters is None else [counters]
     services += [routing, collector]  # subscribers follow the collector's rounds
-    return Components(
+    return ServiceParts(
         config=config,
         registry=registry,
         prometheus=prometheus,
         metrics=metrics,
         upstream=upstream,
-        dispatcher=dispatcher,
-        admission=gate,
-        access=access,
         routing=routing,
+        dispatcher=dispatcher,
+        disaggregator=disaggregator,
         kv_pool=kv_pool,
-        loop_lag=loop_lag,
-        gateway=Gateway(pipeline=pipeline, encoder=encoder, metrics=metrics, clock=clock),
-        operations=Operations(
-            registry=registry,
-            upstream=upstream,
-            prometheus=prometheus,
-            metrics=metrics,
-            tenants=access.tenants,
-            bus=bus,
-            model=config.spec.model,
-            started_unix=int(time.time()),
-            models_timeout_s=settings.proxy.models_timeout_seconds,
-            scales_from_zero=scales_from_zero(config),
+        context=context,
+        hold=Hold(
+            build_hold(config, registry=registry, prometheus=prometheus, clock=clock),
+            arrivals=Arrivals(prometheus, exact=config.spec.prefill.autoscaling.enabled),
         ),
+        admit=Admit(gate),
+        relay=relay_stage,
         services=tuple(services),
     )
 
@@ -353,7 +475,7 @@ def build_routing(
         track_prefixes=config.spec.router.policy in PREFIX_POLICIES
         or (config.spec.disaggregation.mode == "auto" and config.prefill_pool_possible)
         or config.prefix_source == "precise",
-        on_record=share_routes(bus) if isinstance(bus, WorkerBus) else None,
+        on_record=share_routes(bus) if bus.worker is not None else None,
         rates=PrefillRates(
             prior_tokens_per_second=tuning.prior_tokens_per_second, smoothing=tuning.rate_smoothing
         ),
@@ -411,7 +533,7 @@ def build_gate(
         counters = SharedCounters(store, key=access.key, interval_s=access.interval_s, add=queue.add_service)
         register_counters(counters, prometheus)
         queue.on_charge = counters.charged
-    elif isinstance(bus, WorkerBus):
+    elif bus.worker is not None:  # sibling workers: the counters travel on the bus
         queue.on_charge = SharedService(bus).charged
         bus.on(SERVICE, apply_service(queue.add_service))
     limits = SaturationLimits(

@@ -1,4 +1,5 @@
-"""`GET /v1/models`: the union of what the engines list, plus the spec's served model.
+"""`GET /v1/models`: the union of what the engines list, plus the spec's served model (in front of
+many services: every served name and alias, `list_many`).
 
 Every endpoint (both pools, in rotation) is asked concurrently with a short timeout; entries are
 merged by `id`, the first engine's entry winning (decode endpoints first). The spec's served name
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tandem.core.spec import ModelSpec
@@ -63,3 +65,49 @@ async def engine_models(
     if not isinstance(data, list):
         return []
     return [dict(e) for e in data if isinstance(e, Mapping) and isinstance(e.get("id"), str)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Listed:
+    """One service as `/v1/models` lists it in a gateway of many: its model and its engines now."""
+
+    model: ModelSpec
+    upstream: HTTPUpstream
+    endpoints: Callable[[], Sequence[Endpoint]]
+
+
+async def list_many(
+    *,
+    services: Sequence[Listed],
+    aliases: Mapping[str, Sequence[str]],
+    created: int,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The OpenAI `list` of a gateway in front of many services: every served name, each with its
+    engines' entry for it when one answers (else synthesised, as `list_models` does), then every
+    alias (`aliases`: alias → its targets' served names), as its first target's entry under the
+    alias's id, with the smallest `max_model_len` of its targets when they state one. Only names the
+    gateway accepts are listed: an engine's other names (its model path, adapters) are not."""
+    answers = await asyncio.gather(
+        *(
+            list_models(
+                upstream=s.upstream,
+                endpoints=s.endpoints(),
+                model=s.model,
+                created=created,
+                timeout_s=timeout_s,
+            )
+            for s in services
+        )
+    )
+    entries: dict[str, dict[str, Any]] = {}
+    for service, answer in zip(services, answers, strict=True):
+        name = service.model.public_name
+        entries[name] = next(e for e in answer["data"] if e["id"] == name)
+    for alias, targets in aliases.items():
+        entry = {**entries[targets[0]], "id": alias, "parent": None}
+        lengths = [entries[t].get("max_model_len") for t in targets]
+        if all(isinstance(n, int) for n in lengths):
+            entry["max_model_len"] = min(n for n in lengths if isinstance(n, int))
+        entries[alias] = entry
+    return {"object": "list", "data": list(entries.values())}

@@ -46,7 +46,9 @@ class Gateway:
     """What the shell needs per request, built once at start-up by the composition root."""
 
     pipeline: Pipeline
-    encoder: PromptEncoder
+    #: The prompt encoder of a gateway of one service; None in front of many (`Route` sets each
+    #: request's).
+    encoder: PromptEncoder | None
     metrics: RouterMetrics
     clock: Callable[[], float]
 
@@ -206,7 +208,9 @@ def _finish(gateway: Gateway, ctx: RequestContext) -> None:
     else:
         status = 500
     ctx.status = status
-    gateway.metrics.observe_request(ctx.path, status, duration_s=now - ctx.started, ttfb_s=_ttfb(ctx))
+    # A gateway of many services counts a routed request in its service's metrics (`model` label).
+    metrics = gateway.metrics if ctx.service is None else ctx.service.metrics
+    metrics.observe_request(ctx.path, status, duration_s=now - ctx.started, ttfb_s=_ttfb(ctx))
     level = logging.WARNING if status >= 500 else logging.INFO
     if log.isEnabledFor(level):
         log.log(level, "request", extra=ctx.log_fields(now=now))

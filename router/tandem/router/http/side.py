@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -26,12 +26,12 @@ from tandem.core.openai_api import error_body
 from tandem.core.spec import ModelSpec
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import RouterError
-from tandem.router.http.catalog import list_models
+from tandem.router.http.catalog import Listed, list_many, list_models
 from tandem.router.http.middleware import SideRouteMiddleware
 from tandem.router.http.openapi import openapi_builder
 from tandem.router.identity.headers import TenantResolver
 from tandem.router.observe.metrics import RouterMetrics
-from tandem.router.types import POOLS
+from tandem.router.types import POOLS, Endpoint
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.workers.bus import Bus
 
@@ -54,6 +54,27 @@ class Operations:
     #: The decode pool may be at zero by design (autoscaling from min 0) and the gateway holds
     #: requests meanwhile (`spec.router.coldStart.maxHeldRequests` > 0): an empty pool is ready.
     scales_from_zero: bool = False
+    #: In front of many services: each one's model and engines, and the aliases (then `registry`,
+    #: `model` and `scales_from_zero` are unused).
+    many: ManyModels | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServedModel:
+    """One service of a gateway in front of many, as `/v1/models` and `/health` see it."""
+
+    model: ModelSpec
+    registry: EndpointRegistry
+    upstream: HTTPUpstream
+    scales_from_zero: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManyModels:
+    """The services (in order) and the aliases (alias → its targets' served names)."""
+
+    services: Sequence[ServedModel]
+    aliases: Mapping[str, Sequence[str]]
 
 
 router = APIRouter()
@@ -72,7 +93,20 @@ OperationsDep = Annotated[Operations, Depends(get_operations)]
 @router.get("/v1/models")
 async def models(request: Request, ops: OperationsDep) -> JSONResponse:
     ops.tenants.tenant(request.headers)  # 401 without a valid key when auth is on
-    endpoints = [s.endpoint for pool in ("decode", "prefill") for s in ops.registry.candidates(pool)]
+    if ops.many is not None:
+        listed = [
+            Listed(model=s.model, upstream=s.upstream, endpoints=_endpoints(s.registry))
+            for s in ops.many.services
+        ]
+        return JSONResponse(
+            await list_many(
+                services=listed,
+                aliases=ops.many.aliases,
+                created=ops.started_unix,
+                timeout_s=ops.models_timeout_s,
+            )
+        )
+    endpoints = _endpoints(ops.registry)()
     listing = await list_models(
         upstream=ops.upstream,
         endpoints=endpoints,
@@ -83,30 +117,51 @@ async def models(request: Request, ops: OperationsDep) -> JSONResponse:
     return JSONResponse(listing)
 
 
+def _endpoints(registry: EndpointRegistry) -> Callable[[], list[Endpoint]]:
+    """The engines in rotation, decode first, as `/v1/models` asks them."""
+    return lambda: [s.endpoint for pool in ("decode", "prefill") for s in registry.candidates(pool)]
+
+
 @router.get("/health")
 async def health(ops: OperationsDep) -> JSONResponse:
     """200 while at least one decode endpoint is in rotation, or while a decode pool that scales
     from zero has no member (`cold_start`: the gateway holds requests until its first engine is
-    ready, so it must stay in its Service); else 503 with the reason."""
+    ready, so it must stay in its Service); else 503 with the reason. In front of many services:
+    200 while any service is ready so (the others' 404s or 503s are theirs), each one's state under
+    `models`."""
+    if ops.many is None:
+        status, answer = pool_health(ops.registry, scales_from_zero=ops.scales_from_zero)
+        return JSONResponse(answer, status_code=status)
+    states = {
+        s.model.public_name: pool_health(s.registry, scales_from_zero=s.scales_from_zero)
+        for s in ops.many.services
+    }
+    ready = any(status == 200 for status, _ in states.values())
+    answer = {"status": "ok" if ready else "unavailable", "models": {m: a for m, (_, a) in states.items()}}
+    return JSONResponse(answer, status_code=200 if ready else 503)
+
+
+def pool_health(registry: EndpointRegistry, *, scales_from_zero: bool) -> tuple[int, dict[str, Any]]:
+    """One service's health: its status code and answer (`health`)."""
     pools = {
         pool: {
-            "endpoints": len(snaps := ops.registry.snapshots(pool)),
+            "endpoints": len(snaps := registry.snapshots(pool)),
             "in_rotation": sum(s.in_rotation for s in snaps),
         }
         for pool in POOLS
     }
     decode = pools["decode"]
     if decode["in_rotation"]:
-        return JSONResponse({"status": "ok", "pools": pools})
-    if not decode["endpoints"] and ops.scales_from_zero:
+        return 200, {"status": "ok", "pools": pools}
+    if not decode["endpoints"] and scales_from_zero:
         reason = "no decode engine yet (scaled to zero): requests are held until the first is ready"
-        return JSONResponse({"status": "cold_start", "reason": reason, "pools": pools})
+        return 200, {"status": "cold_start", "reason": reason, "pools": pools}
     reason = (
         "no decode endpoint known"
         if not decode["endpoints"]
         else f"no decode endpoint in rotation (all {decode['endpoints']} cooling down after failures)"
     )
-    return JSONResponse({"status": "unavailable", "reason": reason, "pools": pools}, status_code=503)
+    return 503, {"status": "unavailable", "reason": reason, "pools": pools}
 
 
 @router.get("/metrics")

@@ -21,13 +21,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.core.blockhash import ROOT_KEY, scope_key
 from tandem.core.modeltokens import Encoded, PromptEncoder
 from tandem.router.admission.gate import Grant
 from tandem.router.types import SLO, Endpoint, Route
 from tandem.router.upstream.dispatch import Attempt
+from tandem.router.upstream.rename import ModelRename
+
+if TYPE_CHECKING:
+    from tandem.router.pipeline.route import ServiceRoute
 
 #: The tenant of requests that name none.
 DEFAULT_TENANT = "default"
@@ -58,6 +62,10 @@ class RequestContext:
     body: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     stream: bool = False
+    body_bytes: int = 0  # the body's size as it came
+    # route (a gateway of many services only)
+    service: ServiceRoute | None = None  # the service `model` named
+    rename: ModelRename | None = None  # the answer's `model` back to the alias the client sent
     # hold (cold start), admission, scheduling, P/D
     held_s: float | None = None  # held while the decode pool had no engine, else None
     grant: Grant | None = None

@@ -55,7 +55,8 @@ from tandem.router.upstream.client import UpstreamCall
 from tandem.router.upstream.continuation import continuable
 from tandem.router.upstream.dispatch import Attempt, Dispatcher
 from tandem.router.upstream.recall import Recalled
-from tandem.router.upstream.relay import STALLED_WRITE_S, Yielding, relay
+from tandem.router.upstream.relay import STALLED_WRITE_S, ResponseMeter, Yielding, relay
+from tandem.router.upstream.rename import RenamingMeter
 from tandem.router.upstream.usage import request_usage
 
 log = logging.getLogger(__name__)
@@ -109,9 +110,11 @@ class Parse:
     `limits` (`tandem.router.request.limits`). A body of `off_loop_bytes` or more is tokenized in a
     worker thread, so one long prompt does not stall every other request's stream. With `scopes`,
     the body sent to engines carries the tenant's `cache_salt` (`tandem.router.identity.cachescope`),
-    and the prompt's prefix keys are rooted in it."""
+    and the prompt's prefix keys are rooted in it. `accepted_models` None (a gateway of many
+    services): `model` is resolved by the `Route` stage after it (`tandem.router.pipeline.route`),
+    which then does what needs the service (the salt, the big prompt's tokens)."""
 
-    accepted_models: frozenset[str]
+    accepted_models: frozenset[str] | None
     max_request_bytes: int
     log_prompts: bool
     limits: BodyLimits | None = None
@@ -143,6 +146,7 @@ class Parse:
                 ) from None
             parsed = parse_generation(ctx.route, raw, accepted=self.accepted_models, limits=self.limits)
             ctx.body, ctx.model, ctx.stream = parsed.body, parsed.model, parsed.stream
+            ctx.body_bytes = len(raw)
             salt = self.scopes.salt(ctx.tenant) if self.scopes is not None else None
             if salt is not None:
                 ctx.body["cache_salt"] = salt
@@ -150,24 +154,27 @@ class Parse:
             if self.log_prompts:
                 ctx.prompt_text = prompt_text(parsed.body)
             if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:
-                await self._tokenize(ctx)
+                await tokenize_big(ctx, context=self.context, tokenizing=self.tokenizing)
         finally:
             if self.budget is not None:
                 self.budget.give(taken)
 
-    async def _tokenize(self, ctx: RequestContext) -> None:
-        """A big prompt: refused unread when it cannot fit the context (`request.context_limit`),
-        else tokenized in a worker thread, one at a time (`tokenizing`), its bytes still counted in
-        the reading budget, so big prompts cannot pile their tokens up in memory at once."""
-        if self.context is not None:
-            self.context.check_unread(ctx.body)
-        if self.tokenizing is None:
+
+async def tokenize_big(
+    ctx: RequestContext, *, context: ContextLimit | None, tokenizing: asyncio.Semaphore | None
+) -> None:
+    """A big prompt: refused unread when it cannot fit the context (`request.context_limit`), else
+    tokenized in a worker thread, one at a time (`tokenizing`), its bytes still counted in the
+    reading budget, so big prompts cannot pile their tokens up in memory at once."""
+    if context is not None:
+        context.check_unread(ctx.body)
+    if tokenizing is None:
+        await asyncio.to_thread(ctx.encoded)
+    else:
+        async with tokenizing:
             await asyncio.to_thread(ctx.encoded)
-        else:
-            async with self.tokenizing:
-                await asyncio.to_thread(ctx.encoded)
-        if self.context is not None and _one_prompt(ctx.body):
-            self.context.check_tokens(ctx.prompt_length())
+    if context is not None and _one_prompt(ctx.body):
+        context.check_tokens(ctx.prompt_length())
 
 
 def _one_prompt(body: Mapping[str, object]) -> bool:
@@ -353,6 +360,7 @@ class Relay:
             progress=ctx,
             yielding=yielding,
             write_s=self.write_s,
+            rename=ctx.rename,
         )
         if stopped and yielding is not None and self.resume is not None:
             ctx.continued = True
@@ -365,6 +373,13 @@ class Relay:
             )
 
     def _meter(
+        self, ctx: RequestContext, grant: Grant, expected: int | None, *, attempt: Attempt | None
+    ) -> ResponseMeter:
+        """The grant's meter; for a request that came by an alias, renaming its stream's `model`."""
+        meter = self._grant_meter(ctx, grant, expected, attempt=attempt)
+        return meter if ctx.rename is None else RenamingMeter(meter, ctx.rename)
+
+    def _grant_meter(
         self, ctx: RequestContext, grant: Grant, expected: int | None, *, attempt: Attempt | None
     ) -> GrantMeter:
         def hand_over() -> None:
@@ -410,11 +425,24 @@ def generation_stages(
     relay_stage: Relay,
 ) -> Pipeline:
     """The generation pipeline, in the order of the module docstring."""
+    rest = service_stages(
+        hold=hold, admit=admit, dispatcher=dispatcher, disaggregator=disaggregator, relay_stage=relay_stage
+    )
+    return Pipeline((identify, parse, limit, *rest.stages))
+
+
+def service_stages(
+    *,
+    hold: Hold,
+    admit: Admit,
+    dispatcher: Dispatcher,
+    disaggregator: Disaggregator,
+    relay_stage: Relay,
+) -> Pipeline:
+    """A service's stages, from `Hold` on (a gateway of many services runs them after routing,
+    `tandem.router.pipeline.route`)."""
     return Pipeline(
         (
-            identify,
-            parse,
-            limit,
             hold,
             admit,
             Pick(dispatcher),

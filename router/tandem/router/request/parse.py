@@ -48,18 +48,20 @@ class Parsed:
 
 
 def parse_generation(
-    route: Route, raw: bytes, *, accepted: Collection[str], limits: BodyLimits | None = None
+    route: Route, raw: bytes, *, accepted: Collection[str] | None, limits: BodyLimits | None = None
 ) -> Parsed:
     """Steps 1-4 of the module docstring for a body already read, with `limits`' checks each before
     the work it guards (`tandem.router.request.limits`); raises `InvalidRequest` (400),
-    `RequestTooLarge` (413), `ModelNotFound` (404)."""
+    `RequestTooLarge` (413), `ModelNotFound` (404). `accepted` None: the model is checked later (a
+    gateway of many services resolves it, `tandem.router.request.names`)."""
     limits = limits or BodyLimits()
     check_elements(raw, limits)
     body = parse_json_object(raw)
     check_shape(route, body, limits)
     validated = validate_generation(route, body)
     check_fields(route, body, limits)
-    check_model(validated.model, accepted=accepted)
+    if accepted is not None:
+        check_model(validated.model, accepted=accepted)
     for name in STEERING_FIELDS:
         body.pop(name, None)
     return Parsed(body, validated.model, validated.stream)

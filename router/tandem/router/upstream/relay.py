@@ -119,12 +119,14 @@ async def relay(
     yielding: Yielding | None = None,
     started: bool = False,
     write_s: float = STALLED_WRITE_S,
+    rename: Callable[[bytes], bytes] | None = None,
 ) -> bool:
     """Send `attempt`'s answer to the client with extra `headers`. Takes ownership of `attempt` and
     `meter` (module docstring). Returns True when `yielding` was stopped: the client's stream is
     still open, for the continuation. `started`: the response is already under way (a
     continuation), so only its body is sent; an engine that answers it with an error ends the stream
-    with an SSE error event."""
+    with an SSE error event. `rename`: applied to a buffered answer's body (an alias's `model`,
+    `tandem.router.upstream.rename`; a stream's meter renames its chunks)."""
     reply = attempt.reply
     content_type = (b"content-type", reply.content_type.encode("latin-1"))
     try:
@@ -147,12 +149,13 @@ async def relay(
         if not reply.streaming:
             attempt.finish()
             meter.buffered(reply.status, reply.head)
-            length = (b"content-length", str(len(reply.head)).encode())
+            body = reply.head if rename is None else rename(reply.head)
+            length = (b"content-length", str(len(body)).encode())
             progress.response_start(reply.status)
             start = [content_type, length, *headers]
             await send({"type": "http.response.start", "status": reply.status, "headers": start})
             progress.response_first_byte()
-            await send({"type": "http.response.body", "body": reply.head, "more_body": False})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             progress.response_end()
             return False
         progress.response_start(reply.status)

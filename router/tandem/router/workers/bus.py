@@ -97,6 +97,34 @@ class SoloBus:
         return None
 
 
+class ScopedBus:
+    """One service's part of the process's bus, in a gateway in front of many services: its event
+    kinds carry the service's name (`<scope>/<kind>`), so one service's routes and charges never
+    reach another's. The gateway starts, stops and gathers through the bus itself."""
+
+    def __init__(self, bus: Bus, scope: str) -> None:
+        self._bus, self._scope = bus, scope
+
+    @property
+    def worker(self) -> int | None:
+        return self._bus.worker
+
+    def on(self, kind: str, handler: Callable[[Any], None]) -> None:
+        self._bus.on(f"{self._scope}/{kind}", handler)
+
+    def publish(self, kind: str, payload: Any) -> None:
+        self._bus.publish(f"{self._scope}/{kind}", payload)
+
+    async def gather(self, local: Callable[[], bytes]) -> bytes:
+        return await self._bus.gather(local)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
 def address(key: str, index: int) -> str:
     return f"\0tandem-router-{key}-{index}"
 

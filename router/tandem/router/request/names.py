@@ -1,0 +1,99 @@
+"""Which service a request's `model` names, in a gateway in front of many services (pure).
+
+A name is a service's served name (`spec.model.servedName`, else `spec.model.name`) or an alias
+(`tandem.core.gateway.AliasSpec`): a client-facing name mapped to one service, or to several with
+weights. Anything else is a 404 in vLLM's words (`ModelNotFound`), and is never kept: nothing here is
+keyed by a name a client chose until it has matched a configured one.
+
+**The split** is nginx's smooth weighted round robin (`SmoothWeighted`), one per alias: every pick
+adds each target's weight to its current value, picks the largest current value (the first listed on
+a tie) and subtracts the total weight from it. Over any `total` consecutive picks each target is
+picked exactly `weight` times, and the picks of a heavy target are spread out, not bunched. Worked
+example, weights a=5, b=1, c=1 (total 7):
+
+| pick | current before (+weights) | picked | current after (-7 from the picked) |
+|---:|---|---|---|
+| 1 | 5, 1, 1 | a | -2, 1, 1 |
+| 2 | 3, 2, 2 | a | -4, 2, 2 |
+| 3 | 1, 3, 3 | b | 1, -4, 3 |
+| 4 | 6, -3, 4 | a | -1, -3, 4 |
+| 5 | 4, -2, 5 | c | 4, -2, -2 |
+| 6 | 9, -1, -1 | a | 2, -1, -1 |
+| 7 | 7, 0, 0 | a | 0, 0, 0 |
+
+a a b a c a a, and the values are back to 0: the sequence repeats. A 90/10 alias therefore sends
+exactly 90 of every 100 consecutive requests to its first target. The state is per alias in one
+process: with several workers or gateway replicas each runs its own, so each is exact over its own
+requests and the sum is exact to within one round per process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from tandem.router.errors import ModelNotFound
+
+T = TypeVar("T")
+
+
+class SmoothWeighted(Generic[T]):
+    """nginx's smooth weighted round robin over `targets` (module docstring). Weights are
+    non-negative integers whose sum is positive; a target of weight 0 is never picked."""
+
+    __slots__ = ("_current", "_targets", "_total", "_weights")
+
+    def __init__(self, targets: Sequence[tuple[T, int]]) -> None:
+        if any(w < 0 for _, w in targets) or sum(w for _, w in targets) <= 0:
+            raise ValueError("weights must be non-negative with a positive sum")
+        self._targets = [t for t, _ in targets]
+        self._weights = [w for _, w in targets]
+        self._total = sum(self._weights)
+        self._current = [0] * len(self._weights)
+
+    def pick(self) -> T:
+        current, weights = self._current, self._weights
+        best = 0
+        for i, weight in enumerate(weights):
+            current[i] += weight
+            if current[i] > current[best]:
+                best = i
+        current[best] -= self._total
+        return self._targets[best]
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved(Generic[T]):
+    """The service a request goes to; `alias`: the alias the client sent (None: the served name)."""
+
+    service: T
+    alias: str | None
+
+
+class ModelNames(Generic[T]):
+    """Served names and aliases → services. `services`: served name → service; `aliases`: alias →
+    (service's served name, weight) in order. Raises `ValueError` for an alias naming a served name,
+    an unknown service or weights summing to 0 (`tandem.core.gateway` validates the same first)."""
+
+    def __init__(self, services: Mapping[str, T], aliases: Mapping[str, Sequence[tuple[str, int]]]) -> None:
+        self._direct: dict[str, Resolved[T]] = {name: Resolved(s, None) for name, s in services.items()}
+        self._aliases: dict[str, SmoothWeighted[T]] = {}
+        for alias, targets in aliases.items():
+            if alias in services:
+                raise ValueError(f"alias {alias!r} is a served name")
+            unknown = [name for name, _ in targets if name not in services]
+            if unknown:
+                raise ValueError(f"alias {alias!r} targets names not served: {', '.join(unknown)}")
+            self._aliases[alias] = SmoothWeighted([(services[n], w) for n, w in targets])
+        self.names: frozenset[str] = frozenset(services) | frozenset(aliases)
+
+    def resolve(self, model: str) -> Resolved[T]:
+        """The service for `model`; raises `ModelNotFound` (404, vLLM's words) for any other name."""
+        direct = self._direct.get(model)
+        if direct is not None:
+            return direct
+        split = self._aliases.get(model)
+        if split is None:
+            raise ModelNotFound(model)
+        return Resolved(split.pick(), model)
