@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from tests.router.fake_engine import FakeEngine
 from tests.router.harness import Launcher, RunningRouter, metric
 
 from tandem.core.gateway import GatewayFile
+from tandem.core.routerconfig import EndpointList, write_endpoint_file
 from tandem.router.compose.many import create_many_app
 from tandem.router.settings import RouterSettings
 
@@ -225,3 +227,29 @@ async def test_metrics_carry_the_model_label(launcher: Launcher, stack: AsyncExi
         len([line for line in text.splitlines() if line.startswith("# TYPE tandem_router_requests_total")])
         <= 1
     )
+
+
+async def test_a_model_at_zero_is_held_until_its_first_engine_while_others_serve(
+    launcher: Launcher, stack: AsyncExitStack, tmp_path: Path
+) -> None:
+    a, b = await launcher.engine("a0"), await launcher.engine("b0")
+    endpoints = tmp_path / "beta.json"
+    write_endpoint_file(endpoints, EndpointList())
+    document = gateway_document({"alpha": (QWEN, [a.url]), "beta": (LLAMA, [b.url])})
+    document["services"][1]["config"]["discovery"] = {
+        "kind": "file",
+        "path": str(endpoints),
+        "pollSeconds": 0.05,
+    }
+    router = await serve(launcher, stack, GatewayFile.model_validate(document))
+    held = asyncio.create_task(router.openai.completions.create(model=LLAMA, prompt="x", max_tokens=1))
+    for _ in range(500):
+        if await metric(router, "tandem_router_held_requests", model=LLAMA) == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert not held.done()
+    served = await router.openai.completions.create(model=QWEN, prompt="x", max_tokens=1)
+    assert served.choices[0].text == " a0-0"
+    write_endpoint_file(endpoints, EndpointList(decode=[b.url]))
+    answer = await held
+    assert answer.choices[0].text == " b0-0" and answer.model == LLAMA

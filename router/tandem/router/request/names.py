@@ -23,8 +23,8 @@ example, weights a=5, b=1, c=1 (total 7):
 
 a a b a c a a, and the values are back to 0: the sequence repeats. A 90/10 alias therefore sends
 exactly 90 of every 100 consecutive requests to its first target. The state is per alias in one
-process: with several workers or gateway replicas each runs its own, so each is exact over its own
-requests and the sum is exact to within one round per process.
+process: with several workers or gateway replicas each runs its own, exact over every full round of
+its own requests, so the shares are off by at most one unfinished round per process.
 """
 
 from __future__ import annotations
