@@ -1,4 +1,4 @@
-"""`tandem validate -f FILE`: check InferenceService documents without a cluster."""
+"""`tandem validate -f FILE`: check InferenceService and InferenceGateway documents without a cluster."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from tandem.cli.documents import load_inference_services
 from tandem.cli.options import documents_file
+from tandem.cli.render import load_documents
+from tandem.core.gateway import InferenceGateway, name_conflicts
 from tandem.core.spec import InferenceService
 
 
@@ -23,15 +24,61 @@ def summary(isvc: InferenceService) -> str:
     )
 
 
+def gateway_summary(gateway: InferenceGateway, services: list[InferenceService]) -> str:
+    """One line describing a valid InferenceGateway and the services of the file it selects."""
+    selected = [
+        s
+        for s in services
+        if s.metadata.namespace == gateway.metadata.namespace
+        and gateway.spec.selector.matches((s.metadata.model_extra or {}).get("labels") or {})
+    ]
+    aliases = ", ".join(
+        f"{a.name} -> " + "/".join(f"{t.service}:{t.weight}" for t in a.targets) for a in gateway.spec.aliases
+    )
+    names = (
+        ", ".join(f"{s.spec.model.public_name} ({s.metadata.name})" for s in selected) or "none in this file"
+    )
+    return (
+        f"{gateway.metadata.namespace}/{gateway.metadata.name}: gateway x{gateway.spec.replicas} for "
+        f"{names}" + (f"; aliases {aliases}" if aliases else "")
+    )
+
+
+def gateway_problems(gateway: InferenceGateway, services: list[InferenceService]) -> list[str]:
+    """What the operator would refuse about the gateway given the services of the file: names two
+    selected services claim, an alias named as a served model, an alias target not selected."""
+    selected = {
+        s.metadata.name: s.spec.model.public_name
+        for s in services
+        if s.metadata.namespace == gateway.metadata.namespace
+        and gateway.spec.selector.matches((s.metadata.model_extra or {}).get("labels") or {})
+    }
+    problems = name_conflicts(selected, gateway.spec.aliases)
+    if selected:  # a file of gateways only names no services to check targets against
+        for i, alias in enumerate(gateway.spec.aliases):
+            for j, target in enumerate(alias.targets):
+                if target.service not in selected:
+                    problems.append(
+                        f"spec.aliases[{i}].targets[{j}].service: {target.service} is not a service "
+                        "this gateway selects"
+                    )
+    return [f"InferenceGateway {gateway.metadata.name}: {p}" for p in problems]
+
+
 @click.command()
 @documents_file
 def validate(path: Path) -> None:
-    """Validate InferenceService documents: print each error with its field path (exit 1), or a
-    one-line summary per valid document."""
-    services, errors = load_inference_services(path)
-    if errors:
-        for error in errors:
-            click.echo(f"{path}: {error}", err=True)
+    """Validate InferenceService and InferenceGateway documents: print each error with its field
+    path (exit 1), or a one-line summary per valid document."""
+    services, gateways, errors = load_documents(path)
+    problems = [f"{path}: {error}" for error in errors]
+    for gateway in gateways:
+        problems += [f"{path}: {p}" for p in gateway_problems(gateway, services)]
+    if problems:
+        for problem in problems:
+            click.echo(problem, err=True)
         raise SystemExit(1)
     for isvc in services:
         click.echo(f"valid: {summary(isvc)}")
+    for gateway in gateways:
+        click.echo(f"valid: {gateway_summary(gateway, services)}")
