@@ -1,5 +1,10 @@
 """`tandem up -f FILE`: run one InferenceService on this machine, no cluster and no GPU needed.
 
+With several services (`-f a.yaml -f b.yaml`, or one file of several documents, optionally with an
+InferenceGateway: its aliases, tenants and limits), every service's pools run behind one gateway on
+`--port`, routed by the body's `model` (`tandem.local.fleet`; docs/router.md, "Many models behind one
+gateway").
+
 Starts the KV pool (Redis), the prefill and decode pools (simulated engines) and the gateway as child
 processes, shows progress (which engines it still waits for), prints a table of every component (URL,
 health, metrics), a request to try, the endpoint and one ready line, and on Ctrl-C or SIGTERM stops
@@ -27,13 +32,15 @@ from types import FrameType
 import click
 import yaml
 
-from tandem.cli.documents import load_one
+from tandem.cli.documents import load_one, read_documents
 from tandem.cli.exits import fail
 from tandem.cli.status import render_table, status_rows
-from tandem.core.spec import InferenceService
+from tandem.core.gateway import GATEWAY_KIND, GatewayFile, InferenceGateway, parse_inference_gateway
+from tandem.core.spec import InferenceService, SpecInvalid, parse_inference_service
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
+from tandem.local.fleet import build_fleet_plan
 from tandem.local.plan import (
     CACHE_KEY_ENV,
     GATEWAY_ENGINE_KEY_ENV,
@@ -82,8 +89,16 @@ def _say(message: str) -> None:
 class _Recorder:
     """Keeps `<state dir>/state.json` in step with the stack, for `tandem status`."""
 
-    def __init__(self, isvc: InferenceService, plan: LocalPlan, supervisor: Supervisor, state_dir: Path):
-        self._name = isvc.metadata.name
+    def __init__(
+        self,
+        isvc: InferenceService,
+        plan: LocalPlan,
+        supervisor: Supervisor,
+        state_dir: Path,
+        *,
+        name: str | None = None,
+    ):
+        self._name = name or isvc.metadata.name
         self._plan = plan
         self._supervisor = supervisor
         self._state_dir = state_dir
@@ -195,11 +210,19 @@ def _status_command(isvc: InferenceService, state_dir: Path) -> str:
     return f"tandem status --state-dir {state_dir}"
 
 
-def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler_port: int) -> int:
-    """Start the stack, watch it until a signal or a failure, stop it; returns the exit code."""
+def _run(
+    isvc: InferenceService,
+    plan: LocalPlan,
+    *,
+    state_dir: Path,
+    autoscaler_port: int,
+    fleet: GatewayFile | None = None,
+) -> int:
+    """Start the stack, watch it until a signal or a failure, stop it; returns the exit code.
+    `fleet`: several services behind one gateway (`isvc` is the first)."""
     supervisor = Supervisor(log_dir=state_dir.resolve() / "logs")
-    recorder = _Recorder(isvc, plan, supervisor, state_dir.resolve())
-    _say(f"starting {isvc.metadata.name}: logs in {state_dir / 'logs'}")
+    recorder = _Recorder(isvc, plan, supervisor, state_dir.resolve(), name=fleet.gateway if fleet else None)
+    _say(f"starting {fleet.gateway if fleet else isvc.metadata.name}: logs in {state_dir / 'logs'}")
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     code = 0
@@ -216,7 +239,7 @@ def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler
         for line in _summary(isvc, recorder.save(), status_command=_status_command(isvc, state_dir)):
             click.echo(line)
         click.echo(f"endpoint: {plan.endpoint}")
-        click.echo(f"ready: model '{plan.model}' is served at {plan.endpoint} (Ctrl-C to stop)")
+        click.echo(f"ready: {_served(plan, fleet)} at {plan.endpoint} (Ctrl-C to stop)")
         _watch(supervisor)
     except _StopRequested as stop:
         _say(f"{stop}: stopping")
@@ -232,6 +255,15 @@ def _run(isvc: InferenceService, plan: LocalPlan, *, state_dir: Path, autoscaler
         recorder.remove()
         _say("stopped: every child process has exited")
     return code
+
+
+def _served(plan: LocalPlan, fleet: GatewayFile | None) -> str:
+    """What the ready line says is served: the model, or every model and alias of the gateway."""
+    if fleet is None:
+        return f"model '{plan.model}' is served"
+    models = ", ".join(f"'{s.config.spec.model.public_name}'" for s in fleet.services)
+    aliases = ", ".join(f"'{a.name}'" for a in fleet.spec.aliases)
+    return f"models {models}" + (f" and aliases {aliases}" if aliases else "") + " are served"
 
 
 def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
@@ -252,10 +284,12 @@ def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
 @click.option(
     "-f",
     "--file",
-    "path",
+    "paths",
     required=True,
+    multiple=True,
     type=click.Path(path_type=Path, dir_okay=False),
-    help="YAML file with one InferenceService.",
+    help="YAML file with one InferenceService; several files (or documents), and optionally one "
+    "InferenceGateway: every service behind one gateway.",
 )
 @click.option(
     "--port",
@@ -282,9 +316,15 @@ def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
     type=click.IntRange(1, 65535),
     help="Port of the autoscaler's /metrics on 127.0.0.1 (when a pool has autoscaling.enabled).",
 )
-def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int) -> None:
+def up(
+    paths: tuple[Path, ...], port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int
+) -> None:
     """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
-    isvc = _with_engine(load_one(path), engine)
+    documents = [doc for path in paths for doc in read_documents(path)]
+    if len(documents) > 1 or documents[0].get("kind") == GATEWAY_KIND:
+        _up_fleet(paths, port=port, engine=engine, state_dir=state_dir, autoscaler_port=autoscaler_port)
+        return
+    isvc = _with_engine(load_one(paths[0]), engine)
     state_dir = state_dir or Path(".tandem") / isvc.metadata.name
     _refuse_second_run(state_dir)
     if _port_in_use(port):
@@ -306,3 +346,62 @@ def up(path: Path, port: int, engine: str | None, state_dir: Path | None, autosc
     plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     write_prometheus_config(state_dir / "prometheus.yml", plan, autoscaler_port=autoscaler_port)
     raise SystemExit(_run(isvc, plan, state_dir=state_dir, autoscaler_port=autoscaler_port))
+
+
+def _up_fleet(
+    paths: tuple[Path, ...], *, port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int
+) -> None:
+    """`up` for several services behind one gateway (module docstring)."""
+    services, gateway = _load_fleet(paths)
+    services = [_with_engine(s, engine) for s in services]
+    name = gateway.metadata.name if gateway is not None else "gateway"
+    state_dir = state_dir or Path(".tandem") / name
+    _refuse_second_run(state_dir)
+    if _port_in_use(port):
+        fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
+    try:
+        plan, file = build_fleet_plan(
+            services, gateway=name, spec=gateway.spec if gateway is not None else None, ports=free_ports(),
+            router_port=port, python=sys.executable, redis_server=find_redis_server(),
+            state_dir=state_dir.resolve(), credentials=_credentials(os.environ),
+        )  # fmt: skip
+    except (PlanError, ValueError) as exc:
+        fail(str(exc).replace("\n", " "), code=2)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    content = file.model_dump(by_alias=True, mode="json", exclude_none=True)
+    plan.router_config_path.write_text(yaml.safe_dump(content, sort_keys=False), encoding="utf-8")
+    raise SystemExit(
+        _run(services[0], plan, state_dir=state_dir, autoscaler_port=autoscaler_port, fleet=file)
+    )
+
+
+def _load_fleet(paths: tuple[Path, ...]) -> tuple[list[InferenceService], InferenceGateway | None]:
+    """Every InferenceService and the one InferenceGateway (if any) in `paths`; exits 2 naming the
+    file and the field of the first invalid document."""
+    services: list[InferenceService] = []
+    gateways: list[InferenceGateway] = []
+    for path in paths:
+        for doc in read_documents(path):
+            try:
+                if doc.get("kind") == GATEWAY_KIND:
+                    gateways.append(parse_inference_gateway(doc))
+                else:
+                    services.append(parse_inference_service(doc))
+            except SpecInvalid as exc:
+                fail(f"{path} is not a valid {doc.get('kind', 'InferenceService')}: {exc.errors[0]}", code=2)
+    if len(gateways) > 1:
+        fail("at most one InferenceGateway may be given", code=2)
+    if not services:
+        fail("no InferenceService given: the gateway would serve nothing", code=2)
+    if not gateways:
+        return services, None
+    gateway = gateways[0]
+    for isvc in services:
+        labels = (isvc.metadata.model_extra or {}).get("labels") or {}
+        if not gateway.spec.selector.matches(labels):
+            fail(
+                f"InferenceService {isvc.metadata.name} is not selected by InferenceGateway "
+                f"{gateway.metadata.name} (spec.selector.matchLabels); label it, or run it alone",
+                code=2,
+            )
+    return services, gateway
