@@ -29,20 +29,18 @@ import httpx
 from fastapi import FastAPI
 
 from tandem.core.gateway import GatewayFile
-from tandem.core.modeltokens import ModelTokenizer, PromptEncoder, TandemTokenizer
+from tandem.core.modeltokens import PromptEncoder
 from tandem.core.routerconfig import RouterConfig
-from tandem.core.tokenizer_files import TokenizerFilesError, load_tokenizer
 from tandem.router.admission.policy import TTFTPredictor
 from tandem.router.compose import compose
 from tandem.router.compose.many import create_many_app
+from tandem.router.compose.startup import load_key_file, model_tokenizer
 from tandem.router.config import EffectiveConfig, resolve
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.sources import Discovery, discovery_for
-from tandem.router.errors import ConfigurationError
 from tandem.router.http.server import GatewayApp
 from tandem.router.http.side import side_app
 from tandem.router.identity.auth.keyfile import KeyFile
-from tandem.router.identity.auth.keys import KeyTableError
 from tandem.router.observe.metrics import ConnectionsCollector, ConnectionTally
 from tandem.router.settings import RouterSettings
 from tandem.router.upstream.client import new_wire
@@ -105,32 +103,6 @@ def create_app(
     )
     side = side_app(lifespan=lifespan, served=effective.served_models, auth=key_file is not None, clock=clock)
     return GatewayApp(side)
-
-
-def load_key_file(config: EffectiveConfig) -> KeyFile | None:
-    """The API key file of `config` (None: auth off). Raises `ConfigurationError` when the spec
-    enables auth without a key file, or when the file cannot be read or parsed."""
-    if config.api_keys_file is None:
-        if config.spec.router.auth.enabled:
-            raise ConfigurationError(
-                "spec.router.auth.enabled is true but no API key file is configured "
-                "(apiKeysFile in the config, or --api-keys-file)"
-            )
-        return None
-    try:
-        return KeyFile(config.api_keys_file, interval_s=config.settings.access.api_keys_reload_seconds)
-    except KeyTableError as exc:
-        raise ConfigurationError(f"API keys: {exc}") from None
-
-
-def model_tokenizer(config: EffectiveConfig) -> ModelTokenizer:
-    """The model's tokenizer from `tokenizerPath`, else Tandem's (config module docstring)."""
-    if config.tokenizer_path is None:
-        return TandemTokenizer()
-    try:
-        return load_tokenizer(config.tokenizer_path)
-    except TokenizerFilesError as exc:
-        raise ConfigurationError(f"tokenizerPath: {exc}") from None
 
 
 def _lifespan(

@@ -35,9 +35,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.registry import Collector
 
 from tandem.core.gateway import GatewayFile, GatewayService
-from tandem.core.modeltokens import ModelTokenizer, PromptEncoder, TandemTokenizer
+from tandem.core.modeltokens import PromptEncoder
 from tandem.core.routerconfig import RouterConfig
-from tandem.core.tokenizer_files import TokenizerFilesError, load_tokenizer
 from tandem.kvpool.client import PASSWORD_ENV, POOL_KEY_ENV
 from tandem.router.compose import (
     Service,
@@ -50,13 +49,12 @@ from tandem.router.compose import (
     new_registry,
     scales_from_zero,
 )
+from tandem.router.compose.startup import load_key_file, model_tokenizer
 from tandem.router.config import EffectiveConfig, resolve
 from tandem.router.discovery.sources import Discovery, discovery_for
-from tandem.router.errors import ConfigurationError
 from tandem.router.http.server import Gateway, GatewayApp
 from tandem.router.http.side import ManyModels, Operations, ServedModel, side_app
 from tandem.router.identity.auth.keyfile import KeyFile
-from tandem.router.identity.auth.keys import KeyTableError
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.observe.models import ModelsCollector, NameMetrics
@@ -278,8 +276,9 @@ def create_many_app(
         resolve(config, service_settings(settings, env, entry), environ=service_environ(env, entry))
         for entry, config in zip(file.services, service_configs(file, api_keys_file=keys), strict=True)
     ]
-    key_file = _key_file(configs[0])
-    encoders = [PromptEncoder(_tokenizer(c)) for c in configs]
+    key_file = load_key_file(configs[0], auth_field="spec.auth.enabled", source="the gateway file")
+    fields = [f"services[{c.service}].config.tokenizerPath" for c in configs]
+    encoders = [PromptEncoder(model_tokenizer(c, field=f)) for c, f in zip(configs, fields, strict=True)]
     found = {
         c.service: (discoveries or {}).get(c.service)
         or discovery_for(c.discovery, environ=env, kube_api_server=settings.discovery.kube_api_server)
@@ -331,26 +330,3 @@ def create_many_app(
 
     served = frozenset({c.spec.model.public_name for c in configs} | set(aliases))
     return GatewayApp(side_app(lifespan=lifespan, served=served, auth=key_file is not None, clock=clock))
-
-
-def _key_file(config: EffectiveConfig) -> KeyFile | None:
-    if config.api_keys_file is None:
-        if config.spec.router.auth.enabled:
-            raise ConfigurationError(
-                "spec.auth.enabled is true but no API key file is configured (apiKeysFile in the gateway "
-                "file, or --api-keys-file)"
-            )
-        return None
-    try:
-        return KeyFile(config.api_keys_file, interval_s=config.settings.access.api_keys_reload_seconds)
-    except KeyTableError as exc:
-        raise ConfigurationError(f"API keys: {exc}") from None
-
-
-def _tokenizer(config: EffectiveConfig) -> ModelTokenizer:
-    if config.tokenizer_path is None:
-        return TandemTokenizer()
-    try:
-        return load_tokenizer(config.tokenizer_path)
-    except TokenizerFilesError as exc:
-        raise ConfigurationError(f"services[{config.service}].config.tokenizerPath: {exc}") from None
