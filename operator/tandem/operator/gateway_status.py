@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from tandem.operator.status import Condition, Verdict, _StatusModel
+from tandem.operator.status import Condition, Verdict, _StatusModel, merge_typed
 
 GatewayConditionType = Literal["Ready", "NamesConflict"]
 GATEWAY_CONDITIONS: tuple[GatewayConditionType, ...] = ("Ready", "NamesConflict")
@@ -62,27 +62,8 @@ def gateway_conditions(
 ) -> list[GatewayCondition]:
     """Previous conditions updated by `verdicts` (`lastTransitionTime` moves only on a flip); a type
     without a verdict is kept as it was."""
-    old = {c.get("type"): c for c in previous}
-    result: list[GatewayCondition] = []
-    for ctype in GATEWAY_CONDITIONS:
-        verdict, before = verdicts.get(ctype), old.get(ctype)
-        if verdict is None:
-            if before is not None:
-                result.append(GatewayCondition.model_validate(before))
-            continue
-        flipped = before is None or before.get("status") != verdict.status
-        since = now if flipped or before is None else str(before.get("lastTransitionTime", now))
-        result.append(
-            GatewayCondition(
-                type=ctype,
-                status=verdict.status,
-                reason=verdict.reason,
-                message=verdict.message,
-                last_transition_time=since,
-                observed_generation=generation,
-            )
-        )
-    return result
+    kinds = GATEWAY_CONDITIONS
+    return merge_typed(GatewayCondition, kinds, previous, verdicts, generation=generation, now=now)
 
 
 def served_by_condition(

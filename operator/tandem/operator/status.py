@@ -154,28 +154,39 @@ def merge_conditions(
 
     Conditions without a verdict are kept as they were. Order: Ready first, then components.
     """
+    return merge_typed(Condition, ("Ready", *COMPONENTS), previous, verdicts, generation=generation, now=now)
+
+
+def merge_typed(
+    model: type[_M],
+    types: Sequence[str],
+    previous: Sequence[Mapping[str, Any]],
+    verdicts: Mapping[Any, Verdict],
+    *,
+    generation: int | None,
+    now: str,
+) -> list[_M]:
+    """`merge_conditions` for any kind's condition `model` and its condition `types`, in that order."""
     old = {c.get("type"): c for c in previous}
-    result: list[Condition] = []
-    for ctype in ("Ready", *COMPONENTS):
-        verdict = verdicts.get(ctype)
-        before = old.get(ctype)
+    result: list[_M] = []
+    for ctype in types:
+        verdict, before = verdicts.get(ctype), old.get(ctype)
         if verdict is None:
-            kept = _kept(Condition, before)
+            kept = _kept(model, before)
             if kept is not None:
                 result.append(kept)
             continue
         flipped = before is None or before.get("status") != verdict.status
         since = now if flipped or before is None else str(before.get("lastTransitionTime", now))
-        result.append(
-            Condition(
-                type=ctype,
-                status=verdict.status,
-                reason=verdict.reason,
-                message=verdict.message,
-                last_transition_time=since,
-                observed_generation=generation,
-            )
-        )
+        fields = {
+            "type": ctype,
+            "status": verdict.status,
+            "reason": verdict.reason,
+            "message": verdict.message,
+            "last_transition_time": since,
+            "observed_generation": generation,
+        }
+        result.append(model.model_validate(fields))
     return result
 
 
