@@ -52,6 +52,7 @@ from tandem.core.spec import (
     SpecInvalid,
     SpecModel,
     TenantSpec,
+    access_rules,
 )
 from tandem.core.spec import _from_pydantic as from_pydantic_error
 
@@ -156,14 +157,7 @@ def check_gateway_rules(gateway: InferenceGateway) -> list[SpecError]:
     errors: list[SpecError] = []
     if len(gateway.metadata.name) > MAX_GATEWAY_NAME:
         errors.append(SpecError("metadata.name", f"at most {MAX_GATEWAY_NAME} characters for a gateway"))
-    spec = gateway.spec
-    if spec.auth.enabled and spec.auth.api_keys_secret is None:
-        errors.append(SpecError("spec.auth.apiKeysSecret", "is required when auth.enabled is true"))
-    seen: set[str] = set()
-    for i, tenant in enumerate(spec.tenants):
-        if tenant.name in seen:
-            errors.append(SpecError(f"spec.tenants[{i}].name", f"duplicate tenant {tenant.name!r}"))
-        seen.add(tenant.name)
+    errors.extend(access_rules(gateway.spec.auth, gateway.spec.tenants, at="spec"))
     return errors
 
 

@@ -13,7 +13,7 @@ Validation has two layers:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
@@ -572,13 +572,19 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
 
 
 def _router_rules(router: RouterSpec) -> list[SpecError]:
+    return access_rules(router.auth, router.tenants, at="spec.router")
+
+
+def access_rules(auth: AuthSpec, tenants: Sequence[TenantSpec], *, at: str) -> list[SpecError]:
+    """A gateway's API keys need their Secret, and a tenant is listed once (`at`: where the two
+    fields are, `spec.router` for an InferenceService, `spec` for an InferenceGateway)."""
     errors: list[SpecError] = []
-    if router.auth.enabled and router.auth.api_keys_secret is None:
-        errors.append(SpecError("spec.router.auth.apiKeysSecret", "is required when auth.enabled is true"))
+    if auth.enabled and auth.api_keys_secret is None:
+        errors.append(SpecError(f"{at}.auth.apiKeysSecret", "is required when auth.enabled is true"))
     seen: set[str] = set()
-    for i, tenant in enumerate(router.tenants):
+    for i, tenant in enumerate(tenants):
         if tenant.name in seen:
-            errors.append(SpecError(f"spec.router.tenants[{i}].name", f"duplicate tenant {tenant.name!r}"))
+            errors.append(SpecError(f"{at}.tenants[{i}].name", f"duplicate tenant {tenant.name!r}"))
         seen.add(tenant.name)
     return errors
 
