@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from tandem.core.spec import parse_inference_service
+from tandem.core.specrules import parse_inference_service
 from tandem.local.plan import LocalPlan, build_plan
 
 

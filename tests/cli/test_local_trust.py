@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from tandem.core.spec import parse_inference_service
+from tandem.core.specrules import parse_inference_service
 from tandem.kvpool.keys import check_chunk, pool_key
 from tandem.local.binaries import find_redis_server
 from tandem.local.plan import LocalCredentials, LocalPlan, build_plan

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tandem.core.spec import parse_inference_service
+from tandem.core.specrules import parse_inference_service
 from tandem.local.plan import LocalCredentials, LocalPlan, PlanError, build_plan
 
 CREDENTIALS = LocalCredentials(redis_password="pool-pw", engine_api_key="engine-key")

@@ -9,7 +9,8 @@ from typing import Any
 
 from tandem.cli.up import STARTUP_TIMEOUT, VLLM_STARTUP_TIMEOUT, startup_timeout
 from tandem.core.routerconfig import EngineKVKeys
-from tandem.core.spec import InferenceService, parse_inference_service
+from tandem.core.spec import InferenceService
+from tandem.core.specrules import parse_inference_service
 from tandem.local.autoscale import LocalEndpoints
 from tandem.local.autoscaler import LocalAutoscaler
 from tandem.local.plan import LocalPlan, ProcessPlan, build_plan

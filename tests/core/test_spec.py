@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tandem.core.spec import SpecInvalid, check_rules, parse_inference_service
+from tandem.core.specrules import SpecInvalid, check_rules, parse_inference_service
 
 EXAMPLE = Path(__file__).parents[2] / "deploy" / "examples" / "local-sim.yaml"
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from tandem.core.spec import InferenceServiceSpec, parse_inference_service
+from tandem.core.spec import InferenceServiceSpec
+from tandem.core.specrules import parse_inference_service
 from tandem.operator.resources import Images, Owner
 
 ROOT = Path(__file__).resolve().parents[2]

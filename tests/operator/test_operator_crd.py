@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from tests.operator.specs import EXAMPLES, ROOT, example
 
 from tandem.cli.main import cli
-from tandem.core.spec import SpecInvalid, parse_inference_service
+from tandem.core.specrules import SpecInvalid, parse_inference_service
 from tandem.operator.crd import crd_manifest, crd_yaml
 from tandem.operator.reference import BEGIN, END, reference_markdown
 

@@ -23,7 +23,8 @@ with warnings.catch_warnings():  # torch's own modules, imported by vLLM's, use 
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from tandem.core.spec import InferenceServiceSpec, parse_inference_service
+from tandem.core.spec import InferenceServiceSpec
+from tandem.core.specrules import parse_inference_service
 from tandem.operator.resources.engine import vllm_args
 from tandem.operator.resources.meta import Owner, Role
 

@@ -60,7 +60,8 @@ from tandem.autoscaler.runner import ROUND_SECONDS, Autoscaler, controllers_for
 from tandem.autoscaler.scraper import Scraper
 from tandem.core.endpointslices import ENGINE_PORT, ROUTER_PORT, pool_workload_name, router_workload_name
 from tandem.core.kubeaccess import KubeAccess
-from tandem.core.spec import InferenceServiceSpec, check_rules
+from tandem.core.spec import InferenceServiceSpec
+from tandem.core.specrules import check_rules
 from tandem.core.tasks import stop_tasks
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,8 @@ from tandem.bench.report import RunData
 from tandem.bench.targets import VLLM_ROUTER_INSTALL, Target, vllm_router_argv
 from tandem.bench.workloads import Workload
 from tandem.core.engineargs import without_flag
-from tandem.core.spec import InferenceService, parse_inference_service
+from tandem.core.spec import InferenceService
+from tandem.core.specrules import parse_inference_service
 from tandem.local.plan import LocalCredentials, LocalPlan, ProcessPlan, build_plan
 from tandem.local.ports import free_ports
 from tandem.local.supervisor import Child, ChildFailed, Supervisor

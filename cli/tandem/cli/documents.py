@@ -8,7 +8,8 @@ from typing import Any
 import click
 import yaml
 
-from tandem.core.spec import InferenceService, SpecError, SpecInvalid, parse_inference_service
+from tandem.core.spec import InferenceService
+from tandem.core.specrules import SpecError, SpecInvalid, parse_inference_service
 
 
 def read_documents(path: Path) -> list[dict[str, Any]]:

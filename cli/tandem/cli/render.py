@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from tandem.cli.documents import read_documents
 from tandem.cli.options import documents_file
 from tandem.core.gateway import GATEWAY_KIND, InferenceGateway, parse_inference_gateway
-from tandem.core.spec import InferenceService, SpecError, SpecInvalid, parse_inference_service
+from tandem.core.spec import InferenceService
+from tandem.core.specrules import SpecError, SpecInvalid, parse_inference_service
 from tandem.operator.resources import Images, Owner, desired_children
 from tandem.operator.resources.gateway import Member, gateway_children, gateway_owner
 from tandem.operator.settings import DEFAULT_REDIS_IMAGE

@@ -29,7 +29,7 @@ from tandem.cli.routerflags import settings_from_flags, tuning_options
 from tandem.core.gateway import GatewayFile
 from tandem.core.logs import configure_logging
 from tandem.core.routerconfig import RouterConfig
-from tandem.core.spec import check_rules
+from tandem.core.specrules import check_rules
 from tandem.router.app import create_app
 from tandem.router.errors import ConfigurationError
 from tandem.router.observe.metrics import ConnectionTally

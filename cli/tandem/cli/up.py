@@ -36,7 +36,8 @@ from tandem.cli.documents import load_one, read_documents
 from tandem.cli.exits import fail
 from tandem.cli.status import render_table, status_rows
 from tandem.core.gateway import GATEWAY_KIND, GatewayFile, InferenceGateway, parse_inference_gateway
-from tandem.core.spec import InferenceService, SpecInvalid, parse_inference_service
+from tandem.core.spec import InferenceService
+from tandem.core.specrules import SpecInvalid, parse_inference_service
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server

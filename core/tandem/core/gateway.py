@@ -48,13 +48,10 @@ from tandem.core.spec import (
     NetworkPolicySpec,
     ObjectMeta,
     RateLimitSpec,
-    SpecError,
-    SpecInvalid,
     SpecModel,
     TenantSpec,
-    access_rules,
 )
-from tandem.core.spec import _from_pydantic as from_pydantic_error
+from tandem.core.specrules import SpecError, SpecInvalid, access_rules, from_pydantic_error
 
 GATEWAY_KIND = "InferenceGateway"
 GATEWAY_PLURAL = "inferencegateways"

@@ -8,7 +8,7 @@ turned into a Kubernetes *structural* schema: `$ref`s inlined, `anyOf [X, null]`
 `additionalProperties: false` (the API server prunes unknown fields instead), and `default: {}` on
 nested objects so that the API server applies the nested defaults. Descriptions, defaults, enums,
 ranges, patterns and required fields are kept. Cross-field rules stay in the model
-(`tandem.core.spec.check_rules`), which the operator applies. Pure.
+(`tandem.core.specrules.check_rules`), which the operator applies. Pure.
 """
 
 from __future__ import annotations

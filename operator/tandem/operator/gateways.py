@@ -36,7 +36,7 @@ from tandem.core.gateway import (
     parse_inference_gateway,
     served_names,
 )
-from tandem.core.spec import SpecInvalid, parse_inference_service
+from tandem.core.specrules import SpecInvalid, parse_inference_service
 from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.gateway_status import (
     GatewayConditionType,

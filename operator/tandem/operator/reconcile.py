@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tandem.core.spec import InferenceServiceSpec, SpecInvalid, parse_inference_service
+from tandem.core.spec import InferenceServiceSpec
+from tandem.core.specrules import SpecInvalid, parse_inference_service
 from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.diff import update_patch
 from tandem.operator.gateway_status import served_by_condition
