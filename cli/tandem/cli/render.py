@@ -27,9 +27,9 @@ from pydantic import ValidationError
 
 from tandem.cli.documents import read_documents
 from tandem.cli.options import documents_file
-from tandem.core.gateway import GATEWAY_KIND, InferenceGateway, parse_inference_gateway
+from tandem.core.gateway import InferenceGateway, parse_document
 from tandem.core.spec import InferenceService
-from tandem.core.specrules import SpecError, SpecInvalid, parse_inference_service
+from tandem.core.specrules import SpecError, SpecInvalid
 from tandem.operator.resources import Images, Owner, desired_children
 from tandem.operator.resources.gateway import Member, gateway_children, gateway_owner
 from tandem.operator.settings import DEFAULT_REDIS_IMAGE
@@ -48,13 +48,15 @@ def load_documents(path: Path) -> tuple[list[InferenceService], list[InferenceGa
     errors: list[SpecError] = []
     for index, doc in enumerate(docs):
         try:
-            if doc.get("kind") == GATEWAY_KIND:
-                gateways.append(parse_inference_gateway(doc))
-            else:
-                services.append(parse_inference_service(doc))
+            parsed = parse_document(doc)
         except SpecInvalid as exc:
             prefix = f"[{index}]." if len(docs) > 1 else ""
             errors.extend(SpecError(prefix + e.path, e.message) for e in exc.errors)
+            continue
+        if isinstance(parsed, InferenceGateway):
+            gateways.append(parsed)
+        else:
+            services.append(parsed)
     return services, gateways, errors
 
 

@@ -35,9 +35,9 @@ import yaml
 from tandem.cli.documents import load_one, read_documents
 from tandem.cli.exits import fail
 from tandem.cli.status import render_table, status_rows
-from tandem.core.gateway import GATEWAY_KIND, GatewayFile, InferenceGateway, parse_inference_gateway
+from tandem.core.gateway import GATEWAY_KIND, GatewayFile, InferenceGateway, parse_document
 from tandem.core.spec import InferenceService
-from tandem.core.specrules import SpecInvalid, parse_inference_service
+from tandem.core.specrules import SpecInvalid
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
@@ -384,12 +384,13 @@ def _load_fleet(paths: tuple[Path, ...]) -> tuple[list[InferenceService], Infere
     for path in paths:
         for doc in read_documents(path):
             try:
-                if doc.get("kind") == GATEWAY_KIND:
-                    gateways.append(parse_inference_gateway(doc))
-                else:
-                    services.append(parse_inference_service(doc))
+                parsed = parse_document(doc)
             except SpecInvalid as exc:
                 fail(f"{path} is not a valid {doc.get('kind', 'InferenceService')}: {exc.errors[0]}", code=2)
+            if isinstance(parsed, InferenceGateway):
+                gateways.append(parsed)
+            else:
+                services.append(parsed)
     if len(gateways) > 1:
         fail("at most one InferenceGateway may be given", code=2)
     if not services:

@@ -45,13 +45,20 @@ from tandem.core.routerconfig import RouterConfig
 from tandem.core.spec import (
     DNS_LABEL_PATTERN,
     AuthSpec,
+    InferenceService,
     NetworkPolicySpec,
     ObjectMeta,
     RateLimitSpec,
     SpecModel,
     TenantSpec,
 )
-from tandem.core.specrules import SpecError, SpecInvalid, access_rules, from_pydantic_error
+from tandem.core.specrules import (
+    SpecError,
+    SpecInvalid,
+    access_rules,
+    from_pydantic_error,
+    parse_inference_service,
+)
 
 GATEWAY_KIND = "InferenceGateway"
 GATEWAY_PLURAL = "inferencegateways"
@@ -134,6 +141,14 @@ class InferenceGateway(SpecModel):
     kind: Literal["InferenceGateway"]
     metadata: ObjectMeta
     spec: InferenceGatewaySpec
+
+
+def parse_document(document: Mapping[str, Any]) -> InferenceService | InferenceGateway:
+    """An InferenceGateway or InferenceService document, by its `kind`, validated; raises
+    `SpecInvalid` (a multi-document file holds both kinds: `tandem render`, `tandem up`)."""
+    if document.get("kind") == GATEWAY_KIND:
+        return parse_inference_gateway(document)
+    return parse_inference_service(document)
 
 
 def parse_inference_gateway(document: Mapping[str, Any]) -> InferenceGateway:

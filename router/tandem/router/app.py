@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
 
 from tandem.core.gateway import GatewayFile
@@ -34,7 +33,7 @@ from tandem.core.routerconfig import RouterConfig
 from tandem.router.admission.policy import TTFTPredictor
 from tandem.router.compose import compose
 from tandem.router.compose.many import create_many_app
-from tandem.router.compose.startup import load_key_file, model_tokenizer
+from tandem.router.compose.startup import engine_clients, load_key_file, model_tokenizer
 from tandem.router.config import EffectiveConfig, resolve
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.sources import Discovery, discovery_for
@@ -43,7 +42,6 @@ from tandem.router.http.side import side_app
 from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.observe.metrics import ConnectionsCollector, ConnectionTally
 from tandem.router.settings import RouterSettings
-from tandem.router.upstream.client import new_wire
 
 log = logging.getLogger("tandem.router")
 
@@ -123,12 +121,7 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncExitStack() as stack:
-            wire = new_wire(config.settings.proxy)
-            stack.callback(wire.close)
-            # The engines' /metrics are read through a client of their own, off the request path.
-            scrapes = await stack.enter_async_context(
-                httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64), trust_env=False)
-            )
+            wire, scrapes = await engine_clients(stack, config.settings.proxy)
             parts = compose(
                 config,
                 wire=wire,

@@ -49,7 +49,7 @@ from tandem.router.compose import (
     new_registry,
     scales_from_zero,
 )
-from tandem.router.compose.startup import load_key_file, model_tokenizer
+from tandem.router.compose.startup import engine_clients, load_key_file, model_tokenizer
 from tandem.router.config import EffectiveConfig, resolve
 from tandem.router.discovery.sources import Discovery, discovery_for
 from tandem.router.http.server import Gateway, GatewayApp
@@ -62,7 +62,7 @@ from tandem.router.pipeline.route import Route, Serve, ServiceRoute
 from tandem.router.pipeline.stages import Identify, Limit, Pipeline, service_stages
 from tandem.router.request.names import ModelNames
 from tandem.router.settings import RouterSettings
-from tandem.router.upstream.client import HTTPUpstream, new_wire
+from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.upstream.wire import Wire
 from tandem.router.workers.bus import ScopedBus, WorkerBus
 
@@ -289,11 +289,7 @@ def create_many_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncExitStack() as stack:
-            wire = new_wire(settings.proxy)
-            stack.callback(wire.close)
-            scrapes = await stack.enter_async_context(
-                httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64), trust_env=False)
-            )
+            wire, scrapes = await engine_clients(stack, settings.proxy)
             parts = compose_many(
                 configs,
                 aliases=aliases,

@@ -4,12 +4,19 @@ service's tokenizer, with errors that name the field to fix (a single service's 
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
+import httpx
+
 from tandem.core.modeltokens import ModelTokenizer, TandemTokenizer
 from tandem.core.tokenizer_files import TokenizerFilesError, load_tokenizer
 from tandem.router.config import EffectiveConfig
 from tandem.router.errors import ConfigurationError
 from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.identity.auth.keys import KeyTableError
+from tandem.router.settings import ProxySettings
+from tandem.router.upstream.client import new_wire
+from tandem.router.upstream.wire import Wire
 
 
 def load_key_file(
@@ -38,3 +45,14 @@ def model_tokenizer(config: EffectiveConfig, *, field: str = "tokenizerPath") ->
         return load_tokenizer(config.tokenizer_path)
     except TokenizerFilesError as exc:
         raise ConfigurationError(f"{field}: {exc}") from None
+
+
+async def engine_clients(stack: AsyncExitStack, proxy: ProxySettings) -> tuple[Wire, httpx.AsyncClient]:
+    """The wire requests go to engines on, and the client the metrics collector reads the engines'
+    /metrics with (its own, off the request path); both closed with `stack`."""
+    wire = new_wire(proxy)
+    stack.callback(wire.close)
+    scrapes = await stack.enter_async_context(
+        httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64), trust_env=False)
+    )
+    return wire, scrapes
