@@ -247,23 +247,3 @@ async def test_the_services_policies_admit_the_gateway_pods_to_engines_and_redis
         )
     ingress = policy("fleet-gateway")["spec"]["ingress"]
     assert ingress == [{"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 8080}]}]
-
-
-async def test_a_deleted_gateway_gives_its_services_their_own_gateways_back(
-    api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]]
-) -> None:
-    await k8s.apply(api, service("qwen-v1", "qwen"))
-    await eventually(lambda: k8s.find(api, "Deployment", "qwen-v1-router") is not None, "its own gateway")
-    await apply_gateway(api, gateway())
-    await eventually(lambda: k8s.find(api, "Deployment", "qwen-v1-router") is None, "taken over")
-    await eventually(
-        lambda: k8s.isvc(api, "qwen-v1").get("status", {}).get("gateway") == "fleet", "status.gateway"
-    )
-
-    response = await api.delete(f"{GATEWAY_PATH}/fleet")
-    assert response.status == 200, await response.text()
-    await eventually(
-        lambda: k8s.find(api, "Deployment", "qwen-v1-router") is not None, "its own gateway back"
-    )
-    assert k8s.find(api, "Service", "qwen-v1-router") is not None
-    await eventually(lambda: k8s.isvc(api, "qwen-v1")["status"].get("gateway") is None, "status.gateway gone")
