@@ -82,6 +82,10 @@ def test_two_services_and_a_gateway_run_behind_one_port(tmp_path: Path) -> None:
             unknown = http.post("/completions", json={"model": "qwen-v3", "prompt": "hi"})
             metrics = http.get(f"http://127.0.0.1:{port}/metrics").text
         state = json.loads((tmp_path / "state" / "state.json").read_text())
+        shown = subprocess.run(
+            [sys.executable, "-m", "tandem.cli", "status", "--state-dir", str(tmp_path / "state")],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
@@ -93,6 +97,14 @@ def test_two_services_and_a_gateway_run_behind_one_port(tmp_path: Path) -> None:
     assert unknown.status_code == 404 and "qwen-v3" in unknown.json()["error"]["message"]
     assert 'tandem_router_alias_requests_total{alias="chat",target="qwen-v1"} 3.0' in metrics
     assert 'tandem_router_alias_requests_total{alias="chat",target="qwen-v2"} 1.0' in metrics
+    assert shown.returncode == 0, shown.stderr
+    header = shown.stdout.splitlines()[:4]
+    assert header[0].startswith("fleet: ready, 3 models at http://127.0.0.1:")
+    assert [line.split(maxsplit=1) for line in header[1:]] == [
+        ["qwen-v1", "service qwen-v1"],
+        ["qwen-v2", "service qwen-v2"],
+        ["chat", "alias: qwen-v1 75%, qwen-v2 25%"],
+    ]
     config = yaml.safe_load((tmp_path / "state" / "gateway.yaml").read_text())
     assert config["kind"] == "gateway" and [s["name"] for s in config["services"]] == ["qwen-v1", "qwen-v2"]
 

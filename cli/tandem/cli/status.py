@@ -1,6 +1,8 @@
 """`tandem status`: what a local `tandem up` runs, where, and whether each part answers.
 
-Reads `<state dir>/state.json` (written by `tandem up`, `tandem.local.state`) and probes every
+Reads `<state dir>/state.json` (written by `tandem up`, `tandem.local.state`), prints every name the
+gateway serves (each service's model and each alias, with its split, when one gateway serves several
+services), and probes every
 component on 127.0.0.1: Redis with PING, engines and the gateway with GET /health, the autoscaler
 with GET /metrics. Prints one row per component (pid, URL, health, metrics endpoint), or JSON.
 Exit codes: 0 when the stack is ready and every component answers; 1 when nothing runs, it is still
@@ -29,6 +31,16 @@ DEFAULT_ROOT = Path(".tandem")
 def status_rows(state: StackState, probe: Check = check) -> list[tuple[Component, Health | None]]:
     """Every component with the outcome of its health check (None: not started yet, not probed)."""
     return [(c, probe(c.health) if c.pid is not None else None) for c in state.components]
+
+
+def render_header(state: StackState) -> list[str]:
+    """The first lines: the stack and, behind a gateway of several services, every name it serves."""
+    if len(state.models) <= 1:
+        return [f"{state.name}: {state.phase}, model '{state.model}' at {state.endpoint}"]
+    lines = [f"{state.name}: {state.phase}, {len(state.models)} models at {state.endpoint}"]
+    width = max(len(m.name) for m in state.models)
+    lines += [f"  {m.name.ljust(width)}  {m.serves}" for m in state.models]
+    return lines
 
 
 def render_table(rows: Sequence[tuple[Component, Health | None]]) -> list[str]:
@@ -118,7 +130,8 @@ def status(path: Path | None, state_dir: Path | None, as_json: bool) -> None:
                   for c, h in rows]  # fmt: skip
         click.echo(json.dumps({**state.model_dump(mode="json"), "checks": checks}, indent=2))
     else:
-        click.echo(f"{state.name}: {state.phase}, model '{state.model}' at {state.endpoint}")
+        for line in render_header(state):
+            click.echo(line)
         for line in render_table(rows):
             click.echo(line)
     problem = problems(state, rows)

@@ -41,7 +41,7 @@ from tandem.core.specrules import SpecInvalid
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
-from tandem.local.fleet import build_fleet_plan
+from tandem.local.fleet import build_fleet_plan, served_table
 from tandem.local.plan import (
     CACHE_KEY_ENV,
     GATEWAY_ENGINE_KEY_ENV,
@@ -58,6 +58,7 @@ from tandem.local.startup import start_stack
 from tandem.local.state import (
     STATE_FILE,
     Phase,
+    Served,
     StackState,
     StateError,
     alive,
@@ -106,11 +107,14 @@ class _Recorder:
         self.path = state_dir / STATE_FILE
         self.phase: Phase = "starting"
         self.autoscaler_port: int | None = None
+        #: Every name the gateway serves (`served_table`); empty: the one service's model.
+        self.served: tuple[Served, ...] = ()
 
     def save(self) -> StackState:
         state = stack_state(
             self._plan, list(self._supervisor.children), name=self._name, pid=os.getpid(),
             phase=self.phase, state_dir=self._state_dir, autoscaler_port=self.autoscaler_port,
+            served=self.served,
         )  # fmt: skip
         write_state(self.path, state)
         return state
@@ -223,6 +227,8 @@ def _run(
     `fleet`: several services behind one gateway (`isvc` is the first)."""
     supervisor = Supervisor(log_dir=state_dir.resolve() / "logs")
     recorder = _Recorder(isvc, plan, supervisor, state_dir.resolve(), name=fleet.gateway if fleet else None)
+    if fleet is not None:
+        recorder.served = tuple(served_table(fleet))
     _say(f"starting {fleet.gateway if fleet else isvc.metadata.name}: logs in {state_dir / 'logs'}")
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)

@@ -22,6 +22,7 @@ from pathlib import Path
 from tandem.core.gateway import GatewayFile, GatewayService, InferenceGatewaySpec
 from tandem.core.spec import InferenceService
 from tandem.local.plan import LocalCredentials, LocalPlan, PlanError, build_plan
+from tandem.local.state import Served
 
 GATEWAY_FILE = "gateway.yaml"
 
@@ -91,3 +92,14 @@ def build_fleet_plan(
         model=plans[0].model,  # the example request's
     )
     return fleet, file
+
+
+def served_table(file: GatewayFile) -> list[Served]:
+    """Every name the gateway of `file` serves, in `/v1/models` order: each service's model, then each
+    alias with its split in percent (`chat` → `qwen 80%, qwen-next 20%`)."""
+    out = [Served(name=s.config.spec.model.public_name, serves=f"service {s.name}") for s in file.services]
+    for alias in file.spec.aliases:
+        total = sum(t.weight for t in alias.targets)
+        split = ", ".join(f"{t.service} {100 * t.weight / total:.4g}%" for t in alias.targets if t.weight)
+        out.append(Served(name=alias.name, serves=f"alias: {split}"))
+    return out

@@ -1,11 +1,12 @@
 """What a running `tandem up` leaves in its state directory for `tandem status` to read.
 
-`<state dir>/state.json` holds the stack's name, model, endpoint, the pid of `tandem up` and every
-component with its URL, health URL and metrics URL. `tandem up` writes it as children start (phase
-`starting`), again once the stack is ready (phase `ready`) and whenever the autoscaler starts or
-stops an engine, and removes it after stopping every child. Writes are atomic (a temporary file
-renamed over the old one), so a reader never sees half a file. A file whose pid no longer runs is
-left over from a `tandem up` that was killed: `alive` tells the two apart.
+`<state dir>/state.json` holds the stack's name, model, endpoint, the pid of `tandem up`, every name
+the gateway serves (one model, or each service's model and each alias of a gateway in front of
+several) and every component with its URL, health URL and metrics URL. `tandem up` writes it as
+children start (phase `starting`), again once the stack is ready (phase `ready`) and whenever the
+autoscaler starts or stops an engine, and removes it after stopping every child. Writes are atomic
+(a temporary file renamed over the old one), so a reader never sees half a file. A file whose pid no
+longer runs is left over from a `tandem up` that was killed: `alive` tells the two apart.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ class Component(BaseModel):
     metrics: str | None
 
 
+class Served(BaseModel):
+    """One name clients may send in `model`, and what it reaches: a service, or an alias's split."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    serves: str
+
+
 class StackState(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -55,6 +65,8 @@ class StackState(BaseModel):
     phase: Phase
     state_dir: str
     components: tuple[Component, ...]
+    #: Every served name (empty in a state file written before names were recorded).
+    models: tuple[Served, ...] = ()
 
 
 def stack_state(
@@ -66,6 +78,7 @@ def stack_state(
     phase: Phase,
     state_dir: Path,
     autoscaler_port: int | None = None,
+    served: Sequence[Served] = (),
 ) -> StackState:
     """The stack as it stands: while starting, every planned process (pid None until it is started);
     once ready, the children the supervisor runs now (autoscaled engines come and go)."""
@@ -90,6 +103,7 @@ def stack_state(
         phase=phase,
         state_dir=str(state_dir),
         components=tuple(sorted(components, key=_order)),
+        models=tuple(served) or (Served(name=plan.model, serves=name),),
     )
 
 
