@@ -66,11 +66,16 @@ class DriverSettings:
     deadline_slack_s: float = 5.0
     tenant_concurrency: Mapping[str, int | None] = field(default_factory=dict)
     base_urls: tuple[str, ...] = ()
+    #: When given, one base URL per request of the workload, in order (several models' own gateways).
+    request_urls: tuple[str, ...] = ()
 
     def url_for(self, index: int) -> str:
-        """The base URL of the workload's request `index`: `base_url`, or `base_urls[index mod N]`.
+        """The base URL of the workload's request `index`: `request_urls[index]`, else `base_url`, or
+        `base_urls[index mod N]`.
 
         Example: two replicas, requests 0..4 → replicas 0, 1, 0, 1, 0, whichever tenant sent them."""
+        if self.request_urls:
+            return self.request_urls[index]
         urls = self.base_urls or (self.base_url,)
         return urls[index % len(urls)]
 
@@ -204,7 +209,7 @@ class _Run:
     async def _stream(self, request: BenchRequest, record: RequestRecord) -> None:
         s = self.settings
         path = "/chat/completions" if request.api == "chat" else "/completions"
-        body = request_body(request, model=s.model, ignore_eos=s.ignore_eos)
+        body = request_body(request, model=request.model or s.model, ignore_eos=s.ignore_eos)
         headers = {s.tenant_header: request.tenant, "x-request-id": f"bench-{s.label}-{record.index}"}
         async with self.http.stream(
             "POST", s.url_for(record.index).rstrip("/") + path, json=body, headers=headers

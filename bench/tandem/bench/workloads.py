@@ -56,6 +56,8 @@ class BenchRequest:
     prompt: str | None = None
     messages: tuple[Mapping[str, str], ...] | None = None
     group: str | None = None
+    #: The `model` to send (None: the run's, `DriverSettings.model`).
+    model: str | None = None
 
     @property
     def api(self) -> Api:

@@ -37,6 +37,7 @@ from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
 from tandem.bench.isolation import IsolationSpec, isolation_spec
+from tandem.bench.manyservices import ManySettings, markdown, run_many_services
 from tandem.bench.oracle import PoolCapacity, parse_capacity
 from tandem.bench.overhead import SweepSettings, parse_levels, run_sweep
 from tandem.bench.report import RunData
@@ -154,6 +155,10 @@ HELP: Mapping[str, str] = MappingProxyType(
         "these Poisson rates (req/s, engine time, e.g. 2,4,6,8), one cold run per rate, and report the "
         "highest rate meeting the SLO for 99% of requests: the RPS for --oracle (docs/autoscaler.md).",
         "capacity_seconds": "Capacity profile: engine seconds of arrivals per rate.",
+        "many_services": "Run N services (each --engines simulated engines) behind one gateway, behind one "
+        "gateway each, and direct, on a shared-prefix workload per model (--requests, default 2000; "
+        "--max-concurrency, default 32; engines at --sweep-time-scale): gateway CPU per 1,000, added "
+        "TTFT and per-model hit rate, shared ÷ own (docs/benchmarks.md).",
     }
 )
 
@@ -252,6 +257,7 @@ HELP: Mapping[str, str] = MappingProxyType(
     show_default=True,
     help=HELP["capacity_seconds"],
 )
+@click.option("--many-services", type=click.IntRange(1, 64), metavar="N", help=HELP["many_services"])
 @click.option("--no-plots", is_flag=True, help="Write no PNG plots (they cost about a CPU-second each).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Results directory.")
 @click.option(
@@ -259,6 +265,9 @@ HELP: Mapping[str, str] = MappingProxyType(
 )
 def bench(**o: Any) -> None:
     """Benchmark an OpenAI endpoint, or compare routing policies and peer routers on simulated pools."""
+    if o["many_services"] is not None:
+        _many_services(o)
+        return
     workload = _load_workload(o)
     if o["dump_workload"] is not None:
         o["dump_workload"].write_text(workload_file.dump_jsonl(workload), encoding="utf-8")
@@ -481,6 +490,36 @@ def _overhead(setup: Bench, o: dict[str, Any]) -> None:
     _say(f"results in {setup.out_dir}/ (overhead.json, overhead.md, overhead.png)")
     if not any(r["ok"] for r in rows if r["label"] != "direct"):
         _fail("overhead sweep: no request through a router succeeded", EXIT_FAILED)
+
+
+def _many_services(o: dict[str, Any]) -> None:
+    """N services behind one gateway against one gateway each (`tandem.bench.manyservices`):
+    many-services.json and many-services.md."""
+    if o["policy"] or o["variant"] or o["peer"] or o["peer_command"] or o["direct"] or o["url"]:
+        _fail("--many-services runs its own configurations (direct, own, shared): give no --url, "
+              "--policy, --variant, --peer, --peer-command or --direct")  # fmt: skip
+    settings = ManySettings(
+        services=o["many_services"], engines=o["engines"], requests=o["requests"] or 2000,
+        concurrency=o["max_concurrency"] or 32, time_scale=o["sweep_time_scale"], profile=o["profile"],
+        seed=o["seed"], repeat=o["repeat"], request_timeout_s=min(60.0, o["request_timeout"]),
+    )  # fmt: skip
+    out = o["out"] or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    tools = Tools(python=sys.executable, redis_server=find_redis_server(), vllm_router=None)
+    try:
+        rows, summary = run_many_services(settings, tools=tools, out_dir=out, progress=_say)
+    except KeyboardInterrupt:
+        _fail("interrupted; every child process has been stopped", EXIT_INTERRUPTED)
+    except HarnessError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    text = markdown(summary, settings)
+    doc = {"command": list(_command()), "settings": asdict(settings), "rows": rows, "summary": summary}
+    (out / "many-services.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    (out / "many-services.md").write_text(text, encoding="utf-8")
+    click.echo(text)
+    _say(f"results in {out}/ (many-services.json, many-services.md)")
+    if all(r["errors"] == r["requests"] for r in rows if r["config"] != "direct"):
+        _fail("many services: no request through a gateway succeeded", EXIT_FAILED)
 
 
 def _capacity(setup: Bench, o: dict[str, Any]) -> None:
