@@ -8,7 +8,7 @@ import click
 
 from tandem.cli.options import documents_file
 from tandem.cli.render import load_documents
-from tandem.core.gateway import InferenceGateway, name_conflicts
+from tandem.core.gateway import InferenceGateway, name_conflicts, service_names
 from tandem.core.spec import InferenceService
 
 
@@ -48,7 +48,7 @@ def gateway_problems(gateway: InferenceGateway, services: list[InferenceService]
     """What the operator would refuse about the gateway given the services of the file: names two
     selected services claim, an alias named as a served model, an alias target not selected."""
     selected = {
-        s.metadata.name: s.spec.model.public_name
+        s.metadata.name: service_names(s.spec)
         for s in services
         if s.metadata.namespace == gateway.metadata.namespace
         and gateway.spec.selector.matches((s.metadata.model_extra or {}).get("labels") or {})

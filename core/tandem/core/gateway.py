@@ -7,7 +7,8 @@ its own pools, routing policy, SLO, P/D mode and autoscaling; the gateway routes
 body's `model` to that service's pools. A service no gateway selects keeps its own gateway.
 
 Names a client may send (`served_names`):
-- each selected service's `spec.model.servedName` (else `spec.model.name`);
+- each selected service's `spec.model.servedName` (else `spec.model.name`), and the names of its
+  declared adapters (`spec.adapters[].name`; a catalog's adapters are known only to its engines);
 - each alias: a client-facing name mapped to one service, or to several with weights (canary, A/B,
   blue/green). The answer's `model` is the name the client sent.
 
@@ -35,7 +36,7 @@ Example (two versions of a model behind one name, 90/10):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
@@ -46,6 +47,7 @@ from tandem.core.spec import (
     DNS_LABEL_PATTERN,
     AuthSpec,
     InferenceService,
+    InferenceServiceSpec,
     NetworkPolicySpec,
     ObjectMeta,
     RateLimitSpec,
@@ -223,7 +225,7 @@ class GatewayFile(SpecModel):
     @model_validator(mode="after")
     def _consistent(self) -> GatewayFile:
         conflicts = name_conflicts(
-            {s.name: s.config.spec.model.public_name for s in self.services}, self.spec.aliases
+            {s.name: service_names(s.config.spec) for s in self.services}, self.spec.aliases
         )
         if conflicts:
             raise ValueError("; ".join(conflicts))
@@ -241,16 +243,25 @@ def served_names(models: Mapping[str, str], aliases: Iterable[AliasSpec]) -> lis
     return [*models.values(), *(a.name for a in aliases)]
 
 
-def name_conflicts(models: Mapping[str, str], aliases: Iterable[AliasSpec]) -> list[str]:
+def service_names(spec: InferenceServiceSpec) -> tuple[str, ...]:
+    """The names a service serves in a gateway: its public model name, then its declared adapters'."""
+    return (spec.model.public_name, *(a.name for a in spec.adapters))
+
+
+def name_conflicts(models: Mapping[str, str | Sequence[str]], aliases: Iterable[AliasSpec]) -> list[str]:
     """Why these names cannot be served together, one line per conflict ([] when they can).
+    `models`: service → its served name, or every name it serves (`service_names`: adapters too).
 
     >>> name_conflicts({"a": "qwen", "b": "qwen"}, [])
     ["model name 'qwen' is claimed by services a and b"]
+    >>> name_conflicts({"a": ("qwen", "sql"), "b": ("llama", "sql")}, [])
+    ["model name 'sql' is claimed by services a and b"]
     """
     out: list[str] = []
     owners: dict[str, list[str]] = {}
-    for service, name in models.items():
-        owners.setdefault(name, []).append(service)
+    for service, names in models.items():
+        for name in dict.fromkeys([names] if isinstance(names, str) else names):
+            owners.setdefault(name, []).append(service)
     for name, services in owners.items():
         if len(services) > 1:
             out.append(f"model name {name!r} is claimed by services {' and '.join(sorted(services))}")

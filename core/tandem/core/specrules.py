@@ -5,6 +5,10 @@
   `access_rules`, the gateway's part, shared with the InferenceGateway (`tandem.core.gateway`).
 - `parse_inference_service`: structure (`tandem.core.spec`), then the rules; raises `SpecInvalid`
   listing every error.
+- Adapters (`spec.adapters`, `spec.adapterCatalog`, `spec.engine.lora`): `check_rules` holds what the
+  spec alone says (sources parse, names unique and not the model's); `local_adapter_rules` reads
+  local sources (`tandem validate`, `tandem up`: ranks, catalog names); `cluster_adapter_rules` refuses
+  what a cluster cannot serve (local paths); `adapter_warnings` says what is accepted but not done yet.
 """
 
 from __future__ import annotations
@@ -12,10 +16,23 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from tandem.core.adapters import (
+    AdapterError,
+    AdapterSource,
+    HfSource,
+    LocalSource,
+    PvcSource,
+    S3Source,
+    config_problem,
+    parse_source,
+    read_adapter_config,
+    scan_catalog,
+)
 from tandem.core.spec import (
     ENGINE_BLOCK_SIZE,
     AuthSpec,
@@ -99,7 +116,158 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
             )
         )
     errors.extend(_router_rules(spec.router))
+    errors.extend(_adapter_rules(spec))
     return errors
+
+
+def _adapter_rules(spec: InferenceServiceSpec) -> list[SpecError]:
+    """LoRA is asked for explicitly, sources parse, and adapter names are unique and not the model's."""
+    errors: list[SpecError] = []
+    lora = spec.engine.lora
+    if lora is None and (spec.adapters or spec.adapter_catalog is not None):
+        errors.append(
+            SpecError(
+                "spec.engine.lora",
+                "is required when spec.adapters or spec.adapterCatalog is set (it sizes the engines' "
+                "LoRA memory: maxLoras, maxRank)",
+            )
+        )
+    if lora is not None and lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
+        errors.append(
+            SpecError(
+                "spec.engine.lora.maxCpuLoras",
+                f"must be >= spec.engine.lora.maxLoras ({lora.max_cpu_loras} < {lora.max_loras})",
+            )
+        )
+    model_names = {spec.model.name: "spec.model.name", spec.model.public_name: "spec.model.servedName"}
+    seen: set[str] = set()
+    for i, adapter in enumerate(spec.adapters):
+        at = f"spec.adapters[{i}]"
+        if adapter.name in model_names:
+            errors.append(
+                SpecError(f"{at}.name", f"{adapter.name!r} is the model's name ({model_names[adapter.name]})")
+            )
+        elif adapter.name in seen:
+            errors.append(SpecError(f"{at}.name", f"duplicate adapter {adapter.name!r}"))
+        seen.add(adapter.name)
+        try:
+            parse_source(adapter.source)
+        except AdapterError as exc:
+            errors.append(SpecError(f"{at}.source", str(exc)))
+    catalog = spec.adapter_catalog
+    if catalog is not None:
+        try:
+            source = parse_source(catalog.source)
+        except AdapterError as exc:
+            errors.append(SpecError("spec.adapterCatalog.source", str(exc)))
+        else:
+            if not isinstance(source, LocalSource | PvcSource):
+                errors.append(
+                    SpecError("spec.adapterCatalog.source", "must be pvc://claim/path or a local directory")
+                )
+    return errors
+
+
+def adapter_sources(spec: InferenceServiceSpec) -> list[tuple[str, str, AdapterSource]]:
+    """(field path, adapter name, source) of every declared adapter whose source parses."""
+    out = []
+    for i, adapter in enumerate(spec.adapters):
+        try:
+            out.append((f"spec.adapters[{i}].source", adapter.name, parse_source(adapter.source)))
+        except AdapterError:
+            continue  # check_rules reports it
+    return out
+
+
+def local_path(source: LocalSource, *, base: Path) -> Path:
+    """A local source's directory: relative paths are relative to `base` (the YAML file's folder)."""
+    path = Path(source.path).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def local_catalog(spec: InferenceServiceSpec, *, base: Path) -> Path | None:
+    """The catalog's local directory, when it is a local one that parses."""
+    if spec.adapter_catalog is None:
+        return None
+    try:
+        source = parse_source(spec.adapter_catalog.source)
+    except AdapterError:
+        return None
+    return local_path(source, base=base) if isinstance(source, LocalSource) else None
+
+
+def local_adapter_rules(spec: InferenceServiceSpec, *, base: Path) -> list[SpecError]:
+    """What the local files say (`tandem validate`, `tandem up`; reads the filesystem): each local
+    adapter's `adapter_config.json` is readable and its rank at most `spec.engine.lora.maxRank`; a
+    local catalog is listable, its adapters' names are safe, not the model's nor a declared adapter's,
+    and their ranks fit too. `base`: the folder relative paths start from."""
+    lora = spec.engine.lora
+    if lora is None:
+        return []  # check_rules already asks for it
+    errors: list[SpecError] = []
+    for at, name, source in adapter_sources(spec):
+        if isinstance(source, LocalSource):
+            errors += _config_errors(at, name, local_path(source, base=base), max_rank=lora.max_rank)
+    directory = local_catalog(spec, base=base)
+    if directory is None:
+        return errors
+    at = "spec.adapterCatalog.source"
+    try:
+        catalog = scan_catalog(directory)
+    except AdapterError as exc:
+        return [*errors, SpecError(at, str(exc))]
+    errors += [SpecError(at, f"subdirectory {name!r} cannot name an adapter") for name in catalog.unsafe]
+    taken = {spec.model.name, spec.model.public_name, *(a.name for a in spec.adapters)}
+    for name, path in catalog.adapters.items():
+        if name in taken:
+            errors.append(
+                SpecError(
+                    at, f"adapter {name!r} of the catalog is already the model's or a declared adapter's name"
+                )
+            )
+            continue
+        errors += _config_errors(at, name, path, max_rank=lora.max_rank)
+    return errors
+
+
+def _config_errors(at: str, name: str, directory: Path, *, max_rank: int) -> list[SpecError]:
+    try:
+        problem = config_problem(read_adapter_config(directory), max_rank=max_rank)
+    except AdapterError as exc:
+        return [SpecError(at, f"adapter {name!r}: {exc}")]
+    return [SpecError(at, f"adapter {name!r}: {problem}")] if problem else []
+
+
+def cluster_adapter_rules(spec: InferenceServiceSpec) -> list[SpecError]:
+    """What a cluster cannot serve (the operator, `tandem render`): local paths, which name this
+    machine's files."""
+    errors = [
+        SpecError(at, "a local path works with tandem up only; in a cluster use pvc://, hf:// or s3://")
+        for at, _, source in adapter_sources(spec)
+        if isinstance(source, LocalSource)
+    ]
+    if spec.adapter_catalog is not None and local_catalog(spec, base=Path(".")) is not None:
+        errors.append(
+            SpecError(
+                "spec.adapterCatalog.source",
+                "a local directory works with tandem up only; in a cluster use pvc://claim/path",
+            )
+        )
+    return errors
+
+
+def adapter_warnings(spec: InferenceServiceSpec) -> list[SpecError]:
+    """Adapters the spec may name but nothing fetches yet: `hf://` and `s3://` sources (the engines
+    find them only once something else puts them in the adapter directory, e.g. spec.adapterCache)."""
+    return [
+        SpecError(
+            at,
+            f"{'hf://' if isinstance(source, HfSource) else 's3://'} adapters are not fetched yet: the "
+            f"engines find {name!r} only once something puts it in their adapter directory",
+        )
+        for at, name, source in adapter_sources(spec)
+        if isinstance(source, HfSource | S3Source)
+    ]
 
 
 def _router_rules(router: RouterSpec) -> list[SpecError]:

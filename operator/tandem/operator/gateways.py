@@ -35,6 +35,7 @@ from tandem.core.gateway import (
     name_conflicts,
     parse_inference_gateway,
     served_names,
+    service_names,
 )
 from tandem.core.specrules import SpecInvalid, parse_inference_service
 from tandem.operator.cluster import Cluster, ClusterError
@@ -236,13 +237,14 @@ def _refusal(
                 f"service {member.owner.name} is already served by InferenceGateway {meta_of(other)['name']}"
             )
             involved.add(member.owner.name)
-    models = {m.owner.name: m.spec.model.public_name for m in members}
+    models = {m.owner.name: service_names(m.spec) for m in members}
     conflicts = name_conflicts(models, spec.aliases)
     if conflicts:
         lines += conflicts
-        names = [n for n in models.values() if list(models.values()).count(n) > 1]
-        names += [a.name for a in spec.aliases if a.name in models.values()]
-        involved |= {s for s, n in models.items() if n in names}
+        every = [n for names in models.values() for n in names]
+        clashing = {n for n in every if every.count(n) > 1}
+        clashing |= {a.name for a in spec.aliases if a.name in every}
+        involved |= {s for s, names in models.items() if clashing.intersection(names)}
     return ("NamesConflict", "; ".join(lines), sorted(involved)) if lines else None
 
 
