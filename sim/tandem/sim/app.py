@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -22,13 +22,14 @@ from starlette.requests import Request
 
 from tandem.core.tasks import stop_tasks
 from tandem.kvpool.client import password_from_env, pool_key_from_env
-from tandem.sim import generate, routes
+from tandem.sim import generate, lora_routes, routes
 from tandem.sim.engine.blocks import KVEvent, KVEventSink
 from tandem.sim.engine.clock import Clock, ScaledClock
 from tandem.sim.engine.core import EngineCore
 from tandem.sim.engine.loop import EngineDead, EngineLoop
 from tandem.sim.kvevents_publisher import KVEventPublisher
 from tandem.sim.kvpool import KVPool, connect
+from tandem.sim.lora import AdapterRegistry, LoRAEnv, LoRAError
 from tandem.sim.metrics import SimMetrics
 from tandem.sim.middleware import ApiKeyMiddleware, RequestContextMiddleware
 from tandem.sim.protocol import APIError
@@ -44,25 +45,33 @@ def create_app(
     clock: Clock | None = None,
     kv_events: KVEventSink | None = None,
     registry: CollectorRegistry | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> FastAPI:
     """A simulated vLLM engine as an ASGI app.
 
     `clock` defaults to `ScaledClock(settings.time_scale)` (pass a `VirtualClock` to run as fast as
     possible); `kv_events` receives the block pool's stored/removed events (in addition to the ZMQ
     publisher that `settings.kv_events_endpoint` turns on); `registry` defaults to a fresh one owned
-    by the app.
+    by the app; `environ` (default `os.environ`) holds vLLM's LoRA variables (`lora.LoRAEnv`).
+    Raises ValueError, as vLLM fails to start, for a `--lora-modules` adapter that does not load or a
+    resolver directory that is not one.
     """
+    lora = settings.lora_config()
+    lora_env = LoRAEnv.from_environ(os.environ if environ is None else environ)
     metrics = SimMetrics(
         registry or CollectorRegistry(),
         model_name=settings.served_model_name,
         block_size=settings.block_size,
         num_gpu_blocks=settings.total_gpu_blocks,
+        max_loras=lora.max_loras if lora is not None else None,
     )
     state = SimApp(
         settings=settings,
         metrics=metrics,
         clock=clock or ScaledClock(settings.time_scale),
         rng=random.Random(settings.seed),
+        adapters=_static_adapters(settings),
+        lora_env=lora_env,
         kv_events=kv_events,
     )
     app = FastAPI(title="tandem sim", lifespan=_lifespan, docs_url=None, redoc_url=None)
@@ -74,7 +83,27 @@ def create_app(
     app.add_exception_handler(EngineDead, _engine_dead)
     app.include_router(routes.router)
     app.include_router(generate.router)
+    if lora_env.runtime_updating:  # vLLM attaches the LoRA routes only then
+        logger.warning("LoRA dynamic loading & unloading is enabled in the API server")
+        app.include_router(lora_routes.router)
     return app
+
+
+def _static_adapters(settings: SimSettings) -> AdapterRegistry:
+    """The adapter registry with `--lora-modules` checked and registered (vLLM's `init_static_loras`)."""
+    lora = settings.lora_config()
+    adapters = AdapterRegistry(
+        base_model=settings.model,
+        served_model=settings.served_model_name,
+        max_lora_rank=lora.max_lora_rank if lora is not None else None,
+        bytes_per_rank=settings.engine_profile.model.lora_bytes_per_rank,
+    )
+    for module in settings.lora_modules:
+        try:
+            adapters.load(module.name, module.path, core=None, base_model_name=module.base_model_name)
+        except LoRAError as exc:
+            raise ValueError(exc.message) from None
+    return adapters
 
 
 @asynccontextmanager
@@ -84,6 +113,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     publisher = await _start_publisher(settings)
     sinks = [s for s in (state.kv_events, publisher.collect if publisher else None) if s is not None]
     core = EngineCore(settings.engine_config(), on_kv_event=_fan_out(sinks))
+    for adapter in state.adapters.adapters():  # loaded before serving, as vLLM's static adapters
+        core.add_lora(adapter.ref, charge=False)
     loop = EngineLoop(
         core, clock=state.clock, sink=state.metrics, on_step_end=publisher.flush if publisher else None
     )

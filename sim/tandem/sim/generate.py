@@ -6,6 +6,9 @@ its outputs into one JSON body or an SSE stream. As a KV producer, the prompt's 
 to the pool once the prompt is computed (at the first token), and the write is awaited before the
 final body or the stream's last chunk, so whoever reads the response can rely on the pool.
 If the client goes away mid-stream, the request is aborted in the engine.
+A request whose `model` names a LoRA adapter runs under it (`SimApp.resolve_model`) and bypasses the
+KV pool both ways, as Tandem's connector does (`tandem.kvpool.connector_plan.bypasses_pool`): pool
+chunks are keyed by tokens and salt only, so they cannot tell one adapter's KV from another's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tandem.core.logs import REQUEST_ID
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest, error_body
 from tandem.sim.engine.generation import stream_seed
 from tandem.sim.engine.loop import EngineDead, RequestStream
+from tandem.sim.engine.lora import LoRARef
 from tandem.sim.engine.requests import NewRequest, RequestOutput, SamplingParams
 from tandem.sim.middleware import log_fields
 from tandem.sim.protocol import SSE_DONE, Generation, parse_json, prepare, sse, validate
@@ -49,32 +53,53 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     runtime = sim.running()
     body = parse_json(await request.body())
     parsed = validate(ChatCompletionRequest, body) if chat else validate(CompletionRequest, body)
+    lora = sim.resolve_model(parsed.model)
     gen = prepare(
-        parsed, served_model=sim.settings.served_model_name, max_model_len=sim.settings.max_model_len
+        parsed,
+        served_model=sim.settings.served_model_name,
+        max_model_len=sim.settings.max_model_len,
+        adapter=lora.name if lora is not None else None,
     )
-    pool_tokens = await _pool_lookup(runtime, gen) if sim.settings.consumes_kv else None
+    uses_pool = lora is None
+    pool_tokens = await _pool_lookup(runtime, gen) if sim.settings.consumes_kv and uses_pool else None
     engine_id = uuid.uuid4().hex
     stream = runtime.loop.submit(
-        NewRequest(engine_id, gen.prompt_token_ids, _sampling(sim, gen), pool_tokens, gen.cache_salt)
+        NewRequest(
+            engine_id, gen.prompt_token_ids, _sampling(sim, gen, lora), pool_tokens, gen.cache_salt, lora
+        )
     )
     fields = log_fields(request)
     fields.update(prompt_tokens=len(gen.prompt_token_ids), kv_pool_tokens=pool_tokens, stream=gen.stream)
+    if lora is not None:
+        fields.update(lora_name=lora.name)
     meta = ResponseMeta(
         kind=gen.kind,
         response_id=f"{'chatcmpl' if chat else 'cmpl'}-{REQUEST_ID.get() or engine_id}",
         created=int(time.time()),
-        model=sim.settings.served_model_name,
+        model=lora.name if lora is not None else sim.settings.served_model_name,
         include_usage=gen.include_usage,
     )
-    job = _Job(sim=sim, runtime=runtime, gen=gen, stream=stream, engine_id=engine_id, fields=fields)
+    job = _Job(
+        sim=sim,
+        runtime=runtime,
+        gen=gen,
+        stream=stream,
+        engine_id=engine_id,
+        fields=fields,
+        uses_pool=uses_pool,
+    )
     if gen.stream:
         return StreamingResponse(job.events(meta), media_type="text/event-stream")
     return JSONResponse(await job.collect(meta))
 
 
-def _sampling(sim: SimApp, gen: Generation) -> SamplingParams:
+def _sampling(sim: SimApp, gen: Generation, lora: LoRARef | None) -> SamplingParams:
     seed = stream_seed(
-        gen.prompt_token_ids, temperature=gen.temperature, seed=gen.seed, entropy=sim.rng.getrandbits(64)
+        gen.prompt_token_ids,
+        temperature=gen.temperature,
+        seed=gen.seed,
+        entropy=sim.rng.getrandbits(64),
+        adapter=lora.name if lora is not None else None,
     )
     return SamplingParams(
         max_tokens=gen.max_tokens,
@@ -103,6 +128,7 @@ class _Job:
     stream: RequestStream
     engine_id: str
     fields: dict[str, Any]
+    uses_pool: bool = True
     store: asyncio.Task[None] | None = field(default=None)
 
     async def collect(self, meta: ResponseMeta) -> dict[str, Any]:
@@ -174,7 +200,7 @@ class _Job:
     async def _on_output(self, output: RequestOutput) -> None:
         """Start the producer's pool write when the prompt is done; finish it before the end."""
         pool = self.runtime.pool
-        if self.store is None and pool is not None and self.sim.settings.produces_kv:
+        if self.store is None and pool is not None and self.uses_pool and self.sim.settings.produces_kv:
             self.store = self.runtime.spawn(pool.store(self.gen.prompt_token_ids, scope=self.gen.cache_salt))
         if output.finished:
             if self.store is not None:

@@ -18,6 +18,10 @@ writes a `list[tuple | None]`: the 9th array item, or the `"extra_keys"` field r
 multimodal inputs or prompt embeddings; a tuple is a msgpack array), every other block nil. An
 unsalted request's events leave the field out, as msgspec omits a None default.
 
+A `BlockStored` of a sequence under a LoRA adapter carries its `lora_id` (the API server's integer id)
+and `lora_name`, and the name first in every block's `extra_keys` (`["sql"]`, `["sql", "<salt>"]` on
+a salted sequence's first block), as vLLM 0.32 publishes them.
+
 Block hashes are sent as unsigned 64-bit ints, as vLLM does with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`
 (its default): the simulator's signed hashes are taken modulo 2**64 (-1 is sent as 2**64 - 1).
 """
@@ -60,9 +64,9 @@ def _array_event(event: KVEvent) -> list[object]:
             None if parent is None else external_hash(parent),
             list(event.token_ids),
             event.block_size,
-            None,  # lora_id
+            event.lora_id,
             MEDIUM_GPU,
-            None,  # lora_name
+            event.lora_name,
             *([] if event.extra_keys is None else [_extra_keys(event.extra_keys)]),
         ]
     assert isinstance(event, BlockRemoved)
@@ -80,9 +84,9 @@ def _map_event(event: KVEvent) -> dict[str, object]:
             "parent_block_hash": None if parent is None else external_hash(parent),
             "token_ids": list(event.token_ids),
             "block_size": event.block_size,
-            "lora_id": None,
+            "lora_id": event.lora_id,
             "medium": MEDIUM_GPU,
-            "lora_name": None,
+            "lora_name": event.lora_name,
             **extra,
             "group_idx": 0,
             "kv_cache_spec_kind": "full_attention",

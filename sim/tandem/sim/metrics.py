@@ -4,9 +4,20 @@ Every `vllm:` series carries `model_name` (the served name) and `engine="0"`, as
 `PrometheusStatLogger` does; counters are exposed with the `_total` suffix by prometheus_client.
 Latencies are simulated seconds. The `tandem_sim_kv_pool_*` series count the simulator's own KV-pool
 I/O (there is no vLLM equivalent).
+
+With `--enable-lora` (`max_loras` set) two more: `vllm:lora_requests_info`, exactly as vLLM 0.32's
+`PrometheusStatLogger` writes it (a gauge without `model_name`/`engine`, labels `max_lora`,
+`waiting_lora_adapters`, `running_lora_adapters` in that order, set to the wall-clock time of every
+update; one series per label combination, old ones keep their last time; in 0.32 both adapter labels
+list every adapter with a waiting or running request, comma-separated), and the simulator's
+`tandem_sim_lora_loads_total{source="disk"|"cpu"}`: adapters read from disk into the CPU tier, and
+copied from the CPU tier into a GPU slot.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -58,14 +69,38 @@ class SimMetrics:
     """The app's metrics; implements the engine loop's `StatsSink`."""
 
     def __init__(
-        self, registry: CollectorRegistry, *, model_name: str, block_size: int, num_gpu_blocks: int
+        self,
+        registry: CollectorRegistry,
+        *,
+        model_name: str,
+        block_size: int,
+        num_gpu_blocks: int,
+        max_loras: int | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
         self._labels = {"model_name": model_name, "engine": ENGINE_INDEX}
+        self._wall = wall
         family = _Family(registry, self._labels)
         self._init_engine(family)
         self._init_latencies(family)
         self._init_pool(family)
+        self._max_lora = str(max_loras) if max_loras is not None else None
+        self._lora_info: Gauge | None = None
+        self._lora_loads: Counter | None = None
+        if max_loras is not None:
+            self._lora_info = Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+                registry=registry,
+            )
+            self._lora_loads = family.by(
+                "tandem_sim_lora_loads",
+                "LoRA adapter loads, by source (disk: into the CPU tier; cpu: into a GPU slot).",
+                label="source",
+                values=("disk", "cpu"),
+            )
         cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -176,6 +211,16 @@ class SimMetrics:
             self._success.labels(**self._labels, finished_reason=finished.finish_reason).inc()
             self.e2e.observe(finished.e2e_s)
             self.queue.observe(finished.queue_s)
+        self._record_lora(iteration, scheduler)
+
+    def _record_lora(self, iteration: IterationStats, scheduler: SchedulerStats) -> None:
+        if self._lora_info is None or self._lora_loads is None:
+            return
+        self._lora_loads.labels(**self._labels, source="disk").inc(iteration.lora_disk_loads)
+        self._lora_loads.labels(**self._labels, source="cpu").inc(iteration.lora_host_loads)
+        names = ",".join(scheduler.lora_adapters)
+        info = {"max_lora": self._max_lora, "waiting_lora_adapters": names, "running_lora_adapters": names}
+        self._lora_info.labels(**info).set(self._wall())
 
     def pool_stored(self, *, written: int, skipped: int, nbytes: int) -> None:
         self._chunks_written.inc(written)

@@ -102,9 +102,14 @@ def validate(model: type[M], body: Any) -> M:
         raise APIError(400, message, param=param) from None
 
 
-def check_model(requested: str | None, *, served: str) -> None:
-    if requested is not None and requested != served:
-        raise APIError(404, f"The model `{requested}` does not exist.", param="model")
+def check_model(requested: str | None, *, served: str, adapter: str | None = None) -> None:
+    """404 unless the request names the served model, the LoRA `adapter` it resolved to, or none."""
+    if requested and requested != served and requested != adapter:
+        raise unknown_model(requested)
+
+
+def unknown_model(requested: str) -> APIError:
+    return APIError(404, f"The model `{requested}` does not exist.", param="model")
 
 
 def completion_prompt(request: CompletionRequest) -> tuple[tuple[int, ...], str | None]:
@@ -127,10 +132,15 @@ def completion_prompt(request: CompletionRequest) -> tuple[tuple[int, ...], str 
 
 
 def prepare(
-    request: CompletionRequest | ChatCompletionRequest, *, served_model: str, max_model_len: int
+    request: CompletionRequest | ChatCompletionRequest,
+    *,
+    served_model: str,
+    max_model_len: int,
+    adapter: str | None = None,
 ) -> Generation:
-    """Check a parsed request against the engine and resolve its defaults (module docstring)."""
-    check_model(request.model, served=served_model)
+    """Check a parsed request against the engine and resolve its defaults (module docstring).
+    `adapter` is the LoRA adapter the request's `model` resolved to (None: the base model)."""
+    check_model(request.model, served=served_model, adapter=adapter)
     if request.n != 1:
         raise APIError(
             400, f"n must be 1 (the simulator generates one choice per request), got {request.n}", param="n"

@@ -21,7 +21,6 @@ from tandem.sim.protocol import (
     APIError,
     DetokenizeRequest,
     TokenizeRequest,
-    check_model,
     parse_json,
     prepare,
     validate,
@@ -60,25 +59,30 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
-    settings = sim_state(request).settings
+    """The base model, then every served LoRA adapter (`id` its name, `root` its path, `parent` the
+    base model), as vLLM's `show_available_models`."""
+    sim = sim_state(request)
+    settings = sim.settings
+    created = int(time.time())
     card = {
         "id": settings.served_model_name,
         "object": "model",
-        "created": int(time.time()),
+        "created": created,
         "owned_by": "vllm",
         "root": settings.model,
         "parent": None,
         "max_model_len": settings.max_model_len,
     }
-    return {"object": "list", "data": [card]}
+    return {"object": "list", "data": [card, *sim.adapters.cards(created=created)]}
 
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> JSONResponse:
     """`{prompt}` or `{messages}` → `{count, max_model_len, tokens}`."""
-    settings = sim_state(request).settings
+    sim = sim_state(request)
+    settings = sim.settings
     body = validate(TokenizeRequest, parse_json(await request.body()))
-    check_model(body.model, served=settings.served_model_name)
+    sim.resolve_model(body.model)
     if body.messages is not None:
         text = render_chat(body.messages, add_generation_prompt=body.add_generation_prompt)
     elif body.prompt is not None:
@@ -94,9 +98,8 @@ async def tokenize(request: Request) -> JSONResponse:
 @router.post("/detokenize")
 async def detokenize(request: Request) -> JSONResponse:
     """`{tokens}` → `{prompt}`; an id no text encodes to is a 400."""
-    settings = sim_state(request).settings
     body = validate(DetokenizeRequest, parse_json(await request.body()))
-    check_model(body.model, served=settings.served_model_name)
+    sim_state(request).resolve_model(body.model)
     try:
         text = decode(body.tokens)
     except TokenizerError as exc:
@@ -119,10 +122,17 @@ async def render_chat_completion(request: Request) -> JSONResponse:
 async def _render(request: Request, *, chat: bool) -> dict[str, Any]:
     """What `/v1/(chat/)completions` would run for this body (`protocol.prepare`, same errors), in
     vLLM's `GenerateRequest` shape (`tandem.sim.render`); nothing reaches the engine."""
-    settings = sim_state(request).settings
+    sim = sim_state(request)
+    settings = sim.settings
     body = parse_json(await request.body())
     parsed = validate(ChatCompletionRequest, body) if chat else validate(CompletionRequest, body)
-    gen = prepare(parsed, served_model=settings.served_model_name, max_model_len=settings.max_model_len)
+    lora = sim.resolve_model(parsed.model)
+    gen = prepare(
+        parsed,
+        served_model=settings.served_model_name,
+        max_model_len=settings.max_model_len,
+        adapter=lora.name if lora is not None else None,
+    )
     fields = validate(RenderFields, body)
     log_fields(request).update(prompt_tokens=len(gen.prompt_token_ids))
     request_id = render_id(

@@ -7,19 +7,52 @@ Field names match the `tandem sim` flags (`max_num_seqs` is `--max-num-seqs`). F
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tandem.sim.engine.core import EngineConfig
 from tandem.sim.engine.kvlayout import DEFAULT_BYTES_SCALE, PoolLayout
+from tandem.sim.engine.lora import LoRAConfig
 from tandem.sim.engine.profiles import PROFILES, Profile, get_profile
 from tandem.sim.engine.scheduler import SchedulerConfig
 
 KVRole = Literal["none", "producer", "consumer", "both"]
 KVEventsEncoding = Literal["array", "map"]
+#: vLLM's `MaxLoRARanks` (`vllm/config/lora.py`), the values `--max-lora-rank` accepts.
+MaxLoRARank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
 _ZMQ_ADDRESS = r"^(tcp|ipc|inproc)://\S+$"
 DEFAULT_PROFILE = "qwen2.5-7b-h100"
+
+
+class LoRAModule(BaseModel):
+    """One `--lora-modules` entry (vLLM's `LoRAModulePath`): an adapter served from the start."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    base_model_name: str | None = None
+
+
+def parse_lora_module(item: str) -> LoRAModule:
+    """One `--lora-modules` value as vLLM's `LoRAParserAction` reads it: `name=path` when it has an
+    `=` and no comma, else a JSON object `{"name", "path"[, "base_model_name"]}`. Raises ValueError
+    with vLLM's wording. Example: `sql=/adapters/sql` → name "sql", path "/adapters/sql"."""
+    if "=" in item and "," not in item:
+        name, path = item.split("=", 1)
+        return LoRAModule(name=name, path=path)
+    try:
+        fields = json.loads(item)
+    except json.JSONDecodeError:
+        raise ValueError(f"Invalid JSON format for --lora-modules: {item}") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"Invalid fields for --lora-modules: {item} - expected a JSON object")
+    try:
+        return LoRAModule.model_validate(fields)
+    except ValidationError as exc:
+        raise ValueError(f"Invalid fields for --lora-modules: {item} - {exc.errors()[0]['msg']}") from None
 
 
 class SimSettings(BaseModel):
@@ -51,6 +84,15 @@ class SimSettings(BaseModel):
     kv_events_topic: str = Field(default="", description="Topic frame of every KV-event message.")
     kv_events_encoding: KVEventsEncoding = "map"
     kv_events_buffer_steps: int = Field(default=10_000, ge=1, le=10_000_000)
+    enable_lora: bool = Field(default=False, description="Serve LoRA adapters (vLLM's --enable-lora).")
+    max_loras: int = Field(default=1, ge=1, le=1024, description="Most distinct adapters in one batch.")
+    max_lora_rank: MaxLoRARank = 16
+    max_cpu_loras: int | None = Field(
+        default=None, ge=1, description="Adapters kept in CPU memory (None: max_loras); >= max_loras."
+    )
+    lora_modules: tuple[LoRAModule, ...] = Field(
+        default=(), description="Adapters served from the start: `name=path` or JSON, as vLLM's."
+    )
     api_key: str | None = Field(
         default=None,
         min_length=1,
@@ -62,6 +104,15 @@ class SimSettings(BaseModel):
     @classmethod
     def _empty_key_is_none(cls, value: object) -> object:
         return value or None  # as vLLM: an empty key requires nothing
+
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _parse_lora_modules(cls, value: object) -> object:
+        """Strings in vLLM's two forms (`parse_lora_module`); empty ones are skipped, as vLLM does."""
+        items = [value] if isinstance(value, str | dict) else value
+        if not isinstance(items, list | tuple):
+            return value
+        return tuple(parse_lora_module(i) if isinstance(i, str) else i for i in items if i not in (None, ""))
 
     @model_validator(mode="before")
     @classmethod
@@ -95,6 +146,10 @@ class SimSettings(BaseModel):
             raise ValueError(f"--kv-role {self.kv_role} needs --kv-pool redis://HOST:PORT")
         if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
             raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora (LoRA is not enabled)")
         capacity = self.total_gpu_blocks * self.block_size
         if self.max_model_len > capacity:
             raise ValueError(
@@ -123,15 +178,26 @@ class SimSettings(BaseModel):
     def consumes_kv(self) -> bool:
         return self.kv_role in ("consumer", "both")
 
+    def lora_config(self) -> LoRAConfig | None:
+        """The LoRA limits with `--enable-lora`, else None; `max_cpu_loras` defaults to `max_loras`."""
+        if not self.enable_lora:
+            return None
+        cpu = self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=cpu)
+
     def engine_config(self) -> EngineConfig:
+        lora = self.lora_config()
         return EngineConfig(
             profile=self.engine_profile,
             num_gpu_blocks=self.total_gpu_blocks,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             scheduler=SchedulerConfig(
-                max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_loras=lora.max_loras if lora is not None else None,
             ),
+            lora=lora,
         )
 
     def pool_layout(self, *, key: bytes | None = None) -> PoolLayout:

@@ -13,7 +13,10 @@ Usage (`vllm:kv_cache_usage_perc`) is used blocks / total: cached but free block
 Every block that gains a hash is reported as `BlockStored` and every hash that is evicted as
 `BlockRemoved`, through the optional `on_event` callback: the hook for vLLM-style KV events. A salted
 owner's runs carry vLLM's per-block `extra_keys`: `(salt,)` on the sequence's first block, None on
-the others (vLLM adds the salt to the first block's extra keys only).
+the others (vLLM adds the salt to the first block's extra keys only). An owner under a LoRA adapter
+has the adapter's name first in every block's extra keys, as vLLM 0.32 publishes them
+(`to_event_extra_keys` of `("lora", name, path)` is the bare name): `(name, salt)` or `(name,)` on the
+first block, `(name,)` on the others, and its events carry `lora_id` and `lora_name`.
 """
 
 from __future__ import annotations
@@ -23,18 +26,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tandem.sim.engine.lora import LoRARef
+
 
 @dataclass(frozen=True)
 class BlockStored:
     """Consecutive blocks of one sequence became cached. `token_ids` holds their tokens, in order.
-    `extra_keys` (vLLM's, one entry per block) is None for an unsalted sequence; for a salted one it
-    is `(salt,)` for the sequence's first block and None for every other block."""
+    `extra_keys` (vLLM's, one entry per block) is None for an unsalted sequence of the base model;
+    otherwise the module docstring's entries. `lora_id`/`lora_name` name the adapter (None: base)."""
 
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
     extra_keys: tuple[tuple[str, ...] | None, ...] | None = None
+    lora_id: int | None = None
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,17 +62,22 @@ class _Chain:
     token_ids: Sequence[int]
     block_hashes: Sequence[int]
     cache_salt: str | None
+    lora: LoRARef | None = None
 
 
 def _extra_keys(
-    cache_salt: str | None, *, run_start: int, count: int
+    cache_salt: str | None, lora_name: str | None, *, run_start: int, count: int
 ) -> tuple[tuple[str, ...] | None, ...] | None:
     """vLLM's `extra_keys` for `count` blocks from block `run_start` of a sequence (module docstring).
-    Example: salt "t", a run of 3 blocks from block 0 → `(("t",), None, None)`; from block 2 → all None."""
-    if cache_salt is None:
+    Example: salt "t", a run of 3 blocks from block 0 → `(("t",), None, None)`; from block 2 → all None;
+    under adapter "sql" with salt "t" from block 0 → `(("sql", "t"), ("sql",), ("sql",))`."""
+    if cache_salt is None and lora_name is None:
         return None
-    first: tuple[tuple[str, ...] | None, ...] = ((cache_salt,),) if run_start == 0 else (None,)
-    return first + (None,) * (count - 1)
+    lora = (lora_name,) if lora_name is not None else ()
+    first = lora + ((cache_salt,) if cache_salt is not None else ())
+    rest = lora or None
+    head = (first or None) if run_start == 0 else rest
+    return (head,) + (rest,) * (count - 1)
 
 
 @dataclass
@@ -128,12 +140,13 @@ class BlockPool:
         block_hashes: Sequence[int],
         computed_blocks: Sequence[int] = (),
         cache_salt: str | None = None,
+        lora: LoRARef | None = None,
     ) -> bool:
         """Give `owner` enough blocks for its first `num_tokens` tokens; False (and no change) when
         the free blocks do not suffice. `computed_blocks` (cache hits from `cached_prefix`, only when
         the owner holds nothing yet) are shared, not copied. Full blocks among the first `num_tokens`
         get their hash from `block_hashes` (already rooted at the owner's `cache_salt`) and become
-        findable by other requests; `cache_salt` only shapes the events' `extra_keys`."""
+        findable by other requests; `cache_salt` and `lora` only shape the events."""
         blocks = self._owned.get(owner, [])
         needed = math.ceil(num_tokens / self.block_size) - len(blocks) - len(computed_blocks)
         # Touching a cached block that is free takes it out of the free queue.
@@ -151,9 +164,8 @@ class BlockPool:
         if evicted_hashes:
             self._emit(BlockRemoved(evicted_hashes))
         full = min(num_tokens // self.block_size, len(block_hashes))
-        self._register(
-            owner, blocks, full=full, token_ids=token_ids, block_hashes=block_hashes, cache_salt=cache_salt
-        )
+        chain = _Chain(token_ids, block_hashes, cache_salt, lora)
+        self._register(owner, blocks, full=full, chain=chain)
         return True
 
     def free(self, owner: str) -> None:
@@ -189,17 +201,14 @@ class BlockPool:
         blocks: list[int],
         *,
         full: int,
-        token_ids: Sequence[int],
-        block_hashes: Sequence[int],
-        cache_salt: str | None,
+        chain: _Chain,
     ) -> None:
         """Hash the owner's blocks [already registered, full) and report each contiguous new run."""
         start = self._num_hashed.get(owner, 0)
         run: list[int] = []
         run_start = start
-        chain = _Chain(token_ids, block_hashes, cache_salt)
         for index in range(start, full):
-            block_hash = block_hashes[index]
+            block_hash = chain.block_hashes[index]
             if block_hash in self._cached:  # another block already holds this prefix
                 self._flush_run(run, run_start, chain)
                 run, run_start = [], index + 1
@@ -216,8 +225,11 @@ class BlockPool:
         size = self.block_size
         parent = chain.block_hashes[run_start - 1] if run_start > 0 else None
         tokens = tuple(chain.token_ids[run_start * size : (run_start + len(run)) * size])
-        extra_keys = _extra_keys(chain.cache_salt, run_start=run_start, count=len(run))
-        self._emit(BlockStored(tuple(run), parent, tokens, size, extra_keys))
+        lora = chain.lora
+        lora_name = lora.name if lora is not None else None
+        extra_keys = _extra_keys(chain.cache_salt, lora_name, run_start=run_start, count=len(run))
+        lora_id = lora.int_id if lora is not None else None
+        self._emit(BlockStored(tuple(run), parent, tokens, size, extra_keys, lora_id, lora_name))
 
     def _emit(self, event: KVEvent) -> None:
         if self._on_event is not None:

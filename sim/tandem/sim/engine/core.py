@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from tandem.core.tokenizer import EOS_TOKEN_ID, decode
 from tandem.sim.engine.blocks import BlockPool, KVEventSink
 from tandem.sim.engine.generation import find_stop, sample_token, stop_buffer, visible_length
+from tandem.sim.engine.lora import AdapterCache, AdapterMoves, LoRAConfig, LoRARef
 from tandem.sim.engine.profiles import Profile
 from tandem.sim.engine.requests import (
     FinishedStats,
@@ -33,13 +34,15 @@ from tandem.sim.engine.timemodel import StepTime, step_time
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything the core needs; sizes in tokens and blocks."""
+    """Everything the core needs; sizes in tokens and blocks. `lora` is None without `--enable-lora`
+    (its `max_loras` must then equal `scheduler.max_loras`)."""
 
     profile: Profile
     num_gpu_blocks: int
     block_size: int = 16
     max_model_len: int = 2048
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoRAConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class StepPlan:
     output: SchedulerOutput
     time: StepTime
     started_at: float
+    moves: AdapterMoves = field(default_factory=AdapterMoves)
 
     @property
     def empty(self) -> bool:
@@ -71,7 +75,20 @@ class EngineCore:
             num_blocks=config.num_gpu_blocks, block_size=config.block_size, on_event=on_kv_event
         )
         self.scheduler = Scheduler(config.scheduler, self.pool)
+        self.adapters = AdapterCache(config.lora) if config.lora is not None else None
+        self._pending_moves = AdapterMoves()
         self._requests: dict[str, Request] = {}
+
+    def add_lora(self, ref: LoRARef, *, reload: bool = False, charge: bool = True) -> None:
+        """vLLM's `add_lora`: read an adapter into the CPU tier (again, with `reload`). Its cost is
+        charged to the next step (the engine does it between steps), unless `charge` is False (the
+        adapters of `--lora-modules`, loaded before the engine serves). Raises ValueError without
+        `--enable-lora`."""
+        if self.adapters is None:
+            raise ValueError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        moves = self.adapters.add(ref, reload=reload)
+        if charge:
+            self._pending_moves.add(moves)
 
     def add_request(self, new: NewRequest, *, now: float) -> None:
         """Queue a request that arrived at `now`. Raises ValueError for a duplicate id or a request
@@ -80,6 +97,8 @@ class EngineCore:
             raise ValueError(f"request id {new.request_id!r} is already running")
         if len(new.prompt_token_ids) + new.params.max_tokens > self.config.max_model_len:
             raise ValueError(f"request {new.request_id!r} exceeds max_model_len {self.config.max_model_len}")
+        if new.lora is not None and self.adapters is None:
+            raise ValueError(f"Got lora_request {new.lora.name!r} but LoRA is not enabled!")
         request = Request.create(new, arrival_time=now, block_size=self.config.block_size)
         self._requests[new.request_id] = request
         self.scheduler.add(request)
@@ -98,20 +117,29 @@ class EngineCore:
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
 
-    def local_prefix_tokens(self, prompt_token_ids: Sequence[int], *, cache_salt: str | None = None) -> int:
-        """Tokens of this prompt the local prefix cache holds now under `cache_salt` (read-only:
-        nothing is touched); blocks cached under another salt, or none, do not count."""
-        hashes = prompt_block_hashes(prompt_token_ids, self.config.block_size, cache_salt=cache_salt)
+    def local_prefix_tokens(
+        self, prompt_token_ids: Sequence[int], *, cache_salt: str | None = None, lora: LoRARef | None = None
+    ) -> int:
+        """Tokens of this prompt the local prefix cache holds now under `cache_salt` and `lora`
+        (read-only: nothing is touched); blocks cached under another scope do not count."""
+        hashes = prompt_block_hashes(
+            prompt_token_ids, self.config.block_size, cache_salt=cache_salt, lora=lora
+        )
         hits = self.pool.cached_prefix(hashes, num_tokens=len(prompt_token_ids))
         return len(hits) * self.config.block_size
 
     def plan_step(self, *, now: float) -> StepPlan:
-        """Schedule the next step starting at `now`."""
+        """Schedule the next step starting at `now`: the batch, the adapter weights it must move first
+        (and those `add_lora` left pending), and its duration."""
         output = self.scheduler.schedule()
         for request in output.admitted:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-        return StepPlan(output, step_time(self.config.profile, output.batch_shape()), now)
+        moves = AdapterMoves()
+        if self.adapters is not None and output.scheduled:
+            moves, self._pending_moves = self._pending_moves, AdapterMoves()
+            moves.add(self.adapters.activate(output.adapters()))
+        return StepPlan(output, step_time(self.config.profile, output.batch_shape(moves)), now, moves)
 
     def finish_step(self, plan: StepPlan, *, now: float) -> StepResult:
         """Complete `plan` at `now`: every request that caught up gets one token."""
@@ -122,6 +150,8 @@ class EngineCore:
             prefix_hits=admission.prefix_hits,
             external_queries=admission.external_queries,
             external_hits=admission.external_hits,
+            lora_disk_loads=plan.moves.disk_loads,
+            lora_host_loads=plan.moves.host_loads,
         )
         outputs = [self._next_token(r, now=now, stats=iteration) for r in self.scheduler.advance(plan.output)]
         return StepResult(outputs, iteration, self.scheduler.stats())

@@ -4,6 +4,8 @@ A request's tokens form a stream selected by a 64-bit `stream_seed`:
 - greedy (temperature 0): the seed is a hash of the prompt tokens, so equal prompts give equal text;
 - with a `seed`: a hash of (prompt, seed);
 - otherwise: fresh entropy from the engine's random source, so repeated calls differ.
+Under a LoRA adapter the greedy and seeded seeds also hash the adapter's name, so an adapter's text
+differs from the base model's and from every other adapter's for the same prompt, and repeats itself.
 Token i of a stream is drawn from `blake2b(stream_seed, i)`: it depends on nothing else (not on batching,
 preemption or timing), so a recomputed or disaggregated request continues exactly the same text.
 
@@ -45,14 +47,22 @@ def _tokens_bytes(token_ids: Sequence[int]) -> bytes:
 
 
 def stream_seed(
-    prompt_token_ids: Sequence[int], *, temperature: float, seed: int | None, entropy: int
+    prompt_token_ids: Sequence[int],
+    *,
+    temperature: float,
+    seed: int | None,
+    entropy: int,
+    adapter: str | None = None,
 ) -> int:
     """The token stream of a request (module docstring). `entropy` is used only when the request is
-    neither greedy nor seeded; greedy wins over a seed, as in vLLM."""
+    neither greedy nor seeded; greedy wins over a seed, as in vLLM. `adapter` is the LoRA adapter's
+    name (None: the base model, whose seeds are unchanged)."""
+    scope = b"" if adapter is None else b"lora:" + len(adapter.encode()).to_bytes(4, "big") + adapter.encode()
     if temperature == 0:
-        return _digest64(b"greedy", _tokens_bytes(prompt_token_ids))
+        return _digest64(b"greedy", scope, _tokens_bytes(prompt_token_ids))
     if seed is not None:
-        return _digest64(b"seeded", seed.to_bytes(16, "big", signed=True), _tokens_bytes(prompt_token_ids))
+        seed_bytes = seed.to_bytes(16, "big", signed=True)
+        return _digest64(b"seeded", scope, seed_bytes, _tokens_bytes(prompt_token_ids))
     return entropy & 0xFFFFFFFFFFFFFFFF
 
 

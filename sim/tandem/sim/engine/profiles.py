@@ -30,6 +30,14 @@ class ModelShape:
     head_dim: int
     dtype: str = "bfloat16"
     dtype_bytes: int = 2
+    lora_params_per_rank: float = 0.0
+
+    @property
+    def lora_bytes_per_rank(self) -> float:
+        """Bytes of a LoRA adapter per unit of rank: `lora_params_per_rank` × dtype_bytes. An adapter
+        on every linear layer has A (rank × in) and B (out × rank) per projection, so
+        `lora_params_per_rank` = layers × Σ (in + out) over the projections (docs/sim.md, LoRA)."""
+        return self.lora_params_per_rank * self.dtype_bytes
 
     @property
     def kv_hidden(self) -> int:
@@ -67,7 +75,13 @@ class Profile:
     - `kv_cache_bytes`: the KV-cache size when it is configured directly (vLLM on CPU takes
       `VLLM_CPU_KVCACHE_SPACE`), else None to derive it from the memory left after the weights;
     - `pool_bandwidth`: bytes/s at which KV chunks load from the external KV pool (Redis);
-    - `max_model_len`: the default context limit in tokens.
+    - `max_model_len`: the default context limit in tokens;
+    - `lora_host_bandwidth`: bytes/s at which adapter weights copy from the CPU tier to a GPU slot;
+    - `lora_disk_bandwidth`, `lora_disk_overhead_s`: bytes/s and fixed seconds of reading one adapter
+      from disk into the CPU tier (safetensors read, `LoRAModel` construction);
+    - `lora_adapter_overhead`: the fraction one more distinct adapter in a batch adds to the step's
+      roofline time (the multi-adapter kernels' cost beyond their weight bytes).
+    The LoRA constants' sources and reasoning are in docs/sim.md ("LoRA adapters").
     """
 
     name: str
@@ -80,6 +94,10 @@ class Profile:
     max_model_len: int
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: float | None = None
+    lora_host_bandwidth: float = 25e9
+    lora_disk_bandwidth: float = 2e9
+    lora_disk_overhead_s: float = 0.05
+    lora_adapter_overhead: float = 0.05
 
     def kv_cache_capacity_bytes(self) -> float:
         """Bytes available to the KV cache: memory × utilisation − weights, unless set directly."""
@@ -97,9 +115,20 @@ H100_SXM = Accelerator(name="H100 SXM 80GB", peak_flops=989e12, memory_bandwidth
 #: Two Xeon cores with AMX: an order-of-magnitude figure; the tiny model is overhead-bound anyway.
 CPU_2_CORES = Accelerator(name="CPU (2 cores)", peak_flops=1e12, memory_bandwidth=20e9, memory_bytes=24e9)
 
-QWEN25_7B = ModelShape(model_id="Qwen/Qwen2.5-7B-Instruct", params=7.6e9, layers=28, kv_heads=4, head_dim=128)
+#: LoRA on q, k, v, o (hidden 3584, KV 512) and gate, up, down (intermediate 18944): per layer per rank
+#: 2 × (3584 + 3584) + 2 × (3584 + 512) + 3 × (3584 + 18944) = 90,112 params; × 28 layers = 2,523,136
+#: (5.05 MB per rank in bf16: 80.7 MB at rank 16).
+QWEN25_7B = ModelShape(
+    model_id="Qwen/Qwen2.5-7B-Instruct",
+    params=7.6e9,
+    layers=28,
+    kv_heads=4,
+    head_dim=128,
+    lora_params_per_rank=2_523_136,
+)
 #: The tiny Qwen2 of research/engine-lab.md (2 layers, 2 KV heads × 64, bf16): 1 KiB of KV per token.
-TINY = ModelShape(model_id="tiny", params=2.2e6, layers=2, kv_heads=2, head_dim=64)
+#: LoRA (hidden 256, KV 128, intermediate 512): 2 × 512 + 2 × 384 + 3 × 768 = 4,096 per layer per rank.
+TINY = ModelShape(model_id="tiny", params=2.2e6, layers=2, kv_heads=2, head_dim=64, lora_params_per_rank=8192)
 
 PROFILES: dict[str, Profile] = {
     p.name: p
@@ -128,6 +157,8 @@ PROFILES: dict[str, Profile] = {
             max_model_len=2048,
             # 4 MiB = 256 blocks of 16 tokens = 4096 tokens: two long prompts already fill it.
             kv_cache_bytes=4 * 1024 * 1024,
+            # On CPU the "GPU" slots are the same memory: a copy at about memcpy speed.
+            lora_host_bandwidth=10e9,
         ),
     )
 }

@@ -10,6 +10,10 @@ Each step has a budget of `max_num_batched_tokens` new tokens:
    than `max_num_seqs` run. An admitted request starts from its longest locally cached prefix, then
    from what the external KV pool holds beyond it (already fetched by the shell), and computes the
    rest; at least one prompt token is always computed. Loaded tokens cost no budget.
+   With LoRA (`max_loras` set), a step's batch holds at most `max_loras` distinct adapters: a waiting
+   request whose adapter is not in the batch when it already has that many is skipped for this step
+   (it keeps its place at the head of the queue) and later requests are still considered, as vLLM
+   0.32's scheduler does.
 
 Example (budget 8192): a 20,000-token prompt is prefilled over three steps (8192, 8192, 3616 tokens);
 while it does, each running decode request still gets its one token per step first.
@@ -17,20 +21,23 @@ while it does, each running decode request still gets its one token per step fir
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from tandem.sim.engine.blocks import BlockPool
+from tandem.sim.engine.lora import AdapterMoves, LoRARef
 from tandem.sim.engine.requests import Request, SchedulerStats, Status
 from tandem.sim.engine.timemodel import BatchShape
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Limits of one engine (vLLM's flags of the same names). Token counts are tokens."""
+    """Limits of one engine (vLLM's flags of the same names). Token counts are tokens; `max_loras`
+    is None without `--enable-lora`."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    max_loras: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,25 @@ class SchedulerOutput:
     admitted: tuple[Request, ...]
     admission: AdmissionStats
 
-    def batch_shape(self) -> BatchShape:
+    def adapters(self) -> list[LoRARef]:
+        """The distinct adapters of the batch, in batch order."""
+        seen: dict[str, LoRARef] = {}
+        for item in self.scheduled:
+            lora = item.request.lora
+            if lora is not None:
+                seen.setdefault(lora.name, lora)
+        return list(seen.values())
+
+    def batch_shape(self, moves: AdapterMoves | None = None) -> BatchShape:
+        adapters = self.adapters()
         return BatchShape(
             num_seqs=len(self.scheduled),
             new_tokens=sum(s.num_new_tokens for s in self.scheduled),
             context_tokens=sum(s.num_context_tokens for s in self.scheduled),
             loaded_tokens=sum(s.num_loaded_tokens for s in self.scheduled),
+            num_adapters=len(adapters),
+            adapter_bytes=sum(a.nbytes for a in adapters),
+            moves=moves or AdapterMoves(),
         )
 
 
@@ -80,16 +100,21 @@ class Scheduler:
         self.pool = pool
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._adapter_requests: OrderedDict[str, int] = OrderedDict()  # unfinished requests per adapter
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
         self.waiting.append(request)
+        if request.lora is not None:
+            name = request.lora.name
+            self._adapter_requests[name] = self._adapter_requests.get(name, 0) + 1
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(len(self.running), len(self.waiting), self.pool.usage())
+        adapters = tuple(self._adapter_requests)
+        return SchedulerStats(len(self.running), len(self.waiting), self.pool.usage(), adapters)
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (module docstring)."""
@@ -131,6 +156,11 @@ class Scheduler:
             self.running.remove(request)
         elif request.status is Status.WAITING:
             self.waiting.remove(request)
+        if request.status is not Status.FINISHED and request.lora is not None:
+            name = request.lora.name
+            self._adapter_requests[name] -= 1
+            if not self._adapter_requests[name]:
+                del self._adapter_requests[name]
         request.status = Status.FINISHED
         self.pool.free(request.request_id)
 
@@ -141,6 +171,7 @@ class Scheduler:
             token_ids=request.token_ids,
             block_hashes=request.block_hashes,
             cache_salt=request.cache_salt,
+            lora=request.lora,
         ):
             victim = self.running.pop()
             self._preempt(victim)
@@ -160,8 +191,13 @@ class Scheduler:
         self, budget: int, *, scheduled: list[ScheduledRequest], stats: AdmissionStats
     ) -> list[Request]:
         admitted: list[Request] = []
+        skipped: list[Request] = []
+        loras = {s.request.lora.name for s in scheduled if s.request.lora is not None}
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if self._exceeds_max_loras(request, loras):
+                skipped.append(self.waiting.popleft())
+                continue
             hits = self.pool.cached_prefix(request.block_hashes, num_tokens=request.num_tokens)
             local = len(hits) * self.pool.block_size
             external = _external_tokens(request, local)
@@ -173,6 +209,7 @@ class Scheduler:
                 block_hashes=request.block_hashes,
                 computed_blocks=hits,
                 cache_salt=request.cache_salt,
+                lora=request.lora,
             ):
                 break  # the head waits for blocks; later requests wait behind it (FCFS)
             self.waiting.popleft()
@@ -184,7 +221,16 @@ class Scheduler:
                 _record_lookup(stats, request, local=local, external=external)
             scheduled.append(ScheduledRequest(request, num_new, local + external + num_new, external))
             budget -= num_new
+            if request.lora is not None:
+                loras.add(request.lora.name)
+        self.waiting.extendleft(reversed(skipped))
         return admitted
+
+    def _exceeds_max_loras(self, request: Request, loras: set[str]) -> bool:
+        """Whether admitting `request` would put more than `max_loras` adapters in the batch."""
+        limit = self.config.max_loras
+        lora = request.lora
+        return limit is not None and lora is not None and lora.name not in loras and len(loras) >= limit
 
 
 def _external_tokens(request: Request, local: int) -> int:
