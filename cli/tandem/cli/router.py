@@ -10,9 +10,11 @@ without a KV pool, or a `tokenizerPath` without the model's tokenizer files).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
+import socket
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -129,6 +131,7 @@ def router(
     try:
         settings = settings_from_flags(tuning)  # the tuning flags, validated into RouterSettings
         settings = with_cache_key(with_engine_key(settings, os.environ), os.environ)
+        settings = with_metrics_token(settings, os.environ)
     except click.UsageError as exc:
         _fail(exc.message)
     configure_logging(log_level, json_lines=log_format == "json")
@@ -164,7 +167,10 @@ def router(
         )
         raise SystemExit(_run_workers(plan, host=host, port=port, count=count))
     server = gateway_server(app, tally, settings=settings, log_level=log_level, host=host, port=port)
-    server.run()
+    if settings.access.metrics_port is None:
+        server.run()
+    else:
+        server.run(sockets=listening(host, port, settings.access.metrics_port))
     if not server.started:
         raise SystemExit(1)  # uvicorn has logged why (e.g. the port is taken)
 
@@ -179,6 +185,33 @@ def with_engine_key(settings: RouterSettings, environ: Mapping[str, str]) -> Rou
     key = environ.get(ENGINE_KEY_ENV) or None
     proxy = settings.proxy.model_copy(update={"engine_api_key": key})
     return settings.model_copy(update={"proxy": proxy})
+
+
+#: Where `tandem router` reads the token of its diagnostics port (`--metrics-port`).
+METRICS_TOKEN_ENV = "TANDEM_METRICS_TOKEN"
+
+
+def with_metrics_token(settings: RouterSettings, environ: Mapping[str, str]) -> RouterSettings:
+    """`settings` with the diagnostics port's token from `environ[METRICS_TOKEN_ENV]` (unset or
+    empty: none, the port is open to whoever reaches it)."""
+    token = SecretStr(environ.get(METRICS_TOKEN_ENV) or "")
+    access = settings.access.model_copy(update={"metrics_token": token})
+    return settings.model_copy(update={"access": access})
+
+
+def listening(host: str, port: int, metrics_port: int) -> list[socket.socket]:
+    """The client socket and the diagnostics socket, both listening; exits 1 with a one-line reason
+    when one cannot be had."""
+    out: list[socket.socket] = []
+    for which, number in (("the client port", port), ("the diagnostics port", metrics_port)):
+        try:
+            out.append(bind(host, number, listen=True))
+        except OSError as exc:
+            for sock in out:
+                sock.close()
+            click.echo(f"tandem: error: cannot listen on {host}:{number} ({which}): {exc.strerror}", err=True)
+            raise SystemExit(1) from None
+    return out
 
 
 #: Where `tandem router` reads the key of the tenants' cache salts (a Secret in a cluster).
@@ -201,7 +234,15 @@ def _run_workers(plan: WorkerPlan, *, host: str, port: int, count: int) -> int:
     except OSError as exc:
         click.echo(f"tandem: error: cannot listen on {host}:{port}: {exc.strerror}", err=True)
         return 1
-    with reserved:
+    metrics_port = plan.settings.access.metrics_port
+    try:
+        diagnostics = bind(host, metrics_port, listen=False) if metrics_port is not None else None
+    except OSError as exc:
+        reserved.close()
+        click.echo(f"tandem: error: cannot listen on {host}:{metrics_port} (the diagnostics port): "
+                   f"{exc.strerror}", err=True)  # fmt: skip
+        return 1
+    with reserved, diagnostics or contextlib.nullcontext():
         bound = int(reserved.getsockname()[1])
         logging.getLogger("tandem.router").info(
             "router workers", extra={"workers": count, "address": f"{host}:{bound}"}

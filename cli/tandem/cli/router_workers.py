@@ -153,7 +153,10 @@ def serve_worker(plan: WorkerPlan) -> None:
     server = gateway_server(
         app, tally, settings=plan.settings, log_level=plan.log_level, host=plan.host, port=plan.port
     )
-    server.run(sockets=[bind(plan.host, plan.port, listen=True)])
+    sockets = [bind(plan.host, plan.port, listen=True)]
+    if plan.settings.access.metrics_port is not None:  # the diagnostics port, shared as the client one
+        sockets.append(bind(plan.host, plan.settings.access.metrics_port, listen=True))
+    server.run(sockets=sockets)
     if not server.started:
         raise SystemExit(1)
 

@@ -146,6 +146,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--max-connections", "access", "max_connections", int, 4096,
          "Client connections one gateway process (each worker) serves at once; more are answered 503 "
          "and closed."),
+    Flag("--metrics-port", "access", "metrics_port", int, None,
+         "Serve /metrics on this port only (the diagnostics port), behind TANDEM_METRICS_TOKEN when set; "
+         "the client port then answers /metrics with 404."),
     Flag("--api-keys-reload-interval", "access", "api_keys_reload_seconds", float, 2.0,
          "Seconds between checks of the API key file for changes (a Secret updated in place)."),
 )  # fmt: skip

@@ -26,6 +26,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from tandem.core.gateway import GatewayFile
 from tandem.core.modeltokens import PromptEncoder
@@ -37,6 +38,7 @@ from tandem.router.compose.startup import engine_clients, load_key_file, model_t
 from tandem.router.config import EffectiveConfig, resolve
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.sources import Discovery, discovery_for
+from tandem.router.http.diagnostics import DiagnosticsGuard
 from tandem.router.http.server import GatewayApp
 from tandem.router.http.side import side_app
 from tandem.router.identity.auth.keyfile import KeyFile
@@ -57,8 +59,9 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     own_process: bool = False,
     connections: ConnectionTally | None = None,
-) -> GatewayApp:
-    """The gateway for `config`.
+) -> ASGIApp:
+    """The gateway for `config`; with `settings.access.metrics_port`, wrapped in the diagnostics
+    port's guard (`tandem.router.http.diagnostics`).
 
     `clock`: monotonic seconds for durations, cool-downs and queue deadlines. `predictor`: TTFT
     predictions for early rejection (default: the scheduler's learned one). `prefix`: decode
@@ -72,6 +75,29 @@ def create_app(
     A `GatewayFile` (`kind: gateway`) makes one gateway in front of several services
     (`tandem.router.compose.many`; `predictor`, `prefix` and `discovery` are for one service only).
     """
+    app = _create_app(
+        config, settings=settings, clock=clock, predictor=predictor, prefix=prefix, discovery=discovery,
+        environ=environ, own_process=own_process, connections=connections,
+    )  # fmt: skip
+    access = (settings or RouterSettings()).access
+    if access.metrics_port is None:
+        return app
+    token = access.metrics_token.get_secret_value() or None
+    return DiagnosticsGuard(app, port=access.metrics_port, token=token)
+
+
+def _create_app(
+    config: RouterConfig | GatewayFile,
+    *,
+    settings: RouterSettings | None,
+    clock: Callable[[], float],
+    predictor: TTFTPredictor | None,
+    prefix: PrefixSource | None,
+    discovery: Discovery | None,
+    environ: Mapping[str, str] | None,
+    own_process: bool,
+    connections: ConnectionTally | None,
+) -> GatewayApp:
     env = os.environ if environ is None else environ
     if isinstance(config, GatewayFile):
         return create_many_app(

@@ -223,7 +223,8 @@ class AccessSettings(_Settings):
     has to send a request's line and headers (408, then the connection is closed); `max_connections`:
     the client connections one gateway process (each worker) serves at once, more are answered 503
     and closed (`tandem.cli.connections`). The shape limits and the opt-in engine extensions are
-    `tandem.router.request.limits`'s.
+    `tandem.router.request.limits`'s. `metrics_port`: `/metrics` moves to this port, behind a token
+    (`tandem.router.http.diagnostics`).
     """
 
     api_keys_reload_seconds: float = Field(default=2.0, gt=0, le=3600)
@@ -248,6 +249,11 @@ class AccessSettings(_Settings):
         default=False,
         description="Name the engines that served a request in x-tandem-* response headers (diagnostics).",
     )
+    #: The diagnostics port (`tandem.router.http.diagnostics`): `/metrics` is served there, behind
+    #: `metrics_token`, and no longer on the client port; None: `/metrics` on the client port.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    #: The token the diagnostics port asks for, from `TANDEM_METRICS_TOKEN`, never a flag; empty: none.
+    metrics_token: SecretStr = Field(default=SecretStr(""), exclude=True)
     #: The key of the tenants' cache salts (`tandem.router.identity.cachescope`), from
     #: `TANDEM_CACHE_KEY`, never a flag; empty: a random key for this process's life.
     cache_key: SecretStr = Field(default=SecretStr(""), exclude=True)
