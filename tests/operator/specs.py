@@ -70,6 +70,20 @@ VARIANTS: dict[str, InferenceServiceSpec] = {
     ),
     "precise prefix state from kv events": gpu(router={"prefixSource": "precise"}),
     "precise prefix state, simulated engines": sim(router={"prefixSource": "precise"}),
+    "lora: pvc adapters, a catalog, a shared cache": gpu(
+        engine={"lora": {"maxLoras": 4, "maxRank": 64, "maxCpuLoras": 8}},
+        adapters=[
+            {"name": "sql", "source": "pvc://loras/sql/v2"},
+            {"name": "chat-fr", "source": "pvc://loras/chat-fr"},
+            {"name": "legal", "source": "pvc://legal-loras"},
+            {"name": "hub", "source": "hf://org/hub-lora"},
+        ],
+        adapterCatalog={"source": "pvc://catalog/adapters"},
+        adapterCache={"pvc": "adapter-cache"},
+    ),
+    "lora on simulated engines": sim(
+        engine={"kind": "sim", "lora": {}}, adapters=[{"name": "sql", "source": "pvc://loras/sql"}]
+    ),
     "api keys, tenants, rate limits": gpu(
         router={
             "auth": {"enabled": True, "apiKeysSecret": {"name": "gateway-keys", "key": "keys.yaml"}},

@@ -26,6 +26,7 @@ COMMANDS = {
     "operator": "tandem.cli.operator:operator",
     "crd": "tandem.cli.crd:crd",
     "render": "tandem.cli.render:render",
+    "adapters": "tandem.cli.adapters:adapters",
     "bench": "tandem.cli.bench:bench",
     "kvpool": "tandem.cli.kvpool:kvpool",
     "autoscaler": "tandem.cli.autoscaler:autoscaler",

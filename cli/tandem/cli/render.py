@@ -5,7 +5,7 @@ A gateway serves the services of the same file and namespace that its selector s
 render without a gateway of their own and with policies admitting the gateway's pods, and the
 gateway renders its Secret, policy, ConfigMap (the `GatewayFile`), identity, Service and Deployment.
 What the operator refuses (two services claiming one name, a service two gateways select, an alias
-to a service the gateway does not serve) is an error here.
+to a service the gateway does not serve, an adapter in a local directory) is an error here.
 
 The objects come from the operator's own pure builders (`tandem.operator.resources.desired_children`),
 so they are exactly what a reconcile creates: Secrets (generated ones with a fresh random value, as
@@ -29,7 +29,7 @@ from tandem.cli.documents import read_documents
 from tandem.cli.options import documents_file
 from tandem.core.gateway import InferenceGateway, parse_document
 from tandem.core.spec import InferenceService
-from tandem.core.specrules import SpecError, SpecInvalid
+from tandem.core.specrules import SpecError, SpecInvalid, adapter_warnings, cluster_adapter_rules
 from tandem.operator.resources import Images, Owner, desired_children
 from tandem.operator.resources.gateway import Member, gateway_children, gateway_owner
 from tandem.operator.settings import DEFAULT_REDIS_IMAGE
@@ -89,8 +89,13 @@ def render_documents(
     """The manifests for every InferenceService and InferenceGateway in `path`; ClickException on a
     bad file or spec, or on what the operator would refuse (module docstring)."""
     services, gateways, errors = load_documents(path)
+    for isvc in services:  # what the operator refuses: adapters in local directories
+        errors += cluster_adapter_rules(isvc.spec)
     if errors:
         raise click.ClickException(f"{path} is not valid: {errors[0]}")
+    for isvc in services:
+        for warning in adapter_warnings(isvc.spec):
+            click.echo(f"warning: InferenceService {isvc.metadata.name}: {warning}", err=True)
     served = serving(services, gateways)
     owners = {
         id(g): gateway_owner(name=g.metadata.name, namespace=g.metadata.namespace, uid=PLACEHOLDER_UID)

@@ -10,6 +10,7 @@ from tandem.cli.options import documents_file
 from tandem.cli.render import load_documents
 from tandem.core.gateway import InferenceGateway, name_conflicts, service_names
 from tandem.core.spec import InferenceService
+from tandem.core.specrules import adapter_warnings, local_adapter_rules
 
 
 def summary(isvc: InferenceService) -> str:
@@ -21,7 +22,19 @@ def summary(isvc: InferenceService) -> str:
         f"on {spec.engine.kind}, prefill {spec.prefill.replicas} x decode {spec.decode.replicas}, "
         f"disaggregation {spec.disaggregation.mode}, kv pool {pool} "
         f"(chunk {spec.kv_pool.chunk_size}), router x{spec.router.replicas}"
+        + (_lora_summary(isvc) if spec.engine.lora is not None else "")
     )
+
+
+def _lora_summary(isvc: InferenceService) -> str:
+    spec = isvc.spec
+    assert spec.engine.lora is not None
+    parts = [f"lora max {spec.engine.lora.max_loras} x rank {spec.engine.lora.max_rank}"]
+    if spec.adapters:
+        parts.append(f"adapters {', '.join(a.name for a in spec.adapters)}")
+    if spec.adapter_catalog is not None:
+        parts.append(f"catalog {spec.adapter_catalog.source}")
+    return ", " + ", ".join(parts)
 
 
 def gateway_summary(gateway: InferenceGateway, services: list[InferenceService]) -> str:
@@ -69,9 +82,15 @@ def gateway_problems(gateway: InferenceGateway, services: list[InferenceService]
 @documents_file
 def validate(path: Path) -> None:
     """Validate InferenceService and InferenceGateway documents: print each error with its field
-    path (exit 1), or a one-line summary per valid document."""
+    path (exit 1), or a one-line summary per valid document. Local adapter directories and catalogs
+    (relative to FILE's folder) are read: their adapter_config.json and ranks are checked."""
     services, gateways, errors = load_documents(path)
     problems = [f"{path}: {error}" for error in errors]
+    for isvc in services:  # local adapters and catalogs: relative to the file's folder
+        where = f"{path}: InferenceService {isvc.metadata.name}"
+        problems += [f"{where}: {e}" for e in local_adapter_rules(isvc.spec, base=path.parent)]
+        for warning in adapter_warnings(isvc.spec):
+            click.echo(f"warning: {where}: {warning}", err=True)
     for gateway in gateways:
         problems += [f"{path}: {p}" for p in gateway_problems(gateway, services)]
     if problems:

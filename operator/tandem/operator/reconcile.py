@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tandem.core.spec import InferenceServiceSpec
-from tandem.core.specrules import SpecInvalid, parse_inference_service
+from tandem.core.specrules import SpecInvalid, cluster_adapter_rules, parse_inference_service
 from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.diff import update_patch
 from tandem.operator.gateway_status import served_by_condition
@@ -103,6 +103,9 @@ def reconcile(
     previous: Mapping[str, Any] = body.get("status") or {}
     try:
         isvc = parse_inference_service(body)
+        unservable = cluster_adapter_rules(isvc.spec)  # local adapter paths: for tandem up only
+        if unservable:
+            raise SpecInvalid(unservable)
     except SpecInvalid as exc:
         errors = [str(e) for e in exc.errors]
         status = invalid_status(errors=errors, generation=generation, previous=previous, now=now)

@@ -10,7 +10,8 @@
   `--kv-transfer-config` (pool URL, model, chunk size), its password from `TANDEM_KVPOOL_PASSWORD`.
 Both come from the pure builders in `tandem.kvpool.engine_config`. `engine.kind: sim` runs `tandem sim`
 (Tandem's vLLM-compatible simulator) in the Tandem image. All listen on port 8000 with `/health` and
-`/metrics`, so probes, Services and the router treat them alike. Every pod runs non-root with a
+`/metrics`, so probes, Services and the router treat them alike. With `engine.lora`, both pools get
+the LoRA flags, environment and adapter volumes (`lora.py`). Every pod runs non-root with a
 read-only root filesystem (`security.py`). Pure builders.
 """
 
@@ -38,6 +39,7 @@ from tandem.operator.resources.kvpool import (
     lmcache_pool_url,
     uses_lmcache,
 )
+from tandem.operator.resources.lora import link_container, lora_args, lora_env, lora_volumes
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
     Images,
@@ -141,6 +143,7 @@ def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[s
         "--kv-transfer-config",
         to_json(kv_transfer_config(spec, role, owner=owner)),
         *_kv_events_args(spec, vllm=True),
+        *lora_args(spec),
         *spec.engine.args,
     ]
 
@@ -180,6 +183,7 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
         "--port",
         str(ENGINE_PORT),
         *_kv_events_args(spec, vllm=False),
+        *lora_args(spec),
         *spec.engine.args,
     ]
 
@@ -204,6 +208,7 @@ def engine_env(spec: InferenceServiceSpec, *, owner: Owner) -> list[dict[str, An
         }
         if spec.kv_pool.redis.password_secret is None:
             env["LMCACHE_CONFIG_FILE"] = {"value": f"{LMCACHE_MOUNT}/{LMCACHE_FILE}"}
+    env |= lora_env(spec)
     env |= {var.name: {"value": var.value} for var in spec.engine.env}
     return [{"name": name, **entry} for name, entry in env.items()]
 
@@ -270,8 +275,8 @@ def _lmcache_check_container(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 
 def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Pod volumes and the engine container's mounts: model PVC, LMCache config, shared memory, and
-    emptyDirs for what the processes write (/tmp; vLLM's HOME)."""
+    """Pod volumes and the engine container's mounts: model PVC, LMCache config, shared memory,
+    emptyDirs for what the processes write (/tmp; vLLM's HOME), and the adapters (`lora.py`)."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     source = spec.model.source
@@ -291,7 +296,8 @@ def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, A
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         scratch["home"] = VLLM_HOME
     scratch_vols, scratch_mounts = scratch_volumes(scratch)
-    return volumes + scratch_vols, mounts + scratch_mounts
+    adapter_vols, adapter_mounts = lora_volumes(spec)
+    return volumes + scratch_vols + adapter_vols, mounts + scratch_mounts + adapter_mounts
 
 
 def build_engine_deployment(
@@ -330,8 +336,12 @@ def build_engine_deployment(
         "enableServiceLinks": False,
         "volumes": _volumes(spec, owner)[0],
     }
-    if uses_lmcache(spec):
-        pod_spec["initContainers"] = [_lmcache_check_container(spec)]
+    init = [_lmcache_check_container(spec)] if uses_lmcache(spec) else []
+    link = link_container(spec, images=images)
+    if link is not None:
+        init.append(link)
+    if init:
+        pod_spec["initContainers"] = init
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
