@@ -6,8 +6,9 @@ Latencies are simulated seconds. The `tandem_sim_kv_pool_*` series count the sim
 I/O (there is no vLLM equivalent).
 
 With `--enable-lora` (`max_loras` set) two more: `vllm:lora_requests_info`, exactly as vLLM 0.32's
-`PrometheusStatLogger` writes it (a gauge without `model_name`/`engine`, labels `max_lora`,
-`waiting_lora_adapters`, `running_lora_adapters` in that order, set to the wall-clock time of every
+`PrometheusStatLogger` writes it (a gauge without `model_name`/`engine`, label names declared as
+`max_lora`, `waiting_lora_adapters`, `running_lora_adapters` (prometheus_client exposes them sorted:
+`max_lora`, `running_lora_adapters`, `waiting_lora_adapters`), set to the wall-clock time of every
 update; one series per label combination, old ones keep their last time; in 0.32 both adapter labels
 list every adapter with a waiting or running request, comma-separated), and the simulator's
 `tandem_sim_lora_loads_total{source="disk"|"cpu"}`: adapters read from disk into the CPU tier, and
