@@ -7,6 +7,9 @@ catalog (`tandem.operator.resources.lora`); a name that is already a directory i
 mounted there) is left alone. Subdirectories whose names cannot name an adapter are skipped with a
 line on stderr. Exit 1 when the catalog cannot be listed.
 
+`prepare_local_adapters` is `tandem up`'s part: it checks a service's local adapters and catalog
+(`local_adapter_rules`) and links them into the engines' adapter directory under the state dir.
+
 Fetching `hf://` and `s3://` adapters is not done yet (docs/operator.md, "LoRA adapters").
 """
 
@@ -17,7 +20,42 @@ from pathlib import Path
 import click
 
 from tandem.cli.exits import fail
-from tandem.core.adapters import AdapterError, link_adapters, scan_catalog
+from tandem.core.adapters import AdapterError, HfSource, LocalSource, S3Source, link_adapters, scan_catalog
+from tandem.core.spec import InferenceService
+from tandem.core.specrules import (
+    SpecInvalid,
+    adapter_sources,
+    local_adapter_rules,
+    local_catalog,
+    local_path,
+)
+
+
+def prepare_local_adapters(isvc: InferenceService, *, base: Path, dest: Path) -> list[str]:
+    """Link the service's local adapters (declared ones, then the catalog's) into `dest` by name, so
+    that the engines' resolver finds `dest/<name>/adapter_config.json`; relative sources start from
+    `base` (the YAML file's folder). Returns one line per adapter that cannot run here (`pvc://`,
+    `hf://`, `s3://`). Raises `SpecInvalid` with the field paths of what the local files refuse."""
+    errors = local_adapter_rules(isvc.spec, base=base)
+    if errors:
+        raise SpecInvalid(errors)
+    found: dict[str, Path] = {}
+    skipped: list[str] = []
+    for at, name, source in adapter_sources(isvc.spec):
+        if isinstance(source, LocalSource):
+            found[name] = local_path(source, base=base)
+        else:
+            why = "not fetched yet" if isinstance(source, HfSource | S3Source) else "for a cluster"
+            skipped.append(
+                f"{at}: adapter {name!r} is skipped here ({why}); only local directories run locally"
+            )
+    catalog = local_catalog(isvc.spec, base=base)
+    if catalog is not None:
+        found |= {k: v for k, v in scan_catalog(catalog).adapters.items() if k not in found}
+    elif isvc.spec.adapter_catalog is not None:
+        skipped.append("spec.adapterCatalog.source: a pvc:// catalog is for a cluster; skipped here")
+    link_adapters(dest, found)
+    return skipped
 
 
 @click.group()

@@ -32,9 +32,11 @@ from types import FrameType
 import click
 import yaml
 
+from tandem.cli.adapters import prepare_local_adapters
 from tandem.cli.documents import load_one, read_documents
 from tandem.cli.exits import fail
 from tandem.cli.status import render_table, status_rows
+from tandem.core.adapters import AdapterError
 from tandem.core.gateway import GATEWAY_KIND, GatewayFile, InferenceGateway, parse_document
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import SpecInvalid
@@ -50,6 +52,7 @@ from tandem.local.plan import (
     LocalPlan,
     PlanError,
     Role,
+    adapter_folder,
     build_plan,
 )
 from tandem.local.ports import free_ports
@@ -349,6 +352,7 @@ def up(
         if note is not None:
             _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
+    _link_adapters(isvc, base=paths[0].parent, state_dir=state_dir)
     config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     write_prometheus_config(state_dir / "prometheus.yml", plan, autoscaler_port=autoscaler_port)
@@ -359,7 +363,7 @@ def _up_fleet(
     paths: tuple[Path, ...], *, port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int
 ) -> None:
     """`up` for several services behind one gateway (module docstring)."""
-    services, gateway = _load_fleet(paths)
+    services, gateway, bases = _load_fleet(paths)
     services = [_with_engine(s, engine) for s in services]
     name = gateway.metadata.name if gateway is not None else "gateway"
     state_dir = state_dir or Path(".tandem") / name
@@ -375,6 +379,8 @@ def _up_fleet(
     except (PlanError, ValueError) as exc:
         fail(str(exc).replace("\n", " "), code=2)
     state_dir.mkdir(parents=True, exist_ok=True)
+    for isvc in services:
+        _link_adapters(isvc, base=bases[isvc.metadata.name], state_dir=state_dir / isvc.metadata.name)
     content = file.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(content, sort_keys=False), encoding="utf-8")
     raise SystemExit(
@@ -382,11 +388,31 @@ def _up_fleet(
     )
 
 
-def _load_fleet(paths: tuple[Path, ...]) -> tuple[list[InferenceService], InferenceGateway | None]:
-    """Every InferenceService and the one InferenceGateway (if any) in `paths`; exits 2 naming the
-    file and the field of the first invalid document."""
+def _link_adapters(isvc: InferenceService, *, base: Path, state_dir: Path) -> None:
+    """With `engine.lora`: the local adapters linked into the engines' adapter directory (exit 2 for
+    what the files refuse, with its field path); a warning per adapter that cannot run here."""
+    folder = adapter_folder(isvc, state_dir.resolve())
+    if folder is None:
+        return
+    try:
+        skipped = prepare_local_adapters(isvc, base=base, dest=folder)
+    except SpecInvalid as exc:
+        fail(f"InferenceService {isvc.metadata.name}: {exc.errors[0]}", code=2)
+    except (AdapterError, OSError) as exc:
+        fail(f"InferenceService {isvc.metadata.name}: adapters: {exc}", code=1)
+    for line in skipped:
+        _say(f"warning: InferenceService {isvc.metadata.name}: {line}")
+
+
+def _load_fleet(
+    paths: tuple[Path, ...],
+) -> tuple[list[InferenceService], InferenceGateway | None, dict[str, Path]]:
+    """Every InferenceService and the one InferenceGateway (if any) in `paths`, and each service's
+    file's folder (where its local adapter paths start); exits 2 naming the file and the field of the
+    first invalid document."""
     services: list[InferenceService] = []
     gateways: list[InferenceGateway] = []
+    bases: dict[str, Path] = {}
     for path in paths:
         for doc in read_documents(path):
             try:
@@ -397,12 +423,13 @@ def _load_fleet(paths: tuple[Path, ...]) -> tuple[list[InferenceService], Infere
                 gateways.append(parsed)
             else:
                 services.append(parsed)
+                bases.setdefault(parsed.metadata.name, path.parent)
     if len(gateways) > 1:
         fail("at most one InferenceGateway may be given", code=2)
     if not services:
         fail("no InferenceService given: the gateway would serve nothing", code=2)
     if not gateways:
-        return services, None
+        return services, None, bases
     gateway = gateways[0]
     for isvc in services:
         labels = (isvc.metadata.model_extra or {}).get("labels") or {}
@@ -412,4 +439,4 @@ def _load_fleet(paths: tuple[Path, ...]) -> tuple[list[InferenceService], Infere
                 f"{gateway.metadata.name} (spec.selector.matchLabels); label it, or run it alone",
                 code=2,
             )
-    return services, gateway
+    return services, gateway, bases

@@ -6,7 +6,9 @@ whose static discovery lists the engines. When a pool has `autoscaling.enabled`,
 discovery instead (`<state dir>/endpoints.json`, written by the local runtime as the autoscaler starts
 and drains engines), and `LocalPlan.new_engine` builds the process of any further engine. With
 `router.prefixSource: precise` every engine publishes its KV events on Unix sockets named after its
-HTTP port (`tandem.core.kvevents.local_addresses`) and the router config says where. Nothing here
+HTTP port (`tandem.core.kvevents.local_addresses`) and the router config says where. With
+`engine.lora`, every engine gets vLLM's LoRA flags and environment, its resolver reading
+`<state dir>/adapters` (`tandem up` links the local adapters there by name). Nothing here
 touches the system; ports, binary paths and credentials come in as arguments.
 
 As in a cluster, the managed Redis requires a password and the engines an API key that only the
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from tandem.core.adapters import engine_args as lora_args
+from tandem.core.adapters import engine_env as lora_env
 from tandem.core.kvevents import (
     KVEventsAddresses,
     ipc_folder,
@@ -43,6 +47,9 @@ from tandem.local.vllm_engine import EngineRole, engine_command, engine_kv_keys
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
 ENDPOINT_FILE = "endpoints.json"
+#: With `engine.lora`: the engines' adapter directory under the state dir (vLLM's
+#: VLLM_LORA_RESOLVER_CACHE_DIR), into which `tandem up` links the local adapters by name.
+ADAPTER_DIR = "adapters"
 
 
 #: Where engines read the key they require (vLLM's variable; `tandem sim` reads it too), and where the
@@ -166,14 +173,17 @@ def build_plan(
         for env in (engine_env, gateway_env):
             env[PASSWORD_ENV] = credentials.redis_password
     events = local_addresses(state_dir) if spec.router.prefix_source == "precise" else None
+    adapter_dir = adapter_folder(isvc, state_dir)
+    if adapter_dir is not None:  # the resolver's folder; `tandem up` links the adapters into it
+        engine_env |= lora_env(str(adapter_dir))
 
     def new_engine(role: Literal["prefill", "decode"], index: int, port: int) -> ProcessPlan:
         engine = _engine_process(
             isvc, role=role, index=index, port=port, python=python, pool_url=pool_url, events=events
         )
-        return replace(
-            engine, env={**engine_env, **engine.env}
-        )  # the spec's engine.env wins, as in a cluster
+        dirs = (*engine.dirs, adapter_dir) if adapter_dir is not None else engine.dirs
+        # the spec's engine.env wins, as in a cluster
+        return replace(engine, env={**engine_env, **engine.env}, dirs=dirs)
 
     engines = [new_engine(role, i, next(ports)) for role, count in _pool_sizes(isvc) for i in range(count)]
     processes.extend(engines)
@@ -217,6 +227,11 @@ def build_plan(
         endpoint_file=endpoint_file,
         new_engine=new_engine if autoscaled else None,
     )
+
+
+def adapter_folder(isvc: InferenceService, state_dir: Path) -> Path | None:
+    """The engines' adapter directory with `engine.lora` (`<state dir>/adapters`), else None."""
+    return state_dir / ADAPTER_DIR if isvc.spec.engine.lora is not None else None
 
 
 def local_tokenizer_path(isvc: InferenceService) -> str | None:
@@ -283,6 +298,7 @@ def _engine_process(
         "--host", LOOPBACK,
         "--port", str(port),
         *(sim_kv_events_args(endpoint=bind[0], replay=bind[1]) if bind is not None else ()),
+        *(lora_args(spec.engine.lora) if spec.engine.lora is not None else ()),
         *spec.engine.args,
     )  # fmt: skip
     env = {e.name: e.value for e in spec.engine.env}

@@ -8,6 +8,8 @@ Pure: the local plan (`tandem.local.plan`) turns the result into a child process
   `tandem dev tiny-model`), else `spec.model.name`; `--served-model-name` is the public name;
 - `--kv-transfer-config` from `tandem.kvpool.engine_config`: producer on prefill, consumer on decode,
   always Tandem's connector here (LMCache has no CPU path; `local_connector` says so once);
+- with `engine.lora`, vLLM's LoRA flags (`tandem.core.adapters.engine_args`; the environment comes
+  from the plan);
 - defaults `--max-model-len 2048` and `--enforce-eager` (35 s start instead of 55-85 s of
   torch.compile) unless `engine.args` already set them (`--no-enforce-eager`, `-O...` or
   `--compilation-config` keep compilation on);
@@ -22,6 +24,7 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
+from tandem.core.adapters import engine_args as lora_args
 from tandem.core.routerconfig import EngineKVKeys
 from tandem.core.spec import ENGINE_HASH_SEED, InferenceService, engine_hash_seed
 from tandem.kvpool.engine_config import ConnectorKind, kv_transfer_config, to_json
@@ -103,6 +106,7 @@ def engine_command(
         "--port", str(port),
         "--kv-transfer-config", to_json(config),
         *default_args(spec.engine.args),
+        *(lora_args(spec.engine.lora) if spec.engine.lora is not None else ()),
         *spec.engine.args,
     )  # fmt: skip
     env = {

@@ -1,0 +1,103 @@
+"""`tandem up` with LoRA adapters: the engines' flags, environment and adapter folder in the local
+plan, and the local adapters linked there by name.
+
+Real: the pure plan (`build_plan`, ports a counter), `prepare_local_adapters` on the shipped example's
+adapters and on folders in tmp_path. Nothing is started; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem.cli.adapters import prepare_local_adapters
+from tandem.cli.documents import load_one
+from tandem.core.specrules import SpecInvalid
+from tandem.local.plan import LocalCredentials, build_plan
+from tandem.local.vllm_engine import engine_command
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "lora.yaml"
+CREDENTIALS = LocalCredentials(redis_password="pw", engine_api_key="key")
+LORA_FLAGS = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "16", "--max-cpu-loras", "4"]
+
+
+def test_every_engine_of_the_example_gets_the_lora_flags_env_and_folder(tmp_path: Path) -> None:
+    plan = build_plan(
+        load_one(EXAMPLE), ports=itertools.count(9000), router_port=8080, python="/py",
+        redis_server="/usr/bin/redis-server", state_dir=tmp_path, credentials=CREDENTIALS,
+    )  # fmt: skip
+    engines = [p for p in plan.processes if p.role in ("prefill", "decode")]
+    assert [e.name for e in engines] == ["prefill-0", "decode-0"]
+    for engine in engines:
+        at = engine.argv.index("--enable-lora")
+        assert list(engine.argv[at : at + len(LORA_FLAGS)]) == LORA_FLAGS
+        assert engine.env["VLLM_LORA_RESOLVER_CACHE_DIR"] == str(tmp_path / "adapters")
+        assert engine.env["VLLM_PLUGINS"] == "lora_filesystem_resolver"
+        assert engine.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+        assert tmp_path / "adapters" in engine.dirs
+    [router] = [p for p in plan.processes if p.role == "router"]
+    assert "VLLM_LORA_RESOLVER_CACHE_DIR" not in router.env
+
+
+def test_real_vllm_locally_gets_the_same_flags() -> None:
+    isvc = load_one(EXAMPLE)
+    vllm = isvc.model_copy(
+        update={
+            "spec": isvc.spec.model_copy(
+                update={"engine": isvc.spec.engine.model_copy(update={"kind": "vllm"})}
+            )
+        }
+    )
+    argv, _ = engine_command(vllm, role="decode", ordinal=0, port=9000, python="/py", pool_url="redis://x")
+    at = argv.index("--enable-lora")
+    assert list(argv[at : at + len(LORA_FLAGS)]) == LORA_FLAGS
+
+
+def test_the_examples_catalog_is_linked_by_name_for_the_resolver(tmp_path: Path) -> None:
+    dest = tmp_path / "adapters"
+    assert prepare_local_adapters(load_one(EXAMPLE), base=EXAMPLE.parent, dest=dest) == []
+    assert sorted(p.name for p in dest.iterdir()) == ["sql-lora", "summarize-lora"]
+    config = json.loads((dest / "sql-lora" / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["base_model_name_or_path"]) == ("LORA", "Qwen/Qwen2.5-7B-Instruct")
+
+
+def test_declared_local_adapters_are_linked_and_others_are_skipped_with_a_line(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    text = EXAMPLE.read_text().replace(
+        "  adapterCatalog:\n    source: adapters\n",
+        "  adapters:\n"
+        "    - {name: mine, source: mine}\n"
+        "    - {name: hub, source: 'hf://org/hub'}\n"
+        "    - {name: claimed, source: 'pvc://loras/claimed'}\n",
+    )
+    path = tmp_path / "lora.yaml"
+    path.write_text(text)
+    dest = tmp_path / "state" / "adapters"
+    skipped = prepare_local_adapters(load_one(path), base=tmp_path, dest=dest)
+    assert skipped == [
+        "spec.adapters[1].source: adapter 'hub' is skipped here (not fetched yet); only local "
+        "directories run locally",
+        "spec.adapters[2].source: adapter 'claimed' is skipped here (for a cluster); only local "
+        "directories run locally",
+    ]
+    assert [p.name for p in dest.iterdir()] == ["mine"]
+
+
+def test_a_local_adapter_the_files_refuse_stops_before_anything_is_linked(tmp_path: Path) -> None:
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 64}))
+    path = tmp_path / "lora.yaml"
+    path.write_text(
+        EXAMPLE.read_text().replace("source: adapters", "source: .").replace("maxRank: 16", "maxRank: 32")
+    )
+    with pytest.raises(SpecInvalid) as caught:
+        prepare_local_adapters(load_one(path), base=tmp_path, dest=tmp_path / "dest")
+    assert [str(e) for e in caught.value.errors] == [
+        "spec.adapterCatalog.source: adapter 'big': rank 64 (adapter_config.json r) is above "
+        "spec.engine.lora.maxRank 32"
+    ]
+    assert not (tmp_path / "dest").exists()
