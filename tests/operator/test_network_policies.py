@@ -108,7 +108,8 @@ def test_inside_the_namespace_only_the_documented_paths_are_open(tmp_path: Path)
     inside = {**pods(manifests), **strangers(NAMESPACE, manifests)}
     # A forged pod carries the same labels as the real one: labels are the identity inside a namespace.
     inside = {k: v for k, v in inside.items() if not k.startswith("forged")}
-    gateway_from_everyone = {(src, GATEWAY, 8080) for src in inside}
+    # The client port, and the diagnostics port (9090), whose /metrics needs the metrics token.
+    gateway_from_everyone = {(src, GATEWAY, port) for src in inside for port in (8080, 9090)}
     assert open_paths(manifests, inside) == gateway_from_everyone | {
         (GATEWAY, PREFILL, 8000),
         (GATEWAY, DECODE, 8000),
@@ -138,12 +139,13 @@ def test_client_namespaces_open_the_gateway_port_and_nothing_else(tmp_path: Path
     assert open_paths(manifests, strangers("elsewhere", manifests)) == set()
 
 
-def test_a_metrics_namespace_reaches_the_serving_ports_where_metrics_are_but_not_redis_or_kv_events(
+def test_a_metrics_namespace_reaches_the_ports_where_metrics_are_but_not_the_client_port_redis_or_kv_events(
     tmp_path: Path,
 ) -> None:
     manifests = render(tmp_path, PRECISE, "--metrics-namespace", "tandem-system")
     opened = open_paths(manifests, strangers("tandem-system", manifests))
-    assert {(dst, port) for _, dst, port in opened} == {(GATEWAY, 8080), (PREFILL, 8000), (DECODE, 8000)}
+    # The gateway's diagnostics port (its /metrics, behind the metrics token), the engines' port.
+    assert {(dst, port) for _, dst, port in opened} == {(GATEWAY, 9090), (PREFILL, 8000), (DECODE, 8000)}
 
 
 def test_an_external_redis_gets_no_policy_and_switching_them_off_renders_none(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from tandem.operator.resources.secrets import (
     CACHE_KEYS_SUFFIX,
     ENGINE_KEY_SUFFIX,
     KV_AUTH_SUFFIX,
+    METRICS_TOKEN_SUFFIX,
     new_secret,
     secret_children,
     with_generated_secrets,
@@ -111,7 +112,10 @@ def managed_refs(owner: Owner) -> list[ObjectRef]:
     workloads = [child_name(owner, s) for s in (KV_SUFFIX, "prefill", "decode", ROUTER_SUFFIX)]
     router = child_name(owner, ROUTER_SUFFIX)
     rbac = "rbac.authorization.k8s.io/v1"
-    secrets = [child_name(owner, s) for s in (KV_AUTH_SUFFIX, ENGINE_KEY_SUFFIX, CACHE_KEYS_SUFFIX)]
+    secrets = [
+        child_name(owner, s)
+        for s in (KV_AUTH_SUFFIX, ENGINE_KEY_SUFFIX, CACHE_KEYS_SUFFIX, METRICS_TOKEN_SUFFIX)
+    ]
     policies = [policy_name(owner, role) for role in (Role.ROUTER, Role.PREFILL, Role.DECODE, Role.KV_POOL)]
     return [
         *(ObjectRef("v1", "Secret", ns, name) for name in secrets),

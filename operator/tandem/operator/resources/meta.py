@@ -21,6 +21,8 @@ _DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 #: Ports every pod of a role listens on.
 ENGINE_PORT = 8000
+#: The gateway's diagnostics port: `/metrics`, behind the metrics token (`tandem router --metrics-port`).
+METRICS_PORT = 9090
 ROUTER_PORT = 8080
 REDIS_PORT = 6379
 

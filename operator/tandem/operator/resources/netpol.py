@@ -3,7 +3,8 @@
 One ingress policy per role, selecting that role's pods (`spec.networkPolicy.enabled`, on by default):
 
 - into the gateway (`<name>-router`), port 8080: from every pod of the service's namespace, and
-  pods of `spec.networkPolicy.clientNamespaces` and of the operator's metrics namespaces;
+  pods of `spec.networkPolicy.clientNamespaces`; port 9090 (the diagnostics port, `/metrics` behind
+  the metrics token): from every pod of the namespace and pods of the operator's metrics namespaces;
 - into the prefill and decode engines (`<name>-prefill`, `<name>-decode`), port 8000: from the
   gateway's pods, and pods of the operator's metrics namespaces (for `/metrics`: `/v1/*` needs the
   engine key, which only the gateway holds);
@@ -32,6 +33,7 @@ from tandem.core.kvevents import KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
+    METRICS_PORT,
     REDIS_PORT,
     ROUTER_PORT,
     Owner,
@@ -69,10 +71,14 @@ def _gateways(owner: Owner, gateway: Owner | None) -> list[dict[str, Any]]:
 
 
 def client_rules(client_namespaces: Sequence[str], metrics_namespaces: Sequence[str]) -> list[dict[str, Any]]:
-    """Into a gateway's port: every pod of its namespace, and pods of the client and metrics
-    namespaces."""
-    peers = [{"podSelector": {}}, *_namespaces([*client_namespaces, *metrics_namespaces])]
-    return [{"from": peers, "ports": _ports(ROUTER_PORT)}]
+    """Into a gateway's client port: every pod of its namespace, and pods of the client namespaces;
+    into its diagnostics port: every pod of its namespace and pods of the metrics namespaces."""
+    clients = [{"podSelector": {}}, *_namespaces(client_namespaces)]
+    scrapers = [{"podSelector": {}}, *_namespaces(metrics_namespaces)]
+    return [
+        {"from": clients, "ports": _ports(ROUTER_PORT)},
+        {"from": scrapers, "ports": _ports(METRICS_PORT)},
+    ]
 
 
 def ingress_rules(

@@ -18,6 +18,7 @@ from tandem.operator.resources.engine import (
 from tandem.operator.resources.kvpool import config_hash, kv_pool_url
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
+    METRICS_PORT,
     ROUTER_PORT,
     Images,
     Owner,
@@ -27,8 +28,10 @@ from tandem.operator.resources.meta import (
     selector_labels,
     to_yaml,
 )
+from tandem.operator.resources.secrets import metrics_token_ref
 from tandem.operator.resources.security import (
     GATEWAY_ENGINE_KEY_ENV,
+    METRICS_TOKEN_ENV,
     TMP_MOUNT,
     cache_keys_env,
     container_security_context,
@@ -155,6 +158,8 @@ class GatewayPod:
     variables, the API-key Secret, and extra read-only volumes (tokenizer files) with their mounts."""
 
     env: list[dict[str, Any]]
+    #: The diagnostics port's token (`TANDEM_METRICS_TOKEN`).
+    metrics_token: SecretKeyRef
     api_keys: SecretKeyRef | None = None
     mounts: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
@@ -173,8 +178,13 @@ def _router_container(pod: GatewayPod, *, images: Images) -> dict[str, Any]:
             "0.0.0.0",
             "--port",
             str(ROUTER_PORT),
+            "--metrics-port",
+            str(METRICS_PORT),
         ],
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         "readinessProbe": {**health, "periodSeconds": 5},
         # /health is 503 while no decode engine is in rotation: right for readiness, wrong for
         # liveness (restarting the router would not bring engines back), so liveness is TCP.
@@ -190,7 +200,8 @@ def _router_container(pod: GatewayPod, *, images: Images) -> dict[str, Any]:
         container["volumeMounts"].append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
     for volume, mount in pod.mounts:
         container["volumeMounts"].append({"name": volume["name"], "mountPath": mount, "readOnly": True})
-    container["env"] = pod.env
+    token = {"secretKeyRef": {"name": pod.metrics_token.name, "key": pod.metrics_token.key}}
+    container["env"] = [*pod.env, {"name": METRICS_TOKEN_ENV, "valueFrom": token}]
     return container
 
 
@@ -205,7 +216,9 @@ def service_gateway_pod(spec: InferenceServiceSpec, *, owner: Owner) -> GatewayP
         *cache_keys_env(owner, gateway=True),
     ]
     secret = spec.router.auth.api_keys_secret if spec.router.auth.enabled else None
-    return GatewayPod(env=env, api_keys=secret, mounts=tokenizer_volume(spec))
+    return GatewayPod(
+        env=env, metrics_token=metrics_token_ref(owner), api_keys=secret, mounts=tokenizer_volume(spec)
+    )
 
 
 def build_router_deployment(
@@ -229,7 +242,7 @@ def build_gateway_deployment(
     annotations = {
         CONFIG_HASH_ANNOTATION: config_hash(config["data"]),
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(ROUTER_PORT),
+        "prometheus.io/port": str(METRICS_PORT),
         "prometheus.io/path": "/metrics",
     }
     volumes: list[dict[str, Any]] = [

@@ -5,6 +5,9 @@
 - the managed Redis' password (`kvPool.redis.passwordSecret`), default: the Secret `<name>-kv-auth`,
   key `password`; an external Redis (`kvPool.redis.url`) gets none generated (its owner sets it up);
 - the engines' API key (`engine.apiKeySecret`), default: the Secret `<name>-engine-key`, key `api-key`;
+- the gateway's metrics token, always the Secret `<name>-metrics-token`, key `token`
+  (`TANDEM_METRICS_TOKEN`: the bearer token of the gateway's diagnostics port, 9090, where `/metrics`
+  is served; give it to the Prometheus that scrapes the gateway);
 - the cache keys, always the Secret `<name>-cache-keys` (the spec has no field naming another), two
   keys: `pool-key`, the pool secret (`TANDEM_KV_POOL_KEY` in engines and gateways: keyed chunk hashes
   and the tag on every chunk Tandem's connector writes, `tandem.kvpool.keys`), and `salt-key`, the
@@ -44,6 +47,8 @@ ENGINE_KEY_KEY = "api-key"
 CACHE_KEYS_SUFFIX = "cache-keys"
 POOL_KEY_KEY = "pool-key"
 SALT_KEY_KEY = "salt-key"
+METRICS_TOKEN_SUFFIX = "metrics-token"
+METRICS_TOKEN_KEY = "token"
 #: The label that makes a Secret usable by an InferenceService's spec (value "true").
 USABLE_LABEL = "tandem.dev/usable"
 #: A generated Secret's value is written once, at creation.
@@ -76,6 +81,19 @@ def cache_keys_refs(owner: Owner) -> CacheKeyRefs:
     """The pool key's and the salt key's Secret keys (module docstring)."""
     name = child_name(owner, CACHE_KEYS_SUFFIX)
     return CacheKeyRefs(SecretKeyRef(name=name, key=POOL_KEY_KEY), SecretKeyRef(name=name, key=SALT_KEY_KEY))
+
+
+def metrics_token_ref(owner: Owner) -> SecretKeyRef:
+    """The gateway's metrics token (module docstring): `<name>-metrics-token` / `token`; an
+    InferenceGateway's is `<gateway>-metrics-token`."""
+    return SecretKeyRef(name=child_name(owner, METRICS_TOKEN_SUFFIX), key=METRICS_TOKEN_KEY)
+
+
+def build_metrics_token_secret(
+    owner: Owner, *, role: Role = Role.ROUTER, new_value: Callable[[], str] = new_secret
+) -> dict[str, Any]:
+    """The Secret `<name>-metrics-token` holding a token drawn with `new_value`."""
+    return build_generated_secret(owner, ref=metrics_token_ref(owner), role=role, value=new_value())
 
 
 def generated_refs(spec: InferenceServiceSpec, owner: Owner) -> list[tuple[Role, SecretKeyRef]]:
@@ -137,6 +155,7 @@ def secret_children(
         for role, ref in generated_refs(spec, owner)
     ]
     children.append(Child(build_cache_keys_secret(owner, new_value=new_value), create_only=(SECRET_DATA,)))
+    children.append(Child(build_metrics_token_secret(owner, new_value=new_value), create_only=(SECRET_DATA,)))
     return children
 
 

@@ -34,6 +34,8 @@ ENGINE_KEY_ENV = "VLLM_API_KEY"
 GATEWAY_ENGINE_KEY_ENV = "TANDEM_ENGINE_API_KEY"
 #: Where the gateway reads the key it derives tenants' `cache_salt` from (`tandem router`).
 CACHE_KEY_ENV = "TANDEM_CACHE_KEY"
+#: The gateway's diagnostics-port token (`tandem router` reads it, `tandem.cli.router`).
+METRICS_TOKEN_ENV = "TANDEM_METRICS_TOKEN"
 
 
 def pod_security_context(*, run_as_user: int | None = None) -> dict[str, Any]:
