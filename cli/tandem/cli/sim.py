@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import click
 from pydantic import ValidationError
@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from tandem.cli.options import logging_options
 from tandem.core.logs import configure_logging
 from tandem.sim.engine.profiles import PROFILES, Profile
-from tandem.sim.settings import DEFAULT_PROFILE, SimSettings
+from tandem.sim.settings import DEFAULT_PROFILE, MaxLoRARank, SimSettings
 
 
 def profile_table(block_size: int = 16) -> str:
@@ -47,7 +47,14 @@ def _list_profiles(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 def build_settings(values: dict[str, Any]) -> SimSettings:
-    """Validate the engine flags once; a bad value is a usage error (exit code 2) naming the flag."""
+    """Validate the engine flags once; a bad value is a usage error (exit code 2) naming the flag.
+    `--max-lora-rank` arrives as click's choice string; each `--lora-modules` value stays one string
+    (SimSettings parses vLLM's two forms)."""
+    values = dict(values)
+    if isinstance(values.get("max_lora_rank"), str):
+        values["max_lora_rank"] = int(values["max_lora_rank"])
+    if isinstance(values.get("lora_modules"), tuple):
+        values["lora_modules"] = list(values["lora_modules"])
     try:
         return SimSettings.model_validate(values)
     except ValidationError as exc:
@@ -144,6 +151,28 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
     help="Batches kept for replay.",
 )
 @click.option(
+    "--enable-lora", is_flag=True, default=False, help="Serve LoRA adapters (vLLM's --enable-lora)."
+)
+@click.option(
+    "--max-loras", type=int, default=1, show_default=True, help="Most distinct adapters in one batch."
+)
+@click.option(
+    "--max-lora-rank",
+    type=click.Choice([str(rank) for rank in get_args(MaxLoRARank)]),
+    default="16",
+    show_default=True,
+    help="Largest adapter rank accepted.",
+)
+@click.option(
+    "--max-cpu-loras", type=int, default=None, help="Adapters kept in CPU memory [default: --max-loras]."
+)
+@click.option(
+    "--lora-modules",
+    multiple=True,
+    help='An adapter served from the start: `name=path` or JSON {"name", "path"[, "base_model_name"]}, '
+    "as vLLM's; repeatable.",
+)
+@click.option(
     "--api-key",
     envvar="VLLM_API_KEY",
     default=None,
@@ -166,8 +195,12 @@ def sim(*, host: str, port: int, log_level: str, log_format: str, **engine: Any)
 
     from tandem.sim.app import create_app
 
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # a --lora-modules adapter that does not load, a bad resolver directory
+        raise click.UsageError(str(exc)) from None
     uvicorn.run(
-        create_app(settings),
+        app,
         host=host,
         port=port,
         log_config=None,
