@@ -9,6 +9,7 @@ the monitors' fields are checked by name below) and a running Prometheus (test_p
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import helm_python as helm
@@ -115,22 +116,34 @@ def test_the_service_monitor_scrapes_the_gateway_and_engine_services_the_operato
     variant: str,
 ) -> None:
     (monitor,) = only(render(MONITORED), "ServiceMonitor")
-    (endpoint,) = monitor["spec"]["endpoints"]
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    assert set(endpoints) == {"http", "metrics"}
     services = [c.manifest for c in desired_children(VARIANTS[variant], owner=OWNER, images=IMAGES)]
     selected = {}
     for service in (s for s in services if s["kind"] == "Service"):
         if matches(monitor["spec"]["selector"], service["metadata"]["labels"]):
             selected[service["metadata"]["labels"]["tandem.dev/role"]] = service
-            assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert set(selected) == {"router", "prefill", "decode"}  # not the KV pool's Redis
-    # The relabelings read labels every selected Service has.
-    for relabeling in endpoint["relabelings"]:
-        for source in relabeling["sourceLabels"]:
-            if source.startswith("__meta_kubernetes_service_label_"):
-                for service in selected.values():
-                    keys = {service_discovery_label(k) for k in service["metadata"]["labels"]}
-                    assert source in keys
-    assert [r["targetLabel"] for r in endpoint["relabelings"]] == ["tandem_service", "tandem_role"]
+    # Each Service is scraped on exactly one endpoint: engines on http, the gateway on its diagnostics
+    # port (its client port has no /metrics); a `keep` relabeling on the role says which.
+    for role, service in selected.items():
+        scraped = []
+        for port, endpoint in endpoints.items():
+            keep = next(r for r in endpoint["relabelings"] if r.get("action") == "keep")
+            if re.fullmatch(keep["regex"], role):
+                scraped.append(port)
+                assert port in {p["name"] for p in service["spec"]["ports"]}
+        assert scraped == (["metrics"] if role == "router" else ["http"]), role
+    for endpoint in endpoints.values():
+        # The relabelings read labels every selected Service has.
+        for relabeling in endpoint["relabelings"]:
+            for source in relabeling["sourceLabels"]:
+                if source.startswith("__meta_kubernetes_service_label_"):
+                    for service in selected.values():
+                        keys = {service_discovery_label(k) for k in service["metadata"]["labels"]}
+                        assert source in keys
+        targets = [r["targetLabel"] for r in endpoint["relabelings"] if "targetLabel" in r]
+        assert targets == ["tandem_service", "tandem_role"]
 
 
 @pytest.mark.parametrize(

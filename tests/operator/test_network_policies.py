@@ -108,8 +108,8 @@ def test_inside_the_namespace_only_the_documented_paths_are_open(tmp_path: Path)
     inside = {**pods(manifests), **strangers(NAMESPACE, manifests)}
     # A forged pod carries the same labels as the real one: labels are the identity inside a namespace.
     inside = {k: v for k, v in inside.items() if not k.startswith("forged")}
-    # The client port, and the diagnostics port (9090), whose /metrics needs the metrics token.
-    gateway_from_everyone = {(src, GATEWAY, port) for src in inside for port in (8080, 9090)}
+    # The client port; the diagnostics port (9090) is for the metrics namespaces only.
+    gateway_from_everyone = {(src, GATEWAY, 8080) for src in inside}
     assert open_paths(manifests, inside) == gateway_from_everyone | {
         (GATEWAY, PREFILL, 8000),
         (GATEWAY, DECODE, 8000),

@@ -298,11 +298,16 @@ def test_every_child_is_owned_labelled_and_named_after_the_service() -> None:
             assert child.ref in managed_refs(OWNER)
 
 
+#: The diagnostics port's token Secret, made only with `router.metricsToken`.
+TOKEN = ("Secret", "demo-metrics-token")
+
+
 @pytest.mark.parametrize(
     ("spec", "absent"),
     [
-        (gpu(), set()),
-        (sim(), {("ConfigMap", "demo-lmcache")}),
+        (gpu(router={"metricsToken": True}), set()),
+        (gpu(), {TOKEN}),
+        (sim(), {("ConfigMap", "demo-lmcache"), TOKEN}),
         (
             gpu(kvPool={"redis": {"url": "redis://cache.example:6379"}}),
             {
@@ -310,10 +315,16 @@ def test_every_child_is_owned_labelled_and_named_after_the_service() -> None:
                 ("Service", "demo-kv"),
                 ("NetworkPolicy", "demo-kv"),
                 ("Secret", "demo-kv-auth"),
+                TOKEN,
             },
         ),
     ],
-    ids=["vllm with managed redis", "sim: no LMCache config", "external redis: no Redis"],
+    ids=[
+        "vllm with a metrics token",
+        "vllm with managed redis",
+        "sim: no LMCache config",
+        "external redis: no Redis",
+    ],
 )
 def test_the_children_are_every_managed_object_but_those_the_spec_does_not_need(
     spec: InferenceServiceSpec, absent: set[tuple[str, str]]

@@ -246,7 +246,4 @@ async def test_the_services_policies_admit_the_gateway_pods_to_engines_and_redis
             f"{name} admits the gateway",
         )
     ingress = policy("fleet-gateway")["spec"]["ingress"]
-    assert ingress == [
-        {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 8080}]},
-        {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 9090}]},
-    ]
+    assert ingress == [{"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 8080}]}]

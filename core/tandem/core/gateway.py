@@ -125,6 +125,12 @@ class InferenceGatewaySpec(SpecModel):
     )
     aliases: list[AliasSpec] = Field(default_factory=list, max_length=1000)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    metrics_token: bool = Field(
+        default=False,
+        description="Require a bearer token on the gateway's diagnostics port (9090, `/metrics`): the "
+        "operator generates it into the Secret `<name>-metrics-token`; without it the port is open "
+        "only to the operator's metrics namespaces (NetworkPolicy).",
+    )
 
     @model_validator(mode="after")
     def _unique_aliases(self) -> InferenceGatewaySpec:

@@ -483,6 +483,12 @@ class RouterSpec(SpecModel):
         "`off`: one cache for every tenant.",
     )
     log_prompts: bool = Field(default=False, description="Log prompt and output text.")
+    metrics_token: bool = Field(
+        default=False,
+        description="Require a bearer token on the gateway's diagnostics port (9090, `/metrics`): the "
+        "operator generates it into the Secret `<name>-metrics-token`; without it the port is open "
+        "only to the operator's metrics namespaces (NetworkPolicy).",
+    )
 
 
 class NetworkPolicySpec(SpecModel):

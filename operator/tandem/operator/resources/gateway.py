@@ -2,8 +2,8 @@
 
 For a gateway `fleet` serving services `a` and `b` (each a `Member`), in creation order:
 
-- Secret `fleet-metrics-token` (`token`): the bearer token of the gateway's diagnostics port (9090,
-  `/metrics`), as a service's `<name>-metrics-token`;
+- Secret `fleet-metrics-token` (`token`), with `spec.metricsToken` only: the bearer token of the
+  gateway's diagnostics port (9090, `/metrics`), as a service's `<name>-metrics-token`;
 - Secret `fleet-gateway-keys` (`salt-key`): the gateway's key of its tenants' `cache_salt`
   (`TANDEM_CACHE_KEY`), generated once as a service's `<name>-cache-keys` is; tenants are the gateway's;
 - NetworkPolicy `fleet-gateway`: port 8080 from every pod of the namespace and of
@@ -144,7 +144,8 @@ def gateway_pod(gateway: Owner, spec: InferenceGatewaySpec, members: Sequence[Me
             (volume, f"{TOKENIZERS_DIR}/{name}") for volume, _ in tokenizer_volume(spec_, suffix=f"-{name}")
         ]
     secret = spec.auth.api_keys_secret if spec.auth.enabled else None
-    return GatewayPod(env=env, metrics_token=metrics_token_ref(gateway), api_keys=secret, mounts=mounts)
+    token = metrics_token_ref(gateway) if spec.metrics_token else None
+    return GatewayPod(env=env, api_keys=secret, mounts=mounts, metrics_token=token)
 
 
 def build_gateway_configmap(gateway: Owner, document: GatewayFile) -> dict[str, Any]:
@@ -171,8 +172,10 @@ def gateway_children(
     keys = build_secret(
         gateway, name=keys_secret_name(gateway), role=Role.GATEWAY, values={SALT_KEY_KEY: new_value()}
     )
-    token = build_metrics_token_secret(gateway, role=Role.GATEWAY, new_value=new_value)
-    children = [Child(keys, create_only=(SECRET_DATA,)), Child(token, create_only=(SECRET_DATA,))]
+    children = [Child(keys, create_only=(SECRET_DATA,))]
+    if spec.metrics_token:
+        token = build_metrics_token_secret(gateway, role=Role.GATEWAY, new_value=new_value)
+        children.append(Child(token, create_only=(SECRET_DATA,)))
     if spec.network_policy.enabled:
         policy = build_gateway_policy(
             gateway,

@@ -3,8 +3,8 @@
 One ingress policy per role, selecting that role's pods (`spec.networkPolicy.enabled`, on by default):
 
 - into the gateway (`<name>-router`), port 8080: from every pod of the service's namespace, and
-  pods of `spec.networkPolicy.clientNamespaces`; port 9090 (the diagnostics port, `/metrics` behind
-  the metrics token): from every pod of the namespace and pods of the operator's metrics namespaces;
+  pods of `spec.networkPolicy.clientNamespaces`; port 9090 (the diagnostics port, `/metrics`, behind
+  a token with `router.metricsToken`): from pods of the operator's metrics namespaces only;
 - into the prefill and decode engines (`<name>-prefill`, `<name>-decode`), port 8000: from the
   gateway's pods, and pods of the operator's metrics namespaces (for `/metrics`: `/v1/*` needs the
   engine key, which only the gateway holds);
@@ -72,13 +72,12 @@ def _gateways(owner: Owner, gateway: Owner | None) -> list[dict[str, Any]]:
 
 def client_rules(client_namespaces: Sequence[str], metrics_namespaces: Sequence[str]) -> list[dict[str, Any]]:
     """Into a gateway's client port: every pod of its namespace, and pods of the client namespaces;
-    into its diagnostics port: every pod of its namespace and pods of the metrics namespaces."""
+    into its diagnostics port: pods of the metrics namespaces only (none listed: nobody)."""
     clients = [{"podSelector": {}}, *_namespaces(client_namespaces)]
-    scrapers = [{"podSelector": {}}, *_namespaces(metrics_namespaces)]
-    return [
-        {"from": clients, "ports": _ports(ROUTER_PORT)},
-        {"from": scrapers, "ports": _ports(METRICS_PORT)},
-    ]
+    rules = [{"from": clients, "ports": _ports(ROUTER_PORT)}]
+    if metrics_namespaces:
+        rules.append({"from": _namespaces(metrics_namespaces), "ports": _ports(METRICS_PORT)})
+    return rules
 
 
 def ingress_rules(

@@ -158,9 +158,9 @@ class GatewayPod:
     variables, the API-key Secret, and extra read-only volumes (tokenizer files) with their mounts."""
 
     env: list[dict[str, Any]]
-    #: The diagnostics port's token (`TANDEM_METRICS_TOKEN`).
-    metrics_token: SecretKeyRef
     api_keys: SecretKeyRef | None = None
+    #: The diagnostics port's token (`TANDEM_METRICS_TOKEN`), when the spec asks for one.
+    metrics_token: SecretKeyRef | None = None
     mounts: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
 
@@ -200,8 +200,10 @@ def _router_container(pod: GatewayPod, *, images: Images) -> dict[str, Any]:
         container["volumeMounts"].append({"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True})
     for volume, mount in pod.mounts:
         container["volumeMounts"].append({"name": volume["name"], "mountPath": mount, "readOnly": True})
-    token = {"secretKeyRef": {"name": pod.metrics_token.name, "key": pod.metrics_token.key}}
-    container["env"] = [*pod.env, {"name": METRICS_TOKEN_ENV, "valueFrom": token}]
+    container["env"] = pod.env
+    if pod.metrics_token is not None:
+        token = {"secretKeyRef": {"name": pod.metrics_token.name, "key": pod.metrics_token.key}}
+        container["env"] = [*pod.env, {"name": METRICS_TOKEN_ENV, "valueFrom": token}]
     return container
 
 
@@ -217,7 +219,10 @@ def service_gateway_pod(spec: InferenceServiceSpec, *, owner: Owner) -> GatewayP
     ]
     secret = spec.router.auth.api_keys_secret if spec.router.auth.enabled else None
     return GatewayPod(
-        env=env, metrics_token=metrics_token_ref(owner), api_keys=secret, mounts=tokenizer_volume(spec)
+        env=env,
+        api_keys=secret,
+        mounts=tokenizer_volume(spec),
+        metrics_token=metrics_token_ref(owner) if spec.router.metrics_token else None,
     )
 
 

@@ -5,7 +5,7 @@
 - the managed Redis' password (`kvPool.redis.passwordSecret`), default: the Secret `<name>-kv-auth`,
   key `password`; an external Redis (`kvPool.redis.url`) gets none generated (its owner sets it up);
 - the engines' API key (`engine.apiKeySecret`), default: the Secret `<name>-engine-key`, key `api-key`;
-- the gateway's metrics token, always the Secret `<name>-metrics-token`, key `token`
+- with `router.metricsToken` only, the gateway's metrics token: the Secret `<name>-metrics-token`, key `token`
   (`TANDEM_METRICS_TOKEN`: the bearer token of the gateway's diagnostics port, 9090, where `/metrics`
   is served; give it to the Prometheus that scrapes the gateway);
 - the cache keys, always the Secret `<name>-cache-keys` (the spec has no field naming another), two
@@ -155,7 +155,9 @@ def secret_children(
         for role, ref in generated_refs(spec, owner)
     ]
     children.append(Child(build_cache_keys_secret(owner, new_value=new_value), create_only=(SECRET_DATA,)))
-    children.append(Child(build_metrics_token_secret(owner, new_value=new_value), create_only=(SECRET_DATA,)))
+    if spec.router.metrics_token:
+        token = build_metrics_token_secret(owner, new_value=new_value)
+        children.append(Child(token, create_only=(SECRET_DATA,)))
     return children
 
 

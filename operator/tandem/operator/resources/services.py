@@ -11,6 +11,7 @@ from typing import Any
 
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
+    METRICS_PORT,
     REDIS_PORT,
     ROUTER_PORT,
     Owner,
@@ -49,6 +50,10 @@ def build_service(owner: Owner, *, role: Role) -> dict[str, Any]:
         "selector": selector_labels(owner, role),
         "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}],
     }
+    if role in (Role.ROUTER, Role.GATEWAY):  # the diagnostics port: /metrics, for the metrics namespaces
+        spec["ports"].append(
+            {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}
+        )
     if role in (Role.PREFILL, Role.DECODE):
         spec |= {"clusterIP": "None", "publishNotReadyAddresses": False}
     else:
