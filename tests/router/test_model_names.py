@@ -1,6 +1,6 @@
 """The names of a gateway in front of many services, and the answer's `model` rewritten to the alias.
 
-Pure: `tandem.router.request.names` (smooth weighted round robin, resolution) and
+Pure: `tandem.router.request.names` (smooth weighted round robin, resolution, LoRA adapters) and
 `tandem.router.upstream.rename` (bytes in, bytes out). Nothing is faked.
 """
 
@@ -85,3 +85,24 @@ def test_a_stream_without_a_final_newline_is_flushed_at_its_end() -> None:
     rename = ModelRename(target="qwen-v2", alias="chat")
     assert rename.stream(b'data: {"model":"qwen-v2"}') == b""
     assert rename.flush() == b'data: {"model":"chat"}'
+
+
+def test_an_adapter_goes_to_its_models_service_and_says_it_is_an_adapter() -> None:
+    names = ModelNames({"qwen": "svc-q", "llama": "svc-l"}, {"chat": [("llama", 1)]}, {"sql": "qwen"})
+    sql = names.resolve("sql")
+    assert (sql.service, sql.alias, sql.adapter) == ("svc-q", None, "sql")
+    assert names.resolve("qwen").adapter is None and names.resolve("chat").adapter is None
+    assert names.names == {"qwen", "llama", "chat", "sql"}
+
+
+@pytest.mark.parametrize(
+    ("adapters", "words"),
+    [
+        pytest.param({"llama": "qwen"}, "is a served name or an alias", id="named-like-a-model"),
+        pytest.param({"chat": "qwen"}, "is a served name or an alias", id="named-like-an-alias"),
+        pytest.param({"sql": "mistral"}, "belongs to a name not served: mistral", id="unknown-model"),
+    ],
+)
+def test_an_adapter_that_clashes_or_has_no_model_is_refused(adapters: dict[str, str], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        ModelNames({"qwen": 1, "llama": 2}, {"chat": [("qwen", 1)]}, adapters)

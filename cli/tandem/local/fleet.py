@@ -15,7 +15,7 @@ one service), which are refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,10 +38,12 @@ def build_fleet_plan(
     redis_server: str | None,
     state_dir: Path,
     credentials: LocalCredentials,
+    catalog_adapters: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[LocalPlan, GatewayFile]:
     """The processes that run `services` here behind one gateway named `gateway` (module docstring),
-    and the gateway's file. Raises `PlanError` for what cannot run so, `ValueError` (pydantic's) for
-    names that cannot be served together."""
+    and the gateway's file. `catalog_adapters`: per service name, its local catalog's adapter names
+    (`build_plan`). Raises `PlanError` for what cannot run so, `ValueError` (pydantic's) for names
+    that cannot be served together."""
     names = [s.metadata.name for s in services]
     if len(set(names)) != len(names):
         raise PlanError(f"two InferenceServices are named {next(n for n in names if names.count(n) > 1)!r}")
@@ -62,6 +64,7 @@ def build_fleet_plan(
                 redis_server=redis_server,
                 state_dir=state_dir / isvc.metadata.name,
                 credentials=credentials,
+                catalog_adapters=(catalog_adapters or {}).get(isvc.metadata.name, ()),
             )
         )
     processes = []

@@ -8,7 +8,9 @@ and drains engines), and `LocalPlan.new_engine` builds the process of any furthe
 `router.prefixSource: precise` every engine publishes its KV events on Unix sockets named after its
 HTTP port (`tandem.core.kvevents.local_addresses`) and the router config says where. With
 `engine.lora`, every engine gets vLLM's LoRA flags and environment, its resolver reading
-`<state dir>/adapters` (`tandem up` links the local adapters there by name). Nothing here
+`<state dir>/adapters` (`tandem up` links the local adapters there by name), and the router config
+lists a local catalog's adapters (`catalog_adapters`, found by the caller) so the gateway accepts
+their names. Nothing here
 touches the system; ports, binary paths and credentials come in as arguments.
 
 As in a cluster, the managed Redis requires a password and the engines an API key that only the
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -135,11 +137,15 @@ def build_plan(
     redis_server: str | None,
     state_dir: Path,
     credentials: LocalCredentials | None = None,
+    catalog_adapters: Sequence[str] = (),
 ) -> LocalPlan:
     """The processes that run `isvc` here, in start order (KV pool, engines, gateway).
 
     `ports` yields free loopback ports for internal components; `redis_server` is the Redis binary
-    (None is fine when the spec names an external Redis URL); `credentials` default to fresh ones.
+    (None is fine when the spec names an external Redis URL); `credentials` default to fresh ones;
+    `catalog_adapters`: the names of the local adapter catalog's adapters (`scan_catalog`), which
+    the router config lists as `adapterNames` (the gateway accepts them; the engines' resolver finds
+    them once `tandem up` has linked them).
     """
     spec = isvc.spec
     credentials = credentials or LocalCredentials.generate()
@@ -206,6 +212,7 @@ def build_plan(
         tokenizer_path=local_tokenizer_path(isvc),
         engine_kv_keys=engine_kv_keys(isvc) if spec.engine.kind == "vllm" else None,
         kv_events=events,
+        adapter_names=list(catalog_adapters) if spec.engine.lora is not None else [],
     )
     config_path = state_dir / "router.yaml"
     router = ProcessPlan(

@@ -13,9 +13,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from tandem.core.adapters import MAX_CATALOG_ENTRIES
 from tandem.core.files import replace_text
 from tandem.core.kvevents import KVEventsAddresses
-from tandem.core.spec import DNS_LABEL_PATTERN, InferenceServiceSpec, SpecModel
+from tandem.core.spec import ADAPTER_NAME_PATTERN, DNS_LABEL_PATTERN, InferenceServiceSpec, SpecModel
 
 EngineURL = Annotated[str, Field(pattern=r"^https?://[^/\s]+/?$")]
 
@@ -113,6 +114,12 @@ class RouterConfig(SpecModel):
         default=None,
         description="How the vLLM engines name KV-pool chunks beyond the spec; unset: the spec's "
         "kvPool.connector, and with LMCache's no pool look-ups.",
+    )
+    adapter_names: list[Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_CATALOG_ENTRIES,
+        description="LoRA adapters the engines resolve beyond spec.adapters (a local catalog's: "
+        "`tandem.local.plan.build_plan` writes the names it is given); the gateway accepts them as models.",
     )
     kv_events: KVEventsAddresses | None = Field(
         default=None,

@@ -5,7 +5,9 @@ object that the composition root builds everything from. Nothing below the compo
 the environment, flags or the spec directly.
 
 Resolution rules (each one written here, nowhere else):
-- served model names: `spec.model.servedName` (or `name`) and `spec.model.name`;
+- served model names: `spec.model.servedName` (or `name`) and `spec.model.name`, and the LoRA
+  adapters' (`spec.adapters[].name`, then the router config's `adapterNames`: a local catalog's); a
+  request naming an adapter goes to the same pools with its `model` unchanged;
 - default SLO: `spec.router.slo`; logging prompts: `spec.router.logPrompts` or `--log-prompts`;
 - tenant weights: `spec.router.tenants[].weight`, overridden by `--tenant-weight`;
 - the KV pool look-ups (P/D decision, barrier): on with a pool URL where the gateway computes the
@@ -58,6 +60,14 @@ def served_names(spec: ModelSpec) -> frozenset[str]:
     return frozenset({spec.public_name, spec.name})
 
 
+def adapter_names(config: RouterConfig) -> tuple[str, ...]:
+    """The LoRA adapters the service's engines serve by name, in order: `spec.adapters`, then the
+    router config's `adapterNames` (a catalog's), without repeats or the model's own names."""
+    base = served_names(config.spec.model)
+    names = (*(a.name for a in config.spec.adapters), *config.adapter_names)
+    return tuple(n for n in dict.fromkeys(names) if n not in base)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVPoolAccess:
     """How the gateway reaches the KV pool for P/D decisions and the barrier, and the engines' keys
@@ -94,6 +104,7 @@ class EffectiveConfig:
     spec: InferenceServiceSpec
     settings: RouterSettings
     discovery: StaticDiscovery | KubernetesDiscovery | FileDiscovery
+    #: Every `model` the gateway accepts: the model's names and its adapters'.
     served_models: frozenset[str]
     default_slo: SLO
     log_prompts: bool
@@ -107,6 +118,8 @@ class EffectiveConfig:
     shared_counters: SharedCountersAccess | None = None
     #: Why a configured pool is not looked up (the engines' keys cannot be computed); None otherwise.
     kv_pool_off: str | None = None
+    #: The LoRA adapters among `served_models`, in order (`adapter_names`).
+    adapters: tuple[str, ...] = ()
 
     @property
     def prefill_pool_possible(self) -> bool:
@@ -147,6 +160,7 @@ def resolve(
     """The effective configuration of `config` and `settings` (module docstring)."""
     env = os.environ if environ is None else environ
     spec = config.spec
+    adapters = adapter_names(config)
     kv_pool, kv_pool_off = None, None
     if config.kv_pool_url is not None:
         keys = pool_keys(config, environ=env)
@@ -183,7 +197,7 @@ def resolve(
         spec=spec,
         settings=settings,
         discovery=config.discovery,
-        served_models=served_names(spec.model),
+        served_models=served_names(spec.model) | frozenset(adapters),
         default_slo=SLO(ttft_s=spec.router.slo.ttft_seconds, tpot_s=spec.router.slo.tpot_seconds),
         log_prompts=spec.router.log_prompts or settings.access.log_prompts,
         tenant_weights=MappingProxyType(weights),
@@ -195,6 +209,7 @@ def resolve(
         replicas=replicas,
         shared_counters=shared,
         kv_pool_off=kv_pool_off,
+        adapters=adapters,
     )
 
 

@@ -168,7 +168,8 @@ class RequestView:
 
     `tenant` is the fairness header's value or "default"; `priority` the band (higher first); `slo`
     the objectives; `deadline_s` the client's own TTFT deadline (None: none); `kv_loaded` whether a
-    prefill succeeded (the decode engine loads the KV).
+    prefill succeeded (the decode engine loads the KV); `cache_salt` and `lora_name` (the LoRA
+    adapter) root the prompt's block keys (`tandem.core.blockhash.scope_key`).
     """
 
     request_id: str
@@ -180,6 +181,7 @@ class RequestView:
     deadline_s: float | None = None
     kv_loaded: bool = False
     cache_salt: str | None = None
+    lora_name: str | None = None
     _keys: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def prompt_tokens(self) -> Sequence[int]:
@@ -194,6 +196,6 @@ class RequestView:
     def block_keys(self, block_size: int) -> Sequence[int]:
         keys = self._keys.get(block_size)
         if keys is None:
-            root = scope_key(cache_salt=self.cache_salt)
+            root = scope_key(lora_name=self.lora_name, cache_salt=self.cache_salt)
             keys = self._keys[block_size] = block_keys(self.prompt_token_ids, block_size, parent=root)
         return keys

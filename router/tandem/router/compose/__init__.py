@@ -176,6 +176,7 @@ def compose(
             started_unix=int(time.time()),
             models_timeout_s=settings.proxy.models_timeout_seconds,
             scales_from_zero=scales_from_zero(config),
+            adapters=config.adapters,
         ),
         services=tuple(services),
     )
@@ -235,7 +236,8 @@ def gateway_parse(
     log_prompts: bool | None = None,
 ) -> Parse:
     """The body's reading and parsing, with the gateway's limits on bodies (`accepted` None: the
-    model is resolved after it, `tandem.router.pipeline.route`)."""
+    model is resolved after it, `tandem.router.pipeline.route`); a `model` among the service's
+    adapters (`config.adapters`) roots the prompt's keys in the adapter."""
     access = config.settings.access
     return Parse(
         accepted,
@@ -247,6 +249,7 @@ def gateway_parse(
         scopes=scopes,
         context=context,
         tokenizing=asyncio.Semaphore(1),
+        adapters=frozenset(config.adapters) if accepted is not None else frozenset(),
     )
 
 

@@ -34,7 +34,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 
-from tandem.core.gateway import GatewayFile, GatewayService
+from tandem.core.gateway import GatewayFile, GatewayService, name_conflicts
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.routerconfig import RouterConfig
 from tandem.kvpool.client import PASSWORD_ENV, POOL_KEY_ENV
@@ -52,6 +52,7 @@ from tandem.router.compose import (
 from tandem.router.compose.startup import engine_clients, load_key_file, model_tokenizer
 from tandem.router.config import EffectiveConfig, resolve
 from tandem.router.discovery.sources import Discovery, discovery_for
+from tandem.router.errors import ConfigurationError
 from tandem.router.http.server import Gateway, GatewayApp
 from tandem.router.http.side import ManyModels, Operations, ServedModel, side_app
 from tandem.router.identity.auth.keyfile import KeyFile
@@ -193,9 +194,10 @@ def compose_many(
             metrics=metrics,
         )
     served = {c.service: c.spec.model.public_name for c in configs}
+    adapters = {name: c.spec.model.public_name for c in configs for name in c.adapters}
     tokenizing = asyncio.Semaphore(1)
     route = Route(
-        ModelNames(routes, {a: [(served[s], w) for s, w in t] for a, t in aliases.items()}),
+        ModelNames(routes, {a: [(served[s], w) for s, w in t] for a, t in aliases.items()}, adapters),
         unknown=names.unknown,
         aliased=lambda alias, service: names.aliased(alias, service.name),
         tokenizing=tokenizing,
@@ -224,6 +226,7 @@ def compose_many(
         services=[
             ServedModel(
                 model=p.config.spec.model,
+                adapters=p.config.adapters,
                 registry=p.registry,
                 upstream=p.upstream,
                 scales_from_zero=scales_from_zero(p.config),
@@ -276,6 +279,12 @@ def create_many_app(
         resolve(config, service_settings(settings, env, entry), environ=service_environ(env, entry))
         for entry, config in zip(file.services, service_configs(file, api_keys_file=keys), strict=True)
     ]
+    # The file checked its declared names; a catalog's (`adapterNames`) are first seen here.
+    conflicts = name_conflicts(
+        {c.service: (c.spec.model.public_name, *c.adapters) for c in configs}, file.spec.aliases
+    )
+    if conflicts:
+        raise ConfigurationError("; ".join(conflicts))
     key_file = load_key_file(configs[0], auth_field="spec.auth.enabled", source="the gateway file")
     fields = [f"services[{c.service}].config.tokenizerPath" for c in configs]
     encoders = [PromptEncoder(model_tokenizer(c, field=f)) for c, f in zip(configs, fields, strict=True)]
@@ -325,4 +334,5 @@ def create_many_app(
             yield {"gateway": parts.gateway, "operations": parts.operations}
 
     served = frozenset({c.spec.model.public_name for c in configs} | set(aliases))
+    served |= {name for c in configs for name in c.adapters}
     return GatewayApp(side_app(lifespan=lifespan, served=served, auth=key_file is not None, clock=clock))

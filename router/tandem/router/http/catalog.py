@@ -1,11 +1,14 @@
-"""`GET /v1/models`: the union of what the engines list, plus the spec's served model (in front of
-many services: every served name and alias, `list_many`).
+"""`GET /v1/models`: the union of what the engines list, plus the spec's served model and its LoRA
+adapters (in front of many services: every served name, adapter and alias, `list_many`).
 
 Every endpoint (both pools, in rotation) is asked concurrently with a short timeout; entries are
 merged by `id`, the first engine's entry winning (decode endpoints first). The spec's served name
 is always listed, synthesised from the spec when no engine answers, because the gateway accepts
 it in requests whatever the engines' state: clients that check `models.list()` before sending
-must not see the model vanish while engines restart. Failures here never affect rotation.
+must not see the model vanish while engines restart. So is each adapter the gateway accepts, as vLLM
+lists one (`parent`: the model's served name), because an engine lists an adapter its resolver
+finds only once a request has loaded it; the synthesised entry's `root` is the adapter's name (the
+engines' path to it is theirs). Failures here never affect rotation.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ async def list_models(
     model: ModelSpec,
     created: int,
     timeout_s: float,
+    adapters: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The OpenAI `list` object. `created` (unix seconds) stamps the synthesised entry."""
+    """The OpenAI `list` object. `created` (unix seconds) stamps the synthesised entries."""
     answers = await asyncio.gather(
         *(engine_models(upstream, endpoint, timeout_s=timeout_s) for endpoint in endpoints)
     )
@@ -49,7 +53,22 @@ async def list_models(
             "root": model.name,
             "parent": None,
         }
+    for adapter in adapters:
+        if adapter not in merged:
+            merged[adapter] = adapter_entry(adapter, parent=model.public_name, created=created)
     return {"object": "list", "data": list(merged.values())}
+
+
+def adapter_entry(name: str, *, parent: str, created: int) -> dict[str, Any]:
+    """An adapter's entry when no engine lists it (module docstring)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "tandem",
+        "root": name,
+        "parent": parent,
+    }
 
 
 async def engine_models(
@@ -74,6 +93,7 @@ class Listed:
     model: ModelSpec
     upstream: HTTPUpstream
     endpoints: Callable[[], Sequence[Endpoint]]
+    adapters: Sequence[str] = ()
 
 
 async def list_many(
@@ -83,11 +103,12 @@ async def list_many(
     created: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    """The OpenAI `list` of a gateway in front of many services: every served name, each with its
-    engines' entry for it when one answers (else synthesised, as `list_models` does), then every
-    alias (`aliases`: alias → its targets' served names), as its first target's entry under the
-    alias's id, with the smallest `max_model_len` of its targets when they state one. Only names the
-    gateway accepts are listed: an engine's other names (its model path, adapters) are not."""
+    """The OpenAI `list` of a gateway in front of many services: every served name followed by its
+    adapters, each with its engines' entry for it when one answers (else synthesised, as
+    `list_models` does), then every alias (`aliases`: alias → its targets' served names), as its
+    first target's entry under the alias's id, with the smallest `max_model_len` of its targets when
+    they state one. Only names the gateway accepts are listed: an engine's other names (its model
+    path, adapters loaded at run time) are not."""
     answers = await asyncio.gather(
         *(
             list_models(
@@ -96,14 +117,16 @@ async def list_many(
                 model=s.model,
                 created=created,
                 timeout_s=timeout_s,
+                adapters=s.adapters,
             )
             for s in services
         )
     )
     entries: dict[str, dict[str, Any]] = {}
     for service, answer in zip(services, answers, strict=True):
-        name = service.model.public_name
-        entries[name] = next(e for e in answer["data"] if e["id"] == name)
+        listed = {e["id"]: e for e in answer["data"]}
+        for name in (service.model.public_name, *service.adapters):
+            entries[name] = listed[name]
     for alias, targets in aliases.items():
         entry = {**entries[targets[0]], "id": alias, "parent": None}
         lengths = [entries[t].get("max_model_len") for t in targets]

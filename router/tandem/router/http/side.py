@@ -51,6 +51,8 @@ class Operations:
     model: ModelSpec
     started_unix: int
     models_timeout_s: float
+    #: The model's LoRA adapters the gateway accepts (`/v1/models` lists them under the model).
+    adapters: Sequence[str] = ()
     #: The decode pool may be at zero by design (autoscaling from min 0) and the gateway holds
     #: requests meanwhile (`spec.router.coldStart.maxHeldRequests` > 0): an empty pool is ready.
     scales_from_zero: bool = False
@@ -67,6 +69,7 @@ class ServedModel:
     registry: EndpointRegistry
     upstream: HTTPUpstream
     scales_from_zero: bool
+    adapters: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +98,7 @@ async def models(request: Request, ops: OperationsDep) -> JSONResponse:
     ops.tenants.tenant(request.headers)  # 401 without a valid key when auth is on
     if ops.many is not None:
         listed = [
-            Listed(model=s.model, upstream=s.upstream, endpoints=_endpoints(s.registry))
+            Listed(model=s.model, upstream=s.upstream, endpoints=_endpoints(s.registry), adapters=s.adapters)
             for s in ops.many.services
         ]
         return JSONResponse(
@@ -113,6 +116,7 @@ async def models(request: Request, ops: OperationsDep) -> JSONResponse:
         model=ops.model,
         created=ops.started_unix,
         timeout_s=ops.models_timeout_s,
+        adapters=ops.adapters,
     )
     return JSONResponse(listing)
 

@@ -3,12 +3,18 @@
 **Decision** (`decide`, pure; `tandem_router_pd_decisions_total{decision,reason}`):
 
     mode off                              → decode_only  (off)
+    a LoRA adapter's request              → decode_only  (adapter)
     prefill pool busy (below)             → decode_only  (prefill_busy)
     mode always                           → disaggregate (always)
     mode auto, no prefill endpoint        → decode_only  (no_prefill_pool)
     mode auto, KV pool configured but down → decode_only (pool_unavailable)
     mode auto, uncached < minUncachedTokens → decode_only (few_uncached)
     mode auto, otherwise                  → disaggregate (many_uncached)
+
+An adapter's request is never disaggregated: the KV pool's keys carry no adapter, so the engines
+neither write an adapter's KV to the pool nor read it from there (`tandem.kvpool.connector_plan.
+bypasses_pool`, the simulator likewise); a prefill would be computed for nothing, then the barrier
+would wait its whole timeout for chunks that never come (and count as evidence of wrong pool keys).
 
 **Convertible decoders** (`spec.disaggregation.convertibleDecoders`, on by default; TokenScale's idea,
 arXiv 2512.03416): a request about to be disaggregated goes decode-only instead when the prefill pool is
@@ -107,6 +113,11 @@ class PDRequest(Routable, Protocol):
         """The tenant's cache scope: the KV pool's keys of its prompts are the scope's."""
         ...
 
+    @property
+    def lora_name(self) -> str | None:
+        """The LoRA adapter the request runs under (None: the base model)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PDDecision:
@@ -156,12 +167,16 @@ def decide(
     available_tokens: int | None,
     min_uncached_tokens: int,
     busy: bool = False,
+    adapter: bool = False,
 ) -> PDDecision:
     """The P/D decision table of the module docstring. `available_tokens`: the prompt's prefix the
     chosen decode endpoint can get without computing it; None when the KV pool could not be asked.
-    `busy`: `prefill_busy` said so (asked only for requests that would otherwise disaggregate)."""
+    `busy`: `prefill_busy` said so (asked only for requests that would otherwise disaggregate).
+    `adapter`: the request runs under a LoRA adapter."""
     if mode == "off":
         return PDDecision(False, "off")
+    if adapter:
+        return PDDecision(False, "adapter")
     if busy:
         return PDDecision(False, "prefill_busy")
     if mode == "always":
@@ -336,8 +351,10 @@ class Disaggregator:
         self, request: PDRequest, *, decode: Endpoint | None, keys: Callable[[], Sequence[str]]
     ) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
+        adapter = request.lora_name is not None
         available: int | None = 0
-        counted = self.mode == "auto" and members > 0  # the only case the table reads the prompt
+        # the only case the table reads the prompt
+        counted = self.mode == "auto" and members > 0 and not adapter
         if counted:
             available = await self._available_tokens(request, decode=decode, keys=keys)
         decision = decide(
@@ -346,6 +363,7 @@ class Disaggregator:
             prompt_tokens=request.prompt_length() if counted else 0,
             available_tokens=available,
             min_uncached_tokens=self.min_uncached_tokens,
+            adapter=adapter,
         )
         if decision.disaggregate and self._busy(request, decode=decode):
             return PDDecision(False, "prefill_busy")

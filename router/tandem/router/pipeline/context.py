@@ -61,6 +61,8 @@ class RequestContext:
     route: Route = Route.COMPLETIONS
     body: dict[str, Any] = field(default_factory=dict)
     model: str = ""
+    #: The LoRA adapter `model` names (None: the base model); its prompts' keys are its own.
+    adapter: str | None = None
     stream: bool = False
     body_bytes: int = 0  # the body's size as it came
     # route (a gateway of many services only)
@@ -101,10 +103,18 @@ class RequestContext:
     cache_salt: str | None = None
     _root: int = ROOT_KEY
 
-    def scope(self, cache_salt: str) -> None:
-        """The request's prompts are cached under `cache_salt` (set before any key is computed)."""
-        self.cache_salt, self._root = cache_salt, scope_key(cache_salt=cache_salt)
+    def scope(self, cache_salt: str | None, *, adapter: str | None = None) -> None:
+        """The request's prompts are cached under `cache_salt` and the LoRA `adapter` (set before any
+        key is computed): its keys are rooted at `scope_key(lora_name=adapter, cache_salt=...)`, as
+        the engines root their blocks, so neither tenants nor adapters share a key."""
+        self.cache_salt, self.adapter = cache_salt, adapter
+        self._root = scope_key(lora_name=adapter, cache_salt=cache_salt)
         self._keys.clear()
+
+    @property
+    def lora_name(self) -> str | None:
+        """The adapter the request runs under (scheduling's `Routable`)."""
+        return self.adapter
 
     # -- the prompt ---------------------------------------------------------------------------
 
@@ -188,6 +198,7 @@ class RequestContext:
         optional = {
             "tenant": self.tenant if self.body else None,
             "model": self.model or None,
+            "adapter": self.adapter,
             "stream": self.stream if self.body else None,
             "prompt_tokens": len(self._encoded.ids) if self._encoded is not None else None,
             "decode_endpoint": self.decode_endpoint,

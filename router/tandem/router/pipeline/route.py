@@ -80,7 +80,8 @@ class Route:
         salt = service.scopes.salt(ctx.tenant) if service.scopes is not None else None
         if salt is not None:
             ctx.body["cache_salt"] = salt
-            ctx.scope(salt)
+        if salt is not None or resolved.adapter is not None:
+            ctx.scope(salt, adapter=resolved.adapter)
         if service.log_prompts:
             ctx.prompt_text = prompt_text(ctx.body)
         if ctx.body_bytes >= self.off_loop_bytes:

@@ -110,7 +110,8 @@ class Parse:
     `limits` (`tandem.router.request.limits`). A body of `off_loop_bytes` or more is tokenized in a
     worker thread, so one long prompt does not stall every other request's stream. With `scopes`,
     the body sent to engines carries the tenant's `cache_salt` (`tandem.router.identity.cachescope`),
-    and the prompt's prefix keys are rooted in it. `accepted_models` None (a gateway of many
+    and the prompt's prefix keys are rooted in it and in the LoRA adapter `model` names, when it is
+    one of `adapters` (`RequestContext.scope`). `accepted_models` None (a gateway of many
     services): `model` is resolved by the `Route` stage after it (`tandem.router.pipeline.route`),
     which then does what needs the service (the salt, the big prompt's tokens)."""
 
@@ -124,6 +125,7 @@ class Parse:
     scopes: CacheScopes | None = None
     context: ContextLimit | None = None
     tokenizing: asyncio.Semaphore | None = None
+    adapters: frozenset[str] = frozenset()
     name: str = "parse"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -150,7 +152,9 @@ class Parse:
             salt = self.scopes.salt(ctx.tenant) if self.scopes is not None else None
             if salt is not None:
                 ctx.body["cache_salt"] = salt
-                ctx.scope(salt)
+            adapter = ctx.model if ctx.model in self.adapters else None
+            if salt is not None or adapter is not None:
+                ctx.scope(salt, adapter=adapter)
             if self.log_prompts:
                 ctx.prompt_text = prompt_text(parsed.body)
             if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:

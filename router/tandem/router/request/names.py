@@ -1,6 +1,8 @@
 """Which service a request's `model` names, in a gateway in front of many services (pure).
 
-A name is a service's served name (`spec.model.servedName`, else `spec.model.name`) or an alias
+A name is a service's served name (`spec.model.servedName`, else `spec.model.name`), one of its LoRA
+adapters (`spec.adapters[].name` and its router config's `adapterNames`: the request goes to that
+service with its `model` unchanged, and the engine runs it under the adapter) or an alias
 (`tandem.core.gateway.AliasSpec`): a client-facing name mapped to one service, or to several with
 weights. Anything else is a 404 in vLLM's words (`ModelNotFound`), and is never kept: nothing here is
 keyed by a name a client chose until it has matched a configured one.
@@ -65,19 +67,34 @@ class SmoothWeighted(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class Resolved(Generic[T]):
-    """The service a request goes to; `alias`: the alias the client sent (None: the served name)."""
+    """The service a request goes to; `alias`: the alias the client sent (None: the served name or
+    an adapter); `adapter`: the LoRA adapter the client named (None: the model or an alias)."""
 
     service: T
     alias: str | None
+    adapter: str | None = None
 
 
 class ModelNames(Generic[T]):
-    """Served names and aliases → services. `services`: served name → service; `aliases`: alias →
-    (service's served name, weight) in order. Raises `ValueError` for an alias naming a served name,
-    an unknown service or weights summing to 0 (`tandem.core.gateway` validates the same first)."""
+    """Served names, adapters and aliases → services. `services`: served name → service; `aliases`:
+    alias → (service's served name, weight) in order; `adapters`: adapter → its service's served
+    name. Raises `ValueError` for an alias or adapter naming a served name, an adapter named like an
+    alias, an unknown service or weights summing to 0 (`tandem.core.gateway` validates the same
+    first)."""
 
-    def __init__(self, services: Mapping[str, T], aliases: Mapping[str, Sequence[tuple[str, int]]]) -> None:
+    def __init__(
+        self,
+        services: Mapping[str, T],
+        aliases: Mapping[str, Sequence[tuple[str, int]]],
+        adapters: Mapping[str, str] | None = None,
+    ) -> None:
         self._direct: dict[str, Resolved[T]] = {name: Resolved(s, None) for name, s in services.items()}
+        for adapter, served in (adapters or {}).items():
+            if adapter in services or adapter in aliases:
+                raise ValueError(f"adapter {adapter!r} is a served name or an alias")
+            if served not in services:
+                raise ValueError(f"adapter {adapter!r} belongs to a name not served: {served}")
+            self._direct[adapter] = Resolved(services[served], None, adapter)
         self._aliases: dict[str, SmoothWeighted[T]] = {}
         for alias, targets in aliases.items():
             if alias in services:
@@ -86,7 +103,7 @@ class ModelNames(Generic[T]):
             if unknown:
                 raise ValueError(f"alias {alias!r} targets names not served: {', '.join(unknown)}")
             self._aliases[alias] = SmoothWeighted([(services[n], w) for n, w in targets])
-        self.names: frozenset[str] = frozenset(services) | frozenset(aliases)
+        self.names: frozenset[str] = frozenset(self._direct) | frozenset(aliases)
 
     def resolve(self, model: str) -> Resolved[T]:
         """The service for `model`; raises `ModelNotFound` (404, vLLM's words) for any other name."""
