@@ -81,6 +81,9 @@ class Progress:
     def response_end(self) -> None:
         self.seen.append("end")
 
+    def response_failed(self, message: str, /) -> None:
+        self.seen.append("failed")
+
 
 async def open_stream(wire: Wire, url: str) -> Attempt:
     registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)

@@ -126,6 +126,12 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
 )
 @click.option("--seed", type=int, default=None, help="Seed for unseeded sampling [default: random].")
 @click.option(
+    "--otlp-traces-endpoint",
+    default=None,
+    help="Send vLLM's llm_request span of every finished request here (OTLP; protocol from "
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, grpc by default), or write them to file://DIR.",
+)
+@click.option(
     "--kv-events-endpoint",
     default=None,
     help="Publish vLLM KV events on a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557.",

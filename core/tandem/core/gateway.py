@@ -61,6 +61,7 @@ from tandem.core.specrules import (
     from_pydantic_error,
     parse_inference_service,
 )
+from tandem.core.tracing import TracingSpec
 
 GATEWAY_KIND = "InferenceGateway"
 GATEWAY_PLURAL = "inferencegateways"
@@ -125,6 +126,11 @@ class InferenceGatewaySpec(SpecModel):
     )
     aliases: list[AliasSpec] = Field(default_factory=list, max_length=1000)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    tracing: TracingSpec | None = Field(
+        default=None,
+        description="OpenTelemetry traces of the gateway (each service's engines follow their own "
+        "spec.tracing).",
+    )
     metrics_token: bool = Field(
         default=False,
         description="Require a bearer token on the gateway's diagnostics port (9090, `/metrics`): the "

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from tandem.core.tracing import TracingSpec
+
 GROUP = "tandem.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -562,6 +564,11 @@ class InferenceServiceSpec(SpecModel):
         default=None,
         description="The engines' adapter directory (/adapters) on a shared RWX claim; default an "
         "emptyDir per pod.",
+    )
+    tracing: TracingSpec | None = Field(
+        default=None,
+        description="OpenTelemetry traces of the gateway and the engines (absent: off unless OTEL_* "
+        "variables say otherwise).",
     )
 
 

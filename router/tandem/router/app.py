@@ -160,6 +160,8 @@ def _lifespan(
             )
             if parts.kv_pool is not None:
                 stack.push_async_callback(parts.kv_pool.aclose)
+            if parts.gateway.tracer is not None:
+                stack.callback(parts.gateway.tracer.shutdown)
             if connections is not None:
                 parts.prometheus.register(ConnectionsCollector(connections))
             await discovery.start(parts.registry)

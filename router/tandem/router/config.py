@@ -47,6 +47,7 @@ from typing import Any
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceServiceSpec, ModelSpec, PrefixSourceKind, max_prefill_replicas
+from tandem.core.tracing import TracingSpec, settings_from_env
 from tandem.kvpool.client import password_from_env, pool_key_from_env
 from tandem.kvpool.engine_keys import KeysUnavailable, engine_pool_keys, key_alternatives
 from tandem.kvpool.keys import PoolKeys, TandemHash
@@ -120,6 +121,8 @@ class EffectiveConfig:
     kv_pool_off: str | None = None
     #: The LoRA adapters among `served_models`, in order (`adapter_names`).
     adapters: tuple[str, ...] = ()
+    #: Traces: the spec's `tracing` under the standard `OTEL_*` variables; None: off.
+    tracing: TracingSpec | None = None
 
     @property
     def prefill_pool_possible(self) -> bool:
@@ -210,6 +213,7 @@ def resolve(
         shared_counters=shared,
         kv_pool_off=kv_pool_off,
         adapters=adapters,
+        tracing=settings_from_env(spec.tracing, env),
     )
 
 

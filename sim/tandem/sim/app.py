@@ -35,6 +35,7 @@ from tandem.sim.middleware import ApiKeyMiddleware, RequestContextMiddleware
 from tandem.sim.protocol import APIError
 from tandem.sim.settings import SimSettings
 from tandem.sim.state import Runtime, SimApp
+from tandem.sim.tracing import SimTracer
 
 logger = logging.getLogger("tandem.sim")
 
@@ -73,6 +74,15 @@ def create_app(
         adapters=_static_adapters(settings),
         lora_env=lora_env,
         kv_events=kv_events,
+        tracer=(
+            SimTracer(
+                settings.otlp_traces_endpoint,
+                environ=os.environ if environ is None else environ,
+                service=f"vllm-{settings.served_model_name}",
+            )
+            if settings.otlp_traces_endpoint
+            else None
+        ),
     )
     app = FastAPI(title="tandem sim", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.sim = state
@@ -150,6 +160,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await pool.aclose()
         if publisher is not None:
             await publisher.aclose()
+        if state.tracer is not None:
+            state.tracer.shutdown()
 
 
 async def _start_publisher(settings: SimSettings) -> KVEventPublisher | None:

@@ -17,7 +17,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter
@@ -34,6 +34,7 @@ from tandem.sim.middleware import log_fields
 from tandem.sim.protocol import SSE_DONE, Generation, parse_json, prepare, sse, validate
 from tandem.sim.responses import ResponseMeta, chunk, full_body, usage_chunk
 from tandem.sim.state import Runtime, SimApp, sim_state
+from tandem.sim.tracing import RequestSpan, request_traceparent
 
 router = APIRouter()
 
@@ -49,6 +50,7 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _generate(request: Request, *, chat: bool) -> Response:
+    arrival_ns = time.time_ns()
     sim = sim_state(request)
     runtime = sim.running()
     body = parse_json(await request.body())
@@ -88,6 +90,13 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         fields=fields,
         uses_pool=uses_pool,
     )
+    if sim.tracer is not None:
+        job.span = RequestSpan(
+            request_id=meta.response_id, model=meta.model, traceparent=request_traceparent(request.headers),
+            arrival_ns=arrival_ns, first_token_ns=None, prompt_tokens=len(gen.prompt_token_ids),
+            completion_tokens=0, max_tokens=gen.max_tokens, temperature=gen.temperature,
+            top_p=body.get("top_p") if isinstance(body, dict) else None,
+        )  # fmt: skip
     if gen.stream:
         return StreamingResponse(job.events(meta), media_type="text/event-stream")
     return JSONResponse(await job.collect(meta))
@@ -130,6 +139,8 @@ class _Job:
     fields: dict[str, Any]
     uses_pool: bool = True
     store: asyncio.Task[None] | None = field(default=None)
+    #: The request's span so far (`--otlp-traces-endpoint`), None when not traced.
+    span: RequestSpan | None = None
 
     async def collect(self, meta: ResponseMeta) -> dict[str, Any]:
         parts: list[str] = []
@@ -202,7 +213,12 @@ class _Job:
         pool = self.runtime.pool
         if self.store is None and pool is not None and self.uses_pool and self.sim.settings.produces_kv:
             self.store = self.runtime.spawn(pool.store(self.gen.prompt_token_ids, scope=self.gen.cache_salt))
+        span = self.span
+        if span is not None and span.first_token_ns is None:
+            span = self.span = replace(span, first_token_ns=time.time_ns())
         if output.finished:
             if self.store is not None:
                 await asyncio.shield(self.store)  # a cancelled client must not cancel the write
             self.fields.update(completion_tokens=output.num_output_tokens, finish_reason=output.finish_reason)
+            if span is not None and self.sim.tracer is not None:  # vLLM traces finished requests only
+                self.sim.tracer.finished(replace(span, completion_tokens=output.num_output_tokens))

@@ -82,6 +82,10 @@ class SimSettings(BaseModel):
         default=None, pattern=_ZMQ_ADDRESS, description="ZMQ ROUTER address to bind for replays."
     )
     kv_events_topic: str = Field(default="", description="Topic frame of every KV-event message.")
+    otlp_traces_endpoint: str | None = Field(
+        default=None,
+        description="Where vLLM's llm_request spans go (OTLP; file://DIR: JSON lines, Tandem's own).",
+    )
     kv_events_encoding: KVEventsEncoding = "map"
     kv_events_buffer_steps: int = Field(default=10_000, ge=1, le=10_000_000)
     enable_lora: bool = Field(default=False, description="Serve LoRA adapters (vLLM's --enable-lora).")

@@ -20,6 +20,7 @@ from tandem.sim.lora import AdapterRegistry, LoRAEnv, LoRAError
 from tandem.sim.metrics import SimMetrics
 from tandem.sim.protocol import APIError, unknown_model
 from tandem.sim.settings import SimSettings
+from tandem.sim.tracing import SimTracer
 
 
 @dataclass
@@ -52,6 +53,8 @@ class SimApp:
     lora_env: LoRAEnv = field(default_factory=LoRAEnv)
     kv_events: KVEventSink | None = None
     runtime: Runtime | None = None
+    #: vLLM's request spans (`--otlp-traces-endpoint`), None when off.
+    tracer: SimTracer | None = None
 
     def running(self) -> Runtime:
         if self.runtime is None:

@@ -33,6 +33,7 @@ from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.http.server import Gateway
 from tandem.router.http.side import Operations
+from tandem.router.http.tracing import gateway_tracer
 from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.observe.looplag import LoopLagMonitor
@@ -164,7 +165,13 @@ def compose(
         routing=service.routing,
         kv_pool=service.kv_pool,
         loop_lag=loop_lag,
-        gateway=Gateway(pipeline=pipeline, encoder=encoder, metrics=metrics, clock=clock),
+        gateway=Gateway(
+            pipeline=pipeline,
+            encoder=encoder,
+            metrics=metrics,
+            clock=clock,
+            tracer=gateway_tracer(config, clock=clock),
+        ),
         operations=Operations(
             registry=registry,
             upstream=upstream,

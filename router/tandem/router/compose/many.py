@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from tandem.core.gateway import GatewayFile, GatewayService, name_conflicts
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.routerconfig import RouterConfig
+from tandem.core.tracing import settings_from_env
 from tandem.kvpool.client import PASSWORD_ENV, POOL_KEY_ENV
 from tandem.router.compose import (
     Service,
@@ -55,6 +56,7 @@ from tandem.router.discovery.sources import Discovery, discovery_for
 from tandem.router.errors import ConfigurationError
 from tandem.router.http.server import Gateway, GatewayApp
 from tandem.router.http.side import ManyModels, Operations, ServedModel, side_app
+from tandem.router.http.tracing import GatewayTracer
 from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
@@ -140,6 +142,7 @@ def compose_many(
     encoders: Sequence[PromptEncoder],
     key_file: KeyFile | None,
     clock: Callable[[], float],
+    tracer: GatewayTracer | None = None,
 ) -> ManyComponents:
     """Build the gateway's parts and each service's (module docstring); `aliases`: alias →
     (service name, weight) in order. Pure construction, as `compose`."""
@@ -236,7 +239,7 @@ def compose_many(
         aliases={a: [served[s] for s, _ in t] for a, t in aliases.items()},
     )
     return ManyComponents(
-        gateway=Gateway(pipeline=pipeline, encoder=None, metrics=gateway_metrics, clock=clock),
+        gateway=Gateway(pipeline=pipeline, encoder=None, metrics=gateway_metrics, clock=clock, tracer=tracer),
         operations=Operations(
             registry=registries[0],
             upstream=upstream,
@@ -294,6 +297,13 @@ def create_many_app(
         for c in configs
     }
     aliases = {a.name: [(t.service, t.weight) for t in a.targets] for a in file.spec.aliases}
+    tracing = settings_from_env(file.spec.tracing, env)
+    tracer = (
+        GatewayTracer(tracing, service=f"{file.gateway}-gateway", clock=clock,
+                      log_prompts=any(c.log_prompts for c in configs))
+        if tracing is not None
+        else None
+    )  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -307,7 +317,10 @@ def create_many_app(
                 encoders=encoders,
                 key_file=key_file,
                 clock=clock,
+                tracer=tracer,
             )
+            if tracer is not None:
+                stack.callback(tracer.shutdown)
             for collector in collectors:
                 parts.prometheus.register(collector)
             for part in parts.parts:

@@ -33,6 +33,7 @@ from tandem.core.logs import REQUEST_ID
 from tandem.core.modeltokens import PromptEncoder
 from tandem.core.openai_api import error_body
 from tandem.router.errors import ClientDisconnected, RouterError
+from tandem.router.http.tracing import GatewayTracer
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
@@ -51,6 +52,8 @@ class Gateway:
     encoder: PromptEncoder | None
     metrics: RouterMetrics
     clock: Callable[[], float]
+    #: Traces (`tandem.router.observe.tracing`); None: tracing is off, nothing is traced.
+    tracer: GatewayTracer | None = None
 
 
 class GatewayApp:
@@ -85,6 +88,8 @@ async def _serve(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         route=ROUTES[path],
     )
     exchange = Exchange(scope, receive, send)
+    if gateway.tracer is not None:
+        ctx.trace = gateway.tracer.start(exchange.headers)
     watch = _Watch(receive, ctx)
     exchange.on_body_read = watch.start
     token = REQUEST_ID.set(provisional)
@@ -214,6 +219,8 @@ def _finish(gateway: Gateway, ctx: RequestContext) -> None:
     level = logging.WARNING if status >= 500 else logging.INFO
     if log.isEnabledFor(level):
         log.log(level, "request", extra=ctx.log_fields(now=now))
+    if gateway.tracer is not None:
+        gateway.tracer.finish(ctx, now=now)
 
 
 def _ttfb(ctx: RequestContext) -> float | None:

@@ -31,6 +31,7 @@ from tandem.router.upstream.dispatch import Attempt
 from tandem.router.upstream.rename import ModelRename
 
 if TYPE_CHECKING:
+    from tandem.router.observe.tracing import RequestTrace
     from tandem.router.pipeline.route import ServiceRoute
 
 #: The tenant of requests that name none.
@@ -91,6 +92,8 @@ class RequestContext:
     client_disconnected: bool = False
     continued: bool = False  # pre-empted, then continued on an engine (`pipeline.resume`)
     error: str | None = None
+    #: The request's trace (`tandem.router.observe.tracing`); None when tracing is off.
+    trace: RequestTrace | None = None
     #: Prompt and output text: set only when prompts may be logged (`logPrompts`), else never kept.
     prompt_text: str | None = None
     output_text: str | None = None
@@ -130,6 +133,14 @@ class RequestContext:
     def prompt_length(self) -> int:
         return len(self.encoded().ids)
 
+    def has_prompt_tokens(self) -> bool:
+        """Whether the prompt has been tokenized (its length is then known without work)."""
+        return self._encoded is not None
+
+    def trace_headers(self, call: str) -> dict[str, str]:
+        """The W3C trace headers of an engine call (`call`: "prefill" or "decode"); none untraced."""
+        return {} if self.trace is None else self.trace.headers(call)
+
     def prompt_size(self) -> int:
         """The prompt's tokens when they were counted, else an estimate from its characters
         (`estimate_tokens`): the fair queue's charge at dispatch and the TTFT model of a policy that
@@ -165,6 +176,9 @@ class RequestContext:
         return Encoded((), ())
 
     # -- what was sent (the relay's `Progress`) ---------------------------------------------
+
+    def response_failed(self, message: str, /) -> None:
+        self.error = message
 
     def response_start(self, status: int, /) -> None:
         self.status, self.response_started = status, True

@@ -55,7 +55,7 @@ class Resume:
                 path=ctx.route.value,
                 body=orjson.dumps(body),
                 # Its own id: the engine may still hold the stopped request's while it aborts it.
-                headers={"x-request-id": f"{ctx.upstream_id}-continued"},
+                headers={"x-request-id": f"{ctx.upstream_id}-continued", **ctx.trace_headers("decode")},
                 stream=True,
             )
             attempt = await self.dispatcher.open("decode", request=ctx, call=call)

@@ -78,8 +78,18 @@ class Pipeline:
     stages: Sequence[Stage]
 
     async def run(self, ctx: RequestContext, exchange: Exchange) -> None:
+        trace = ctx.trace
+        if trace is None or not trace.sampled:
+            for stage in self.stages:
+                await stage(ctx, exchange)
+            return
+        clock = ctx.clock  # a sampled request: each stage's times, for its spans
         for stage in self.stages:
-            await stage(ctx, exchange)
+            start = clock()
+            try:
+                await stage(ctx, exchange)
+            finally:
+                trace.stages.append((stage.name, start, clock()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +257,10 @@ class Disaggregate:
     name: str = "disaggregate"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
-        pd = await self.disaggregator.run(ctx, decode=ctx.decode, headers={"x-request-id": ctx.upstream_id})
+        headers = {"x-request-id": ctx.upstream_id, **ctx.trace_headers("prefill")}
+        pd = await self.disaggregator.run(ctx, decode=ctx.decode, headers=headers)
+        if ctx.trace is not None:
+            ctx.trace.barrier_s = pd.barrier_s
         ctx.decode_body = dict(pd.body) if pd.body is not ctx.body else None
         ctx.prefill_s = pd.prefill_s
         if pd.prefill_endpoint is not None:
@@ -290,7 +303,7 @@ class Dispatch:
         call = UpstreamCall(
             path=ctx.route.value,
             body=orjson.dumps(body),
-            headers={"x-request-id": ctx.upstream_id},
+            headers={"x-request-id": ctx.upstream_id, **ctx.trace_headers("decode")},
             stream=ctx.stream,
         )
         recallable = self.gate is not None and not ctx.kv_loaded and ctx.grant is not None
@@ -304,7 +317,8 @@ class Dispatch:
             except Recalled as recalled:
                 recalls += 1
                 first = None
-                call = replace(call, headers={"x-request-id": f"{ctx.upstream_id}-r{recalls}"})
+                headers = {"x-request-id": f"{ctx.upstream_id}-r{recalls}", **ctx.trace_headers("decode")}
+                call = replace(call, headers=headers)
                 await self._wait_again(ctx, recalled)
         ctx.attempt = attempt
         ctx.cleanups.append(attempt.finish)

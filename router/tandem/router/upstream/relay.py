@@ -85,6 +85,10 @@ class Progress(Protocol):
 
     def response_end(self) -> None: ...
 
+    def response_failed(self, message: str, /) -> None:
+        """The answer broke after it started (the client got an error event in the stream)."""
+        ...
+
 
 class Yielding:
     """A stream the admission gate may stop (pre-emption, `tandem.router.admission.preemption`):
@@ -303,6 +307,7 @@ class _Pump:
             last = tail or self._last
             separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) or not last else b"\n\n"
             message = "the engine failed mid-stream"
+            self._progress.response_failed(f"{message}: {error.message}")
             log.warning(
                 "upstream failed mid-stream",
                 extra={"endpoint": attempt.endpoint.name, "error": error.message},
