@@ -20,6 +20,7 @@ import click
 COMMANDS = {
     "up": "tandem.cli.up:up",
     "status": "tandem.cli.status:status",
+    "trace": "tandem.cli.trace:trace",
     "validate": "tandem.cli.validate:validate",
     "sim": "tandem.cli.sim:sim",
     "router": "tandem.cli.router:router",

@@ -149,6 +149,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-port", "access", "metrics_port", int, None,
          "Serve /metrics on this port only (the diagnostics port), behind TANDEM_METRICS_TOKEN when set; "
          "the client port then answers /metrics with 404."),
+    Flag("--otlp-traces-endpoint", "tracing", "endpoint", str, None,
+         "Trace requests to this OTLP endpoint (or file://DIR); wins over OTEL_* and the spec's tracing."),
+    Flag("--otlp-traces-protocol", "tracing", "protocol", click.Choice(["grpc", "http/protobuf"]), None,
+         "OTLP protocol of --otlp-traces-endpoint [default: the spec's, else grpc]."),
+    Flag("--trace-sampling-ratio", "tracing", "sampling_ratio", float, None,
+         "Share of requests without a sampled parent that are traced (parent-based)."),
     Flag("--api-keys-reload-interval", "access", "api_keys_reload_seconds", float, 2.0,
          "Seconds between checks of the API key file for changes (a Secret updated in place)."),
 )  # fmt: skip

@@ -37,9 +37,16 @@ from tandem.cli.documents import load_one, read_documents
 from tandem.cli.exits import fail
 from tandem.cli.status import render_table, status_rows
 from tandem.core.adapters import AdapterError
-from tandem.core.gateway import GATEWAY_KIND, GatewayFile, InferenceGateway, parse_document
+from tandem.core.gateway import (
+    GATEWAY_KIND,
+    GatewayFile,
+    InferenceGateway,
+    InferenceGatewaySpec,
+    parse_document,
+)
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import SpecInvalid
+from tandem.core.tracing import TracingSpec
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
@@ -326,16 +333,31 @@ def _credentials(environ: Mapping[str, str]) -> LocalCredentials:
     type=click.IntRange(1, 65535),
     help="Port of the autoscaler's /metrics on 127.0.0.1 (when a pool has autoscaling.enabled).",
 )
+@click.option(
+    "--trace",
+    is_flag=True,
+    help="Trace every request (the gateway and simulated engines write spans to <state dir>/traces; "
+    "`tandem trace REQUEST_ID` prints one), unless the spec's tracing says otherwise.",
+)
 def up(
-    paths: tuple[Path, ...], port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int
+    paths: tuple[Path, ...],
+    port: int,
+    engine: str | None,
+    state_dir: Path | None,
+    autoscaler_port: int,
+    trace: bool,
 ) -> None:
     """Run an InferenceService locally: Redis KV pool, prefill and decode engines, gateway."""
     documents = [doc for path in paths for doc in read_documents(path)]
     if len(documents) > 1 or documents[0].get("kind") == GATEWAY_KIND:
-        _up_fleet(paths, port=port, engine=engine, state_dir=state_dir, autoscaler_port=autoscaler_port)
+        _up_fleet(
+            paths, port=port, engine=engine, state_dir=state_dir, autoscaler_port=autoscaler_port, trace=trace
+        )
         return
     isvc = _with_engine(load_one(paths[0]), engine)
     state_dir = state_dir or Path(".tandem") / isvc.metadata.name
+    if trace:
+        isvc = with_trace_file(isvc, state_dir)
     _refuse_second_run(state_dir)
     if _port_in_use(port):
         fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
@@ -360,19 +382,31 @@ def up(
 
 
 def _up_fleet(
-    paths: tuple[Path, ...], *, port: int, engine: str | None, state_dir: Path | None, autoscaler_port: int
+    paths: tuple[Path, ...],
+    *,
+    port: int,
+    engine: str | None,
+    state_dir: Path | None,
+    autoscaler_port: int,
+    trace: bool = False,
 ) -> None:
     """`up` for several services behind one gateway (module docstring)."""
     services, gateway, bases = _load_fleet(paths)
     services = [_with_engine(s, engine) for s in services]
     name = gateway.metadata.name if gateway is not None else "gateway"
     state_dir = state_dir or Path(".tandem") / name
+    gateway_spec = gateway.spec if gateway is not None else None
+    if trace:
+        services = [with_trace_file(s, state_dir) for s in services]
+        gateway_spec = gateway_spec or InferenceGatewaySpec()
+        if gateway_spec.tracing is None:
+            gateway_spec = gateway_spec.model_copy(update={"tracing": trace_file_spec(state_dir)})
     _refuse_second_run(state_dir)
     if _port_in_use(port):
         fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
     try:
         plan, file = build_fleet_plan(
-            services, gateway=name, spec=gateway.spec if gateway is not None else None, ports=free_ports(),
+            services, gateway=name, spec=gateway_spec, ports=free_ports(),
             router_port=port, python=sys.executable, redis_server=find_redis_server(),
             state_dir=state_dir.resolve(), credentials=_credentials(os.environ),
         )  # fmt: skip
@@ -402,6 +436,19 @@ def _link_adapters(isvc: InferenceService, *, base: Path, state_dir: Path) -> No
         fail(f"InferenceService {isvc.metadata.name}: adapters: {exc}", code=1)
     for line in skipped:
         _say(f"warning: InferenceService {isvc.metadata.name}: {line}")
+
+
+def trace_file_spec(state_dir: Path) -> TracingSpec:
+    """`--trace`: every request traced, spans in `<state dir>/traces` (`tandem trace` reads them)."""
+    return TracingSpec(endpoint=f"file://{(state_dir / 'traces').resolve()}", sampling_ratio=1.0)
+
+
+def with_trace_file(isvc: InferenceService, state_dir: Path) -> InferenceService:
+    """`isvc` traced to `<state dir>/traces` (`trace_file_spec`), unless its spec says where already."""
+    if isvc.spec.tracing is not None:
+        return isvc
+    spec = isvc.spec.model_copy(update={"tracing": trace_file_spec(state_dir)})
+    return isvc.model_copy(update={"spec": spec})
 
 
 def _load_fleet(

@@ -42,6 +42,7 @@ from tandem.core.kvevents import (
 )
 from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
 from tandem.core.spec import InferenceService
+from tandem.core.tracing import engine_tracing
 from tandem.kvpool.engine_config import PASSWORD_ENV, POOL_KEY_ENV
 from tandem.kvpool.redisconf import authenticated_command, pool_config, server_args
 from tandem.local.vllm_engine import EngineRole, engine_command, engine_kv_keys
@@ -188,8 +189,10 @@ def build_plan(
             isvc, role=role, index=index, port=port, python=python, pool_url=pool_url, events=events
         )
         dirs = (*engine.dirs, adapter_dir) if adapter_dir is not None else engine.dirs
+        trace_args, trace_env = engine_tracing(spec.tracing, kind=spec.engine.kind)
         # the spec's engine.env wins, as in a cluster
-        return replace(engine, env={**engine_env, **engine.env}, dirs=dirs)
+        env = {**engine_env, **trace_env, **engine.env}
+        return replace(engine, argv=(*engine.argv, *trace_args), env=env, dirs=dirs)
 
     engines = [new_engine(role, i, next(ports)) for role, count in _pool_sizes(isvc) for i in range(count)]
     processes.extend(engines)

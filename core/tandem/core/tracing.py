@@ -83,6 +83,21 @@ def settings_from_env(spec: TracingSpec | None, environ: Mapping[str, str]) -> T
     return TracingSpec.model_validate(values)
 
 
+def engine_tracing(tracing: TracingSpec | None, *, kind: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The engine's arguments and environment for `tracing` (vLLM's flag and the OpenTelemetry SDK's
+    variables, which vLLM reads): `--otlp-traces-endpoint`, the protocol, and a parent-based ratio
+    sampler (requests from the gateway carry its decision; others are sampled at the ratio). Nothing
+    when tracing is off, or for vLLM with a `file://` endpoint (Tandem's own; vLLM exports OTLP only)."""
+    if tracing is None or (kind == "vllm" and tracing.endpoint.startswith("file://")):
+        return (), {}
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": tracing.protocol,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": f"{tracing.sampling_ratio:g}",
+    }
+    return ("--otlp-traces-endpoint", tracing.endpoint), env
+
+
 def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
     """(trace id, parent span id, sampled) of a W3C `traceparent`, or None when absent or invalid (an
     all-zero id is invalid). Only version 00 is read."""

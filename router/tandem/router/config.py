@@ -213,8 +213,21 @@ def resolve(
         shared_counters=shared,
         kv_pool_off=kv_pool_off,
         adapters=adapters,
-        tracing=settings_from_env(spec.tracing, env),
+        tracing=_tracing(spec, settings, env),
     )
+
+
+def _tracing(
+    spec: InferenceServiceSpec, settings: RouterSettings, environ: Mapping[str, str]
+) -> TracingSpec | None:
+    """The tracing in effect: the flags over the `OTEL_*` variables over the spec (None: off)."""
+    flags = settings.tracing
+    base = settings_from_env(spec.tracing, environ)
+    if flags.endpoint is None and base is None:
+        return None
+    values = base.model_dump() if base is not None else {}
+    values.update(flags.model_dump(exclude_none=True))
+    return TracingSpec.model_validate(values)
 
 
 def pool_keys(

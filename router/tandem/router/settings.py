@@ -270,6 +270,15 @@ class WorkersSettings(_Settings):
     token: SecretStr = Field(default=SecretStr(""))
 
 
+class TracingSettings(_Settings):
+    """Traces from flags (`--otlp-traces-endpoint`, `--otlp-traces-protocol`, `--trace-sampling-ratio`):
+    each one set wins over the `OTEL_*` variables and the spec's `tracing` (`tandem.core.tracing`)."""
+
+    endpoint: str | None = Field(default=None, min_length=1, max_length=2048)
+    protocol: Literal["grpc", "http/protobuf"] | None = None
+    sampling_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
 class RouterSettings(_Settings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     rotation: RotationSettings = Field(default_factory=RotationSettings)
@@ -280,3 +289,4 @@ class RouterSettings(_Settings):
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
     workers: WorkersSettings = Field(default_factory=WorkersSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
