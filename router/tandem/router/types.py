@@ -77,6 +77,23 @@ class EndpointSnapshot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterLoad:
+    """An engine's LoRA adapters in use, from `vllm:lora_requests_info`: `running` and `waiting` (the
+    names of the `running_lora_adapters` and `waiting_lora_adapters` labels; in vLLM 0.32 both name
+    every adapter with a request, running or waiting) and `max_loras` (`max_lora`: most adapters in
+    one batch; None if the label is missing or not a positive integer)."""
+
+    running: frozenset[str]
+    waiting: frozenset[str]
+    max_loras: int | None
+
+    @property
+    def active(self) -> frozenset[str]:
+        """Every adapter with a request on the engine."""
+        return self.running | self.waiting
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineStats:
     """What one scrape of an engine's `/metrics` said (vLLM names; summed over data-parallel engines).
 
@@ -87,7 +104,8 @@ class EngineStats:
     `vllm:request_success_total`, the requests it has finished since it started (None if absent);
     `started`: when it started, Unix seconds (the `_created` time of that counter; None if absent);
     `preemptions`: `vllm:num_preemptions_total`, running requests it sent back to waiting because its
-    KV cache ran out (None if absent).
+    KV cache ran out (None if absent); `adapters`: its LoRA adapters in use (None: no
+    `vllm:lora_requests_info` series: LoRA off, or no request since the engine started).
     `served` and `started` say whether an engine is new to everyone, not only to this gateway, and
     whether it restarted since the last reading.
     """
@@ -101,6 +119,7 @@ class EngineStats:
     served: float | None = None
     started: float | None = None
     preemptions: float | None = None
+    adapters: AdapterLoad | None = None
 
     def restarted_since(self, earlier: EngineStats, /) -> bool:
         """Whether the engine restarted between `earlier` and this reading: another start time, or

@@ -115,6 +115,7 @@ class _Resumed:
     slo: SLO = _NO_SLO
     kv_loaded: bool = False
     deadline_s: float | None = None
+    lora_name: str | None = None
 
     def prompt_length(self) -> int:
         return 0

@@ -110,6 +110,7 @@ def build_routing(
             abs_threshold=tuning.imbalance_abs_threshold, rel_threshold=tuning.imbalance_rel_threshold
         ),
         cache_threshold=tuning.cache_threshold,
+        adapters=bool(config.adapters),
         timer=timer,
         on_decision=metrics.decided,
     )

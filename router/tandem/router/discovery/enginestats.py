@@ -12,6 +12,15 @@ The names are vLLM's (research/anchors.md §1.1), which the simulator serves too
 | `served` | `vllm:request_success_total` (every `finished_reason`) | sum |
 | `preemptions` | `vllm:num_preemptions_total` (running requests sent back: the cache ran out) | sum |
 | `started` | `vllm:request_success_created` (Unix seconds its counters were created) | earliest |
+| `adapters` | labels of `vllm:lora_requests_info` (below) | the series with the largest value |
+
+`vllm:lora_requests_info` (labels `running_lora_adapters`, `waiting_lora_adapters`, `max_lora`)
+is a gauge whose value is the time of its last update, with one series
+per label combination ever set (old ones stay), so the newest series (the largest value, as
+llm-d's extractor picks it) is the current one. Example: `...{max_lora="2",running_lora_adapters="sql",
+waiting_lora_adapters="sql"} 1.7e9` and `...{max_lora="2",running_lora_adapters="sql,chat",
+waiting_lora_adapters="sql,chat"} 1.8e9` → `AdapterLoad(running={sql, chat}, waiting={sql, chat},
+max_loras=2)`.
 
 Example: `vllm:num_requests_running{engine="0"} 3`, `vllm:num_requests_waiting{engine="0"} 1`,
 `vllm:kv_cache_usage_perc{engine="0"} 0.25`, `vllm:cache_config_info{block_size="16",num_gpu_blocks="256"} 1`
@@ -28,7 +37,7 @@ import math
 import re
 from collections import defaultdict
 
-from tandem.router.types import EngineStats
+from tandem.router.types import AdapterLoad, EngineStats
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -38,7 +47,10 @@ TOKENS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 SERVED = "vllm:request_success_total"
 STARTED = "vllm:request_success_created"
 PREEMPTIONS = "vllm:num_preemptions_total"
-_WANTED = frozenset({RUNNING, WAITING, CACHE_CONFIG, *KV_USAGE, *TOKENS, SERVED, STARTED, PREEMPTIONS})
+LORA_INFO = "vllm:lora_requests_info"
+_WANTED = frozenset(
+    {RUNNING, WAITING, CACHE_CONFIG, *KV_USAGE, *TOKENS, SERVED, STARTED, PREEMPTIONS, LORA_INFO}
+)
 
 
 class NotEngineMetrics(ValueError):
@@ -69,6 +81,7 @@ def parse_engine_metrics(text: str) -> EngineStats:
         served=sum(served) if served else None,
         started=min(started) if started else None,
         preemptions=sum(preemptions) if preemptions else None,
+        adapters=_adapters(samples.get(LORA_INFO, [])),
     )
 
 
@@ -130,6 +143,25 @@ def _cache_config(samples: list[tuple[str, float]]) -> tuple[int | None, int | N
             block_size = size
         total_blocks += _positive_int(labels.get("num_gpu_blocks")) or 0
     return block_size, total_blocks or None
+
+
+def _adapters(samples: list[tuple[str, float]]) -> AdapterLoad | None:
+    """The newest `vllm:lora_requests_info` series (module docstring; of equal times the one written
+    last, as a page lists series in the order they were first set); None without one."""
+    if not samples:
+        return None
+    newest = max(range(len(samples)), key=lambda i: (samples[i][1], i))
+    labels = _labels(samples[newest][0])
+    return AdapterLoad(
+        running=_names(labels.get("running_lora_adapters")),
+        waiting=_names(labels.get("waiting_lora_adapters")),
+        max_loras=_positive_int(labels.get("max_lora")),
+    )
+
+
+def _names(raw: str | None) -> frozenset[str]:
+    """A comma-separated label value → its names (`""` → none)."""
+    return frozenset(name for name in (raw or "").split(",") if name)
 
 
 def _positive_int(raw: str | None) -> int | None:

@@ -4,7 +4,8 @@ The router calls `Scheduler.pick` once per attempt; filtering out endpoints out 
 already tried is the caller's job (`EndpointRegistry.candidates`). `scheduler_for` maps the spec's
 `router.policy` to a fresh policy instance built on the router's `SchedulingState`:
 
-- `tandem` (default): filters → weighted scorers (prefix, load, kv, ttft) → picker (`tandem`);
+- `tandem` (default): filters → weighted scorers (prefix, load, kv, ttft; lora-affinity with
+  adapters) → picker (`tandem`);
 - `prefix`: SGLang-like cache-aware routing; `least-load`; `round-robin` (baselines).
 
 Module map: `plugins` (the Filter/Scorer/Picker boundary and its data), `scorers`, `filters`,
@@ -47,12 +48,16 @@ class SchedulerDeps:
     weights: ScoringWeights = field(default_factory=ScoringWeights)
     guard: ImbalanceGuard = field(default_factory=ImbalanceGuard)
     cache_threshold: float = DEFAULT_CACHE_THRESHOLD
+    #: The service serves LoRA adapters: the `tandem` policy scores adapter affinity too.
+    adapters: bool = False
     timer: Callable[[], float] = time.perf_counter
     on_decision: Callable[[Decision], None] | None = None
 
 
 def _tandem(deps: SchedulerDeps) -> Scheduler:
-    profiles = tandem_profiles(deps.weights, guard=deps.guard, cache_threshold=deps.cache_threshold)
+    profiles = tandem_profiles(
+        deps.weights, guard=deps.guard, cache_threshold=deps.cache_threshold, adapters=deps.adapters
+    )
     return ProfileScheduler(
         state=deps.state, profiles=profiles, timer=deps.timer, on_decision=deps.on_decision
     )

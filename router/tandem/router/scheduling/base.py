@@ -37,6 +37,11 @@ class Routable(Protocol):
 
     def block_keys(self, block_size: int, /) -> Sequence[int]: ...
 
+    @property
+    def lora_name(self) -> str | None:
+        """The LoRA adapter the request runs under (None: the base model)."""
+        ...
+
 
 class Scheduler(Protocol):
     """Chooses the endpoint of `pool` that serves `request`.

@@ -11,7 +11,7 @@ Reasons (`tandem_router_schedule_decisions_total{reason}`):
 |---|---|
 | `only-candidate` | one candidate came in |
 | `imbalance-guard` (a filter's name) | a filter removed candidates |
-| `prefix`, `load`, `kv`, `ttft` (a scorer) | that scorer's weighted lead over the runner-up was the largest |
+| `prefix`, `load`, `kv`, `ttft`, `lora-affinity` | its weighted lead over the runner-up was the largest |
 | `new-prefix` | as `prefix`, but the winner caches no more of the prompt than the runner-up |
 | `tie-break` | equal totals; the picker's tie-break chose |
 

@@ -1,5 +1,6 @@
-"""The four scorers. Each is a pure function of the cycle and the candidates, returning [0, 1] per
-candidate URL, 1 best. Weights live in `spec.router.scoring`; the runner applies them.
+"""The scorers. Each is a pure function of the cycle and the candidates, returning [0, 1] per
+candidate URL, 1 best. Weights live in `spec.router.scoring` (the adapter scorer's is
+`ADAPTER_WEIGHT`, on for services with LoRA adapters); the runner applies them.
 
 | scorer | formula | default weight |
 |---|---|---|
@@ -7,6 +8,7 @@ candidate URL, 1 best. Weights live in `spec.router.scoring`; the runner applies
 | `load` | `(L_max − L_p) / (L_max − L_min)`, 1 for all when equal (llm-d's queue-scorer) | 2 |
 | `kv` | `1 − kv_usage_p`; 0.5 when unknown or stale (llm-d's kv-cache-utilization-scorer) | 2 |
 | `ttft` | `1 − TTFT̂_p / SLO` clamped; when every candidate is past the SLO, `TTFT̂_min / TTFT̂_p` | 2 |
+| `lora-affinity` | 1 holding the request's adapter, 0.8 a free adapter slot, 0.6 it waits there, else 0 | 4 |
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tandem.router.scheduling.plugins import Candidate, Cycle
+from tandem.router.types import AdapterLoad
 
 #: KV score of an endpoint whose usage is unknown or stale: neither preferred nor avoided.
 NEUTRAL = 0.5
@@ -23,6 +26,10 @@ DEFAULT_THRESHOLD = 0.3
 LOAD_SLACK = 1.0
 #: Share of the prompt's own tokens of queued prefill work above the least within which it still does.
 QUEUE_SLACK = 0.25
+#: The adapter scorer's weight: KServe's for llm-d's lora-affinity scorer (next to its prefix
+#: scorer's 3 and load's 2, as here), so an engine holding the adapter is preferred unless another
+#: holds much more of the prompt or is much less loaded.
+ADAPTER_WEIGHT = 4.0
 
 
 def min_max_low_is_best(values: Mapping[str, float]) -> dict[str, float]:
@@ -137,3 +144,44 @@ class TTFTScorer:
             return {url: 1.0 - p / slo if p < slo else 0.0 for url, p in predictions.items()}
         fastest = min(predictions.values(), default=0.0)
         return {url: fastest / p if p > 0 else 1.0 for url, p in predictions.items()}
+
+
+class AdapterAffinityScorer:
+    """Prefers the engines already running the request's LoRA adapter, then those with a free
+    adapter slot (llm-d's lora-affinity scorer), from each engine's `vllm:lora_requests_info`
+    (`EngineStats.adapters`):
+
+        1.0  the adapter has requests running there (no load: its weights are in a GPU slot)
+        0.8  fewer adapters in use than `max_lora` (room to load it without waiting for a slot)
+        0.6  the adapter has requests waiting there
+        0    otherwise (every slot taken by other adapters: the request waits for one)
+        0.5  the engine's numbers are unknown or stale (`NEUTRAL`)
+
+    An engine with a fresh reading but no such series has served no adapter since it started:
+    every slot is free (0.8). In vLLM 0.32 both labels name every adapter with a request, so the
+    adapters in use are their union (llm-d adds the two counts, which counts each twice there).
+    A request for the base model scores 1 everywhere: no preference. Example, max_lora 2, request
+    `sql`: A running {sql} → 1.0; B running {chat} → 0.8; C running {chat, math} → 0; D unscraped
+    → 0.5."""
+
+    name = "lora-affinity"
+
+    def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
+        adapter = cycle.request.lora_name
+        if adapter is None:
+            return dict.fromkeys((c.url for c in candidates), 1.0)
+        return {c.url: _affinity(c, adapter) for c in candidates}
+
+
+def _affinity(candidate: Candidate, adapter: str) -> float:
+    engine = candidate.snapshot.engine
+    if engine is None or engine.stale:
+        return NEUTRAL
+    load: AdapterLoad | None = engine.stats.adapters
+    if load is None:
+        return 0.8
+    if adapter in load.running:
+        return 1.0
+    if load.max_loras is None or len(load.active) < load.max_loras:
+        return 0.8
+    return 0.6 if adapter in load.waiting else 0.0

@@ -10,6 +10,10 @@
 | `least-load` | load | load |
 | `prefix` | SGLang's cache-aware rule (below) | load |
 
+With LoRA adapters (`adapters`: the service has some), the `prompt` profile also scores adapter
+affinity (`scorers.AdapterAffinityScorer`, weight `ADAPTER_WEIGHT`, 4); adapters' requests are
+never disaggregated, so `kv-loaded` does not need it.
+
 Which profile: the prefill pool always computes the prompt, so its prefix cache and queued prefill
 work decide (`prompt`). A decode endpoint computes the prompt too when the request is not
 disaggregated (or its prefill failed), so the same profile applies; after a successful prefill the
@@ -33,7 +37,15 @@ from tandem.router.scheduling.filters import ImbalanceGuard, SlowStart
 from tandem.router.scheduling.picker import MaxScorePicker
 from tandem.router.scheduling.plugins import Candidate, Cycle, Scorer
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
-from tandem.router.scheduling.scorers import DEFAULT_THRESHOLD, KVScorer, LoadScorer, PrefixScorer, TTFTScorer
+from tandem.router.scheduling.scorers import (
+    ADAPTER_WEIGHT,
+    DEFAULT_THRESHOLD,
+    AdapterAffinityScorer,
+    KVScorer,
+    LoadScorer,
+    PrefixScorer,
+    TTFTScorer,
+)
 from tandem.router.scheduling.state import KV_LOADED, PROMPT, SchedulingState
 from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 
@@ -75,15 +87,21 @@ class ProfileScheduler:
 
 
 def tandem_profiles(
-    weights: ScoringWeights, *, guard: ImbalanceGuard, cache_threshold: float = DEFAULT_CACHE_THRESHOLD
+    weights: ScoringWeights,
+    *,
+    guard: ImbalanceGuard,
+    cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
+    adapters: bool = False,
 ) -> dict[str, SchedulerProfile]:
-    """The `tandem` policy's profiles (module docstring); scorers with weight 0 are left out."""
+    """The `tandem` policy's profiles (module docstring); scorers with weight 0 are left out.
+    `adapters`: the service serves LoRA adapters (adds the adapter scorer)."""
     picker = MaxScorePicker()
     prompt: list[tuple[Scorer, float]] = [
         (PrefixScorer(threshold=cache_threshold), weights.prefix),
         (LoadScorer(), weights.load),
         (KVScorer(), weights.kv),
         (TTFTScorer(), weights.ttft),
+        (AdapterAffinityScorer(), ADAPTER_WEIGHT if adapters else 0.0),
     ]
     loaded: list[tuple[Scorer, float]] = [(LoadScorer(), weights.load), (KVScorer(), weights.kv)]
     return {
