@@ -200,4 +200,8 @@ def span_processor(settings: TracingSpec, *, service: str) -> Any:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
         exporter = HttpExporter(endpoint=settings.endpoint)
-    return BatchSpanProcessor(exporter, schedule_delay_millis=500, max_export_batch_size=256)
+    # Half a second between exports (SGLang's choice; the SDK's 5 s holds spans longer than a trace
+    # viewer waits), and room for a burst: a full queue drops the oldest spans, never blocks.
+    return BatchSpanProcessor(
+        exporter, max_queue_size=8192, schedule_delay_millis=500, max_export_batch_size=512
+    )
