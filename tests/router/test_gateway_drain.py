@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import yaml
 from tests.router.harness import router_config
-from tests.router.processes import LOOPBACK, MODEL, router_process, sim_processes
-from tests.servers import free_port
+from tests.router.processes import MODEL, router_process, sim_processes
+from tests.servers import LOOPBACK, free_port
 
 
 def test_a_stopping_gateway_finishes_its_streams_and_takes_no_new_connection(tmp_path: Path) -> None:
