@@ -1,8 +1,9 @@
 """`tandem up` with LoRA adapters: the engines' flags, environment and adapter folder in the local
 plan, and the local adapters linked there by name.
 
-Real: the pure plan (`build_plan`, ports a counter), `prepare_local_adapters` on the shipped example's
-adapters and on folders in tmp_path. Nothing is started; nothing is faked.
+Real: the pure plan (`build_plan`, ports a counter), `prepare_local_adapters` and
+`catalog_adapter_names` on the shipped example's adapters and on folders in tmp_path, the router's
+configuration resolution. Nothing is started; nothing is faked.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import pytest
 
 from tandem.cli.adapters import prepare_local_adapters
 from tandem.cli.documents import load_one
+from tandem.core.spec import AdapterCatalogSpec
 from tandem.core.specrules import SpecInvalid
+from tandem.local.catalog import catalog_adapter_names
 from tandem.local.plan import LocalCredentials, build_plan
 from tandem.local.vllm_engine import engine_command
+from tandem.router.config import resolve
+from tandem.router.settings import RouterSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "lora.yaml"
 CREDENTIALS = LocalCredentials(redis_password="pw", engine_api_key="key")
@@ -101,3 +106,28 @@ def test_a_local_adapter_the_files_refuse_stops_before_anything_is_linked(tmp_pa
         "spec.engine.lora.maxRank 32"
     ]
     assert not (tmp_path / "dest").exists()
+
+
+def test_the_router_config_lists_the_local_catalogs_adapters_for_the_gateway(tmp_path: Path) -> None:
+    isvc = load_one(EXAMPLE)
+    names = catalog_adapter_names(isvc, base=EXAMPLE.parent)
+    assert names == ["sql-lora", "summarize-lora"]
+    plan = build_plan(
+        isvc, ports=itertools.count(9000), router_port=8080, python="/py",
+        redis_server="/usr/bin/redis-server", state_dir=tmp_path, credentials=CREDENTIALS,
+        catalog_adapters=names,
+    )  # fmt: skip
+    assert plan.router_config.adapter_names == names
+    served = resolve(plan.router_config, RouterSettings(), environ={}).served_models
+    assert {"sql-lora", "summarize-lora", "qwen"} <= served
+
+
+def test_no_catalog_names_without_a_local_catalog_or_lora(tmp_path: Path) -> None:
+    isvc = load_one(EXAMPLE)
+    pvc = isvc.spec.model_copy(update={"adapter_catalog": AdapterCatalogSpec(source="pvc://loras/catalog")})
+    missing = isvc.spec.model_copy(
+        update={"adapter_catalog": AdapterCatalogSpec(source=str(tmp_path / "none"))}
+    )
+    no_lora = isvc.spec.model_copy(update={"engine": isvc.spec.engine.model_copy(update={"lora": None})})
+    for spec in (pvc, missing, no_lora):
+        assert catalog_adapter_names(isvc.model_copy(update={"spec": spec}), base=EXAMPLE.parent) == []
