@@ -78,7 +78,7 @@ def test_many_services_refuses_the_harness_targets() -> None:
 def test_a_small_run_sends_every_model_to_its_own_engines_in_every_configuration(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["--many-services", "2", "--engines", "1", "--requests", "40", "--max-concurrency", "8",
-            "--out", str(out)]  # fmt: skip
+            "--sweep-probe-pairs", "20", "--out", str(out)]  # fmt: skip
     result = CliRunner().invoke(bench, args)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "many-services.json").read_text())
@@ -87,3 +87,6 @@ def test_a_small_run_sends_every_model_to_its_own_engines_in_every_configuration
         assert r["engine_requests"] == {"model-0": 20, "model-1": 20}, r["config"]
     assert {"own", "shared"} <= {r["config"] for r in doc["rows"] if r["cpu_s_per_1000"] is not None}
     assert "shared ÷ own" in (out / "many-services.md").read_text()
+    probes = [r["probe"] for r in doc["rows"] if r["config"] != "direct"]
+    assert [(p["pairs"], p["errors"]) for p in probes] == [(20, 0), (20, 0)]
+    assert all(p["added_ttft_p50_ms"] is not None for p in probes)

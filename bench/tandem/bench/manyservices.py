@@ -19,8 +19,12 @@ Method (`tandem bench --many-services 10 --engines 2 --requests 2000 --repeat 3`
   in a cluster), client TTFT p50 and p90 (wall), **added TTFT p50** = its p50 − `direct`'s p50 in the
   same repeat, and each model's prefix-cache hit rate (`vllm:prefix_cache_hits_total` ÷
   `_queries_total` over that model's engines);
-- the verdict: `shared ÷ own` for CPU per 1,000 and for added TTFT p50 (target ≤ 1.1), and the largest
-  per-model difference of hit rate, in percentage points (target ≤ 2).
+- after each gateway configuration's run, before its processes stop, the C = 1 probe
+  (`tandem.bench.wireprobe`, `probe_pairs` pairs): raw-socket requests alternating between `model-0`'s
+  first engine and the gateway serving it, so the added TTFT is the gateway's own, free of the host's
+  load;
+- the verdict: `shared ÷ own` for CPU per 1,000 and for added TTFT p50 (loaded, and at C = 1; target
+  ≤ 1.1), and the largest per-model difference of hit rate, in percentage points (target ≤ 2).
 
 Every process listens on 127.0.0.1 and is stopped when its configuration ends, whatever happened.
 """
@@ -48,6 +52,7 @@ from tandem.bench.harness import STARTUP_TIMEOUT_S, HarnessError, Tools
 from tandem.bench.records import DriveResult
 from tandem.bench.stats import percentile
 from tandem.bench.text import words
+from tandem.bench.wireprobe import probe
 from tandem.bench.workloads import BenchRequest, Workload
 from tandem.core.gateway import GatewayFile
 from tandem.core.spec import InferenceService
@@ -76,6 +81,8 @@ class ManySettings:
     seed: int = 0
     repeat: int = 1
     request_timeout_s: float = 60.0
+    #: Request pairs of the C = 1 probe after each gateway configuration's run (0: none).
+    probe_pairs: int = 200
 
 
 def service_name(i: int) -> str:
@@ -152,6 +159,8 @@ class _Stack:
     urls: tuple[str, ...]
     gateway_pids: tuple[int, ...]
     engines: dict[str, list[str]]
+    #: Each model's base URL to send to (a gateway's, or for `direct` its first engine's), `/v1` on.
+    targets: dict[str, list[str]]
 
 
 def _plans(svcs: Sequence[InferenceService], s: ManySettings, *, config: str, tools: Tools, run_dir: Path
@@ -224,7 +233,7 @@ def _running(config: str, s: ManySettings, *, work: Workload, tools: Tools, run_
                 supervisor.wait_ready(child, timeout=STARTUP_TIMEOUT_S[child.plan.role])
         progress(f"[{config}] {len(children)} processes ready")
         pids = tuple(c.process.pid for c in children if c.plan.role == "router")
-        yield _Stack(request_urls(work.requests, targets), pids, engines)
+        yield _Stack(request_urls(work.requests, targets), pids, engines, targets)
     except ChildFailed as exc:
         raise HarnessError(f"[many-services {config}] {exc}") from None
     finally:
@@ -252,6 +261,16 @@ async def _measure(stack: _Stack, work: Workload, settings: DriverSettings
                 total = total + (a - b)
         deltas[model] = total
     return result, cpu, deltas
+
+
+def _probe(stack: _Stack, s: ManySettings) -> dict[str, object]:
+    """The C = 1 probe (`tandem.bench.wireprobe`): pairs alternating between `model-0`'s first engine and
+    the gateway that serves it, so the added TTFT is the gateway's alone, free of the host's load."""
+    model = model_name(0)
+    gateway = stack.targets[model][0].removesuffix("/v1")
+    result = probe(stack.engines[model][0], gateway, model=model, pairs=s.probe_pairs, prompt_tokens=64,
+                   output_tokens=16, seed=s.seed)  # fmt: skip
+    return result.row(model, 0)
 
 
 def run_row(config: str, repeat: int, result: DriveResult, cpu: Mapping[str, Any],
@@ -298,6 +317,9 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "ttft_p90_ms": _spread([r["ttft_p90_ms"] for r in runs]),
             "added_ttft_p50_ms": _spread([added(r) for r in runs]),
             "cpu_s_per_1000": _spread([r["cpu_s_per_1000"] for r in runs]),
+            "probe_added_ttft_p50_ms": _spread(
+                [r["probe"]["added_ttft_p50_ms"] for r in runs if r.get("probe")]
+            ),
             "hit_rate": {m: _spread([r["hit_rate"].get(m) for r in runs]) for m in models},
         }
     verdict: dict[str, Any] = {}
@@ -313,6 +335,9 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         )
         verdict["added_ttft_ratio_median"] = _ratio(
             shared["added_ttft_p50_ms"]["median"], own["added_ttft_p50_ms"]["median"]
+        )
+        verdict["probe_added_ratio"] = _ratio(
+            shared["probe_added_ttft_p50_ms"]["median"], own["probe_added_ttft_p50_ms"]["median"]
         )
         gaps = [
             abs(shared["hit_rate"][m]["mean"] - own["hit_rate"][m]["mean"]) * 100
@@ -368,6 +393,10 @@ def markdown(summary: Mapping[str, Any], s: ManySettings) -> str:
             f"{num(v['cpu_ratio_median'], '.2f')}×; target ≤ 1.1)",
             f"- added TTFT p50, shared ÷ own: **{num(v['added_ttft_ratio'], '.2f')}×** (means; medians "
             f"{num(v['added_ttft_ratio_median'], '.2f')}×; target ≤ 1.1)",
+            f"- added TTFT p50 at C = 1 (raw-socket probe, engine and gateway alternating), shared ÷ own: "
+            f"**{num(v['probe_added_ratio'], '.2f')}×** (medians; "
+            f"shared {spread_cell(summary['configs']['shared']['probe_added_ttft_p50_ms'], '.2f')} ms, "
+            f"own {spread_cell(summary['configs']['own']['probe_added_ttft_p50_ms'], '.2f')} ms)",
             f"- largest per-model hit-rate gap: **{num(v['hit_rate_gap_points'], '.2f')} points** "
             "(target ≤ 2)",
         ]
@@ -391,7 +420,9 @@ def run_many_services(s: ManySettings, *, tools: Tools, out_dir: Path, progress:
                 )  # fmt: skip
                 progress(f"[{config}] repeat {repeat + 1}/{s.repeat}: {len(work.requests)} requests")
                 result, cpu, deltas = asyncio.run(_measure(stack, work, settings))
+                probed = _probe(stack, s) if config != "direct" and s.probe_pairs else None
             row = run_row(config, repeat, result, cpu, deltas)
+            row["probe"] = probed
             progress(
                 f"[{config}] errors {row['errors']}, TTFT p50 {row['ttft_p50_ms'] or 0:.2f} ms, "
                 f"CPU/1000 {row['cpu_s_per_1000'] or 0:.2f} s"

@@ -157,8 +157,9 @@ HELP: Mapping[str, str] = MappingProxyType(
         "capacity_seconds": "Capacity profile: engine seconds of arrivals per rate.",
         "many_services": "Run N services (each --engines simulated engines) behind one gateway, behind one "
         "gateway each, and direct, on a shared-prefix workload per model (--requests, default 2000; "
-        "--max-concurrency, default 32; engines at --sweep-time-scale): gateway CPU per 1,000, added "
-        "TTFT and per-model hit rate, shared ÷ own (docs/benchmarks.md).",
+        "--max-concurrency, default 32; engines at --sweep-time-scale; --sweep-probe-pairs C = 1 probe "
+        "pairs): gateway CPU per 1,000, added TTFT and per-model hit rate, shared ÷ own "
+        "(docs/benchmarks.md).",
     }
 )
 
@@ -502,6 +503,7 @@ def _many_services(o: dict[str, Any]) -> None:
         services=o["many_services"], engines=o["engines"], requests=o["requests"] or 2000,
         concurrency=o["max_concurrency"] or 32, time_scale=o["sweep_time_scale"], profile=o["profile"],
         seed=o["seed"], repeat=o["repeat"], request_timeout_s=min(60.0, o["request_timeout"]),
+        probe_pairs=o["sweep_probe_pairs"],
     )  # fmt: skip
     out = o["out"] or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
