@@ -267,8 +267,9 @@ def _probe(stack: _Stack, s: ManySettings) -> dict[str, object]:
     """The C = 1 probe (`tandem.bench.wireprobe`): pairs alternating between `model-0`'s first engine and
     the gateway that serves it, so the added TTFT is the gateway's alone, free of the host's load."""
     model = model_name(0)
-    result = probe(f"{stack.engines[model][0]}/v1", stack.targets[model][0], model=model, pairs=s.probe_pairs, prompt_tokens=64,
-                   output_tokens=16, seed=s.seed)  # fmt: skip
+    engine, gateway = f"{stack.engines[model][0]}/v1", stack.targets[model][0]
+    result = probe(engine, gateway, model=model, pairs=s.probe_pairs, prompt_tokens=64, output_tokens=16,
+                   seed=s.seed)  # fmt: skip
     return result.row(model, 0)
 
 
