@@ -50,6 +50,7 @@ from tandem.core.tracing import TracingSpec
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
+from tandem.local.catalog import catalog_adapter_names
 from tandem.local.fleet import build_fleet_plan, served_table
 from tandem.local.plan import (
     CACHE_KEY_ENV,
@@ -366,6 +367,7 @@ def up(
             isvc, ports=free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
             credentials=_credentials(os.environ),
+            catalog_adapters=catalog_adapter_names(isvc, base=paths[0].parent),
         )  # fmt: skip
     except PlanError as exc:
         fail(str(exc), code=2)
@@ -409,6 +411,9 @@ def _up_fleet(
             services, gateway=name, spec=gateway_spec, ports=free_ports(),
             router_port=port, python=sys.executable, redis_server=find_redis_server(),
             state_dir=state_dir.resolve(), credentials=_credentials(os.environ),
+            catalog_adapters={
+                s.metadata.name: catalog_adapter_names(s, base=bases[s.metadata.name]) for s in services
+            },
         )  # fmt: skip
     except (PlanError, ValueError) as exc:
         fail(str(exc).replace("\n", " "), code=2)

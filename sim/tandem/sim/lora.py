@@ -245,11 +245,12 @@ def _rank(text: str) -> int:
 
 
 def _inside(root: str, name: str) -> str | None:
-    """`<root>/<name>` when it stays inside `root` (vLLM joins the two as they are; the simulator
-    refuses names such as `../x` that would leave the directory)."""
-    base = os.path.realpath(root)
-    inside = os.path.realpath(os.path.join(base, name)).startswith(base + os.sep)
-    return os.path.join(root, name) if inside else None
+    """`<root>/<name>` when `name` is one path component (vLLM joins the two as they are; the
+    simulator refuses names such as `../x` or `a/b` that would name another directory). The entry may
+    be a link: `tandem up` links each adapter into the resolver's folder."""
+    if name in ("", ".", "..") or "/" in name or os.sep in name or "\x00" in name:
+        return None
+    return os.path.join(root, name)
 
 
 def _read_config(path: str) -> dict[str, Any] | None:
