@@ -35,6 +35,7 @@ from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Relay
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.types import Endpoint, Pool
+from tandem.router.upstream.adapters import AdapterJanitor
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.upstream.recall import Recalls
@@ -162,16 +163,19 @@ def compose_service(
         write_s=settings.proxy.client_write_seconds,
     )
     learner = ContextLearner(context, upstream, timeout_s=settings.proxy.models_timeout_seconds)
+    janitor = adapter_janitor(config, upstream)
     collector = MetricsCollector(
         registry=registry,
         fetch=metrics_fetch(wire),
         settings=settings.collector,
         on_scrape=_scraped(routing, dispatcher),
-        on_members=_following(routing, capacity, learner),
+        on_members=_following(routing, capacity, learner, janitor),
         urgent=lambda: [s.endpoint.url for s in registry.snapshots("decode") if capacity.learning(s)],
     )
     services: list[Service] = [] if counters is None else [counters]
     services += [routing, collector]  # subscribers follow the collector's rounds
+    if janitor is not None:
+        services.append(_Stopping(janitor.stop))
     return ServiceParts(
         config=config,
         registry=registry,
@@ -217,16 +221,42 @@ def _scraped(routing: Routing, dispatcher: Dispatcher) -> Callable[[str, ScrapeO
 
 
 def _following(
-    routing: Routing, capacity: EngineCapacity, context: ContextLearner
+    routing: Routing, capacity: EngineCapacity, context: ContextLearner, janitor: AdapterJanitor | None
 ) -> Callable[[Collection[str]], Awaitable[None]]:
     """The collector's `on_members`: what is known per engine follows discovery's engines."""
 
     async def follow(urls: Collection[str]) -> None:
         capacity.forget(set(urls))
         context.follow(urls)
+        if janitor is not None:
+            janitor.follow(urls)
         await routing.follow(urls)
 
     return follow
+
+
+def adapter_janitor(config: EffectiveConfig, upstream: HTTPUpstream) -> AdapterJanitor | None:
+    """The janitor that unloads adapters the service no longer declares (`upstream.adapters`); None
+    without LoRA, or when a volume's catalog holds names only the engines know."""
+    spec = config.spec
+    catalog = spec.adapter_catalog
+    if spec.engine.lora is None or (catalog is not None and catalog.source.startswith("pvc://")):
+        return None
+    timeout_s = config.settings.proxy.models_timeout_seconds
+    return AdapterJanitor(upstream, declared=config.adapters, timeout_s=timeout_s)
+
+
+@dataclass(frozen=True)
+class _Stopping:
+    """A `Service` that only stops (a background helper whose work starts with the collector's)."""
+
+    stop_fn: Callable[[], Awaitable[None]]
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        await self.stop_fn()
 
 
 def _waking(hold: PrefillHold) -> Callable[[Pool], None]:
