@@ -52,7 +52,7 @@ async def test_an_undeclared_adapter_is_unloaded_from_the_engines_and_the_declar
 
 
 def test_the_sweep_picks_adapters_only_and_a_volume_catalog_turns_it_off() -> None:
-    entries = [
+    entries: list[dict[str, object]] = [
         {"id": "qwen", "parent": None},
         {"id": "sql", "parent": "qwen"},
         {"id": "old", "parent": "qwen"},
