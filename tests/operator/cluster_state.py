@@ -27,6 +27,8 @@ RESOURCES = {
     "Role": "rbac.authorization.k8s.io/v1/roles",
     "RoleBinding": "rbac.authorization.k8s.io/v1/rolebindings",
     "Event": "v1/events",
+    "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1/leaderworkersets",
     "InferenceService": ISVC,
 }
 CHILD_KINDS = ("ConfigMap", "Service", "ServiceAccount", "Deployment", "Role", "RoleBinding")
@@ -131,11 +133,11 @@ async def patch_object(
     assert response.status == 200, await response.text()
 
 
-async def mark_ready(api: kmock_lib.KubernetesEmulator, name: str) -> None:
-    """Play the Deployment controller: every desired replica of Deployment `name` is updated and
-    ready, and the newest generation is observed."""
-    deployment = find(api, "Deployment", name)
-    assert deployment is not None, f"Deployment {name} does not exist"
+async def mark_ready(api: kmock_lib.KubernetesEmulator, name: str, kind: str = "Deployment") -> None:
+    """Play the Deployment controller (or LeaderWorkerSet's, `kind`): every desired replica of `name`
+    is updated and ready, and the newest generation is observed."""
+    deployment = find(api, kind, name)
+    assert deployment is not None, f"{kind} {name} does not exist"
     replicas = deployment["spec"].get("replicas", 1)
     status = {
         "observedGeneration": deployment["metadata"]["generation"],
@@ -144,7 +146,7 @@ async def mark_ready(api: kmock_lib.KubernetesEmulator, name: str) -> None:
         "readyReplicas": replicas,
         "availableReplicas": replicas,
     }
-    response = await api.patch(f"{path_of('Deployment', name)}/status", json={"status": status})
+    response = await api.patch(f"{path_of(kind, name)}/status", json={"status": status})
     assert response.status == 200, await response.text()
 
 

@@ -300,14 +300,16 @@ def test_every_child_is_owned_labelled_and_named_after_the_service() -> None:
 
 #: The diagnostics port's token Secret, made only with `router.metricsToken`.
 TOKEN = ("Secret", "demo-metrics-token")
+#: The LeaderWorkerSets, made only for multi-node pools (in place of their Deployments).
+GROUPS = {("LeaderWorkerSet", "demo-prefill"), ("LeaderWorkerSet", "demo-decode")}
 
 
 @pytest.mark.parametrize(
     ("spec", "absent"),
     [
-        (gpu(router={"metricsToken": True}), set()),
-        (gpu(), {TOKEN}),
-        (sim(), {("ConfigMap", "demo-lmcache"), TOKEN}),
+        (gpu(router={"metricsToken": True}), GROUPS),
+        (gpu(), {TOKEN, *GROUPS}),
+        (sim(), {("ConfigMap", "demo-lmcache"), TOKEN, *GROUPS}),
         (
             gpu(kvPool={"redis": {"url": "redis://cache.example:6379"}}),
             {
@@ -316,7 +318,12 @@ TOKEN = ("Secret", "demo-metrics-token")
                 ("NetworkPolicy", "demo-kv"),
                 ("Secret", "demo-kv-auth"),
                 TOKEN,
+                *GROUPS,
             },
+        ),
+        (
+            gpu(decode={"replicas": 2, "nodesPerReplica": 2}),
+            {TOKEN, ("Deployment", "demo-decode"), ("LeaderWorkerSet", "demo-prefill")},
         ),
     ],
     ids=[
@@ -324,6 +331,7 @@ TOKEN = ("Secret", "demo-metrics-token")
         "vllm with managed redis",
         "sim: no LMCache config",
         "external redis: no Redis",
+        "multi-node decode: a LeaderWorkerSet instead of its Deployment",
     ],
 )
 def test_the_children_are_every_managed_object_but_those_the_spec_does_not_need(

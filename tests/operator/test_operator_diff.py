@@ -172,3 +172,18 @@ def test_quantity_like_strings_elsewhere_compare_as_text() -> None:
         DESIRED, ("spec", "template", "spec", "containers", 0, "resources"), {"limits": {"memory": "1024Mi"}}
     )
     assert update_patch(canonical, desired) == {}
+
+
+def test_an_owned_map_loses_the_live_keys_the_manifest_no_longer_has() -> None:
+    selector = ("spec", "selector")
+    live = {
+        "spec": {
+            "selector": {"app": "x", "leaderworkerset.sigs.k8s.io/worker-index": "0"},
+            "clusterIP": "None",
+        }
+    }
+    desired = {"spec": {"selector": {"app": "x"}}}
+    assert update_patch(live, desired, owned=[selector]) == {
+        "spec": {"selector": {"leaderworkerset.sigs.k8s.io/worker-index": None}}
+    }
+    assert update_patch(live, desired) == {}  # not owned: extra live keys are left alone

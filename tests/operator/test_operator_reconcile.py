@@ -99,7 +99,8 @@ def test_the_first_pass_creates_every_child_and_the_second_changes_nothing() -> 
     cluster = MemoryCluster()
     first = run(cluster, body())
     assert {a.verb for a in first.actions} == {"created"}
-    assert len(cluster.objects) == 19  # 12 workloads, configs and identities; 3 Secrets; 4 NetworkPolicies
+    # 12 workloads, configs and identities; 3 Secrets; 4 NetworkPolicies; 2 PodDisruptionBudgets
+    assert len(cluster.objects) == 21
     assert first.error is None
 
     cluster.calls.clear()

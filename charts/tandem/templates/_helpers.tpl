@@ -161,6 +161,16 @@ namespace. One YAML list item per rule, each with the comment saying what it is 
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch, delete]
+# Children: a PodDisruptionBudget per engine pool (spec.<pool>.maxUnavailable); verbs as for
+# Deployments.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch, delete]
+# Children: the LeaderWorkerSet of a multi-node engine pool (spec.<pool>.nodesPerReplica > 1),
+# in place of its Deployment; verbs as for Deployments (pruned when the pool is single-node again).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, create, patch, delete]
 # Kubernetes lets the operator grant only what it holds itself (RBAC escalation prevention):
 # the router's Role grants get/list/watch on EndpointSlices, so the operator holds them too.
 # The operator itself never reads EndpointSlices.

@@ -10,7 +10,8 @@ to a service the gateway does not serve, an adapter in a local directory) is an 
 The objects come from the operator's own pure builders (`tandem.operator.resources.desired_children`),
 so they are exactly what a reconcile creates: Secrets (generated ones with a fresh random value, as
 the operator draws one when it creates them), NetworkPolicies, ConfigMaps, the router's
-ServiceAccount, Role and RoleBinding, Services and Deployments, in creation order. The owner
+ServiceAccount, Role and RoleBinding, Services, a PodDisruptionBudget per engine pool, Deployments,
+and LeaderWorkerSets for multi-node pools, in creation order. The owner
 references name the InferenceService with a placeholder uid, since the API server assigns the real one.
 What the operator checks against the cluster (whether a Secret the spec names carries the label
 `tandem.dev/usable: "true"`) is not checked here.
@@ -159,7 +160,8 @@ def render_documents(
 )
 def render(path: Path, tandem_image: str, redis_image: str, metrics_namespaces: tuple[str, ...]) -> None:
     """Print, as YAML, every object the operator would create for the InferenceServices and
-    InferenceGateways in FILE: Secrets, NetworkPolicies, RBAC, ConfigMaps, Services and Deployments.
+    InferenceGateways in FILE: Secrets, NetworkPolicies, RBAC, ConfigMaps, Services,
+    PodDisruptionBudgets, Deployments and LeaderWorkerSets.
     Generated Secrets get a fresh random value on each run, as the operator gives them when it
     creates them."""
     images = Images(tandem=tandem_image, redis=redis_image)

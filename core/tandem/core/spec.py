@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from tandem.core.podtemplate import PodTemplate
 from tandem.core.tracing import TracingSpec
 
 GROUP = "tandem.dev"
@@ -182,6 +183,11 @@ class EngineSpec(SpecModel):
         description="Serve LoRA adapters (spec.adapters, spec.adapterCatalog) on both pools; absent: "
         "LoRA off.",
     )
+    template: PodTemplate | None = Field(
+        default=None,
+        description="Pod template merged onto both pools' engine pods (before the pool's own); the "
+        "container named `engine` merges onto the engine container (docs/operator.md, Templates).",
+    )
 
 
 class ResourceRequirements(SpecModel):
@@ -270,12 +276,50 @@ class DecodeAutoscaling(AutoscalingBehavior):
     )
 
 
+class PoolEngineSpec(SpecModel):
+    """The engine settings of one pool, over `spec.engine`'s."""
+
+    image: str | None = Field(
+        default=None, description="Engine image of this pool; default spec.engine.image."
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description="Arguments after spec.engine.args (a later flag wins, as vLLM parses), e.g. "
+        "--max-num-batched-tokens on prefill, --max-num-seqs on decode.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Environment over spec.engine.env.")
+
+
 class PoolSpec(SpecModel):
-    """Size and resources of one engine pool."""
+    """Size, resources, placement and engine settings of one engine pool."""
 
     replicas: int = Field(default=1, ge=0, le=1000, description="Engine replicas.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-parallel size.")
+    engine: PoolEngineSpec = Field(default_factory=PoolEngineSpec)
+    template: PodTemplate | None = Field(
+        default=None,
+        description="Pod template merged onto this pool's engine pods, after spec.engine.template.",
+    )
+    nodes_per_replica: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Pods (nodes) one engine spans; >1 renders a LeaderWorkerSet whose leader serves "
+        "HTTP and whose workers join it (vLLM data parallel, engine.kind vllm).",
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="The pool's PodDisruptionBudget: pods that voluntary disruptions (node drains) may "
+        "take down at once; 0 blocks them.",
+    )
+
+    @property
+    def multinode(self) -> bool:
+        """Whether one engine spans several pods (a LeaderWorkerSet)."""
+        return self.nodes_per_replica > 1
 
 
 class PrefillSpec(PoolSpec):
@@ -332,6 +376,10 @@ class RedisSpec(SpecModel):
         description="Secret key holding the Redis password: the managed Redis requires it, and the "
         "engines and router read it from the Secret. Default for the managed Redis: a Secret "
         "<name>-kv-auth the operator generates once.",
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description="Pod template merged onto the managed Redis pod (container `redis`).",
     )
 
 
@@ -490,6 +538,11 @@ class RouterSpec(SpecModel):
         description="Require a bearer token on the gateway's diagnostics port (9090, `/metrics`): the "
         "operator generates it into the Secret `<name>-metrics-token`; without it the port is open "
         "only to the operator's metrics namespaces (NetworkPolicy).",
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description="Pod template merged onto the gateway pods (container `router`); unused while an "
+        "InferenceGateway serves the service.",
     )
 
 

@@ -33,6 +33,7 @@ from tandem.core.adapters import (
     read_adapter_config,
     scan_catalog,
 )
+from tandem.core.podtemplate import KV_ENV, KV_ENV_PREFIXES, OWNED_ENV, flag_rules, template_rules
 from tandem.core.spec import (
     ENGINE_BLOCK_SIZE,
     AuthSpec,
@@ -117,7 +118,65 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
         )
     errors.extend(_router_rules(spec.router))
     errors.extend(_adapter_rules(spec))
+    errors.extend(_pool_rules(spec))
     return errors
+
+
+def _pool_rules(spec: InferenceServiceSpec) -> list[SpecError]:
+    """What the operator owns in the templates and engine arguments (`tandem.core.podtemplate`),
+    and what a multi-node pool needs."""
+    found = template_rules(spec.engine.template, at="spec.engine.template", main="engine", engine=True)
+    multinode = spec.prefill.multinode or spec.decode.multinode
+    found += flag_rules(spec.engine.args, at="spec.engine.args", multinode=multinode, pool=False)
+    for name, pool in (("prefill", spec.prefill), ("decode", spec.decode)):
+        at = f"spec.{name}"
+        found += template_rules(pool.template, at=f"{at}.template", main="engine", engine=True)
+        found += flag_rules(pool.engine.args, at=f"{at}.engine.args", multinode=pool.multinode, pool=True)
+        for i, var in enumerate(pool.engine.env):
+            if (problem := _pool_env_problem(var.name)) is not None:
+                found.append((f"{at}.engine.env[{i}].name", problem))
+        if pool.multinode and spec.engine.kind != "vllm":
+            found.append(
+                (
+                    f"{at}.nodesPerReplica",
+                    "more than 1 needs engine.kind vllm (the simulator runs on one pod)",
+                )
+            )
+        if pool.multinode and pool.autoscaling.enabled:
+            found.append(
+                (
+                    f"{at}.autoscaling.enabled",
+                    "the autoscaler does not scale multi-node pools (LeaderWorkerSets) yet",
+                )
+            )
+        if pool.multinode and (problem := _gpus_problem(pool)) is not None:
+            found.append((f"{at}.resources", problem))
+    found += template_rules(spec.router.template, at="spec.router.template", main="router")
+    found += template_rules(spec.kv_pool.redis.template, at="spec.kvPool.redis.template", main="redis")
+    if spec.kv_pool.redis.template is not None and spec.kv_pool.redis.url is not None:
+        found.append(("spec.kvPool.redis.template", "no Redis is deployed when kvPool.redis.url is set"))
+    return [SpecError(path, message) for path, message in found]
+
+
+def _pool_env_problem(name: str) -> str | None:
+    if name in OWNED_ENV:
+        return f"{name} carries a credential from its Secret"
+    if name in KV_ENV or name.startswith(KV_ENV_PREFIXES):
+        return f"{name} changes the KV layout: set it in spec.engine.env so both pools agree"
+    return None
+
+
+def _gpus_problem(pool: PrefillSpec | DecodeSpec) -> str | None:
+    """A multi-node pod runs `GPUs / tensorParallel` data-parallel ranks: the count must divide."""
+    told = pool.resources.limits.get("nvidia.com/gpu") or pool.resources.requests.get("nvidia.com/gpu")
+    if told is None:
+        return None
+    if not told.isdigit() or int(told) % pool.tensor_parallel:
+        return (
+            f"nvidia.com/gpu ({told}) must be a whole multiple of tensorParallel ({pool.tensor_parallel}) "
+            "on a multi-node pool: each pod runs GPUs / tensorParallel data-parallel ranks"
+        )
+    return None
 
 
 def _adapter_rules(spec: InferenceServiceSpec) -> list[SpecError]:

@@ -122,6 +122,7 @@ _KEY_ORDER = (
     "pattern",
     "anyOf",
     "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
     "required",
     "properties",
     "items",
@@ -157,15 +158,7 @@ def _convert(node: Mapping[str, Any], *, defs: Mapping[str, Any], within: str | 
         # Field-level keywords (description, default) win over the definition's.
         return target | _convert({k: v for k, v in node.items() if k != "$ref"}, defs=defs, within=within)
     if "anyOf" in node:
-        branches = [b for b in node["anyOf"] if b.get("type") != "null"]
-        if len(branches) != 1:
-            raise ValueError(f"cannot express this union in a structural schema: {node['anyOf']}")
-        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default") or v is not None}
-        return (
-            _convert(branches[0], defs=defs, within=within)
-            | _convert({k: v for k, v in rest.items() if k != "anyOf"}, defs=defs, within=within)
-            | {"nullable": True}
-        )
+        return _nullable(node, defs=defs, within=within)
     out: dict[str, Any] = {k: v for k, v in node.items() if k not in _DROPPED}
     if "const" in node:
         out["enum"] = [node["const"]]
@@ -180,10 +173,26 @@ def _convert(node: Mapping[str, Any], *, defs: Mapping[str, Any], within: str | 
         out["items"] = _convert(node["items"], defs=defs, within=within)
     if isinstance(node.get("additionalProperties"), Mapping):
         out["additionalProperties"] = _convert(node["additionalProperties"], defs=defs, within=within)
+    elif node.get("additionalProperties") is True:
+        # A free-form Kubernetes structure (affinity, a sidecar's fields): kept as written, not pruned.
+        out["x-kubernetes-preserve-unknown-fields"] = True
     if within in INT_OR_STRING_DEFS and node.get("pattern") == QUANTITY_PATTERN:
         out.pop("type", None)
         out |= {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
     return out
+
+
+def _nullable(node: Mapping[str, Any], *, defs: Mapping[str, Any], within: str | None) -> dict[str, Any]:
+    """`anyOf [X, null]` → X with `nullable: true`."""
+    branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+    if len(branches) != 1:
+        raise ValueError(f"cannot express this union in a structural schema: {node['anyOf']}")
+    rest = {k: v for k, v in node.items() if k not in ("anyOf", "default") or v is not None}
+    return (
+        _convert(branches[0], defs=defs, within=within)
+        | _convert({k: v for k, v in rest.items() if k != "anyOf"}, defs=defs, within=within)
+        | {"nullable": True}
+    )
 
 
 def _properties(node: Mapping[str, Any], *, defs: Mapping[str, Any], within: str | None) -> dict[str, Any]:

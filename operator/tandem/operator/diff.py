@@ -96,18 +96,28 @@ def update_patch(
 
     `owned` fields are the operator's whole even where `desired` leaves them out (a pod template's
     `initContainers`, which only some specs have): a live value there that `desired` lacks is removed
-    (`null` in the patch)."""
+    (`null` in the patch), and where both are maps, so are the live map's keys `desired` lacks (an
+    engine pool Service's selector, which names the LeaderWorkerSet's leaders only while the pool is
+    multi-node)."""
     wanted = without(desired, [("metadata", key) for key in IDENTITY] + list(create_only))
     wanted.pop("apiVersion", None)
     wanted.pop("kind", None)
     patch = merge_patch(live, wanted)
     for path in owned:
-        if _lookup(live, path) is not None and _lookup(desired, path) is None:
-            node = patch
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = None
+        have, want = _lookup(live, path), _lookup(desired, path)
+        if have is not None and want is None:
+            _set(patch, path, None)
+        elif isinstance(have, Mapping) and isinstance(want, Mapping):
+            for key in have.keys() - want.keys():  # a map owned whole: drop the keys no longer wanted
+                _set(patch, (*path, key), None)
     return patch
+
+
+def _set(patch: dict[str, Any], path: FieldPath, value: Any) -> None:
+    node = patch
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
 
 
 def _lookup(manifest: Mapping[str, Any], path: FieldPath) -> Any:

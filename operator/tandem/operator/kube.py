@@ -39,6 +39,8 @@ PLURALS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("v1", "Secret"): "secrets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
 }
 #: Tandem's own kinds, which the operator lists and patches (annotations) but never creates.
 OWN_PLURALS = {(API_VERSION, KIND): PLURAL, (API_VERSION, GATEWAY_KIND): GATEWAY_PLURAL}

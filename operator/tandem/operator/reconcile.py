@@ -27,6 +27,8 @@ from tandem.operator.diff import update_patch
 from tandem.operator.gateway_status import served_by_condition
 from tandem.operator.objects import Child, ObjectRef
 from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
+from tandem.operator.resources.engine import pool_spec
+from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.secrets import named_secrets, new_secret, refusal
 from tandem.operator.resources.services import router_endpoint, service_name
 from tandem.operator.selection import serving_gateway
@@ -237,6 +239,8 @@ def _observed_status(
             workloads[ctype] = None
             continue
         ref = ObjectRef("apps/v1", "Deployment", owner.namespace, names[ctype])
+        if role in (Role.PREFILL, Role.DECODE) and pool_spec(spec, role).multinode:
+            ref = ObjectRef(LWS_API_VERSION, LWS_KIND, owner.namespace, names[ctype])
         workloads[ctype] = Workload.observe(live.get(ref))
     if gateway is None:
         return derive_status(

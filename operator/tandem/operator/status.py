@@ -91,7 +91,8 @@ class InferenceServiceStatus(_StatusModel):
 
 @dataclass(frozen=True)
 class Workload:
-    """What one Deployment reports, reduced to what readiness needs."""
+    """What one Deployment (or an engine pool's LeaderWorkerSet, whose status has the same counts,
+    in groups) reports, reduced to what readiness needs."""
 
     exists: bool
     desired: int = 0
@@ -113,11 +114,19 @@ class Workload:
             ready=int(status.get("readyReplicas", 0)),
             updated=int(status.get("updatedReplicas", 0)),
             total=int(status.get("replicas", 0)),
-            rolled_out=int(status.get("observedGeneration", 0)) >= int(generation),
+            rolled_out=int(status.get("observedGeneration", 0)) >= int(generation)
+            or _unversioned(deployment),
         )
 
     def pool_status(self) -> PoolStatus:
         return PoolStatus(replicas=self.desired, ready=self.ready, summary=f"{self.ready}/{self.desired}")
+
+
+def _unversioned(workload: Mapping[str, Any]) -> bool:
+    """A LeaderWorkerSet older than v0.9 reports no observedGeneration: its counts are taken as
+    they are (the updated and ready replicas still say whether the rollout is done)."""
+    status = workload.get("status") or {}
+    return workload.get("kind") == "LeaderWorkerSet" and bool(status) and "observedGeneration" not in status
 
 
 @dataclass(frozen=True)

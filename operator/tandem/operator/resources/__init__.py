@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.objects import Child, FieldPath, ObjectRef
-from tandem.operator.resources.engine import build_engine_deployment, pool_spec
+from tandem.operator.resources.engine import build_engine_workload, pool_spec
 from tandem.operator.resources.kvpool import (
     KV_SUFFIX,
     LMCACHE_SUFFIX,
@@ -23,6 +23,7 @@ from tandem.operator.resources.kvpool import (
     uses_lmcache,
 )
 from tandem.operator.resources.meta import Images, Owner, Role, child_name
+from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.netpol import build_network_policies, policy_name
 from tandem.operator.resources.router import (
     ROUTER_SUFFIX,
@@ -41,13 +42,39 @@ from tandem.operator.resources.secrets import (
     secret_children,
     with_generated_secrets,
 )
-from tandem.operator.resources.services import build_service
+from tandem.operator.resources.services import build_disruption_budget, build_service
 
 __all__ = ["Images", "Owner", "Role", "desired_children", "managed_refs"]
 
 REPLICAS: FieldPath = ("spec", "replicas")
-#: An engine pod's init containers (the LMCache check): removed when a spec no longer needs them.
-INIT_CONTAINERS: FieldPath = ("spec", "template", "spec", "initContainers")
+#: A pool Service's selector: the leaders' label comes and goes with `nodesPerReplica`.
+SELECTOR: FieldPath = ("spec", "selector")
+#: Where a Deployment's and a LeaderWorkerSet's pod templates are.
+POD: FieldPath = ("spec", "template")
+GROUP_PODS: tuple[FieldPath, ...] = (
+    ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+    ("spec", "leaderWorkerTemplate", "workerTemplate"),
+)
+#: What a user's pod template may set and later take back, so that the operator owns it whole: the
+#: pods' labels (keys dropped), placement and pull secrets (removed). Not schedulerName and
+#: serviceAccountName, which the API server may default in templates (removing them from a
+#: template leaves the live value), nor annotations (`kubectl rollout restart` writes one).
+TEMPLATE_OWNED: tuple[FieldPath, ...] = (
+    ("metadata", "labels"),
+    ("spec", "nodeSelector"),
+    ("spec", "tolerations"),
+    ("spec", "affinity"),
+    ("spec", "topologySpreadConstraints"),
+    ("spec", "priorityClassName"),
+    ("spec", "runtimeClassName"),
+    ("spec", "imagePullSecrets"),
+    ("spec", "initContainers"),
+)
+
+
+def pod_owned(*pods: FieldPath) -> tuple[FieldPath, ...]:
+    """The fields the operator owns whole in the pod templates at `pods` (`TEMPLATE_OWNED`)."""
+    return tuple((*pod, *field) for pod in pods for field in TEMPLATE_OWNED)
 
 
 def desired_children(
@@ -84,21 +111,29 @@ def desired_children(
     ]
     if spec.kv_pool.redis.url is None:
         children += [
-            Child(build_redis_deployment(spec, owner=owner, images=images)),
+            Child(build_redis_deployment(spec, owner=owner, images=images), owned=pod_owned(POD)),
             Child(build_service(owner, role=Role.KV_POOL)),
         ]
     for role in (Role.PREFILL, Role.DECODE):
-        children.append(Child(build_service(owner, role=role)))
-        deployment = build_engine_deployment(spec, owner=owner, role=role, images=images, lmcache=lmcache)
-        # With autoscaling on, the autoscaler owns the replica count after creation.
-        autoscaled = pool_spec(spec, role).autoscaling.enabled
+        pool = pool_spec(spec, role)
+        service = build_service(owner, role=role, leaders_only=pool.multinode)
+        children.append(Child(service, owned=(SELECTOR,)))
         children.append(
-            Child(deployment, create_only=(REPLICAS,) if autoscaled else (), owned=(INIT_CONTAINERS,))
+            Child(build_disruption_budget(owner, role=role, max_unavailable=pool.max_unavailable))
+        )
+        workload = build_engine_workload(spec, owner=owner, role=role, images=images, lmcache=lmcache)
+        # With autoscaling on, the autoscaler owns the replica count after creation.
+        owned = pod_owned(*GROUP_PODS) if pool.multinode else pod_owned(POD)
+        children.append(
+            Child(workload, create_only=(REPLICAS,) if pool.autoscaling.enabled else (), owned=owned)
         )
     if gateway is None:
         children += [
             Child(build_service(owner, role=Role.ROUTER)),
-            Child(build_router_deployment(spec, owner=owner, images=images, config=router_config)),
+            Child(
+                build_router_deployment(spec, owner=owner, images=images, config=router_config),
+                owned=pod_owned(POD),
+            ),
         ]
     # Builders may share sub-dicts (labels, probes): give every manifest a tree of its own. A JSON
     # round trip is several times faster than deepcopy and proves the manifests are plain JSON.
@@ -111,6 +146,7 @@ def managed_refs(owner: Owner) -> list[ObjectRef]:
     config_maps = [child_name(owner, LMCACHE_SUFFIX), child_name(owner, ROUTER_SUFFIX)]
     workloads = [child_name(owner, s) for s in (KV_SUFFIX, "prefill", "decode", ROUTER_SUFFIX)]
     router = child_name(owner, ROUTER_SUFFIX)
+    pools = [child_name(owner, s) for s in ("prefill", "decode")]
     rbac = "rbac.authorization.k8s.io/v1"
     secrets = [
         child_name(owner, s)
@@ -126,4 +162,6 @@ def managed_refs(owner: Owner) -> list[ObjectRef]:
         ObjectRef(rbac, "RoleBinding", ns, router),
         *(ObjectRef("v1", "Service", ns, name) for name in workloads),
         *(ObjectRef("apps/v1", "Deployment", ns, name) for name in workloads),
+        *(ObjectRef(LWS_API_VERSION, LWS_KIND, ns, name) for name in pools),
+        *(ObjectRef("policy/v1", "PodDisruptionBudget", ns, name) for name in pools),
     ]

@@ -12,7 +12,13 @@ Both come from the pure builders in `tandem.kvpool.engine_config`. `engine.kind:
 (Tandem's vLLM-compatible simulator) in the Tandem image. All listen on port 8000 with `/health` and
 `/metrics`, so probes, Services and the router treat them alike. With `engine.lora`, both pools get
 the LoRA flags, environment and adapter volumes (`lora.py`). Every pod runs non-root with a
-read-only root filesystem (`security.py`). Pure builders.
+read-only root filesystem (`security.py`).
+
+Each pool adds its own `engine` settings over the shared ones (image; args after the shared args;
+env over the shared env), then `spec.engine.template` and the pool's `template` are merged onto the
+pod (`podtemplate.py`); every pod carries the KV-layout label (`kvlayout.py`). A pool whose engine
+spans several pods (`nodesPerReplica` > 1) is a LeaderWorkerSet instead (`multinode.py`). Pure
+builders.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from tandem.core.kvevents import (
 from tandem.core.spec import ENGINE_HASH_SEED, DecodeSpec, InferenceServiceSpec, PrefillSpec
 from tandem.kvpool import engine_config, lmcache_check
 from tandem.kvpool.engine_config import KVRole, lmcache_env, to_json
+from tandem.operator.resources.kvlayout import KV_LAYOUT_LABEL, kv_layout, pool_image
 from tandem.operator.resources.kvpool import (
     LMCACHE_FILE,
     LMCACHE_SUFFIX,
@@ -46,9 +53,12 @@ from tandem.operator.resources.meta import (
     Owner,
     Role,
     child_name,
+    labels,
     object_meta,
     selector_labels,
 )
+from tandem.operator.resources.multinode import build_leader_worker_set
+from tandem.operator.resources.podtemplate import apply_templates
 from tandem.operator.resources.security import (
     TMP_MOUNT,
     VLLM_UID,
@@ -130,6 +140,7 @@ def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[s
     # Both names, as the router accepts both in `model` and forwards the body unchanged; the
     # first is the one vLLM reports in its metrics.
     names = dict.fromkeys([spec.model.public_name, spec.model.name])
+    pool = pool_spec(spec, role)
     return [
         model_argument(spec),
         "--served-model-name",
@@ -139,12 +150,40 @@ def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[s
         "--port",
         str(ENGINE_PORT),
         "--tensor-parallel-size",
-        str(pool_spec(spec, role).tensor_parallel),
+        str(pool.tensor_parallel),
+        *(data_parallel_args(spec, role) if pool.multinode else []),
         "--kv-transfer-config",
         to_json(kv_transfer_config(spec, role, owner=owner)),
         *_kv_events_args(spec, vllm=True),
         *lora_args(spec),
         *spec.engine.args,
+        *pool.engine.args,
+    ]
+
+
+#: vLLM's data-parallel RPC port on a multi-node pool's leader (vLLM's and KServe's default).
+DP_RPC_PORT = 5555
+
+
+def ranks_per_pod(spec: InferenceServiceSpec, role: Role) -> int:
+    """Data-parallel ranks one pod of a multi-node pool runs: its GPUs / tensorParallel (at least 1)."""
+    pool = pool_spec(spec, role)
+    gpus = engine_resources(spec, role).get("limits", {}).get("nvidia.com/gpu", str(pool.tensor_parallel))
+    return max(1, int(gpus) // pool.tensor_parallel) if str(gpus).isdigit() else 1
+
+
+def data_parallel_args(spec: InferenceServiceSpec, role: Role) -> list[str]:
+    """The data-parallel flags every pod of a multi-node pool shares: the group's size in ranks and
+    this pod's share; the leader's address and each pod's first rank are added when it starts
+    (`multinode.py`), as they come from LeaderWorkerSet's environment."""
+    local = ranks_per_pod(spec, role)
+    return [
+        "--data-parallel-size",
+        str(local * pool_spec(spec, role).nodes_per_replica),
+        "--data-parallel-size-local",
+        str(local),
+        "--data-parallel-rpc-port",
+        str(DP_RPC_PORT),
     ]
 
 
@@ -185,11 +224,13 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
         *_kv_events_args(spec, vllm=False),
         *lora_args(spec),
         *spec.engine.args,
+        *pool_spec(spec, role).engine.args,
     ]
 
 
-def engine_env(spec: InferenceServiceSpec, *, owner: Owner) -> list[dict[str, Any]]:
-    """Environment of every engine container; the spec's `engine.env` wins on a name clash.
+def engine_env(spec: InferenceServiceSpec, *, owner: Owner, role: Role | None = None) -> list[dict[str, Any]]:
+    """Environment of an engine container of `role`; the spec's `engine.env` wins on a name clash,
+    and the pool's `engine.env` over that.
 
     The engine API key (`VLLM_API_KEY`, which vLLM and `tandem sim` require on /v1/*), the pool's
     password and the pool key (`TANDEM_KV_POOL_KEY`; never the gateway's salt key) come from their
@@ -210,6 +251,8 @@ def engine_env(spec: InferenceServiceSpec, *, owner: Owner) -> list[dict[str, An
             env["LMCACHE_CONFIG_FILE"] = {"value": f"{LMCACHE_MOUNT}/{LMCACHE_FILE}"}
     env |= lora_env(spec)
     env |= {var.name: {"value": var.value} for var in spec.engine.env}
+    if role is not None:
+        env |= {var.name: {"value": var.value} for var in pool_spec(spec, role).engine.env}
     return [{"name": name, **entry} for name, entry in env.items()]
 
 
@@ -242,10 +285,10 @@ def _container(spec: InferenceServiceSpec, role: Role, *, owner: Owner, images: 
     vllm = spec.engine.kind == "vllm"
     container: dict[str, Any] = {
         "name": "engine",
-        "image": spec.engine.image if vllm else images.tandem,
+        "image": pool_image(spec, role.value, images),
         "command": ["vllm", "serve"] if vllm else ["tandem"],
         "args": vllm_args(spec, role, owner=owner) if vllm else sim_args(spec, role, owner=owner),
-        "env": engine_env(spec, owner=owner),
+        "env": engine_env(spec, owner=owner, role=role),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}, *_kv_events_ports(spec)],
         **_probes(),
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT]}}},
@@ -260,14 +303,16 @@ def _container(spec: InferenceServiceSpec, role: Role, *, owner: Owner, images: 
     return container
 
 
-def _lmcache_check_container(spec: InferenceServiceSpec) -> dict[str, Any]:
+def _lmcache_check_container(spec: InferenceServiceSpec, role: Role, images: Images) -> dict[str, Any]:
     """Refuses an engine image whose vLLM and LMCache are known not to fit (`lmcache_check`). It gets
-    only `spec.engine.env` (where TANDEM_LMCACHE_CHECK=off skips it), not the pool's password."""
+    only `spec.engine.env` and the pool's (where TANDEM_LMCACHE_CHECK=off skips it), not the pool's
+    password."""
+    told = {var.name: var.value for var in (*spec.engine.env, *pool_spec(spec, role).engine.env)}
     return {
         "name": "lmcache-check",
-        "image": spec.engine.image,
+        "image": pool_image(spec, role.value, images),
         "command": ["python3", "-c", LMCACHE_CHECK_SCRIPT],
-        "env": [{"name": var.name, "value": var.value} for var in spec.engine.env],
+        "env": [{"name": name, "value": value} for name, value in told.items()],
         "resources": LMCACHE_CHECK_RESOURCES,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
@@ -300,7 +345,7 @@ def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, A
     return volumes + scratch_vols + adapter_vols, mounts + scratch_mounts + adapter_mounts
 
 
-def build_engine_deployment(
+def engine_pod_template(
     spec: InferenceServiceSpec,
     *,
     owner: Owner,
@@ -308,7 +353,8 @@ def build_engine_deployment(
     images: Images,
     lmcache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Deployment `<name>-prefill` or `<name>-decode` for one engine pool.
+    """The pod template of one engine pool: the operator's pod, then `spec.engine.template` and the
+    pool's `template` merged onto it, with the KV-layout label.
 
     With LMCache, `lmcache` is its ConfigMap (built when None); the pod template carries its hash,
     so a change of the pool's configuration rolls the pods (a change of the env rolls them anyway).
@@ -316,9 +362,9 @@ def build_engine_deployment(
     """
     if role not in KV_ROLE:
         raise ValueError(f"not an engine role: {role}")
-    meta = object_meta(owner, name=child_name(owner, role.value), role=role)
+    pod_labels = {**labels(owner, role), KV_LAYOUT_LABEL: kv_layout(spec, images, model=model_argument(spec))}
     template_meta: dict[str, Any] = {
-        "labels": meta["labels"],
+        "labels": pod_labels,
         "annotations": {
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(ENGINE_PORT),
@@ -336,22 +382,54 @@ def build_engine_deployment(
         "enableServiceLinks": False,
         "volumes": _volumes(spec, owner)[0],
     }
-    init = [_lmcache_check_container(spec)] if uses_lmcache(spec) else []
+    init = [_lmcache_check_container(spec, role, images)] if uses_lmcache(spec) else []
     link = link_container(spec, images=images)
     if link is not None:
         init.append(link)
     if init:
         pod_spec["initContainers"] = init
+    pod = {"metadata": template_meta, "spec": pod_spec}
+    return apply_templates(pod, [spec.engine.template, pool_spec(spec, role).template])
+
+
+def build_engine_deployment(
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    role: Role,
+    images: Images,
+    lmcache: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Deployment `<name>-prefill` or `<name>-decode` for one single-node engine pool
+    (`engine_pod_template` for its pods)."""
+    template = engine_pod_template(spec, owner=owner, role=role, images=images, lmcache=lmcache)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": meta,
+        "metadata": object_meta(owner, name=child_name(owner, role.value), role=role),
         "spec": {
             "replicas": pool_spec(spec, role).replicas,
             "selector": {"matchLabels": selector_labels(owner, role)},
-            "template": {"metadata": template_meta, "spec": pod_spec},
+            "template": template,
         },
     }
+
+
+def build_engine_workload(
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    role: Role,
+    images: Images,
+    lmcache: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The workload of one engine pool: its Deployment, or its LeaderWorkerSet when one engine
+    spans several pods (`nodesPerReplica` > 1, `multinode.py`)."""
+    if not pool_spec(spec, role).multinode:
+        return build_engine_deployment(spec, owner=owner, role=role, images=images, lmcache=lmcache)
+    template = engine_pod_template(spec, owner=owner, role=role, images=images, lmcache=lmcache)
+    local = ranks_per_pod(spec, role)
+    return build_leader_worker_set(spec, owner=owner, role=role, template=template, local_ranks=local)
 
 
 def _kv_events_ports(spec: InferenceServiceSpec) -> list[dict[str, object]]:

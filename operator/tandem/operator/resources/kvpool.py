@@ -28,6 +28,7 @@ from tandem.operator.resources.meta import (
     to_yaml,
 )
 from tandem.operator.resources.meta import selector_labels as _selector
+from tandem.operator.resources.podtemplate import apply_templates
 from tandem.operator.resources.security import (
     REDIS_UID,
     TMP_MOUNT,
@@ -155,6 +156,7 @@ def build_redis_deployment(spec: InferenceServiceSpec, *, owner: Owner, images: 
 
     `Recreate` so that two Redis pods never serve the pool at once; no RDB/AOF persistence; runs as
     the image's `redis` user with a read-only root filesystem and emptyDirs for its dir and /tmp.
+    `kvPool.redis.template` is merged onto the pod (container `redis`; `podtemplate.py`).
     """
     meta = object_meta(owner, name=child_name(owner, KV_SUFFIX), role=Role.KV_POOL)
     pod_spec = {
@@ -172,6 +174,8 @@ def build_redis_deployment(spec: InferenceServiceSpec, *, owner: Owner, images: 
             "replicas": 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": _selector(owner, Role.KV_POOL)},
-            "template": {"metadata": {"labels": meta["labels"]}, "spec": pod_spec},
+            "template": apply_templates(
+                {"metadata": {"labels": meta["labels"]}, "spec": pod_spec}, [spec.kv_pool.redis.template]
+            ),
         },
     }

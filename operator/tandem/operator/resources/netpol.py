@@ -10,7 +10,10 @@ One ingress policy per role, selecting that role's pods (`spec.networkPolicy.ena
   engine key, which only the gateway holds);
 - into the engines, ports 5557 and 5558 (KV events and their replay, `router.prefixSource:
   precise` only): from the gateway's pods;
-- into the managed Redis (`<name>-kv`), port 6379: from the gateway's and the engines' pods.
+- into the managed Redis (`<name>-kv`), port 6379: from the gateway's and the engines' pods;
+- into the engines of a multi-node pool (`nodesPerReplica` > 1), every port: from the same pool's
+  pods (vLLM's data-parallel RPC, NCCL and the connector between a LeaderWorkerSet's leader and
+  workers use ports chosen at run time).
 
 A service that an InferenceGateway serves admits that gateway's pods wherever it admits its own
 gateway's (engines, KV events, Redis); the InferenceGateway's own policy (`build_gateway_policy`) opens
@@ -98,6 +101,9 @@ def ingress_rules(
     rules = [{"from": [*gateways, *_namespaces(metrics_namespaces)], "ports": _ports(ENGINE_PORT)}]
     if spec.router.prefix_source == "precise":
         rules.append({"from": gateways, "ports": _ports(KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)})
+    pool = spec.prefill if role is Role.PREFILL else spec.decode
+    if pool.multinode:
+        rules.append({"from": _pods(owner, role)})
     return rules
 
 

@@ -28,6 +28,7 @@ from tandem.operator.resources.meta import (
     selector_labels,
     to_yaml,
 )
+from tandem.operator.resources.podtemplate import apply_templates
 from tandem.operator.resources.secrets import metrics_token_ref
 from tandem.operator.resources.security import (
     GATEWAY_ENGINE_KEY_ENV,
@@ -230,11 +231,16 @@ def build_router_deployment(
     spec: InferenceServiceSpec, *, owner: Owner, images: Images, config: dict[str, Any]
 ) -> dict[str, Any]:
     """Deployment `<name>-router`, given its ConfigMap `config`; the pod template carries the
-    config's hash, so a config change rolls the router pods."""
+    config's hash, so a config change rolls the router pods; `spec.router.template` is merged onto
+    its pods."""
     pod = service_gateway_pod(spec, owner=owner)
-    return build_gateway_deployment(
+    deployment = build_gateway_deployment(
         pod, owner=owner, role=Role.ROUTER, replicas=spec.router.replicas, images=images, config=config
     )
+    # `spec.router.template` merged onto the pod (container `router`; `podtemplate.py`).
+    template = deployment["spec"]["template"]
+    deployment["spec"]["template"] = apply_templates(template, [spec.router.template])
+    return deployment
 
 
 def build_gateway_deployment(

@@ -20,6 +20,7 @@ from tandem.operator.resources.meta import (
     object_meta,
     selector_labels,
 )
+from tandem.operator.resources.multinode import WORKER_INDEX_LABEL
 
 #: Name suffix of each Service (equal to its Deployment's).
 SERVICE_SUFFIX = {
@@ -43,11 +44,16 @@ def service_name(owner: Owner, role: Role) -> str:
     return child_name(owner, SERVICE_SUFFIX[role])
 
 
-def build_service(owner: Owner, *, role: Role) -> dict[str, Any]:
-    """The Service of one role: headless for the engine pools, ClusterIP for Redis and the router."""
+def build_service(owner: Owner, *, role: Role, leaders_only: bool = False) -> dict[str, Any]:
+    """The Service of one role: headless for the engine pools, ClusterIP for Redis and the router.
+    `leaders_only`: a multi-node pool's, selecting the LeaderWorkerSet's leaders (worker index 0),
+    the pods that serve HTTP, so that the gateway's EndpointSlices list only them."""
     port_name, port = _PORTS[role]
+    selector = selector_labels(owner, role)
+    if leaders_only:
+        selector[WORKER_INDEX_LABEL] = "0"
     spec: dict[str, Any] = {
-        "selector": selector_labels(owner, role),
+        "selector": selector,
         "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}],
     }
     if role in (Role.ROUTER, Role.GATEWAY):  # the diagnostics port: /metrics, for the metrics namespaces
@@ -63,6 +69,21 @@ def build_service(owner: Owner, *, role: Role) -> dict[str, Any]:
         "kind": "Service",
         "metadata": object_meta(owner, name=service_name(owner, role), role=role),
         "spec": spec,
+    }
+
+
+def build_disruption_budget(owner: Owner, *, role: Role, max_unavailable: int) -> dict[str, Any]:
+    """PodDisruptionBudget `<name>-<role>`: voluntary disruptions (node drains, evictions) take down at
+    most `max_unavailable` of the pool's pods at once (every pod of a multi-node group counts: losing
+    one recreates its group)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(owner, name=service_name(owner, role), role=role),
+        "spec": {
+            "maxUnavailable": max_unavailable,
+            "selector": {"matchLabels": selector_labels(owner, role)},
+        },
     }
 
 
