@@ -12,6 +12,7 @@ the trace workloads, which read their file).
 | `ramp` | idle → peak → idle | `tandem.bench.generators` |
 | `azure-trace` | Azure LLM inference CSV replay | `tandem.bench.traces` |
 | `mooncake-trace` | Mooncake JSONL replay, prefixes from hash ids | `tandem.bench.traces` |
+| `multi-adapter` | Zipf-popular LoRA adapters and a hot-adapter burst | `tandem.bench.adapters` |
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tandem.bench import generators, traces
+from tandem.bench import adapters, generators, traces
 from tandem.bench.workloads import (
     Params,
     SharedPrefixParams,
@@ -70,6 +71,8 @@ WORKLOADS: Mapping[str, WorkloadKind] = MappingProxyType(
                   traces.TraceParams, traces.azure_workload),
             _kind("mooncake-trace", "replay of a Mooncake JSONL, prefixes shared as its hash ids say",
                   traces.MooncakeParams, traces.mooncake_workload),
+            _kind("multi-adapter", "Zipf-popular LoRA adapters (model = adapter), a hot-adapter burst",
+                  adapters.MultiAdapterParams, adapters.multi_adapter),
         )
     }
 )  # fmt: skip

@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tandem.bench.adapters import write_adapter_folder
 from tandem.bench.command_peer import Wiring, fill
 from tandem.bench.counters import EngineCounters
 from tandem.bench.cpu import cpu_per_1000, trees_cpu_seconds
@@ -49,7 +50,7 @@ from tandem.bench.workloads import Workload
 from tandem.core.engineargs import without_flag
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import parse_inference_service
-from tandem.local.plan import LocalCredentials, LocalPlan, ProcessPlan, build_plan
+from tandem.local.plan import LocalCredentials, LocalPlan, ProcessPlan, adapter_folder, build_plan
 from tandem.local.ports import free_ports
 from tandem.local.supervisor import Child, ChildFailed, Supervisor
 
@@ -77,6 +78,10 @@ class PoolSettings:
     `slo_ttft_s`/`slo_tpot_s`: the objectives the benchmark scores, in engine seconds. Tandem's gateway
     gets them as `spec.router.slo` in **wall** seconds (÷ time scale), since it measures and predicts
     in wall time: its early rejection and queue deadlines then aim at the objectives the table scores.
+    `max_loras`: LoRA on the engines (`spec.engine.lora`: `--enable-lora --max-loras N`, the filesystem
+    resolver's environment reading `<run dir>/adapters`), None: no LoRA; `adapters`: the adapter names
+    written there as config-only adapters (`tandem.bench.adapters.write_adapter_folder`, rank
+    `adapter_rank`) and given to Tandem's gateway as the router config's `adapterNames`.
     """
 
     engines: int = 4
@@ -92,6 +97,9 @@ class PoolSettings:
     slo_tpot_s: float = 0.1
     declare_capacity: bool = False
     warmup_requests: int = 16
+    max_loras: int | None = None
+    adapters: tuple[str, ...] = ()
+    adapter_rank: int = 8
 
     def describe(self) -> str:
         pools = f"{self.engines} decode"
@@ -125,6 +133,7 @@ def bench_service(
                 "kind": "sim",
                 "sim": {"profile": pool.profile, "timeScale": pool.time_scale},
                 "args": ["--seed", str(pool.seed), *pool.engine_args],
+                **({"lora": {"maxLoras": pool.max_loras}} if pool.max_loras is not None else {}),
             },
             "prefill": {"replicas": pool.prefill_engines if pd else 0},
             "decode": {"replicas": 1 if direct else pool.engines},
@@ -194,7 +203,11 @@ def started(
     plan = build_plan(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
         redis_server=tools.redis_server, state_dir=run_dir.resolve(), credentials=credentials,
+        catalog_adapters=pool.adapters,
     )  # fmt: skip
+    adapter_dir = adapter_folder(isvc, run_dir.resolve())
+    if adapter_dir is not None:
+        write_adapter_folder(adapter_dir, pool.adapters, base_model=pool.model, rank=pool.adapter_rank)
     gateways = _gateways(
         target, plan=plan, tools=tools, ports=ports, router_args=pool.router_args,
         declare_capacity=pool.declare_capacity,

@@ -12,7 +12,9 @@ plots (and says so). Every function takes plain data (engine seconds) and a path
 - `service_over_time`: each tenant's cumulative service (VTC units) against time, one panel per
   target, so a tenant starved for a while shows as a flat stretch;
 - `isolation_bars`: per target, the light tenant's TTFT p90 alone and under the flood (bars, the
-  range over repeats as error bars), with the isolation ratio written above.
+  range over repeats as error bars), with the isolation ratio written above;
+- `adapter_loads`: per target, adapter loads since the run's start (summed over the engines) against
+  time, and the busiest engine's requests (waiting + running) against time, the burst shaded.
 """
 
 from __future__ import annotations
@@ -240,6 +242,34 @@ def isolation_bars(bars: Mapping[str, Mapping[str, Any]], path: Path, *, title: 
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def adapter_loads(
+    series: Mapping[str, Mapping[str, Sequence[float]]],
+    path: Path,
+    *,
+    title: str,
+    window: tuple[float, float] | None,
+) -> None:
+    """`series`: label → `{"t", "loads", "busiest"}` (engine seconds, loads since the start, the
+    busiest engine's requests), as `tandem.bench.adapterbench.load_series` builds them."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    for label, s in series.items():
+        top.plot(s["t"], s["loads"], label=label)
+        bottom.plot(s["t"], s["busiest"], label=label)
+    for ax in (top, bottom):
+        if window is not None:
+            ax.axvspan(*window, color="orange", alpha=0.15, label="hot-adapter burst" if ax is top else None)
+        ax.grid(alpha=0.3)
+    top.set_ylabel("adapter loads (all engines)")
+    bottom.set_ylabel("requests on the busiest engine")
+    bottom.set_xlabel("time since start (s)")
+    top.set_title(title)
+    _legend(top)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -21,7 +21,7 @@ import json
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType, MappingProxyType
@@ -31,6 +31,8 @@ import click
 
 from tandem.bench import capacity as capacity_profile
 from tandem.bench import workload_file
+from tandem.bench.adapterrun import catalog_cost, run_adapters, write_results
+from tandem.bench.adapters import MultiAdapterParams, adapter_names, burst_window
 from tandem.bench.catalog import WORKLOADS, make_workload, parse_overrides
 from tandem.bench.command_peer import PLACEHOLDERS, find_program
 from tandem.bench.driver import DriverSettings
@@ -160,6 +162,12 @@ HELP: Mapping[str, str] = MappingProxyType(
         "--max-concurrency, default 32; engines at --sweep-time-scale; --sweep-probe-pairs C = 1 probe "
         "pairs): gateway CPU per 1,000, added TTFT and per-model hit rate, shared ÷ own "
         "(docs/benchmarks.md).",
+        "adapters_bench": "Harness, workload multi-adapter: the engines serve LoRA (--max-loras, the "
+        "filesystem resolver over a generated folder of the workload's adapters); per target and repeat, "
+        "adapter loads per 1,000 requests, TTFT p90/p99, throughput and the burst's per-engine queues, "
+        "sampled each second (adapters.md, adapter-loads.png; docs/benchmarks.md).",
+        "adapter_catalog": "With --adapters-bench: also measure Tandem's gateway with N declared adapters "
+        "against none (CPU per 1,000 base-model requests at --sweep-time-scale, RSS); 0: skip.",
     }
 )
 
@@ -259,6 +267,13 @@ HELP: Mapping[str, str] = MappingProxyType(
     help=HELP["capacity_seconds"],
 )
 @click.option("--many-services", type=click.IntRange(1, 64), metavar="N", help=HELP["many_services"])
+@click.option("--adapters-bench", is_flag=True, help=HELP["adapters_bench"])
+@click.option("--max-loras", type=click.IntRange(1, 1024), default=4, show_default=True,
+              help="--adapters-bench: the engines' --max-loras.")  # fmt: skip
+@click.option("--adapter-catalog", type=click.IntRange(0, 10_000), default=0, show_default=True,
+              help=HELP["adapter_catalog"])  # fmt: skip
+@click.option("--catalog-requests", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="--adapter-catalog: base-model requests per run.")  # fmt: skip
 @click.option("--no-plots", is_flag=True, help="Write no PNG plots (they cost about a CPU-second each).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Results directory.")
 @click.option(
@@ -294,6 +309,9 @@ def bench(**o: Any) -> None:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     extra = ""
     try:
+        if o["adapters_bench"]:
+            _adapters(setup, o)
+            return
         if o["overhead_sweep"] is not None:
             _overhead(setup, o)
             return
@@ -522,6 +540,44 @@ def _many_services(o: dict[str, Any]) -> None:
     _say(f"results in {out}/ (many-services.json, many-services.md)")
     if all(r["errors"] == r["requests"] for r in rows if r["config"] != "direct"):
         _fail("many services: no request through a gateway succeeded", EXIT_FAILED)
+
+
+def _adapters(setup: Bench, o: dict[str, Any]) -> None:
+    """The multi-adapter benchmark (`tandem.bench.adapterrun`): adapters.json/md, adapter-loads.png."""
+    if setup.workload.name != "multi-adapter":
+        _fail("--adapters-bench needs --workload multi-adapter")
+    targets, tools, pool = _harness_setup(o)
+    params = MultiAdapterParams.model_validate(setup.workload.params)
+    pool = replace(pool, max_loras=o["max_loras"], adapters=adapter_names(params.adapters))
+    window = burst_window(params)
+    runs = setup.out_dir / "runs"
+    rows, timelines = run_adapters(
+        targets, workload=setup.workload, window=window, pool=pool, tools=tools, driver=setup.driver,
+        repeat=setup.repeat, state_dir=runs, progress=_say,
+    )  # fmt: skip
+    catalog: list[dict[str, Any]] = []
+    if o["adapter_catalog"]:
+        catalog = catalog_cost(
+            o["adapter_catalog"], pool=replace(pool, time_scale=o["sweep_time_scale"]), tools=tools,
+            driver=replace(setup.driver, max_concurrency=16, tenant_concurrency={}),
+            requests=o["catalog_requests"], repeat=setup.repeat, state_dir=runs, progress=_say,
+        )  # fmt: skip
+    title = (f"Multi-adapter: {params.adapters} adapters (Zipf {params.zipf_s}), {pool.engines} engines, "
+             f"max_loras {o['max_loras']}")  # fmt: skip
+    doc = {
+        "command": list(setup.command), "workload": setup.workload.name,
+        "params": dict(setup.workload.params), "pool": asdict(pool) | {"adapters": len(pool.adapters)},
+        "repeat": setup.repeat,
+    }  # fmt: skip
+    ours = next((t.label for t in targets if t.kind == "tandem"), targets[0].label)
+    text = write_results(
+        setup.out_dir, ours=ours, doc=doc, rows=rows, timelines=timelines, catalog_rows=catalog,
+        window=window, time_scale=pool.time_scale, title=title, plot=not o["no_plots"],
+    )  # fmt: skip
+    click.echo(text)
+    _say(f"results in {setup.out_dir}/ (adapters.json, adapters.md, adapter-loads.png)")
+    if all(r["errors"] == r["requests"] for r in rows):
+        _fail("adapters: no request succeeded", EXIT_FAILED)
 
 
 def _capacity(setup: Bench, o: dict[str, Any]) -> None:

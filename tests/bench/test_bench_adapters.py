@@ -1,0 +1,201 @@
+"""The multi-adapter benchmark: its workload, the adapter folder, its figures, and one live run.
+
+Real: the generator, the folder builder (read back with Tandem's own `read_adapter_config`), the
+figures' pure functions on hand-written samples and records, and in the live test everything —
+redis-server, two `tandem sim` engines with `--enable-lora` resolving the generated folder, `tandem
+router`, the driver, the per-second sampling. Nothing is faked; no assertion is on speed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tandem.bench.adapterbench import (
+    EngineSample,
+    burst_peaks,
+    imbalance,
+    load_series,
+    parse_engine_sample,
+    run_row,
+    verdict,
+)
+from tandem.bench.adapters import (
+    MultiAdapterParams,
+    adapter_names,
+    burst_window,
+    multi_adapter,
+    write_adapter_folder,
+)
+from tandem.bench.catalog import make_workload
+from tandem.bench.generators import zipf_shares
+from tandem.bench.records import DriveResult, RequestRecord
+from tandem.cli.main import cli
+from tandem.core.adapters import read_adapter_config
+
+
+def test_adapter_popularity_follows_the_zipf_shares() -> None:
+    params = MultiAdapterParams(
+        adapters=20, zipf_s=1.1, rate=100, duration=100, prompt_tokens=2, output_tokens=1
+    )
+    w = multi_adapter(params, seed=4)
+    counts = Counter(r.model for r in w.requests)
+    assert set(counts) <= set(adapter_names(20)) and all(r.model == r.group for r in w.requests)
+    total = len(w.requests)
+    assert abs(total - 10_000) < 5 * 100, total
+    for name, share in zip(adapter_names(20)[:5], zipf_shares(20, 1.1)[:5], strict=True):
+        expected = total * share
+        assert abs(counts[name] - expected) < 5 * expected**0.5, (name, counts[name], expected)
+    ranked = [name for name, _ in counts.most_common(3)]
+    assert ranked == ["a000", "a001", "a002"]
+
+
+def test_the_burst_sends_the_hot_adapter_only_inside_its_window_at_about_its_rate() -> None:
+    params = MultiAdapterParams(adapters=50, rate=2, duration=60, burst_rate=30, burst_start=20, burst_len=10,
+                                prompt_tokens=2, output_tokens=1)  # fmt: skip
+    assert burst_window(params) == (20.0, 30.0)
+    w = multi_adapter(params, seed=0)
+    hot = [r.offset_s for r in w.requests if r.model == "a049"]
+    inside = [t for t in hot if 20 <= t < 30]
+    assert abs(len(inside) - 300) < 5 * 300**0.5, len(inside)
+    assert len(hot) - len(inside) <= 2, "outside the burst, the least popular adapter is rare"
+    offsets = [r.offset_s for r in w.requests]
+    assert offsets == sorted(offsets)
+    calm = params.model_copy(update={"burst_rate": 0.0})
+    quiet = multi_adapter(calm, seed=0)
+    assert burst_window(calm) is None
+    assert len(w.requests) - len(quiet.requests) == len(inside)
+
+
+def test_the_workload_is_the_same_for_a_seed_and_named_as_its_adapters() -> None:
+    first = make_workload("multi-adapter", {"adapters": "1000", "duration": "5"}, seed=1)
+    assert first == make_workload("multi-adapter", {"adapters": "1000", "duration": "5"}, seed=1)
+    assert first != make_workload("multi-adapter", {"adapters": "1000", "duration": "5"}, seed=2)
+    assert adapter_names(1000)[0] == "a000" and adapter_names(1000)[-1] == "a999"
+    assert adapter_names(1001)[-1] == "a1000" and adapter_names(1001)[0] == "a0000"
+
+
+def test_the_folder_holds_one_config_per_adapter_that_the_resolver_accepts(tmp_path: Path) -> None:
+    folder = write_adapter_folder(tmp_path / "adapters", adapter_names(3), base_model="qwen", rank=16)
+    assert sorted(p.name for p in folder.iterdir()) == ["a000", "a001", "a002"]
+    config = read_adapter_config(folder / "a001")
+    assert (config.rank, config.base_model, config.peft_type) == (16, "qwen", "LORA")
+    raw = json.loads((folder / "a002" / "adapter_config.json").read_text())
+    assert raw["lora_alpha"] == 32 and raw["target_modules"]
+
+
+METRICS = """\
+# TYPE tandem_sim_lora_loads_total counter
+tandem_sim_lora_loads_total{engine="0",model_name="qwen",source="disk"} 7.0
+tandem_sim_lora_loads_total{engine="0",model_name="qwen",source="cpu"} 9.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="qwen"} 3.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen"} 5.0
+"""
+
+
+def test_an_engine_sample_reads_both_load_sources_and_the_queue() -> None:
+    s = parse_engine_sample(METRICS, t=1.5, engine="e0")
+    assert (s.disk_loads, s.cpu_loads, s.loads, s.waiting, s.running) == (7, 9, 16, 3, 5)
+
+
+@pytest.mark.parametrize(("peaks", "expected"), [
+    ({"a": 6, "b": 2, "c": 2, "d": 2}, 2.0),
+    ({"a": 1, "b": 1}, 1.0),
+    ({"a": 0, "b": 0}, None),
+    ({}, None),
+])  # fmt: skip
+def test_imbalance_is_the_largest_peak_over_the_mean(peaks: dict[str, float], expected: float | None) -> None:
+    assert imbalance(peaks) == expected
+
+
+def _record(i: int, arrival: float, *, ttft: float, ok: bool = True) -> RequestRecord:
+    r = RequestRecord(i, "bench", None, 10, arrival, start_s=arrival, end_s=arrival + 1.0,
+                      completion_tokens=10, status=200 if ok else 500)  # fmt: skip
+    r.token_times_s.append(arrival + ttft)
+    if not ok:
+        r.error = "boom"
+    return r
+
+
+def test_a_rows_loads_per_1000_count_both_sources_and_the_burst_peaks_only_inside_the_window() -> None:
+    records = tuple(_record(i, float(i), ttft=0.1 if i < 5 else 0.5) for i in range(10))
+    before = {"e0": EngineSample(0, "e0", 1, 1), "e1": EngineSample(0, "e1", 0, 0)}
+    after = {"e0": EngineSample(10, "e0", 4, 5), "e1": EngineSample(10, "e1", 2, 2)}
+    samples = [
+        EngineSample(2, "e0", waiting=9),
+        EngineSample(6, "e0", waiting=4),
+        EngineSample(6, "e1", waiting=1),
+    ]
+    row = run_row("x", 0, result=DriveResult(records, 10.0), samples=samples, before=before, after=after,
+                  window=(5.0, 8.0), time_scale=1.0)  # fmt: skip
+    assert row["loads"] == 11 and row["disk_loads"] == 5 and row["loads_per_1000"] == 1100
+    assert row["loads_by_engine"] == {"e0": 7, "e1": 4}
+    assert row["burst_waiting_peaks"] == {"e0": 4, "e1": 1}, "the sample at t=2 is before the burst"
+    assert row["burst_queue_imbalance"] == pytest.approx(4 / 2.5)
+    assert row["burst_ttft_p99_ms"] == pytest.approx(500) and row["errors"] == 0
+    assert row["throughput_tok_s"] == pytest.approx(100 / 10)
+    assert burst_peaks(samples, None, time_scale=1.0, running=False) == {}
+
+
+def test_the_verdict_compares_with_the_best_peer_of_each_figure() -> None:
+    def cell(v: float | None) -> dict[str, float | None]:
+        return {"mean": v, "max": v}
+
+    def row(ttft: float, loads: float, tput: float, burst: float, queue: float | None, errors: int) -> Any:
+        return {"errors": errors, "ttft_p90_ms": cell(ttft), "loads_per_1000": cell(loads),
+                "throughput_tok_s": cell(tput), "burst_ttft_p99_ms": cell(burst),
+                "burst_queue_imbalance": cell(queue)}  # fmt: skip
+
+    table = {"tandem": row(40, 30, 100, 60, 1.5, 0), "rr": row(100, 200, 90, 100, 1.0, 0),
+             "ca": row(90, 100, 95, 200, 3.0, 0)}  # fmt: skip
+    checks = {c["target"]: c for c in verdict(table, ours="tandem")}
+    assert checks["TTFT p90"]["best_peer"] == "ca" and checks["TTFT p90"]["ratio"] == pytest.approx(40 / 90)
+    assert checks["adapter loads per 1,000 requests"]["ratio"] == pytest.approx(0.3)
+    assert checks["throughput"]["best_peer"] == "ca" and checks["throughput"]["met"]
+    assert checks["burst: TTFT p99 of the burst's requests"]["best_peer"] == "rr"
+    assert all(c["met"] for c in checks.values())
+    table["tandem"]["burst_queue_imbalance"] = cell(2.5)
+    assert not {c["target"]: c for c in verdict(table, ours="tandem")}[
+        "burst: largest engine queue ÷ pool mean (worst repeat)"
+    ]["met"]
+
+
+def test_the_plot_series_counts_loads_since_the_first_sample_and_the_busiest_engine() -> None:
+    samples = [
+        {"t": 0.0, "engine": "a", "disk_loads": 2, "cpu_loads": 2, "waiting": 0, "running": 1},
+        {"t": 0.0, "engine": "b", "disk_loads": 0, "cpu_loads": 0, "waiting": 0, "running": 0},
+        {"t": 1.0, "engine": "a", "disk_loads": 3, "cpu_loads": 4, "waiting": 2, "running": 3},
+        {"t": 1.0, "engine": "b", "disk_loads": 1, "cpu_loads": 1, "waiting": 0, "running": 1},
+    ]
+    assert load_series({"samples": samples}, time_scale=2.0) == {
+        "t": [0.0, 2.0],
+        "loads": [0, 5],
+        "busiest": [1, 5],
+    }
+
+
+def test_a_live_run_counts_the_engines_adapter_loads_with_no_errors(tmp_path: Path) -> None:
+    args = ["bench", "--workload", "multi-adapter", "--param", "adapters=6", "--param", "rate=8",
+            "--param", "duration=4", "--param", "prompt_tokens=32", "--param", "output_tokens=4",
+            "--param", "burst_rate=4", "--param", "burst_start=1", "--param", "burst_len=2",
+            "--policy", "tandem", "--adapters-bench", "--engines", "2", "--max-loras", "2",
+            "--time-scale", "1", "--no-plots", "--out", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "adapters.json").read_text())
+    (row,) = doc["rows"]
+    assert 25 <= row["requests"] <= 60 and row["errors"] == 0, row
+    assert row["loads"] > 0 and row["disk_loads"] > 0, "the engines loaded adapters through the resolver"
+    assert row["loads_per_1000"] == pytest.approx(row["loads"] * 1000 / row["requests"])
+    assert sum(row["adapters_per_engine"].values()) >= 2, row["adapters_per_engine"]
+    assert len(row["loads_by_engine"]) == 2
+    timeline = json.loads((tmp_path / "adapter-timelines.json").read_text())
+    assert len(timeline) == 1 and len(timeline[0]["samples"]) >= 2 * 2, "sampled each second, both engines"
+    assert "| tandem |" in (tmp_path / "adapters.md").read_text()
