@@ -8,52 +8,25 @@ and 1.34) and LeaderWorkerSet's own CRD schema (v0.9.0, vendored in tests/operat
 
 from __future__ import annotations
 
-import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from click.testing import CliRunner
+from tests.operator.lws_schema import lws_errors, pod_templates
 
 from tandem.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "examples" / "deepseek-v3-pd.yaml"
-LWS_SCHEMA = ROOT / "tests" / "operator" / "schemas" / "leaderworkerset-v1.json"
 
 
 def render(path: Path) -> list[dict[str, Any]]:
     result = CliRunner().invoke(cli, ["render", "-f", str(path)])
     assert result.exit_code == 0, result.output
     return [d for d in yaml.safe_load_all(result.output) if d]
-
-
-def closed(node: Any) -> Any:
-    """The schema with `additionalProperties: false` on every object that lists its properties and
-    keeps no unknown fields: what the API server's strict field validation refuses."""
-    if isinstance(node, dict):
-        out = {k: closed(v) for k, v in node.items()}
-        open_ended = "additionalProperties" in node or node.get("x-kubernetes-preserve-unknown-fields")
-        if "properties" in node and not open_ended:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(node, list):
-        return [closed(v) for v in node]
-    return node
-
-
-@cache
-def lws_validator() -> jsonschema.Draft7Validator:
-    schema = json.loads(LWS_SCHEMA.read_text())["openAPIV3Schema"]
-    return jsonschema.Draft7Validator(closed(schema))
-
-
-def lws_errors(manifest: dict[str, Any]) -> list[str]:
-    return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in lws_validator().iter_errors(manifest)]
 
 
 @pytest.mark.parametrize("version", ["1.30", "1.34"])
@@ -65,15 +38,7 @@ def test_every_rendered_object_of_the_example_is_valid(version: str) -> None:
             kubernetes_validate.validate(manifest, version, strict=True)
             continue
         assert lws_errors(manifest) == []
-        group = manifest["spec"]["leaderWorkerTemplate"]
-        for template in (group["leaderTemplate"], group["workerTemplate"]):
-            # The pods themselves, as the built-in PodTemplate kind (metadata included).
-            pod_template = {
-                "apiVersion": "v1",
-                "kind": "PodTemplate",
-                "metadata": {"name": "t"},
-                "template": template,
-            }
+        for pod_template in pod_templates(manifest):  # the pods themselves, metadata included
             kubernetes_validate.validate(pod_template, version, strict=True)
     assert {"LeaderWorkerSet", "PodDisruptionBudget", "Deployment", "Service"} <= kinds
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
+from tests.operator.lws_schema import lws_errors, pod_templates
 from tests.operator.specs import IMAGES, OWNER, gpu, sim
 
 from tandem.core.spec import InferenceServiceSpec
@@ -344,3 +346,45 @@ def test_what_a_template_took_back_is_removed_from_the_live_workload() -> None:
         assert pod_patch["spec"][field] is None
     assert pod_patch["metadata"]["labels"] == {"team": None}
     assert [c["name"] for c in pod_patch["spec"]["containers"]] == ["engine"]  # the sidecar is gone
+
+
+EVERY_FIELD: dict[str, Any] = {
+    "metadata": PLACED["metadata"],
+    "spec": {
+        **PLACED["spec"],
+        "terminationGracePeriodSeconds": 300,
+        "securityContext": {"supplementalGroups": [2000]},
+        "initContainers": [{"name": "warm-cache", "image": "busybox:1.36", "command": ["true"]}],
+    },
+}
+
+
+@pytest.mark.parametrize("version", ["1.30", "1.34"])
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_every_template_field_renders_valid_objects(version: str, nodes: int) -> None:
+    spec = gpu(
+        engine={"kind": "vllm", "template": {"spec": {"runtimeClassName": "nvidia"}}},
+        prefill={"template": EVERY_FIELD, "engine": {"args": ["--max-num-batched-tokens", "16384"]}},
+        decode={"replicas": 2, "nodesPerReplica": nodes, "template": EVERY_FIELD, "maxUnavailable": nodes},
+        router={"template": {"spec": {"nodeSelector": {"role": "cpu"}, "imagePullSecrets": [{"name": "r"}]}}},
+        kvPool={"redis": {"template": {"spec": {"tolerations": [{"key": "memory", "operator": "Exists"}]}}}},
+    )
+    built = objects(spec)
+    for (kind, _), manifest in built.items():
+        if kind == "LeaderWorkerSet":
+            assert lws_errors(manifest) == []
+            for template in pod_templates(manifest):
+                kubernetes_validate.validate(template, version, strict=True)
+        else:
+            kubernetes_validate.validate(manifest, version, strict=True)
+    workload = built["LeaderWorkerSet" if nodes > 1 else "Deployment", "demo-decode"]
+    pods = (
+        [workload["spec"]["template"]]
+        if nodes == 1
+        else [workload["spec"]["leaderWorkerTemplate"][t] for t in ("leaderTemplate", "workerTemplate")]
+    )
+    for template in pods:
+        assert template["spec"]["terminationGracePeriodSeconds"] == 300
+        assert template["spec"]["securityContext"]["supplementalGroups"] == [2000]
+        assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert [c["name"] for c in template["spec"]["initContainers"]] == ["lmcache-check", "warm-cache"]
