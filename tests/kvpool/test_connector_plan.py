@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.core.kvkeys import TandemHash, chunk_hashes
+from tandem.core.kvkeys import PoolScope, TandemHash, chunk_hashes
 from tandem.kvpool.connector_plan import (
     COUNTER_HELP,
     ChunkNamer,
@@ -95,15 +95,23 @@ def test_a_salted_prompt_is_hashed_in_its_scope_with_the_pool_key() -> None:
     assert prompt_chunk_hashes(tokens, C, scope="t1-a") == TandemHash().chunk_hashes(tokens, C, scope="t1-a")
 
 
+def test_an_adapters_prompt_is_hashed_in_its_adapters_scope() -> None:
+    tokens, keyed = list(range(600)), TandemHash(key=b"k" * 32)
+    scopes = [PoolScope(cache_salt=s, lora_name=a) for s in (None, "t1-a") for a in (None, "sql", "chat")]
+    hashes = [prompt_chunk_hashes(tokens, C, scheme=keyed, scope=scope) for scope in scopes]
+    assert len({h for chain in hashes for h in chain}) == 2 * len(scopes)
+    assert hashes[0] == prompt_chunk_hashes(tokens, C, scheme=keyed)  # the base model's, unsalted
+
+
 @pytest.mark.parametrize(
-    ("lora", "multimodal", "prompt_embeds", "bypass"),
-    [(False, False, False, False), (True, False, False, True), (False, True, False, True),
-     (False, False, True, True)],
-)  # fmt: skip
-def test_only_adapters_images_and_embeddings_bypass_the_pool(
-    lora: bool, multimodal: bool, prompt_embeds: bool, bypass: bool
+    ("multimodal", "prompt_embeds", "bypass"),
+    [(False, False, False), (True, False, True), (False, True, True)],
+)
+def test_only_images_and_embeddings_bypass_the_pool(
+    multimodal: bool, prompt_embeds: bool, bypass: bool
 ) -> None:
-    assert bypasses_pool(lora=lora, multimodal=multimodal, prompt_embeds=prompt_embeds) is bypass
+    """An adapter no longer bypasses: its name scopes the chunk hashes, as the salt does."""
+    assert bypasses_pool(multimodal=multimodal, prompt_embeds=prompt_embeds) is bypass
 
 
 def test_refused_chunks_have_counters_by_reason() -> None:

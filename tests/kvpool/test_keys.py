@@ -15,8 +15,11 @@ from tandem.kvpool.keys import (
     MEMORY_FORMAT_KV_2LTD,
     METADATA_BYTES,
     ChunkMetadata,
+    LMCache03Hash,
+    LMCacheCborHash,
     LMCacheHash,
     PoolKeys,
+    PoolScope,
     TandemHash,
     check_chunk,
     chunk_hashes,
@@ -28,6 +31,7 @@ from tandem.kvpool.keys import (
     model_pattern,
     parse_key,
     pool_key,
+    scope_root,
     seal_metadata,
     split_metadata,
 )
@@ -178,6 +182,92 @@ def test_pool_keys_pass_the_scope_to_the_hash_and_keep_the_shared_scope_by_defau
     assert not set(keyed.chunk_keys(prompt)) & set(
         PoolKeys(model="qwen", chunk_size=CHUNK).chunk_keys(prompt)
     )
+
+
+# --------------------------------------------------------------------------- adapters in the scope
+
+ADAPTERS = (None, "sql", "chat")
+SALTS = (None, "t1-a")
+PROMPT = [1000 + i for i in range(600)]  # two full chunks and 88 tokens more
+
+
+@pytest.mark.parametrize("key", [None, bytes(range(32))], ids=["unkeyed", "keyed"])
+def test_the_same_prompt_as_base_and_under_two_adapters_with_and_without_a_salt_has_disjoint_keys(
+    key: bytes | None,
+) -> None:
+    keys = PoolKeys(model="qwen", chunk_size=CHUNK, scheme=TandemHash(key=key))
+    named = {
+        (salt, adapter): keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt=salt, lora_name=adapter))
+        for salt in SALTS
+        for adapter in ADAPTERS
+    }
+    assert all(len(chunks) == 2 for chunks in named.values())
+    assert len(set().union(*named.values())) == 2 * len(named)  # 6 scopes, 12 distinct keys
+
+
+# Computed before adapters joined the scope (commit 051f5e2's `tandem.core.kvkeys`): the base model's
+# keys, salted or not, keyed or not, must stay these bytes, so chunks already in pools keep matching.
+BEFORE_ADAPTERS = {
+    (None, None): [-4371818112097449693, -8763346590559048906],
+    (None, "t1-a"): [6065772619703598264, 7222603177765202808],
+    (bytes(range(32)), None): [-8452652196203726444, 2588673510891762590],
+    (bytes(range(32)), "t1-a"): [-5100695345770196606, 2032125459918946261],
+}
+
+
+@pytest.mark.parametrize(("key", "salt"), list(BEFORE_ADAPTERS))
+def test_the_base_models_keys_are_the_bytes_they_were_before_adapters(
+    key: bytes | None, salt: str | None
+) -> None:
+    scheme = TandemHash(key=key)
+    for scope in (salt, PoolScope(cache_salt=salt), PoolScope(cache_salt=salt, lora_name="")):
+        assert scheme.chunk_hashes(PROMPT, CHUNK, scope=scope) == BEFORE_ADAPTERS[(key, salt)]
+    assert PoolKeys(model="qwen", chunk_size=CHUNK).chunk_keys(PROMPT) == [
+        "qwen@1@0@-3cabd168fa2ff6dd@bfloat16metadata",
+        "qwen@1@0@-799da94b3de714ca@bfloat16metadata",
+    ]
+
+
+def test_an_adapters_root_is_pinned_for_the_docs_worked_example() -> None:
+    """docs/kvpool.md: key `bytes(range(32))`, adapter `sql`, no salt."""
+    key = bytes(range(32))
+    assert scope_root(PoolScope(lora_name="sql"), key=key) == 3526461272930537103
+    assert scope_root(PoolScope(lora_name="sql")) == 3214754812834023545
+    assert scope_root(PoolScope(cache_salt="t1-a", lora_name="sql"), key=key) == 6827639238824910383
+    assert TandemHash(key=key).chunk_hashes([1, 2, 3, 4, 5], 2, scope=PoolScope(lora_name="sql")) == [
+        8360595004382635530,
+        -1722636529619351707,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (PoolScope(cache_salt="sql"), PoolScope(lora_name="sql")),  # a salt named like an adapter
+        (PoolScope(cache_salt="sql\x1ft1-a"), PoolScope(cache_salt="t1-a", lora_name="sql")),
+        (PoolScope(lora_name="sql\x1fcache_salt\x1ft1-a"), PoolScope(cache_salt="t1-a", lora_name="sql")),
+        (
+            PoolScope(cache_salt="lora_name\x1f\x00\x00\x00\x00\x00\x00\x00\x03sql"),
+            PoolScope(lora_name="sql"),
+        ),
+        (PoolScope(lora_name="sq"), PoolScope(lora_name="sql")),
+    ],
+    ids=["salt-as-adapter", "joined-salt", "adapter-spelling-a-salt", "salt-spelling-an-adapter", "prefix"],
+)
+def test_no_salt_or_adapter_name_can_spell_another_scope(one: PoolScope, other: PoolScope) -> None:
+    """Salts reach the engines from clients that bypass the gateway too: the scope's encoding is
+    one-to-one, so no chosen salt or adapter name lands in another scope's keys."""
+    for key in (None, KEY):
+        assert scope_root(one, key=key) != scope_root(other, key=key)
+
+
+@pytest.mark.parametrize("scheme", [LMCacheHash(7), LMCacheCborHash(7), LMCache03Hash(7)], ids=str)
+def test_lmcaches_keys_carry_neither_salt_nor_adapter_and_say_so(scheme: object) -> None:
+    keys = PoolKeys(model="qwen", chunk_size=CHUNK, scheme=scheme)  # type: ignore[arg-type]
+    scoped = keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt="t1-a", lora_name="sql"))
+    assert scoped == keys.chunk_keys(PROMPT)  # vLLM #44250: an adapter's KV lands on the base's keys
+    assert keys.scheme.carries_scope is False
+    assert TandemHash().carries_scope is True
 
 
 # --------------------------------------------------------------------------- the chunk tag

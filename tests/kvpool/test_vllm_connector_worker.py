@@ -21,12 +21,17 @@ pytest.importorskip("vllm")
 
 with warnings.catch_warnings():  # torch's own modules, imported by vLLM's, use deprecated torch.jit APIs
     warnings.simplefilter("ignore", DeprecationWarning)
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
     from tandem.kvpool import connector_worker, vllm_connector  # need vLLM, skipped above without it
 from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, PoolHealth, PoolSettings  # noqa: E402
 from tandem.kvpool.connector_stats import TandemConnectorStats  # noqa: E402
 from tandem.kvpool.keys import (  # noqa: E402
     MAC_BYTES,
     METADATA_BYTES,
+    PoolScope,
     TandemHash,
     check_chunk,
     encode_metadata,
@@ -301,7 +306,7 @@ def test_an_unkeyed_pool_writes_lmcaches_28_bytes_and_reads_without_verifying() 
     assert connector.stats.data["chunks_loaded"] == 1
 
 
-def test_the_scheduler_hashes_a_salted_request_in_its_scope_and_bypasses_adapters() -> None:
+def test_the_scheduler_hashes_a_request_in_its_salt_and_adapters_scope() -> None:
     connector = FakeConnector(pool_key=KEY)
     scheduler = vllm_connector._SchedulerSide(connector)  # type: ignore[arg-type]
     chunk = connector.settings.chunk_size
@@ -311,10 +316,53 @@ def test_the_scheduler_hashes_a_salted_request_in_its_scope_and_bypasses_adapter
         fields = {"prompt_token_ids": tokens, "lora_request": None, "mm_features": None, "cache_salt": None}
         return SimpleNamespace(**{**fields, **extra})
 
+    def scope(salt: str | None = None, adapter: str | None = None) -> list[int]:
+        return TandemHash(key=KEY).chunk_hashes(tokens, chunk, scope=PoolScope(salt, adapter))
+
     salted = scheduler._prompt(request(cache_salt="t1-a"))
-    assert salted.hashes == TandemHash(key=KEY).chunk_hashes(tokens, chunk, scope="t1-a")
+    assert salted.hashes == TandemHash(key=KEY).chunk_hashes(tokens, chunk, scope="t1-a") == scope("t1-a")
     assert salted.hashes != scheduler._prompt(request()).hashes
     assert salted.hashes != scheduler._prompt(request(cache_salt="t1-b")).hashes
-    assert scheduler._prompt(request(lora_request=object(), cache_salt="t1-a")).hashes == []
+    sql = LoRARequest(lora_name="sql", lora_int_id=1, lora_path="/adapters/sql")
+    assert scheduler._prompt(request(lora_request=sql, cache_salt="t1-a")).hashes == scope("t1-a", "sql")
+    assert scheduler._prompt(request(lora_request=sql)).hashes == scope(None, "sql") != scope()
     assert scheduler._prompt(request(mm_features=[object()])).hashes == []
     assert scheduler._prompt(request(prompt_embeds=object())).hashes == []
+
+
+def vllm_request(req_id: str, tokens: list[int], *, adapter: str | None = None, path: str = "/a") -> Any:
+    """vLLM 0.32's own `Request`, as the scheduler hands it to the connector."""
+    lora = LoRARequest(lora_name=adapter, lora_int_id=1, lora_path=f"{path}/{adapter}") if adapter else None
+    return Request(req_id, tokens, SamplingParams(max_tokens=1), None, lora_request=lora, cache_salt="t1-a")
+
+
+def test_an_adapters_chunks_saved_by_a_producer_are_found_under_that_adapter_only() -> None:
+    """Save (producer) and look-up (consumer) on real vLLM requests: the chunks of a prompt under
+    adapter `sql` are found for `sql` (whatever path the consumer loaded it from: the pool names
+    adapters by `lora_name`), never for the base model or adapter `chat`."""
+    side, connector = worker(pool_key=KEY)
+    connector.produces, connector.consumes, connector.world_size = True, True, 1  # type: ignore[attr-defined]
+    scheduler = vllm_connector._SchedulerSide(connector)  # type: ignore[arg-type]
+    chunk = connector.settings.chunk_size
+    tokens = list(range(3 * chunk))  # 3 chunks of 2 blocks
+    produced = vllm_request("p", tokens, adapter="sql")
+    scheduler.on_new_request(produced)
+    out = SimpleNamespace(
+        scheduled_new_reqs=[
+            SimpleNamespace(req_id="p", num_computed_tokens=0, block_ids=([0, 1, 2, 3, 4, 5],))
+        ],
+        num_scheduled_tokens={"p": len(tokens)},
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[]),
+    )
+    side.save(scheduler.build_meta(out).saves)
+    stored = sorted(k for k in connector.store if k.endswith("metadata"))
+    hashes = TandemHash(key=KEY).chunk_hashes(tokens, chunk, scope=PoolScope("t1-a", "sql"))
+    assert stored == sorted(connector.namer(0).metadata(h) for h in hashes)
+
+    def matched(request: Any) -> int:
+        return scheduler.num_new_matched_tokens(request, 0)
+
+    found = 2 * chunk  # the last chunk is left for the engine to compute (one token must be)
+    assert matched(vllm_request("c1", tokens, adapter="sql", path="/elsewhere")) == found
+    assert matched(vllm_request("c2", tokens, adapter="chat")) == 0
+    assert matched(vllm_request("c3", tokens)) == 0

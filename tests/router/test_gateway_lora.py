@@ -1,5 +1,6 @@
 """LoRA adapters through the gateway: adapter names accepted as `model`, listed under their model,
-sent to the service's pools unchanged, never disaggregated, and their prompts keyed apart.
+sent to the service's pools unchanged, not disaggregated without a KV pool whose keys carry them
+(with one: tests/router/test_lora_pool.py), and their prompts keyed apart.
 
 Real: `tandem sim` engines with `--enable-lora` (a `--lora-modules` adapter and the filesystem
 resolver over adapter directories written to tmp_path), the router (`create_app`, and
@@ -177,7 +178,9 @@ async def test_models_lists_the_adapters_under_the_model_before_and_after_use(
     assert after["chat"]["root"] == str(adapters / "chat") and after["chat"]["parent"] == "qwen"
 
 
-async def test_an_adapters_request_is_never_disaggregated(exits: AsyncExitStack, adapters: Path) -> None:
+async def test_without_a_pool_whose_keys_carry_adapters_an_adapters_request_is_not_disaggregated(
+    exits: AsyncExitStack, adapters: Path
+) -> None:
     client, urls = await gateway(exits, adapters, engines=2, mode="always", prefill=1)
     assert (await client.post("/v1/completions", json=complete("qwen"))).status_code == 200
     assert (await client.post("/v1/completions", json=complete("sql"))).status_code == 200

@@ -1,4 +1,5 @@
-"""The simulator's KV pool scoped by `cache_salt` and sealed with the pool key (`TANDEM_KV_POOL_KEY`).
+"""The simulator's KV pool scoped by `cache_salt` and the LoRA adapter, and sealed with the pool key
+(`TANDEM_KV_POOL_KEY`).
 
 Real: redis-server on 127.0.0.1 (the `redis_server` fixture), producer and consumer apps served by
 uvicorn and called over HTTP, redis-py to inspect and damage the pool, `tandem.kvpool.keys` to name
@@ -8,12 +9,18 @@ in a deployment (`monkeypatch.setenv`). Nothing else is faked.
 
 from __future__ import annotations
 
+import contextlib
+import json
+from pathlib import Path
+
 import httpx
 import pytest
-from tests.servers import RedisServer
+from tests.servers import RedisServer, run_uvicorn
 from tests.sim.test_kv_roles import MODEL_ID, PROMPT, SERVED, Scrape, engine
 
-from tandem.kvpool.keys import METADATA_BYTES, TandemHash, check_chunk, chunk_key, pool_key
+from tandem.kvpool.keys import METADATA_BYTES, PoolScope, TandemHash, check_chunk, chunk_key, pool_key
+from tandem.sim.app import create_app
+from tandem.sim.settings import KVRole, SimSettings
 
 SECRET = "0f" * 32
 KEY = pool_key(SECRET)
@@ -111,3 +118,43 @@ def test_a_keyed_consumer_recomputes_chunks_whose_tag_is_missing_or_wrong(
     with engine("producer", redis_server.url) as (url, _):
         complete(url)
     assert pool_hits(redis_server, salt=None) == 512
+
+
+# -- LoRA adapters: their own scope in the pool ----------------------------------------------------
+
+
+def lora_engine(role: KVRole, pool_url: str, adapters: Path) -> contextlib.AbstractContextManager[str]:
+    """A simulated engine serving adapters `sql` and `chat` from `adapters` (each engine its own
+    directory: the pool names an adapter by its name, not its path)."""
+    for name in ("sql", "chat"):
+        (adapters / name).mkdir(parents=True)
+        config = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "peft_type": "LORA"}
+        (adapters / name / "adapter_config.json").write_text(json.dumps(config))
+    settings = SimSettings(
+        profile="tiny-cpu", model=MODEL_ID, served_model_name=SERVED, time_scale=1000, kv_role=role,
+        kv_pool=pool_url, enable_lora=True, max_loras=2,
+        lora_modules=[f"sql={adapters / 'sql'}", f"chat={adapters / 'chat'}"],
+    )  # fmt: skip
+    return run_uvicorn(create_app(settings))
+
+
+def test_an_adapters_prompt_is_stored_in_the_adapters_scope_and_found_only_under_it(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TANDEM_KV_POOL_KEY", SECRET)
+    with lora_engine("producer", redis_server.url, tmp_path / "p") as url:
+        assert httpx.post(f"{url}/v1/completions", json={"model": "sql", "prompt": PROMPT}).status_code == 200
+    sql = [chunk_key(model=MODEL_ID, chunk_hash=h) for h in TandemHash(key=KEY).chunk_hashes(
+        PROMPT, 256, scope=PoolScope(cache_salt=None, lora_name="sql"))]  # fmt: skip
+    with redis_server.client() as pool:
+        stored = sorted(k.decode() for k in pool.keys("*metadata"))
+    assert stored == sorted(f"{name}metadata" for name in sql)
+    assert not set(sql) & set(chunk_names(key=KEY))  # not the base model's keys
+
+    with lora_engine("consumer", redis_server.url, tmp_path / "c") as url:
+        hits = []
+        for model in ("chat", SERVED, "sql"):
+            body = {"model": model, "prompt": PROMPT, "max_tokens": 1}
+            assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+            hits.append(Scrape(url)("vllm:external_prefix_cache_hits_total"))
+    assert hits == [0, 0, 512]  # only `sql` loads `sql`'s chunks

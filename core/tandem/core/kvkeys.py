@@ -8,8 +8,10 @@ negative (keys then read `...@-7cfefdccc681b183@...`).
   Unkeyed and unscoped (`TandemHash()`): `h_{-1} = 0`, H = the first 8 bytes (big-endian, signed) of
   SHA-256 over the parent as 8 signed big-endian bytes followed by the tokens as little-endian uint32
   (ids above 2**32-1 are reduced mod 2**32). The same in every process, whatever PYTHONHASHSEED is.
-  A *scope* (vLLM's `cache_salt`, the tenant's) gives the chain its own root (`scope_root`), so two
-  scopes' equal prompts never share a key; unkeyed, anyone can still compute a scope's keys.
+  A *scope* (`PoolScope`: vLLM's `cache_salt`, the tenant's, and the LoRA adapter's `lora_name`)
+  gives the chain its own root (`scope_root`), so two scopes' equal prompts never share a key: not two
+  tenants', not the base model's and an adapter's, not two adapters'; unkeyed, anyone can still
+  compute a scope's keys.
   Keyed (`TandemHash(key=K)`, the pool secret `TANDEM_KV_POOL_KEY`): H is keyed BLAKE2b-64 over the
   same bytes (`keyed_chunk_hashes`) and the root is keyed BLAKE2b of the scope (no scope: a fixed
   shared scope). Without K nobody can compute a key, aim a write at another tenant's chunk or
@@ -42,11 +44,13 @@ negative (keys then read `...@-7cfefdccc681b183@...`).
   keys in tests/core/test_kvkeys_lmcache03.py).
 
 Scopes and LMCache: LMCache 0.5.6's `LMCacheConnectorV1` (the one Tandem configures) never reads a
-request's `cache_salt`: `vllm_v1_adapter.py` does not mention it, `ChunkedTokenDatabase` chains
-`_hash_tokens(chunk, prefix_hash)` with no extra keys (so `()`), and `CacheEngineKey` holds only the
-model, world size, worker, chunk hash, dtype and `lmcache.tag.*` request configs. Equal prompts of two
-tenants therefore share LMCache's keys; the LMCache schemes accept `scope` and ignore it, as LMCache
-does. (Only LMCache's multi-process connector, `LMCacheMPConnector`, carries the salt.)
+request's `cache_salt` nor its `lora_request`: `vllm_v1_adapter.py` mentions neither,
+`ChunkedTokenDatabase` chains `_hash_tokens(chunk, prefix_hash)` with no extra keys (so `()`; its
+comment: "Ignore extra keys for now ... (e.g., LoRA ID)"), and `CacheEngineKey` holds only the model,
+world size, worker, chunk hash, dtype and `lmcache.tag.*` request configs. Equal prompts of two tenants,
+or of the base model and an adapter, therefore share LMCache's keys (vLLM #44250); the LMCache schemes
+accept `scope` and ignore it, as LMCache does (`carries_scope` is False). (Only LMCache's
+multi-process connector, `LMCacheMPConnector`, carries the salt.)
 
 The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
 `kv_bytes`/`metadata` pair) lives in `tandem.kvpool.keys`, which re-exports these names.
@@ -70,6 +74,8 @@ __all__ = [
     "LMCache03Hash",
     "LMCacheCborHash",
     "LMCacheHash",
+    "PoolScope",
+    "Scope",
     "TandemHash",
     "chunk_hashes",
     "keyed_chunk_hashes",
@@ -115,19 +121,44 @@ def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NON
     return hashes
 
 
-def scope_root(scope: str | None = None, *, key: bytes | None = None) -> int:
-    """The parent of a scope's first chunk, `h_{-1}` (module docstring). `scope` is vLLM's `cache_salt`;
-    None and "" are the shared scope (vLLM treats an empty salt as none).
+@dataclass(frozen=True, slots=True)
+class PoolScope:
+    """Whose chunks a prompt's are: the request's `cache_salt` (the tenant's) and the LoRA adapter it
+    runs under, by name (vLLM's `request.lora_request.lora_name`; the gateway's `model`). None or ""
+    in either: none (vLLM treats an empty salt as none). `PoolScope()` is the shared base-model scope.
 
-    - no key, no scope: `NONE_HASH` (0), so `TandemHash()` is the chain Tandem always wrote;
-    - no key, a scope: BLAKE2b-64 of the scope (personalised), signed big-endian: separate, not secret;
-    - a key: keyed BLAKE2b-64 of the scope, the shared scope included (an empty message), so keyed and
-      unkeyed pools never share a key.
+    The adapter's path is left out on purpose: prefill and decode engines resolve one adapter at
+    different paths, and the gateway, which computes the same keys, knows only the name (docs/kvpool.md).
+    """
 
-    >>> scope_root() == NONE_HASH
+    cache_salt: str | None = None
+    lora_name: str | None = None
+
+
+#: A scope as the key functions take it: a `PoolScope`, a bare `cache_salt` (shorthand for
+#: `PoolScope(cache_salt=s)`), or None (the shared base-model scope).
+Scope = PoolScope | str | None
+
+
+def scope_root(scope: Scope = None, *, key: bytes | None = None) -> int:
+    """The parent of a scope's first chunk, `h_{-1}` (module docstring): the one function every writer
+    and reader of Tandem's keys roots a prompt's chain with. `scope`: `PoolScope` (salt and adapter), a
+    bare salt, or None; the scope is encoded by `_scope_bytes` (empty for the shared base scope).
+
+    - no key, the shared base scope: `NONE_HASH` (0), so `TandemHash()` is the chain Tandem always wrote;
+    - no key, another scope: BLAKE2b-64 of the scope's bytes (personalised): separate, not secret;
+    - a key: keyed BLAKE2b-64 of the scope's bytes, the shared scope included (an empty message), so
+      keyed and unkeyed pools never share a key.
+
+    Base-model scopes hash what they hashed before adapters joined the pool (a salt `s`:
+    `"cache_salt\x1f" + s`), so chunks already stored keep their keys.
+
+    >>> scope_root() == scope_root(PoolScope()) == NONE_HASH
     True
-    >>> scope_root("tenant-a") != scope_root("tenant-b")
+    >>> scope_root("tenant-a") == scope_root(PoolScope(cache_salt="tenant-a")) != scope_root("tenant-b")
     True
+    >>> len({scope_root(PoolScope(lora_name=a)) for a in (None, "sql", "chat")})
+    3
     >>> scope_root(key=b"k") != scope_root(key=b"l")
     True
     """
@@ -288,12 +319,15 @@ class TandemHash:
 
     key: bytes | None = field(default=None, repr=False)
     name: ClassVar[str] = "tandem"
+    #: Whether the keys carry the scope (salt and adapter): readers may rely on them to keep tenants'
+    #: and adapters' KV apart.
+    carries_scope: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.key is not None:
             _checked_key(self.key)
 
-    def root(self, scope: str | None = None) -> int:
+    def root(self, scope: Scope = None) -> int:
         """The parent of the first chunk in `scope` (`scope_root`)."""
         return scope_root(scope, key=self.key)
 
@@ -303,10 +337,9 @@ class TandemHash:
             return chunk_hashes(token_ids, chunk_size, parent=parent)
         return keyed_chunk_hashes(token_ids, chunk_size, key=self.key, parent=parent)
 
-    def chunk_hashes(
-        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
-    ) -> list[int]:
-        """The hash of every full chunk of a prompt in `scope` (vLLM's `cache_salt`; None: shared)."""
+    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
+        """The hash of every full chunk of a prompt in `scope` (`PoolScope`: salt and adapter; a bare
+        salt; None: shared)."""
         return self.extend(token_ids, chunk_size, parent=self.root(scope))
 
 
@@ -316,12 +349,12 @@ class LMCacheHash:
 
     none_hash: int
     name: ClassVar[str] = "lmcache"
+    carries_scope: ClassVar[bool] = False  # LMCache's keys carry neither salt nor adapter
 
-    def chunk_hashes(
-        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
-    ) -> list[int]:
-        """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt`."""
-        del scope  # LMCache 0.5.6's keys carry no salt (module docstring)
+    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
+        """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt` and the
+        adapter."""
+        del scope  # LMCache 0.5.6's keys carry neither salt nor adapter (module docstring)
         return lmcache_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
 
 
@@ -335,12 +368,12 @@ class LMCacheCborHash:
     none_hash: int
     builtin_none_hash: int | None = None
     name: ClassVar[str] = "lmcache-sha256_cbor"
+    carries_scope: ClassVar[bool] = False  # LMCache's keys carry neither salt nor adapter
 
-    def chunk_hashes(
-        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
-    ) -> list[int]:
-        """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt`."""
-        del scope  # LMCache 0.5.6's keys carry no salt (module docstring)
+    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
+        """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt` and the
+        adapter."""
+        del scope  # LMCache 0.5.6's keys carry neither salt nor adapter (module docstring)
         return lmcache_cbor_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
 
 
@@ -351,11 +384,11 @@ class LMCache03Hash:
 
     none_hash: int
     name: ClassVar[str] = "lmcache-0.3"
+    carries_scope: ClassVar[bool] = False  # LMCache's keys carry neither salt nor adapter
 
-    def chunk_hashes(
-        self, token_ids: Sequence[int], chunk_size: int, *, scope: str | None = None
-    ) -> list[int]:
-        """LMCache 0.3's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt`."""
+    def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
+        """LMCache 0.3's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt` and
+        the adapter."""
         del scope  # neither does LMCache 0.3
         return lmcache03_chunk_hashes(token_ids, chunk_size, none_hash=self.none_hash)
 
@@ -364,10 +397,27 @@ class LMCache03Hash:
 ChunkHashScheme = TandemHash | LMCacheHash | LMCacheCborHash | LMCache03Hash
 
 
-def _scope_bytes(scope: str | None) -> bytes:
-    """A scope as the roots hash it: b"" for the shared scope, else a prefixed UTF-8 salt (so no salt
-    encodes as the shared scope)."""
-    return b"cache_salt\x1f" + scope.encode() if scope else b""
+def _scope_bytes(scope: Scope) -> bytes:
+    """A scope as the roots hash it, one-to-one (no two scopes share bytes):
+
+    - the shared base scope: b"";
+    - a salt `s` alone: `"cache_salt\x1f" + utf8(s)` (as before adapters joined the pool);
+    - an adapter `a`: `"lora_name\x1f" + be64(len(utf8(a))) + utf8(a)`, followed by the salt's bytes
+      above when there is a salt.
+
+    Base encodings start with `c` or are empty, adapter encodings with `l`; the length prefix ends the
+    name, so what follows it is the salt's part alone. Example: adapter `sql`, no salt →
+    `6c6f72615f6e616d651f` `0000000000000003` `73716c`.
+    """
+    if isinstance(scope, PoolScope):
+        salt, adapter = scope.cache_salt, scope.lora_name
+    else:
+        salt, adapter = scope, None
+    salted = b"cache_salt\x1f" + salt.encode() if salt else b""
+    if not adapter:
+        return salted
+    name = adapter.encode()
+    return b"lora_name\x1f" + len(name).to_bytes(8, "big") + name + salted
 
 
 def _checked_key(key: bytes) -> bytes:

@@ -2,8 +2,9 @@
 
 - `PoolSettings`: `kv_connector_extra_config` parsed and checked.
 - `ChunkNamer`: LMCache's key layout (`tandem.core.kvkeys`) for one engine rank and KV dtype.
-- `prompt_chunk_hashes`: a prompt's chunk hashes in its scope (vLLM's `cache_salt`), keyed with the
-  pool key when there is one; None for a request whose KV depends on more than its tokens and salt.
+- `prompt_chunk_hashes`: a prompt's chunk hashes in its scope (`PoolScope`: vLLM's `cache_salt` and
+  the LoRA adapter's `lora_name`), keyed with the pool key when there is one; `bypasses_pool`: a
+  request whose KV depends on more than its tokens, salt and adapter (images, prompt embeddings).
 - Lookup arithmetic (`lookup_window`, `matched_tokens`): which chunks a consumer may load. A sync load
   must leave at least one prompt token to compute (vLLM asserts it), so at most
   `(num_tokens - 1) // chunk_size` chunks count, and only chunks past the engine's local prefix hit.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from tandem.core.engineargs import arg_value
 from tandem.kvpool.engine_config import POOL_KEY_ENV
-from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, TandemHash, chunk_key
+from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, Scope, TandemHash, chunk_key
 
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_TIMEOUT_S = 2.0
@@ -144,19 +145,20 @@ def prompt_chunk_hashes(
     chunk_size: int,
     *,
     scheme: TandemHash = _UNKEYED,
-    scope: str | None = None,
+    scope: Scope = None,
 ) -> list[int]:
-    """The chained hash of every full chunk of the prompt in `scope` (the request's `cache_salt`;
-    None: shared), with `scheme` (`TandemHash(key=pool key)`; unkeyed by default): the same for every
-    process and machine holding the key, whatever PYTHONHASHSEED is."""
+    """The chained hash of every full chunk of the prompt in `scope` (`PoolScope(cache_salt=...,
+    lora_name=...)` of the request; None: the shared base scope), with `scheme` (`TandemHash(key=pool
+    key)`; unkeyed by default): the same for every process and machine holding the key, whatever
+    PYTHONHASHSEED is, and the same the simulator and the gateway compute for that scope."""
     return scheme.chunk_hashes(prompt_token_ids, chunk_size, scope=scope)
 
 
-def bypasses_pool(*, lora: bool, multimodal: bool, prompt_embeds: bool) -> bool:
-    """Whether a request's KV depends on more than its token ids and its salt (a LoRA adapter, images,
+def bypasses_pool(*, multimodal: bool, prompt_embeds: bool) -> bool:
+    """Whether a request's KV depends on more than its token ids, its salt and its LoRA adapter (images,
     prompt embeddings), which the chunk hash does not cover: such requests neither load nor save. A
-    `cache_salt` alone does not bypass: it scopes the request's chunk hashes."""
-    return lora or multimodal or prompt_embeds
+    `cache_salt` or an adapter does not bypass: both scope the request's chunk hashes (`PoolScope`)."""
+    return multimodal or prompt_embeds
 
 
 def lookup_window(*, num_computed_tokens: int, num_tokens: int, num_chunks: int, chunk_size: int) -> range:

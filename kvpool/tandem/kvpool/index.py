@@ -15,8 +15,9 @@ Two questions, one Redis round trip each:
   the result also says how many chunks it waited for and how many were there at its last check
   (the gateway's self-check of its keys, `tandem.router.pd.keycheck`, reads them).
 
-Every question takes the request's `scope` (its `cache_salt`; None: the shared scope), which roots
-the chunk hashes of Tandem's keys (`tandem.core.kvkeys.scope_root`; LMCache's ignore it). Presence is
+Every question takes the request's `scope` (`PoolScope`: its `cache_salt` and LoRA adapter; None: the
+shared base scope), which roots the chunk hashes of Tandem's keys (`tandem.core.kvkeys.scope_root`;
+LMCache's ignore it). Presence is
 not proof: the index does not read tags (the engines' connector verifies them on load), so a planted
 entry can at worst make the gateway wait for or count a chunk the decode engine then refuses and
 recomputes.
@@ -37,7 +38,7 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from tandem.kvpool.client import POOL_ERRORS, connect
-from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, PoolKeys
+from tandem.kvpool.keys import KV_BYTES_SUFFIX, METADATA_SUFFIX, PoolKeys, Scope
 
 __all__ = ["BarrierOutcome", "BarrierResult", "KVPoolIndex", "connect"]
 
@@ -80,11 +81,11 @@ class KVPoolIndex:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    def metadata_keys(self, prompt: Sequence[int], *, scope: str | None = None) -> list[str]:
+    def metadata_keys(self, prompt: Sequence[int], *, scope: Scope = None) -> list[str]:
         """The metadata key of every full chunk of `prompt` in `scope`, in order."""
         return self.keys.chunk_keys(prompt, scope=scope)
 
-    async def cached_prefix_tokens(self, prompt: Sequence[int], *, scope: str | None = None) -> int | None:
+    async def cached_prefix_tokens(self, prompt: Sequence[int], *, scope: Scope = None) -> int | None:
         """Tokens of `prompt`'s leading chunks present in the pool; None when the pool is unavailable."""
         return await self.cached_prefix(self.metadata_keys(prompt, scope=scope))
 
@@ -107,7 +108,7 @@ class KVPoolIndex:
         run = next((i for i, n in enumerate(present) if n != 2), len(keys))
         return run * self.chunk_size
 
-    async def adopt_alternative(self, prompt: Sequence[int], *, scope: str | None = None) -> PoolKeys | None:
+    async def adopt_alternative(self, prompt: Sequence[int], *, scope: Scope = None) -> PoolKeys | None:
         """The first of `alternatives` under which the pool holds any of `prompt`'s full chunks: it
         becomes `keys` for good (and the alternatives are dropped). None when none does, the prompt
         has no full chunk, or the pool did not answer. One EXISTS per alternative."""
@@ -129,7 +130,7 @@ class KVPoolIndex:
         return None
 
     async def wait_for_prompt(
-        self, prompt: Sequence[int], *, timeout_s: float, scope: str | None = None
+        self, prompt: Sequence[int], *, timeout_s: float, scope: Scope = None
     ) -> BarrierResult:
         """Wait until every full chunk of `prompt` (in `scope`) is in the pool (module docstring)."""
         return await self.wait_for_keys(self.metadata_keys(prompt, scope=scope), timeout_s=timeout_s)

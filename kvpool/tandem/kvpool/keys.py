@@ -18,9 +18,10 @@ connector; keyed with the pool key when there is one, rooted per scope) or LMCac
 (LMCache inside vLLM, which depends on the engines' PYTHONHASHSEED). Both chain over full chunks, so
 chunk i identifies the whole prefix up to its end; both can be negative: keys look like
 `qwen@1@0@-7cfefdccc681b183@bfloat16`. `PoolKeys` names a prompt's chunks as one writer does, in a
-scope (vLLM's `cache_salt`; `tandem.core.kvkeys.scope_root`). Tools that read keys they did not
-compute treat the hash as opaque: `parse_key` reads only the fields every writer shares (model, world
-size, worker, dtype), which is what stats and flush need.
+scope (`PoolScope`: vLLM's `cache_salt` and the LoRA adapter's `lora_name`;
+`tandem.core.kvkeys.scope_root`). Tools that read keys they did not compute treat the hash as opaque:
+`parse_key` reads only the fields every writer shares (model, world size, worker, dtype), which is
+what stats and flush need.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from tandem.core.kvkeys import (
     LMCache03Hash,
     LMCacheCborHash,
     LMCacheHash,
+    PoolScope,
+    Scope,
     TandemHash,
     chunk_hashes,
     keyed_chunk_hashes,
@@ -64,6 +67,8 @@ __all__ = [
     "LMCacheHash",
     "ParsedKey",
     "PoolKeys",
+    "PoolScope",
+    "Scope",
     "TandemHash",
     "check_chunk",
     "chunk_hashes",
@@ -177,11 +182,11 @@ class PoolKeys:
             raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
 
     def chunk_keys(
-        self, token_ids: Sequence[int], suffix: str = METADATA_SUFFIX, *, scope: str | None = None
+        self, token_ids: Sequence[int], suffix: str = METADATA_SUFFIX, *, scope: Scope = None
     ) -> list[str]:
-        """The key (with `suffix`) of every full chunk of `token_ids` in `scope` (the request's
-        `cache_salt`; None: the shared scope), in order. LMCache's schemes ignore the scope, as
-        LMCache does (`tandem.core.kvkeys`)."""
+        """The key (with `suffix`) of every full chunk of `token_ids` in `scope` (`PoolScope`: the
+        request's `cache_salt` and adapter; a bare salt; None: the shared base scope), in order.
+        LMCache's schemes ignore the scope, as LMCache does (`tandem.core.kvkeys`)."""
         hashes = self.scheme.chunk_hashes(token_ids, self.chunk_size, scope=scope)
         if isinstance(self.scheme, LMCache03Hash):
             base = f"{LMCACHE03_FORMAT}@{self.model}@{self.world_size}@{self.worker_id}@"

@@ -12,8 +12,9 @@ How it works (pure logic in `tandem.kvpool.connector_plan`; the worker side, whi
 
 - **Keys.** A prompt's full `chunk_size`-token chunks get chained hashes over the token ids
   (`tandem.core.kvkeys.TandemHash`; no PYTHONHASHSEED dependence), rooted in the request's scope (its
-  `cache_salt`: tenants never share a key) and keyed with the pool key (`TANDEM_KV_POOL_KEY`, or the
-  variable `pool_key_env` names) when one is set; one entry per chunk and rank:
+  `cache_salt` and its LoRA adapter's `lora_name`, `PoolScope`: neither tenants nor adapters share a
+  key) and keyed with the pool key (`TANDEM_KV_POOL_KEY`, or the variable `pool_key_env` names) when
+  one is set; one entry per chunk and rank:
   `{model}@{world_size}@{rank}@{hash:x}@{dtype}` + `kv_bytes` (written first) and + `metadata`
   (LMCache's 28-byte int32 struct, written last: a chunk exists when its metadata exists).
 - **Tags.** With a pool key the metadata carries a 32-byte tag after the 28 bytes
@@ -21,8 +22,9 @@ How it works (pure logic in `tandem.kvpool.connector_plan`; the worker side, whi
   treats an untagged or wrong-tagged chunk as a miss: the entry is deleted, its blocks recomputed, and
   it is counted (`chunks_rejected_untagged`, `chunks_rejected_mac`). Without a key nothing is tagged
   or verified: any writer of the pool can then plant KV.
-- **Bypassed requests**: a LoRA adapter, multimodal inputs or prompt embeddings make a request's KV
-  depend on more than its tokens and salt, so it neither loads nor saves.
+- **Bypassed requests**: multimodal inputs or prompt embeddings make a request's KV depend on more
+  than its tokens, salt and adapter, so it neither loads nor saves. A LoRA request uses the pool in
+  its adapter's scope, on the producer's save and the consumer's load alike (both hash in `_prompt`).
 - **Bytes.** `kv_bytes` holds, layer after layer (layer names sorted), the chunk's whole paged-cache
   blocks as the engine stores them, block after block (`tandem.kvpool.kv_blocks`). Each layer's block
   axis is read from its attention backend, or from the tensor's shape when the backend cannot be read
@@ -95,7 +97,7 @@ from tandem.kvpool.connector_worker import (
     TandemWorkerMetadata,
     WorkerSide,
 )
-from tandem.kvpool.keys import TandemHash
+from tandem.kvpool.keys import PoolScope, TandemHash
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -321,15 +323,17 @@ class _SchedulerSide:
 
     def _prompt(self, request: Request) -> _Prompt:
         tokens = request.prompt_token_ids
-        # The chunk hash covers token ids and the salt only: requests whose KV depends on more are left alone.
+        # The chunk hash covers token ids, the salt and the adapter: requests whose KV depends on more
+        # are left alone.
         bypass = bypasses_pool(
-            lora=request.lora_request is not None,
             multimodal=bool(request.mm_features),
             prompt_embeds=getattr(request, "prompt_embeds", None) is not None,
         )
         if tokens is None or bypass:
             return _Prompt(hashes=[], num_prompt_tokens=0)
-        hashes = prompt_chunk_hashes(tokens, self.chunk, scheme=self.c.scheme, scope=request.cache_salt)
+        lora = request.lora_request
+        scope = PoolScope(cache_salt=request.cache_salt, lora_name=lora.lora_name if lora else None)
+        hashes = prompt_chunk_hashes(tokens, self.chunk, scheme=self.c.scheme, scope=scope)
         return _Prompt(hashes=hashes, num_prompt_tokens=len(tokens))
 
     def num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:

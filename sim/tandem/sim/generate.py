@@ -6,9 +6,9 @@ its outputs into one JSON body or an SSE stream. As a KV producer, the prompt's 
 to the pool once the prompt is computed (at the first token), and the write is awaited before the
 final body or the stream's last chunk, so whoever reads the response can rely on the pool.
 If the client goes away mid-stream, the request is aborted in the engine.
-A request whose `model` names a LoRA adapter runs under it (`SimApp.resolve_model`) and bypasses the
-KV pool both ways, as Tandem's connector does (`tandem.kvpool.connector_plan.bypasses_pool`): pool
-chunks are keyed by tokens and salt only, so they cannot tell one adapter's KV from another's.
+A request whose `model` names a LoRA adapter runs under it (`SimApp.resolve_model`) and uses the KV
+pool in its adapter's scope both ways, as Tandem's connector does (`PoolScope(cache_salt=...,
+lora_name=...)`): the base model's and each adapter's chunks of one prompt are different keys.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from starlette.requests import Request
 
 from tandem.core.logs import REQUEST_ID
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest, error_body
+from tandem.kvpool.keys import PoolScope
 from tandem.sim.engine.generation import stream_seed
 from tandem.sim.engine.loop import EngineDead, RequestStream
 from tandem.sim.engine.lora import LoRARef
@@ -62,8 +63,9 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         max_model_len=sim.settings.max_model_len,
         adapter=lora.name if lora is not None else None,
     )
-    uses_pool = lora is None
-    pool_tokens = await _pool_lookup(runtime, gen) if sim.settings.consumes_kv and uses_pool else None
+    # Adapters use the pool too, in their own scope, as Tandem's connector keys vLLM's request.
+    scope = PoolScope(cache_salt=gen.cache_salt, lora_name=lora.name if lora is not None else None)
+    pool_tokens = await _pool_lookup(runtime, gen, lora, scope) if sim.settings.consumes_kv else None
     engine_id = uuid.uuid4().hex
     stream = runtime.loop.submit(
         NewRequest(
@@ -88,7 +90,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         stream=stream,
         engine_id=engine_id,
         fields=fields,
-        uses_pool=uses_pool,
+        pool_scope=scope,
     )
     if sim.tracer is not None:
         job.span = RequestSpan(
@@ -119,12 +121,14 @@ def _sampling(sim: SimApp, gen: Generation, lora: LoRARef | None) -> SamplingPar
     )
 
 
-async def _pool_lookup(runtime: Runtime, gen: Generation) -> int | None:
-    """Prompt tokens the pool holds and the shell fetched (None: no pool, or it is down)."""
+async def _pool_lookup(
+    runtime: Runtime, gen: Generation, lora: LoRARef | None, scope: PoolScope
+) -> int | None:
+    """Prompt tokens the pool holds in `scope` and the shell fetched (None: no pool, or it is down)."""
     if runtime.pool is None:
         return None
-    local = runtime.loop.core.local_prefix_tokens(gen.prompt_token_ids, cache_salt=gen.cache_salt)
-    return await runtime.pool.lookup(gen.prompt_token_ids, skip_tokens=local, scope=gen.cache_salt)
+    local = runtime.loop.core.local_prefix_tokens(gen.prompt_token_ids, cache_salt=gen.cache_salt, lora=lora)
+    return await runtime.pool.lookup(gen.prompt_token_ids, skip_tokens=local, scope=scope)
 
 
 @dataclass
@@ -137,7 +141,7 @@ class _Job:
     stream: RequestStream
     engine_id: str
     fields: dict[str, Any]
-    uses_pool: bool = True
+    pool_scope: PoolScope = field(default_factory=PoolScope)  # the request's salt and adapter
     store: asyncio.Task[None] | None = field(default=None)
     #: The request's span so far (`--otlp-traces-endpoint`), None when not traced.
     span: RequestSpan | None = None
@@ -211,8 +215,8 @@ class _Job:
     async def _on_output(self, output: RequestOutput) -> None:
         """Start the producer's pool write when the prompt is done; finish it before the end."""
         pool = self.runtime.pool
-        if self.store is None and pool is not None and self.uses_pool and self.sim.settings.produces_kv:
-            self.store = self.runtime.spawn(pool.store(self.gen.prompt_token_ids, scope=self.gen.cache_salt))
+        if self.store is None and pool is not None and self.sim.settings.produces_kv:
+            self.store = self.runtime.spawn(pool.store(self.gen.prompt_token_ids, scope=self.pool_scope))
         span = self.span
         if span is not None and span.first_token_ns is None:
             span = self.span = replace(span, first_token_ns=time.time_ns())

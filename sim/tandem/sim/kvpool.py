@@ -1,7 +1,8 @@
 """The KV pool adapter: real Redis I/O in LMCache's layout (`tandem.sim.engine.kvlayout`).
 
-Chunks are named in the request's scope (its `cache_salt`: another salt's chunks are other keys) and,
-with a pool key, keyed and tagged as Tandem's connector writes them.
+Chunks are named in the request's scope (`PoolScope`: its `cache_salt` and LoRA adapter; another
+salt's or another adapter's chunks are other keys) and, with a pool key, keyed and tagged as Tandem's
+connector writes them.
 - `store(prompt, scope=)` (producer): for each full chunk whose metadata is absent, `SET <key>kv_bytes`
   then `SET <key>metadata` (sealed with the chunk's tag when keyed), in that order on one connection,
   so a reader that sees the metadata finds the bytes. Chunks already present are skipped.
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 from redis.asyncio import Redis
 
 from tandem.kvpool.client import POOL_ERRORS, connect
+from tandem.kvpool.keys import Scope
 from tandem.sim.engine.kvlayout import ChunkRef, PoolLayout
 from tandem.sim.metrics import SimMetrics
 
@@ -58,7 +60,7 @@ class KVPool:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def store(self, prompt_token_ids: Sequence[int], *, scope: str | None = None) -> None:
+    async def store(self, prompt_token_ids: Sequence[int], *, scope: Scope = None) -> None:
         """Write the prompt's missing full chunks in `scope`; never raises for pool failures."""
         chunks = self.layout.chunks(prompt_token_ids, scope=scope)
         if not chunks:
@@ -75,7 +77,7 @@ class KVPool:
         self._metrics.pool_stored(written=written, skipped=len(chunks) - written, nbytes=nbytes)
 
     async def lookup(
-        self, prompt_token_ids: Sequence[int], *, skip_tokens: int = 0, scope: str | None = None
+        self, prompt_token_ids: Sequence[int], *, skip_tokens: int = 0, scope: Scope = None
     ) -> int | None:
         """Tokens of the prompt's prefix held by the pool in `scope` and fetched (the first
         `skip_tokens` are only checked for presence); None if the pool is unavailable."""

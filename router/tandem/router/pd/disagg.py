@@ -3,7 +3,7 @@
 **Decision** (`decide`, pure; `tandem_router_pd_decisions_total{decision,reason}`):
 
     mode off                              → decode_only  (off)
-    a LoRA adapter's request              → decode_only  (adapter)
+    an adapter's, pool keys without adapters → decode_only  (adapter)
     prefill pool busy (below)             → decode_only  (prefill_busy)
     mode always                           → disaggregate (always)
     mode auto, no prefill endpoint        → decode_only  (no_prefill_pool)
@@ -11,10 +11,14 @@
     mode auto, uncached < minUncachedTokens → decode_only (few_uncached)
     mode auto, otherwise                  → disaggregate (many_uncached)
 
-An adapter's request is never disaggregated: the KV pool's keys carry no adapter, so the engines
-neither write an adapter's KV to the pool nor read it from there (`tandem.kvpool.connector_plan.
-bypasses_pool`, the simulator likewise); a prefill would be computed for nothing, then the barrier
-would wait its whole timeout for chunks that never come (and count as evidence of wrong pool keys).
+**Adapters.** Tandem's pool keys (the simulator, Tandem's connector: `TandemHash`) are rooted in the
+request's scope, its salt and its LoRA adapter (`PoolScope`, `tandem.core.kvkeys.scope_root`), so an
+adapter's request is disaggregated like any other: the look-up and the barrier ask for the chunks of
+the adapter's scope (`pool_scope`), which its prefill writes and its decode loads, and never another
+adapter's or the base model's. Where the pool's keys carry no adapter (LMCache's: `carries_scope` is
+False; vLLM #44250), or the gateway computes no keys at all (no pool configured, or the engines' keys
+unknown), it stays decode-only (`adapter`): an LMCache prefill would store the adapter's KV under the
+keys the base model's and every other adapter's requests load.
 
 **Convertible decoders** (`spec.disaggregation.convertibleDecoders`, on by default; TokenScale's idea,
 arXiv 2512.03416): a request about to be disaggregated goes decode-only instead when the prefill pool is
@@ -76,6 +80,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from tandem.kvpool.index import KVPoolIndex
+from tandem.kvpool.keys import PoolScope
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.errors import UpstreamError, UpstreamTimeout
 from tandem.router.pd.handoff import decode_body, kv_params_from_prefill, prefill_body
@@ -110,13 +115,20 @@ class PDRequest(Routable, Protocol):
 
     @property
     def cache_salt(self) -> str | None:
-        """The tenant's cache scope: the KV pool's keys of its prompts are the scope's."""
+        """The tenant's cache salt: with `lora_name`, the scope of its prompts' keys in the KV pool
+        (`pool_scope`)."""
         ...
 
     @property
     def lora_name(self) -> str | None:
         """The LoRA adapter the request runs under (None: the base model)."""
         ...
+
+
+def pool_scope(request: PDRequest) -> PoolScope:
+    """The scope of the request's chunks in the KV pool: its tenant's salt and its adapter, as the
+    engines' connector roots them (`tandem.core.kvkeys.scope_root`)."""
+    return PoolScope(cache_salt=request.cache_salt, lora_name=request.lora_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +184,7 @@ def decide(
     """The P/D decision table of the module docstring. `available_tokens`: the prompt's prefix the
     chosen decode endpoint can get without computing it; None when the KV pool could not be asked.
     `busy`: `prefill_busy` said so (asked only for requests that would otherwise disaggregate).
-    `adapter`: the request runs under a LoRA adapter."""
+    `adapter`: the request runs under a LoRA adapter the pool's keys cannot tell apart."""
     if mode == "off":
         return PDDecision(False, "off")
     if adapter:
@@ -312,7 +324,7 @@ class Disaggregator:
 
         def keys() -> Sequence[str]:
             if not memo:
-                tokens, scope = request.prompt_tokens(), request.cache_salt
+                tokens, scope = request.prompt_tokens(), pool_scope(request)
                 memo.append(pool.metadata_keys(tokens, scope=scope) if pool is not None else [])
             return memo[0]
 
@@ -351,7 +363,7 @@ class Disaggregator:
         self, request: PDRequest, *, decode: Endpoint | None, keys: Callable[[], Sequence[str]]
     ) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
-        adapter = request.lora_name is not None
+        adapter = request.lora_name is not None and not self.adapters_pooled
         available: int | None = 0
         # the only case the table reads the prompt
         counted = self.mode == "auto" and members > 0 and not adapter
@@ -382,6 +394,11 @@ class Disaggregator:
             prefill_ttft_s=predictions,
             decode_ttft_s=lambda: convert.estimate_ttft(decode.url, request),
         )
+
+    @property
+    def adapters_pooled(self) -> bool:
+        """Whether the pool's keys keep adapters apart (module docstring): Tandem's, not LMCache's."""
+        return self.pool is not None and self.pool.keys.scheme.carries_scope
 
     async def _available_tokens(
         self, request: PDRequest, *, decode: Endpoint | None, keys: Callable[[], Sequence[str]]
@@ -419,7 +436,7 @@ class Disaggregator:
         if self.pool is None:
             return False
         was = self.pool.keys.scheme.name
-        adopted = await self.pool.adopt_alternative(request.prompt_tokens(), scope=request.cache_salt)
+        adopted = await self.pool.adopt_alternative(request.prompt_tokens(), scope=pool_scope(request))
         if adopted is None:
             return False
         log.info(
@@ -437,7 +454,8 @@ class Disaggregator:
         was = check.state
         changed = check.observe(evidence, now=self.prefiller.clock())
         if changed == "mismatch":
-            looked_for = keys.chunk_keys(request.prompt_tokens()[: keys.chunk_size], scope=request.cache_salt)
+            first_chunk = request.prompt_tokens()[: keys.chunk_size]
+            looked_for = keys.chunk_keys(first_chunk, scope=pool_scope(request))
             log.error(
                 mismatch_message(keys, misses=check.misses, recheck_after_s=check.recheck_after_s),
                 extra={**keys_fields(keys), "example_key": looked_for[0] if looked_for else None},

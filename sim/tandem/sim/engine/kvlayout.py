@@ -1,8 +1,9 @@
 """What the simulator writes to and expects from the external KV pool: LMCache's Redis layout.
 
 A prompt's full `chunk_size`-token chunks are stored under `tandem.kvpool.keys` keys (world size 1,
-worker 0), hashed with Tandem's chain in the request's scope (its `cache_salt`) and, with a pool key
-(`TANDEM_KV_POOL_KEY`), keyed: `TandemHash(key).chunk_hashes(tokens, chunk_size, scope=salt)`. Per
+worker 0), hashed with Tandem's chain in the request's scope (its `cache_salt` and LoRA adapter) and,
+with a pool key (`TANDEM_KV_POOL_KEY`), keyed: `TandemHash(key).chunk_hashes(tokens, chunk_size,
+scope=PoolScope(cache_salt=salt, lora_name=adapter))`, as Tandem's connector does. Per
 chunk, `<key>kv_bytes` holds `payload_size` real bytes and `<key>metadata` the 28-byte header with the
 *true* KV shape [2, layers, chunk_size, kv_heads × head_dim] and `length` = the stored byte count; a
 keyed writer appends the 32-byte tag `chunk_mac(pool_key, key, header, kv_bytes)` (`seal_metadata`,
@@ -24,6 +25,7 @@ from typing import Literal
 from tandem.kvpool.keys import (
     KV_BYTES_SUFFIX,
     METADATA_SUFFIX,
+    Scope,
     TandemHash,
     check_chunk,
     chunk_key,
@@ -73,9 +75,9 @@ class PoolLayout:
         """Bytes stored per chunk (at least 1)."""
         return max(1, round(self.chunk_size * self.shape.kv_bytes_per_token * self.bytes_scale))
 
-    def chunks(self, token_ids: Sequence[int], *, scope: str | None = None) -> list[ChunkRef]:
-        """The full chunks of `token_ids` in `scope` (the request's `cache_salt`), in order; a partial
-        tail chunk is never stored."""
+    def chunks(self, token_ids: Sequence[int], *, scope: Scope = None) -> list[ChunkRef]:
+        """The full chunks of `token_ids` in `scope` (`PoolScope` of the request's `cache_salt` and
+        adapter), in order; a partial tail chunk is never stored."""
         hashes = TandemHash(key=self.key).chunk_hashes(token_ids, self.chunk_size, scope=scope)
         return [
             ChunkRef(
