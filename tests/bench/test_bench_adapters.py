@@ -22,6 +22,7 @@ from tandem.bench.adapterbench import (
     imbalance,
     load_series,
     parse_engine_sample,
+    placement,
     run_row,
     verdict,
 )
@@ -89,6 +90,13 @@ def test_the_folder_holds_one_config_per_adapter_that_the_resolver_accepts(tmp_p
     assert raw["lora_alpha"] == 32 and raw["target_modules"]
 
 
+def test_placement_counts_the_adapters_on_several_and_on_every_engine() -> None:
+    got = placement({"e0": ["a", "b", "c"], "e1": ["b", "c"], "e2": ["c"]})
+    assert got == {"adapters_per_engine": {"e0": 3, "e1": 2, "e2": 1}, "adapters_distinct": 3,
+                   "adapters_on_several_engines": 2, "adapters_on_every_engine": 1}  # fmt: skip
+    assert placement({})["adapters_on_every_engine"] == 0
+
+
 METRICS = """\
 # TYPE tandem_sim_lora_loads_total counter
 tandem_sim_lora_loads_total{engine="0",model_name="qwen",source="disk"} 7.0
@@ -97,12 +105,15 @@ tandem_sim_lora_loads_total{engine="0",model_name="qwen",source="cpu"} 9.0
 vllm:num_requests_waiting{engine="0",model_name="qwen"} 3.0
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="qwen"} 5.0
+# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="length",model_name="qwen"} 11.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="qwen"} 1.0
 """
 
 
 def test_an_engine_sample_reads_both_load_sources_and_the_queue() -> None:
     s = parse_engine_sample(METRICS, t=1.5, engine="e0")
-    assert (s.disk_loads, s.cpu_loads, s.loads, s.waiting, s.running) == (7, 9, 16, 3, 5)
+    assert (s.disk_loads, s.cpu_loads, s.loads, s.waiting, s.running, s.finished) == (7, 9, 16, 3, 5, 12)
 
 
 @pytest.mark.parametrize(("peaks", "expected"), [
@@ -133,10 +144,12 @@ def test_a_rows_loads_per_1000_count_both_sources_and_the_burst_peaks_only_insid
         EngineSample(6, "e0", waiting=4),
         EngineSample(6, "e1", waiting=1),
     ]
+    loaded = {"e0": ["a000"], "e1": ["a000", "a001"]}
     row = run_row("x", 0, result=DriveResult(records, 10.0), samples=samples, before=before, after=after,
-                  window=(5.0, 8.0), time_scale=1.0)  # fmt: skip
+                  window=(5.0, 8.0), time_scale=1.0, adapters=loaded)  # fmt: skip
     assert row["loads"] == 11 and row["disk_loads"] == 5 and row["loads_per_1000"] == 1100
     assert row["loads_by_engine"] == {"e0": 7, "e1": 4}
+    assert row["adapters_on_every_engine"] == 1 and row["adapters_per_engine"] == {"e0": 1, "e1": 2}
     assert row["burst_waiting_peaks"] == {"e0": 4, "e1": 1}, "the sample at t=2 is before the burst"
     assert row["burst_queue_imbalance"] == pytest.approx(4 / 2.5)
     assert row["burst_ttft_p99_ms"] == pytest.approx(500) and row["errors"] == 0
@@ -195,6 +208,8 @@ def test_a_live_run_counts_the_engines_adapter_loads_with_no_errors(tmp_path: Pa
     assert row["loads"] > 0 and row["disk_loads"] > 0, "the engines loaded adapters through the resolver"
     assert row["loads_per_1000"] == pytest.approx(row["loads"] * 1000 / row["requests"])
     assert sum(row["adapters_per_engine"].values()) >= 2, row["adapters_per_engine"]
+    assert sum(row["requests_by_engine"].values()) == row["requests"], "every request finished on an engine"
+    assert 2 <= row["adapters_distinct"] <= 6
     assert len(row["loads_by_engine"]) == 2
     timeline = json.loads((tmp_path / "adapter-timelines.json").read_text())
     assert len(timeline) == 1 and len(timeline[0]["samples"]) >= 2 * 2, "sampled each second, both engines"

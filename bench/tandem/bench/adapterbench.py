@@ -6,7 +6,8 @@ run; `parse_engine_sample` keeps what this benchmark reads:
 - `tandem_sim_lora_loads_total{source}` summed over `disk` (read from disk into the CPU tier) and
   `cpu` (copied from the CPU tier into a GPU slot): an **adapter load** is either; both are also
   reported apart;
-- `vllm:num_requests_waiting` and `vllm:num_requests_running` (the engine's queue and batch).
+- `vllm:num_requests_waiting` and `vllm:num_requests_running` (the engine's queue and batch);
+- `vllm:request_success_total` (finished requests: where the router sent them).
 
 Definitions (times in engine seconds: wall × the engines' time scale):
 - TTFT p90/p99 over the requests that succeeded; errors are requests that did not;
@@ -34,6 +35,7 @@ from tandem.bench.stats import percentile
 LOADS = "tandem_sim_lora_loads"
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
+FINISHED = "vllm:request_success_total"
 
 #: issue 39 item 7's targets: ratios to the best peer, and the burst's queue bound.
 TARGETS = {"ttft_p90": 0.5, "loads_per_1000": 0.3, "throughput": 1.0, "burst_ttft_p99": 0.7, "queue": 2.0}
@@ -49,6 +51,7 @@ class EngineSample:
     cpu_loads: float = 0.0
     waiting: float = 0.0
     running: float = 0.0
+    finished: float = 0.0
 
     @property
     def loads(self) -> float:
@@ -57,16 +60,18 @@ class EngineSample:
 
 def parse_engine_sample(text: str, *, t: float, engine: str) -> EngineSample:
     """The loads, waiting and running of one engine's `/metrics` text (summed over label sets)."""
-    values = {"disk": 0.0, "cpu": 0.0, WAITING: 0.0, RUNNING: 0.0}
+    values = {"disk": 0.0, "cpu": 0.0, WAITING: 0.0, RUNNING: 0.0, FINISHED: 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == f"{LOADS}_total":
                 source = sample.labels.get("source", "")
                 if source in ("disk", "cpu"):
                     values[source] += sample.value
-            elif sample.name in (WAITING, RUNNING):
+            elif sample.name in (WAITING, RUNNING, FINISHED):
                 values[sample.name] += sample.value
-    return EngineSample(t, engine, values["disk"], values["cpu"], values[WAITING], values[RUNNING])
+    return EngineSample(
+        t, engine, values["disk"], values["cpu"], values[WAITING], values[RUNNING], values[FINISHED]
+    )
 
 
 def _ttfts_ms(result: DriveResult, time_scale: float) -> list[float]:
@@ -128,9 +133,10 @@ def run_row(
     after: Mapping[str, EngineSample],
     window: tuple[float, float] | None,
     time_scale: float,
-    adapters_per_engine: Mapping[str, int] | None = None,
+    adapters: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """One target's figures in one repeat (module docstring)."""
+    """One target's figures in one repeat (module docstring); `adapters`: each engine's loaded adapters
+    after the run (its `/v1/models`), for the placement figures."""
     sent = sum(r.start_s is not None for r in result.records)
     per_engine = loads_by_engine(before, after)
     disk = sum(after[e].disk_loads - before[e].disk_loads for e in per_engine)
@@ -160,12 +166,33 @@ def run_row(
         "burst_queue_imbalance": imbalance(waiting),
         "burst_on_engine_peaks": on_engine,
         "burst_on_engine_imbalance": imbalance(on_engine),
-        "adapters_per_engine": dict(adapters_per_engine or {}),
+        "requests_by_engine": {e: after[e].finished - before[e].finished for e in per_engine},
+        **placement(adapters or {}),
+    }
+
+
+def placement(adapters: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """Where the adapters ended up: per engine how many it loaded, how many distinct adapters were
+    loaded anywhere, how many on more than one engine and on every engine. Example: {e0: [a, b],
+    e1: [b]} → per engine {e0: 2, e1: 1}, distinct 2, on several 1 (b), on all 1."""
+    counts: dict[str, int] = {}
+    for names in adapters.values():
+        for name in set(names):
+            counts[name] = counts.get(name, 0) + 1
+    return {
+        "adapters_per_engine": {e: len(set(names)) for e, names in adapters.items()},
+        "adapters_distinct": len(counts),
+        "adapters_on_several_engines": sum(c > 1 for c in counts.values()),
+        "adapters_on_every_engine": sum(c == len(adapters) for c in counts.values()) if adapters else 0,
     }
 
 
 FIELDS = ("ttft_p90_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "loads_per_1000", "disk_loads_per_1000",
           "throughput_tok_s", "burst_queue_imbalance", "burst_on_engine_imbalance")  # fmt: skip
+
+
+#: The placement figures, summarised beside FIELDS.
+PLACEMENT = ("adapters_distinct", "adapters_on_several_engines", "adapters_on_every_engine")
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -178,8 +205,13 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
             "errors": sum(r["errors"] for r in runs),
             "requests": sum(r["requests"] for r in runs),
         }
-        for name in FIELDS:
-            table[label][name] = spread([r[name] for r in runs if r[name] is not None])
+        for name in (*FIELDS, *PLACEMENT):
+            table[label][name] = spread([r[name] for r in runs if r.get(name) is not None])
+        first = runs[0]
+        table[label]["first_repeat"] = {
+            k: [round(v) for v in first.get(k, {}).values()]
+            for k in ("requests_by_engine", "loads_by_engine")
+        }
     return table
 
 
@@ -232,6 +264,18 @@ def markdown(
     for label, row in table.items():
         cells = [spread_cell(row[f], ".1f" if "imbalance" not in f else ".2f") for f in FIELDS]
         lines.append(f"| {label} | {row['requests']} | {row['errors']} | " + " | ".join(cells) + " |")
+    lines += [
+        "", "Placement (adapters: each engine's `/v1/models` after the run; per engine: the first repeat):",
+        "",
+        "| target | adapters loaded | on > 1 engine | on every engine | requests per engine "
+        "| loads per engine |",
+        "| --- | ---: | ---: | ---: | --- | --- |",
+    ]  # fmt: skip
+    for label, row in table.items():
+        first = row.get("first_repeat", {})
+        placed = " | ".join(spread_cell(row[f], ".0f") for f in PLACEMENT)
+        lines.append(f"| {label} | {placed} | {first.get('requests_by_engine', [])} "
+                     f"| {first.get('loads_by_engine', [])} |")  # fmt: skip
     if checks:
         lines += [
             "",

@@ -146,10 +146,9 @@ def run_adapters(
                                    label=label)  # fmt: skip
                 progress(f"[{label}] repeat {r + 1}/{repeat}: {len(workload.requests)} requests")
                 m = asyncio.run(_measure(run, workload, settings, interval_s=interval_s))
-            per_engine = {e: len(a) for e, a in m.adapters.items()}
             row = run_row(
                 label, r, result=m.result, samples=m.samples, before=m.before, after=m.after, window=window,
-                time_scale=pool.time_scale, adapters_per_engine=per_engine,
+                time_scale=pool.time_scale, adapters=m.adapters,
             )  # fmt: skip
             row["gateway_cpu"] = m.cpu
             rows.append(row)
