@@ -299,7 +299,7 @@ def _config_errors(at: str, name: str, directory: Path, *, max_rank: int) -> lis
 
 def cluster_adapter_rules(spec: InferenceServiceSpec) -> list[SpecError]:
     """What a cluster cannot serve (the operator, `tandem render`): local paths, which name this
-    machine's files."""
+    machine's files (adapters, a catalog, a `file://` tracing endpoint)."""
     errors = [
         SpecError(at, "a local path works with tandem up only; in a cluster use pvc://, hf:// or s3://")
         for at, _, source in adapter_sources(spec)
@@ -310,6 +310,13 @@ def cluster_adapter_rules(spec: InferenceServiceSpec) -> list[SpecError]:
             SpecError(
                 "spec.adapterCatalog.source",
                 "a local directory works with tandem up only; in a cluster use pvc://claim/path",
+            )
+        )
+    if spec.tracing is not None and spec.tracing.endpoint.startswith("file://"):
+        errors.append(
+            SpecError(
+                "spec.tracing.endpoint",
+                "file:// works with tandem up only; in a cluster give an OTLP collector's URL",
             )
         )
     return errors

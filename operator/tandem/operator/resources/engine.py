@@ -34,6 +34,7 @@ from tandem.core.kvevents import (
     vllm_kv_events_config,
 )
 from tandem.core.spec import ENGINE_HASH_SEED, DecodeSpec, InferenceServiceSpec, PrefillSpec
+from tandem.core.tracing import engine_tracing
 from tandem.kvpool import engine_config, lmcache_check
 from tandem.kvpool.engine_config import KVRole, lmcache_env, to_json
 from tandem.operator.resources.kvlayout import KV_LAYOUT_LABEL, kv_layout, pool_image
@@ -155,6 +156,7 @@ def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[s
         "--kv-transfer-config",
         to_json(kv_transfer_config(spec, role, owner=owner)),
         *_kv_events_args(spec, vllm=True),
+        *engine_tracing(spec.tracing, kind="vllm")[0],
         *lora_args(spec),
         *spec.engine.args,
         *pool.engine.args,
@@ -222,6 +224,7 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
         "--port",
         str(ENGINE_PORT),
         *_kv_events_args(spec, vllm=False),
+        *engine_tracing(spec.tracing, kind="sim")[0],
         *lora_args(spec),
         *spec.engine.args,
         *pool_spec(spec, role).engine.args,
@@ -250,6 +253,10 @@ def engine_env(spec: InferenceServiceSpec, *, owner: Owner, role: Role | None = 
         if spec.kv_pool.redis.password_secret is None:
             env["LMCACHE_CONFIG_FILE"] = {"value": f"{LMCACHE_MOUNT}/{LMCACHE_FILE}"}
     env |= lora_env(spec)
+    _, tracing_env = engine_tracing(spec.tracing, kind=spec.engine.kind)
+    if tracing_env:  # the spans' service: `<name>-prefill`, `<name>-decode`
+        env |= {k: {"value": v} for k, v in tracing_env.items()}
+        env["OTEL_SERVICE_NAME"] = {"value": f"{owner.name}-{role.value}" if role else f"{owner.name}-engine"}
     env |= {var.name: {"value": var.value} for var in spec.engine.env}
     if role is not None:
         env |= {var.name: {"value": var.value} for var in pool_spec(spec, role).engine.env}
