@@ -23,7 +23,7 @@ from tandem.router.discovery.enginestats import parse_engine_metrics
 from tandem.router.scheduling import SchedulerDeps, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.plugins import Candidate, Cycle
-from tandem.router.scheduling.scorers import ADAPTER_WEIGHT, AdapterAffinityScorer
+from tandem.router.scheduling.scorers import ADAPTER_WEIGHT, HOME_BONUS, AdapterAffinityScorer, home_ranks
 from tandem.router.scheduling.state import SchedulingState
 from tandem.router.scheduling.tandem import tandem_profiles
 from tandem.router.types import AdapterLoad, EndpointSnapshot, EngineStats, RequestView, Route
@@ -157,12 +157,13 @@ def scores(adapter: str | None, *snaps: EndpointSnapshot) -> list[float]:
 def test_an_adapters_request_prefers_its_adapter_then_a_free_slot(
     engine: EngineStats, expected: float
 ) -> None:
-    assert scores("sql", snapshot(A, engine=engine)) == [expected]
+    # One candidate: it is the adapter's first home, which adds HOME_BONUS (capped at 1).
+    assert scores("sql", snapshot(A, engine=engine)) == [pytest.approx(min(1.0, expected + HOME_BONUS))]
 
 
 def test_an_unknown_or_stale_engine_is_neutral_and_the_base_model_has_no_preference() -> None:
     unknown, stale = snapshot(A), snapshot(B, engine=lora(running="sql"), stale=True)
-    assert scores("sql", unknown, stale) == [0.5, 0.5]
+    assert sorted(scores("sql", unknown, stale)) == [0.5, pytest.approx(0.5 + HOME_BONUS)]
     assert scores(None, snapshot(C, engine=lora(running="sql")), snapshot(D, engine=lora())) == [1.0, 1.0]
 
 
@@ -193,3 +194,23 @@ def test_an_adapters_request_goes_where_its_adapter_runs_then_where_a_slot_is_fr
     sql = scheduler.pick("decode", view("sql", request_id="1"), snaps)
     math = scheduler.pick("decode", view("math", request_id="2"), snaps)
     assert (host(sql), host(math)) == ("10.0.0.2", "10.0.0.3")
+
+
+def test_an_adapter_keeps_going_to_its_home_engine_and_adapters_spread_over_homes() -> None:
+    """Free slots everywhere (nothing running): each adapter's requests go to the same engine, its
+    first in rendezvous order, so its weights stay where they were loaded; 30 adapters spread over
+    the three engines; an engine leaving moves only the adapters it was first for."""
+    scheduler = scheduler_for(
+        "tandem", SchedulerDeps(state=SchedulingState(clock=FakeClock()), adapters=True)
+    )
+    snaps = [snapshot(A, engine=lora()), snapshot(B, engine=lora()), snapshot(C, engine=lora())]
+    names = [f"a{i:02d}" for i in range(30)]
+    first = {n: host(scheduler.pick("decode", view(n, request_id=f"{n}-1"), snaps)) for n in names}
+    again = {n: host(scheduler.pick("decode", view(n, request_id=f"{n}-2"), snaps)) for n in names}
+    assert first == again
+    assert len(set(first.values())) == 3
+    urls = [s.endpoint.url for s in snaps]
+    before = {n: min(urls, key=lambda u: home_ranks(n, urls)[u]) for n in names}
+    after = {n: min(urls[:2], key=lambda u: home_ranks(n, urls[:2])[u]) for n in names}
+    moved = {n for n in names if before[n] != after[n]}
+    assert moved == {n for n in names if before[n] == urls[2]}

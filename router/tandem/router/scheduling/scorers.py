@@ -13,6 +13,7 @@ candidate URL, 1 best. Weights live in `spec.router.scoring` (the adapter scorer
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 from tandem.router.scheduling.plugins import Candidate, Cycle
@@ -157,6 +158,11 @@ class AdapterAffinityScorer:
         0    otherwise (every slot taken by other adapters: the request waits for one)
         0.5  the engine's numbers are unknown or stale (`NEUTRAL`)
 
+    plus up to `HOME_BONUS` by the engine's place in the adapter's rendezvous order (`home_ranks`),
+    capped at 1: between bursts an adapter's requests go back to the same engines, whose CPU tier
+    still holds its weights, rather than wherever a slot is free (which spreads every adapter over
+    every engine and loads it everywhere).
+
     An engine with a fresh reading but no such series has served no adapter since it started:
     every slot is free (0.8). In vLLM 0.32 both labels name every adapter with a request, so the
     adapters in use are their union (llm-d adds the two counts, which counts each twice there).
@@ -170,7 +176,34 @@ class AdapterAffinityScorer:
         adapter = cycle.request.lora_name
         if adapter is None:
             return dict.fromkeys((c.url for c in candidates), 1.0)
-        return {c.url: _affinity(c, adapter) for c in candidates}
+        home = home_ranks(adapter, [c.url for c in candidates])
+        last = max(len(candidates) - 1, 1)
+        return {
+            c.url: min(1.0, _affinity(c, adapter) + HOME_BONUS * (1.0 - home[c.url] / last))
+            for c in candidates
+        }
+
+
+#: What an adapter's first home engine adds to its affinity score, falling linearly to 0 for its last
+#: (rendezvous order, `home_ranks`): a free slot there scores 0.95, close to an engine running the
+#: adapter, so an adapter keeps going where its weights already are between bursts, while the load
+#: scorer (weight 2, a range of 2) still spreads a hot adapter over more engines as their queues grow.
+HOME_BONUS = 0.15
+
+
+def home_ranks(adapter: str, urls: Sequence[str]) -> dict[str, int]:
+    """Each engine's rank in the adapter's rendezvous order (0 first): every gateway replica and
+    worker ranks the same engines alike, and an engine joining or leaving moves only the adapters it
+    ranks first (highest random weight hashing).
+
+    >>> ranks = home_ranks("sql", ["a", "b", "c"]); sorted(ranks.values())
+    [0, 1, 2]"""
+    weights = {
+        url: int.from_bytes(hashlib.blake2b(f"{adapter}\x1f{url}".encode(), digest_size=8).digest(), "big")
+        for url in urls
+    }
+    order = sorted(urls, key=lambda u: weights[u], reverse=True)
+    return {url: rank for rank, url in enumerate(order)}
 
 
 def _affinity(candidate: Candidate, adapter: str) -> float:
