@@ -161,3 +161,26 @@ def test_traceparent_parsing_and_parent_based_ratio_sampling() -> None:
     ids = range(1, 20_001)
     share = sum(sampled(i * 0x9E3779B97F4A7C15 % (1 << 64), parent=None, ratio=0.1) for i in ids) / len(ids)
     assert 0.09 < share < 0.11
+
+
+async def test_a_request_retried_on_another_engine_says_so_in_its_span(launcher: Launcher) -> None:
+    with grpc_receiver() as receiver:
+        failing = await launcher.engine("d0", status=503)
+        healthy = await launcher.engine("d1")
+        router = await launcher.router(
+            decode=[failing, healthy], spec=tracing(receiver.endpoint, "grpc", 1.0)
+        )
+        retried = None
+        for i in range(6):  # until one request was sent to the failing engine first
+            response = await router.http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": f"p{i}"}, headers={"x-request-id": f"r{i}"}
+            )
+            assert response.status_code == 200
+            if failing.received:
+                retried = f"r{i}"
+                break
+        assert retried is not None
+        servers = [s for s in receiver.wait_for(2 * (int(retried[1:]) + 1)) if s.kind == SERVER]
+    span = next(s for s in servers if s.attributes["tandem.request_id"] == retried)
+    assert span.attributes["tandem.retries"] == 1 and not span.error
+    assert span.attributes["tandem.decode_endpoint"] == healthy.url.removeprefix("http://")

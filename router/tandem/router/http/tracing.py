@@ -181,6 +181,7 @@ class GatewayTracer:
             else None,
             "tandem.continued": ctx.continued or None,
             "tandem.decode_rechosen": ctx.decode_rechosen or None,
+            "tandem.retries": ctx.retries or None,
             "tandem.adapter": ctx.adapter,
             "tandem.client_disconnected": ctx.client_disconnected or None,
             "tandem.prompt": ctx.prompt_text if self.log_prompts else None,

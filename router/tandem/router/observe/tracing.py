@@ -25,8 +25,9 @@ The server span carries the GenAI attributes (`gen_ai.operation.name`, `gen_ai.r
 `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `gen_ai.response.time_to_first_chunk`),
 `http.response.status_code`, and Tandem's own under `tandem.*`: the request id, tenant, priority,
 queue wait, P/D decision and fallback, the engines, the KV-barrier outcome, pre-emptions (continued),
-retries, the adapter. Prompt and answer text only with `logPrompts`. A failure (status ≥ 400, a client
-that left, an exception) sets the span's status to ERROR with the error's message.
+retries (`tandem.retries`: decode attempts that failed elsewhere first), the adapter. Prompt and
+answer text only with `logPrompts`. A failure (status ≥ 400, a client that left, an exception) sets
+the span's status to ERROR with the error's message.
 """
 
 from __future__ import annotations

@@ -85,6 +85,7 @@ class RequestContext:
     attempt: Attempt | None = None
     strip_usage: bool = False  # the gateway asked for usage itself: not forwarded to the client
     decode_endpoint: str | None = None
+    retries: int = 0  # decode attempts that failed elsewhere before this one answered
     status: int | None = None
     response_started: bool = False
     response_complete: bool = False

@@ -323,6 +323,7 @@ class Dispatch:
         ctx.attempt = attempt
         ctx.cleanups.append(attempt.finish)
         ctx.decode_endpoint = attempt.endpoint.name
+        ctx.retries = attempt.retries
 
     async def _wait_again(self, ctx: RequestContext, recalled: Recalled) -> None:
         """The recalled request's grant goes back; a new one comes at its tenant's turn."""

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class Attempt:
     """An upstream exchange that holds one in-flight slot on its endpoint until `finish`."""
 
-    __slots__ = ("_dispatcher", "_finished", "_handed_over", "_ticket", "endpoint", "reply")
+    __slots__ = ("_dispatcher", "_finished", "_handed_over", "_ticket", "endpoint", "reply", "retries")
 
     def __init__(self, reply: UpstreamReply, dispatcher: Dispatcher, ticket: object = None) -> None:
         self.reply = reply
@@ -47,6 +47,8 @@ class Attempt:
         self._ticket = ticket
         self._finished = False
         self._handed_over = False
+        #: Attempts on other endpoints that failed before this one (`Dispatcher.open`).
+        self.retries = 0
 
     def hand_over(self) -> None:
         """The answer is a few tokens from its end: its slot on the endpoint may go to the next
@@ -144,11 +146,14 @@ class Dispatcher:
                 self.metrics.retries.labels(pool, failures[-1].kind).inc()
             tried.append(endpoint)
             try:
-                return await self.attempt(endpoint, call, request=request, recallable=recallable)
+                opened = await self.attempt(endpoint, call, request=request, recallable=recallable)
             except UpstreamError as exc:
                 # Kept without its traceback, which holds this frame (and so `failures`): a request
                 # served on a retry would otherwise be a reference cycle (tests/router/test_request_garbage).
                 failures.append(exc.with_traceback(None))
+                continue
+            opened.retries = len(failures)
+            return opened
         raise _unavailable(pool, failures, known=len(self.registry.endpoints(pool)))
 
     async def attempt(
