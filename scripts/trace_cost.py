@@ -6,6 +6,8 @@ stages are recorded as `Pipeline.run` records them, a P/D request's five child s
 the median of `--repeat` runs of `--requests` requests each (microseconds per request,
 `time.process_time`, so the exporter's thread is counted as the gateway's CPU):
 
+- `off (added work)`: with tracing off, what the request path still does for tracing (two `None`
+  tests and two empty header merges), as the difference to the same work without it;
 - `start`: `GatewayTracer.start` (a request's ids and decision; every request pays it when tracing
   is on, sampled or not);
 - `sampled, to file`: start, the stage records, and `finish` (the spans built and handed to the batch
@@ -86,6 +88,40 @@ def measure(name: str, make: Callable[[], tuple[GatewayTracer, Any]], *, finish:
     return value
 
 
+def off_path(*, requests: int, repeat: int) -> float:
+    """With tracing off, what the request path still does for it: the shell's `tracer is None` test,
+    `Pipeline.run`'s `trace is None` test, and the two engine calls' `trace_headers` (an empty dict
+    merged into each call's headers); against the same work without them."""
+    ctx = RequestContext(request_id="r", upstream_id="r", path="/v1/chat/completions", started=0.0,
+                         route=Route.CHAT)  # fmt: skip
+    tracer = None
+
+    def with_hooks() -> None:
+        if tracer is not None:
+            return
+        if ctx.trace is None:
+            pass
+        _ = {"x-request-id": ctx.upstream_id, **ctx.trace_headers("prefill")}
+        _ = {"x-request-id": ctx.upstream_id, **ctx.trace_headers("decode")}
+
+    def without() -> None:
+        _ = {"x-request-id": ctx.upstream_id}
+        _ = {"x-request-id": ctx.upstream_id}
+
+    runs = []
+    for _ in range(repeat):
+        start = time.process_time()
+        for _ in range(requests):
+            with_hooks()
+        middle = time.process_time()
+        for _ in range(requests):
+            without()
+        runs.append(((middle - start) - (time.process_time() - middle)) / requests * 1e6)
+    value = statistics.median(runs)
+    sys.stdout.write(f"{'off (added work)':<24} {value:8.3f} µs per request\n")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -102,6 +138,7 @@ def main() -> None:
         processor = BatchSpanProcessor(EncodeOnly(), max_queue_size=QUEUE, max_export_batch_size=256)
         return GatewayTracer(TracingSpec(endpoint="http://x"), service="cost", processor=processor), processor
 
+    off_path(requests=max(args.requests, 100_000), repeat=args.repeat)
     measure("start", to_file, finish=False, requests=args.requests, repeat=args.repeat)
     measure("sampled, to file", to_file, finish=True, requests=args.requests, repeat=args.repeat)
     measure("sampled, OTLP protobuf", to_protobuf, finish=True, requests=args.requests, repeat=args.repeat)
