@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from tests.servers import LOOPBACK, free_port, wait_healthy
 
 MODEL = "qwen"
@@ -95,3 +96,16 @@ def router_process(
     log = tmp_path / f"router-{port}-{len(list(tmp_path.glob('router-*.log')))}.log"
     with _children([(argv, port, log)], wait=wait) as [child]:
         yield child
+
+
+def static_router_config(tmp_path: Path, engine: Child, *, service: str) -> Path:
+    """`router.yaml` in `tmp_path`: service `service` of the simulated model in front of `engine` alone
+    (static discovery, decode only)."""
+    path = tmp_path / "router.yaml"
+    document = {
+        "service": service,
+        "spec": {"model": {"name": MODEL_NAME, "servedName": MODEL}, "engine": {"kind": "sim"}},
+        "discovery": {"kind": "static", "decode": [engine.url]},
+    }
+    path.write_text(yaml.safe_dump(document))
+    return path

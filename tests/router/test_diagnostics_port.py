@@ -16,9 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from tests.router.processes import MODEL, MODEL_NAME, Child, router_process, sim_processes
+from tests.router.processes import MODEL, Child, router_process, sim_processes, static_router_config
 from tests.servers import free_port
 
 TOKEN = "diagnostics-token-for-the-test"
@@ -31,14 +30,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
 
 
 def _config(tmp_path: Path, engine: Child) -> Path:
-    path = tmp_path / "router.yaml"
-    document = {
-        "service": "diagnostics",
-        "spec": {"model": {"name": MODEL_NAME, "servedName": MODEL}, "engine": {"kind": "sim"}},
-        "discovery": {"kind": "static", "decode": [engine.url]},
-    }
-    path.write_text(yaml.safe_dump(document))
-    return path
+    return static_router_config(tmp_path, engine, service="diagnostics")
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
