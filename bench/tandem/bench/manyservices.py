@@ -201,8 +201,10 @@ def _plans(svcs: Sequence[InferenceService], s: ManySettings, *, config: str, to
     _write(fleet.router_config_path, _dump(file))
     # The fleet's engines are the same processes on other ports: send to its, scrape its.
     engines = {
-        model_name(i): [p.url for p in fleet.processes if p.role == "decode" and p.name.startswith(f"{n}-")]
-        for i, n in enumerate(service_name(i) for i in range(len(svcs)))
+        model_name(i): [
+            p.url for p in fleet.processes if p.role == "decode" and p.name.startswith(f"{service_name(i)}-")
+        ]
+        for i in range(len(svcs))
     }
     [router] = [p for p in fleet.processes if p.role == "router"]
     return list(fleet.processes), engines, {model_name(i): [f"{router.url}/v1"] for i in range(len(svcs))}

@@ -12,6 +12,7 @@ from typing import Protocol
 import httpx
 from prometheus_client import CollectorRegistry
 
+from tandem.core.adapters import AdapterError, PvcSource, parse_source
 from tandem.core.modeltokens import PromptEncoder
 from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.policy import TTFTPredictor
@@ -240,10 +241,19 @@ def adapter_janitor(config: EffectiveConfig, upstream: HTTPUpstream) -> AdapterJ
     without LoRA, or when a volume's catalog holds names only the engines know."""
     spec = config.spec
     catalog = spec.adapter_catalog
-    if spec.engine.lora is None or (catalog is not None and catalog.source.startswith("pvc://")):
+    if spec.engine.lora is None or (catalog is not None and _on_volume(catalog.source)):
         return None
     timeout_s = config.settings.proxy.models_timeout_seconds
     return AdapterJanitor(upstream, declared=config.adapters, timeout_s=timeout_s)
+
+
+def _on_volume(source: str) -> bool:
+    """Whether a catalog's source is a volume (`pvc://`), as `tandem.core.adapters` parses it; an
+    unparsable one counts as such (the names it holds are unknown here)."""
+    try:
+        return isinstance(parse_source(source), PvcSource)
+    except AdapterError:
+        return True
 
 
 @dataclass(frozen=True)
