@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.router.fake_engine import FakeEngine
 from tests.router.harness import MODEL, Launcher, RunningRouter, metric
-from tests.router.scheduling_builders import A, snapshot, stats
+from tests.router.scheduling_builders import A, B, C, snapshot, stats
 
 from tandem.router.discovery.capacity import (
     CONFIRM,
@@ -27,6 +27,7 @@ from tandem.router.discovery.capacity import (
     kv_bound,
 )
 from tandem.router.settings import AdmissionSettings, RouterSettings
+from tandem.router.types import Endpoint
 
 
 @pytest.mark.parametrize(
@@ -188,6 +189,30 @@ def test_a_restarted_engine_keeps_its_c_as_a_start_value_and_relearns_it() -> No
     # Counters that went backwards say the same on an engine without a start time.
     [learn(6, 0, tokens=t) for t in (5000.0, 5100.0)]
     assert learn(6, 0, tokens=10.0) == 8
+
+
+def test_a_new_engine_starts_at_its_pools_confirmed_capacity_not_at_256() -> None:
+    """An engine the autoscaler adds to a pool whose engines hold a confirmed C of 4 and 5 starts at
+    4, unconfirmed, before and after its first reading (so a queue of prefilled requests is not
+    handed to it at once); it still grows when it runs all it is sent. An engine of the other pool,
+    whose engines have confirmed nothing, starts at 256."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    tokens = iter(range(1, 1_000))
+
+    def read(endpoint: Endpoint, running: int, waiting: int) -> int:
+        reading = stats(running=running, waiting=waiting, kv_usage=0.1, tokens=float(next(tokens)))
+        return capacity.concurrency(snapshot(endpoint, engine=reading))
+
+    for endpoint, c in ((A, 5), (B, 4)):
+        assert [read(endpoint, c, 3) for _ in range(CONFIRM)][-1] == c
+    assert capacity.concurrency(snapshot(C)) == 4  # no reading yet
+    assert read(C, 0, 0) == 4
+    known = capacity.known(C.url)
+    assert known is not None and not known.confirmed
+    assert read(C, 4, 0) == 5  # it ran all it was sent: a start value grows by a quarter
+    prefill = Endpoint("prefill", "http://10.0.1.1:8000")
+    assert capacity.concurrency(snapshot(prefill)) == DEFAULT_CAPACITY
+    assert read(prefill, 0, 0) == DEFAULT_CAPACITY
 
 
 def test_below_a_declared_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:

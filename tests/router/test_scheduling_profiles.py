@@ -6,6 +6,7 @@ ids directly; in-flight counts are set on the snapshots the way the registry wou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,7 @@ from tandem.router.scheduling.picker import MaxScorePicker
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
 from tandem.router.scheduling.scorers import LoadScorer, PrefixScorer
-from tandem.router.types import Endpoint, EndpointSnapshot
+from tandem.router.types import Endpoint, EndpointSnapshot, RequestView
 
 
 class Fixed:
@@ -233,6 +234,30 @@ def test_an_engine_that_served_others_is_warm_to_a_gateway_that_has_just_started
     decision = scheduler.decide("decode", request(prompt(102, 0), request_id="n2"), restarted)
     assert state.warming(C.url) and decision.endpoint != C
     assert state.approximate.match([C.url], request(prompt(7, 0)))[C.url] == 0
+
+
+def test_a_decode_engine_that_has_not_answered_takes_one_prefilled_request_at_a_time() -> None:
+    """A decode engine just added to a warm pool (nothing served) looks emptiest to the load scorer,
+    so every prefilled request would go to it at once; it gets one until it answers, then its share.
+    The warm engines (served > 0) are never held back, even with requests open."""
+    state = SchedulingState(clock=FakeClock())
+    scheduler = tandem(state, weights=ScoringWeights())
+
+    def loaded(request_id: str) -> RequestView:
+        return dataclasses.replace(request(prompt(5, 0), request_id=request_id), kv_loaded=True)
+
+    def snaps(new_in_flight: int) -> list[EndpointSnapshot]:
+        warm = [snapshot(e, in_flight=3, engine=stats(running=3, served=50, started=1.0)) for e in (A, B)]
+        return [*warm, snapshot(C, in_flight=new_in_flight, engine=stats(served=0, started=2.0))]
+
+    first = loaded("p0")
+    assert state.profile_for("decode", first) == "kv-loaded"
+    assert scheduler.decide("decode", first, snaps(0)).endpoint == C
+    ticket = state.started(C, first)
+    second = scheduler.decide("decode", loaded("p1"), snaps(1))
+    assert second.endpoint != C and second.reason == "slow-start"
+    state.answered(ticket, status=200, streamed=True)
+    assert scheduler.decide("decode", loaded("p2"), snaps(1)).endpoint == C
 
 
 def test_the_imbalance_guard_spreads_a_dominant_prefix() -> None:

@@ -52,6 +52,13 @@ behind them. Example: a cache of 128 blocks, answers that end at 22 blocks: it a
 they grow; C settles at 5, where nothing is pre-empted. This holds below a declared `--max-num-seqs`
 too: a pre-emption is a full cache, the one thing believed there.
 
+**A new engine starts where its pool stands.** An engine first seen in a pool whose other engines
+have a confirmed C starts at the smallest of those, unconfirmed, not at 256: one pool's engines come
+from one template (the same `--max-num-seqs`, the same cache), so an engine the autoscaler has just
+added is not handed a burst it can only queue while its own readings come in. If it can take more it
+runs all it gets and grows by a quarter per reading, as any start value does. Example: decode
+engines confirmed at 6 and 7; a third joins at C = 6.
+
 An engine that restarted (its counters' start time changed, or its counters went backwards) keeps
 its C as a start value, unconfirmed: it may have come back with another `--max-num-seqs`, which the
 readings then find (a larger one by growth, a smaller one held back). An engine that runs more than
@@ -148,6 +155,7 @@ class EngineLimit:
     recheck_in: int = RECHECK_FIRST
     recheck_every: int = RECHECK_FIRST
     seen: EngineReading | None = None
+    pool: str = ""
 
 
 @dataclass(slots=True)
@@ -171,7 +179,7 @@ class EngineCapacity:
         the latest fresh reading's KV bound (module docstring)."""
         engine = self._read(snapshot)
         if engine is None:
-            return self.initial
+            return self.start(snapshot.endpoint.pool)
         return engine.c if engine.bound is None else min(engine.c, engine.bound)
 
     def limit(self, snapshot: EndpointSnapshot) -> int:
@@ -202,6 +210,12 @@ class EngineCapacity:
         """What is known of `url`'s engine (metrics, tests); None before its first reading."""
         return self._engines.get(url)
 
+    def start(self, pool: str) -> int:
+        """Where a new engine of `pool` starts: the smallest confirmed C of the pool's other engines
+        (a probe's extra request not counted), else `initial` (module docstring)."""
+        confirmed = [e.c - e.probing for e in self._engines.values() if e.pool == pool and e.confirmed]
+        return min(confirmed, default=self.initial)
+
     def forget(self, keep: set[str]) -> None:
         for url in [u for u in self._engines if u not in keep]:
             del self._engines[url]
@@ -213,7 +227,8 @@ class EngineCapacity:
         if reading is None or reading.stale:
             return engine
         if engine is None:
-            engine = self._engines[url] = EngineLimit(c=self.initial)
+            pool = snapshot.endpoint.pool
+            engine = self._engines[url] = EngineLimit(c=self.start(pool), pool=pool)
         if engine.seen is not reading:
             earlier = engine.seen
             engine.seen = reading

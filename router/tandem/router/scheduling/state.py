@@ -317,7 +317,7 @@ class SchedulingState:
             queued_tokens=queued,
             tokens_per_second=model.rate,
             predicted_ttft_s=ttft_seconds(model, queued + uncached),
-            warming=self.warming(url),
+            warming=self.warming(url) or (kv_loaded and url not in self._answered and snapshot.in_flight > 0),
         )
 
     def _read_engine(self, snapshot: EndpointSnapshot) -> None:

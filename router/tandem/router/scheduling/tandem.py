@@ -6,7 +6,7 @@
 
 | policy | profile `prompt` (the endpoint computes the prompt) | `kv-loaded` (decode after a prefill) |
 |---|---|---|
-| `tandem` | guard, slow start → w_prefix·prefix + w_load·load + w_kv·kv + w_ttft·ttft | guard → load, kv |
+| `tandem` | guard, slow start → prefix, load, kv, ttft (weighted) | guard, slow start → load, kv |
 | `least-load` | load | load |
 | `prefix` | SGLang's cache-aware rule (below) | load |
 
@@ -18,7 +18,10 @@ Which profile: the prefill pool always computes the prompt, so its prefix cache 
 work decide (`prompt`). A decode endpoint computes the prompt too when the request is not
 disaggregated (or its prefill failed), so the same profile applies; after a successful prefill the
 decode engine loads the prompt's KV from the pool (or the prefill engine), so its own cache and
-prefill queue no longer matter and it is chosen by load and free KV (`kv-loaded`).
+prefill queue no longer matter and it is chosen by load and free KV (`kv-loaded`). Slow start applies
+there too: a decode engine that has not answered yet (one the autoscaler has just added) takes one
+prefilled request at a time until it does, whatever prefix it holds (`threshold=inf`), rather than
+the queue of them its empty load would draw (`SchedulingState`'s `warming` for `kv-loaded`).
 
 `prefix` (a baseline for `tandem bench --policy`, after SGLang's cache-aware policy): if the pool is
 imbalanced (max − min load > abs and max > rel · min) take the least-loaded endpoint; else if the best
@@ -28,6 +31,7 @@ least load); else the least-loaded one (the `sgl-model-gateway` variant).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -112,7 +116,10 @@ def tandem_profiles(
             picker=picker,
         ),
         KV_LOADED: SchedulerProfile(
-            name=KV_LOADED, filters=[guard], scorers=_weighted(loaded), picker=picker
+            name=KV_LOADED,
+            filters=[guard, SlowStart(threshold=math.inf)],
+            scorers=_weighted(loaded),
+            picker=picker,
         ),
     }
 
