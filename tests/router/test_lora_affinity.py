@@ -180,9 +180,10 @@ def test_the_tandem_policy_scores_adapter_affinity_only_for_a_service_with_adapt
     assert "lora-affinity" not in {w.scorer.name for w in with_adapters["kv-loaded"].scorers}
 
 
-def test_an_adapters_request_goes_where_its_adapter_runs_then_where_a_slot_is_free() -> None:
-    """Equal loads and caches: `sql` goes to B (running it), `math` to C (a free slot) rather than B
-    (both its slots taken), a base request by the other scorers alone (A, B, C tie)."""
+def test_an_adapters_request_goes_where_its_adapter_runs_else_to_its_home() -> None:
+    """Equal loads and caches: `sql` (home C, a free slot) goes to B, which runs it; `math` goes to
+    its home B although both B's slots are taken and C has a free one: placement keeps an adapter on
+    its home engine (a wait for a slot there instead of a load on another engine)."""
     scheduler = scheduler_for(
         "tandem", SchedulerDeps(state=SchedulingState(clock=FakeClock()), adapters=True)
     )
@@ -193,7 +194,10 @@ def test_an_adapters_request_goes_where_its_adapter_runs_then_where_a_slot_is_fr
     ]
     sql = scheduler.pick("decode", view("sql", request_id="1"), snaps)
     math = scheduler.pick("decode", view("math", request_id="2"), snaps)
-    assert (host(sql), host(math)) == ("10.0.0.2", "10.0.0.3")
+    urls = [s.endpoint.url for s in snaps]
+    assert min(urls, key=home_ranks("sql", urls).__getitem__) == C.url
+    assert min(urls, key=home_ranks("math", urls).__getitem__) == B.url
+    assert (host(sql), host(math)) == ("10.0.0.2", "10.0.0.2")
 
 
 def test_an_adapter_keeps_going_to_its_home_engine_and_adapters_spread_over_homes() -> None:

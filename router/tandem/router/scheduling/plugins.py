@@ -20,10 +20,13 @@ keywords.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from tandem.router.scheduling.base import Routable
 from tandem.router.types import Endpoint, EndpointSnapshot, Pool
+
+if TYPE_CHECKING:
+    from tandem.router.scheduling.runner import Decision
 
 
 class Cycle(NamedTuple):
@@ -104,3 +107,12 @@ class Picker(Protocol):
     def name(self) -> str: ...
 
     def pick(self, scored: Sequence[Scored], /) -> Scored: ...
+
+
+@runtime_checkable
+class PostPick(Protocol):
+    """A filter that learns from the decisions made with it (llm-d's PreRequest plugins): the
+    scheduler calls `picked` after each cycle of a profile the filter is in, with the decision.
+    Synchronous and cheap, no I/O; it may update only the plugin's own state."""
+
+    def picked(self, decision: Decision, /) -> None: ...

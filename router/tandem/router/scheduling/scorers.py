@@ -8,13 +8,14 @@ candidate URL, 1 best. Weights live in `spec.router.scoring` (the adapter scorer
 | `load` | `(L_max − L_p) / (L_max − L_min)`, 1 for all when equal (llm-d's queue-scorer) | 2 |
 | `kv` | `1 − kv_usage_p`; 0.5 when unknown or stale (llm-d's kv-cache-utilization-scorer) | 2 |
 | `ttft` | `1 − TTFT̂_p / SLO` clamped; when every candidate is past the SLO, `TTFT̂_min / TTFT̂_p` | 2 |
-| `lora-affinity` | 1 holding the request's adapter, 0.8 a free adapter slot, 0.6 it waits there, else 0 | 4 |
+| `lora-affinity` | 1 running or held there, 0.8 a free adapter slot, 0.6 it waits there, else 0 | 4 |
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.types import AdapterLoad
@@ -147,12 +148,20 @@ class TTFTScorer:
         return {url: fastest / p if p > 0 else 1.0 for url, p in predictions.items()}
 
 
-class AdapterAffinityScorer:
-    """Prefers the engines already running the request's LoRA adapter, then those with a free
-    adapter slot (llm-d's lora-affinity scorer), from each engine's `vllm:lora_requests_info`
-    (`EngineStats.adapters`):
+class Holdings(Protocol):
+    """Which adapters the gateway sent to which engine lately (`adapterplace.Residency`)."""
 
-        1.0  the adapter has requests running there (no load: its weights are in a GPU slot)
+    def holds(self, url: str, adapter: str, /) -> bool: ...
+
+
+class AdapterAffinityScorer:
+    """Prefers the engines already running or holding the request's LoRA adapter, then those with a
+    free adapter slot (llm-d's lora-affinity scorer), from each engine's `vllm:lora_requests_info`
+    (`EngineStats.adapters`) and the gateway's own record (`residency`, `Holdings`):
+
+        1.0  the adapter has requests running there (no load: its weights are in a GPU slot), or
+             the gateway sent it there lately (its CPU tier, likely a GPU slot, still holds it:
+             `vllm:lora_requests_info` names only adapters with requests now)
         0.8  fewer adapters in use than `max_lora` (room to load it without waiting for a slot)
         0.6  the adapter has requests waiting there
         0    otherwise (every slot taken by other adapters: the request waits for one)
@@ -172,14 +181,20 @@ class AdapterAffinityScorer:
 
     name = "lora-affinity"
 
+    def __init__(self, *, residency: Holdings | None = None) -> None:
+        self.residency = residency
+
     def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
         adapter = cycle.request.lora_name
         if adapter is None:
             return dict.fromkeys((c.url for c in candidates), 1.0)
         home = home_ranks(adapter, [c.url for c in candidates])
         last = max(len(candidates) - 1, 1)
+        held = self.residency
         return {
-            c.url: min(1.0, _affinity(c, adapter) + HOME_BONUS * (1.0 - home[c.url] / last))
+            c.url: 1.0
+            if held is not None and held.holds(c.url, adapter)
+            else min(1.0, _affinity(c, adapter) + HOME_BONUS * (1.0 - home[c.url] / last))
             for c in candidates
         }
 

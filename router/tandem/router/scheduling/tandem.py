@@ -10,9 +10,11 @@
 | `least-load` | load | load |
 | `prefix` | SGLang's cache-aware rule (below) | load |
 
-With LoRA adapters (`adapters`: the service has some), the `prompt` profile also scores adapter
-affinity (`scorers.AdapterAffinityScorer`, weight `ADAPTER_WEIGHT`, 4); adapters' requests are
-never disaggregated, so `kv-loaded` does not need it.
+With LoRA adapters (`adapters`: the service has some), both profiles end with the placement filter
+(`adapterplace.AdapterPlacement`: an adapter's request may go only to its home engine and the
+engines holding it, within a load bound), and the `prompt` profile also scores adapter affinity
+(`scorers.AdapterAffinityScorer`, weight `ADAPTER_WEIGHT`, 4) among them. The scheduler tells every
+filter that has a `picked` method (`plugins.PostPick`) each decision it made with it.
 
 Which profile: the prefill pool always computes the prompt, so its prefix cache and queued prefill
 work decide (`prompt`). A decode endpoint computes the prompt too when the request is not
@@ -33,13 +35,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tandem.core.spec import ScoringWeights
+from tandem.router.scheduling.adapterplace import AdapterPlacement
 from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.filters import ImbalanceGuard, SlowStart
 from tandem.router.scheduling.picker import MaxScorePicker
-from tandem.router.scheduling.plugins import Candidate, Cycle, Scorer
+from tandem.router.scheduling.plugins import Candidate, Cycle, PostPick, Scorer
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
 from tandem.router.scheduling.scorers import (
     ADAPTER_WEIGHT,
@@ -74,6 +77,9 @@ class ProfileScheduler:
             raise ValueError(f"profiles missing: {sorted(missing)}")
         self.state = state
         self.profiles = dict(profiles)
+        self._post_pick: dict[str, list[PostPick]] = {
+            name: [f for f in p.filters if isinstance(f, PostPick)] for name, p in profiles.items()
+        }
         self._timer = timer
         self._on_decision = on_decision
 
@@ -85,6 +91,8 @@ class ProfileScheduler:
         profile = self.profiles[self.state.profile_for(pool, request)]
         cycle, scored = self.state.candidates(pool, request, candidates, profile=profile.name)
         decision = profile.run(cycle, scored, timer=self._timer)
+        for hook in self._post_pick[profile.name]:
+            hook.picked(decision)
         if self._on_decision is not None:
             self._on_decision(decision)
         return decision
@@ -96,19 +104,23 @@ def tandem_profiles(
     guard: ImbalanceGuard,
     cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
     adapters: bool = False,
+    adapter_capacity: int | None = None,
 ) -> dict[str, SchedulerProfile]:
     """The `tandem` policy's profiles (module docstring); scorers with weight 0 are left out.
-    `adapters`: the service serves LoRA adapters (adds the adapter scorer)."""
+    `adapters`: the service serves LoRA adapters (adds the placement filter, shared by both
+    profiles, and the adapter scorer); `adapter_capacity`: adapters an engine keeps in its CPU tier
+    (`maxCpuLoras`; None: its `max_lora` once read, 4 until then)."""
     picker = MaxScorePicker()
+    placement = AdapterPlacement(capacity=adapter_capacity)
     prompt: list[tuple[Scorer, float]] = [
         (PrefixScorer(threshold=cache_threshold), weights.prefix),
         (LoadScorer(), weights.load),
         (KVScorer(), weights.kv),
         (TTFTScorer(), weights.ttft),
-        (AdapterAffinityScorer(), ADAPTER_WEIGHT if adapters else 0.0),
+        (AdapterAffinityScorer(residency=placement.residency), ADAPTER_WEIGHT if adapters else 0.0),
     ]
     loaded: list[tuple[Scorer, float]] = [(LoadScorer(), weights.load), (KVScorer(), weights.kv)]
-    return {
+    profiles = {
         PROMPT: SchedulerProfile(
             name=PROMPT,
             filters=[guard, SlowStart(threshold=cache_threshold)],
@@ -122,6 +134,9 @@ def tandem_profiles(
             picker=picker,
         ),
     }
+    if not adapters:
+        return profiles
+    return {name: replace(p, filters=[*p.filters, placement]) for name, p in profiles.items()}
 
 
 def least_load_profiles() -> dict[str, SchedulerProfile]:

@@ -1,0 +1,183 @@
+"""Adapter placement: consistent hashing with bounded loads over each adapter's rendezvous order.
+
+An engine serving many LoRA adapters over few slots pays a load (a disk read into its CPU tier, a copy
+into a GPU slot: about 70 ms of stalled steps for a rank-8 adapter in the simulator's time model)
+whenever a request's adapter is not resident. Spreading an adapter's requests by load alone loads
+every adapter on every engine. So each adapter request may go only to a few engines, chosen as in
+consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018) over the
+adapter's rendezvous order (`scorers.home_ranks`):
+
+    bound   = max(MIN_BOUND, ceil((1 + ε) · (ΣL + 1) / n))       L: `Candidate.load`, n candidates
+    home    = the first engine in the adapter's order with L < bound
+    allowed = {home} ∪ {engines holding the adapter with L < bound}
+
+"Holding": the engine runs or queues the adapter now (`vllm:lora_requests_info`), or this gateway
+sent it the adapter recently (`Residency`, an LRU per engine the size of its CPU tier). Example,
+ε = 0.25, loads A 3, B 1, C 0, D 0 (ΣL = 4), adapter order B, A, D, C, resident on D: bound =
+max(2, ceil(1.25 · 5/4)) = 2; B (1 < 2) is home; D (0 < 2) holds it → allowed {B, D}, and the
+other scorers (prefix, load, KV, TTFT, affinity) choose between them. With B at 2 instead, B and
+A are at or over the bound, so the home is D, the next engine under it, and allowed is {D}.
+
+So a cold adapter stays on its first engine (a load of MIN_BOUND − 1 more requests does not move
+it: hysteresis against load storms, since sharing a batch costs a fraction of a step and a move
+costs a load), a hot adapter widens engine by engine as its demand fills them past the bound, and
+no engine ever takes a request above the bound: in a burst the largest queue stays within
+(1 + ε) × the pool's mean (plus rounding). Some engine is always under the bound (the least
+loaded one is at most the mean), so the filter never empties the cycle. Base-model requests pass
+unchanged.
+
+`AdapterPlacement` is the filter (name `adapter-placement`) and keeps the residency record; the
+scheduler tells it every decision (`picked`, the `PostPick` hook). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Collection, Mapping, Sequence
+
+from tandem.router.scheduling.plugins import Candidate, Cycle
+from tandem.router.scheduling.runner import Decision
+from tandem.router.scheduling.scorers import home_ranks
+
+#: The bound's slack over the mean load (ε); the paper's experiments use 0.25 to 1.
+DEFAULT_EPSILON = 0.25
+#: The least bound: an adapter's home takes a second request before the adapter spreads. A move
+#: costs a load (≥ 70 ms of stalled steps); a second request in the batch costs a fraction of a step.
+MIN_BOUND = 2
+#: Adapters remembered per engine until its `max_lora` is read (vLLM's `--max-cpu-loras` defaults
+#: to `--max-loras`; Tandem's bench and most deployments run 4).
+DEFAULT_RESIDENT = 4
+#: Engines remembered at most (a pool's endpoints; URLs of engines gone long ago are dropped first).
+MAX_ENGINES = 4096
+
+
+def load_bound(loads: Sequence[float], *, epsilon: float = DEFAULT_EPSILON, floor: int = MIN_BOUND) -> int:
+    """The most requests an engine may hold before an adapter's request passes it by:
+    `max(floor, ceil((1 + ε) · (ΣL + 1) / n))`, the new request counted in.
+
+    >>> load_bound([3, 1, 0, 0]), load_bound([8, 8, 8, 8]), load_bound([])
+    (2, 11, 2)"""
+    if not loads:
+        return floor
+    return max(floor, math.ceil((1.0 + epsilon) * (sum(loads) + 1.0) / len(loads) - 1e-9))
+
+
+def allowed_engines(
+    order: Sequence[str], loads: Mapping[str, float], holders: Collection[str], *, bound: float
+) -> list[str]:
+    """The engines an adapter's request may go to (module docstring): the first engine of `order`
+    (the adapter's rendezvous order) under `bound`, and every engine in `holders` under it. In
+    `order`'s order; empty only if no engine is under the bound.
+
+    >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 1, "c": 0, "d": 0}, {"d"}, bound=2)
+    ['b', 'd']
+    >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 2, "c": 0, "d": 0}, set(), bound=2)
+    ['d']"""
+    allowed: list[str] = []
+    home_found = False
+    for url in order:
+        if loads[url] >= bound:
+            continue
+        if not home_found:
+            home_found = True
+            allowed.append(url)
+        elif url in holders:
+            allowed.append(url)
+    return allowed
+
+
+class Residency:
+    """The adapters this gateway sent to each engine lately: an LRU per engine URL, `capacity` entries
+    (the engine's CPU tier), most recent last. What the engine itself holds may differ (another gateway
+    replica, an eviction by a restart); it is a hint for placement, not a fact."""
+
+    def __init__(self, *, max_engines: int = MAX_ENGINES) -> None:
+        self._held: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+        self._max_engines = max_engines
+
+    def record(self, url: str, adapter: str, *, capacity: int) -> None:
+        """`adapter` was sent to `url`: it becomes the most recent there; the least recent beyond
+        `capacity` (≥ 1) are forgotten."""
+        held = self._held.get(url)
+        if held is None:
+            held = self._held[url] = OrderedDict()
+            if len(self._held) > self._max_engines:
+                self._held.popitem(last=False)
+        else:
+            self._held.move_to_end(url)
+        held[adapter] = None
+        held.move_to_end(adapter)
+        while len(held) > max(1, capacity):
+            held.popitem(last=False)
+
+    def holds(self, url: str, adapter: str) -> bool:
+        held = self._held.get(url)
+        return held is not None and adapter in held
+
+    def adapters(self, url: str) -> list[str]:
+        """Least recent first."""
+        return list(self._held.get(url, ()))
+
+
+class AdapterPlacement:
+    """The placement filter (module docstring) and its residency record.
+
+    `epsilon`, `floor`: the bound's slack and least value (`load_bound`); `default_capacity`: the
+    adapters remembered per engine while its `max_lora` is unknown (`capacity`: always this many,
+    e.g. the service's `maxCpuLoras`, when given)."""
+
+    name = "adapter-placement"
+
+    def __init__(
+        self,
+        *,
+        epsilon: float = DEFAULT_EPSILON,
+        floor: int = MIN_BOUND,
+        default_capacity: int = DEFAULT_RESIDENT,
+        capacity: int | None = None,
+    ) -> None:
+        if epsilon < 0 or floor < 1 or default_capacity < 1 or (capacity is not None and capacity < 1):
+            raise ValueError("epsilon must be >= 0, floor, default_capacity and capacity >= 1")
+        self.epsilon = epsilon
+        self.floor = floor
+        self.default_capacity = default_capacity
+        self.capacity = capacity
+        self.residency = Residency()
+
+    def filter(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:
+        adapter = cycle.request.lora_name
+        if adapter is None or len(candidates) < 2:
+            return candidates
+        urls = [c.url for c in candidates]
+        ranks = home_ranks(adapter, urls)
+        order = sorted(urls, key=ranks.__getitem__)
+        loads = {c.url: c.load for c in candidates}
+        holders = {c.url for c in candidates if self._holds(c, adapter)}
+        bound = load_bound(list(loads.values()), epsilon=self.epsilon, floor=self.floor)
+        allowed = set(allowed_engines(order, loads, holders, bound=bound))
+        return [c for c in candidates if c.url in allowed]
+
+    def picked(self, decision: Decision, /) -> None:
+        """Records the chosen engine as holding the request's adapter (the `PostPick` hook)."""
+        adapter = decision.cycle.request.lora_name
+        if adapter is None:
+            return
+        chosen = decision.chosen.candidate
+        self.residency.record(chosen.url, adapter, capacity=self._capacity(chosen))
+
+    def _holds(self, candidate: Candidate, adapter: str) -> bool:
+        if self.residency.holds(candidate.url, adapter):
+            return True
+        engine = candidate.snapshot.engine
+        load = None if engine is None or engine.stale else engine.stats.adapters
+        return load is not None and adapter in load.active
+
+    def _capacity(self, candidate: Candidate) -> int:
+        if self.capacity is not None:
+            return self.capacity
+        engine = candidate.snapshot.engine
+        load = None if engine is None else engine.stats.adapters
+        if load is None or load.max_loras is None:
+            return self.default_capacity
+        return load.max_loras
