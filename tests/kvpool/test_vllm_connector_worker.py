@@ -25,8 +25,16 @@ with warnings.catch_warnings():  # torch's own modules, imported by vLLM's, use 
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    from tandem.kvpool import connector_worker, vllm_connector  # need vLLM, skipped above without it
-from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, PoolHealth, PoolSettings  # noqa: E402
+    from tandem.kvpool import connector_plan, connector_worker, vllm_connector  # need vLLM, skipped above
+from tandem.kvpool.connector_plan import (  # noqa: E402
+    ChunkLoad,
+    ChunkNamer,
+    ChunkSave,
+    HeadGrid,
+    PoolHealth,
+    PoolSettings,
+    RankHeads,
+)
 from tandem.kvpool.connector_stats import TandemConnectorStats  # noqa: E402
 from tandem.kvpool.keys import (  # noqa: E402
     MAC_BYTES,
@@ -83,20 +91,22 @@ class FakeConnector:
         self._errors_logged: set[tuple[str, str]] = set()
         self.vllm_config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}))
         self.kv_cache_config = None
+        self.grid = HeadGrid(total_heads=H)
+        self.mla = False
 
     def _delete(self, *keys: str) -> int:
         self.deleted.append(keys)
         return sum(self.store.pop(key, None) is not None for key in keys)
 
-    def namer(self, worker_id: int) -> ChunkNamer:
-        return ChunkNamer(model="m", world_size=1, worker_id=worker_id, dtype=self.dtype)
+    def namer(self, shard: int) -> ChunkNamer:
+        return ChunkNamer(model="m", world_size=self.grid.shards, worker_id=shard, dtype=self.dtype)
 
 
 def worker(
     shape: tuple[int, ...] = (2, BLOCKS, N, H, D), *, pool_key: bytes | None = None
 ) -> tuple[Any, FakeConnector]:
     connector = FakeConnector(pool_key)
-    side = connector_worker.WorkerSide(connector)  # type: ignore[arg-type]
+    side = connector_worker.WorkerSide(connector, heads=RankHeads(stage=0, first=0, count=H, writes=True))  # type: ignore[arg-type]
     side.register({"layer.0": torch.ones(shape, dtype=torch.bfloat16)})
     return side, connector
 
@@ -341,7 +351,7 @@ def test_an_adapters_chunks_saved_by_a_producer_are_found_under_that_adapter_onl
     adapter `sql` are found for `sql` (whatever path the consumer loaded it from: the pool names
     adapters by `lora_name`), never for the base model or adapter `chat`."""
     side, connector = worker(pool_key=KEY)
-    connector.produces, connector.consumes, connector.world_size = True, True, 1  # type: ignore[attr-defined]
+    connector.produces, connector.consumes = True, True  # type: ignore[attr-defined]
     scheduler = vllm_connector._SchedulerSide(connector)  # type: ignore[arg-type]
     chunk = connector.settings.chunk_size
     tokens = list(range(3 * chunk))  # 3 chunks of 2 blocks
@@ -357,7 +367,7 @@ def test_an_adapters_chunks_saved_by_a_producer_are_found_under_that_adapter_onl
     side.save(scheduler.build_meta(out).saves)
     stored = sorted(k for k in connector.store if k.endswith("metadata"))
     hashes = TandemHash(key=KEY).chunk_hashes(tokens, chunk, scope=PoolScope("t1-a", "sql"))
-    assert stored == sorted(connector.namer(0).metadata(h) for h in hashes)
+    assert stored == sorted(connector.namer(head).metadata(h) for h in hashes for head in range(H))
 
     def matched(request: Any) -> int:
         return scheduler.num_new_matched_tokens(request, 0)
@@ -366,3 +376,145 @@ def test_an_adapters_chunks_saved_by_a_producer_are_found_under_that_adapter_onl
     assert matched(vllm_request("c1", tokens, adapter="sql", path="/elsewhere")) == found
     assert matched(vllm_request("c2", tokens, adapter="chat")) == 0
     assert matched(vllm_request("c3", tokens)) == 0
+
+
+# --------------------------------------------------------------------------- prefill TP != decode TP
+
+#: One model's whole KV for 4 blocks, vLLM 0.32's CPU layout (B, H, N, K|V), H = 2 KV heads.
+TP_BLOCKS = 4
+
+
+def model_kv() -> Any:
+    shape = (TP_BLOCKS, H, N, 2 * D)
+    return (
+        torch.arange(1, 1 + torch.Size(shape).numel(), dtype=torch.float32).reshape(shape).to(torch.bfloat16)
+    )
+
+
+def engine(
+    tp: int, store: dict[str, bytes], *, kv: Any, pool_key: bytes | None
+) -> list[tuple[Any, FakeConnector]]:
+    """The worker sides of one TP-`tp` engine's ranks (heads as vLLM shards them), sharing `store`;
+    rank r's cache is its heads' slice of `kv`."""
+    ranks = []
+    for rank in range(tp):
+        connector = FakeConnector(pool_key)
+        connector.store = store
+        heads = connector_plan.rank_heads(total_heads=H, tp_size=tp, tp_rank=rank)
+        side = connector_worker.WorkerSide(connector, heads=heads)  # type: ignore[arg-type]
+        side.register({"layer.0": kv[:, heads.first : heads.first + heads.count].clone()})
+        ranks.append((side, connector))
+    return ranks
+
+
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 1), (1, 2), (1, 1), (2, 2)])
+@pytest.mark.parametrize("pool_key", [None, KEY], ids=["unkeyed", "keyed"])
+def test_a_decode_engine_of_another_tp_loads_exactly_its_heads_of_the_prefills_kv(
+    prefill_tp: int, decode_tp: int, pool_key: bytes | None
+) -> None:
+    """Prefill ranks save chunk 1 (blocks 0 and 1); the consumer's scheduler finds it whole (every
+    head); decode ranks load it into blocks 2 and 3: byte-exact against the prefill's pages of their
+    heads, the same bytes in total and one round trip per rank whatever the two TPs."""
+    store: dict[str, bytes] = {}
+    prefill = engine(prefill_tp, store, kv=model_kv(), pool_key=pool_key)
+    for side, _ in prefill:
+        side.save([connector_worker.SaveRequest(req_id="p", chunks=[ChunkSave(0, 1, (0, 1))])])
+    assert sorted(k for k in store if k.endswith("metadata")) == [
+        f"m@{H}@{h}@1@bfloat16metadata" for h in range(H)
+    ]
+
+    consumer = FakeConnector(pool_key)
+    consumer.store = store
+    assert vllm_connector._SchedulerSide(consumer)._present([1]) == [True]  # type: ignore[arg-type]
+
+    decode = engine(
+        decode_tp, store, kv=torch.zeros(TP_BLOCKS, H, N, 2 * D, dtype=torch.bfloat16), pool_key=pool_key
+    )
+    chunk = ChunkLoad(chunk_index=0, chunk_hash=1, skip_blocks=0, block_ids=(2, 3))
+    for side, connector in decode:
+        trips = count_round_trips(connector)
+        side.load([connector_worker.LoadRequest(req_id="d", chunks=[chunk])])
+        assert side.take_invalid_blocks() == set() and trips() == 1
+        heads = side.heads
+        expected = model_kv()[[0, 1], heads.first : heads.first + heads.count]
+        assert torch.equal(side.layers[0][0][[2, 3]], expected)
+    loaded = sum(c.stats.data["bytes_loaded"] for _, c in decode)
+    saved = sum(c.stats.data["bytes_saved"] for _, c in prefill)
+    assert loaded == saved == model_kv()[[0, 1]].numel() * 2  # every head once, whatever the TPs
+
+
+def count_round_trips(connector: FakeConnector) -> Any:
+    """Count the pipelines `connector` executes from now on."""
+    executed = [0]
+    make = connector.redis.pipeline
+
+    def pipeline(transaction: bool) -> Any:
+        pipe = make(transaction)
+        run = pipe.execute
+
+        def execute() -> list[Any]:
+            executed[0] += 1
+            answers: list[Any] = run()
+            return answers
+
+        pipe.execute = execute
+        return pipe
+
+    connector.redis.pipeline = pipeline
+    return lambda: executed[0]
+
+
+def test_a_head_replicated_over_ranks_is_written_once_and_read_by_each() -> None:
+    """TP 4 over 2 KV heads: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1 (vLLM replicates);
+    only ranks 0 and 2 write, and a TP-1 reader gets both heads."""
+    store: dict[str, bytes] = {}
+    prefill = engine(4, store, kv=model_kv(), pool_key=KEY)
+    assert [(s.heads.first, s.heads.writes) for s, _ in prefill] == [
+        (0, True),
+        (0, False),
+        (1, True),
+        (1, False),
+    ]
+    for side, _ in prefill:
+        side.save([connector_worker.SaveRequest(req_id="p", chunks=[ChunkSave(0, 1, (0, 1))])])
+    assert [c.stats.data["chunks_saved"] for _, c in prefill] == [1, 0, 1, 0]
+    ((reader, _),) = engine(
+        1, store, kv=torch.zeros(TP_BLOCKS, H, N, 2 * D, dtype=torch.bfloat16), pool_key=KEY
+    )
+    reader.load([connector_worker.LoadRequest(req_id="d", chunks=[ChunkLoad(0, 1, 0, (2, 3))])])
+    assert reader.take_invalid_blocks() == set()
+    assert torch.equal(reader.layers[0][0][[2, 3]], model_kv()[[0, 1]])
+
+
+def test_a_chunk_missing_one_head_is_not_offered_and_a_head_gone_before_the_load_is_recomputed() -> None:
+    store: dict[str, bytes] = {}
+    (rank0, _), (rank1, _) = engine(2, store, kv=model_kv(), pool_key=KEY)
+    rank0.save([connector_worker.SaveRequest(req_id="p", chunks=[ChunkSave(0, 1, (0, 1))])])
+    consumer = FakeConnector(KEY)
+    consumer.store = store
+    scheduler = vllm_connector._SchedulerSide(consumer)  # type: ignore[arg-type]
+    assert scheduler._present([1]) == [False]  # head 1's rank has not written yet
+    rank1.save([connector_worker.SaveRequest(req_id="p", chunks=[ChunkSave(0, 1, (0, 1))])])
+    assert scheduler._present([1]) == [True]
+    del store[consumer.namer(1).kv_bytes(1)]
+    ((reader, _),) = engine(
+        1, store, kv=torch.zeros(TP_BLOCKS, H, N, 2 * D, dtype=torch.bfloat16), pool_key=KEY
+    )
+    reader.load([connector_worker.LoadRequest(req_id="d", chunks=[ChunkLoad(0, 1, 0, (2, 3))])])
+    assert reader.take_invalid_blocks() == {2, 3}
+
+
+def test_one_heads_bytes_under_another_heads_name_are_refused() -> None:
+    """The tag binds the shard's name: head 0's sealed bytes copied to head 1's keys do not verify."""
+    store: dict[str, bytes] = {}
+    for side, _ in engine(2, store, kv=model_kv(), pool_key=KEY):
+        side.save([connector_worker.SaveRequest(req_id="p", chunks=[ChunkSave(0, 1, (0, 1))])])
+    namer = FakeConnector(KEY).namer
+    store[namer(1).kv_bytes(1)] = store[namer(0).kv_bytes(1)]
+    store[namer(1).metadata(1)] = store[namer(0).metadata(1)]
+    ((reader, connector),) = engine(
+        1, store, kv=torch.zeros(TP_BLOCKS, H, N, 2 * D, dtype=torch.bfloat16), pool_key=KEY
+    )
+    reader.load([connector_worker.LoadRequest(req_id="d", chunks=[ChunkLoad(0, 1, 0, (2, 3))])])
+    assert reader.take_invalid_blocks() == {2, 3}
+    assert connector.stats.data["chunks_rejected_mac"] == 1

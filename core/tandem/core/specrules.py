@@ -116,6 +116,8 @@ def check_rules(spec: InferenceServiceSpec) -> list[SpecError]:
                 f"(got {spec.kv_pool.chunk_size})",
             )
         )
+    if (problem := _unequal_tp_problem(spec)) is not None:
+        errors.append(SpecError("spec.decode.tensorParallel", problem))
     errors.extend(_router_rules(spec.router))
     errors.extend(_adapter_rules(spec))
     errors.extend(_pool_rules(spec))
@@ -156,6 +158,18 @@ def _pool_rules(spec: InferenceServiceSpec) -> list[SpecError]:
     if spec.kv_pool.redis.template is not None and spec.kv_pool.redis.url is not None:
         found.append(("spec.kvPool.redis.template", "no Redis is deployed when kvPool.redis.url is set"))
     return [SpecError(path, message) for path, message in found]
+
+
+def _unequal_tp_problem(spec: InferenceServiceSpec) -> str | None:
+    """LMCache's pool keys carry the world size and worker id, so a decode engine finds a prefill
+    engine's chunks only at the same tensor-parallel size; Tandem's connector stores KV per head."""
+    prefill, decode = spec.prefill.tensor_parallel, spec.decode.tensor_parallel
+    if spec.engine.kind != "vllm" or spec.kv_pool.connector != "lmcache" or prefill == decode:
+        return None
+    return (
+        f"must equal spec.prefill.tensorParallel ({decode} != {prefill}) with kvPool.connector lmcache, "
+        "whose keys carry the world size and worker id; use kvPool.connector tandem for unequal TP"
+    )
 
 
 def _pool_env_problem(name: str) -> str | None:

@@ -1,7 +1,11 @@
 """The pure logic of Tandem's vLLM KV connector (`tandem.kvpool.vllm_connector`), testable without vLLM.
 
 - `PoolSettings`: `kv_connector_extra_config` parsed and checked.
-- `ChunkNamer`: LMCache's key layout (`tandem.core.kvkeys`) for one engine rank and KV dtype.
+- `ChunkNamer`: LMCache's key layout (`tandem.core.kvkeys`) for one shard of a chunk and KV dtype.
+- `HeadGrid`, `rank_heads`: the grid a chunk is stored on, one shard per (pipeline stage, KV head of
+  the model), whatever the tensor-parallel size; which shards a TP rank holds, and whether it writes
+  them (one writer per shard: replicated KV heads and MLA's one latent are written by the first rank
+  holding them).
 - `prompt_chunk_hashes`: a prompt's chunk hashes in its scope (`PoolScope`: vLLM's `cache_salt` and
   the LoRA adapter's `lora_name`), keyed with the pool key when there is one; `bypasses_pool`: a
   request whose KV depends on more than its tokens, salt and adapter (images, prompt embeddings).
@@ -115,9 +119,73 @@ def engine_kv_dtype(engine_args: Sequence[str], model_config: Mapping[str, objec
     return "bfloat16"
 
 
+@dataclass(frozen=True, slots=True)
+class HeadGrid:
+    """The shards of a chunk: one per pipeline stage and KV head of the model (`total_heads`; 1 for MLA,
+    whose one latent every rank holds whole). Shard `stage * total_heads + head` is key field
+    `worker_id`, the shard count key field `world_size` (LMCache's layout), so keys name heads, not
+    ranks, and do not depend on the tensor-parallel size. Example: 8 KV heads, no PP: `m@8@0@..` to
+    `m@8@7@..`, written by one TP-8 engine's 8 ranks or one TP-2 engine's 2 ranks (4 each) alike."""
+
+    total_heads: int
+    pipeline_stages: int = 1
+
+    def __post_init__(self) -> None:
+        if self.total_heads < 1 or self.pipeline_stages < 1:
+            raise ConnectorConfigError(
+                f"a head grid needs at least one head and stage, got {self.total_heads} and "
+                f"{self.pipeline_stages}"
+            )
+
+    @property
+    def shards(self) -> int:
+        return self.total_heads * self.pipeline_stages
+
+    def shard(self, *, stage: int, head: int) -> int:
+        return stage * self.total_heads + head
+
+
+@dataclass(frozen=True, slots=True)
+class RankHeads:
+    """The KV heads one TP rank holds: global heads `[first, first + count)` of its pipeline stage, as
+    its local heads `0 .. count - 1`; `writes`: whether it stores them (the first rank of each head)."""
+
+    stage: int
+    first: int
+    count: int
+    writes: bool
+
+    def shards(self, grid: HeadGrid) -> list[int]:
+        """The shard of each local head, in local order."""
+        return [grid.shard(stage=self.stage, head=self.first + local) for local in range(self.count)]
+
+
+def rank_heads(
+    *, total_heads: int, tp_size: int, tp_rank: int, stage: int = 0, mla: bool = False
+) -> RankHeads:
+    """Which KV heads TP rank `tp_rank` of `tp_size` holds, as vLLM 0.32 shards them
+    (`QKVParallelLinear`): `total_heads / tp_size` consecutive heads each when TP divides the heads;
+    when TP exceeds them, each head replicated on `tp_size / total_heads` consecutive ranks
+    (`tp_rank // replicas`), written by the first. MLA: one latent, on every rank, written by rank 0.
+    Examples: 8 heads, TP 2, rank 1 → heads 4..7; 2 heads, TP 4, rank 3 → head 1, not written."""
+    if mla:
+        return RankHeads(stage=stage, first=0, count=1, writes=tp_rank == 0)
+    if tp_size <= total_heads:
+        if total_heads % tp_size:
+            raise ConnectorConfigError(f"{total_heads} KV heads do not split over tensor parallel {tp_size}")
+        per_rank = total_heads // tp_size
+        return RankHeads(stage=stage, first=tp_rank * per_rank, count=per_rank, writes=True)
+    if tp_size % total_heads:
+        raise ConnectorConfigError(f"tensor parallel {tp_size} is not a multiple of {total_heads} KV heads")
+    replicas = tp_size // total_heads
+    return RankHeads(stage=stage, first=tp_rank // replicas, count=1, writes=tp_rank % replicas == 0)
+
+
 @dataclass(frozen=True)
 class ChunkNamer:
-    """Redis keys of one rank's chunks: `{model}@{world_size}@{worker_id}@{hash:x}@{dtype}` + suffix."""
+    """Redis keys of one shard of a chunk (`HeadGrid`):
+    `{model}@{world_size}@{worker_id}@{hash:x}@{dtype}` + suffix, with `world_size` the grid's shard
+    count and `worker_id` the shard."""
 
     model: str
     world_size: int
@@ -171,8 +239,8 @@ def lookup_window(*, num_computed_tokens: int, num_tokens: int, num_chunks: int,
 
 @dataclass(frozen=True, slots=True)
 class Presence:
-    """What one lookup round trip found: per chunk, whether every rank's entry is whole (`metadata`
-    and `kv_bytes`), and the (chunk index, rank) entries that are broken: `metadata` without
+    """What one lookup round trip found: per chunk, whether every shard's entry is whole (`metadata`
+    and `kv_bytes`), and the (chunk index, shard) entries that are broken: `metadata` without
     `kv_bytes`, as after an eviction of the bytes (a producer writes the bytes first)."""
 
     present: list[bool]
@@ -180,10 +248,10 @@ class Presence:
 
 
 def chunk_presence(answers: Sequence[object], *, num_chunks: int, world_size: int) -> Presence:
-    """Read a pipeline of `EXISTS metadata`, `EXISTS kv_bytes` per chunk and rank (chunk-major, rank
-    inner). Only whole entries count as present: offering a chunk whose bytes are gone sends the engine
-    through vLLM's load-failure recovery, which vLLM 0.26 with asynchronous scheduling (its CUDA
-    default) gets wrong (docs/vllm.md)."""
+    """Read a pipeline of `EXISTS metadata`, `EXISTS kv_bytes` per chunk and shard (chunk-major, shard
+    inner; `world_size`: the shards per chunk). Only whole entries count as present: offering a
+    chunk whose bytes are gone sends the engine through vLLM's load-failure recovery, which vLLM 0.26
+    with asynchronous scheduling (its CUDA default) gets wrong (docs/vllm.md)."""
     if len(answers) != 2 * num_chunks * world_size:
         raise ValueError(f"expected {2 * num_chunks * world_size} answers, got {len(answers)}")
     present: list[bool] = []

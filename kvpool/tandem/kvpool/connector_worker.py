@@ -6,11 +6,13 @@ registered (from the attention backend, else the tensor's shape: `tandem.kvpool.
 a step's full prompt chunks to the pool in `wait_for_save` (skipping those already stored; with a
 pool key, each metadata value sealed with its tag), and reads chunks into their blocks in
 `start_load_kv` (with a pool key, only chunks whose tag verifies: the metadata is read in the same
-pipeline as the bytes, so verifying costs no round trip). Every error stays here: a failed save is
-skipped and counted, a failed or refused load reports its blocks invalid so the engine recomputes
-them (and a broken or refused entry is deleted and its hash goes back to the scheduler in
-`TandemWorkerMetadata`). The connector module's
-docstring has the key and byte layout.
+pipeline as the bytes, so verifying costs no round trip). A chunk is stored per KV head
+(`connector_plan.HeadGrid`): a rank writes the heads it holds (`rank_heads`; one writer per head)
+and reads the same heads, whatever TP the writer ran, all in one pipelined round trip per request.
+Every error stays here: a failed save is skipped and counted, a failed or refused load reports its
+blocks invalid so the engine recomputes them (and a broken or refused entry is deleted and its hash
+goes back to the scheduler in `TandemWorkerMetadata`). The connector module's docstring has the key
+and byte layout.
 """
 
 from __future__ import annotations
@@ -26,9 +28,16 @@ from vllm.logger import init_logger
 
 from tandem.kvpool import kv_blocks
 from tandem.kvpool.client import POOL_ERRORS
-from tandem.kvpool.connector_plan import ChunkLoad, ChunkNamer, ChunkSave, chunk_presence
+from tandem.kvpool.connector_plan import (
+    ChunkLoad,
+    ChunkNamer,
+    ChunkSave,
+    RankHeads,
+    chunk_presence,
+    rank_heads,
+)
 from tandem.kvpool.keys import check_chunk, encode_metadata, seal_metadata
-from tandem.kvpool.kv_layout import KVLayout, infer_layout, layout_from_backend
+from tandem.kvpool.kv_layout import KVLayout, KVLayoutError, infer_layout, layout_from_backend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -74,8 +83,8 @@ class TandemWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
         return self
 
 
-def _worker_rank() -> int:
-    """This worker's index among world_size ranks (TP rank within its PP stage)."""
+def _tp_position() -> tuple[int, int, int]:
+    """This worker's (pipeline stage, TP rank, TP size); (0, 0, 1) outside a distributed setup."""
     from vllm.distributed.parallel_state import (
         get_pp_group,
         get_tensor_model_parallel_rank,
@@ -83,12 +92,13 @@ def _worker_rank() -> int:
     )
 
     try:
-        return int(
-            int(get_pp_group().rank_in_group) * get_tensor_model_parallel_world_size()
-            + get_tensor_model_parallel_rank()
+        return (
+            int(get_pp_group().rank_in_group),
+            int(get_tensor_model_parallel_rank()),
+            int(get_tensor_model_parallel_world_size()),
         )
     except (AssertionError, AttributeError, RuntimeError):
-        return 0
+        return 0, 0, 1
 
 
 def _backend_shape(vllm_config: VllmConfig, layer_name: str) -> Callable[[int], Sequence[int]]:
@@ -113,19 +123,28 @@ def _backend_shape(vllm_config: VllmConfig, layer_name: str) -> Callable[[int], 
 class WorkerSide:
     """Moves whole blocks between the paged KV cache and Redis; runs in each worker."""
 
-    def __init__(self, connector: TandemConnector) -> None:
+    def __init__(self, connector: TandemConnector, *, heads: RankHeads | None = None) -> None:
         self.c = connector
         self.layers: list[kv_blocks.Layer] = []
         self._backend_unreadable_logged = False
         self.invalid_blocks: set[int] = set()
         self.failed_hashes: set[int] = set()
-        self._namer: ChunkNamer | None = None
+        self._heads = heads
 
     @property
-    def namer(self) -> ChunkNamer:
-        if self._namer is None:
-            self._namer = self.c.namer(_worker_rank())
-        return self._namer
+    def heads(self) -> RankHeads:
+        """The KV heads this rank holds (asked of vLLM's parallel state once it is up)."""
+        if self._heads is None:
+            stage, tp_rank, tp_size = _tp_position()
+            self._heads = rank_heads(
+                total_heads=self.c.grid.total_heads, tp_size=tp_size, tp_rank=tp_rank, stage=stage,
+                mla=self.c.mla,
+            )  # fmt: skip
+        return self._heads
+
+    def _namers(self) -> list[ChunkNamer]:
+        """The key namer of each local head's shard, in local order."""
+        return [self.c.namer(shard) for shard in self.heads.shards(self.c.grid)]
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Place each layer's block axis; a layout that cannot be placed stops the engine at start-up
@@ -133,10 +152,19 @@ class WorkerSide:
         layouts = {name: self._layout(name, kv) for name, kv in sorted(kv_caches.items())}
         self.layers = [(kv_caches[name], layout) for name, layout in layouts.items()]
         kv, layout = self.layers[0]
+        heads = self.heads
+        if any(layer.num_heads != heads.count for _, layer in self.layers):
+            raise KVLayoutError(
+                f"KV tensor of shape {layout.shape} holds {layout.num_heads} KV heads, but this rank "
+                f"should hold {heads.count} of the model's {self.c.grid.total_heads}"
+            )
         logger.info(
-            "TandemConnector: %d layers, KV tensor %s %s, block axis %d (read from the %s), %d B per block",
+            "TandemConnector: %d layers, KV tensor %s %s, block axis %d (read from the %s), %d B per head "
+            "and block; KV heads %d..%d of %d (shards %s, %s)",
             len(self.layers), layout.shape, kv.dtype, layout.block_axis,
-            "attention backend" if layout.source == "backend" else "tensor's shape", self._block_bytes(),
+            "attention backend" if layout.source == "backend" else "tensor's shape", self._head_block_bytes(),
+            heads.first, heads.first + heads.count - 1, self.c.grid.total_heads, heads.shards(self.c.grid),
+            "written by this rank" if heads.writes else "read only: another rank writes them",
         )  # fmt: skip
 
     def _layout(self, layer_name: str, kv: torch.Tensor) -> KVLayout:
@@ -155,27 +183,32 @@ class WorkerSide:
         num_blocks = int(config.num_blocks) if config is not None else None
         return infer_layout(shape, block_size=self.c.block_size, num_blocks=num_blocks)
 
-    def _block_bytes(self) -> int:
-        return kv_blocks.block_bytes(self.layers)
+    def _head_block_bytes(self) -> int:
+        return kv_blocks.head_block_bytes(self.layers)
 
     def _hidden(self) -> int:
-        return self.layers[0][1].hidden(self.c.block_size)
+        """LMCache's metadata `hidden` of one stored head: the head size (MLA: the latent's)."""
+        layout = self.layers[0][1]
+        return layout.head_block_elements // (self.c.block_size * layout.kv_count)
 
     # -- save (producer)
 
     def save(self, saves: list[SaveRequest]) -> None:
-        if not self.layers or not self.c.health.usable():
+        if not self.layers or not self.heads.writes or not self.c.health.usable():
             return
         chunks = {chunk.chunk_hash: chunk for request in saves for chunk in request.chunks}
+        namers = self._namers()
         try:
-            missing = self._missing(list(chunks))
+            missing = self._missing(list(chunks), namers)
             pipe = self.c.redis.pipeline(transaction=False)
             written = 0
+            local_heads = list(range(len(namers)))
             for chunk_hash in missing:
-                value = kv_blocks.gather(self.layers, chunks[chunk_hash].block_ids)
-                pipe.set(self.namer.kv_bytes(chunk_hash), value)
-                pipe.set(self.namer.metadata(chunk_hash), self._metadata(chunk_hash, value))
-                written += len(value)
+                values = kv_blocks.gather_heads(self.layers, chunks[chunk_hash].block_ids, local_heads)
+                for namer, value in zip(namers, values, strict=True):
+                    pipe.set(namer.kv_bytes(chunk_hash), value)
+                    pipe.set(namer.metadata(chunk_hash), self._metadata(namer, chunk_hash, value))
+                    written += len(value)
             if missing:
                 pipe.execute()
         except POOL_ERRORS as exc:
@@ -191,17 +224,20 @@ class WorkerSide:
         self.c.stats.add("chunks_already_stored", len(chunks) - len(missing))
         self.c.stats.add("bytes_saved", written)
 
-    def _missing(self, hashes: list[int]) -> list[int]:
-        """The chunks not stored whole: an entry whose bytes were evicted is written again."""
+    def _missing(self, hashes: list[int], namers: list[ChunkNamer]) -> list[int]:
+        """The chunks not stored whole for every head of this rank: an entry whose bytes were evicted
+        is written again (with the rank's other heads: one chunk, one decision)."""
         pipe = self.c.redis.pipeline(transaction=False)
         for chunk_hash in hashes:
-            pipe.exists(self.namer.metadata(chunk_hash))
-            pipe.exists(self.namer.kv_bytes(chunk_hash))
-        found = chunk_presence(pipe.execute(), num_chunks=len(hashes), world_size=1)
+            for namer in namers:
+                pipe.exists(namer.metadata(chunk_hash))
+                pipe.exists(namer.kv_bytes(chunk_hash))
+        found = chunk_presence(pipe.execute(), num_chunks=len(hashes), world_size=len(namers))
         return [h for h, whole in zip(hashes, found.present, strict=True) if not whole]
 
-    def _metadata(self, chunk_hash: int, value: bytes) -> bytes:
-        """LMCache's 28-byte header for `value`, sealed with its tag when the pool is keyed."""
+    def _metadata(self, namer: ChunkNamer, chunk_hash: int, value: bytes) -> bytes:
+        """LMCache's 28-byte header for one head's `value`, sealed with its tag when the pool is keyed
+        (the tag binds the shard's key name, so a head's bytes never pass as another head's)."""
         header = encode_metadata(
             length=len(value),
             dtype=self.c.dtype,
@@ -211,9 +247,7 @@ class WorkerSide:
         )
         if self.c.pool_key is None:
             return header
-        return seal_metadata(
-            self.c.pool_key, name=self.namer.base(chunk_hash), metadata=header, kv_bytes=value
-        )
+        return seal_metadata(self.c.pool_key, name=namer.base(chunk_hash), metadata=header, kv_bytes=value)
 
     # -- load (consumer)
 
@@ -229,51 +263,61 @@ class WorkerSide:
                 self._fail(request.chunks, broken=False)
 
     def _load_request(self, request: LoadRequest) -> None:
+        """Every local head of every chunk of the request, in one pipelined round trip."""
         keyed = self.c.pool_key is not None
+        namers = self._namers()
         pipe = self.c.redis.pipeline(transaction=False)
         for chunk in request.chunks:
-            pipe.get(self.namer.kv_bytes(chunk.chunk_hash))
-            if keyed:  # the tag rides in the metadata: same round trip
-                pipe.get(self.namer.metadata(chunk.chunk_hash))
-        answers = pipe.execute()
+            for namer in namers:
+                pipe.get(namer.kv_bytes(chunk.chunk_hash))
+                if keyed:  # the tag rides in the metadata: same round trip
+                    pipe.get(namer.metadata(chunk.chunk_hash))
+        answers = iter(pipe.execute())
         self.c.pool_ok()
-        step = 2 if keyed else 1
         per_chunk = self.c.settings.chunk_size // self.c.block_size
-        expected = self._block_bytes() * per_chunk
+        expected = self._head_block_bytes() * per_chunk
         for position, chunk in enumerate(request.chunks):
-            raw, header = answers[step * position], answers[step * position + 1] if keyed else None
-            value = self._loadable(chunk.chunk_hash, raw, header, expected=expected)
-            if value is None:
-                self._fail(request.chunks[position:], broken=True)
-                return
+            values: list[bytes] = []
+            for namer in namers:
+                raw = next(answers)
+                header = next(answers) if keyed else None
+                value = self._loadable(namer, chunk.chunk_hash, raw, header, expected=expected)
+                if value is None:
+                    self._fail(request.chunks[position:], broken=True)
+                    return
+                values.append(value)
             try:
-                kv_blocks.scatter(
-                    self.layers,
-                    value,
-                    chunk.block_ids,
-                    blocks_per_chunk=per_chunk,
-                    skip_blocks=chunk.skip_blocks,
-                )
+                for head, value in enumerate(values):
+                    kv_blocks.scatter_head(
+                        self.layers,
+                        value,
+                        chunk.block_ids,
+                        head=head,
+                        blocks_per_chunk=per_chunk,
+                        skip_blocks=chunk.skip_blocks,
+                    )
             except Exception as exc:  # noqa: BLE001 -- boundary: a tensor error; this chunk and the rest recompute
                 self.c.connector_failed("load", exc)
                 self._fail(request.chunks[position:], broken=False)
                 return
             self.c.stats.add("chunks_loaded")
-            self.c.stats.add("bytes_loaded", len(value))
+            self.c.stats.add("bytes_loaded", sum(len(value) for value in values))
 
-    def _loadable(self, chunk_hash: int, value: object, header: object, *, expected: int) -> bytes | None:
-        """The chunk's bytes when they may be loaded, else None after deleting the entry: bytes missing
+    def _loadable(
+        self, namer: ChunkNamer, chunk_hash: int, value: object, header: object, *, expected: int
+    ) -> bytes | None:
+        """One head's bytes when they may be loaded, else None after deleting the entry: bytes missing
         or of the wrong size (evicted, or the metadata evicted since the lookup) are broken; with a pool
         key, a chunk whose tag does not verify (`tandem.kvpool.keys.check_chunk`) is refused and counted
         (it can only be an attacker's, a corruption or a write under another key; deleting it lets a
         producer write the true chunk again)."""
         key = self.c.pool_key
         if not isinstance(value, bytes) or len(value) != expected or (key is not None and header is None):
-            self._drop_broken(chunk_hash)
+            self._drop_broken(namer, chunk_hash)
             return None
         if key is None:
             return value
-        name = self.namer.base(chunk_hash)
+        name = namer.base(chunk_hash)
         raw = header if isinstance(header, bytes) else b""
         verdict = check_chunk(key, name=name, metadata=raw, kv_bytes=value)
         if verdict == "ok":
@@ -284,16 +328,14 @@ class WorkerSide:
             name, "no tag" if verdict == "untagged" else "its tag does not verify",
         )  # fmt: skip
         with contextlib.suppress(*POOL_ERRORS):
-            self.c.redis.delete(self.namer.metadata(chunk_hash), self.namer.kv_bytes(chunk_hash))
+            self.c.redis.delete(namer.metadata(chunk_hash), namer.kv_bytes(chunk_hash))
         return None
 
-    def _drop_broken(self, chunk_hash: int) -> None:
+    def _drop_broken(self, namer: ChunkNamer, chunk_hash: int) -> None:
         """Delete an entry whose bytes are missing or of the wrong size, so it is rewritten later."""
-        logger.warning(
-            "KV pool chunk %s is incomplete; deleting it and recomputing", self.namer.base(chunk_hash)
-        )
+        logger.warning("KV pool chunk %s is incomplete; deleting it and recomputing", namer.base(chunk_hash))
         with contextlib.suppress(*POOL_ERRORS):
-            self.c.redis.delete(self.namer.metadata(chunk_hash), self.namer.kv_bytes(chunk_hash))
+            self.c.redis.delete(namer.metadata(chunk_hash), namer.kv_bytes(chunk_hash))
 
     def _fail(self, chunks: list[ChunkLoad], *, broken: bool) -> None:
         """Report the chunks' blocks as not loaded (the engine recomputes them); a broken entry's

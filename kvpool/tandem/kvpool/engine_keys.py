@@ -5,8 +5,10 @@ reader that cannot ask them (the gateway's conditional P/D decision and KV barri
 the reason. Per connector (`tandem.kvpool.engine_config`):
 
 - `tandem` (Tandem's connector): Tandem's chain (`TandemHash`, keyed with the pool key the engines
-  hold, `TANDEM_KV_POOL_KEY`, when there is one), the model part `spec.model.name`, world size
-  tensor × pipeline parallel (what `vllm_connector` writes), dtype `engine_kv_dtype`.
+  hold, `TANDEM_KV_POOL_KEY`, when there is one), the model part `spec.model.name`, dtype
+  `engine_kv_dtype`, and the head grid (`connector_plan.HeadGrid`) in place of LMCache's world size
+  and worker: world size pipeline parallel × the model's KV heads (1 for MLA; from its
+  `config.json`), worker 0 (head 0 of stage 0). No tensor-parallel size: engines of any TP share keys.
 - `lmcache` (LMCache 0.5.6's `LMCacheConnectorV1` in vLLM 0.32, `save_unfull_chunk: False`,
   `redis://` remote): with `pre_caching_hash_algorithm: sha256_cbor` (what Tandem configures,
   `engine_config.lmcache_env`; the engines' `LMCACHE_PRE_CACHING_HASH_ALGORITHM` in `engine_env`
@@ -18,9 +20,10 @@ the reason. Per connector (`tandem.kvpool.engine_config`):
   (LMCache's `save_only_first_rank`, on by default for MLA, collapses it and only rank 0 writes),
   dtype LMCache's name of vLLM's KV cache torch dtype (`lmcache_kv_dtype`).
 
-Both connectors put the world size in the key, so decode engines find the prefill engines' chunks
-only when both pools run the same world size; otherwise the pool cannot hand KV over at all and the
-look-ups are off too. Pure: engine arguments, environment and the model's `config.json` in.
+LMCache puts the world size in its keys, so its decode engines find the prefill engines' chunks only
+when both pools run the same world size (the spec refuses unequal TP with it); otherwise the pool
+cannot hand KV over at all and the look-ups are off too. Tandem's keys differ only when the pools'
+pipeline parallel sizes do. Pure: engine arguments, environment and the model's `config.json` in.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ __all__ = [
     "key_alternatives",
     "lmcache_kv_dtype",
     "parallel_sizes",
+    "total_kv_heads",
     "uses_mla",
 ]
 
@@ -136,6 +140,27 @@ def uses_mla(model_config: Mapping[str, object] | None, engine_env: Mapping[str,
     return text.get("kv_lora_rank") is not None
 
 
+def total_kv_heads(model_config: Mapping[str, object] | None) -> int | None:
+    """The model's KV heads as vLLM 0.32 counts them (`ModelConfig.get_total_num_kv_heads`, the common
+    cases): `num_key_value_heads`, else Falcon's `n_head_kv` / `num_kv_heads`, else ChatGLM's
+    `multi_query_group_num`, else `num_attention_heads` (no grouped-query attention), in the text
+    config when there is one; None when the config says none of them."""
+    config = model_config or {}
+    text = config.get("text_config")
+    text = text if isinstance(text, Mapping) else config
+    for name in (
+        "num_key_value_heads",
+        "n_head_kv",
+        "num_kv_heads",
+        "multi_query_group_num",
+        "num_attention_heads",
+    ):
+        value = text.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def engine_pool_keys(
     *,
     connector: Literal["tandem", "lmcache"],
@@ -157,7 +182,12 @@ def engine_pool_keys(
     except ValueError as exc:
         return KeysUnavailable(f"cannot read the engines' parallel sizes: {exc}")
     if connector == "tandem":
-        world = (prefill[0] * prefill[1], decode[0] * decode[1])  # what vllm_connector multiplies
+        heads = 1 if uses_mla(model_config, engine_env) else total_kv_heads(model_config)
+        if heads is None:
+            return KeysUnavailable(
+                "the model's config.json does not say its KV heads, which Tandem's connector's keys count"
+            )
+        world = (prefill[1] * heads, decode[1] * heads)  # HeadGrid.shards: pipeline stages × KV heads
         dtype: str | None = engine_kv_dtype(engine_args, model_config)
         scheme: ChunkHashScheme = TandemHash(key=pool_key)
     else:
@@ -173,9 +203,11 @@ def engine_pool_keys(
     if dtype is None:
         return KeysUnavailable("the engines' --kv-cache-dtype is not one whose LMCache name is known")
     if world[0] != world[1]:
+        what = "pipeline parallel sizes" if connector == "tandem" else "world sizes"
+        sizes = (prefill[1], decode[1]) if connector == "tandem" else world
         return KeysUnavailable(
-            f"prefill and decode engines run world sizes {world[0]} and {world[1]}: the pool's keys "
-            "carry the world size, so decode engines cannot read the prefill engines' chunks"
+            f"prefill and decode engines run {what} {sizes[0]} and {sizes[1]}: the pool's keys "
+            f"carry it, so decode engines cannot read the prefill engines' chunks"
         )
     return PoolKeys(model=model, chunk_size=chunk_size, dtype=dtype, world_size=world[0], scheme=scheme)
 

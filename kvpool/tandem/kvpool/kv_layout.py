@@ -6,14 +6,17 @@ the tensor's shape; `tandem.kvpool.kv_blocks` then moves whole blocks along `KVL
 
 Layouts placed (B = blocks, N = tokens per block, H = KV heads on this rank, D = head size):
 
-=====================================  ===========================  ==========  ==============
-Backend                                Per-layer shape              Block axis  K and V
-=====================================  ===========================  ==========  ==============
-vLLM 0.32, every backend (CPU, FA, …)  ``(B, H, N, 2·D)``           0           one tensor, K|V
-FlashAttention (earlier vLLM v1)       ``(2, B, N, H, D)``          1           axis 0
-FlashInfer (earlier vLLM v1)           ``(B, 2, N, H, D)``          0           axis 1
-MLA (one latent vector per token)      ``(B, N, D)``                0           one latent
-=====================================  ===========================  ==========  ==============
+=====================================  ===========================  ==========  =========  ==============
+Backend                                Per-layer shape              Block axis  Head axis  K and V
+=====================================  ===========================  ==========  =========  ==============
+vLLM 0.32, every backend (CPU, FA, …)  ``(B, H, N, 2·D)``           0           1          one tensor, K|V
+FlashAttention (earlier vLLM v1)       ``(2, B, N, H, D)``          1           3          axis 0
+FlashInfer (earlier vLLM v1)           ``(B, 2, N, H, D)``          0           3          axis 1
+MLA (one latent vector per token)      ``(B, N, D)``                0           none       one latent
+=====================================  ===========================  ==========  =========  ==============
+
+The head axis (by the number of axes, both ways) lets the connector store each KV head of a block on
+its own, so engines of different tensor-parallel sizes read each other's KV (`tandem.kvpool.kv_blocks`).
 
 From the backend (`layout_from_backend`): the backend's `get_kv_cache_shape` is asked for two
 different block counts; the one axis whose length follows the count is the block axis, so no table of
@@ -42,13 +45,33 @@ class KVLayout:
     """One layer's KV tensor: its shape and which axis indexes blocks.
 
     Invariant: `0 <= block_axis < len(shape)`; `kv_count` is 2 when the tensor holds K and V
-    (as two halves of an axis, or one K|V axis) and 1 for MLA's single latent cache.
+    (as two halves of an axis, or one K|V axis) and 1 for MLA's single latent cache; `head_axis` is
+    the KV-head axis (None for MLA: one latent, no heads), never the block axis.
     """
 
     shape: tuple[int, ...]
     block_axis: int
     kv_count: Literal[1, 2]
     source: Literal["backend", "shape"]
+    head_axis: int | None = None
+
+    @property
+    def num_heads(self) -> int:
+        """KV heads on this rank (1 for MLA's latent)."""
+        return 1 if self.head_axis is None else self.shape[self.head_axis]
+
+    @property
+    def head_block_shape(self) -> tuple[int, ...]:
+        """One head's page of one block: the block's shape without the head axis (MLA: the block)."""
+        if self.head_axis is None:
+            return self.block_shape
+        shape = [n for axis, n in enumerate(self.shape) if axis not in (self.block_axis, self.head_axis)]
+        return tuple(shape)
+
+    @property
+    def head_block_elements(self) -> int:
+        """Elements of one head's page of one block, e.g. ``(B, 2, 128, 128)``: 128·128 = 16384."""
+        return math.prod(self.head_block_shape)
 
     @property
     def num_blocks(self) -> int:
@@ -77,6 +100,11 @@ def _kv_count(shape: Sequence[int]) -> Literal[1, 2]:
     return 1 if len(shape) == 3 else 2
 
 
+def _head_axis(shape: Sequence[int]) -> int | None:
+    """The KV-head axis by the number of axes (module docstring's table): none for MLA's 3-D cache."""
+    return {3: None, 4: 1, 5: 3}.get(len(shape))
+
+
 def layout_from_backend(shape: Sequence[int], *, backend_shape: Callable[[int], Sequence[int]]) -> KVLayout:
     """The layout the backend reports: `backend_shape(num_blocks)` is its `get_kv_cache_shape` with the
     layer's block size, KV heads and head size bound.
@@ -103,7 +131,12 @@ def layout_from_backend(shape: Sequence[int], *, backend_shape: Callable[[int], 
             f"KV tensor of shape {shape} differs from the attention backend's {first} (block axis {axis}) "
             "outside the block axis: kernel blocks of another size than the scheduler's?"
         )
-    return KVLayout(shape=shape, block_axis=axis, kv_count=_kv_count(shape), source="backend")
+    head_axis = _head_axis(shape)
+    if head_axis == axis:
+        raise KVLayoutError(f"KV tensor of shape {shape}: block axis {axis} where the KV heads should lie")
+    return KVLayout(
+        shape=shape, block_axis=axis, kv_count=_kv_count(shape), source="backend", head_axis=head_axis
+    )
 
 
 def infer_layout(shape: Sequence[int], *, block_size: int, num_blocks: int | None = None) -> KVLayout:
@@ -146,4 +179,6 @@ def infer_layout(shape: Sequence[int], *, block_size: int, num_blocks: int | Non
             f"KV tensor of shape {shape}: {shape[axis]} blocks on axis {axis}, fewer than the "
             f"{num_blocks} the KV cache holds"
         )
-    return KVLayout(shape=shape, block_axis=axis, kv_count=_kv_count(shape), source="shape")
+    return KVLayout(
+        shape=shape, block_axis=axis, kv_count=_kv_count(shape), source="shape", head_axis=_head_axis(shape)
+    )

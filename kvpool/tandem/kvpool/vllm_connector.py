@@ -14,9 +14,12 @@ How it works (pure logic in `tandem.kvpool.connector_plan`; the worker side, whi
   (`tandem.core.kvkeys.TandemHash`; no PYTHONHASHSEED dependence), rooted in the request's scope (its
   `cache_salt` and its LoRA adapter's `lora_name`, `PoolScope`: neither tenants nor adapters share a
   key) and keyed with the pool key (`TANDEM_KV_POOL_KEY`, or the variable `pool_key_env` names) when
-  one is set; one entry per chunk and rank:
-  `{model}@{world_size}@{rank}@{hash:x}@{dtype}` + `kv_bytes` (written first) and + `metadata`
-  (LMCache's 28-byte int32 struct, written last: a chunk exists when its metadata exists).
+  one is set; one entry per chunk and **shard**, a (pipeline stage, KV head of the model) pair
+  (`connector_plan.HeadGrid`): `{model}@{shards}@{shard}@{hash:x}@{dtype}` + `kv_bytes` (written
+  first) and + `metadata` (LMCache's 28-byte int32 struct, written last: a chunk exists when every
+  shard's metadata exists). Keys name heads, not ranks: a TP-2 prefill and a TP-1 decode (or the
+  reverse, or TP 8 and TP 2) share them. Each TP rank writes the heads it holds (replicated heads and
+  MLA's single latent, `{model}@1@0@...`, once) and reads the same heads back.
 - **Tags.** With a pool key the metadata carries a 32-byte tag after the 28 bytes
   (`tandem.kvpool.keys.chunk_mac` over the key name, the header and the bytes); a load verifies it and
   treats an untagged or wrong-tagged chunk as a miss: the entry is deleted, its blocks recomputed, and
@@ -25,13 +28,15 @@ How it works (pure logic in `tandem.kvpool.connector_plan`; the worker side, whi
 - **Bypassed requests**: multimodal inputs or prompt embeddings make a request's KV depend on more
   than its tokens, salt and adapter, so it neither loads nor saves. A LoRA request uses the pool in
   its adapter's scope, on the producer's save and the consumer's load alike (both hash in `_prompt`).
-- **Bytes.** `kv_bytes` holds, layer after layer (layer names sorted), the chunk's whole paged-cache
-  blocks as the engine stores them, block after block (`tandem.kvpool.kv_blocks`). Each layer's block
+- **Bytes.** A shard's `kv_bytes` holds, layer after layer (layer names sorted), its head's page of
+  each of the chunk's whole paged-cache blocks as the engine stores it, block after block
+  (`tandem.kvpool.kv_blocks`): the same bytes whichever TP wrote them, and in total the same bytes
+  per chunk as one value per rank would hold. Each layer's block
   axis is read from its attention backend, or from the tensor's shape when the backend cannot be read
   (`tandem.kvpool.kv_layout`: vLLM 0.32's `(B, H, N, K|V)`, FlashAttention's `(2, B, N, H, D)`,
-  FlashInfer's `(B, 2, N, H, D)`, MLA's `(B, N, D)`). The length equals LMCache's KV_2LTD size, but the
-  bytes are the engine's block pages (on CPU packed per ISA), so only engines with the same backend,
-  block size, dtype, head layout and (on CPU) ISA read them, not LMCache.
+  FlashInfer's `(B, 2, N, H, D)`, MLA's `(B, N, D)`). A shard's length equals LMCache's KV_2LTD size for one
+  head, but the bytes are the engine's block pages (on CPU packed per ISA), so only engines with the
+  same backend, block size, dtype, head size and (on CPU) ISA read them, not LMCache.
 - **Producer** (`kv_producer`, `kv_both`): `build_connector_meta` hands out every full prompt chunk once
   its tokens are computed (per chunk under chunked prefill; locally cached prefix blocks included);
   the worker writes them in `wait_for_save`, synchronously, skipping chunks already stored. vLLM
@@ -78,6 +83,7 @@ from tandem.kvpool.client import POOL_ERRORS, connect_sync, password_from_env, p
 from tandem.kvpool.connector_plan import (
     ChunkNamer,
     FailureMemory,
+    HeadGrid,
     PoolHealth,
     PoolSettings,
     SaveTracker,
@@ -148,7 +154,14 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.produces = bool(transfer.is_kv_producer)
         self.consumes = bool(transfer.is_kv_consumer)
         parallel = vllm_config.parallel_config
-        self.world_size = int(parallel.tensor_parallel_size) * int(parallel.pipeline_parallel_size)
+        model_config = vllm_config.model_config
+        #: MLA: one latent per token on every rank (stored once, by rank 0).
+        self.mla = bool(getattr(model_config, "use_mla", False))
+        #: The TP-independent grid chunks are stored on: one shard per (pipeline stage, KV head).
+        self.grid = HeadGrid(
+            total_heads=1 if self.mla else int(model_config.get_total_num_kv_heads()),
+            pipeline_stages=int(parallel.pipeline_parallel_size),
+        )
         self.dtype = _kv_dtype_name(vllm_config)
         #: The pool key (keyed hashes, tags written and verified), or None for an unkeyed pool.
         self.pool_key = pool_key_from_env(os.environ, self.settings.pool_key_env)
@@ -205,9 +218,10 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self.health.succeeded():
             logger.info("KV pool answers again")
 
-    def namer(self, worker_id: int) -> ChunkNamer:
+    def namer(self, shard: int) -> ChunkNamer:
+        """Keys of one shard (`HeadGrid`) of a chunk."""
         return ChunkNamer(
-            model=self.settings.model, world_size=self.world_size, worker_id=worker_id, dtype=self.dtype
+            model=self.settings.model, world_size=self.grid.shards, worker_id=shard, dtype=self.dtype
         )
 
     # -- scheduler side
@@ -361,17 +375,18 @@ class _SchedulerSide:
         return tokens
 
     def _present(self, hashes: list[int]) -> list[bool] | None:
-        """Whether each chunk is stored whole for every rank (one pipelined round trip); None if the
-        pool failed. Broken entries (metadata without bytes) are deleted, so producers write them again."""
-        ranks = range(self.c.world_size)
+        """Whether each chunk is stored whole for every shard, i.e. every KV head, whichever ranks read
+        them (one pipelined round trip); None if the pool failed. Broken entries (metadata without
+        bytes) are deleted, so producers write them again."""
+        shards = range(self.c.grid.shards)
         try:
             pipe = self.c.redis.pipeline(transaction=False)
             for chunk_hash in hashes:
-                for rank in ranks:
-                    namer = self.c.namer(rank)
+                for shard in shards:
+                    namer = self.c.namer(shard)
                     pipe.exists(namer.metadata(chunk_hash))
                     pipe.exists(namer.kv_bytes(chunk_hash))
-            found = chunk_presence(pipe.execute(), num_chunks=len(hashes), world_size=len(ranks))
+            found = chunk_presence(pipe.execute(), num_chunks=len(hashes), world_size=len(shards))
         except POOL_ERRORS as exc:
             self.c.stats.add("lookup_failures")
             self.c.pool_failed("lookup", exc)
@@ -386,10 +401,10 @@ class _SchedulerSide:
 
     def _drop_broken(self, entries: list[tuple[int, int]]) -> None:
         self.c.stats.add("lookup_broken", len(entries))
-        names = [self.c.namer(rank).base(chunk_hash) for chunk_hash, rank in entries]
+        names = [self.c.namer(shard).base(chunk_hash) for chunk_hash, shard in entries]
         logger.warning("KV pool chunk(s) %s have no bytes (evicted); deleting them and recomputing", names)
         with contextlib.suppress(*POOL_ERRORS):
-            self.c.redis.delete(*(self.c.namer(rank).metadata(chunk_hash) for chunk_hash, rank in entries))
+            self.c.redis.delete(*(self.c.namer(shard).metadata(chunk_hash) for chunk_hash, shard in entries))
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         lookup = self.lookups.pop(request.request_id, None)

@@ -6,8 +6,10 @@ pool: the engine kind, the model (its argument and name), each pool's image, the
 pool's chunk size, the PYTHONHASHSEED, the KV-relevant arguments and variables of `spec.engine`
 (`tandem.core.podtemplate.KV_FLAGS`, `KV_ENV`: dtype, KV-cache dtype, block size, quantisation,
 revision, tokenizer, attention backend, pipeline and context parallel sizes; a pool's own
-arguments may not set them), the simulator's profile, and each pool's tensor-parallel size, since
-both connectors put the world size in their keys (`tandem.kvpool.engine_keys`).
+arguments may not set them), the simulator's profile, and each pool's tensor-parallel size when the
+keys carry it: LMCache's connector puts the world size in its keys; Tandem's connector stores KV per
+KV head on a grid that does not depend on TP, so with it (engine kind vllm) TP is not hashed
+(`tandem.kvpool.engine_keys`).
 
 So a change to any of these in either pool changes the label of both pools: both roll, and while
 they do, old and new pods carry different labels, which lets a gateway pair a prefill engine only
@@ -55,10 +57,19 @@ def kv_facts(spec: InferenceServiceSpec, images: Images, *, model: str) -> dict[
         },
         "profile": engine.sim.profile if engine.kind == "sim" else None,
         "pools": {
-            pool: {"image": pool_image(spec, pool, images), "tensorParallel": section.tensor_parallel}
+            pool: {"image": pool_image(spec, pool, images)} | _tensor_parallel(spec, section.tensor_parallel)
             for pool, section in (("prefill", spec.prefill), ("decode", spec.decode))
         },
     }
+
+
+def _tensor_parallel(spec: InferenceServiceSpec, size: int) -> dict[str, int]:
+    """A pool's TP, when it changes the keys: LMCache's (and the simulator's label as before) carry the
+    world size; Tandem's connector stores KV per head on a TP-independent grid, so vLLM engines of any
+    TP read each other's chunks and a TP change alone does not roll the other pool."""
+    if spec.engine.kind == "vllm" and spec.kv_pool.connector == "tandem":
+        return {}
+    return {"tensorParallel": size}
 
 
 def kv_layout(spec: InferenceServiceSpec, images: Images, *, model: str) -> str:

@@ -121,10 +121,12 @@ def mismatch_message(keys: PoolKeys, *, misses: int, recheck_after_s: float) -> 
         if scheme.startswith("lmcache")
         else "that the engines run Tandem's connector or the simulator with the same Tandem version"
     )
+    # Tandem's keys count shards (pipeline stages × KV heads) where LMCache's count ranks.
+    grid = "shards" if scheme.startswith("tandem") else "world size"
     return (
         f"kv pool keys mismatch: after {misses} prefills none of the prompts' chunks appeared in the "
         f"KV pool under the keys the gateway computes ({scheme} hash, model {keys.model!r}, "
-        f"dtype {keys.dtype}, world size {keys.world_size}, worker {keys.worker_id}): the engines "
+        f"dtype {keys.dtype}, {grid} {keys.world_size}, worker {keys.worker_id}): the engines "
         "write other keys, or none. The gateway stops the KV barrier and the pool look-ups of the P/D "
         "decision (decisions use the decode engine's local prefix; the engines' connector still "
         f"loads what the pool holds) and checks again every {recheck_after_s:g} s. Check {check}, "
