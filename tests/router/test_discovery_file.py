@@ -16,7 +16,7 @@ from tests.router.harness import MODEL, MODEL_NAME, Launcher, RunningRouter
 
 from tandem.core.routerconfig import EndpointList, FileDiscovery, RouterConfig, write_endpoint_file
 from tandem.router.discovery.registry import EndpointRegistry
-from tandem.router.discovery.sources import FileEndpoints, discovery_for
+from tandem.router.discovery.sources import EndpointFile, FileEndpoints, discovery_for
 from tandem.router.types import Pool
 
 A, B, C = "http://127.0.0.1:8101", "http://127.0.0.1:8102", "http://127.0.0.1:8103"
@@ -50,6 +50,19 @@ async def followed(tmp_path: Path) -> AsyncIterator[tuple[Path, EndpointRegistry
 async def test_start_fills_both_pools_from_the_file(followed: tuple[Path, EndpointRegistry]) -> None:
     _, registry = followed
     assert urls(registry, "prefill") == [A] and urls(registry, "decode") == [B]
+
+
+async def test_the_file_gives_engines_their_kv_layouts_and_a_changed_layout_is_taken(
+    followed: tuple[Path, EndpointRegistry],
+) -> None:
+    path, registry = followed
+    path.write_text(EndpointFile(prefill=[A], decode=[B, C], layouts={A: "g1", B: "g1"}).model_dump_json())
+    await eventually(lambda: urls(registry, "decode") == [B, C])
+    layouts = {e.url: e.layout for pool in ("prefill", "decode") for e in registry.endpoints(pool)}
+    assert layouts == {A: "g1", B: "g1", C: None}  # C has none: it pairs with anything
+    path.write_text(EndpointFile(prefill=[A], decode=[B, C], layouts={A: "g2", B: "g1"}).model_dump_json())
+    await eventually(lambda: registry.endpoints("prefill")[0].layout == "g2")
+    assert [v.endpoint.layout for v in registry.snapshots("prefill")] == ["g2"]
 
 
 async def test_an_added_engine_joins_and_a_removed_one_leaves(

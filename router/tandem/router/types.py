@@ -29,16 +29,27 @@ class Endpoint:
     """One engine in one pool, identified by its base URL (`http://10.0.0.7:8000`, no trailing slash).
 
     The same engine listed in both pools is two endpoints: rotation and in-flight counts are per pool.
+    `layout`: its KV layout (the `tandem.dev/kv-layout` label of its pod, or the endpoint file's), None
+    when unknown; it does not take part in the identity (`kv_compatible` reads it).
     """
 
     pool: Pool
     url: str
+    layout: str | None = field(default=None, compare=False)
     #: `host:port`, used in metric labels, logs and the `x-tandem-*-endpoint` headers (read several
     #: times per request, so split from the URL once).
     name: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", endpoint_name(self.url))
+
+
+def kv_compatible(prefill: str | None, decode: str | None) -> bool:
+    """Whether a decode engine of layout `decode` may load KV a prefill engine of layout `prefill`
+    wrote: the same layout, or either one unknown (an engine without a layout pairs with anything,
+    as before layouts were known). Example: ("a1", "a1") → True; ("a1", "b2") → False; (None, "b2")
+    → True."""
+    return prefill is None or decode is None or prefill == decode
 
 
 def endpoint_name(url: str) -> str:

@@ -25,10 +25,18 @@ Pure (no I/O) and single-threaded: every call happens on the router's event loop
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tandem.router.types import POOLS, Endpoint, EndpointSnapshot, EngineReading, EngineStats, Pool
+from tandem.router.types import (
+    POOLS,
+    Endpoint,
+    EndpointSnapshot,
+    EngineReading,
+    EngineStats,
+    Pool,
+    kv_compatible,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +86,23 @@ class EndpointRegistry:
 
     # -- membership (discovery) -------------------------------------------------------------
 
-    def set_pool(self, pool: Pool, urls: Iterable[str]) -> None:
+    def set_pool(self, pool: Pool, urls: Iterable[str], *, layouts: Mapping[str, str] | None = None) -> None:
         """Replace the members of `pool` with `urls` (order kept, duplicates and trailing `/` dropped).
-        Endpoints that stay keep their state."""
-        members = tuple(dict.fromkeys(Endpoint(pool, url.rstrip("/")) for url in urls))
+        `layouts`: KV layouts by URL (`Endpoint.layout`; a URL not in it has none). Endpoints that
+        stay keep their state (and take their new layout, if it changed)."""
+        known = {url.rstrip("/"): layout for url, layout in (layouts or {}).items()}
+        members = tuple(
+            dict.fromkeys(Endpoint(pool, url, known.get(url)) for url in (u.rstrip("/") for u in urls))
+        )
         self._members[pool] = members
         for endpoint in members:
-            if endpoint not in self._views:
+            view = self._views.get(endpoint)
+            if view is None:
                 self._views[endpoint] = EndpointSnapshot(
                     endpoint=endpoint, in_flight=0, consecutive_failures=0, in_rotation=True
                 )
+            elif view.endpoint.layout != endpoint.layout:
+                view.endpoint = endpoint
             self._engines.setdefault(endpoint.url, _Engine())
         self._pool_views[pool] = tuple(self._views[e] for e in members)
         self._draining = True
@@ -134,9 +149,14 @@ class EndpointRegistry:
         self._expire_cooldowns()
         return self._pool_views[pool]
 
-    def candidates(self, pool: Pool, *, exclude: Collection[Endpoint] = ()) -> Sequence[EndpointSnapshot]:
-        """Members of `pool` in rotation, minus `exclude` (endpoints this request already tried)."""
+    def candidates(
+        self, pool: Pool, *, exclude: Collection[Endpoint] = (), pairs_with: str | None = None
+    ) -> Sequence[EndpointSnapshot]:
+        """Members of `pool` in rotation, minus `exclude` (endpoints this request already tried);
+        with `pairs_with` (a KV layout), only those whose layout is `kv_compatible` with it."""
         views = self.snapshots(pool)
+        if pairs_with is not None:
+            views = [v for v in views if kv_compatible(pairs_with, v.endpoint.layout)]
         if not exclude and not self._down:
             return views
         return [v for v in views if v.in_rotation and v.endpoint not in exclude]

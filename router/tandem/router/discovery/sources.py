@@ -8,6 +8,8 @@
   every `pollSeconds`); the local runtime rewrites it atomically as engines start and drain. A file
   that is missing or unreadable at start leaves both pools empty; one that becomes unreadable later
   keeps the last good membership (logged), since a half-done edit must not empty the pools.
+  Its optional `layouts` maps engine URLs to their KV layouts (`EndpointFile`), which the gateway
+  pairs prefill and decode engines by (`tandem.router.pd.disagg`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from pydantic import Field
+
 from tandem.core.kubeaccess import KubeAccess, KubeAccessError
-from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, StaticDiscovery, read_endpoint_file
+from tandem.core.routerconfig import EndpointList, FileDiscovery, KubernetesDiscovery, StaticDiscovery
 from tandem.core.tasks import stop_task
 from tandem.router.discovery.kubernetes import KubernetesEndpoints
 from tandem.router.discovery.registry import EndpointRegistry
@@ -38,6 +42,24 @@ class Discovery(Protocol):
     async def start(self, registry: EndpointRegistry) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+class EndpointFile(EndpointList):
+    """A `kind: file` discovery's file: an `EndpointList`, plus each engine's KV layout by URL
+    (`Endpoint.layout`; the value of its pod's `tandem.dev/kv-layout` label). An engine not in
+    `layouts` has none and pairs with any other. Example:
+
+        {"prefill": ["http://127.0.0.1:8101"], "decode": ["http://127.0.0.1:8201"],
+         "layouts": {"http://127.0.0.1:8101": "3f1c0a9e", "http://127.0.0.1:8201": "3f1c0a9e"}}
+    """
+
+    layouts: dict[str, str] = Field(default_factory=dict)
+
+
+def read_endpoints(path: Path) -> EndpointFile:
+    """Parse an endpoint file. Raises OSError when it cannot be read and ValueError (pydantic's
+    ValidationError included) when it is not an `EndpointFile` in JSON."""
+    return EndpointFile.model_validate_json(path.read_bytes())
 
 
 class StaticEndpoints:
@@ -86,18 +108,23 @@ class FileEndpoints:
             return False
         self._seen = seen
         try:
-            endpoints = read_endpoint_file(self._path)
+            endpoints = read_endpoints(self._path)
         except (OSError, ValueError) as exc:
             log.warning(
                 "endpoint file invalid; keeping the last membership",
                 extra={"path": str(self._path), "error": repr(exc)},
             )
             return False
-        registry.set_pool("prefill", endpoints.prefill)
-        registry.set_pool("decode", endpoints.decode)
+        registry.set_pool("prefill", endpoints.prefill, layouts=endpoints.layouts)
+        registry.set_pool("decode", endpoints.decode, layouts=endpoints.layouts)
         log.info(
             "pool members changed",
-            extra={"path": str(self._path), "prefill": endpoints.prefill, "decode": endpoints.decode},
+            extra={
+                "path": str(self._path),
+                "prefill": endpoints.prefill,
+                "decode": endpoints.decode,
+                "layouts": endpoints.layouts,
+            },
         )
         return True
 

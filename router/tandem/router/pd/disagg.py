@@ -48,12 +48,21 @@ it returns the `kv_transfer_params` for decode. It never fails the client's requ
 the request goes decode-only with a fallback reason, counted in `tandem_router_pd_fallbacks_total`:
 
     no_endpoint       no prefill endpoint in rotation
+    layout_mismatch   prefill endpoints in rotation, none of the decode endpoint's KV layout (below)
     connect, timeout, read, status   the engine failed (`UpstreamError.kind`; timeout also when
                       the whole prefill exceeds `prefill_timeout_seconds`)
     rejected          the engine answered 4xx
     invalid_response  the answer was not JSON
     barrier_timeout   the prompt's chunks did not all reach the KV pool within the barrier timeout
     pool_unavailable  the KV pool could not be asked (the barrier could not be checked)
+
+**Pairing by KV layout** (`Endpoint.layout`, the pods' `tandem.dev/kv-layout` label): the decode
+endpoint is chosen first, and the prefill endpoint only among those whose layout is
+`kv_compatible` with it (equal, or either unknown). While a rollout runs, old- and new-generation
+engines serve side by side and KV of one generation is garbage to the other; when no prefill
+endpoint of the decode endpoint's layout is in rotation, the request goes decode-only
+(`layout_mismatch`, logged with the request id), never to a pair of two generations. The decode
+request keeps to the prefill endpoint's layout when it is placed again (`pipeline.stages.Dispatch`).
 
 **Barrier** (with a KV pool configured): after a successful prefill, wait (bounded) until every full
 chunk of the prompt has its metadata in the pool (`KVPoolIndex.wait_for_keys`), so the decode
@@ -223,9 +232,12 @@ class Prefiller:
     clock: Callable[[], float]
     hold: PrefillHold | None = None
 
-    async def prefill(self, request: PDRequest, *, headers: Mapping[str, str]) -> PrefillOutcome:
+    async def prefill(
+        self, request: PDRequest, *, headers: Mapping[str, str], layout: str | None = None
+    ) -> PrefillOutcome:
+        """`layout`: the decode endpoint's KV layout; the prefill endpoint is one that pairs with it."""
         started = self.clock()
-        endpoint, params, fallback = await self._run(request, headers=headers)
+        endpoint, params, fallback = await self._run(request, headers=headers, layout=layout)
         outcome = PrefillOutcome(
             endpoint=endpoint,
             kv_transfer_params=params,
@@ -239,7 +251,7 @@ class Prefiller:
         return outcome
 
     async def _run(
-        self, request: PDRequest, *, headers: Mapping[str, str]
+        self, request: PDRequest, *, headers: Mapping[str, str], layout: str | None
     ) -> tuple[Endpoint | None, dict[str, Any] | None, str | None]:
         registry = self.dispatcher.registry
         if self.hold is not None:
@@ -247,6 +259,14 @@ class Prefiller:
         candidates = registry.candidates("prefill")
         if not candidates:
             return None, None, "no_endpoint"
+        if layout is not None:
+            candidates = registry.candidates("prefill", pairs_with=layout)
+            if not candidates:
+                log.warning(
+                    "no prefill endpoint of the decode endpoint's KV layout: decode only",
+                    extra={"request_id": request.request_id, "kv_layout": layout},
+                )
+                return None, None, "layout_mismatch"
         endpoint = self.dispatcher.pick("prefill", request, candidates)
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -333,7 +353,8 @@ class Disaggregator:
         metrics.pd_decisions.labels(decision.label, decision.reason).inc()
         if not decision.disaggregate:
             return PDOutcome(decision=decision, body=request.body)
-        prefill = await self.prefiller.prefill(request, headers=headers)
+        layout = decode.layout if decode is not None else None
+        prefill = await self.prefiller.prefill(request, headers=headers, layout=layout)
         if prefill.kv_transfer_params is None or prefill.endpoint is None:
             return PDOutcome(
                 decision=decision,
@@ -384,7 +405,8 @@ class Disaggregator:
     def _busy(self, request: PDRequest, *, decode: Endpoint | None) -> bool:
         if self.convert is None or decode is None:
             return False
-        convert, prefill = self.convert, self.prefiller.dispatcher.registry.candidates("prefill")
+        registry = self.prefiller.dispatcher.registry
+        convert, prefill = self.convert, registry.candidates("prefill", pairs_with=decode.layout)
         hold = self.prefiller.hold
         # Held prefills go before this one: their work, spread over the prefill engines, is ahead of it.
         held = hold.held_tokens // max(1, len(prefill)) if hold is not None else 0

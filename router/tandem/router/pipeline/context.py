@@ -78,6 +78,7 @@ class RequestContext:
     kv_loaded: bool = False  # a prefill succeeded: the decode engine loads the prompt's KV
     decode_rechosen: bool = False  # chosen again after the prefill: the decode pool had changed
     prefill_endpoint: str | None = None
+    kv_layout: str | None = None  # the prefill endpoint's KV layout: a decode placed again keeps to it
     pd_fallback: str | None = None
     prefill_s: float | None = None
     decode_body: dict[str, Any] | None = None  # the body for decode, when P/D changed it

@@ -266,6 +266,7 @@ class Disaggregate:
         if pd.prefill_endpoint is not None:
             ctx.kv_loaded = True
             ctx.prefill_endpoint = pd.prefill_endpoint.name
+            ctx.kv_layout = pd.prefill_endpoint.layout
         ctx.pd_fallback = pd.fallback
 
 
@@ -284,7 +285,8 @@ class Dispatch:
     With `gate`, a request still without an answer may be recalled from an engine that queues it
     beyond its capacity (`tandem.router.upstream.recall`): it gives its grant back, waits for its
     tenant's turn again (`AdmissionGate.resume`) and is sent again under an id of its own. Requests
-    whose KV was loaded from a prefill elsewhere are not recalled."""
+    whose KV was loaded from a prefill elsewhere are not recalled, and are placed again (chosen anew,
+    retried) only on engines of the prefill's KV layout (`tandem.router.pd.disagg`, pairing)."""
 
     dispatcher: Dispatcher
     gate: AdmissionGate | None = None
@@ -299,6 +301,7 @@ class Dispatch:
         ):
             first, ctx.decode_rechosen = None, True
             self.dispatcher.metrics.pd_decode_rechosen.inc()
+        pairs_with = self._layout(ctx)
         body, ctx.strip_usage = request_usage(ctx.decode_body if ctx.decode_body is not None else ctx.body)
         call = UpstreamCall(
             path=ctx.route.value,
@@ -311,7 +314,12 @@ class Dispatch:
         while True:
             try:
                 attempt: Attempt = await self.dispatcher.open(
-                    "decode", request=ctx, call=call, first=first, recallable=recallable
+                    "decode",
+                    request=ctx,
+                    call=call,
+                    first=first,
+                    recallable=recallable,
+                    pairs_with=pairs_with,
                 )
                 break
             except Recalled as recalled:
@@ -324,6 +332,22 @@ class Dispatch:
         ctx.cleanups.append(attempt.finish)
         ctx.decode_endpoint = attempt.endpoint.name
         ctx.retries = attempt.retries
+
+    def _layout(self, ctx: RequestContext) -> str | None:
+        """The KV layout the decode engine must pair with (None: any). When the prefill's layout has
+        left the decode pool meanwhile (its generation rolled away), its KV is of no use: the request
+        goes decode-only (`layout_mismatch`), the decode engine computing the prompt itself."""
+        if not ctx.kv_loaded or ctx.kv_layout is None:
+            return None
+        if self.dispatcher.registry.candidates("decode", pairs_with=ctx.kv_layout):
+            return ctx.kv_layout
+        log.warning(
+            "no decode endpoint of the prefill's KV layout left: decode only",
+            extra={"request_id": ctx.request_id, "kv_layout": ctx.kv_layout},
+        )
+        self.dispatcher.metrics.pd_fallbacks.labels("layout_mismatch").inc()
+        ctx.kv_loaded, ctx.decode_body, ctx.pd_fallback = False, None, "layout_mismatch"
+        return None
 
     async def _wait_again(self, ctx: RequestContext, recalled: Recalled) -> None:
         """The recalled request's grant goes back; a new one comes at its tenant's turn."""

@@ -127,15 +127,18 @@ class Dispatcher:
         call: UpstreamCall,
         first: Endpoint | None = None,
         recallable: bool = False,
+        pairs_with: str | None = None,
     ) -> Attempt:
         """Send `call` to an endpoint of `pool` chosen by the scheduler (the first attempt goes to
         `first` when given and still a candidate), retrying as described above. Raises
         `NoEndpointAvailable` (with the failures in its message), or `Recalled` when `recallable`
-        and a reading took it back before its answer started (`tandem.router.upstream.recall`)."""
+        and a reading took it back before its answer started (`tandem.router.upstream.recall`).
+        `pairs_with`: a KV layout; only endpoints whose layout pairs with it are tried
+        (`EndpointRegistry.candidates`)."""
         tried: list[Endpoint] = []
         failures: list[UpstreamError] = []
         for _ in range(1 + self.retries):
-            candidates = self._with_room(self.registry.candidates(pool, exclude=tried))
+            candidates = self._with_room(self.registry.candidates(pool, exclude=tried, pairs_with=pairs_with))
             if not candidates:
                 break
             if not tried and first is not None and any(s.endpoint == first for s in candidates):
