@@ -124,6 +124,12 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
     show_default="1/64",
     help="Fraction of the true KV bytes actually stored per chunk.",
 )
+@click.option(
+    "--kv-generation",
+    default=None,
+    help="This engine's KV generation (e.g. its pod's tandem.dev/kv-layout): pool chunks another "
+    "generation wrote are loaded as a real engine would, counted, and garble the answer.",
+)
 @click.option("--seed", type=int, default=None, help="Seed for unseeded sampling [default: random].")
 @click.option(
     "--otlp-traces-endpoint",

@@ -14,6 +14,7 @@ lora_name=...)`): the base model's and each adapter's chunks of one prompt are d
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,16 +28,18 @@ from starlette.requests import Request
 from tandem.core.logs import REQUEST_ID
 from tandem.core.openai_api import ChatCompletionRequest, CompletionRequest, error_body
 from tandem.kvpool.keys import PoolScope
-from tandem.sim.engine.generation import stream_seed
+from tandem.sim.engine.generation import garbled, stream_seed
 from tandem.sim.engine.loop import EngineDead, RequestStream
 from tandem.sim.engine.lora import LoRARef
 from tandem.sim.engine.requests import NewRequest, RequestOutput, SamplingParams
+from tandem.sim.kvpool import PoolRead
 from tandem.sim.middleware import log_fields
 from tandem.sim.protocol import SSE_DONE, Generation, parse_json, prepare, sse, validate
 from tandem.sim.responses import ResponseMeta, chunk, full_body, usage_chunk
 from tandem.sim.state import Runtime, SimApp, sim_state
 from tandem.sim.tracing import RequestSpan, request_traceparent
 
+logger = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -65,15 +68,21 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     )
     # Adapters use the pool too, in their own scope, as Tandem's connector keys vLLM's request.
     scope = PoolScope(cache_salt=gen.cache_salt, lora_name=lora.name if lora is not None else None)
-    pool_tokens = await _pool_lookup(runtime, gen, lora, scope) if sim.settings.consumes_kv else None
+    found = await _pool_lookup(runtime, gen, lora, scope) if sim.settings.consumes_kv else None
+    pool_tokens = None if found is None else found.tokens
+    foreign = found is not None and found.foreign_chunks > 0
     engine_id = uuid.uuid4().hex
+    sampling = _sampling(sim, gen, lora, foreign=foreign)
     stream = runtime.loop.submit(
-        NewRequest(
-            engine_id, gen.prompt_token_ids, _sampling(sim, gen, lora), pool_tokens, gen.cache_salt, lora
-        )
+        NewRequest(engine_id, gen.prompt_token_ids, sampling, pool_tokens, gen.cache_salt, lora)
     )
     fields = log_fields(request)
     fields.update(prompt_tokens=len(gen.prompt_token_ids), kv_pool_tokens=pool_tokens, stream=gen.stream)
+    if foreign and found is not None:
+        logger.warning(
+            "loaded KV another generation wrote: the answer is garbage",
+            extra={**fields, "foreign_chunks": found.foreign_chunks},
+        )
     if lora is not None:
         fields.update(lora_name=lora.name)
     meta = ResponseMeta(
@@ -104,7 +113,8 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     return JSONResponse(await job.collect(meta))
 
 
-def _sampling(sim: SimApp, gen: Generation, lora: LoRARef | None) -> SamplingParams:
+def _sampling(sim: SimApp, gen: Generation, lora: LoRARef | None, *, foreign: bool) -> SamplingParams:
+    """`foreign`: the prompt's KV came partly from another generation (`generation.garbled`)."""
     seed = stream_seed(
         gen.prompt_token_ids,
         temperature=gen.temperature,
@@ -114,7 +124,7 @@ def _sampling(sim: SimApp, gen: Generation, lora: LoRARef | None) -> SamplingPar
     )
     return SamplingParams(
         max_tokens=gen.max_tokens,
-        stream_seed=seed,
+        stream_seed=garbled(seed) if foreign else seed,
         stop=gen.stop,
         ignore_eos=gen.ignore_eos,
         min_tokens=gen.min_tokens,
@@ -123,12 +133,12 @@ def _sampling(sim: SimApp, gen: Generation, lora: LoRARef | None) -> SamplingPar
 
 async def _pool_lookup(
     runtime: Runtime, gen: Generation, lora: LoRARef | None, scope: PoolScope
-) -> int | None:
+) -> PoolRead | None:
     """Prompt tokens the pool holds in `scope` and the shell fetched (None: no pool, or it is down)."""
     if runtime.pool is None:
         return None
     local = runtime.loop.core.local_prefix_tokens(gen.prompt_token_ids, cache_salt=gen.cache_salt, lora=lora)
-    return await runtime.pool.lookup(gen.prompt_token_ids, skip_tokens=local, scope=scope)
+    return await runtime.pool.read(gen.prompt_token_ids, skip_tokens=local, scope=scope)
 
 
 @dataclass

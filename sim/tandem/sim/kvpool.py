@@ -12,7 +12,8 @@ connector writes them.
   the run, and so does a chunk a keyed reader refuses (no tag, or a wrong one): counted in
   `tandem_sim_kv_pool_chunks_rejected_total{reason}`, logged and deleted (so a producer can write the
   true chunk again), and the engine computes it. Returns the tokens available, or None when the pool
-  could not be asked.
+  could not be asked. `read` says the same and how many of the chunks loaded another KV generation
+  wrote (`PoolLayout.foreign`; `tandem_sim_kv_pool_foreign_chunks_total`).
 
 When Redis fails (unreachable, timeouts, errors) the adapter logs once, counts the error and the
 fallback, and answers "nothing" for `retry_after_s` wall seconds before trying again, so a dead pool
@@ -25,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
@@ -33,9 +35,18 @@ from tandem.kvpool.keys import Scope
 from tandem.sim.engine.kvlayout import ChunkRef, PoolLayout
 from tandem.sim.metrics import SimMetrics
 
-__all__ = ["KVPool", "connect"]
+__all__ = ["KVPool", "PoolRead", "connect"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRead:
+    """What a look-up found: `tokens` of the prompt's prefix available from the pool, and how many of
+    the chunks it loaded were written by another KV generation (`foreign_chunks`)."""
+
+    tokens: int
+    foreign_chunks: int = 0
 
 
 class KVPool:
@@ -81,17 +92,24 @@ class KVPool:
     ) -> int | None:
         """Tokens of the prompt's prefix held by the pool in `scope` and fetched (the first
         `skip_tokens` are only checked for presence); None if the pool is unavailable."""
+        found = await self.read(prompt_token_ids, skip_tokens=skip_tokens, scope=scope)
+        return None if found is None else found.tokens
+
+    async def read(
+        self, prompt_token_ids: Sequence[int], *, skip_tokens: int = 0, scope: Scope = None
+    ) -> PoolRead | None:
+        """`lookup`, with the foreign chunks among those loaded."""
         chunks = self.layout.chunks(prompt_token_ids, scope=scope)
         if not self._available():
             self._metrics.pool_fallback("lookup")
             return None
         try:
-            found = await self._lookup(chunks, skip_tokens=skip_tokens)
+            found, foreign = await self._lookup(chunks, skip_tokens=skip_tokens)
         except POOL_ERRORS as exc:
             self._failed("lookup", exc)
             return None
         self._succeeded()
-        return found * self.layout.chunk_size
+        return PoolRead(found * self.layout.chunk_size, foreign)
 
     async def _store(self, chunks: list[ChunkRef]) -> tuple[int, int]:
         async with self._client.pipeline(transaction=False) as pipe:
@@ -112,10 +130,11 @@ class KVPool:
             await pipe.execute()
         return len(missing), nbytes
 
-    async def _lookup(self, chunks: list[ChunkRef], *, skip_tokens: int) -> int:
-        """The number of leading chunks present and (past `skip_tokens`) verified."""
+    async def _lookup(self, chunks: list[ChunkRef], *, skip_tokens: int) -> tuple[int, int]:
+        """The number of leading chunks present and (past `skip_tokens`) verified, and how many of
+        those fetched another generation wrote."""
         if not chunks:
-            return 0
+            return 0, 0
         async with self._client.pipeline(transaction=False) as pipe:
             for chunk in chunks:
                 pipe.exists(chunk.metadata_key)
@@ -124,13 +143,13 @@ class KVPool:
         first_fetch = min(run, skip_tokens // self.layout.chunk_size)
         to_fetch = chunks[first_fetch:run]
         if not to_fetch:
-            return run
+            return run, 0
         async with self._client.pipeline(transaction=False) as pipe:
             for chunk in to_fetch:
                 pipe.get(chunk.metadata_key)
                 pipe.get(chunk.kv_bytes_key)
             values = await pipe.execute()
-        verified, nbytes = 0, 0
+        verified, nbytes, foreign = 0, 0, 0
         for chunk, metadata, kv_bytes in zip(to_fetch, values[::2], values[1::2], strict=True):
             verdict = self.layout.check(chunk, metadata, kv_bytes)
             if verdict != "ok":
@@ -139,8 +158,9 @@ class KVPool:
                 break
             verified += 1
             nbytes += len(kv_bytes) + len(metadata)
-        self._metrics.pool_read(chunks=verified, nbytes=nbytes)
-        return first_fetch + verified
+            foreign += self.layout.foreign(chunk, kv_bytes)
+        self._metrics.pool_read(chunks=verified, nbytes=nbytes, foreign=foreign)
+        return first_fetch + verified, foreign
 
     async def _refuse(self, chunk: ChunkRef, verdict: str) -> None:
         """Count, log and delete a chunk a keyed reader refused, as Tandem's connector does: it can only

@@ -170,6 +170,10 @@ class SimMetrics:
             "tandem_sim_kv_pool_chunks_skipped", "KV chunks not written because the pool already had them."
         )
         self._chunks_read = family.counter("tandem_sim_kv_pool_chunks_read", "KV chunks read from the pool.")
+        self._chunks_foreign = family.counter(
+            "tandem_sim_kv_pool_foreign_chunks",
+            "KV chunks loaded that an engine of another --kv-generation wrote (garbage to a real engine).",
+        )
         self._bytes_written = family.counter("tandem_sim_kv_pool_bytes_written", "Bytes written to the pool.")
         self._bytes_read = family.counter("tandem_sim_kv_pool_bytes_read", "Bytes read from the pool.")
         operations = ("lookup", "store")
@@ -228,9 +232,10 @@ class SimMetrics:
         self._chunks_skipped.inc(skipped)
         self._bytes_written.inc(nbytes)
 
-    def pool_read(self, *, chunks: int, nbytes: int) -> None:
+    def pool_read(self, *, chunks: int, nbytes: int, foreign: int = 0) -> None:
         self._chunks_read.inc(chunks)
         self._bytes_read.inc(nbytes)
+        self._chunks_foreign.inc(foreign)
 
     def pool_error(self, operation: str) -> None:
         self._pool_errors.labels(**self._labels, operation=operation).inc()

@@ -74,6 +74,12 @@ class SimSettings(BaseModel):
     kv_pool: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://")
     kv_chunk_size: int = Field(default=256, ge=1, le=65_536)
     kv_bytes_scale: float = Field(default=DEFAULT_BYTES_SCALE, gt=0, le=1)
+    kv_generation: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="The engine's KV generation: chunks another generation wrote are told apart.",
+    )
     seed: int | None = Field(default=None, description="Seeds unseeded sampling (None: random).")
     kv_events_endpoint: str | None = Field(
         default=None, pattern=_ZMQ_ADDRESS, description="ZMQ PUB address to bind for KV events."
@@ -211,5 +217,6 @@ class SimSettings(BaseModel):
             shape=self.engine_profile.model,
             chunk_size=self.kv_chunk_size,
             bytes_scale=self.kv_bytes_scale,
+            generation=self.kv_generation,
             key=key,
         )

@@ -66,6 +66,13 @@ def stream_seed(
     return entropy & 0xFFFFFFFFFFFFFFFF
 
 
+def garbled(seed: int) -> int:
+    """The stream of a request whose prompt KV came partly from another KV generation
+    (`tandem.sim.engine.kvlayout`, generations): a real engine computes garbage from such KV, so its
+    answer is another text than the one its prompt gives (deterministically)."""
+    return _digest64(b"foreign-kv", seed.to_bytes(8, "big"))
+
+
 def sample_token(seed: int, index: int, *, allow_eos: bool) -> int:
     """Token `index` (0 = the first generated token) of stream `seed`."""
     value = _digest64(seed.to_bytes(8, "big"), index.to_bytes(8, "big"))

@@ -14,10 +14,18 @@ payload is scaled down by `bytes_scale` so a local Redis stays small:
 
 Example: Qwen2.5-7B (57,344 B/token), 256-token chunks, scale 1/64 → 256 × 57,344 / 64 = 229,376 B
 per chunk instead of 14.7 MB. With scale 1 the values match what LMCache itself writes.
+
+**Generations** (`generation`, `--kv-generation`): engines of another image or KV-relevant argument
+write KV that is garbage to each other under the *same* keys (the keys carry the model, world size
+and dtype, not the image). A simulated engine with a generation fills its chunks with bytes of its
+generation (the chunk hash XOR a hash of the generation), and as a reader it loads a chunk of another
+generation as a real engine would, since nothing in the layout tells them apart, but knows it did:
+`foreign(chunk, kv_bytes)`. Without a generation the bytes are the chunk hash and nothing is foreign.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -69,6 +77,7 @@ class PoolLayout:
     chunk_size: int = 256
     bytes_scale: float = DEFAULT_BYTES_SCALE
     key: bytes | None = field(default=None, repr=False)
+    generation: str | None = None
 
     @property
     def payload_size(self) -> int:
@@ -105,10 +114,24 @@ class PoolLayout:
         return seal_metadata(self.key, name=chunk.name, metadata=self.header(), kv_bytes=payload)
 
     def payload(self, chunk: ChunkRef) -> bytes:
-        """Deterministic filler bytes for one chunk (its hash, repeated)."""
-        pattern = (chunk.chunk_hash & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")
+        """Deterministic filler bytes for one chunk: its hash (XOR its generation's), repeated."""
+        pattern = self._pattern(chunk)
         size = self.payload_size
         return (pattern * (size // 8 + 1))[:size]
+
+    def foreign(self, chunk: ChunkRef, kv_bytes: bytes) -> bool:
+        """Whether `kv_bytes`, read back for `chunk`, were written by another generation (module
+        docstring); always False without a generation."""
+        if self.generation is None:
+            return False
+        return kv_bytes[:8] != self._pattern(chunk)[: len(kv_bytes)]
+
+    def _pattern(self, chunk: ChunkRef) -> bytes:
+        value = chunk.chunk_hash & 0xFFFFFFFFFFFFFFFF
+        if self.generation is not None:
+            digest = hashlib.blake2b(self.generation.encode(), digest_size=8).digest()
+            value ^= int.from_bytes(digest, "big")
+        return value.to_bytes(8, "big")
 
     def check(self, chunk: ChunkRef, metadata: bytes | None, kv_bytes: bytes | None) -> ChunkVerdict:
         """Whether a chunk read back may be loaded: its metadata decodes and `kv_bytes` has exactly
