@@ -91,3 +91,53 @@ def scale_patches(api: kmock_lib.KubernetesEmulator) -> list[Any]:
 def scale_reads(api: kmock_lib.KubernetesEmulator) -> int:
     """GETs of a scale subresource."""
     return sum(1 for r in list(api) if r.method.value == "GET" and str(r.url.path).endswith("/scale"))
+
+
+LWS_RESOURCE = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
+LWS_PATH = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NAMESPACE}/leaderworkersets"
+
+
+def know_leader_worker_sets(api: kmock_lib.KubernetesEmulator) -> None:
+    """What installing the LeaderWorkerSet CRD does for discovery: the resource, with its status and
+    scale subresources (a PATCH of `.../scale` lands on the object, as for Deployments)."""
+    api.resources[LWS_RESOURCE] = kmock_lib.ResourceInfo(
+        kind="LeaderWorkerSet",
+        singular="leaderworkerset",
+        namespaced=True,
+        verbs={"list", "watch", "get", "patch", "create", "delete"},
+        subresources={"status", "scale"},
+    )
+
+
+async def leader_worker_set(
+    api: kmock_lib.KubernetesEmulator,
+    name: str,
+    replicas: int,
+    *,
+    ready: int,
+    owners: list[dict[str, Any]] | None = None,
+) -> None:
+    """A LeaderWorkerSet of `replicas` groups of 2 pods, `ready` of them ready (its controller's
+    `status.readyReplicas`, played by the test), owned by `owners`."""
+    metadata: dict[str, Any] = {"name": name}
+    if owners:
+        metadata["ownerReferences"] = owners
+    body = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": metadata,
+        "spec": {"replicas": replicas, "leaderWorkerTemplate": {"size": 2}},
+    }
+    await create(api, LWS_PATH, body)
+    await ready_groups(api, name, ready)
+
+
+async def ready_groups(api: kmock_lib.KubernetesEmulator, name: str, ready: int) -> None:
+    """Play the LeaderWorkerSet controller: `ready` groups have every pod ready."""
+    response = await api.patch(f"{LWS_PATH}/{name}/status", json={"status": {"readyReplicas": ready}})
+    assert response.status == 200, await response.text()
+
+
+def workload_reads(api: kmock_lib.KubernetesEmulator, path: str) -> int:
+    """GETs of one object by its path (not its subresources)."""
+    return sum(1 for r in list(api) if r.method.value == "GET" and str(r.url.path) == path)

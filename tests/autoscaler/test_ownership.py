@@ -54,12 +54,12 @@ def test_only_an_inference_service_reference_with_the_services_uid_owns_a_deploy
     if references is not None:
         metadata["ownerReferences"] = references
     owners = owners_of({"metadata": metadata})
-    assert owners.deployment_uid == "d1"
+    assert owners.workload_uid == "d1"
     assert owners.include(DEMO) is owned
 
 
 def test_a_service_without_a_uid_owns_nothing() -> None:
-    owners = Owners(deployment_uid="d1", services=frozenset({""}))
+    owners = Owners(workload_uid="d1", services=frozenset({""}))
     assert not owners.include(ServiceRef(NAMESPACE, "demo", ""))
 
 

@@ -192,11 +192,6 @@ def engine_container(**fields: Any) -> dict[str, Any]:
             "spec.decode.nodesPerReplica: more than 1 needs engine.kind vllm (the simulator runs on one pod)",
         ),
         (
-            {"decode": {"nodesPerReplica": 2, "autoscaling": {"enabled": True}}},
-            "spec.decode.autoscaling.enabled: the autoscaler does not scale multi-node pools "
-            "(LeaderWorkerSets) yet",
-        ),
-        (
             {
                 "decode": {
                     "nodesPerReplica": 2,
@@ -250,6 +245,10 @@ def test_a_template_using_every_documented_field_and_pool_settings_is_accepted()
     spec = {
         "engine": {"template": template},
         "prefill": {"engine": {"args": ["--max-num-batched-tokens", "16384"]}, "template": template},
-        "decode": {"engine": {"image": "vllm:b", "args": ["--max-num-seqs", "256"]}, "nodesPerReplica": 2},
+        "decode": {
+            "engine": {"image": "vllm:b", "args": ["--max-num-seqs", "256"]},
+            "nodesPerReplica": 2,
+            "autoscaling": {"enabled": True},  # the autoscaler scales the LeaderWorkerSet
+        },
     }
     assert errors_of(spec) == []

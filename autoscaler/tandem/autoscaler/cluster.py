@@ -3,12 +3,18 @@
 Pure: no I/O. `ClusterAPI` is implemented over HTTP by `tandem.autoscaler.kube.HttpCluster`; tests can
 give the loop any other implementation. The builders below make the request bodies:
 
-- `scale_patch(n, uid=...)`: a merge patch of a Deployment's `scale` subresource,
-  `{"metadata": {"uid": uid}, "spec": {"replicas": n}}`; nothing else of the Deployment is touched
+- `scale_patch(n, uid=...)`: a merge patch of a pool workload's `scale` subresource,
+  `{"metadata": {"uid": uid}, "spec": {"replicas": n}}`; nothing else of the workload is touched
   (the operator owns the rest, and leaves `replicas` alone while autoscaling is on). The uid is a
-  precondition: the API server refuses the patch (409) when the Deployment of that name is another one.
-- `owners_of(deployment)`: the Deployment's uid and the uids of the InferenceServices among its
-  `ownerReferences`: the autoscaler scales a Deployment only when its own service is one of them.
+  precondition: the API server refuses the patch (409) when the workload of that name is another one.
+- `owners_of(workload)`: the workload's uid and the uids of the InferenceServices among its
+  `ownerReferences`: the autoscaler scales a workload only when its own service is one of them.
+
+A pool's workload is a Deployment, or a LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`) when the pool
+has `nodesPerReplica` > 1 (`workload_kind`): one replica is then one group of pods whose leader alone
+serves, and both kinds are scaled through their `scale` subresource. `group_scale(lws)` reads a
+LeaderWorkerSet's replicas, uid and ready groups (`status.readyReplicas`: groups whose every pod is
+ready) from the object itself, whose scale subresource reports created groups, not ready ones.
 - `scale_event(...)`: a core/v1 Event on the InferenceService, reason `ScaledUp` / `ScaledDown`, message
   `decode 2 → 4: panic: 6s window wants 4, ...` (the pool, the numbers and the decider's reason).
 - `autoscaling_status(...)`: the `status.autoscaling.<pool>` block, `{desired, ready, reason,
@@ -18,14 +24,34 @@ give the loop any other implementation. The builders below make the request bodi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from tandem.core.kubeerror import KubeError
-from tandem.core.spec import API_VERSION, KIND
+from tandem.core.spec import API_VERSION, KIND, PoolSpec
 
 COMPONENT = "tandem-autoscaler"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKind:
+    """A kind of pool workload: its API group/version, its plural (the URL) and its kind."""
+
+    group_version: str
+    plural: str
+    kind: str
+
+
+DEPLOYMENT = WorkloadKind("apps/v1", "deployments", "Deployment")
+LEADER_WORKER_SET = WorkloadKind("leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet")
+
+
+def workload_kind(pool: PoolSpec) -> WorkloadKind:
+    """What the operator renders for a pool (a LeaderWorkerSet when one engine spans several pods)."""
+    return LEADER_WORKER_SET if pool.multinode else DEPLOYMENT
+
+
 #: Longest Event message (the API server's own limit is 1 KiB for `note`, events.k8s.io/v1).
 MAX_EVENT_MESSAGE = 1024
 
@@ -45,27 +71,49 @@ class ServiceRef:
 
 @dataclass(frozen=True, slots=True)
 class ScaleView:
-    """A Deployment's scale subresource: `spec.replicas`, and the Deployment's uid (the subresource
-    carries the Deployment's name, namespace and uid, but not its ownerReferences)."""
+    """A workload's scale subresource: `spec.replicas`, and the workload's uid (the subresource
+    carries the workload's name, namespace and uid, but not its ownerReferences); `ready`: the
+    ready groups of a LeaderWorkerSet read whole (`group_scale`), None from a scale subresource."""
 
     replicas: int
     uid: str = ""
+    ready: int | None = None
+
+
+def group_scale(lws: Mapping[str, Any]) -> ScaleView:
+    """A LeaderWorkerSet's `spec.replicas` (groups asked for), uid and `status.readyReplicas`
+    (groups whose every pod is ready; absent means 0, as the API omits zero counts).
+    Example: spec.replicas 3, status {replicas: 3, readyReplicas: 2} → ScaleView(3, uid, ready=2)."""
+    spec, status = lws.get("spec") or {}, lws.get("status") or {}
+    uid = str((lws.get("metadata") or {}).get("uid") or "")
+    ready = int(status.get("readyReplicas") or 0)
+    return ScaleView(replicas=int(spec.get("replicas") or 0), uid=uid, ready=ready)
+
+
+def serving_leaders(urls: Sequence[str], ready_groups: int) -> list[str]:
+    """The engines of a LeaderWorkerSet pool: its ready leaders (the pool's Service selects leaders
+    only, so each URL is one group), at most as many as the groups its status counts ready (a
+    leader whose workers are not all ready is not an engine yet). Which leader's group is the unready
+    one is not in the status; the extra ones are dropped from the end in URL order.
+    Example: leaders [a, b, c], 2 groups ready → [a, b]; [a], 3 ready (a scale-up's leaders not in the
+    slices yet) → [a]."""
+    return sorted(urls)[: max(ready_groups, 0)]
 
 
 @dataclass(frozen=True, slots=True)
 class Owners:
-    """A Deployment (by uid) and the uids of the InferenceServices among its `ownerReferences`."""
+    """A workload (by uid) and the uids of the InferenceServices among its `ownerReferences`."""
 
-    deployment_uid: str
+    workload_uid: str
     services: frozenset[str]
 
     def include(self, ref: ServiceRef) -> bool:
-        """Whether `ref` owns the Deployment (an unknown service uid owns nothing)."""
+        """Whether `ref` owns the workload (an unknown service uid owns nothing)."""
         return bool(ref.uid) and ref.uid in self.services
 
 
 class ScaleRefused(Exception):
-    """The Deployment named like a pool is not owned by that pool's InferenceService: not scaled."""
+    """The workload named like a pool is not owned by that pool's InferenceService: not scaled."""
 
 
 class ClusterAPI(Protocol):
@@ -75,16 +123,20 @@ class ClusterAPI(Protocol):
         """URLs of the ready endpoints of a Service (its EndpointSlices), sorted."""
         ...
 
-    async def get_scale(self, namespace: str, deployment: str) -> ScaleView:
-        """`spec.replicas` of a Deployment's scale subresource, and the Deployment's uid."""
+    async def get_scale(self, namespace: str, name: str, *, kind: WorkloadKind = DEPLOYMENT) -> ScaleView:
+        """`spec.replicas` of a workload's scale subresource, and the workload's uid."""
         ...
 
-    async def get_deployment(self, namespace: str, deployment: str) -> Mapping[str, Any]:
-        """The Deployment itself (for its ownerReferences)."""
+    async def get_workload(
+        self, namespace: str, name: str, *, kind: WorkloadKind = DEPLOYMENT
+    ) -> Mapping[str, Any]:
+        """The workload itself (its ownerReferences; a LeaderWorkerSet's status)."""
         ...
 
-    async def patch_scale(self, namespace: str, deployment: str, replicas: int, *, uid: str) -> None:
-        """Merge-patch the scale subresource to `replicas`, on condition that the Deployment's uid
+    async def patch_scale(
+        self, namespace: str, name: str, replicas: int, *, uid: str, kind: WorkloadKind = DEPLOYMENT
+    ) -> None:
+        """Merge-patch the scale subresource to `replicas`, on condition that the workload's uid
         is `uid` (409 otherwise)."""
         ...
 
@@ -110,17 +162,17 @@ def scale_patch(replicas: int, *, uid: str = "") -> dict[str, Any]:
     return patch
 
 
-def owners_of(deployment: Mapping[str, Any]) -> Owners:
-    """The Deployment's uid and its InferenceService owners' uids (`kind: InferenceService`
-    references; the operator sets one, `controller: true`, on every pool Deployment).
+def owners_of(workload: Mapping[str, Any]) -> Owners:
+    """The workload's uid and its InferenceService owners' uids (`kind: InferenceService`
+    references; the operator sets one, `controller: true`, on every pool workload).
     Example: ownerReferences [{kind: InferenceService, uid: s1}, {kind: ReplicaSet, uid: r1}] →
     services {s1}."""
-    meta = deployment.get("metadata") or {}
+    meta = workload.get("metadata") or {}
     references = meta.get("ownerReferences") or []
     services = frozenset(
         str(r["uid"]) for r in references if isinstance(r, Mapping) and r.get("kind") == KIND and r.get("uid")
     )
-    return Owners(deployment_uid=str(meta.get("uid") or ""), services=services)
+    return Owners(workload_uid=str(meta.get("uid") or ""), services=services)
 
 
 def scale_event(

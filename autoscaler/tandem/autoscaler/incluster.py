@@ -16,6 +16,14 @@
   change made by someone else is seen within those seconds. A Deployment is scaled only when an
   `ownerReferences` entry names the InferenceService by uid (`tandem.autoscaler.ownership`: read
   once per Deployment uid; refused, logged and counted otherwise).
+- **Multi-node pools** (`nodesPerReplica` > 1): the workload is a LeaderWorkerSet of that name, one
+  replica per group, scaled through `leaderworkersets/<name>/scale` (same patch, same uid
+  precondition). It is read whole instead of its scale subresource (replicas, uid, owners and
+  `status.readyReplicas` in one GET), at most every `SCALE_REREAD_S` and again whenever the number
+  of ready leaders changes. The engines are the pool Service's ready endpoints, which are the
+  leaders only (one per group: workers serve nothing), capped at the groups the status counts ready
+  (`tandem.autoscaler.cluster.serving_leaders`). Example: 3 groups asked, 3 leaders ready, status
+  says 2 ready groups (a worker still pulling its image) → 2 engines scraped, 2 ready.
 - **Report** (`KubeReporter`): an Event (`ScaledUp` / `ScaledDown`) on the InferenceService per scale
   action, and `status.autoscaling.<pool>` = {desired, ready, reason, lastScaleTime, panic} merge-patched
   on the status subresource when desired, ready, panic or lastScaleTime change, and otherwise at most
@@ -41,14 +49,20 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from tandem.autoscaler.cluster import (
+    DEPLOYMENT,
+    LEADER_WORKER_SET,
     ClusterAPI,
     ClusterError,
     PoolAutoscalingView,
     ServiceRef,
+    WorkloadKind,
     autoscaling_status,
+    group_scale,
     not_ready_event,
     ready_condition,
     scale_event,
+    serving_leaders,
+    workload_kind,
 )
 from tandem.autoscaler.control import PoolName, PoolOutcome, PoolTarget
 from tandem.autoscaler.health import HealthServer
@@ -78,21 +92,24 @@ SCALE_REREAD_S = 5.0
 
 @dataclass(kw_only=True)
 class KubePool:
-    """`tandem.autoscaler.control.PoolTarget` for one pool's Deployment (module docstring);
-    `clock` is monotonic seconds; `owners` is the process's shared ownership check (a pool of its
-    own when not given)."""
+    """`tandem.autoscaler.control.PoolTarget` for one pool's workload (module docstring): its
+    Deployment, or with `kind` LEADER_WORKER_SET its LeaderWorkerSet; `clock` is monotonic seconds;
+    `owners` is the process's shared ownership check (a pool of its own when not given)."""
 
     cluster: ClusterAPI
     ref: ServiceRef
     pool: PoolName
+    kind: WorkloadKind = DEPLOYMENT
     port: int = ENGINE_PORT
     clock: Callable[[], float] = time.monotonic
     reread_s: float = SCALE_REREAD_S
     owners: OwnerCheck | None = None
     #: (when, replicas) of the last read or patch of the scale subresource.
     _known: tuple[float, int] | None = field(default=None, init=False, repr=False)
-    #: The Deployment's uid as the scale subresource last showed it ("": not read yet).
+    #: The workload's uid as the last read showed it ("": not read yet).
     _uid: str = field(default="", init=False, repr=False)
+    #: A LeaderWorkerSet's ready groups at the last read, and how many leaders were ready then.
+    _groups: tuple[int, int] | None = field(default=None, init=False, repr=False)
     _check: OwnerCheck = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,33 +117,59 @@ class KubePool:
 
     @property
     def deployment(self) -> str:
+        """The workload's name (a Deployment's or a LeaderWorkerSet's: the pool Service's)."""
         return pool_workload_name(self.ref.name, self.pool)
 
     async def endpoints(self) -> list[str]:
-        return await self.cluster.ready_urls(self.ref.namespace, self.deployment, self.port)
+        """The ready engines; of a LeaderWorkerSet, its ready leaders capped at its ready groups
+        (`serving_leaders`), the status read again when the ready leaders change in number."""
+        urls = await self.cluster.ready_urls(self.ref.namespace, self.deployment, self.port)
+        if self.kind != LEADER_WORKER_SET:
+            return urls
+        now = self.clock()
+        if self._groups is None or self._groups[1] != len(urls) or self._stale(now):
+            await self._read(now, leaders=len(urls))
+        assert self._groups is not None  # set by _read
+        return serving_leaders(urls, self._groups[0])
 
     async def requested(self) -> int:
         now = self.clock()
-        if self._known is not None and now - self._known[0] < self.reread_s:
-            return self._known[1]
-        scale = await self.cluster.get_scale(self.ref.namespace, self.deployment)
+        if self._known is None or self._stale(now):
+            await self._read(now, leaders=self._groups[1] if self._groups is not None else -1)
+        assert self._known is not None  # set by _read
+        return self._known[1]
+
+    def _stale(self, now: float) -> bool:
+        return self._known is None or now - self._known[0] >= self.reread_s
+
+    async def _read(self, now: float, *, leaders: int) -> None:
+        """A Deployment's scale subresource; a LeaderWorkerSet whole (replicas, uid, ready groups and
+        owners in one GET: its scale subresource counts created groups, not ready ones)."""
+        namespace, name = self.ref.namespace, self.deployment
+        if self.kind == LEADER_WORKER_SET:
+            lws = await self.cluster.get_workload(namespace, name, kind=self.kind)
+            self._check.observe(namespace, name, lws)
+            scale = group_scale(lws)
+            self._groups = (scale.ready or 0, leaders)
+        else:
+            scale = await self.cluster.get_scale(namespace, name, kind=self.kind)
         self._known, self._uid = (now, scale.replicas), scale.uid
-        return scale.replicas
 
     async def scale(self, replicas: int, *, reason: str) -> None:
-        """Patch the scale subresource once the Deployment is known to be the service's; raises
+        """Patch the scale subresource once the workload is known to be the service's; raises
         `ScaleRefused` (nothing patched) when it is not."""
-        namespace, deployment = self.ref.namespace, self.deployment
-        uid = await self._check.verify(self.ref, pool=self.pool, deployment=deployment, uid=self._uid)
+        namespace, name = self.ref.namespace, self.deployment
+        check = self._check
+        uid = await check.verify(self.ref, pool=self.pool, deployment=name, uid=self._uid, kind=self.kind)
         try:
-            await self.cluster.patch_scale(namespace, deployment, replicas, uid=uid)
+            await self.cluster.patch_scale(namespace, name, replicas, uid=uid, kind=self.kind)
         except ClusterError:
             self._known = None  # read it again next round: it may have been replaced (409)
             raise
         self._known = (self.clock(), replicas)
         log.info(
-            "deployment scaled",
-            extra={"service": self.ref.key, "deployment": self.deployment, "replicas": replicas},
+            f"{self.kind.kind.lower()} scaled",
+            extra={"service": self.ref.key, "deployment": name, "kind": self.kind.kind, "replicas": replicas},
         )
 
 
@@ -284,7 +327,12 @@ class ServiceSync:
             return
         targets: dict[PoolName, PoolTarget] = {
             pool: KubePool(
-                cluster=self._cluster, ref=ref, pool=pool, port=self._ports[0], owners=self._owners
+                cluster=self._cluster,
+                ref=ref,
+                pool=pool,
+                kind=workload_kind(spec.prefill if pool == "prefill" else spec.decode),
+                port=self._ports[0],
+                owners=self._owners,
             )
             for pool in ("prefill", "decode")
         }

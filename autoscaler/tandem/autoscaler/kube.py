@@ -11,8 +11,9 @@ EndpointSlice discovery talks to it; every failure is `tandem.core.kubeerror.Kub
   the first list is in.
 - `HttpCluster`: `tandem.autoscaler.cluster.ClusterAPI`: ready engine URLs from the EndpointSlice
   informers' caches, one per namespace watched or one for all (the same rule as the router,
-  `tandem.core.endpointslices.ready_urls`), the scale subresource of Deployments (and a Deployment
-  itself, for its ownerReferences), Events, and the InferenceService's status subresource (merge patches).
+  `tandem.core.endpointslices.ready_urls`), the scale subresource of Deployments and LeaderWorkerSets
+  (and the workload itself: its ownerReferences, a LeaderWorkerSet's ready groups), Events, and the
+  InferenceService's status subresource (merge patches).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tandem.autoscaler.cluster import ScaleView, ServiceRef, scale_patch
+from tandem.autoscaler.cluster import DEPLOYMENT, ScaleView, ServiceRef, WorkloadKind, scale_patch
 from tandem.core.endpointslices import ready_urls
 from tandem.core.kubeaccess import KubeAccess, list_and_watch, request_json, watch_events
 from tandem.core.spec import GROUP, PLURAL, VERSION
@@ -125,17 +126,21 @@ class HttpCluster:
         mine = [s for slices in self._slices for (ns, _), s in slices.objects.items() if ns == namespace]
         return ready_urls(mine, service=service, port=port)
 
-    async def get_scale(self, namespace: str, deployment: str) -> ScaleView:
-        body = await self._call("GET", self._scale_path(namespace, deployment))
+    async def get_scale(self, namespace: str, name: str, *, kind: WorkloadKind = DEPLOYMENT) -> ScaleView:
+        body = await self._call("GET", self._scale_path(namespace, name, kind))
         replicas = int((body.get("spec") or {}).get("replicas") or 0)
         return ScaleView(replicas=replicas, uid=str((body.get("metadata") or {}).get("uid") or ""))
 
-    async def get_deployment(self, namespace: str, deployment: str) -> dict[str, Any]:
-        return await self._call("GET", f"{collection('apps/v1', 'deployments', namespace)}/{deployment}")
+    async def get_workload(
+        self, namespace: str, name: str, *, kind: WorkloadKind = DEPLOYMENT
+    ) -> dict[str, Any]:
+        return await self._call("GET", f"{collection(kind.group_version, kind.plural, namespace)}/{name}")
 
-    async def patch_scale(self, namespace: str, deployment: str, replicas: int, *, uid: str) -> None:
+    async def patch_scale(
+        self, namespace: str, name: str, replicas: int, *, uid: str, kind: WorkloadKind = DEPLOYMENT
+    ) -> None:
         body = scale_patch(replicas, uid=uid)
-        await self._call("PATCH", self._scale_path(namespace, deployment), body=body)
+        await self._call("PATCH", self._scale_path(namespace, name, kind), body=body)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         await self._call("POST", collection("v1", "events", namespace), body=event)
@@ -145,8 +150,8 @@ class HttpCluster:
         await self._call("PATCH", path, body={"status": patch})
 
     @staticmethod
-    def _scale_path(namespace: str, deployment: str) -> str:
-        return f"{collection('apps/v1', 'deployments', namespace)}/{deployment}/scale"
+    def _scale_path(namespace: str, name: str, kind: WorkloadKind) -> str:
+        return f"{collection(kind.group_version, kind.plural, namespace)}/{name}/scale"
 
     async def _call(self, method: str, path: str, *, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return await request_json(self._client, self._access, method, path, body=body)

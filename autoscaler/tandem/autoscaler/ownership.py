@@ -1,6 +1,7 @@
-"""Whether a pool's Deployment belongs to its InferenceService, checked before the autoscaler scales it.
+"""Whether a pool's workload belongs to its InferenceService, checked before the autoscaler scales it.
 
-The autoscaler finds a pool's Deployment by name (`<service>-<pool>` in the service's namespace), and
+The autoscaler finds a pool's workload (a Deployment, or a LeaderWorkerSet for a multi-node pool; "the
+Deployment" below stands for either) by name (`<service>-<pool>` in the service's namespace), and
 a name proves nothing: whoever may create Deployments there can make one by that name, or the name
 may be taken by a workload that has nothing to do with Tandem. So before a scale patch,
 `OwnerCheck.verify` requires an `ownerReferences` entry of `kind: InferenceService` whose uid is the
@@ -22,10 +23,19 @@ it takes the right to edit the Deployment, which is the right to scale it anyway
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from tandem.autoscaler.cluster import ClusterAPI, Owners, ScaleRefused, ServiceRef, owners_of
+from tandem.autoscaler.cluster import (
+    DEPLOYMENT,
+    ClusterAPI,
+    Owners,
+    ScaleRefused,
+    ServiceRef,
+    WorkloadKind,
+    owners_of,
+)
 from tandem.core.endpointslices import pool_workload_name
 
 log = logging.getLogger(__name__)
@@ -46,22 +56,26 @@ class OwnerCheck:
     #: (namespace, Deployment name) → the owners found the last time it was read whole.
     known: dict[tuple[str, str], Owners] = field(default_factory=dict)
 
-    async def verify(self, ref: ServiceRef, *, pool: str, deployment: str, uid: str) -> str:
-        """The uid of `deployment` once it is known to be `ref`'s, for the patch's precondition.
-        `uid` is the Deployment's uid as the scale subresource last showed it ("": unknown, read
-        again). Raises `ScaleRefused` when `ref` does not own it, `ClusterError` when it cannot be read."""
+    async def verify(
+        self, ref: ServiceRef, *, pool: str, deployment: str, uid: str, kind: WorkloadKind = DEPLOYMENT
+    ) -> str:
+        """The uid of the workload `deployment` (of `kind`) once it is known to be `ref`'s, for the
+        patch's precondition. `uid` is its uid as the scale subresource last showed it ("": unknown,
+        read again). Raises `ScaleRefused` when `ref` does not own it, `ClusterError` when it cannot be
+        read."""
         key = (ref.namespace, deployment)
         owners = self.known.get(key)
-        if owners is None or not uid or owners.deployment_uid != uid:
-            owners = owners_of(await self.cluster.get_deployment(ref.namespace, deployment))
+        if owners is None or not uid or owners.workload_uid != uid:
+            owners = owners_of(await self.cluster.get_workload(ref.namespace, deployment, kind=kind))
             self.known[key] = owners
         if owners.include(ref):
-            return owners.deployment_uid
+            return owners.workload_uid
         self.refused(ref, pool)
         log.warning(
-            "deployment not owned by its InferenceService; not scaled",
+            f"{kind.kind.lower()} not owned by its InferenceService; not scaled",
             extra={
                 "service": ref.key,
+                "kind": kind.kind,
                 "deployment": deployment,
                 "pool": pool,
                 "service_uid": ref.uid,
@@ -69,9 +83,14 @@ class OwnerCheck:
             },
         )
         raise ScaleRefused(
-            f"deployment {ref.namespace}/{deployment} has no ownerReference to InferenceService "
+            f"{kind.kind.lower()} {ref.namespace}/{deployment} has no ownerReference to InferenceService "
             f"{ref.key} (uid {ref.uid or 'unknown'}): not scaled"
         )
+
+    def observe(self, namespace: str, name: str, workload: Mapping[str, Any]) -> None:
+        """Keep the owners of a workload read whole for another reason (a LeaderWorkerSet's status),
+        so that `verify` need not read it again for the same uid."""
+        self.known[(namespace, name)] = owners_of(workload)
 
     def forget(self, ref: ServiceRef) -> None:
         """Drop the verdicts on a service's pool Deployments (it is gone or no longer autoscaled)."""

@@ -205,6 +205,16 @@ namespace. One YAML list item per rule, each with the comment saying what it is 
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get]
+# A multi-node pool's replica count (nodesPerReplica > 1: groups of its LeaderWorkerSet), patched
+# through the scale subresource on a decision that differs from it; nothing else of it is written.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets/scale]
+  verbs: [patch]
+# A multi-node pool's LeaderWorkerSet read by name, at most every few seconds: its replicas, ready
+# groups (status.readyReplicas) and ownerReferences in one GET. No list or watch.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get]
 # The ready engine and gateway pods to scrape (the pool Services' EndpointSlices, as the router
 # finds them): listed, then watched.
 - apiGroups: [discovery.k8s.io]

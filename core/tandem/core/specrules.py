@@ -144,13 +144,6 @@ def _pool_rules(spec: InferenceServiceSpec) -> list[SpecError]:
                     "more than 1 needs engine.kind vllm (the simulator runs on one pod)",
                 )
             )
-        if pool.multinode and pool.autoscaling.enabled:
-            found.append(
-                (
-                    f"{at}.autoscaling.enabled",
-                    "the autoscaler does not scale multi-node pools (LeaderWorkerSets) yet",
-                )
-            )
         if pool.multinode and (problem := _gpus_problem(pool)) is not None:
             found.append((f"{at}.resources", problem))
     found += template_rules(spec.router.template, at="spec.router.template", main="router")
