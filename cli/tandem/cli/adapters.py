@@ -10,16 +10,27 @@ line on stderr. Exit 1 when the catalog cannot be listed.
 `prepare_local_adapters` is `tandem up`'s part: it checks a service's local adapters and catalog
 (`local_adapter_rules`) and links them into the engines' adapter directory under the state dir.
 
-Fetching `hf://` and `s3://` adapters is not done yet (docs/operator.md, "LoRA adapters").
+`tandem adapters fetch --dest DIR --max-rank R NAME=SOURCE...` installs each `hf://` or `s3://`
+adapter as `DEST/<name>`, downloading it only when that source is not there yet
+(`tandem.core.adapterfetch`: atomic, safe with several pods on one shared cache). It prints
+`fetched <name> <revision>` or `cached <name> <revision>` per adapter and `failed <name>: <reason>`
+for each it could not install; exit 1 when any failed, 2 for arguments it cannot read. With
+`--catalog`, the catalog is linked afterwards (as `link` does); with `--prune`, adapters it installed
+earlier that are no longer named are removed. The operator runs it as the engine pods' init container
+when the spec has such adapters (`tandem.operator.resources.lora`).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
+from tandem.cli.adapterremote import HF_DEFAULT_ENDPOINT, Remotes
 from tandem.cli.exits import fail
+from tandem.core.adapterfetch import FetchError, failure_line, install, parse_wanted
+from tandem.core.adapterfetch import prune as prune_fetched
 from tandem.core.adapters import AdapterError, HfSource, LocalSource, S3Source, link_adapters, scan_catalog
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import (
@@ -91,3 +102,57 @@ def link(catalog: Path, dest: Path) -> None:
         + (f": {', '.join(linked)}" if linked else "")
         + (f"; kept {len(kept)} already there: {', '.join(kept)}" if kept else "")
     )
+
+
+@adapters.command()
+@click.option(
+    "--dest",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="The adapter cache: the engines' adapter directory (VLLM_LORA_RESOLVER_CACHE_DIR).",
+)
+@click.option(
+    "--max-rank", type=click.IntRange(1), required=True, help="spec.engine.lora.maxRank: larger is refused."
+)
+@click.option(
+    "--catalog",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Also link this catalog's adapters into DEST afterwards (as `link`).",
+)
+@click.option("--prune", is_flag=True, help="Remove adapters fetched earlier that are not named now.")
+@click.argument("wanted", nargs=-1, metavar="NAME=SOURCE...")
+def fetch(dest: Path, max_rank: int, catalog: Path | None, prune: bool, wanted: tuple[str, ...]) -> None:
+    """Download each hf:// or s3:// adapter into DEST/<name>, once."""
+    try:
+        items = parse_wanted(wanted)
+    except AdapterError as exc:
+        fail(str(exc), code=2)
+    remotes = Remotes(
+        hf_endpoint=os.environ.get("HF_ENDPOINT") or HF_DEFAULT_ENDPOINT,
+        hf_token=os.environ.get("HF_TOKEN") or None,
+        s3_endpoint=os.environ.get("AWS_ENDPOINT_URL") or None,
+    )
+    failed = 0
+    for item in items:
+        try:
+            done = install(dest, item, download=remotes.download, max_rank=max_rank)
+        except (AdapterError, OSError) as exc:
+            failed += 1
+            reason = str(exc) if isinstance(exc, FetchError | AdapterError) else f"{item.source}: {exc}"
+            click.echo(failure_line(item.name, reason), err=True)
+            continue
+        click.echo(f"{done.outcome} {done.name} {done.revision}")
+    if prune:
+        removed = prune_fetched(dest, [w.name for w in items])
+        if removed:
+            click.echo(f"removed {len(removed)} adapters no longer declared: {', '.join(removed)}")
+    if catalog is not None:
+        try:
+            found = scan_catalog(catalog)
+            linked = link_adapters(dest, found.adapters)
+        except (AdapterError, OSError) as exc:
+            fail(str(exc))
+        click.echo(f"linked {len(linked)} catalog adapters into {dest}")
+    if failed:
+        raise SystemExit(1)
