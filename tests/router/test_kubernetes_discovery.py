@@ -28,7 +28,7 @@ from tandem.core.endpointslices import ready_urls
 from tandem.core.kubeaccess import KubeAccess, WatchGone, request_json, watch_events
 from tandem.core.kubeerror import KubeError
 from tandem.core.routerconfig import KubernetesDiscovery, RouterConfig
-from tandem.router.discovery.kubernetes import KubernetesEndpoints, SliceWatch
+from tandem.router.discovery.kubernetes import KubernetesEndpoints, SliceWatch, layouts_of, pod_layouts
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.discovery.sources import discovery_for
 from tandem.router.errors import ConfigurationError
@@ -76,6 +76,26 @@ async def api(kmock: kmock_lib.KubernetesEmulator) -> AsyncIterator[httpx.AsyncC
 
 async def create(api: httpx.AsyncClient, obj: dict[str, Any]) -> None:
     response = await api.post(SLICES, json=obj)
+    assert response.status_code in (200, 201), response.text
+
+
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+
+def pod(name: str, ip: str, layout: str | None) -> dict[str, Any]:
+    """An engine pod at `ip` labelled with its KV layout (None: unlabelled, as an older operator's)."""
+    labels = {"app.kubernetes.io/component": "decode"} | ({"tandem.dev/kv-layout": layout} if layout else {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+        "status": {"podIP": ip, "podIPs": [{"ip": ip}]},
+    }
+
+
+async def create_pod(api: httpx.AsyncClient, obj: dict[str, Any]) -> None:
+    response = await api.post(PODS, json=obj)
     assert response.status_code in (200, 201), response.text
 
 
@@ -143,6 +163,73 @@ async def test_the_watch_follows_pods_becoming_ready_leaving_and_slices_going_aw
     await create(api, endpoint_slice("other-b", "other", ("10.9.9.9", True)))
     await asyncio.sleep(0.05)
     assert urls(registry, "decode") == ["http://10.0.0.9:8000"]
+
+
+def layouts(registry: EndpointRegistry, pool: Pool) -> dict[str, str | None]:
+    return {e.url: e.layout for e in registry.endpoints(pool)}
+
+
+async def test_members_take_the_kv_layout_of_the_pod_at_their_address_as_pods_come_and_go(
+    api: httpx.AsyncClient, discovered: Callable[[], Any]
+) -> None:
+    await create_pod(api, pod("demo-decode-old", "10.0.0.2", "g1"))
+    await create_pod(api, pod("demo-decode-bare", "10.0.0.3", None))  # no label: no layout
+    await create(api, endpoint_slice("demo-decode-a", "demo-decode", ("10.0.0.2", True), ("10.0.0.3", True)))
+    registry = await discovered()
+    assert layouts(registry, "decode") == {"http://10.0.0.2:8000": "g1", "http://10.0.0.3:8000": None}
+
+    # A new-generation pod: its layout is known when its address becomes a member.
+    await create_pod(api, pod("demo-decode-new", "10.0.0.9", "g2"))
+    await create(api, endpoint_slice("demo-decode-b", "demo-decode", ("10.0.0.9", True)))
+    await eventually(lambda: layouts(registry, "decode").get("http://10.0.0.9:8000") == "g2")
+
+    # A member seen before its pod takes the layout once the pod is seen.
+    await create(api, endpoint_slice("demo-decode-c", "demo-decode", ("10.0.0.7", True)))
+    await eventually(lambda: "http://10.0.0.7:8000" in layouts(registry, "decode"))
+    assert layouts(registry, "decode")["http://10.0.0.7:8000"] is None
+    await create_pod(api, pod("demo-decode-late", "10.0.0.7", "g2"))
+    await eventually(lambda: layouts(registry, "decode")["http://10.0.0.7:8000"] == "g2")
+
+    # The old pod goes: its address, still a member here, has no layout any more.
+    await api.delete(f"{PODS}/demo-decode-old")
+    await eventually(lambda: layouts(registry, "decode")["http://10.0.0.2:8000"] is None)
+
+
+def test_pod_layouts_map_every_ip_of_a_labelled_pod_and_members_find_theirs() -> None:
+    pods = [
+        pod("a", "10.0.0.2", "g1"),
+        {"metadata": {"labels": {"tandem.dev/kv-layout": "g2"}}, "status": {"podIPs": [{"ip": "fd00::7"}]}},
+        pod("bare", "10.0.0.3", None),
+        {"metadata": {"labels": {"tandem.dev/kv-layout": "g3"}}},  # no IP yet (not scheduled)
+    ]
+    by_ip = pod_layouts(pods)
+    assert by_ip == {"10.0.0.2": "g1", "fd00::7": "g2"}
+    members = ["http://10.0.0.2:8000", "http://[fd00::7]:8000", "http://10.0.0.3:8000"]
+    assert layouts_of(members, by_ip) == {"http://10.0.0.2:8000": "g1", "http://[fd00::7]:8000": "g2"}
+
+
+async def test_pods_the_router_may_not_list_leave_layouts_unknown_and_discovery_working() -> None:
+    """Scripted API server (httpx.MockTransport): pods are forbidden (a Role from before pods were
+    granted), the slices list as usual."""
+    slice_ = endpoint_slice("a", "demo-decode", ("10.0.0.1", True))
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("watch") == "true":
+            await asyncio.sleep(3600)  # a watch with nothing to say
+        if request.url.path == PODS:
+            return httpx.Response(403, json={"kind": "Status", "message": "pods is forbidden"})
+        items = [slice_] if "demo-decode" in request.url.params["labelSelector"] else []
+        return httpx.Response(200, json={"items": items, "metadata": {"resourceVersion": "1"}})
+
+    client = httpx.AsyncClient(base_url="http://api", transport=httpx.MockTransport(handler))
+    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
+    discovery = KubernetesEndpoints(CONFIG, api=KubeAccess.plain("http://api"), client=client)
+    await discovery.start(registry)
+    try:
+        assert layouts(registry, "decode") == {"http://10.0.0.1:8000": None}
+    finally:
+        await discovery.stop()
+        await client.aclose()
 
 
 async def test_an_unreachable_api_server_leaves_the_pools_empty_without_failing_start() -> None:

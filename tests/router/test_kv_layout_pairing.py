@@ -45,7 +45,10 @@ def registry() -> EndpointRegistry:
 def test_candidates_pairing_with_a_layout_are_those_of_that_layout_or_of_none() -> None:
     reg = registry()
     reg.set_pool("prefill", [A, B, C], layouts={A: "g1", B: "g2"})
-    urls = lambda layout: [v.endpoint.url for v in reg.candidates("prefill", pairs_with=layout)]  # noqa: E731
+
+    def urls(layout: str | None) -> list[str]:
+        return [v.endpoint.url for v in reg.candidates("prefill", pairs_with=layout)]
+
     assert urls("g1") == [A, C]
     assert urls("g2") == [B, C]
     assert urls(None) == [A, B, C]

@@ -177,6 +177,12 @@ namespace. One YAML list item per rule, each with the comment saying what it is 
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch]
+# Escalation prevention again: the router's Role grants list/watch on Pods (the engines'
+# tandem.dev/kv-layout labels, which EndpointSlices do not carry), so the operator holds them too.
+# The operator itself never reads Pods.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
 # Warning events on InferenceServices (invalid spec, blocked apply), posted through kopf.
 - apiGroups: [""]
   resources: [events]

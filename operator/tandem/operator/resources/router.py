@@ -126,7 +126,9 @@ def build_router_service_account(owner: Owner, role: Role = Role.ROUTER) -> dict
 
 
 def build_router_role(owner: Owner, role: Role = Role.ROUTER) -> dict[str, Any]:
-    """Role `<name>-router` (`<name>-gateway`): read EndpointSlices in the namespace, nothing else."""
+    """Role `<name>-router` (`<name>-gateway`): read EndpointSlices in the namespace (the pools'
+    members) and list and watch its Pods (their `tandem.dev/kv-layout` labels, which EndpointSlices
+    do not carry), nothing else."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -136,7 +138,8 @@ def build_router_role(owner: Owner, role: Role = Role.ROUTER) -> dict[str, Any]:
                 "apiGroups": ["discovery.k8s.io"],
                 "resources": ["endpointslices"],
                 "verbs": ["get", "list", "watch"],
-            }
+            },
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
         ],
     }
 

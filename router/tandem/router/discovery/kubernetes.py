@@ -18,19 +18,30 @@ the namespace, one watch per pool, with Tandem's Kubernetes client (`tandem.core
 - **Label filter**: slices are also checked client-side, so an API server (or an emulator) that
   ignores `labelSelector` cannot add another Service's pods.
 
+- **KV layouts**: EndpointSlices do not carry pod labels, so the router also lists and watches the
+  namespace's Pods labelled `tandem.dev/kv-layout` (every engine pod the operator renders) and maps
+  each pod IP to its label's value; a member takes the layout of the pod at its address
+  (`Endpoint.layout`), and the P/D step pairs prefill and decode engines only of one layout
+  (`tandem.router.pd.disagg`). A member whose pod is not known (no label: an older operator, or its
+  pod not yet seen) has no layout and pairs with any other. The pods' watch follows the slices'
+  rules (resume, relist on 410, backoff); a pod change rewrites a pool only when a member's layout
+  changed. Pods are checked for the label client-side too. A failed pods list (say, a Role from
+  before pods were granted) is logged and leaves layouts unknown: discovery itself goes on.
+
 Credentials (`KubeAccess.in_cluster`): the service account's token (re-read on every connect, since
 bound tokens rotate) and CA from `/var/run/secrets/kubernetes.io/serviceaccount/`, the server from
 `KUBERNETES_SERVICE_HOST`/`_PORT`. `KubeAccess.plain(url)` is for an unauthenticated endpoint such as
 `kubectl proxy` or a test emulator. The router's ServiceAccount needs `list` and `watch` on
-`endpointslices.discovery.k8s.io` in the namespace.
+`endpointslices.discovery.k8s.io` and on `pods` in the namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -44,36 +55,30 @@ from tandem.router.types import Pool
 
 log = logging.getLogger(__name__)
 
+#: The label of every engine pod: its KV layout (`tandem.operator.resources.kvlayout`).
+KV_LAYOUT_LABEL = "tandem.dev/kv-layout"
 
-class SliceWatch:
-    """One Service's EndpointSlices, listed then watched; `on_change(urls)` on every membership change."""
 
-    def __init__(
-        self,
-        *,
-        client: httpx.AsyncClient,
-        api: KubeAccess,
-        namespace: str,
-        service: str,
-        port: int,
-        on_change: Callable[[list[str]], None],
-    ) -> None:
+class _Watch:
+    """Objects of one collection, listed then watched (module docstring); `_publish` after changes."""
+
+    def __init__(self, *, client: httpx.AsyncClient, api: KubeAccess, path: str, selector: str) -> None:
         self._client = client
         self._api = api
-        self.service = service
-        self._port = port
-        self._on_change = on_change
-        self._path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
-        self._selector = f"{SERVICE_NAME_LABEL}={service}"
-        self._slices: dict[str, Mapping[str, Any]] = {}
-        self._published: list[str] | None = None
+        self._path = path
+        self._selector = selector
+        self._objects: dict[str, Mapping[str, Any]] = {}
+
+    @property
+    def name(self) -> str:
+        return self._selector
 
     async def list(self) -> str:
-        """Replace the known slices with a fresh list; returns its resourceVersion."""
+        """Replace the known objects with a fresh list; returns its resourceVersion."""
         body = await request_json(
             self._client, self._api, "GET", self._path, params={"labelSelector": self._selector}
         )
-        self._slices = {item["metadata"]["name"]: item for item in body.get("items") or ()}
+        self._objects = {item["metadata"]["name"]: item for item in body.get("items") or ()}
         self._publish()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -85,8 +90,8 @@ class SliceWatch:
 
     def _retrying(self, exc: BaseException, backoff_s: float) -> None:
         log.warning(
-            "endpointslice watch failed; retrying",
-            extra={"service": self.service, "error": repr(exc), "retry_s": backoff_s},
+            "kubernetes watch failed; retrying",
+            extra={"watch": self.name, "error": repr(exc), "retry_s": backoff_s},
         )
 
     async def _watch(self, resource_version: str) -> str:
@@ -105,19 +110,91 @@ class SliceWatch:
         kind, obj = event.get("type"), event.get("object") or {}
         metadata = obj.get("metadata") or {}
         if kind in ("ADDED", "MODIFIED"):
-            self._slices[metadata["name"]] = obj
+            self._objects[metadata["name"]] = obj
         elif kind == "DELETED":
-            self._slices.pop(metadata["name"], None)
+            self._objects.pop(metadata["name"], None)
         if kind != "BOOKMARK":
             self._publish()
         rv = metadata.get("resourceVersion")
         return str(rv) if rv else None
 
     def _publish(self) -> None:
-        urls = ready_urls(self._slices.values(), service=self.service, port=self._port)
+        raise NotImplementedError
+
+
+class SliceWatch(_Watch):
+    """One Service's EndpointSlices, listed then watched; `on_change(urls)` on every membership change."""
+
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        api: KubeAccess,
+        namespace: str,
+        service: str,
+        port: int,
+        on_change: Callable[[list[str]], None],
+    ) -> None:
+        path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+        super().__init__(client=client, api=api, path=path, selector=f"{SERVICE_NAME_LABEL}={service}")
+        self.service = service
+        self._port = port
+        self._on_change = on_change
+        self._published: list[str] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.service
+
+    def _publish(self) -> None:
+        urls = ready_urls(self._objects.values(), service=self.service, port=self._port)
         if urls != self._published:
             self._published = urls
             self._on_change(urls)
+
+
+class PodLayouts(_Watch):
+    """The namespace's engine pods, listed then watched: their KV layout by pod IP (`layouts`);
+    `on_change()` whenever that map changes."""
+
+    def __init__(
+        self, *, client: httpx.AsyncClient, api: KubeAccess, namespace: str, on_change: Callable[[], None]
+    ) -> None:
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        super().__init__(client=client, api=api, path=path, selector=KV_LAYOUT_LABEL)
+        self._on_change = on_change
+        self.layouts: dict[str, str] = {}
+
+    def _publish(self) -> None:
+        layouts = pod_layouts(self._objects.values())
+        if layouts != self.layouts:
+            self.layouts = layouts
+            self._on_change()
+
+
+def pod_layouts(pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each labelled pod's IPs (`status.podIP`, `status.podIPs`) → its `tandem.dev/kv-layout`.
+    Example: a pod with IP 10.0.0.7 labelled `3f1c0a9e5b7d2c41` → {"10.0.0.7": "3f1c0a9e5b7d2c41"}."""
+    layouts: dict[str, str] = {}
+    for pod in pods:
+        layout = ((pod.get("metadata") or {}).get("labels") or {}).get(KV_LAYOUT_LABEL)
+        if not layout:
+            continue
+        status = pod.get("status") or {}
+        ips = [status.get("podIP")] + [entry.get("ip") for entry in status.get("podIPs") or ()]
+        layouts.update({ip: str(layout) for ip in ips if ip})
+    return layouts
+
+
+def layouts_of(urls: Iterable[str], by_ip: Mapping[str, str]) -> dict[str, str]:
+    """The layouts of the members at `urls` whose address has a known pod: `http://[fd00::7]:8000`
+    takes the layout of pod IP `fd00::7`."""
+    found: dict[str, str] = {}
+    for url in urls:
+        layout = by_ip.get(urlsplit(url).hostname or "")
+        if layout is not None:
+            found[url] = layout
+    return found
 
 
 class KubernetesEndpoints:
@@ -132,9 +209,20 @@ class KubernetesEndpoints:
         self._client = client
         self._owns_client = client is None
         self._tasks: list[asyncio.Task[None]] = []
+        self._registry: EndpointRegistry | None = None
+        self._pods: PodLayouts | None = None
+        self._urls: dict[Pool, list[str]] = {}
+        self._published: dict[Pool, tuple[list[str], dict[str, str]]] = {}
 
     async def start(self, registry: EndpointRegistry) -> None:
         client = self._client = self._client or self._api.client()
+        self._registry = registry
+        self._pods = PodLayouts(
+            client=client, api=self._api, namespace=self._config.namespace, on_change=self._republish
+        )
+        await self._begin(
+            self._pods, "cannot list pods; engines' KV layouts unknown until the watch succeeds"
+        )
         services: dict[Pool, str] = {
             "prefill": self._config.prefill_service,
             "decode": self._config.decode_service,
@@ -146,18 +234,46 @@ class KubernetesEndpoints:
                 namespace=self._config.namespace,
                 service=service,
                 port=self._config.port,
-                on_change=_updater(registry, pool, service),
+                on_change=self._updater(pool, service),
             )
-            resource_version: str | None
-            try:
-                resource_version = await watch.list()
-            except (KubeError, KeyError, TypeError, ValueError) as exc:
-                log.warning(
-                    "cannot list endpointslices; the pool stays empty until the watch succeeds",
-                    extra={"service": service, "error": repr(exc)},
-                )
-                resource_version = None
-            self._tasks.append(asyncio.create_task(watch.run(resource_version), name=f"watch-{service}"))
+            await self._begin(
+                watch, "cannot list endpointslices; the pool stays empty until the watch succeeds"
+            )
+
+    async def _begin(self, watch: _Watch, failure: str) -> None:
+        """List `watch`'s objects (a failure is logged), then watch them in the background."""
+        resource_version: str | None
+        try:
+            resource_version = await watch.list()
+        except (KubeError, KeyError, TypeError, ValueError) as exc:
+            log.warning(failure, extra={"watch": watch.name, "error": repr(exc)})
+            resource_version = None
+        self._tasks.append(asyncio.create_task(watch.run(resource_version), name=f"watch-{watch.name}"))
+
+    def _updater(self, pool: Pool, service: str) -> Callable[[list[str]], None]:
+        def update(urls: list[str]) -> None:
+            self._urls[pool] = urls
+            self._set(pool, service=service)
+
+        return update
+
+    def _republish(self) -> None:
+        """The pods' layouts changed: rewrite each pool whose members' layouts did."""
+        for pool in list(self._urls):
+            self._set(pool, service=None)
+
+    def _set(self, pool: Pool, *, service: str | None) -> None:
+        urls, by_ip = self._urls[pool], self._pods.layouts if self._pods is not None else {}
+        layouts = layouts_of(urls, by_ip)
+        if service is None and self._published.get(pool) == (urls, layouts):
+            return
+        self._published[pool] = (urls, layouts)
+        if self._registry is not None:
+            self._registry.set_pool(pool, urls, layouts=layouts)
+        log.info(
+            "pool members changed",
+            extra={"pool": pool, "service": service, "endpoints": urls, "layouts": layouts},
+        )
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks)
@@ -165,11 +281,3 @@ class KubernetesEndpoints:
         if self._owns_client and self._client is not None:
             await self._client.aclose()
             self._client = None
-
-
-def _updater(registry: EndpointRegistry, pool: Pool, service: str) -> Callable[[list[str]], None]:
-    def update(urls: list[str]) -> None:
-        registry.set_pool(pool, urls)
-        log.info("pool members changed", extra={"pool": pool, "service": service, "endpoints": urls})
-
-    return update
