@@ -1,0 +1,234 @@
+"""Adapter placement (`tandem.router.scheduling.adapterplace`): the load bound and the allowed engines
+as tables, the residency record, the filter over candidates, and the `tandem` policy placing
+adapter requests with it (a cold adapter stays home, a hot one spreads within the bound).
+
+Real: the pure functions, the filter, the profiles and the scheduling state over plain data
+(`tests.router.scheduling_builders`). Nothing is faked but the scheduling state's clock; engine
+loads are the `in_flight` counts of hand-built snapshots, raised by the test as requests are
+placed (no request finishes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from tests.router.harness import FakeClock
+from tests.router.scheduling_builders import A, B, C, D, candidate, host, snapshot
+
+from tandem.router.scheduling import Scheduler, SchedulerDeps, scheduler_for
+from tandem.router.scheduling.adapterplace import (
+    MIN_BOUND,
+    AdapterPlacement,
+    Residency,
+    allowed_engines,
+    load_bound,
+)
+from tandem.router.scheduling.plugins import Cycle
+from tandem.router.scheduling.scorers import AdapterAffinityScorer, home_ranks
+from tandem.router.scheduling.state import SchedulingState
+from tandem.router.types import AdapterLoad, Endpoint, EngineStats, RequestView, Route
+
+URLS = [e.url for e in (A, B, C, D)]
+
+
+def order(adapter: str, urls: list[str] = URLS) -> list[str]:
+    ranks = home_ranks(adapter, urls)
+    return sorted(urls, key=ranks.__getitem__)
+
+
+def view(adapter: str | None, request_id: str = "r") -> RequestView:
+    return RequestView(request_id=request_id, route=Route.COMPLETIONS, lora_name=adapter)
+
+
+def cycle_for(adapter: str | None) -> Cycle:
+    return Cycle(pool="decode", profile="prompt", request=view(adapter), prompt_tokens=100, slo_ttft_s=1.0)
+
+
+# -- the bound and the allowed engines ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("loads", "epsilon", "floor", "expected"),
+    [
+        pytest.param([0, 0, 0, 0], 0.25, 2, 2, id="an-idle-pool-takes-the-floor"),
+        pytest.param([3, 1, 0, 0], 0.25, 1, 2, id="ceil(1.25*5/4)=2"),
+        pytest.param([3, 1, 0, 0], 0.25, 3, 3, id="the-floor-above-it"),
+        pytest.param([8, 8, 8, 8], 0.25, 2, 11, id="ceil(1.25*33/4)=11"),
+        pytest.param([10, 10, 0, 0], 0.0, 1, 6, id="no-slack:ceil(21/4)=6"),
+        pytest.param([4, 4, 4, 4], 1.0, 2, 9, id="twice-the-mean:ceil(2*17/4)=9"),
+        pytest.param([2, 2, 2, 2], 0.5, 1, 4, id="exact:1.5*9/4=3.375->4"),
+        pytest.param([1, 1, 0, 1], 0.0, 1, 1, id="exact:4/4=1"),
+    ],
+)
+def test_the_bound_is_the_mean_load_with_the_new_request_times_one_plus_epsilon(
+    loads: list[float], epsilon: float, floor: int, expected: int
+) -> None:
+    assert load_bound(loads, epsilon=epsilon, floor=floor) == expected
+
+
+def test_the_default_bound_is_at_least_the_floor() -> None:
+    assert load_bound([0, 0, 0, 0]) == MIN_BOUND == 3
+
+
+@pytest.mark.parametrize(
+    ("loads", "holders", "expected"),
+    [
+        pytest.param({"a": 0, "b": 0, "c": 0}, set(), ["a"], id="home-only"),
+        pytest.param({"a": 1, "b": 0, "c": 0}, set(), ["a"], id="home-under-the-bound-keeps-it"),
+        pytest.param({"a": 2, "b": 0, "c": 0}, set(), ["b"], id="home-at-the-bound-passes-to-the-next"),
+        pytest.param({"a": 2, "b": 5, "c": 0}, set(), ["c"], id="skips-every-engine-at-or-over"),
+        pytest.param({"a": 1, "b": 0, "c": 0}, {"c"}, ["a", "c"], id="holders-under-the-bound-join"),
+        pytest.param({"a": 1, "b": 0, "c": 3}, {"c"}, ["a"], id="a-holder-over-the-bound-does-not"),
+        pytest.param({"a": 2, "b": 0, "c": 0}, {"a", "c"}, ["b", "c"], id="a-full-home-is-out-even-holding"),
+        pytest.param({"a": 2, "b": 2, "c": 2}, set(), [], id="nothing-under-the-bound"),
+    ],
+)
+def test_an_adapter_may_go_to_its_first_engine_under_the_bound_and_to_holders_under_it(
+    loads: dict[str, float], holders: set[str], expected: list[str]
+) -> None:
+    assert allowed_engines(["a", "b", "c"], loads, holders, bound=2) == expected
+
+
+# -- residency ------------------------------------------------------------------------------------
+
+
+def test_residency_is_an_lru_per_engine_of_its_capacity() -> None:
+    held = Residency()
+    for adapter in ("x", "y", "z"):
+        held.record("e1", adapter, capacity=2)
+    assert held.adapters("e1") == ["y", "z"]
+    held.record("e1", "y", capacity=2)  # used again: most recent
+    held.record("e1", "w", capacity=2)  # evicts z, the least recent
+    assert held.adapters("e1") == ["y", "w"]
+    assert held.holds("e1", "w") and not held.holds("e1", "z") and not held.holds("e2", "w")
+
+
+def test_residency_forgets_the_least_recent_engine_beyond_its_limit() -> None:
+    held = Residency(max_engines=2)
+    held.record("e1", "x", capacity=4)
+    held.record("e2", "x", capacity=4)
+    held.record("e1", "y", capacity=4)
+    held.record("e3", "x", capacity=4)
+    assert (held.adapters("e1"), held.adapters("e2"), held.adapters("e3")) == (["x", "y"], [], ["x"])
+
+
+# -- the filter -----------------------------------------------------------------------------------
+
+
+def test_a_base_model_request_keeps_every_candidate() -> None:
+    candidates = [candidate(e, load=i) for i, e in enumerate((A, B, C, D))]
+    assert AdapterPlacement().filter(cycle_for(None), candidates) == candidates
+
+
+def test_an_adapter_request_keeps_only_its_home_while_the_home_is_under_the_bound() -> None:
+    """Home at 1, the others idle: the bound is 2, so the home (not the least loaded) is the only
+    engine left; a load-only policy would take an idle one and load the adapter there."""
+    home = order("sql")[0]
+    candidates = [candidate(e, load=1.0 if e.url == home else 0.0) for e in (A, B, C, D)]
+    assert [c.url for c in AdapterPlacement().filter(cycle_for("sql"), candidates)] == [home]
+
+
+def test_an_engine_running_the_adapter_now_counts_as_holding_it() -> None:
+    first, _, third, _ = order("sql")
+    running = EngineStats(
+        running=1,
+        waiting=0,
+        kv_usage=0.0,
+        block_size=16,
+        num_gpu_blocks=1000,
+        adapters=AdapterLoad(running=frozenset({"sql"}), waiting=frozenset({"sql"}), max_loras=4),
+    )
+    snaps = [snapshot(e, engine=running if e.url == third else None) for e in (A, B, C, D)]
+    candidates = [candidate(e)._replace(snapshot=s) for e, s in zip((A, B, C, D), snaps, strict=True)]
+    kept = AdapterPlacement().filter(cycle_for("sql"), candidates)
+    assert sorted(c.url for c in kept) == sorted([first, third])
+
+
+def test_the_affinity_scorer_scores_an_engine_the_gateway_sent_the_adapter_to_as_running() -> None:
+    held = Residency()
+    held.record(B.url, "sql", capacity=4)
+    scored = AdapterAffinityScorer(residency=held).score(cycle_for("sql"), [candidate(A), candidate(B)])
+    assert scored[B.url] == 1.0
+    assert scored[A.url] < 1.0
+
+
+# -- the policy -----------------------------------------------------------------------------------
+
+
+def tandem_with_adapters() -> Scheduler:
+    return scheduler_for("tandem", SchedulerDeps(state=SchedulingState(clock=FakeClock()), adapters=True))
+
+
+def place(
+    adapters: list[str], *, endpoints: tuple[Endpoint, ...] = (A, B, C, D), finish: bool
+) -> tuple[list[Endpoint], list[int]]:
+    """Places one request per name in `adapters` with the `tandem` policy; each raises its engine's
+    in-flight count unless `finish` (then every request is over before the next). Returns the
+    engines chosen and the largest in-flight count any engine had, after each placement."""
+    scheduler = tandem_with_adapters()
+    in_flight = Counter[str]()
+    chosen: list[Endpoint] = []
+    peaks: list[int] = []
+    for i, adapter in enumerate(adapters):
+        snaps = [snapshot(e, in_flight=in_flight[e.url]) for e in endpoints]
+        endpoint = scheduler.pick("decode", view(adapter, request_id=str(i)), snaps)
+        chosen.append(endpoint)
+        if not finish:
+            in_flight[endpoint.url] += 1
+        peaks.append(max(in_flight.values(), default=0))
+    return chosen, peaks
+
+
+def test_each_adapters_repeated_requests_stay_on_its_home_engine() -> None:
+    """40 adapters, 5 rounds of one request each, one at a time: every request of an adapter goes
+    to the first engine of its rendezvous order, and the 40 adapters cover all four engines."""
+    names = [f"a{i:03d}" for i in range(40)]
+    chosen, _ = place(names * 5, finish=True)
+    by_adapter: dict[str, set[str]] = {}
+    for name, endpoint in zip(names * 5, chosen, strict=True):
+        by_adapter.setdefault(name, set()).add(endpoint.url)
+    assert by_adapter == {n: {order(n)[0]} for n in names}
+    assert {u for homes in by_adapter.values() for u in homes} == set(URLS)
+
+
+def test_a_cold_adapter_stays_home_while_its_home_is_busier_but_under_the_bound() -> None:
+    """Each request finds its home busier than every other engine (MIN_BOUND − 1 requests against
+    none): it stays home; at MIN_BOUND it goes to the next engine of its order."""
+    scheduler = tandem_with_adapters()
+    home, second = order("cold")[:2]
+    for i in range(5):
+        snaps = [snapshot(e, in_flight=MIN_BOUND - 1 if e.url == home else 0) for e in (A, B, C, D)]
+        assert scheduler.pick("decode", view("cold", request_id=str(i)), snaps).url == home
+    snaps = [snapshot(e, in_flight=MIN_BOUND if e.url == home else 0) for e in (A, B, C, D)]
+    assert scheduler.pick("decode", view("cold", request_id="full"), snaps).url == second
+
+
+def test_a_burst_of_one_adapter_spreads_in_its_rendezvous_order_within_the_bound() -> None:
+    """32 requests of one adapter, none finishing: it fills its home to the bound, then the next
+    engine in its order, and so on; no engine ever holds more than the bound of the loads it was
+    placed against (ceil(1.5 · (ΣL + 1) / 4), at least MIN_BOUND), so at the end the largest share
+    is at most ceil(1.5 · 32 / 4) = 12, 1.5 × the mean. Three engines hold 1.5 × 3 = 4.5 means, more
+    than the burst's four: the last engine of its order stays free of it."""
+    chosen, peaks = place(["hot"] * 32, finish=False)
+    for placed, peak in enumerate(peaks):
+        assert peak <= load_bound([placed / 4] * 4), (placed, peak)  # ΣL = placed, mean placed/4
+    first, second = order("hot")[:2]
+    assert [e.url for e in chosen[: MIN_BOUND + 1]] == [first] * MIN_BOUND + [second]
+    counts = Counter(e.url for e in chosen)
+    assert set(counts) == set(order("hot")[:3])
+    assert max(counts.values()) <= 12
+
+
+def test_the_placement_shared_by_both_profiles_learns_from_every_pick() -> None:
+    """A decode pick after a prefill (`kv-loaded`) records the adapter too: the next prompt pick
+    for that adapter may go there (a holder) as well as home."""
+    scheduler = tandem_with_adapters()
+    home, second = order("sql")[:2]
+    busy = {home: MIN_BOUND}
+    snaps = [snapshot(e, in_flight=busy.get(e.url, 0)) for e in (A, B, C, D)]
+    prefilled = RequestView(request_id="1", lora_name="sql", kv_loaded=True)
+    assert scheduler.pick("decode", prefilled, snaps).url == second  # home full: the next one
+    snaps = [snapshot(e, in_flight={home: 1, second: 0}.get(e.url, 1)) for e in (A, B, C, D)]
+    picks = {host(scheduler.pick("decode", view("sql", request_id=f"p{i}"), snaps)) for i in range(3)}
+    assert picks == {host(Endpoint("decode", second))}  # both allowed; the idle holder wins

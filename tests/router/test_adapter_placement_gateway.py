@@ -1,0 +1,109 @@
+"""Adapter placement through a real gateway: an adapter's repeated requests stay on its home engine
+(the first of its rendezvous order), and a burst of it spreads over the engines within the load
+bound.
+
+Real: three `tandem sim` engines with `--enable-lora` and the filesystem resolver over adapter
+directories written to tmp_path, at time scale 1 (so a burst's requests are in flight together), the
+router (`create_app`, policy `tandem`), uvicorn servers on 127.0.0.1, httpx; each engine's
+/metrics as Prometheus text. Nothing is faked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.router.servers import serve
+from tests.router.test_gateway_lora import RESOLVER, complete, lora_config, write_adapter
+from tests.router.test_routing_sims import samples
+
+from tandem.router.app import create_app as router_app
+from tandem.router.scheduling.adapterplace import load_bound
+from tandem.router.scheduling.scorers import home_ranks
+from tandem.sim.app import create_app as sim_app
+from tandem.sim.settings import SimSettings
+
+ENGINES = 3
+BURST = 12
+#: Between the burst's requests (a 50 req/s burst; each request runs about 0.6 s, so all overlap).
+GAP_S = 0.02
+
+
+def engine(adapters: Path, *, seed: int) -> Any:
+    settings = SimSettings.model_validate(
+        {
+            "profile": "tiny-cpu",
+            "served_model_name": "qwen",
+            "time_scale": 1,
+            "num_gpu_blocks": 400,
+            "seed": seed,
+            "enable_lora": True,
+            "max_loras": 2,
+            "lora_modules": [f"sql={adapters / 'sql'}"],
+        }
+    )
+    return sim_app(settings, environ=RESOLVER | {"VLLM_LORA_RESOLVER_CACHE_DIR": str(adapters)})
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[str]]]:
+    write_adapter(tmp_path, "sql")
+    write_adapter(tmp_path, "chat")
+    async with AsyncExitStack() as stack:
+        urls = [
+            (await stack.enter_async_context(serve(engine(tmp_path, seed=i)))).url for i in range(ENGINES)
+        ]
+        router = await stack.enter_async_context(serve(router_app(lora_config(urls))))
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=router.url, timeout=30, trust_env=False)
+        )
+        yield client, urls
+
+
+async def served(client: httpx.AsyncClient, urls: list[str]) -> dict[str, float]:
+    """Requests each engine has finished (`vllm:request_success_total`, summed over reasons)."""
+    out = {}
+    for url in urls:
+        metrics = samples((await client.get(f"{url}/metrics")).text)
+        out[url] = sum(metrics.get("vllm:request_success_total", {}).values())
+    return out
+
+
+async def later(delay_s: float, client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
+    await asyncio.sleep(delay_s)
+    return await client.post("/v1/completions", json=body)
+
+
+async def test_an_adapters_requests_stay_home_and_a_burst_of_it_spreads_within_the_bound(
+    gateway: tuple[httpx.AsyncClient, list[str]],
+) -> None:
+    client, urls = gateway
+    ranks = home_ranks("chat", urls)
+    home = min(urls, key=ranks.__getitem__)
+
+    # Every engine answers once first: until then slow start gives a new engine one prompt at a time.
+    warm = await asyncio.gather(*(client.post("/v1/completions", json=complete("qwen")) for _ in urls))
+    assert [r.status_code for r in warm] == [200] * ENGINES
+    assert set((await served(client, urls)).values()) == {1.0}
+
+    for i in range(6):  # one at a time: the home is never at the bound
+        reply = await client.post("/v1/completions", json=complete("chat", f"question {i}"))
+        assert reply.status_code == 200
+    assert await served(client, urls) == {url: 7.0 if url == home else 1.0 for url in urls}
+
+    before = await served(client, urls)
+    body = complete("chat", "a long answer") | {"max_tokens": 64}
+    replies = await asyncio.gather(*(later(i * GAP_S, client, body) for i in range(BURST)))
+    assert [r.status_code for r in replies] == [200] * BURST
+    after = await served(client, urls)
+    burst = {url: after[url] - before[url] for url in urls}
+    assert sum(burst.values()) == BURST
+    assert sum(1 for n in burst.values() if n > 0) >= 2, burst  # spread beyond the home
+    # No engine took more than the bound with the whole burst in flight: ceil(1.25 · 12 / 3) = 5.
+    assert max(burst.values()) <= load_bound([(BURST - 1) / ENGINES] * ENGINES), burst
+    assert burst[home] >= 2, burst  # the home filled first
