@@ -141,6 +141,21 @@ class NoEndpointAvailable(RouterError):
     status = 503
 
 
+class AdapterNotReady(NoEndpointAvailable):
+    """A declared LoRA adapter that no engine could load within the gateway's hold
+    (`Dispatcher.adapter_hold_s`): each engine tried answered 404 for it (its files not in the
+    adapters' cache yet, a fetch still running or failed). 503 with `Retry-After`."""
+
+    openai_code = "adapter_not_ready"
+
+    def __init__(self, message: str, *, adapter: str, retry_after_s: int) -> None:
+        super().__init__(message, public=f"adapter `{adapter}` is not loaded on any engine yet; retry later")
+        self.retry_after_s = max(1, retry_after_s)
+
+    def response_headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
+
+
 class ClientDisconnected(RouterError):
     """nginx's 499: recorded in metrics and logs; the client is gone so nothing is delivered."""
 
@@ -176,6 +191,14 @@ class UpstreamConnectTimeout(UpstreamTimeout):
 
 class UpstreamBroken(UpstreamError):
     kind = "read"
+
+
+class UpstreamAdapterMissing(UpstreamError):
+    """The engine answered 404 to a request under a LoRA adapter the service declares: it cannot load
+    the adapter now. Not held against the engine's rotation (the engine is well; the adapter's files
+    are not there yet), and the request is held and tried again (`tandem.router.upstream.dispatch`)."""
+
+    kind = "adapter_missing"
 
 
 class UpstreamStatusError(UpstreamError):

@@ -36,6 +36,12 @@ class ProxySettings(_Settings):
         le=3600,
         description="A client that takes nothing of its stream this long loses it.",
     )
+    adapter_hold_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="Longest a request for a declared LoRA adapter waits for an engine that can load it.",
+    )
     models_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="Per-engine limit when aggregating /v1/models."
     )

@@ -110,6 +110,7 @@ def compose_service(
         excusing_lag_s=settings.proxy.connect_timeout_seconds / 2,
         capacity=capacity,
         recalls=Recalls() if settings.admission.recall == "on" else None,
+        adapter_hold_s=settings.proxy.adapter_hold_seconds,
     )
     kv_pool = _kv_pool(config, clock)
     keys = PoolKeysCheck()

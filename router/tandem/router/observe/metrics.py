@@ -76,6 +76,13 @@ class RouterMetrics:
             ["pool", "endpoint"],
             registry=registry,
         )
+        self.adapter_held = LabeledCounter(
+            f"{PREFIX}_adapter_held",
+            "Requests for a declared LoRA adapter that no engine could load yet, held and tried again, "
+            "by how the hold ended (loaded, expired).",
+            ["outcome"],
+            registry=registry,
+        )
         self.pd_decisions = LabeledCounter(
             f"{PREFIX}_pd_decisions",
             "Generation requests by P/D decision (disaggregate, decode_only) and its reason.",

@@ -13,10 +13,20 @@ timer that fired ran on a stalled loop, so it measured the router, not the engin
 connect completes in the kernel at once). It is still retried elsewhere and counted in the metric,
 with `kind="loop_lag"`. An engine that is really unreachable is still taken out: by the attempts made
 while the loop keeps up, and by the metrics collector's failed scrapes.
+
+A request under a LoRA adapter the service declares is **held, not failed**, while no engine can load
+the adapter: an engine's 404 for it (vLLM's resolver found no files: the adapter is being fetched
+into the cache, or its volume is not mounted yet) is `UpstreamAdapterMissing`, not counted against
+the engine's rotation, and when every engine tried answered so the request waits and tries again,
+after 0.25 s, then twice as long each time up to 4 s, for at most `adapter_hold_s` (30 s by
+default); then `AdapterNotReady` (503, `Retry-After`). `tandem_router_adapter_held_total{outcome}`
+counts the holds by how they ended (`loaded`, `expired`). A 404 for the base model or an undeclared
+name is the client's problem and goes back as it is (the gateway refuses undeclared names itself).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +34,13 @@ from dataclasses import dataclass, field
 
 from tandem.router.discovery.capacity import EngineCapacity
 from tandem.router.discovery.registry import EndpointRegistry
-from tandem.router.errors import NoEndpointAvailable, UpstreamConnectTimeout, UpstreamError
+from tandem.router.errors import (
+    AdapterNotReady,
+    NoEndpointAvailable,
+    UpstreamAdapterMissing,
+    UpstreamConnectTimeout,
+    UpstreamError,
+)
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import DispatchObserver, NoObserver, Routable, Scheduler
@@ -33,6 +49,10 @@ from tandem.router.upstream.client import Upstream, UpstreamCall, UpstreamReply
 from tandem.router.upstream.recall import Recalled, Recalls
 
 log = logging.getLogger(__name__)
+
+#: The first wait of a request held for its adapter, and the longest (doubling in between).
+ADAPTER_RETRY_FIRST_S = 0.25
+ADAPTER_RETRY_MAX_S = 4.0
 
 
 class Attempt:
@@ -94,6 +114,10 @@ class Dispatcher:
     capacity: EngineCapacity | None = None
     #: Requests without an answer yet, which a reading may recall (`tandem.router.upstream.recall`).
     recalls: Recalls | None = None
+    #: Longest a request for a declared adapter waits for an engine that can load it (module docstring).
+    adapter_hold_s: float = 30.0
+    #: The clock of that hold (seconds).
+    clock: Callable[[], float] = time.monotonic
 
     def choose(self, pool: Pool, request: Routable) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
@@ -135,6 +159,49 @@ class Dispatcher:
         and a reading took it back before its answer started (`tandem.router.upstream.recall`).
         `pairs_with`: a KV layout; only endpoints whose layout pairs with it are tried
         (`EndpointRegistry.candidates`)."""
+        held_since: float | None = None
+        delay = ADAPTER_RETRY_FIRST_S
+        while True:
+            try:
+                opened = await self._open_once(
+                    pool, request=request, call=call, first=first if held_since is None else None,
+                    recallable=recallable, pairs_with=pairs_with,
+                )  # fmt: skip
+            except _AllMissedAdapter as missed:
+                now = self.clock()
+                if held_since is None:
+                    held_since = now
+                    log.info(
+                        "no engine can load the adapter yet: the request is held",
+                        extra={"request_id": request.request_id, "adapter": request.lora_name, "pool": pool},
+                    )
+                if now + delay - held_since > self.adapter_hold_s:
+                    self.metrics.adapter_held.labels("expired").inc()
+                    raise AdapterNotReady(
+                        f"adapter `{request.lora_name}` could not be loaded on any engine within "
+                        f"{self.adapter_hold_s:g} s ({missed.detail})",
+                        adapter=str(request.lora_name),
+                        retry_after_s=round(ADAPTER_RETRY_MAX_S),
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(ADAPTER_RETRY_MAX_S, delay * 2)
+                continue
+            if held_since is not None:
+                self.metrics.adapter_held.labels("loaded").inc()
+            return opened
+
+    async def _open_once(
+        self,
+        pool: Pool,
+        *,
+        request: Routable,
+        call: UpstreamCall,
+        first: Endpoint | None,
+        recallable: bool,
+        pairs_with: str | None,
+    ) -> Attempt:
+        """One round of `open`: the first choice and up to `retries` others. Raises
+        `_AllMissedAdapter` when every engine tried answered that it cannot load the request's adapter."""
         tried: list[Endpoint] = []
         failures: list[UpstreamError] = []
         for _ in range(1 + self.retries):
@@ -157,6 +224,8 @@ class Dispatcher:
                 continue
             opened.retries = len(failures)
             return opened
+        if failures and all(isinstance(f, UpstreamAdapterMissing) for f in failures):
+            raise _AllMissedAdapter("; ".join(f.message for f in failures))
         raise _unavailable(pool, failures, known=len(self.registry.endpoints(pool)))
 
     async def attempt(
@@ -191,6 +260,16 @@ class Dispatcher:
         finally:
             if pending is not None and self.recalls is not None:
                 self.recalls.done(endpoint, pending)
+        if reply.status == 404 and request is not None and request.lora_name is not None:
+            reply.close()
+            self.registry.end(endpoint)
+            self.observer.finished(ticket)
+            error = UpstreamAdapterMissing(
+                f"{endpoint.name}: cannot load adapter {request.lora_name}: "
+                + reply.head[:200].decode("utf-8", errors="replace")
+            )
+            self.note_failure(endpoint, error)
+            raise error
         self.registry.record_success(endpoint)
         lag = self.loop_lag.lag_since(mark) if self.loop_lag is not None else 0.0
         self.observer.answered(ticket, status=reply.status, streamed=reply.streaming, lag_s=lag)
@@ -204,7 +283,7 @@ class Dispatcher:
                 "upstream connect timeout during event-loop lag: not counted against the endpoint",
                 extra={"endpoint": endpoint.name, "pool": endpoint.pool, "error": error.message},
             )
-        else:
+        elif not isinstance(error, UpstreamAdapterMissing):  # the engine is well; the adapter is not there
             self.registry.record_failure(endpoint)
         kind = "loop_lag" if excused else error.kind
         self.metrics.upstream_errors.labels(endpoint.pool, endpoint.name, kind).inc()
@@ -214,6 +293,14 @@ class Dispatcher:
         if self.loop_lag is None or not isinstance(error, UpstreamConnectTimeout):
             return False
         return self.loop_lag.lag_since(mark) >= self.excusing_lag_s
+
+
+class _AllMissedAdapter(Exception):
+    """Every engine `Dispatcher._open_once` tried could not load the request's adapter."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
 
 
 def _unavailable(pool: Pool, failures: list[UpstreamError], *, known: int) -> NoEndpointAvailable:
