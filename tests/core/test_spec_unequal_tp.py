@@ -46,3 +46,21 @@ def test_tandems_connector_equal_tp_and_the_simulator_pass(
         document(connector=connector, prefill_tp=prefill_tp, decode_tp=decode_tp, kind=kind)
     )
     assert check_rules(service.spec) == []
+
+
+def test_the_kv_layout_label_ignores_tp_with_tandems_connector_only() -> None:
+    """The operator's `tandem.dev/kv-layout` label pairs prefill and decode pods of one generation:
+    a pool's TP changes LMCache's keys (the label changes) but not Tandem's (it does not)."""
+    from tandem.operator.resources import Images
+    from tandem.operator.resources.kvlayout import kv_layout
+
+    images = Images(tandem="ghcr.io/tandem-dev/tandem:test", redis="redis:7.4-alpine")
+
+    def label(connector: str, prefill_tp: int, decode_tp: int) -> str:
+        spec = parse_inference_service(
+            document(connector=connector, prefill_tp=prefill_tp, decode_tp=decode_tp)
+        ).spec
+        return kv_layout(spec, images, model="/models/qwen")
+
+    assert label("tandem", 1, 1) == label("tandem", 2, 1) == label("tandem", 1, 4)
+    assert label("lmcache", 1, 1) != label("lmcache", 2, 2)

@@ -164,7 +164,7 @@ class WorkerSide:
             len(self.layers), layout.shape, kv.dtype, layout.block_axis,
             "attention backend" if layout.source == "backend" else "tensor's shape", self._head_block_bytes(),
             heads.first, heads.first + heads.count - 1, self.c.grid.total_heads, heads.shards(self.c.grid),
-            "written by this rank" if heads.writes else "read only: another rank writes them",
+            "this rank writes them when producing" if heads.writes else "another rank writes them",
         )  # fmt: skip
 
     def _layout(self, layer_name: str, kv: torch.Tensor) -> KVLayout:
