@@ -62,6 +62,7 @@ from tandem.local.plan import (
     Role,
     adapter_folder,
     build_plan,
+    local_notes,
 )
 from tandem.local.ports import free_ports
 from tandem.local.scrape import write_prometheus_config
@@ -79,7 +80,6 @@ from tandem.local.state import (
     write_state,
 )
 from tandem.local.supervisor import ChildFailed, Supervisor
-from tandem.local.vllm_engine import local_connector
 
 STARTUP_TIMEOUT = {"kvpool": 30.0, "prefill": 120.0, "decode": 120.0, "router": 60.0}
 #: Real vLLM engines take 35-90 s to answer /health (more on a busy machine or without --enforce-eager).
@@ -371,10 +371,8 @@ def up(
         )  # fmt: skip
     except PlanError as exc:
         fail(str(exc), code=2)
-    if isvc.spec.engine.kind == "vllm":
-        _, note = local_connector(isvc)
-        if note is not None:
-            _say(note)
+    for note in local_notes(isvc):
+        _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
     _link_adapters(isvc, base=paths[0].parent, state_dir=state_dir)
     config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -417,6 +415,8 @@ def _up_fleet(
         )  # fmt: skip
     except (PlanError, ValueError) as exc:
         fail(str(exc).replace("\n", " "), code=2)
+    for note in (note for isvc in services for note in local_notes(isvc)):
+        _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
     for isvc in services:
         _link_adapters(isvc, base=bases[isvc.metadata.name], state_dir=state_dir / isvc.metadata.name)

@@ -40,12 +40,13 @@ from tandem.core.kvevents import (
     sim_kv_events_args,
     vllm_kv_events_config,
 )
+from tandem.core.poolengine import PoolName, pool_engine_args, pool_engine_env
 from tandem.core.routerconfig import FileDiscovery, RouterConfig, StaticDiscovery
-from tandem.core.spec import InferenceService
+from tandem.core.spec import InferenceService, PoolSpec
 from tandem.core.tracing import engine_tracing
 from tandem.kvpool.engine_config import PASSWORD_ENV, POOL_KEY_ENV
 from tandem.kvpool.redisconf import authenticated_command, pool_config, server_args
-from tandem.local.vllm_engine import EngineRole, engine_command, engine_kv_keys
+from tandem.local.vllm_engine import EngineRole, engine_command, engine_kv_keys, local_connector
 
 Role = Literal["kvpool", "prefill", "decode", "router"]
 LOOPBACK = "127.0.0.1"
@@ -272,7 +273,7 @@ def _redis_process(
 def _engine_process(
     isvc: InferenceService,
     *,
-    role: Role,
+    role: PoolName,
     index: int,
     port: int,
     python: str,
@@ -283,7 +284,7 @@ def _engine_process(
     bind = events.for_engine(f"http://{LOOPBACK}:{port}") if events is not None else None
     folder = ipc_folder(events) if events is not None else None
     dirs = (folder,) if folder is not None else ()
-    if spec.engine.kind == "vllm" and role in ("prefill", "decode"):
+    if spec.engine.kind == "vllm":
         ordinal = index if role == "prefill" else spec.prefill.replicas + index
         engine_role: EngineRole = "prefill" if role == "prefill" else "decode"
         argv, env = engine_command(
@@ -309,9 +310,61 @@ def _engine_process(
         "--port", str(port),
         *(sim_kv_events_args(endpoint=bind[0], replay=bind[1]) if bind is not None else ()),
         *(lora_args(spec.engine.lora) if spec.engine.lora is not None else ()),
-        *spec.engine.args,
+        *pool_engine_args(spec, role),
     )  # fmt: skip
-    env = {e.name: e.value for e in spec.engine.env}
+    env = pool_engine_env(spec, role)
     return ProcessPlan(
         name=f"{role}-{index}", role=role, argv=argv, port=port, probe="http", env=env, dirs=dirs
     )
+
+
+def not_applied_locally(isvc: InferenceService) -> list[tuple[str, str]]:
+    """(what, field path) of every setting the spec makes that a local run cannot apply: it starts
+    processes on this machine, not pods, so pod templates (placement, labels, volumes, sidecars, the
+    engine container's extras) and images mean nothing here, and a multi-node engine runs as one
+    process. Per-pool engine args and env are applied (`tandem.core.poolengine`).
+    Example: decode with `template.spec.nodeSelector` and `engine.image` →
+    [("pod templates", "spec.decode.template"), ("images", "spec.decode.engine.image")]."""
+    spec = isvc.spec
+    gaps: list[tuple[str, str]] = []
+    if spec.engine.template is not None:
+        gaps.append(("pod templates", "spec.engine.template"))
+    pools: tuple[tuple[PoolName, PoolSpec], ...] = (("prefill", spec.prefill), ("decode", spec.decode))
+    for name, pool in pools:
+        if pool.template is not None:
+            gaps.append(("pod templates", f"spec.{name}.template"))
+    if spec.router.template is not None:
+        gaps.append(("pod templates", "spec.router.template"))
+    if spec.kv_pool.redis.template is not None:
+        gaps.append(("pod templates", "spec.kvPool.redis.template"))
+    if "image" in spec.engine.model_fields_set:
+        gaps.append(("images", "spec.engine.image"))
+    for name, pool in pools:
+        if pool.engine.image is not None:
+            gaps.append(("images", f"spec.{name}.engine.image"))
+    for name, pool in pools:
+        if pool.multinode:
+            gaps.append(("multi-node engines (one process each here)", f"spec.{name}.nodesPerReplica"))
+    return gaps
+
+
+def local_notes(isvc: InferenceService) -> list[str]:
+    """What `tandem up` says before it starts a service: what it cannot apply here
+    (`not_applied_line`) and, for vLLM, the connector it uses instead of LMCache."""
+    notes = [not_applied_line(isvc.metadata.name, not_applied_locally(isvc))]
+    if isvc.spec.engine.kind == "vllm":
+        notes.append(local_connector(isvc)[1])
+    return [note for note in notes if note is not None]
+
+
+def not_applied_line(name: str, gaps: Sequence[tuple[str, str]]) -> str | None:
+    """One warning line for `not_applied_locally`'s answer (None when there is nothing to say).
+    Example: "warning: InferenceService demo: not applied locally (processes here, not pods):
+    pod templates spec.decode.template; images spec.decode.engine.image"."""
+    if not gaps:
+        return None
+    kinds: dict[str, list[str]] = {}
+    for what, path in gaps:
+        kinds.setdefault(what, []).append(path)
+    parts = "; ".join(f"{what} {', '.join(paths)}" for what, paths in kinds.items())
+    return f"warning: InferenceService {name}: not applied locally (processes here, not pods): {parts}"

@@ -10,12 +10,15 @@ Pure: the local plan (`tandem.local.plan`) turns the result into a child process
   always Tandem's connector here (LMCache has no CPU path; `local_connector` says so once);
 - with `engine.lora`, vLLM's LoRA flags (`tandem.core.adapters.engine_args`; the environment comes
   from the plan);
+- the user's arguments: `spec.engine.args`, then the pool's `spec.<pool>.engine.args`
+  (`tandem.core.poolengine`, the operator's rule);
 - defaults `--max-model-len 2048` and `--enforce-eager` (35 s start instead of 55-85 s of
-  torch.compile) unless `engine.args` already set them (`--no-enforce-eager`, `-O...` or
+  torch.compile) unless those arguments already set them (`--no-enforce-eager`, `-O...` or
   `--compilation-config` keep compilation on);
 - environment: each engine's OpenMP threads pinned to its own core (`VLLM_CPU_OMP_THREADS_BIND`; two
   engines left on `auto` both land on core 0), a 1 GiB CPU KV cache, no hub access, one
-  PYTHONHASHSEED for every engine; `engine.env` entries override these.
+  PYTHONHASHSEED for every engine; `spec.engine.env` entries override these, and the pool's
+  `spec.<pool>.engine.env` override those.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from tandem.core.adapters import engine_args as lora_args
+from tandem.core.poolengine import pool_engine_args, pool_engine_env
 from tandem.core.routerconfig import EngineKVKeys
 from tandem.core.spec import ENGINE_HASH_SEED, InferenceService, engine_hash_seed
 from tandem.kvpool.engine_config import ConnectorKind, kv_transfer_config, to_json
@@ -90,6 +94,7 @@ def engine_command(
     """(argv, env) of the `ordinal`-th engine of the service (0-based over prefill then decode), pinned
     to core `ordinal % cpus` (default: this machine's core count)."""
     spec = isvc.spec
+    told = pool_engine_args(spec, role)  # spec.engine.args, then the pool's
     connector, _ = local_connector(isvc)
     config = kv_transfer_config(
         connector=connector,
@@ -105,9 +110,9 @@ def engine_command(
         "--host", "127.0.0.1",
         "--port", str(port),
         "--kv-transfer-config", to_json(config),
-        *default_args(spec.engine.args),
+        *default_args(told),
         *(lora_args(spec.engine.lora) if spec.engine.lora is not None else ()),
-        *spec.engine.args,
+        *told,
     )  # fmt: skip
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": str(ordinal % max(cpus or os.cpu_count() or 1, 1)),
@@ -118,5 +123,5 @@ def engine_command(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    env.update({e.name: e.value for e in spec.engine.env})
+    env.update(pool_engine_env(spec, role))
     return argv, env

@@ -15,9 +15,10 @@ the LoRA flags, environment and adapter volumes (`lora.py`). Every pod runs non-
 read-only root filesystem (`security.py`).
 
 Each pool adds its own `engine` settings over the shared ones (image; args after the shared args;
-env over the shared env), then `spec.engine.template` and the pool's `template` are merged onto the
-pod (`podtemplate.py`); every pod carries the KV-layout label (`kvlayout.py`). A pool whose engine
-spans several pods (`nodesPerReplica` > 1) is a LeaderWorkerSet instead (`multinode.py`). Pure
+env over the shared env: `tandem.core.poolengine`, the rule `tandem up` applies too), then
+`spec.engine.template` and the pool's `template` are merged onto the pod (`podtemplate.py`); every
+pod carries the KV-layout label (`kvlayout.py`). A pool whose engine spans several pods
+(`nodesPerReplica` > 1) is a LeaderWorkerSet instead (`multinode.py`). Pure
 builders.
 """
 
@@ -33,6 +34,7 @@ from tandem.core.kvevents import (
     sim_kv_events_args,
     vllm_kv_events_config,
 )
+from tandem.core.poolengine import PoolName, merged_env, pool_engine_args, pool_engine_env
 from tandem.core.spec import ENGINE_HASH_SEED, DecodeSpec, InferenceServiceSpec, PrefillSpec
 from tandem.core.tracing import engine_tracing
 from tandem.kvpool import engine_config, lmcache_check
@@ -110,6 +112,11 @@ def pool_spec(spec: InferenceServiceSpec, role: Role) -> PrefillSpec | DecodeSpe
     return spec.prefill if role is Role.PREFILL else spec.decode
 
 
+def pool_name(role: Role) -> PoolName:
+    """The pool a role runs (`tandem.core.poolengine`'s name for it)."""
+    return "prefill" if role is Role.PREFILL else "decode"
+
+
 def kv_transfer_config(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> dict[str, object]:
     """vLLM's `--kv-transfer-config` for a role: the spec's connector, producer on prefill and
     consumer on decode (`tandem.kvpool.engine_config.kv_transfer_config`). The pool URL in it never
@@ -158,8 +165,7 @@ def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[s
         *_kv_events_args(spec, vllm=True),
         *engine_tracing(spec.tracing, kind="vllm")[0],
         *lora_args(spec),
-        *spec.engine.args,
-        *pool.engine.args,
+        *pool_engine_args(spec, pool_name(role)),
     ]
 
 
@@ -226,8 +232,7 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
         *_kv_events_args(spec, vllm=False),
         *engine_tracing(spec.tracing, kind="sim")[0],
         *lora_args(spec),
-        *spec.engine.args,
-        *pool_spec(spec, role).engine.args,
+        *pool_engine_args(spec, pool_name(role)),
     ]
 
 
@@ -257,9 +262,8 @@ def engine_env(spec: InferenceServiceSpec, *, owner: Owner, role: Role | None = 
     if tracing_env:  # the spans' service: `<name>-prefill`, `<name>-decode`
         env |= {k: {"value": v} for k, v in tracing_env.items()}
         env["OTEL_SERVICE_NAME"] = {"value": f"{owner.name}-{role.value}" if role else f"{owner.name}-engine"}
-    env |= {var.name: {"value": var.value} for var in spec.engine.env}
-    if role is not None:
-        env |= {var.name: {"value": var.value} for var in pool_spec(spec, role).engine.env}
+    told = pool_engine_env(spec, pool_name(role)) if role is not None else merged_env(spec.engine.env)
+    env |= {name: {"value": value} for name, value in told.items()}
     return [{"name": name, **entry} for name, entry in env.items()]
 
 
@@ -314,7 +318,7 @@ def _lmcache_check_container(spec: InferenceServiceSpec, role: Role, images: Ima
     """Refuses an engine image whose vLLM and LMCache are known not to fit (`lmcache_check`). It gets
     only `spec.engine.env` and the pool's (where TANDEM_LMCACHE_CHECK=off skips it), not the pool's
     password."""
-    told = {var.name: var.value for var in (*spec.engine.env, *pool_spec(spec, role).engine.env)}
+    told = pool_engine_env(spec, pool_name(role))
     return {
         "name": "lmcache-check",
         "image": pool_image(spec, role.value, images),
