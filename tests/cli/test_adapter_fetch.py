@@ -298,3 +298,33 @@ def test_prune_leaves_what_it_did_not_fetch(tmp_path: Path, hub: Hub) -> None:
     assert result.exit_code == 0
     assert "removed 1 adapters no longer declared: a" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == [".fetched", "mounted"]
+
+
+def test_keep_going_exits_0_and_the_report_puts_failures_first(tmp_path: Path, hub: Hub) -> None:
+    hub.repos["org/good"] = {"main": ("f" * 40, adapter_files())}
+    report = tmp_path / "termination-log"
+    cache = tmp_path / "cache"
+    env = {"HF_ENDPOINT": hub.url}
+    args = ["--dest", str(cache), "--max-rank", "16", "--keep-going", "--report", str(report)]
+    result = run([*args, "good=hf://org/good", "gone=hf://org/gone"], env=env)
+    assert result.exit_code == 0, result.output
+    assert report.read_text().splitlines() == [
+        "failed gone: hf://org/gone: not found (HTTP 404): no such repository, revision or file",
+        f"fetched good {'f' * 40}",
+    ]
+
+
+def test_declared_adapters_win_over_the_catalogs_of_the_same_name(tmp_path: Path, hub: Hub) -> None:
+    hub.repos["org/sql"] = {"main": ("9" * 40, adapter_files())}
+    catalog = tmp_path / "catalog"
+    for name in ("sql", "extra"):
+        (catalog / name).mkdir(parents=True)
+        (catalog / name / "adapter_config.json").write_text(json.dumps(CONFIG))
+    cache = tmp_path / "cache"
+    result = fetch(cache, hub, "--catalog", str(catalog), "sql=hf://org/sql")
+    assert result.exit_code == 0, result.output
+    assert os.readlink(cache / "sql").startswith(".fetched/sql@")
+    assert Path(os.readlink(cache / "extra")) == (catalog / "extra").resolve()
+    again = fetch(cache, hub, "--catalog", str(catalog), "--prune", "sql=hf://org/sql")
+    assert again.exit_code == 0
+    assert (cache / "extra").is_symlink(), "--prune leaves the catalog's links alone"

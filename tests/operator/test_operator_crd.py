@@ -98,9 +98,11 @@ def test_the_crd_names_the_resource_as_documented() -> None:
         "Ready",
         "Prefill",
         "Decode",
+        "Adapters",
         "Endpoint",
         "Age",
     ]
+    assert columns["Adapters"]["jsonPath"] == ".status.adapterSummary"
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Age"]["type"] == "date"
 

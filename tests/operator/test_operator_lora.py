@@ -82,16 +82,31 @@ def test_both_pools_of_vllm_get_the_lora_flags_env_and_adapter_mounts() -> None:
             "claimName": "catalog",
             "readOnly": True,
         }
-        link = pod["initContainers"][-1]
-        assert link["name"] == "adapters-link"
-        assert link["image"] == IMAGES.tandem
-        assert link["command"] == [
-            "tandem", "adapters", "link", "--catalog", "/adapter-catalog", "--dest", "/adapters",
+        fetch = pod["initContainers"][-1]  # an hf:// adapter: the fetch, which links the catalog too
+        assert fetch["name"] == "adapters-fetch"
+        assert fetch["image"] == IMAGES.tandem
+        assert fetch["command"] == [
+            "tandem", "adapters", "fetch", "--dest", "/adapters", "--max-rank", "64", "--prune",
+            "--keep-going", "--report", "/dev/termination-log", "--catalog", "/adapter-catalog",
         ]  # fmt: skip
-        assert link["volumeMounts"] == adapters  # declared adapters are directories it leaves alone
+        assert fetch["args"] == ["hub=hf://org/hub-lora"]
+        assert fetch["volumeMounts"] == adapters  # declared adapters are directories it leaves alone
 
 
-def test_hf_adapters_render_nothing_of_their_own() -> None:
+def test_a_catalog_without_remote_adapters_is_linked_by_its_own_init_container() -> None:
+    spec = sim(
+        engine={"kind": "sim", "lora": {}},
+        adapters=[{"name": "sql", "source": "pvc://loras/sql"}],
+        adapterCatalog={"source": "pvc://catalog/adapters"},
+    )
+    [link] = engine_pods(spec)["decode"]["initContainers"]
+    assert link["name"] == "adapters-link"
+    assert link["command"] == [
+        "tandem", "adapters", "link", "--catalog", "/adapter-catalog", "--dest", "/adapters",
+    ]  # fmt: skip
+
+
+def test_hf_adapters_get_no_mount_of_their_own() -> None:
     pods = engine_pods(VARIANTS["lora: pvc adapters, a catalog, a shared cache"])
     mounts = [m["mountPath"] for m in pods["decode"]["containers"][0]["volumeMounts"]]
     assert "/adapters/hub" not in mounts

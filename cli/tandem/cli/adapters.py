@@ -16,8 +16,10 @@ adapter as `DEST/<name>`, downloading it only when that source is not there yet
 `fetched <name> <revision>` or `cached <name> <revision>` per adapter and `failed <name>: <reason>`
 for each it could not install; exit 1 when any failed, 2 for arguments it cannot read. With
 `--catalog`, the catalog is linked afterwards (as `link` does); with `--prune`, adapters it installed
-earlier that are no longer named are removed. The operator runs it as the engine pods' init container
-when the spec has such adapters (`tandem.operator.resources.lora`).
+earlier that are no longer named are removed; `--report FILE` also writes the result lines there,
+failures first; `--keep-going` exits 0 despite failures (so that the engines start with the
+others). The operator runs it as the engine pods' init container when the spec has such adapters
+(`tandem.operator.resources.lora`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from tandem.core.specrules import (
     local_catalog,
     local_path,
 )
+
+#: Kubernetes keeps at most 4096 bytes of a container's termination message.
+REPORT_BYTES = 4096
 
 
 def prepare_local_adapters(isvc: InferenceService, *, base: Path, dest: Path) -> list[str]:
@@ -121,8 +126,23 @@ def link(catalog: Path, dest: Path) -> None:
     help="Also link this catalog's adapters into DEST afterwards (as `link`).",
 )
 @click.option("--prune", is_flag=True, help="Remove adapters fetched earlier that are not named now.")
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write the result lines here, failures first (a container's /dev/termination-log).",
+)
+@click.option("--keep-going", is_flag=True, help="Exit 0 even when some adapters could not be installed.")
 @click.argument("wanted", nargs=-1, metavar="NAME=SOURCE...")
-def fetch(dest: Path, max_rank: int, catalog: Path | None, prune: bool, wanted: tuple[str, ...]) -> None:
+def fetch(
+    dest: Path,
+    max_rank: int,
+    catalog: Path | None,
+    prune: bool,
+    report: Path | None,
+    keep_going: bool,
+    wanted: tuple[str, ...],
+) -> None:
     """Download each hf:// or s3:// adapter into DEST/<name>, once."""
     try:
         items = parse_wanted(wanted)
@@ -133,16 +153,20 @@ def fetch(dest: Path, max_rank: int, catalog: Path | None, prune: bool, wanted: 
         hf_token=os.environ.get("HF_TOKEN") or None,
         s3_endpoint=os.environ.get("AWS_ENDPOINT_URL") or None,
     )
-    failed = 0
+    failures: list[str] = []
+    done_lines: list[str] = []
     for item in items:
         try:
             done = install(dest, item, download=remotes.download, max_rank=max_rank)
         except (AdapterError, OSError) as exc:
-            failed += 1
             reason = str(exc) if isinstance(exc, FetchError | AdapterError) else f"{item.source}: {exc}"
-            click.echo(failure_line(item.name, reason), err=True)
+            failures.append(failure_line(item.name, reason))
+            click.echo(failures[-1], err=True)
             continue
-        click.echo(f"{done.outcome} {done.name} {done.revision}")
+        done_lines.append(f"{done.outcome} {done.name} {done.revision}")
+        click.echo(done_lines[-1])
+    if report is not None:
+        _write_report(report, failures + done_lines)
     if prune:
         removed = prune_fetched(dest, [w.name for w in items])
         if removed:
@@ -150,9 +174,19 @@ def fetch(dest: Path, max_rank: int, catalog: Path | None, prune: bool, wanted: 
     if catalog is not None:
         try:
             found = scan_catalog(catalog)
-            linked = link_adapters(dest, found.adapters)
+            declared = {w.name for w in items}  # a declared adapter wins over the catalog's
+            linked = link_adapters(dest, {k: v for k, v in found.adapters.items() if k not in declared})
         except (AdapterError, OSError) as exc:
             fail(str(exc))
         click.echo(f"linked {len(linked)} catalog adapters into {dest}")
-    if failed:
+    if failures and not keep_going:
         raise SystemExit(1)
+
+
+def _write_report(path: Path, lines: list[str]) -> None:
+    """The result lines, cut to Kubernetes' 4096-byte termination message (failures come first)."""
+    text = "\n".join(lines)[:REPORT_BYTES]
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        click.echo(f"cannot write {path}: {exc.strerror or exc}", err=True)

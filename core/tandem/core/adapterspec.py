@@ -69,7 +69,22 @@ class AdapterCatalogSpec(SpecModel):
 
 
 class AdapterCacheSpec(SpecModel):
-    """Where the engines' adapter directory lives: a ReadWriteMany claim the pods of a pool share,
-    instead of an emptyDir per pod."""
+    """Where the engines' adapter directory lives and how `hf://` and `s3://` adapters are fetched
+    into it: a ReadWriteMany claim the pods of the service share (each adapter downloaded once for all
+    of them) instead of an emptyDir per pod, and the credentials of the fetch."""
 
-    pvc: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63, description="PersistentVolumeClaim (RWX).")
+    pvc: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="PersistentVolumeClaim (RWX) holding the adapter directory, shared by the engine "
+        "pods of this service only; default an emptyDir per pod.",
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description='Secret (labelled tandem.dev/usable: "true") whose keys HF_TOKEN, HF_ENDPOINT, '
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION and AWS_ENDPOINT_URL, "
+        "where present, are the environment of the fetch of hf:// and s3:// adapters.",
+    )

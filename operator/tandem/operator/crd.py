@@ -66,6 +66,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Ready/desired decode replicas.",
     },
     {
+        "name": "Adapters",
+        "type": "string",
+        "jsonPath": ".status.adapterSummary",
+        "description": "Ready/declared LoRA adapters (spec.adapters).",
+    },
+    {
         "name": "Endpoint",
         "type": "string",
         "jsonPath": ".status.endpoint",

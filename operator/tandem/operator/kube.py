@@ -41,6 +41,10 @@ PLURALS = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
+    # Read only, for the adapters' status (tandem.operator.adapterstatus): a pvc:// adapter's claim,
+    # the engine pods' fetch results.
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("v1", "Pod"): "pods",
 }
 #: Tandem's own kinds, which the operator lists and patches (annotations) but never creates.
 OWN_PLURALS = {(API_VERSION, KIND): PLURAL, (API_VERSION, GATEWAY_KIND): GATEWAY_PLURAL}

@@ -11,6 +11,9 @@ A spec that the CRD schema accepts but the model rejects (a cross-field rule) is
 Ready=False/InvalidSpec and a Warning event, and no child is created, patched or deleted. So is a spec
 that names a Secret it may not use (`resources.secrets.refusal`: absent, or without the label
 `tandem.dev/usable: "true"`), with Ready=False/SecretRefused.
+
+Each declared LoRA adapter gets a state in `status.adapters` (`adapterstatus`), with the condition
+`AdaptersReady`, a `ready/declared` count and an Event when its state changes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Literal
 
 from tandem.core.spec import InferenceServiceSpec
 from tandem.core.specrules import SpecInvalid, cluster_adapter_rules, parse_inference_service
+from tandem.operator import adapterstatus
 from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.diff import update_patch
 from tandem.operator.gateway_status import served_by_condition
@@ -29,7 +33,7 @@ from tandem.operator.objects import Child, ObjectRef
 from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
 from tandem.operator.resources.engine import pool_spec
 from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
-from tandem.operator.resources.secrets import named_secrets, new_secret, refusal
+from tandem.operator.resources.secrets import USABLE_LABEL, named_secrets, new_secret, refusal
 from tandem.operator.resources.services import router_endpoint, service_name
 from tandem.operator.selection import serving_gateway
 from tandem.operator.status import (
@@ -152,8 +156,41 @@ def reconcile(
         now=now,
         gateway=gateway,
     )
-    outcome.events = _warnings(previous, outcome.status)
+    outcome.status, adapter_events = _with_adapters(
+        isvc.spec, outcome.status, owner=owner, cluster=cluster, previous=previous, now=now
+    )
+    outcome.events = _warnings(previous, outcome.status) + adapter_events
     return outcome
+
+
+def _with_adapters(
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+    *,
+    owner: Owner,
+    cluster: Cluster,
+    previous: Mapping[str, Any],
+    now: str,
+) -> tuple[InferenceServiceStatus, list[Event]]:
+    """`status` with each adapter's state, their count and `AdaptersReady` (`adapterstatus`), and an
+    Event per adapter that changed state."""
+    adapters = adapterstatus.judge(
+        spec, adapterstatus.observe(spec, owner=owner, cluster=cluster), owner=owner
+    )
+    conditions = adapterstatus.conditions_with(
+        status.conditions,
+        adapters,
+        previous=previous.get("conditions") or [],
+        generation=status.observed_generation,
+        now=now,
+    )
+    update = {
+        "conditions": conditions,
+        "adapters": adapters or None,
+        "adapter_summary": adapterstatus.summary(adapters),
+    }
+    changes = adapterstatus.events(previous.get("adapters") or [], adapters)
+    return status.model_copy(update=update), [Event(e.type, e.reason, e.message) for e in changes]
 
 
 def refused_secrets(spec: InferenceServiceSpec, *, namespace: str, cluster: Cluster) -> list[str]:
@@ -163,6 +200,16 @@ def refused_secrets(spec: InferenceServiceSpec, *, namespace: str, cluster: Clus
         reason = refusal(path, ref, cluster.get(ObjectRef("v1", "Secret", namespace, ref.name)))
         if reason is not None:
             reasons.append(reason)
+    cache = spec.adapter_cache
+    if cache is not None and cache.credentials_secret is not None:
+        # The fetch reads the keys it knows (each optional), so only existence and the label count.
+        name, at = cache.credentials_secret, "spec.adapterCache.credentialsSecret"
+        secret = cluster.get(ObjectRef("v1", "Secret", namespace, name))
+        labels = ((secret or {}).get("metadata") or {}).get("labels") or {}
+        if secret is None:
+            reasons.append(f"{at}: Secret {name!r} does not exist")
+        elif labels.get(USABLE_LABEL) != "true":
+            reasons.append(f'{at}: Secret {name!r} lacks the label {USABLE_LABEL}: "true"')
     return reasons
 
 

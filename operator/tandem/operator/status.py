@@ -16,7 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 ConditionType = Literal[
-    "Ready", "PrefillReady", "DecodeReady", "KVPoolReady", "RouterReady", "ReplicasReady", "ServedByGateway"
+    "Ready",
+    "PrefillReady",
+    "DecodeReady",
+    "KVPoolReady",
+    "RouterReady",
+    "ReplicasReady",
+    "ServedByGateway",
+    "AdaptersReady",
 ]
 Phase = Literal["Progressing", "Ready", "Invalid", "Blocked"]
 _M = TypeVar("_M", bound="BaseModel")
@@ -72,6 +79,18 @@ class AutoscalingStatus(_StatusModel):
     decode: PoolAutoscalingStatus | None = None
 
 
+class AdapterStatus(_StatusModel):
+    """One declared LoRA adapter as the operator last judged it."""
+
+    name: str = Field(description="The adapter's served name.")
+    source: str = Field(description="Its source as declared.")
+    state: Literal["Ready", "Pending", "Failed"] = Field(
+        description="Ready: the engines can load it; Pending: not yet known or in progress; Failed: "
+        "it cannot be served (reason)."
+    )
+    reason: str = Field(default="", description="Why it is in this state, in one line.")
+
+
 class InferenceServiceStatus(_StatusModel):
     """What the operator last observed about the InferenceService and its children."""
 
@@ -86,6 +105,12 @@ class InferenceServiceStatus(_StatusModel):
     )
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="Written by the autoscaler: its last decision per autoscaled pool."
+    )
+    adapters: list[AdapterStatus] | None = Field(
+        default=None, description="Each adapter of spec.adapters: Ready, Pending or Failed, and why."
+    )
+    adapter_summary: str | None = Field(
+        default=None, description="`ready/declared` adapters, for `kubectl get`."
     )
 
 
@@ -261,21 +286,25 @@ def invalid_status(
 ) -> InferenceServiceStatus:
     """Status of a spec the operator will not apply: Ready=False with `reason` (InvalidSpec: the model
     rejects it, phase Invalid; SecretRefused: it names a Secret it may not use, phase Blocked) and the
-    errors as message; component conditions and replica counts stay as last observed (no child was
-    changed)."""
+    errors as message; component conditions, replica counts and adapters stay as last observed (no
+    child was changed)."""
     conditions = merge_conditions(
         previous.get("conditions", []),
         {"Ready": Verdict("False", reason, "; ".join(errors))},
         generation=generation,
         now=now,
     )
+    kept = [c for c in previous.get("conditions", []) if c.get("type") == "AdaptersReady"]
+    adapters = [_kept(AdapterStatus, a) for a in previous.get("adapters") or []]
     return InferenceServiceStatus(
         observed_generation=generation,
         phase=phase,
-        conditions=conditions,
+        conditions=conditions + [c for c in (_kept(Condition, k) for k in kept) if c is not None],
         prefill=_kept(PoolStatus, previous.get("prefill")),
         decode=_kept(PoolStatus, previous.get("decode")),
         endpoint=previous.get("endpoint"),
+        adapters=[a for a in adapters if a is not None] or None,
+        adapter_summary=previous.get("adapterSummary"),
     )
 
 
@@ -288,7 +317,7 @@ def _kept(model: type[_M], value: Any) -> _M | None:
 
 
 #: Top-level status fields the operator removes when its status has none (merge patch: null).
-CLEARED = ("gateway",)
+CLEARED = ("gateway", "adapters", "adapterSummary")
 
 
 def as_patch(status: BaseModel, current: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ receives the same `model` and must resolve the adapter too) gets vLLM's flags
 is served with that adapter. The pod's volumes:
 
 - `adapters` at `/adapters`, writable: an emptyDir per pod, or `spec.adapterCache.pvc` (a
-  ReadWriteMany claim the pods share, which something else may fill);
+  ReadWriteMany claim the pods of the service share, which something else may fill too);
 - each `pvc://claim/path` adapter: its claim read-only at `/adapters/<name>` (subPath `path`);
 - `spec.adapterCatalog` (`pvc://claim/path`): its claim read-only at `/adapter-catalog`; an init
   container of the Tandem image (`tandem adapters link`) links each subdirectory holding an
@@ -16,14 +16,23 @@ is served with that adapter. The pod's volumes:
   `spec.adapters` of the same name wins). Adapters added to the catalog later are seen by pods
   started later.
 
-`hf://` and `s3://` adapters are not fetched yet (nothing renders for them; `tandem validate` warns).
+With `hf://` or `s3://` adapters, that init container is `adapters-fetch` instead: `tandem adapters
+fetch --dest /adapters --max-rank R --prune [--catalog /adapter-catalog] name=source...` installs each
+into `/adapters/<name>` (downloaded once per source: with the shared claim, once for every pod of the
+service; `tandem.core.adapterfetch`), removes those it installed before that are no longer declared,
+then links the catalog. Its environment takes the keys of `spec.adapterCache.credentialsSecret`
+(`FETCH_ENV_KEYS`, each optional). The adapters are in its arguments, so adding, changing or removing
+one rolls the engine pools: each new pod fetches what is missing and serves the new set. An adapter
+it cannot install does not keep the engines from starting (`--keep-going`): it writes `failed <name>:
+<reason>` lines to its termination message, which the pod's `initContainerStatuses` carry and the
+operator reads back into `status.adapters` (`tandem.operator.adapterstatus`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tandem.core.adapters import PvcSource, engine_args, engine_env, parse_source
+from tandem.core.adapters import HfSource, PvcSource, S3Source, engine_args, engine_env, parse_source
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources.meta import Images
 from tandem.operator.resources.security import container_security_context
@@ -33,6 +42,22 @@ CATALOG_MOUNT = "/adapter-catalog"
 ADAPTERS_VOLUME = "adapters"
 CATALOG_VOLUME = "adapter-catalog"
 LINK_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+#: Downloads stream to disk in 1 MiB chunks (boto3's transfers use a few more buffers).
+FETCH_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+FETCH_CONTAINER = "adapters-fetch"
+#: Where a container's termination message is read from (the pod's default terminationMessagePath).
+TERMINATION_LOG = "/dev/termination-log"
+LINK_CONTAINER = "adapters-link"
+#: The keys of `spec.adapterCache.credentialsSecret` the fetch reads (each optional).
+FETCH_ENV_KEYS = (
+    "HF_TOKEN",
+    "HF_ENDPOINT",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+)
 
 
 def lora_args(spec: InferenceServiceSpec) -> list[str]:
@@ -56,6 +81,15 @@ def _pvc_adapters(spec: InferenceServiceSpec) -> list[tuple[str, PvcSource]]:
     return out
 
 
+def remote_adapters(spec: InferenceServiceSpec) -> list[tuple[str, str]]:
+    """(name, source as declared) of the `hf://` and `s3://` adapters, in spec order."""
+    return [
+        (adapter.name, adapter.source)
+        for adapter in spec.adapters
+        if isinstance(parse_source(adapter.source), HfSource | S3Source)
+    ]
+
+
 def _catalog(spec: InferenceServiceSpec) -> PvcSource | None:
     if spec.adapter_catalog is None:
         return None
@@ -71,7 +105,7 @@ def lora_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list
     cache = spec.adapter_cache
     volumes: list[dict[str, Any]] = [
         {"name": ADAPTERS_VOLUME, "persistentVolumeClaim": {"claimName": cache.pvc}}
-        if cache is not None
+        if cache is not None and cache.pvc is not None
         else {"name": ADAPTERS_VOLUME, "emptyDir": {}}
     ]
     mounts: list[dict[str, Any]] = [{"name": ADAPTERS_VOLUME, "mountPath": ADAPTER_DIR}]
@@ -98,12 +132,15 @@ def _read_only(volume: str, path: str, sub_path: str) -> dict[str, Any]:
 
 
 def link_container(spec: InferenceServiceSpec, *, images: Images) -> dict[str, Any] | None:
-    """The init container linking the catalog's adapters into `/adapters` (None without a catalog).
-    It mounts what the engine mounts, so that declared adapters are directories it leaves alone."""
-    if _catalog(spec) is None:
+    """The engine pods' adapter init container (None when there is nothing to put in `/adapters`):
+    `adapters-fetch` with `hf://` or `s3://` adapters, else `adapters-link` with a catalog (module
+    docstring). It mounts what the engine mounts, so that declared adapters are directories it
+    leaves alone."""
+    remote, catalog = remote_adapters(spec), _catalog(spec)
+    if not remote and catalog is None:
         return None
-    return {
-        "name": "adapters-link",
+    container: dict[str, Any] = {
+        "name": LINK_CONTAINER,
         "image": images.tandem,
         "command": ["tandem", "adapters", "link", "--catalog", CATALOG_MOUNT, "--dest", ADAPTER_DIR],
         "resources": LINK_RESOURCES,
@@ -111,3 +148,24 @@ def link_container(spec: InferenceServiceSpec, *, images: Images) -> dict[str, A
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
     }
+    if not remote:
+        return container
+    lora = spec.engine.lora
+    max_rank = lora.max_rank if lora is not None else 16  # lora is required with adapters (check_rules)
+    command = ["tandem", "adapters", "fetch", "--dest", ADAPTER_DIR, "--max-rank", str(max_rank)]
+    command += ["--prune", "--keep-going", "--report", TERMINATION_LOG]
+    if catalog is not None:
+        command += ["--catalog", CATALOG_MOUNT]
+    container |= {
+        "name": FETCH_CONTAINER,
+        "command": command,
+        "args": [f"{name}={source}" for name, source in remote],
+        "resources": FETCH_RESOURCES,
+    }
+    secret = spec.adapter_cache.credentials_secret if spec.adapter_cache is not None else None
+    if secret is not None:
+        container["env"] = [
+            {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+            for key in FETCH_ENV_KEYS
+        ]
+    return container

@@ -1,0 +1,248 @@
+"""Per-adapter status: each adapter of `spec.adapters` judged Ready, Pending or Failed from what the
+operator can see, the `AdaptersReady` condition over them, and an Event on each adapter's transition.
+
+What is judged, by source:
+
+- `pvc://claim/path`: the claim. Absent or `Lost`: Failed; `Bound`: Ready (the engines mount it; that
+  the path in it holds an adapter is not checked here); otherwise Pending.
+- `hf://` and `s3://`: the engine pods' `adapters-fetch` init container (`resources.lora`), on the pods
+  whose fetch was given this adapter (its arguments hold `name=source`; pods of an older template do
+  not count). Ready once one of them finished without naming it among its failures; Failed when one
+  names it (`failed <name>: <reason>` in its termination message) or when the container failed as a
+  whole and none fetched it; Pending while no such pod exists (the pools are rolling out) or the
+  fetch has not finished.
+
+A claim or the pods that cannot be read (an API error, missing RBAC) leave the adapters Pending with
+that reason; the reconcile goes on. Catalog adapters are not listed (the operator does not read the
+catalog). Pure apart from `observe`, which reads through the `Cluster` protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tandem.core.adapterfetch import parse_failures
+from tandem.core.adapters import HfSource, PvcSource, S3Source, parse_source
+from tandem.core.spec import InferenceServiceSpec
+from tandem.operator.cluster import Cluster, ClusterError
+from tandem.operator.objects import ObjectRef
+from tandem.operator.resources.lora import FETCH_CONTAINER
+from tandem.operator.resources.meta import Owner, Role, selector_labels
+from tandem.operator.status import AdapterStatus, Condition, Verdict, merge_typed
+
+State = Literal["Ready", "Pending", "Failed"]
+#: Longest reason kept per adapter (a termination message is at most 4096 bytes for all of them).
+MAX_REASON = 512
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator read for the adapters: the engine pods (None: not read, with `pods_error`)
+    and each claim a `pvc://` adapter names (None: it does not exist; absent: not read)."""
+
+    pods: Sequence[Mapping[str, Any]] | None = ()
+    pods_error: str = ""
+    claims: Mapping[str, Mapping[str, Any] | None] | None = None
+    claims_error: str = ""
+
+
+@dataclass(frozen=True)
+class AdapterEvent:
+    """An Event to post on the InferenceService for one adapter's transition."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def observe(spec: InferenceServiceSpec, *, owner: Owner, cluster: Cluster) -> Observed:
+    """Read what `judge` needs: the claims of `pvc://` adapters (by name) and, with `hf://` or
+    `s3://` adapters, the namespace's pods (only when `cluster` can list; filtered by `judge`)."""
+    sources = [parse_source(a.source) for a in spec.adapters]
+    claims: dict[str, Mapping[str, Any] | None] = {}
+    claims_error = ""
+    for source in sources:
+        if isinstance(source, PvcSource) and source.claim not in claims:
+            ref = ObjectRef("v1", "PersistentVolumeClaim", owner.namespace, source.claim)
+            try:
+                claims[source.claim] = cluster.get(ref)
+            except ClusterError as exc:
+                claims_error = f"cannot read PersistentVolumeClaim {source.claim}: {exc}"
+                break
+    if not any(isinstance(s, HfSource | S3Source) for s in sources):
+        return Observed(claims=None if claims_error else claims, claims_error=claims_error)
+    # The handlers' cluster lists; a Cluster that cannot (tests' in-memory ones) leaves them Pending.
+    lister: Callable[[str, str, str], list[dict[str, Any]]] | None = getattr(cluster, "list", None)
+    if lister is None:
+        pods: list[dict[str, Any]] | None = None
+        pods_error = "the engine pods cannot be listed here"
+    else:
+        try:
+            pods, pods_error = lister("v1", "Pod", owner.namespace), ""
+        except ClusterError as exc:
+            pods, pods_error = None, f"cannot list the engine pods: {exc}"
+    return Observed(
+        pods=pods,
+        pods_error=pods_error,
+        claims=None if claims_error else claims,
+        claims_error=claims_error,
+    )
+
+
+def judge(spec: InferenceServiceSpec, observed: Observed, *, owner: Owner) -> list[AdapterStatus]:
+    """Each declared adapter's state and reason, in spec order (module docstring)."""
+    engine_pods = _engine_pods(observed.pods or [], owner)
+    out = []
+    for adapter in spec.adapters:
+        source = parse_source(adapter.source)
+        if isinstance(source, PvcSource):
+            state, reason = _claim_state(source.claim, observed)
+        elif isinstance(source, HfSource | S3Source):
+            if observed.pods is None:
+                state, reason = "Pending", observed.pods_error
+            else:
+                state, reason = _fetch_state(f"{adapter.name}={adapter.source}", adapter.name, engine_pods)
+        else:  # a local path: refused for a cluster before this runs
+            state, reason = "Failed", "a local path works with tandem up only"
+        out.append(
+            AdapterStatus(name=adapter.name, source=adapter.source, state=state, reason=reason[:MAX_REASON])
+        )
+    return out
+
+
+def _engine_pods(pods: Sequence[Mapping[str, Any]], owner: Owner) -> list[Mapping[str, Any]]:
+    """The pods of this service's engine pools that are not being deleted."""
+    selectors = [selector_labels(owner, role) for role in (Role.PREFILL, Role.DECODE)]
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        pod_labels = meta.get("labels") or {}
+        if meta.get("deletionTimestamp") is None and any(
+            all(pod_labels.get(k) == v for k, v in selector.items()) for selector in selectors
+        ):
+            out.append(pod)
+    return out
+
+
+def _claim_state(claim: str, observed: Observed) -> tuple[State, str]:
+    if observed.claims is None or claim not in observed.claims:
+        return "Pending", observed.claims_error or f"PersistentVolumeClaim {claim} not read yet"
+    found = observed.claims[claim]
+    if found is None:
+        return "Failed", f"PersistentVolumeClaim {claim} does not exist"
+    phase = (found.get("status") or {}).get("phase", "Pending")
+    if phase == "Bound":
+        return "Ready", f"PersistentVolumeClaim {claim} is Bound"
+    if phase == "Lost":
+        return "Failed", f"PersistentVolumeClaim {claim} is Lost (its volume is gone)"
+    return "Pending", f"PersistentVolumeClaim {claim} is {phase}"
+
+
+def _fetch_state(argument: str, name: str, pods: Sequence[Mapping[str, Any]]) -> tuple[State, str]:
+    """The state of one remote adapter from the fetch containers of the pods that were given it."""
+    given = [pod for pod in pods if argument in _fetch_args(pod)]
+    if not given:
+        return "Pending", "no engine pod has been given it yet (the engine pools roll out to fetch it)"
+    fetched, failures, crashes = 0, [], []
+    for pod in given:
+        ended = _fetch_terminated(pod)
+        if ended is None:
+            continue
+        message = str(ended.get("message") or "")
+        why = parse_failures(message).get(name)
+        if why is not None:
+            failures.append(why)
+        elif ended.get("exitCode") == 0:
+            fetched += 1
+        else:
+            detail = " ".join(message.split())[-200:]
+            crashes.append(f"the fetch exited {ended.get('exitCode')} ({ended.get('reason', '')}): {detail}")
+    if fetched:
+        return "Ready", f"fetched; on {fetched}/{len(given)} engine pods given it"
+    if failures:
+        return "Failed", failures[0]
+    if crashes:
+        return "Failed", crashes[0]
+    return "Pending", f"being fetched on {len(given)} engine pods"
+
+
+def _fetch_args(pod: Mapping[str, Any]) -> list[str]:
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        if container.get("name") == FETCH_CONTAINER:
+            return [str(a) for a in container.get("args") or []]
+    return []
+
+
+def _fetch_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The fetch container's last finished run (`state.terminated`, else `lastState.terminated`)."""
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if status.get("name") == FETCH_CONTAINER:
+            ended = (status.get("state") or {}).get("terminated")
+            return ended or (status.get("lastState") or {}).get("terminated")
+    return None
+
+
+def condition(adapters: Sequence[AdapterStatus]) -> Verdict:
+    """`AdaptersReady` over the declared adapters: True when every one is Ready."""
+    ready = sum(a.state == "Ready" for a in adapters)
+    failed = [a for a in adapters if a.state == "Failed"]
+    if failed:
+        names = ", ".join(a.name for a in failed)
+        return Verdict("False", "AdaptersFailed", f"{ready}/{len(adapters)} ready; failed: {names}")
+    if ready < len(adapters):
+        pending = ", ".join(a.name for a in adapters if a.state != "Ready")
+        return Verdict("False", "AdaptersPending", f"{ready}/{len(adapters)} ready; pending: {pending}")
+    return Verdict("True", "AdaptersReady", f"{ready}/{len(adapters)} ready")
+
+
+def conditions_with(
+    conditions: Sequence[Condition],
+    adapters: Sequence[AdapterStatus],
+    *,
+    previous: Sequence[Mapping[str, Any]],
+    generation: int | None,
+    now: str,
+) -> list[Condition]:
+    """`conditions` with `AdaptersReady` appended (or without it when no adapter is declared)."""
+    kept = [c for c in conditions if c.type != "AdaptersReady"]
+    if not adapters:
+        return kept
+    verdict = {"AdaptersReady": condition(adapters)}
+    return kept + merge_typed(
+        Condition, ("AdaptersReady",), previous, verdict, generation=generation, now=now
+    )
+
+
+def summary(adapters: Sequence[AdapterStatus]) -> str | None:
+    """`ready/declared` for `kubectl get` (None without adapters)."""
+    if not adapters:
+        return None
+    return f"{sum(a.state == 'Ready' for a in adapters)}/{len(adapters)}"
+
+
+def events(previous: Sequence[Mapping[str, Any]], adapters: Sequence[AdapterStatus]) -> list[AdapterEvent]:
+    """One Event per adapter whose state (or, when Failed, reason) changed since `previous` (the
+    status as last written), and one per adapter no longer declared."""
+    before = {str(a.get("name")): a for a in previous if isinstance(a, Mapping)}
+    out: list[AdapterEvent] = []
+    for adapter in adapters:
+        old = before.pop(adapter.name, None)
+        if old is not None and _unchanged(old, adapter):
+            continue
+        text = f"adapter {adapter.name!r} ({adapter.source}) is {adapter.state}"
+        text += f": {adapter.reason}" if adapter.reason else ""
+        kind: Literal["Normal", "Warning"] = "Warning" if adapter.state == "Failed" else "Normal"
+        out.append(AdapterEvent(kind, f"Adapter{adapter.state}", text))
+    for name, old in sorted(before.items()):
+        out.append(
+            AdapterEvent("Normal", "AdapterRemoved", f"adapter {name!r} ({old.get('source')}) removed")
+        )
+    return out
+
+
+def _unchanged(old: Mapping[str, Any], adapter: AdapterStatus) -> bool:
+    """Same state and source (and, when Failed, the same reason): no Event."""
+    same = old.get("state") == adapter.state and old.get("source") == adapter.source
+    return same and (adapter.state != "Failed" or old.get("reason") == adapter.reason)
