@@ -3,19 +3,32 @@ it cannot apply locally.
 
 Pure: the local plan (`tandem.local.plan`), the real-vLLM command line (`tandem.local.vllm_engine`) and
 the operator's container builders (`tandem.operator.resources`) on the same spec; ports are a counter.
-The real `tandem up` of such a spec is tests/cli/test_up_pool_engines.py.
+The real `tandem up` of such a spec is tests/cli/test_up_pool_engines.py; here, `tandem up` runs in a
+subprocess only to refuse a spec before starting anything.
 """
 
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.servers import free_port
 
+from tandem.cli.up import SIM_FLAGS
 from tandem.core.specrules import parse_inference_service
-from tandem.local.plan import LocalPlan, build_plan, local_notes, not_applied_line, not_applied_locally
+from tandem.local.plan import (
+    LocalPlan,
+    PlanError,
+    build_plan,
+    local_notes,
+    local_preflight,
+    not_applied_line,
+    not_applied_locally,
+)
 from tandem.local.vllm_engine import engine_command
 from tandem.operator.resources import Images, Owner, Role, desired_children
 
@@ -151,3 +164,52 @@ def test_it_is_said_in_one_warning_line_before_the_stack_starts() -> None:
     )
     assert not_applied_line("demo", []) is None
     assert local_notes(isvc_of(POOLS)) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        (POOLS, None),
+        ({**POOLS, "decode": {"engine": {"args": ["--max-num-seqs=8"]}}}, None),  # flag=value
+        (
+            {"engine": {"kind": "sim", "args": ["--max-num-seqs", "8", "--trust-remote-code"]}},
+            "spec.engine.args[2]: --trust-remote-code",
+        ),
+        (
+            {"engine": {"kind": "sim"}, "decode": {"engine": {"args": ["--enable-expert-parallel"]}}},
+            "spec.decode.engine.args[0]: --enable-expert-parallel",
+        ),
+        # Real vLLM takes its own flags: nothing is checked against the simulator's.
+        ({"engine": {"kind": "vllm", "args": ["--trust-remote-code"]}}, None),
+    ],
+)
+def test_a_simulated_engine_flag_the_simulator_lacks_is_refused_before_anything_starts(
+    spec: dict[str, Any], problem: str | None
+) -> None:
+    isvc = isvc_of(spec)
+    if problem is None:
+        assert local_preflight(isvc, sim_flags=SIM_FLAGS) == local_notes(isvc)
+        return
+    with pytest.raises(PlanError) as refused:
+        local_preflight(isvc, sim_flags=SIM_FLAGS)
+    assert str(refused.value) == (
+        f"InferenceService demo: {problem} is not a flag of tandem sim (engine.kind sim runs the "
+        "simulator): drop it for a local run, or use --engine vllm"
+    )
+
+
+def test_tandem_up_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    """The seed's DeepSeek-V3 example (vLLM flags) run with simulated engines: nothing starts."""
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "deepseek-v3-pd.yaml"
+    state_dir = tmp_path / "state"
+    done = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "up", "--engine", "sim", "-f", str(example),
+         "--port", str(free_port()), "--state-dir", str(state_dir)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "tandem: error: InferenceService deepseek-v3: spec.engine.args[0]: --trust-remote-code is not a flag "
+        "of tandem sim (engine.kind sim runs the simulator): drop it for a local run, or use --engine vllm"
+    ]
+    assert not state_dir.exists()

@@ -12,7 +12,7 @@ every child it started. `<state dir>/state.json` records the running stack for `
 pool has `autoscaling.enabled`, the autoscaler runs in this process (a thread,
 `tandem.local.autoscaler`), starts and drains engines, and serves its metrics on `--autoscaler-port`.
 Exit codes: 0 after a requested stop, 1 when a child fails or the port or state directory is taken,
-2 for a bad spec.
+2 for a bad spec or one that cannot run here (a simulated engine's flag `tandem sim` lacks).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import yaml
 from tandem.cli.adapters import prepare_local_adapters
 from tandem.cli.documents import load_one, read_documents
 from tandem.cli.exits import fail
+from tandem.cli.sim import sim as sim_command
 from tandem.cli.status import render_table, status_rows
 from tandem.core.adapters import AdapterError
 from tandem.core.gateway import (
@@ -62,7 +63,7 @@ from tandem.local.plan import (
     Role,
     adapter_folder,
     build_plan,
-    local_notes,
+    local_preflight,
 )
 from tandem.local.ports import free_ports
 from tandem.local.scrape import write_prometheus_config
@@ -88,6 +89,9 @@ VLLM_STARTUP_TIMEOUT = 900.0
 
 class _StopRequested(Exception):
     """Raised from the signal handler so start-up and the watch loop unwind the same way."""
+
+
+SIM_FLAGS = frozenset(opt for param in sim_command.params for opt in (*param.opts, *param.secondary_opts))
 
 
 def _port_in_use(port: int) -> bool:
@@ -369,9 +373,10 @@ def up(
             credentials=_credentials(os.environ),
             catalog_adapters=catalog_adapter_names(isvc, base=paths[0].parent),
         )  # fmt: skip
+        notes = local_preflight(isvc, sim_flags=SIM_FLAGS)
     except PlanError as exc:
         fail(str(exc), code=2)
-    for note in local_notes(isvc):
+    for note in notes:
         _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
     _link_adapters(isvc, base=paths[0].parent, state_dir=state_dir)
@@ -413,9 +418,10 @@ def _up_fleet(
                 s.metadata.name: catalog_adapter_names(s, base=bases[s.metadata.name]) for s in services
             },
         )  # fmt: skip
+        notes = [note for isvc in services for note in local_preflight(isvc, sim_flags=SIM_FLAGS)]
     except (PlanError, ValueError) as exc:
         fail(str(exc).replace("\n", " "), code=2)
-    for note in (note for isvc in services for note in local_notes(isvc)):
+    for note in notes:
         _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
     for isvc in services:

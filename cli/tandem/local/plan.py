@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -346,6 +346,36 @@ def not_applied_locally(isvc: InferenceService) -> list[tuple[str, str]]:
         if pool.multinode:
             gaps.append(("multi-node engines (one process each here)", f"spec.{name}.nodesPerReplica"))
     return gaps
+
+
+def local_preflight(isvc: InferenceService, *, sim_flags: Collection[str]) -> list[str]:
+    """What `tandem up` says before it starts a service (`local_notes`); raises `PlanError` for what
+    it cannot run: with `engine.kind: sim`, an engine flag the simulator does not take (`sim_flags`:
+    `tandem sim`'s options), which would end the engine at start-up."""
+    if isvc.spec.engine.kind == "sim" and (problem := unknown_sim_flag(isvc, sim_flags)) is not None:
+        raise PlanError(problem)
+    return local_notes(isvc)
+
+
+def unknown_sim_flag(isvc: InferenceService, known: Collection[str]) -> str | None:
+    """The first user engine flag (shared, then prefill's, then decode's) that is not one of `known`,
+    as a one-line reason naming its field. Example: spec.engine.args ["--trust-remote-code"] →
+    "InferenceService x: spec.engine.args[0]: --trust-remote-code is not a flag of tandem sim ..."."""
+    spec = isvc.spec
+    told = (
+        ("spec.engine.args", spec.engine.args),
+        ("spec.prefill.engine.args", spec.prefill.engine.args),
+        ("spec.decode.engine.args", spec.decode.engine.args),
+    )
+    for at, args in told:
+        for i, arg in enumerate(args):
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and name not in known:
+                return (
+                    f"InferenceService {isvc.metadata.name}: {at}[{i}]: {name} is not a flag of tandem sim "
+                    "(engine.kind sim runs the simulator): drop it for a local run, or use --engine vllm"
+                )
+    return None
 
 
 def local_notes(isvc: InferenceService) -> list[str]:
