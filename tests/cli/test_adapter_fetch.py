@@ -26,6 +26,8 @@ from tandem.core.adapterfetch import (
     install,
     parse_failures,
     parse_wanted,
+    prune,
+    source_key,
 )
 from tandem.core.adapters import AdapterError, HfSource
 
@@ -328,3 +330,20 @@ def test_declared_adapters_win_over_the_catalogs_of_the_same_name(tmp_path: Path
     again = fetch(cache, hub, "--catalog", str(catalog), "--prune", "sql=hf://org/sql")
     assert again.exit_code == 0
     assert (cache / "extra").is_symlink(), "--prune leaves the catalog's links alone"
+
+
+def test_a_download_left_by_a_crash_is_cleared_and_another_adapters_is_not(tmp_path: Path) -> None:
+    versions = tmp_path / ".fetched"
+    (versions / ".tmp-a@crashed").mkdir(parents=True)
+    (versions / ".tmp-a-b@running").mkdir()
+
+    def files(source: Any, directory: Path) -> str:
+        for name, body in adapter_files().items():
+            (directory / name).write_bytes(body)
+        return "rev"
+
+    install(tmp_path, parse_wanted(["a=hf://org/a"])[0], download=files, max_rank=16)
+    prune(tmp_path, ["a"])
+    assert sorted(p.name for p in versions.iterdir() if p.is_dir()) == [
+        ".tmp-a-b@running", f"a@{source_key('hf://org/a')}"
+    ]  # fmt: skip

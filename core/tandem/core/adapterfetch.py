@@ -6,6 +6,8 @@ The cache is the engines' adapter directory (`/adapters`, `VLLM_LORA_RESOLVER_CA
     <cache>/<name>                       -> .fetched/<name>@<key>   (a relative symbolic link)
     <cache>/.fetched/<name>@<key>/       the adapter's files and FETCHED_MARKER
     <cache>/.fetched/<name>.lock         held (flock) while one process installs <name>
+    <cache>/.fetched/.tmp-<name>@<rand>/ a download in progress (removed by the next install of
+                                         <name> when a crash left it)
 
 `<key>` is a digest of the declared source (`source_key`), so a changed source is a new directory
 and fetched again, and an unchanged one is found and not. An install downloads into a temporary
@@ -36,7 +38,6 @@ from typing import Literal
 from tandem.core.adapters import (
     ADAPTER_CONFIG,
     AdapterError,
-    AdapterSource,
     HfSource,
     S3Source,
     config_problem,
@@ -163,7 +164,9 @@ def install(cache: Path, wanted: Wanted, *, download: Download, max_rank: int) -
             _point(link, relative)
             return Installed(wanted.name, "cached", marker.get("revision", ""))
         shutil.rmtree(target, ignore_errors=True)  # an incomplete version (no marker) left by a crash
-        temp = Path(tempfile.mkdtemp(prefix=f".tmp-{wanted.name}-", dir=versions))
+        for stale in versions.glob(f".tmp-{wanted.name}@*"):  # only the lock's holder makes these
+            shutil.rmtree(stale, ignore_errors=True)
+        temp = Path(tempfile.mkdtemp(prefix=f".tmp-{wanted.name}@", dir=versions))
         try:
             revision = download(wanted.parsed, temp)
             check_download(temp, max_rank=max_rank)
@@ -201,7 +204,12 @@ def prune(cache: Path, keep: Sequence[str]) -> list[str]:
             link.unlink()
             removed.append(link.name)
     for version in versions.iterdir():
-        if version.is_dir() and "@" in version.name and version.resolve() not in current:
+        if (
+            version.is_dir()
+            and not version.name.startswith(".")  # a download in progress, under its own lock
+            and "@" in version.name
+            and version.resolve() not in current
+        ):
             with _locked(versions / f"{version.name.split('@')[0]}.lock"):
                 shutil.rmtree(version, ignore_errors=True)
     return removed
@@ -224,12 +232,3 @@ def parse_failures(message: str) -> dict[str, str]:
             name, _, reason = line[len(FAILED_PREFIX) :].partition(": ")
             out[name] = reason
     return out
-
-
-def source_of(source: AdapterSource) -> str:
-    """A short description of a remote source, for messages ('hf://org/repo@rev', 's3://bucket/p')."""
-    if isinstance(source, HfSource):
-        return f"hf://{source.repo}" + (f"@{source.revision}" if source.revision else "")
-    if isinstance(source, S3Source):
-        return f"s3://{source.bucket}/{source.prefix}"
-    return repr(source)

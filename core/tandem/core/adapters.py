@@ -4,8 +4,9 @@ catalog directory of them, and the directory the engines' filesystem resolver re
 Sources (`spec.adapters[].source`, `spec.adapterCatalog.source`):
 
 - `pvc://claim/path`: a directory in a PersistentVolumeClaim (mounted read-only into the engines);
-- `hf://org/repo[@revision]`: a Hugging Face repository (not fetched yet: docs/operator.md);
-- `s3://bucket/prefix`: an S3 prefix (not fetched yet);
+- `hf://org/repo[@revision]`: a Hugging Face repository, and
+- `s3://bucket/prefix`: an S3 prefix, both downloaded into the engines' adapter directory by
+  `tandem adapters fetch` (`tandem.core.adapterfetch`; in a cluster, the engine pods' init container);
 - anything without a scheme: a local directory, for `tandem up` and `tandem validate` (relative paths
   are relative to the YAML file's directory).
 

@@ -41,11 +41,10 @@ PLURALS = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
-    # Read only, for the adapters' status (tandem.operator.adapterstatus): a pvc:// adapter's claim,
-    # the engine pods' fetch results.
-    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
-    ("v1", "Pod"): "pods",
 }
+#: Kinds the operator only reads, for the adapters' status (tandem.operator.adapterstatus): a pvc://
+#: adapter's claim (get), the engine pods' fetch results (list).
+READ_PLURALS = {("v1", "PersistentVolumeClaim"): "persistentvolumeclaims", ("v1", "Pod"): "pods"}
 #: Tandem's own kinds, which the operator lists and patches (annotations) but never creates.
 OWN_PLURALS = {(API_VERSION, KIND): PLURAL, (API_VERSION, GATEWAY_KIND): GATEWAY_PLURAL}
 
@@ -118,7 +117,7 @@ def _tls(cluster: Mapping[str, Any], user: Mapping[str, Any], *, base: Path) -> 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
     """`/apis/apps/v1/namespaces/ns/deployments` for ("apps/v1", "Deployment", "ns")."""
     try:
-        plural = (PLURALS | OWN_PLURALS)[(api_version, kind)]
+        plural = (PLURALS | OWN_PLURALS | READ_PLURALS)[(api_version, kind)]
     except KeyError:
         raise ValueError(f"the operator does not manage {kind} ({api_version})") from None
     root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
