@@ -104,7 +104,8 @@ class KubePool:
     clock: Callable[[], float] = time.monotonic
     reread_s: float = SCALE_REREAD_S
     owners: OwnerCheck | None = None
-    #: (when, replicas) of the last read or patch of the scale subresource.
+    #: (when, replicas) of the last read (a Deployment's scale subresource, a LeaderWorkerSet whole)
+    #: or patch.
     _known: tuple[float, int] | None = field(default=None, init=False, repr=False)
     #: The workload's uid as the last read showed it ("": not read yet).
     _uid: str = field(default="", init=False, repr=False)
