@@ -10,11 +10,18 @@
    `DEFAULT_DECODE_KV_PARAMS` when the engine returned none (connectors that hand KV over through
    the shared pool, such as LMCache with Redis, find it by prompt hash and need no address).
 
+4. Decode-only after a prefill of another KV layout (`away_from_layout_body`): the prefill's chunks
+   are in the pool under keys that do not carry the layout, so the decode engine would load them as
+   its own; the body goes with a `cache_salt` of its own, derived from the client's (or none) and
+   the prefill's layout, under which Tandem's connector roots its pool keys (and vLLM its prefix
+   cache): the decode engine finds nothing there and computes the prompt.
+
 Unknown fields are kept as they are: the gateway forwards vLLM extensions untouched.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -63,6 +70,18 @@ def kv_params_from_prefill(response: object) -> dict[str, Any]:
         if isinstance(params, Mapping):
             return dict(params)
     return dict(DEFAULT_DECODE_KV_PARAMS)
+
+
+def away_from_layout_body(body: Mapping[str, Any], prefill_layout: str) -> dict[str, Any]:
+    """The client's body for a decode-only request whose prompt a prefill engine of
+    `prefill_layout` wrote to the pool (module docstring, 4): `cache_salt` replaced by
+    `kv-layout-<16 hex digits of SHA-256(salt, layout)>`. Example: no salt, layout `g1` → always the
+    same salt for `g1`, another for `g2`."""
+    salt = body.get("cache_salt")
+    seed = f"{salt if isinstance(salt, str) else ''}\x00{prefill_layout}".encode()
+    out = dict(body)
+    out["cache_salt"] = "kv-layout-" + hashlib.sha256(seed).hexdigest()[:16]
+    return out
 
 
 def decode_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any]) -> dict[str, Any]:

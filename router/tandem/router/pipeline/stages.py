@@ -43,6 +43,7 @@ from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
 from tandem.router.observe.arrivals import Arrivals
 from tandem.router.pd.disagg import Disaggregator
+from tandem.router.pd.handoff import away_from_layout_body
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
 from tandem.router.pipeline.meter import GrantMeter
@@ -336,7 +337,8 @@ class Dispatch:
     def _layout(self, ctx: RequestContext) -> str | None:
         """The KV layout the decode engine must pair with (None: any). When the prefill's layout has
         left the decode pool meanwhile (its generation rolled away), its KV is of no use: the request
-        goes decode-only (`layout_mismatch`), the decode engine computing the prompt itself."""
+        goes decode-only (`layout_mismatch`), the decode engine computing the prompt itself under a
+        cache salt where the prefill's chunks are not (`handoff.away_from_layout_body`)."""
         if not ctx.kv_loaded or ctx.kv_layout is None:
             return None
         if self.dispatcher.registry.candidates("decode", pairs_with=ctx.kv_layout):
@@ -346,7 +348,8 @@ class Dispatch:
             extra={"request_id": ctx.request_id, "kv_layout": ctx.kv_layout},
         )
         self.dispatcher.metrics.pd_fallbacks.labels("layout_mismatch").inc()
-        ctx.kv_loaded, ctx.decode_body, ctx.pd_fallback = False, None, "layout_mismatch"
+        ctx.decode_body = away_from_layout_body(ctx.body, ctx.kv_layout)
+        ctx.kv_loaded, ctx.pd_fallback, ctx.prefill_endpoint = False, "layout_mismatch", None
         return None
 
     async def _wait_again(self, ctx: RequestContext, recalled: Recalled) -> None:
