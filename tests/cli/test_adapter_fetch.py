@@ -155,7 +155,7 @@ def fetch(cache: Path, hub: Hub, *wanted: str, token: str | None = None, max_ran
 
 
 def test_an_hf_adapter_is_downloaded_once_and_linked_by_name(tmp_path: Path, hub: Hub) -> None:
-    hub.repos["org/sql"] = {"main": ("a" * 40, adapter_files())}
+    hub.repos["org/sql"] = {"main": ("a" * 40, adapter_files() | {"checkpoint-5/adapter_model.bin": b"x"})}
     first = fetch(tmp_path, hub, "sql=hf://org/sql")
     assert first.exit_code == 0, first.output
     assert first.output == f"fetched sql {'a' * 40}\n"
@@ -163,7 +163,8 @@ def test_an_hf_adapter_is_downloaded_once_and_linked_by_name(tmp_path: Path, hub
     assert os.readlink(tmp_path / "sql").startswith(".fetched/sql@")
     marker = json.loads((tmp_path / "sql" / FETCHED_MARKER).read_text())
     assert marker == {"source": "hf://org/sql", "revision": "a" * 40}
-    assert len(hub.downloads()) == 3
+    assert len(hub.downloads()) == 3, "the top-level files only"
+    assert not (tmp_path / "sql" / "checkpoint-5").exists()
 
     again = fetch(tmp_path, hub, "sql=hf://org/sql")
     assert again.exit_code == 0, again.output
@@ -225,6 +226,7 @@ def test_an_s3_prefix_is_downloaded_once(tmp_path: Path, s3: Any) -> None:
     for name, body in adapter_files().items():
         s3.put_object(Bucket="loras", Key=f"team/chat/{name}", Body=body)
     s3.put_object(Bucket="loras", Key="team/chat-other/adapter_config.json", Body=b"{}")
+    s3.put_object(Bucket="loras", Key="team/chat/checkpoint-5/adapter_model.bin", Body=b"x")
     first = run(["--dest", str(tmp_path), "--max-rank", "8", "chat=s3://loras/team/chat"])
     assert first.exit_code == 0, first.output
     assert first.output.startswith("fetched chat etags-")

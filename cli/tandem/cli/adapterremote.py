@@ -11,8 +11,9 @@ failure is a `FetchError` with one line saying why (errors of httpx and botocore
   (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, …) and `AWS_ENDPOINT_URL` for an
   S3-compatible store. The revision is a digest of the keys and ETags.
 
-Bounded: at most `MAX_FILES` files and `MAX_BYTES` bytes per adapter; file paths must stay inside the
-directory.
+Only the files at the top of the repository or directly under the prefix are fetched (where vLLM
+reads an adapter; a repository's `checkpoint-*/` folders and the like are left out). Bounded: at most
+`MAX_FILES` files and `MAX_BYTES` bytes per adapter; file paths must stay inside the directory.
 """
 
 from __future__ import annotations
@@ -73,13 +74,12 @@ class Remotes:
             siblings = info.get("siblings")
             if not isinstance(sha, str) or not isinstance(siblings, list):
                 raise FetchError(f"hf://{source.repo}: the Hub's answer has no sha and siblings")
-            files = [s.get("rfilename") for s in siblings if isinstance(s, dict)]
+            listed = [s.get("rfilename") for s in siblings if isinstance(s, dict)]
+            files = [name for name in listed if isinstance(name, str) and "/" not in name]
             if len(files) > MAX_FILES:
                 raise FetchError(f"hf://{source.repo}: {len(files)} files, more than {MAX_FILES}")
             total = 0
             for name in files:
-                if not isinstance(name, str):
-                    continue
                 url = f"{base}/{source.repo}/resolve/{sha}/{quote(name)}"
                 total += _hub_file(client, url, directory / _safe_relative(name), budget=MAX_BYTES - total)
         return sha
@@ -92,7 +92,9 @@ class Remotes:
         try:
             client = self.s3_client or _s3_client(self.s3_endpoint)
             keys: list[tuple[str, str, int]] = []
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start):
+            listing = client.get_paginator("list_objects_v2")
+            pages = listing.paginate(Bucket=bucket, Prefix=start, Delimiter="/")
+            for page in pages:
                 for item in page.get("Contents", []):
                     if not item["Key"].endswith("/"):
                         keys.append((item["Key"], str(item.get("ETag", "")), int(item.get("Size", 0))))
