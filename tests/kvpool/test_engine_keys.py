@@ -15,12 +15,11 @@ from tandem.kvpool.engine_keys import (
     key_alternatives,
     lmcache_kv_dtype,
     parallel_sizes,
-    total_kv_heads,
     uses_mla,
 )
 from tandem.kvpool.keys import LMCache03Hash, LMCacheCborHash, LMCacheHash, PoolKeys, TandemHash
 
-QWEN = {"model_type": "qwen2", "torch_dtype": "bfloat16", "num_attention_heads": 28, "num_key_value_heads": 4}
+QWEN = {"model_type": "qwen2", "torch_dtype": "bfloat16"}
 DEEPSEEK = {"model_type": "deepseek_v3", "kv_lora_rank": 512, "torch_dtype": "bfloat16"}
 
 
@@ -68,14 +67,14 @@ def test_lmcache_engines_told_to_hash_with_builtin_key_by_pythons_hash() -> None
     assert isinstance(other, KeysUnavailable) and "'xxhash'" in other.reason
 
 
-def test_tandems_connector_keeps_tandems_hash_and_keys_by_kv_heads_not_tp() -> None:
+def test_tandems_connector_keeps_tandems_hash_and_keys_by_kv_head_not_tp() -> None:
     found = keys("tandem", seed=None, tp=(2, 2))
     assert isinstance(found, PoolKeys)
-    assert (found.scheme, found.world_size, found.worker_id, found.dtype) == (TandemHash(), 4, 0, "bfloat16")
+    assert (found.scheme, found.world_size, found.worker_id, found.dtype) == (TandemHash(), 1, 0, "bfloat16")
     for tp in ((1, 1), (2, 1), (1, 4), (4, 2)):
-        assert keys("tandem", seed=None, tp=tp) == found  # the head grid: 4 KV heads, whatever TP
+        assert keys("tandem", seed=None, tp=tp) == found  # KV head 0's key, whatever TP
     assert (
-        isinstance(piped := keys("tandem", seed=None, args=["-pp", "2"]), PoolKeys) and piped.world_size == 8
+        isinstance(piped := keys("tandem", seed=None, args=["-pp", "2"]), PoolKeys) and piped.world_size == 2
     )
     keyed = engine_pool_keys(
         connector="tandem", model="m", chunk_size=256, engine_args=(), engine_env={}, tensor_parallel=(1, 1),
@@ -117,14 +116,10 @@ def test_pools_of_different_world_sizes_share_no_keys_unless_mla_collapses_them(
     assert isinstance(tandem, PoolKeys) and tandem.world_size == 1  # one latent, stored once
 
 
-def test_tandems_keys_differ_only_with_the_pipeline_and_need_the_kv_heads() -> None:
-    unequal_pp = keys("tandem", tp=(2, 1), args=["--pipeline-parallel-size", "2"])
-    assert isinstance(unequal_pp, PoolKeys)  # both pools get the shared engine args
-    no_heads = keys("tandem", config={"model_type": "qwen2"})
-    assert isinstance(no_heads, KeysUnavailable) and "KV heads" in no_heads.reason
-    assert total_kv_heads({"num_attention_heads": 32}) == 32
-    assert total_kv_heads({"text_config": {"num_key_value_heads": 8, "num_attention_heads": 32}}) == 8
-    assert total_kv_heads({"multi_query_group_num": 2, "num_attention_heads": 32}) == 2
+def test_tandems_keys_need_no_kv_head_count() -> None:
+    """Head 0's key names the chunk: the gateway needs no `config.json` head count to compute it."""
+    found = keys("tandem", tp=(2, 1), config={"model_type": "qwen2"})
+    assert isinstance(found, PoolKeys) and (found.world_size, found.worker_id) == (1, 0)
 
 
 def test_engine_args_override_the_pools_parallel_sizes() -> None:

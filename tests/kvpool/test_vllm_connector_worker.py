@@ -99,7 +99,7 @@ class FakeConnector:
         return sum(self.store.pop(key, None) is not None for key in keys)
 
     def namer(self, shard: int) -> ChunkNamer:
-        return ChunkNamer(model="m", world_size=self.grid.shards, worker_id=shard, dtype=self.dtype)
+        return ChunkNamer(model="m", world_size=self.grid.key_world_size, worker_id=shard, dtype=self.dtype)
 
 
 def worker(
@@ -420,7 +420,7 @@ def test_a_decode_engine_of_another_tp_loads_exactly_its_heads_of_the_prefills_k
     for side, _ in prefill:
         side.save([connector_worker.SaveRequest(req_id="p", chunks=[ChunkSave(0, 1, (0, 1))])])
     assert sorted(k for k in store if k.endswith("metadata")) == [
-        f"m@{H}@{h}@1@bfloat16metadata" for h in range(H)
+        f"m@1@{h}@1@bfloat16metadata" for h in range(H)
     ]
 
     consumer = FakeConnector(pool_key)

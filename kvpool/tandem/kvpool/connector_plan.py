@@ -122,10 +122,11 @@ def engine_kv_dtype(engine_args: Sequence[str], model_config: Mapping[str, objec
 @dataclass(frozen=True, slots=True)
 class HeadGrid:
     """The shards of a chunk: one per pipeline stage and KV head of the model (`total_heads`; 1 for MLA,
-    whose one latent every rank holds whole). Shard `stage * total_heads + head` is key field
-    `worker_id`, the shard count key field `world_size` (LMCache's layout), so keys name heads, not
-    ranks, and do not depend on the tensor-parallel size. Example: 8 KV heads, no PP: `m@8@0@..` to
-    `m@8@7@..`, written by one TP-8 engine's 8 ranks or one TP-2 engine's 2 ranks (4 each) alike."""
+    whose one latent every rank holds whole). In LMCache's key layout, key field `world_size` is the
+    pipeline stages and `worker_id` the shard, `stage * total_heads + head`: keys name heads, not
+    ranks, and depend neither on the tensor-parallel size nor on the head count (a reader that knows
+    only the model and its pipeline size names shard 0). Example: 8 KV heads, no PP: `m@1@0@..` to
+    `m@1@7@..`, written by one TP-8 engine's 8 ranks or one TP-2 engine's 2 ranks (4 each) alike."""
 
     total_heads: int
     pipeline_stages: int = 1
@@ -140,6 +141,11 @@ class HeadGrid:
     @property
     def shards(self) -> int:
         return self.total_heads * self.pipeline_stages
+
+    @property
+    def key_world_size(self) -> int:
+        """The keys' `world_size` field: the pipeline stages."""
+        return self.pipeline_stages
 
     def shard(self, *, stage: int, head: int) -> int:
         return stage * self.total_heads + head
@@ -184,8 +190,8 @@ def rank_heads(
 @dataclass(frozen=True)
 class ChunkNamer:
     """Redis keys of one shard of a chunk (`HeadGrid`):
-    `{model}@{world_size}@{worker_id}@{hash:x}@{dtype}` + suffix, with `world_size` the grid's shard
-    count and `worker_id` the shard."""
+    `{model}@{world_size}@{worker_id}@{hash:x}@{dtype}` + suffix, with `world_size` the pipeline
+    stages (`HeadGrid.key_world_size`) and `worker_id` the shard."""
 
     model: str
     world_size: int

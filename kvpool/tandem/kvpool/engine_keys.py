@@ -7,8 +7,8 @@ the reason. Per connector (`tandem.kvpool.engine_config`):
 - `tandem` (Tandem's connector): Tandem's chain (`TandemHash`, keyed with the pool key the engines
   hold, `TANDEM_KV_POOL_KEY`, when there is one), the model part `spec.model.name`, dtype
   `engine_kv_dtype`, and the head grid (`connector_plan.HeadGrid`) in place of LMCache's world size
-  and worker: world size pipeline parallel × the model's KV heads (1 for MLA; from its
-  `config.json`), worker 0 (head 0 of stage 0). No tensor-parallel size: engines of any TP share keys.
+  and worker: world size the pipeline-parallel size, worker 0 (KV head 0 of stage 0). No
+  tensor-parallel size: engines of any TP share keys.
 - `lmcache` (LMCache 0.5.6's `LMCacheConnectorV1` in vLLM 0.32, `save_unfull_chunk: False`,
   `redis://` remote): with `pre_caching_hash_algorithm: sha256_cbor` (what Tandem configures,
   `engine_config.lmcache_env`; the engines' `LMCACHE_PRE_CACHING_HASH_ALGORITHM` in `engine_env`
@@ -53,7 +53,6 @@ __all__ = [
     "key_alternatives",
     "lmcache_kv_dtype",
     "parallel_sizes",
-    "total_kv_heads",
     "uses_mla",
 ]
 
@@ -140,27 +139,6 @@ def uses_mla(model_config: Mapping[str, object] | None, engine_env: Mapping[str,
     return text.get("kv_lora_rank") is not None
 
 
-def total_kv_heads(model_config: Mapping[str, object] | None) -> int | None:
-    """The model's KV heads as vLLM 0.32 counts them (`ModelConfig.get_total_num_kv_heads`, the common
-    cases): `num_key_value_heads`, else Falcon's `n_head_kv` / `num_kv_heads`, else ChatGLM's
-    `multi_query_group_num`, else `num_attention_heads` (no grouped-query attention), in the text
-    config when there is one; None when the config says none of them."""
-    config = model_config or {}
-    text = config.get("text_config")
-    text = text if isinstance(text, Mapping) else config
-    for name in (
-        "num_key_value_heads",
-        "n_head_kv",
-        "num_kv_heads",
-        "multi_query_group_num",
-        "num_attention_heads",
-    ):
-        value = text.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def engine_pool_keys(
     *,
     connector: Literal["tandem", "lmcache"],
@@ -182,12 +160,7 @@ def engine_pool_keys(
     except ValueError as exc:
         return KeysUnavailable(f"cannot read the engines' parallel sizes: {exc}")
     if connector == "tandem":
-        heads = 1 if uses_mla(model_config, engine_env) else total_kv_heads(model_config)
-        if heads is None:
-            return KeysUnavailable(
-                "the model's config.json does not say its KV heads, which Tandem's connector's keys count"
-            )
-        world = (prefill[1] * heads, decode[1] * heads)  # HeadGrid.shards: pipeline stages × KV heads
+        world = (prefill[1], decode[1])  # HeadGrid.key_world_size: the pipeline stages
         dtype: str | None = engine_kv_dtype(engine_args, model_config)
         scheme: ChunkHashScheme = TandemHash(key=pool_key)
     else:

@@ -167,7 +167,9 @@ class PoolKeys:
 
     A reader that asks whether a writer stored a prompt computes the writer's keys: the same model
     part, world size, dtype and hash scheme. Worker 0 by default: its keys stand for the chunk (the
-    other ranks of a tensor-parallel writer store theirs alongside, under their own worker ids).
+    other ranks of an LMCache writer store theirs alongside, under their own worker ids; Tandem's
+    connector stores one entry per KV head, world size = pipeline stages, worker = the head (of stage
+    0): `tandem.kvpool.connector_plan.HeadGrid`).
     """
 
     model: str

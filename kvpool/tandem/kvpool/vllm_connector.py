@@ -15,11 +15,12 @@ How it works (pure logic in `tandem.kvpool.connector_plan`; the worker side, whi
   `cache_salt` and its LoRA adapter's `lora_name`, `PoolScope`: neither tenants nor adapters share a
   key) and keyed with the pool key (`TANDEM_KV_POOL_KEY`, or the variable `pool_key_env` names) when
   one is set; one entry per chunk and **shard**, a (pipeline stage, KV head of the model) pair
-  (`connector_plan.HeadGrid`): `{model}@{shards}@{shard}@{hash:x}@{dtype}` + `kv_bytes` (written
+  (`connector_plan.HeadGrid`): `{model}@{stages}@{shard}@{hash:x}@{dtype}` + `kv_bytes` (written
   first) and + `metadata` (LMCache's 28-byte int32 struct, written last: a chunk exists when every
   shard's metadata exists). Keys name heads, not ranks: a TP-2 prefill and a TP-1 decode (or the
   reverse, or TP 8 and TP 2) share them. Each TP rank writes the heads it holds (replicated heads and
-  MLA's single latent, `{model}@1@0@...`, once) and reads the same heads back.
+  MLA's single latent, `{model}@1@0@...`, once) and reads the same heads back. `stages` is the
+  pipeline-parallel size, `shard` = stage × the model's KV heads + head.
 - **Tags.** With a pool key the metadata carries a 32-byte tag after the 28 bytes
   (`tandem.kvpool.keys.chunk_mac` over the key name, the header and the bytes); a load verifies it and
   treats an untagged or wrong-tagged chunk as a miss: the entry is deleted, its blocks recomputed, and
@@ -221,7 +222,7 @@ class TandemConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def namer(self, shard: int) -> ChunkNamer:
         """Keys of one shard (`HeadGrid`) of a chunk."""
         return ChunkNamer(
-            model=self.settings.model, world_size=self.grid.shards, worker_id=shard, dtype=self.dtype
+            model=self.settings.model, world_size=self.grid.key_world_size, worker_id=shard, dtype=self.dtype
         )
 
     # -- scheduler side

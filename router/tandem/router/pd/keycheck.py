@@ -121,8 +121,8 @@ def mismatch_message(keys: PoolKeys, *, misses: int, recheck_after_s: float) -> 
         if scheme.startswith("lmcache")
         else "that the engines run Tandem's connector or the simulator with the same Tandem version"
     )
-    # Tandem's keys count shards (pipeline stages × KV heads) where LMCache's count ranks.
-    grid = "shards" if scheme.startswith("tandem") else "world size"
+    # Tandem's keys count pipeline stages (one entry per KV head) where LMCache's count ranks.
+    grid = "pipeline stages" if scheme.startswith("tandem") else "world size"
     return (
         f"kv pool keys mismatch: after {misses} prefills none of the prompts' chunks appeared in the "
         f"KV pool under the keys the gateway computes ({scheme} hash, model {keys.model!r}, "
