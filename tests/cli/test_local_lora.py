@@ -84,8 +84,8 @@ def test_declared_local_adapters_are_linked_and_others_are_skipped_with_a_line(t
     dest = tmp_path / "state" / "adapters"
     skipped = prepare_local_adapters(load_one(path), base=tmp_path, dest=dest)
     assert skipped == [
-        "spec.adapters[1].source: adapter 'hub' is skipped here (not fetched yet); only local "
-        "directories run locally",
+        "spec.adapters[1].source: adapter 'hub' is skipped here (the engine pods fetch it in a cluster); "
+        "only local directories run locally",
         "spec.adapters[2].source: adapter 'claimed' is skipped here (for a cluster); only local "
         "directories run locally",
     ]

@@ -302,7 +302,7 @@ def test_a_config_reads_rank_base_and_type(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- cluster, warnings, gateway
 
 
-def test_local_paths_are_refused_in_a_cluster_and_hf_s3_are_warned_about() -> None:
+def test_local_paths_are_refused_in_a_cluster_and_hf_s3_without_a_shared_cache_are_warned_about() -> None:
     doc = lora_doc(
         [
             {"name": "a", "source": "./a"},
@@ -320,7 +320,12 @@ def test_local_paths_are_refused_in_a_cluster_and_hf_s3_are_warned_about() -> No
         "pvc://claim/path",
     ]
     assert [e.path for e in adapter_warnings(spec)] == ["spec.adapters[2].source", "spec.adapters[3].source"]
-    assert "hf:// adapters are not fetched yet" in adapter_warnings(spec)[0].message
+    assert adapter_warnings(spec)[0].message == (
+        "hf:// adapter 'c' is fetched by every engine pod on its own: set spec.adapterCache.pvc (a "
+        "ReadWriteMany claim) to download it once"
+    )
+    shared = parse_inference_service(doc | {"spec": doc["spec"] | {"adapterCache": {"pvc": "loras"}}}).spec
+    assert adapter_warnings(shared) == []
 
 
 def test_adapter_names_are_names_a_service_serves_in_a_gateway() -> None:

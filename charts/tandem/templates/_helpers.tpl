@@ -179,10 +179,15 @@ namespace. One YAML list item per rule, each with the comment saying what it is 
   verbs: [get, list, watch]
 # Escalation prevention again: the router's Role grants list/watch on Pods (the engines'
 # tandem.dev/kv-layout labels, which EndpointSlices do not carry), so the operator holds them too.
-# The operator itself never reads Pods.
+# The operator lists a service's engine pods itself for one thing: the adapters-fetch init
+# containers' results (status.adapters of hf:// and s3:// adapters).
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# status.adapters of pvc:// adapters: whether each named claim exists and is Bound. Read only.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
 # Warning events on InferenceServices (invalid spec, blocked apply), posted through kopf.
 - apiGroups: [""]
   resources: [events]

@@ -61,7 +61,11 @@ def prepare_local_adapters(isvc: InferenceService, *, base: Path, dest: Path) ->
         if isinstance(source, LocalSource):
             found[name] = local_path(source, base=base)
         else:
-            why = "not fetched yet" if isinstance(source, HfSource | S3Source) else "for a cluster"
+            why = (
+                "the engine pods fetch it in a cluster"
+                if isinstance(source, HfSource | S3Source)
+                else "for a cluster"
+            )
             skipped.append(
                 f"{at}: adapter {name!r} is skipped here ({why}); only local directories run locally"
             )

@@ -8,7 +8,8 @@
 - Adapters (`spec.adapters`, `spec.adapterCatalog`, `spec.engine.lora`): `check_rules` holds what the
   spec alone says (sources parse, names unique and not the model's); `local_adapter_rules` reads
   local sources (`tandem validate`, `tandem up`: ranks, catalog names); `cluster_adapter_rules` refuses
-  what a cluster cannot serve (local paths); `adapter_warnings` says what is accepted but not done yet.
+  what a cluster cannot serve (local paths); `adapter_warnings` says what is accepted but costs more
+  than it needs to.
 """
 
 from __future__ import annotations
@@ -330,13 +331,16 @@ def cluster_adapter_rules(spec: InferenceServiceSpec) -> list[SpecError]:
 
 
 def adapter_warnings(spec: InferenceServiceSpec) -> list[SpecError]:
-    """Adapters the spec may name but nothing fetches yet: `hf://` and `s3://` sources (the engines
-    find them only once something else puts them in the adapter directory, e.g. spec.adapterCache)."""
+    """`hf://` and `s3://` adapters without a shared cache: each engine pod's init container fetches
+    them into its own emptyDir (`tandem adapters fetch`), so every pod downloads every one, and again
+    when it is re-created; `spec.adapterCache.pvc` makes it one download for the service's pods."""
+    if spec.adapter_cache is not None and spec.adapter_cache.pvc is not None:
+        return []
     return [
         SpecError(
             at,
-            f"{'hf://' if isinstance(source, HfSource) else 's3://'} adapters are not fetched yet: the "
-            f"engines find {name!r} only once something puts it in their adapter directory",
+            f"{'hf://' if isinstance(source, HfSource) else 's3://'} adapter {name!r} is fetched by every "
+            "engine pod on its own: set spec.adapterCache.pvc (a ReadWriteMany claim) to download it once",
         )
         for at, name, source in adapter_sources(spec)
         if isinstance(source, HfSource | S3Source)
