@@ -62,7 +62,9 @@ endpoint is chosen first, and the prefill endpoint only among those whose layout
 engines serve side by side and KV of one generation is garbage to the other; when no prefill
 endpoint of the decode endpoint's layout is in rotation, the request goes decode-only
 (`layout_mismatch`, logged with the request id), never to a pair of two generations. The decode
-request keeps to the prefill endpoint's layout when it is placed again (`pipeline.stages.Dispatch`).
+request keeps to the prefill endpoint's layout when it is placed again (`pipeline.stages.Dispatch`);
+with none of that layout left it goes decode-only too, under a cache salt where the prefill's chunks
+are not (`handoff.away_from_layout_body`).
 
 **Barrier** (with a KV pool configured): after a successful prefill, wait (bounded) until every full
 chunk of the prompt has its metadata in the pool (`KVPoolIndex.wait_for_keys`), so the decode

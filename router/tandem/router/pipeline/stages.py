@@ -335,18 +335,14 @@ class Dispatch:
         ctx.retries = attempt.retries
 
     def _layout(self, ctx: RequestContext) -> str | None:
-        """The KV layout the decode engine must pair with (None: any). When the prefill's layout has
-        left the decode pool meanwhile (its generation rolled away), its KV is of no use: the request
-        goes decode-only (`layout_mismatch`), the decode engine computing the prompt itself under a
-        cache salt where the prefill's chunks are not (`handoff.away_from_layout_body`)."""
+        """The KV layout the decode engine must pair with (None: any); when none of the prefill's is
+        left, decode-only under a salt of its own (`tandem.router.pd.disagg`, pairing)."""
         if not ctx.kv_loaded or ctx.kv_layout is None:
             return None
         if self.dispatcher.registry.candidates("decode", pairs_with=ctx.kv_layout):
             return ctx.kv_layout
-        log.warning(
-            "no decode endpoint of the prefill's KV layout left: decode only",
-            extra={"request_id": ctx.request_id, "kv_layout": ctx.kv_layout},
-        )
+        extra = {"request_id": ctx.request_id, "kv_layout": ctx.kv_layout}
+        log.warning("no decode endpoint of the prefill's KV layout left: decode only", extra=extra)
         self.dispatcher.metrics.pd_fallbacks.labels("layout_mismatch").inc()
         ctx.decode_body = away_from_layout_body(ctx.body, ctx.kv_layout)
         ctx.kv_loaded, ctx.pd_fallback, ctx.prefill_endpoint = False, "layout_mismatch", None
