@@ -87,7 +87,8 @@ async def test_an_adapters_requests_stay_home_and_a_burst_of_it_spreads_within_t
     home = min(urls, key=ranks.__getitem__)
 
     # Every engine answers once first: until then slow start gives a new engine one prompt at a time.
-    warm = await asyncio.gather(*(client.post("/v1/completions", json=complete("qwen")) for _ in urls))
+    warming = [complete("qwen", f"warm-up {i}") | {"max_tokens": 64} for i in range(ENGINES)]  # overlap
+    warm = await asyncio.gather(*(client.post("/v1/completions", json=body) for body in warming))
     assert [r.status_code for r in warm] == [200] * ENGINES
     assert set((await served(client, urls)).values()) == {1.0}
 
