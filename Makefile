@@ -27,4 +27,4 @@ up-vllm: setup setup-vllm
 # The slow tier: real vLLM prefill and decode behind the gateway (several minutes).
 test-vllm: setup-vllm
 	bash scripts/bootstrap.sh dev
-	TANDEM_SLOW=1 .venv/bin/python -m pytest e2e/test_vllm_pd.py e2e/test_vllm_routing.py e2e/test_vllm_cold_start.py e2e/test_vllm_lmcache.py e2e/test_vllm_lora.py -v
+	TANDEM_SLOW=1 .venv/bin/python -m pytest e2e/test_vllm_pd.py e2e/test_vllm_routing.py e2e/test_vllm_cold_start.py e2e/test_vllm_lmcache.py e2e/test_vllm_lora.py e2e/test_vllm_hetero_tp.py -v

@@ -37,7 +37,9 @@ from e2e.stacks import (
     tokenize,
 )
 
-CHUNK_BYTES = 2 * 2 * (2 * 128 * 128 * 2)  # layers x blocks per chunk x (kv heads x block x (K|V) x bf16)
+CHUNK_BYTES = (
+    2 * 2 * (128 * 128 * 2)
+)  # layers x blocks per chunk x (block x (K|V) x bf16): one KV head per value
 
 pytestmark = [
     pytest.mark.slow,

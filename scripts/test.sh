@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test run: lint, format check, types, import contracts, then pytest (unit, component,
 # Kubernetes and end-to-end tiers), then the slow tier: real vLLM on CPU, prefill and decode behind the
-# gateway with Tandem's KV connector (e2e/test_vllm_pd.py, e2e/test_vllm_routing.py, e2e/test_vllm_lora.py with LoRA adapters; installs .venv-vllm and builds the tiny model
+# gateway with Tandem's KV connector (e2e/test_vllm_pd.py, e2e/test_vllm_routing.py, e2e/test_vllm_lora.py with LoRA adapters, e2e/test_vllm_hetero_tp.py with prefill TP != decode TP; installs .venv-vllm and builds the tiny model
 # first, a few minutes), then, in .venv-vllm, the connector's tests that need torch and vLLM, the
 # gateway's LMCache keys against LMCache's own, and vLLM's own parser over the operator's engine arguments for every example. TANDEM_SKIP_SLOW=1 leaves the slow tier out. Extra arguments go to the first
 # pytest run, e.g. `TANDEM_SKIP_SLOW=1 bash scripts/test.sh -k router`.
@@ -20,7 +20,7 @@ if [ "${TANDEM_SKIP_SLOW:-0}" = 1 ]; then
 fi
 step "slow tier: real vLLM on CPU"
 bash scripts/bootstrap.sh vllm
-TANDEM_SLOW=1 .venv/bin/python -m pytest -m slow e2e/test_vllm_pd.py e2e/test_vllm_routing.py e2e/test_vllm_cold_start.py e2e/test_vllm_lmcache.py e2e/test_vllm_lora.py
+TANDEM_SLOW=1 .venv/bin/python -m pytest -m slow e2e/test_vllm_pd.py e2e/test_vllm_routing.py e2e/test_vllm_cold_start.py e2e/test_vllm_lmcache.py e2e/test_vllm_lora.py e2e/test_vllm_hetero_tp.py
 step "slow tier: the KV connector on torch tensors, LMCache's own chunk keys, the examples' engine arguments through vLLM's parser (.venv-vllm)"
 version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 .venv-vllm/bin/python -m pip install -q --disable-pip-version-check \

@@ -79,8 +79,15 @@ def test_vllm_pools_run_vllm_with_lmcache_as_producer_on_prefill_and_consumer_on
     ("overrides", "prefill_tp", "gpus"),
     [
         ({}, "1", "1"),
-        ({"prefill": {"tensorParallel": 4}}, "4", "4"),  # no GPU limit given: one per TP rank
-        ({"prefill": {"tensorParallel": 2, "resources": {"limits": {"nvidia.com/gpu": 8}}}}, "2", "8"),
+        ({"prefill": {"tensorParallel": 4}, "decode": {"tensorParallel": 4}}, "4", "4"),  # one GPU per rank
+        (
+            {
+                "prefill": {"tensorParallel": 2, "resources": {"limits": {"nvidia.com/gpu": 8}}},
+                "decode": {"tensorParallel": 2},
+            },
+            "2",
+            "8",
+        ),
     ],
     ids=["example", "gpus default to the TP size", "explicit gpu limit wins"],
 )

@@ -251,7 +251,7 @@ def test_both_pools_carry_one_kv_layout_that_changes_with_what_makes_kv_incompat
         gpu(engine={"kind": "vllm", "env": [{"name": "PYTHONHASHSEED", "value": "7"}]}),
         gpu(kvPool={"connector": "tandem"}),
         gpu(kvPool={"chunkSize": 512}),
-        gpu(decode={"replicas": 2, "tensorParallel": 2}),
+        gpu(prefill={"replicas": 1, "tensorParallel": 2}, decode={"replicas": 2, "tensorParallel": 2}),
         gpu(model={"name": "Qwen/Qwen2.5-14B-Instruct"}),
     ]
     for spec in changed:
