@@ -16,6 +16,7 @@ from tandem.core.kvkeys import (
     NONE_HASH,
     LMCache03Hash,
     LMCacheHash,
+    PoolScope,
     TandemHash,
     chunk_hashes,
     keyed_chunk_hashes,
@@ -146,3 +147,26 @@ def test_lmcache_schemes_ignore_the_scope_as_lmcache_ignores_cache_salt() -> Non
     for scheme in (LMCacheHash(7), LMCache03Hash(7)):
         assert scheme.chunk_hashes(tokens, 256, scope="tenant-a") == scheme.chunk_hashes(tokens, 256)
     assert LMCacheHash(7).chunk_hashes(tokens, 256) == lmcache_chunk_hashes(tokens, 256, none_hash=7)
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_a_kv_layout_is_a_scope_of_its_own_and_no_layout_changes_nothing(key: bytes | None) -> None:
+    """Engines of two KV layouts (two images, a KV-relevant argument changed) share no chunk key, in
+    any salt or adapter; a scope without a layout roots where it always did (chunks already stored keep
+    their keys). The layout is length-prefixed: a layout that ends like another's salt is not that salt."""
+    scheme = TandemHash(key=key)
+    tokens = list(range(64))
+    scopes = [
+        PoolScope(cache_salt=salt, lora_name=lora, kv_layout=layout)
+        for salt in (None, "t1")
+        for lora in (None, "sql")
+        for layout in (None, "3f1c0a9e5b7d2c41", "a93c17d0e2b45f68")
+    ]
+    chains = [set(scheme.chunk_hashes(tokens, 4, scope=s)) for s in scopes]
+    assert all(not a & b for i, a in enumerate(chains) for b in chains[i + 1 :])
+    for salt in (None, "t1"):
+        assert scope_root(PoolScope(cache_salt=salt), key=key) == scope_root(salt, key=key)
+    assert scope_root(PoolScope(kv_layout="g"), key=key) != scope_root(PoolScope(cache_salt="g"), key=key)
+    assert scope_root(PoolScope(kv_layout="ab", cache_salt="c"), key=key) != scope_root(
+        PoolScope(kv_layout="a", cache_salt="bc"), key=key
+    )

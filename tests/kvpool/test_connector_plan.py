@@ -46,6 +46,12 @@ def test_settings_from_extra_config_with_defaults() -> None:
     assert settings.pool_key_env == "TANDEM_KV_POOL_KEY"
 
 
+def test_the_kv_layout_comes_from_the_extra_config_and_is_none_without() -> None:
+    extra = {"url": "redis://h:1", "kv_layout": "3f1c0a9e5b7d2c41"}
+    assert PoolSettings.from_extra_config(extra, default_model="m").kv_layout == "3f1c0a9e5b7d2c41"
+    assert PoolSettings.from_extra_config({"url": "redis://h:1"}, default_model="m").kv_layout is None
+
+
 def test_the_pool_key_variable_may_be_renamed() -> None:
     extra = {"url": "redis://h:1", "pool_key_env": "MY_POOL_KEY"}
     assert PoolSettings.from_extra_config(extra, default_model="m").pool_key_env == "MY_POOL_KEY"
@@ -55,7 +61,8 @@ def test_the_pool_key_variable_may_be_renamed() -> None:
     "extra",
     [{}, {"url": ""}, {"url": "redis://h:1", "chunk_size": 0}, {"url": "redis://h:1", "chunk_size": True},
      {"url": "redis://h:1", "timeout_s": -1}, {"url": "redis://h:1", "model": ""},
-     {"url": "redis://h:1", "pool_key_env": ""}, {"url": "redis://h:1", "pool_key_env": 1}],
+     {"url": "redis://h:1", "pool_key_env": ""}, {"url": "redis://h:1", "pool_key_env": 1},
+     {"url": "redis://h:1", "kv_layout": ""}, {"url": "redis://h:1", "kv_layout": 7}],
 )  # fmt: skip
 def test_bad_settings_are_refused(extra: dict[str, object]) -> None:
     with pytest.raises(ConnectorConfigError):

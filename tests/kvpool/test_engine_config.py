@@ -28,6 +28,20 @@ def test_tandem_producer_config_names_the_module_and_carries_pool_settings() -> 
     }
 
 
+def test_a_kv_layout_goes_into_tandems_extra_config_and_not_into_lmcaches() -> None:
+    common: dict[str, object] = {
+        "role": "consumer",
+        "pool_url": "redis://h:1",
+        "model": "m",
+        "chunk_size": 256,
+    }
+    tandem = kv_transfer_config(connector="tandem", kv_layout="3f1c0a9e5b7d2c41", **common)  # type: ignore[arg-type]
+    extra = tandem["kv_connector_extra_config"]
+    assert isinstance(extra, dict) and extra["kv_layout"] == "3f1c0a9e5b7d2c41"
+    lmcache = kv_transfer_config(connector="lmcache", kv_layout="3f1c0a9e5b7d2c41", **common)  # type: ignore[arg-type]
+    assert "3f1c0a9e5b7d2c41" not in to_json(lmcache)
+
+
 def test_tandem_consumer_role_and_timeout() -> None:
     config = kv_transfer_config(
         connector="tandem", role="consumer", pool_url="redis://h:1", model="m", chunk_size=512, timeout_s=0.5

@@ -7,10 +7,12 @@ NetworkPolicies, LeaderWorkerSets, PodDisruptionBudgets). Nothing is faked; no c
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
+import yaml
 from tests.operator.lws_schema import lws_errors, pod_templates
 from tests.operator.specs import IMAGES, OWNER, gpu, sim
 
@@ -239,6 +241,33 @@ def test_the_gateway_and_redis_pods_take_their_templates() -> None:
 def layout(spec: InferenceServiceSpec, pool: str) -> str:
     label: str = pod(spec, pool)["metadata"]["labels"][KV_LAYOUT_LABEL]
     return label
+
+
+def test_the_engines_keys_carry_the_layout_their_pods_are_labelled_with() -> None:
+    """Tandem's connector (in `--kv-transfer-config`) and the simulator (`--kv-layout`) put the pods'
+    KV-layout label in their pool keys' scope, and the gateway is told to compute keys with it;
+    LMCache's keys carry no scope, so neither its engines nor the gateway use it."""
+    for spec in (gpu(kvPool={"connector": "tandem"}), sim()):
+        for pool in ("prefill", "decode"):
+            args = container(pod(spec, pool), "engine")["args"]
+            label = layout(spec, pool)
+            if spec.engine.kind == "sim":
+                assert args[args.index("--kv-layout") + 1] == label
+            else:
+                transfer = json.loads(args[args.index("--kv-transfer-config") + 1])
+                assert transfer["kv_connector_extra_config"]["kv_layout"] == label
+        assert router_document(spec)["kvLayoutInKeys"] is True
+    lmcache = gpu()
+    assert lmcache.kv_pool.connector == "lmcache"
+    args = container(pod(lmcache, "decode"), "engine")["args"]
+    assert layout(lmcache, "decode") not in " ".join(args)
+    assert router_document(lmcache)["kvLayoutInKeys"] is False
+
+
+def router_document(spec: InferenceServiceSpec) -> dict[str, Any]:
+    data: dict[str, Any] = objects(spec)["ConfigMap", "demo-router"]["data"]
+    document: dict[str, Any] = yaml.safe_load(next(iter(data.values())))
+    return document
 
 
 def test_both_pools_carry_one_kv_layout_that_changes_with_what_makes_kv_incompatible() -> None:

@@ -14,8 +14,12 @@ chunks apart by content, under the same keys, as two images' KV would be), the g
 discovery over an endpoint file carrying each engine's KV layout (what the pods' labels say under
 Kubernetes discovery), httpx streaming clients. Nothing is faked. The second story runs the same
 rollout with the layouts left out of the endpoint file (a gateway that pairs regardless of them) and
-checks that this does load another generation's KV, so the first story can fail. No test asserts on
-how long anything took; the phases move on counted requests, not on time.
+checks that this does load another generation's KV, so the first story can fail. The last two give
+the engines their layout in their pool keys' scope (`--kv-layout`, as the operator's engines have it):
+with pairing, as the operator configures the gateway (`kvLayoutInKeys`), and without any pairing,
+where the keys alone keep the generations apart (a decode engine finds no chunk of the other
+generation, and computes the prompt itself). No test asserts on how long anything took; the phases
+move on counted requests, not on time.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from tests.servers import RedisServer
 
 from tandem.core.files import replace_text
 from tandem.core.routerconfig import RouterConfig
+from tandem.router.settings import RouterSettings
 from tandem.sim.app import create_app as create_sim
 from tandem.sim.settings import KVRole, SimSettings
 
@@ -44,7 +49,10 @@ PER_PHASE = 12  # completed requests between two steps of the rollout
 MAX_TOKENS = 6
 
 
-async def engine(launcher: Launcher, pool_url: str, *, role: KVRole, generation: str | None) -> str:
+async def engine(
+    launcher: Launcher, pool_url: str, *, role: KVRole, generation: str | None, keyed: bool = False
+) -> str:
+    """A simulated engine of `generation`; `keyed`: its pool keys carry it as its KV layout."""
     settings = SimSettings(
         profile="tiny-cpu",
         model=MODEL_NAME,
@@ -53,6 +61,7 @@ async def engine(launcher: Launcher, pool_url: str, *, role: KVRole, generation:
         kv_role=role,
         kv_pool=pool_url,
         kv_generation=generation,
+        kv_layout=generation if keyed else None,
     )
     return await launcher.serve_app(create_sim(settings))
 
@@ -144,16 +153,17 @@ async def until(load: Load, done: int, *, condition: Callable[[], Awaitable[bool
 
 
 async def roll(
-    launcher: Launcher, redis: RedisServer, tmp_path: Path, *, layouts: bool
+    launcher: Launcher, redis: RedisServer, tmp_path: Path, *, layouts: bool, keyed: bool = False
 ) -> tuple[Load, list[str]]:
-    """Run the rollout under load (module docstring); returns the load and every engine's URL."""
+    """Run the rollout under load (module docstring); returns the load and every engine's URL.
+    `keyed`: the engines' pool keys carry their layout, and the gateway is told so when `layouts`."""
     url = redis.url
-    p1 = await engine(launcher, url, role="producer", generation="g1")
-    d1a = await engine(launcher, url, role="consumer", generation="g1")
-    d1b = await engine(launcher, url, role="consumer", generation="g1")
-    p2 = await engine(launcher, url, role="producer", generation="g2")
-    d2a = await engine(launcher, url, role="consumer", generation="g2")
-    d2b = await engine(launcher, url, role="consumer", generation="g2")
+    p1 = await engine(launcher, url, role="producer", generation="g1", keyed=keyed)
+    d1a = await engine(launcher, url, role="consumer", generation="g1", keyed=keyed)
+    d1b = await engine(launcher, url, role="consumer", generation="g1", keyed=keyed)
+    p2 = await engine(launcher, url, role="producer", generation="g2", keyed=keyed)
+    d2a = await engine(launcher, url, role="consumer", generation="g2", keyed=keyed)
+    d2b = await engine(launcher, url, role="consumer", generation="g2", keyed=keyed)
     endpoints = Endpoints(tmp_path / "endpoints.json", layouts=layouts)
     endpoints.generation = {u: "g1" for u in (p1, d1a, d1b)} | {u: "g2" for u in (p2, d2a, d2b)}
     endpoints.write(prefill=[p1], decode=[d1a, d1b])
@@ -167,9 +177,13 @@ async def roll(
             },
             "discovery": {"kind": "file", "path": str(endpoints.path), "pollSeconds": 0.02},
             "kvPoolUrl": url,
+            "kvLayoutInKeys": keyed and layouts,
         }
     )
-    router = await launcher.router_for(config)
+    # Without layouts a keyed pool's barrier cannot find the chunks (the gateway computes keys of no
+    # layout): a short barrier keeps that story's misses short until the gateway turns it off.
+    settings = RouterSettings.model_validate({"disaggregation": {"kv_barrier_timeout_seconds": 0.2}})
+    router = await launcher.router_for(config, settings=settings if keyed and not layouts else None)
     load = Load(router)
     clients = [asyncio.create_task(load.client()) for _ in range(CLIENTS)]
 
@@ -247,3 +261,30 @@ async def test_the_same_rollout_without_layouts_loads_another_generations_kv(
     assert await foreign_chunks(engines) > 0
     expected = await reference(launcher, sorted(load.answers))
     assert any(text != expected[n] for n, text in load.answers.items())
+
+
+async def test_with_the_layout_in_the_pool_keys_the_rollout_is_as_clean_and_the_barrier_finds_the_kv(
+    launcher: Launcher, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The operator's configuration: engines keyed by their layout, a gateway that pairs by layout and
+    computes the keys of the decode endpoint's layout, so its KV barrier finds every prefill's chunks."""
+    load, engines = await roll(launcher, redis_server, tmp_path, layouts=True, keyed=True)
+    assert load.failures == []
+    assert await foreign_chunks(engines) == 0
+    expected = await reference(launcher, sorted(load.answers))
+    assert [n for n, text in load.answers.items() if text != expected[n]] == []
+    assert sum([await engine_counter(u, "vllm:external_prefix_cache_hits_total") for u in engines]) > 0
+    assert await metric(load.router, "tandem_router_pd_fallbacks_total", reason="barrier_timeout") == 0
+    assert await metric(load.router, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="ok") >= 1
+
+
+async def test_with_the_layout_in_the_pool_keys_no_generation_loads_anothers_kv_even_unpaired(
+    launcher: Launcher, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """No layouts in the endpoint file: the gateway pairs engines of two generations, as in the second
+    story, but a decode engine's keys are its own generation's: it finds none of the other's chunks."""
+    load, engines = await roll(launcher, redis_server, tmp_path, layouts=False, keyed=True)
+    assert load.failures == []
+    assert await foreign_chunks(engines) == 0
+    expected = await reference(launcher, sorted(load.answers))
+    assert [n for n, text in load.answers.items() if text != expected[n]] == []

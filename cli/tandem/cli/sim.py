@@ -130,6 +130,12 @@ def build_settings(values: dict[str, Any]) -> SimSettings:
     help="This engine's KV generation (e.g. its pod's tandem.dev/kv-layout): pool chunks another "
     "generation wrote are loaded as a real engine would, counted, and garble the answer.",
 )
+@click.option(
+    "--kv-layout",
+    default=None,
+    help="This engine's KV layout (its pod's tandem.dev/kv-layout), in its pool keys' scope as Tandem's "
+    "connector puts it: engines of two layouts share no chunk.",
+)
 @click.option("--seed", type=int, default=None, help="Seed for unseeded sampling [default: random].")
 @click.option(
     "--otlp-traces-endpoint",

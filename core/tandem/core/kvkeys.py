@@ -133,6 +133,10 @@ class PoolScope:
 
     cache_salt: str | None = None
     lora_name: str | None = None
+    #: The engines' KV-layout generation (the `tandem.dev/kv-layout` label's value: what makes one
+    #: engine's KV unreadable to another, an image or a KV-relevant argument), when the engines put it
+    #: in their keys (the operator's engines do): engines of two generations never share a chunk.
+    kv_layout: str | None = None
 
 
 #: A scope as the key functions take it: a `PoolScope`, a bare `cache_salt` (shorthand for
@@ -403,21 +407,25 @@ def _scope_bytes(scope: Scope) -> bytes:
     - the shared base scope: b"";
     - a salt `s` alone: `"cache_salt\x1f" + utf8(s)` (as before adapters joined the pool);
     - an adapter `a`: `"lora_name\x1f" + be64(len(utf8(a))) + utf8(a)`, followed by the salt's bytes
-      above when there is a salt.
+      above when there is a salt;
+    - a KV layout `g`: `"kv_layout\x1f" + be64(len(utf8(g))) + utf8(g)`, followed by all of the above.
 
-    Base encodings start with `c` or are empty, adapter encodings with `l`; the length prefix ends the
-    name, so what follows it is the salt's part alone. Example: adapter `sql`, no salt →
-    `6c6f72615f6e616d651f` `0000000000000003` `73716c`.
+    Base encodings start with `c` or are empty, adapter encodings with `l`, layout encodings with `k`;
+    a length prefix ends each name, so what follows it is the rest alone. Example: adapter `sql`, no
+    salt → `6c6f72615f6e616d651f` `0000000000000003` `73716c`.
     """
     if isinstance(scope, PoolScope):
-        salt, adapter = scope.cache_salt, scope.lora_name
+        salt, adapter, layout = scope.cache_salt, scope.lora_name, scope.kv_layout
     else:
-        salt, adapter = scope, None
+        salt, adapter, layout = scope, None, None
     salted = b"cache_salt\x1f" + salt.encode() if salt else b""
-    if not adapter:
+    if adapter:
+        name = adapter.encode()
+        salted = b"lora_name\x1f" + len(name).to_bytes(8, "big") + name + salted
+    if not layout:
         return salted
-    name = adapter.encode()
-    return b"lora_name\x1f" + len(name).to_bytes(8, "big") + name + salted
+    generation = layout.encode()
+    return b"kv_layout\x1f" + len(generation).to_bytes(8, "big") + generation + salted
 
 
 def _checked_key(key: bytes) -> bytes:

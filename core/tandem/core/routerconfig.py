@@ -115,6 +115,12 @@ class RouterConfig(SpecModel):
         description="How the vLLM engines name KV-pool chunks beyond the spec; unset: the spec's "
         "kvPool.connector, and with LMCache's no pool look-ups.",
     )
+    kv_layout_in_keys: bool = Field(
+        default=False,
+        description="The engines put their KV layout (their pods' tandem.dev/kv-layout) in their pool "
+        "keys' scope (the operator's engines with Tandem's connector or the simulator): the gateway's "
+        "look-ups and KV barrier use the decode endpoint's layout too.",
+    )
     adapter_names: list[Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)]] = Field(
         default_factory=list,
         max_length=MAX_CATALOG_ENTRIES,

@@ -48,7 +48,9 @@ class ConnectorConfigError(ValueError):
 @dataclass(frozen=True)
 class PoolSettings:
     """The connector's settings (`kv_connector_extra_config`). `pool_key_env` names the variable the
-    pool secret is read from (`TANDEM_KV_POOL_KEY` unless set; unset or empty there: an unkeyed pool)."""
+    pool secret is read from (`TANDEM_KV_POOL_KEY` unless set; unset or empty there: an unkeyed pool).
+    `kv_layout`: the engine's KV-layout generation (the operator's `tandem.dev/kv-layout` label), put
+    in every key's scope (`PoolScope.kv_layout`) so engines of two generations share no chunk."""
 
     url: str
     model: str
@@ -56,6 +58,7 @@ class PoolSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     password_env: str | None = None
     pool_key_env: str = POOL_KEY_ENV
+    kv_layout: str | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, object], *, default_model: str) -> PoolSettings:
@@ -68,6 +71,9 @@ class PoolSettings:
         timeout_s = extra.get("timeout_s", DEFAULT_TIMEOUT_S)
         password_env = extra.get("password_env")
         pool_key_env = extra.get("pool_key_env", POOL_KEY_ENV)
+        kv_layout = extra.get("kv_layout")
+        if kv_layout is not None and (not isinstance(kv_layout, str) or not kv_layout):
+            raise ConnectorConfigError("kv_connector_extra_config.kv_layout must be a non-empty string")
         if not isinstance(model, str) or not model:
             raise ConnectorConfigError("kv_connector_extra_config.model must be a non-empty string")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
@@ -84,7 +90,7 @@ class PoolSettings:
             raise ConnectorConfigError("kv_connector_extra_config.pool_key_env must be a non-empty string")
         return cls(
             url=url, model=model, chunk_size=chunk_size, timeout_s=float(timeout_s),
-            password_env=password_env, pool_key_env=pool_key_env,
+            password_env=password_env, pool_key_env=pool_key_env, kv_layout=kv_layout,
         )  # fmt: skip
 
     def check_block_size(self, block_size: int) -> None:

@@ -47,11 +47,13 @@ def kv_transfer_config(
     model: str,
     chunk_size: int,
     timeout_s: float = 2.0,
+    kv_layout: str | None = None,
 ) -> dict[str, object]:
     """vLLM's `--kv-transfer-config` dict for one engine of a P/D pair.
 
     `model` is the model part of the pool's keys (`spec.model.name`); `chunk_size` tokens per chunk
-    (a multiple of the engine's block size); `timeout_s` bounds every Redis command of the connector.
+    (a multiple of the engine's block size); `timeout_s` bounds every Redis command of the connector;
+    `kv_layout` (Tandem's connector): the engine's KV-layout generation, put in its keys' scope.
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -73,6 +75,7 @@ def kv_transfer_config(
             "chunk_size": chunk_size,
             "timeout_s": timeout_s,
             "password_env": PASSWORD_ENV,
+            **({"kv_layout": kv_layout} if kv_layout else {}),
         },
     }
 

@@ -347,7 +347,11 @@ class _SchedulerSide:
         if tokens is None or bypass:
             return _Prompt(hashes=[], num_prompt_tokens=0)
         lora = request.lora_request
-        scope = PoolScope(cache_salt=request.cache_salt, lora_name=lora.lora_name if lora else None)
+        scope = PoolScope(
+            cache_salt=request.cache_salt,
+            lora_name=lora.lora_name if lora else None,
+            kv_layout=self.c.settings.kv_layout,
+        )
         hashes = prompt_chunk_hashes(tokens, self.chunk, scheme=self.c.scheme, scope=scope)
         return _Prompt(hashes=hashes, num_prompt_tokens=len(tokens))
 

@@ -123,6 +123,8 @@ class EffectiveConfig:
     adapters: tuple[str, ...] = ()
     #: Traces: the spec's `tracing` under the standard `OTEL_*` variables; None: off.
     tracing: TracingSpec | None = None
+    #: The engines put their KV layout in their pool keys' scope (`RouterConfig.kvLayoutInKeys`).
+    kv_layout_in_keys: bool = False
 
     @property
     def prefill_pool_possible(self) -> bool:
@@ -213,6 +215,7 @@ def resolve(
         shared_counters=shared,
         kv_pool_off=kv_pool_off,
         adapters=adapters,
+        kv_layout_in_keys=config.kv_layout_in_keys,
         tracing=_tracing(spec, settings, env),
     )
 

@@ -67,7 +67,11 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         adapter=lora.name if lora is not None else None,
     )
     # Adapters use the pool too, in their own scope, as Tandem's connector keys vLLM's request.
-    scope = PoolScope(cache_salt=gen.cache_salt, lora_name=lora.name if lora is not None else None)
+    scope = PoolScope(
+        cache_salt=gen.cache_salt,
+        lora_name=lora.name if lora is not None else None,
+        kv_layout=sim.settings.kv_layout,
+    )
     found = await _pool_lookup(runtime, gen, lora, scope) if sim.settings.consumes_kv else None
     pool_tokens = None if found is None else found.tokens
     foreign = found is not None and found.foreign_chunks > 0

@@ -80,6 +80,13 @@ class SimSettings(BaseModel):
         max_length=128,
         description="The engine's KV generation: chunks another generation wrote are told apart.",
     )
+    kv_layout: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="The engine's KV layout (its pod's tandem.dev/kv-layout), put in its pool keys' "
+        "scope as Tandem's connector does: engines of two layouts share no chunk.",
+    )
     seed: int | None = Field(default=None, description="Seeds unseeded sampling (None: random).")
     kv_events_endpoint: str | None = Field(
         default=None, pattern=_ZMQ_ADDRESS, description="ZMQ PUB address to bind for KV events."

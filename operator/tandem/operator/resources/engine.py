@@ -117,16 +117,20 @@ def pool_name(role: Role) -> PoolName:
     return "prefill" if role is Role.PREFILL else "decode"
 
 
-def kv_transfer_config(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> dict[str, object]:
+def kv_transfer_config(
+    spec: InferenceServiceSpec, role: Role, *, owner: Owner, layout: str | None = None
+) -> dict[str, object]:
     """vLLM's `--kv-transfer-config` for a role: the spec's connector, producer on prefill and
     consumer on decode (`tandem.kvpool.engine_config.kv_transfer_config`). The pool URL in it never
-    carries the Secret's password (vLLM logs this JSON); the connector reads that from its env."""
+    carries the Secret's password (vLLM logs this JSON); the connector reads that from its env.
+    `layout`: the pods' KV-layout label, which Tandem's connector puts in its keys' scope."""
     return engine_config.kv_transfer_config(
         connector=spec.kv_pool.connector,
         role=KV_ROLE[role],
         pool_url=kv_pool_url(spec, owner),
         model=spec.model.name,
         chunk_size=spec.kv_pool.chunk_size,
+        kv_layout=layout,
     )
 
 
@@ -143,8 +147,11 @@ def model_argument(spec: InferenceServiceSpec) -> str:
     return spec.model.name
 
 
-def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[str]:
-    """`vllm serve` arguments of a role; the spec's `engine.args` come last so they can override."""
+def vllm_args(
+    spec: InferenceServiceSpec, role: Role, *, owner: Owner, layout: str | None = None
+) -> list[str]:
+    """`vllm serve` arguments of a role; the spec's `engine.args` come last so they can override.
+    `layout`: the pods' KV-layout label (in Tandem's connector's keys)."""
     # Both names, as the router accepts both in `model` and forwards the body unchanged; the
     # first is the one vLLM reports in its metrics.
     names = dict.fromkeys([spec.model.public_name, spec.model.name])
@@ -161,7 +168,7 @@ def vllm_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[s
         str(pool.tensor_parallel),
         *(data_parallel_args(spec, role) if pool.multinode else []),
         "--kv-transfer-config",
-        to_json(kv_transfer_config(spec, role, owner=owner)),
+        to_json(kv_transfer_config(spec, role, owner=owner, layout=layout)),
         *_kv_events_args(spec, vllm=True),
         *engine_tracing(spec.tracing, kind="vllm")[0],
         *lora_args(spec),
@@ -206,8 +213,9 @@ def _kv_events_args(spec: InferenceServiceSpec, *, vllm: bool) -> list[str]:
     return sim_kv_events_args(endpoint=events, replay=replay)
 
 
-def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[str]:
-    """`tandem sim` arguments of a role, mirroring what vLLM gets."""
+def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner, layout: str | None = None) -> list[str]:
+    """`tandem sim` arguments of a role, mirroring what vLLM gets (`layout`: the pods' KV-layout
+    label, in the simulator's pool keys as in Tandem's connector's)."""
     sim = spec.engine.sim
     return [
         "sim",
@@ -225,6 +233,7 @@ def sim_args(spec: InferenceServiceSpec, role: Role, *, owner: Owner) -> list[st
         kv_pool_url(spec, owner),
         "--kv-chunk-size",
         str(spec.kv_pool.chunk_size),
+        *(["--kv-layout", layout] if layout else []),
         "--host",
         "0.0.0.0",
         "--port",
@@ -294,11 +303,17 @@ def _probes() -> dict[str, Any]:
 
 def _container(spec: InferenceServiceSpec, role: Role, *, owner: Owner, images: Images) -> dict[str, Any]:
     vllm = spec.engine.kind == "vllm"
+    layout = kv_layout(spec, images, model=model_argument(spec))
+    args = (
+        vllm_args(spec, role, owner=owner, layout=layout)
+        if vllm
+        else sim_args(spec, role, owner=owner, layout=layout)
+    )
     container: dict[str, Any] = {
         "name": "engine",
         "image": pool_image(spec, role.value, images),
         "command": ["vllm", "serve"] if vllm else ["tandem"],
-        "args": vllm_args(spec, role, owner=owner) if vllm else sim_args(spec, role, owner=owner),
+        "args": args,
         "env": engine_env(spec, owner=owner, role=role),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}, *_kv_events_ports(spec)],
         **_probes(),

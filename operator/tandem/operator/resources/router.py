@@ -75,6 +75,9 @@ def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
         api_keys_file=f"{AUTH_DIR}/{API_KEYS_FILE}" if spec.router.auth.enabled else None,
         tokenizer_path=tokenizer_path(spec),
         engine_kv_keys=engine_kv_keys(spec),
+        # The engines' keys carry their KV layout (the pods' label): the simulator's and Tandem's
+        # connector's; LMCache's keys carry no scope at all.
+        kv_layout_in_keys=spec.engine.kind == "sim" or spec.kv_pool.connector == "tandem",
         kv_events=cluster_addresses() if spec.router.prefix_source == "precise" else None,
     )
 

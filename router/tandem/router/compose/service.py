@@ -140,6 +140,7 @@ def compose_service(
         prefix=prefix or routing.state.prefix,
         convert=routing.state if config.spec.disaggregation.convertible_decoders else None,
         keys=keys,
+        layout_keys=config.kv_layout_in_keys,
     )
     gate, counters = build_gate(
         config,

@@ -136,10 +136,11 @@ class PDRequest(Routable, Protocol):
         ...
 
 
-def pool_scope(request: PDRequest) -> PoolScope:
+def pool_scope(request: PDRequest, *, kv_layout: str | None = None) -> PoolScope:
     """The scope of the request's chunks in the KV pool: its tenant's salt and its adapter, as the
-    engines' connector roots them (`tandem.core.kvkeys.scope_root`)."""
-    return PoolScope(cache_salt=request.cache_salt, lora_name=request.lora_name)
+    engines' connector roots them (`tandem.core.kvkeys.scope_root`), and the KV layout of the engines
+    that write and read them when their keys carry it (`Disaggregator.layout_keys`)."""
+    return PoolScope(cache_salt=request.cache_salt, lora_name=request.lora_name, kv_layout=kv_layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +326,10 @@ class Disaggregator:
     """Runs the P/D step (module docstring). `pool`: the KV pool when the service has one
     (`RouterConfig.kvPoolUrl`); `prefix`: the decode endpoints' prefix caches, when known; `convert`:
     the TTFT estimates behind convertible decoders (None: off); `keys`: the self-check of the pool's
-    keys (its state outlives requests; the composition root shares it with the metrics)."""
+    keys (its state outlives requests; the composition root shares it with the metrics);
+    `layout_keys`: the engines put their KV layout in their keys' scope (the operator's engines:
+    `RouterConfig.kvLayoutInKeys`), so the keys of a request are those of its decode endpoint's
+    layout, which its prefill endpoint shares."""
 
     prefiller: Prefiller
     mode: DisaggregationMode
@@ -335,6 +339,7 @@ class Disaggregator:
     prefix: PrefixSource | None = None
     convert: TTFTEstimator | None = None
     keys: PoolKeysCheck = field(default_factory=PoolKeysCheck)
+    layout_keys: bool = False
 
     async def run(
         self, request: PDRequest, *, decode: Endpoint | None, headers: Mapping[str, str]
@@ -343,19 +348,20 @@ class Disaggregator:
         pool = self.pool
         # The prompt's chunk keys, hashed at most once for the look-up and the barrier together.
         memo: list[Sequence[str]] = []
+        layout = decode.layout if decode is not None else None
+        scope = pool_scope(request, kv_layout=layout if self.layout_keys else None)
 
         def keys() -> Sequence[str]:
             if not memo:
-                tokens, scope = request.prompt_tokens(), pool_scope(request)
+                tokens = request.prompt_tokens()
                 memo.append(pool.metadata_keys(tokens, scope=scope) if pool is not None else [])
             return memo[0]
 
-        decision = await self._decide(request, decode=decode, keys=keys)
+        decision = await self._decide(request, decode=decode, keys=keys, scope=scope)
         metrics = self.prefiller.dispatcher.metrics
         metrics.pd_decisions.labels(decision.label, decision.reason).inc()
         if not decision.disaggregate:
             return PDOutcome(decision=decision, body=request.body)
-        layout = decode.layout if decode is not None else None
         prefill = await self.prefiller.prefill(request, headers=headers, layout=layout)
         if prefill.kv_transfer_params is None or prefill.endpoint is None:
             return PDOutcome(
@@ -364,7 +370,7 @@ class Disaggregator:
                 fallback=prefill.fallback or "unknown",
                 prefill_s=prefill.duration_s,
             )
-        barrier_s, fallback = await self._barrier(request, keys=keys)
+        barrier_s, fallback = await self._barrier(request, keys=keys, scope=scope)
         if fallback is not None:
             metrics.pd_fallbacks.labels(fallback).inc()
             return PDOutcome(
@@ -383,7 +389,12 @@ class Disaggregator:
         )
 
     async def _decide(
-        self, request: PDRequest, *, decode: Endpoint | None, keys: Callable[[], Sequence[str]]
+        self,
+        request: PDRequest,
+        *,
+        decode: Endpoint | None,
+        keys: Callable[[], Sequence[str]],
+        scope: PoolScope,
     ) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
         adapter = request.lora_name is not None and not self.adapters_pooled
@@ -391,7 +402,7 @@ class Disaggregator:
         # the only case the table reads the prompt
         counted = self.mode == "auto" and members > 0 and not adapter
         if counted:
-            available = await self._available_tokens(request, decode=decode, keys=keys)
+            available = await self._available_tokens(request, decode=decode, keys=keys, scope=scope)
         decision = decide(
             self.mode,
             prefill_members=members,
@@ -425,7 +436,12 @@ class Disaggregator:
         return self.pool is not None and self.pool.keys.scheme.carries_scope
 
     async def _available_tokens(
-        self, request: PDRequest, *, decode: Endpoint | None, keys: Callable[[], Sequence[str]]
+        self,
+        request: PDRequest,
+        *,
+        decode: Endpoint | None,
+        keys: Callable[[], Sequence[str]],
+        scope: PoolScope,
     ) -> int | None:
         local = 0
         if self.prefix is not None and decode is not None:
@@ -433,11 +449,11 @@ class Disaggregator:
         if self.pool is None or not self.keys.lookups_on:
             return local
         pooled = await self.pool.cached_prefix(keys())
-        self._observe(lookup_evidence(pooled), request)
+        self._observe(lookup_evidence(pooled), request, scope)
         return None if pooled is None else max(local, pooled)
 
     async def _barrier(
-        self, request: PDRequest, *, keys: Callable[[], Sequence[str]]
+        self, request: PDRequest, *, keys: Callable[[], Sequence[str]], scope: PoolScope
     ) -> tuple[float | None, str | None]:
         """(seconds waited, fallback reason or None); no pool, or keys the engines do not write
         (but for a probe), → nothing to wait for."""
@@ -447,20 +463,24 @@ class Disaggregator:
         metrics = self.prefiller.dispatcher.metrics
         metrics.pd_kv_barrier_wait.labels(result.outcome).observe(result.waited_s)
         evidence = barrier_evidence(result.outcome, chunks=result.chunks, found=result.found)
-        if evidence == "miss" and self.keys.state == "unverified" and await self._other_layout(request):
+        if (
+            evidence == "miss"
+            and self.keys.state == "unverified"
+            and await self._other_layout(request, scope)
+        ):
             evidence = "hit"
-        self._observe(evidence, request)
+        self._observe(evidence, request, scope)
         if result.outcome == "ok":
             return result.waited_s, None
         return result.waited_s, "barrier_timeout" if result.outcome == "timeout" else "pool_unavailable"
 
-    async def _other_layout(self, request: PDRequest) -> bool:
+    async def _other_layout(self, request: PDRequest, scope: PoolScope) -> bool:
         """After a miss: whether the pool holds this prompt under another layout the engines may write
         (`KVPoolIndex.adopt_alternative`, e.g. LMCache 0.3's); the gateway then computes those keys."""
         if self.pool is None:
             return False
         was = self.pool.keys.scheme.name
-        adopted = await self.pool.adopt_alternative(request.prompt_tokens(), scope=pool_scope(request))
+        adopted = await self.pool.adopt_alternative(request.prompt_tokens(), scope=scope)
         if adopted is None:
             return False
         log.info(
@@ -470,7 +490,7 @@ class Disaggregator:
         )
         return True
 
-    def _observe(self, evidence: Evidence, request: PDRequest) -> None:
+    def _observe(self, evidence: Evidence, request: PDRequest, scope: PoolScope) -> None:
         """Tell the self-check; log its conclusions (once each: the states change rarely)."""
         if evidence == "none" or self.pool is None:
             return
@@ -479,7 +499,7 @@ class Disaggregator:
         changed = check.observe(evidence, now=self.prefiller.clock())
         if changed == "mismatch":
             first_chunk = request.prompt_tokens()[: keys.chunk_size]
-            looked_for = keys.chunk_keys(first_chunk, scope=pool_scope(request))
+            looked_for = keys.chunk_keys(first_chunk, scope=scope)
             log.error(
                 mismatch_message(keys, misses=check.misses, recheck_after_s=check.recheck_after_s),
                 extra={**keys_fields(keys), "example_key": looked_for[0] if looked_for else None},
