@@ -59,14 +59,15 @@ def test_a_local_adapter_of_too_high_a_rank_fails_validation_with_its_field(tmp_
     )
 
 
-def test_hf_adapters_are_valid_with_a_warning_that_they_are_not_fetched(tmp_path: Path) -> None:
+def test_hf_adapters_without_a_shared_cache_are_valid_with_a_warning(tmp_path: Path) -> None:
     path = service(tmp_path, adapters=[{"name": "hub", "source": "hf://org/hub-lora@main"}])
     code, out, err = run("validate", "-f", str(path))
     assert code == 0
     assert out.startswith("valid: default/lora")
     assert err.strip() == (
-        f"warning: {path}: InferenceService lora: spec.adapters[0].source: hf:// adapters are not "
-        "fetched yet: the engines find 'hub' only once something puts it in their adapter directory"
+        f"warning: {path}: InferenceService lora: spec.adapters[0].source: hf:// adapter 'hub' is "
+        "fetched by every engine pod on its own: set spec.adapterCache.pvc (a ReadWriteMany claim) to "
+        "download it once"
     )
 
 
