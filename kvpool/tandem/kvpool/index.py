@@ -144,19 +144,24 @@ class KVPoolIndex:
         if not self._available():
             return BarrierResult("pool_unavailable", 0.0, 0, chunks)
         checks, found, delay = 0, 0, FIRST_POLL_S
+        # The deadline is checked between polls, never by cancelling a command in flight: a Redis
+        # command cancelled mid-read can leave the client's connection unusable, and the next command
+        # or `aclose` then waits forever. Each poll is bounded by the client's own socket timeout.
+        loop = asyncio.get_running_loop()  # the deadline in the loop's time, as asyncio.timeout keeps it
+        deadline = loop.time() + timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    checks += 1
-                    found = await self._client.exists(*keys)
-                    if found == chunks:
-                        self._succeeded()
-                        return BarrierResult("ok", self._clock() - started, checks, chunks, found)
-                    await asyncio.sleep(delay)
-                    delay = min(MAX_POLL_S, delay * 2)
-        except TimeoutError:
-            self._succeeded()  # Redis answered every check; the chunks just did not arrive
-            return BarrierResult("timeout", self._clock() - started, checks, chunks, found)
+            while True:
+                checks += 1
+                found = await self._client.exists(*keys)
+                if found == chunks:
+                    self._succeeded()
+                    return BarrierResult("ok", self._clock() - started, checks, chunks, found)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self._succeeded()  # Redis answered every check; the chunks just did not arrive
+                    return BarrierResult("timeout", self._clock() - started, checks, chunks, found)
+                await asyncio.sleep(min(delay, remaining))
+                delay = min(MAX_POLL_S, delay * 2)
         except POOL_ERRORS as exc:
             self._failed(exc)
             return BarrierResult("pool_unavailable", self._clock() - started, checks, chunks, found)
