@@ -12,22 +12,14 @@ through the gateway (prefill then decode). Nothing is faked.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from tests.servers import free_port
+from tests.cli.upstack import Stack, running_up
 
-READY_TIMEOUT_S = 120.0
 NODE_SELECTOR = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H20"}}}
 SPEC = {
     "apiVersion": "tandem.dev/v1alpha1",
@@ -64,54 +56,10 @@ SPEC = {
 }
 
 
-@dataclass
-class Stack:
-    process: subprocess.Popen[str]
-    state_dir: Path
-    output: list[str]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    folder = tmp_path_factory.mktemp("per-pool")
-    spec = folder / "isvc.yaml"
-    spec.write_text(yaml.safe_dump(SPEC), encoding="utf-8")
-    state_dir = folder / "state"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tandem.cli", "up", "-f", str(spec), "--port", str(free_port()),
-         "--state-dir", str(state_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    output: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            output.append(line.rstrip("\n"))
-            if line.startswith("ready: "):
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not ready.wait(0.5):
-            assert process.poll() is None, "tandem up exited:\n" + "\n".join(output)
-            assert time.monotonic() < deadline, "tandem up is not ready:\n" + "\n".join(output)
-        yield Stack(process=process, state_dir=state_dir, output=output)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        reader.join(timeout=10)
-        if process.stdout is not None:
-            process.stdout.close()
+    with running_up(SPEC, tmp_path_factory.mktemp("per-pool")) as running:
+        yield running
 
 
 def component(stack: Stack, name: str) -> dict[str, str]:
