@@ -12,11 +12,18 @@ from __future__ import annotations
 
 from collections import Counter
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 from tests.router.harness import FakeClock
 from tests.router.scheduling_builders import A, B, C, D, candidate, host, snapshot
+from tests.router.test_gateway_lora import lora_config
 
-from tandem.router.scheduling import Scheduler, SchedulerDeps, scheduler_for
+from tandem.core.routerconfig import RouterConfig
+from tandem.router.compose.routing import build_routing
+from tandem.router.config import resolve
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.scheduling import ProfileScheduler, Scheduler, SchedulerDeps, scheduler_for
 from tandem.router.scheduling.adapterplace import (
     MIN_BOUND,
     AdapterPlacement,
@@ -27,7 +34,9 @@ from tandem.router.scheduling.adapterplace import (
 from tandem.router.scheduling.plugins import Cycle
 from tandem.router.scheduling.scorers import AdapterAffinityScorer, home_ranks
 from tandem.router.scheduling.state import SchedulingState
+from tandem.router.settings import RouterSettings
 from tandem.router.types import AdapterLoad, Endpoint, EngineStats, RequestView, Route
+from tandem.router.workers.bus import SoloBus
 
 URLS = [e.url for e in (A, B, C, D)]
 
@@ -232,3 +241,30 @@ def test_the_placement_shared_by_both_profiles_learns_from_every_pick() -> None:
     snaps = [snapshot(e, in_flight={home: 1, second: 0}.get(e.url, 1)) for e in (A, B, C, D)]
     picks = {host(scheduler.pick("decode", view("sql", request_id=f"p{i}"), snaps)) for i in range(3)}
     assert picks == {host(Endpoint("decode", second))}  # both allowed; the idle holder wins
+
+
+@pytest.mark.parametrize(
+    ("lora", "expected"),
+    [({"maxLoras": 2, "maxCpuLoras": 6}, 6), ({"maxLoras": 2}, 2)],
+    ids=["max-cpu-loras", "defaults-to-max-loras"],
+)
+async def test_the_residency_record_is_the_declared_cpu_tier(lora: dict[str, int], expected: int) -> None:
+    """`spec.engine.lora` sizes the gateway's record of what each engine holds (vLLM's
+    `--max-cpu-loras`, default `--max-loras`), not the `max_lora` the engine reports (its GPU slots)."""
+    document = lora_config(["http://127.0.0.1:1"]).model_dump(by_alias=True, exclude_none=True)
+    document["spec"]["engine"]["lora"] = lora
+    config = resolve(RouterConfig.model_validate(document), RouterSettings())
+    async with httpx.AsyncClient() as scrapes:
+        routing = build_routing(
+            config,
+            registry=EndpointRegistry(failure_threshold=3, cooldown_seconds=1.0, clock=FakeClock()),
+            prometheus=CollectorRegistry(),
+            scrapes=scrapes,
+            clock=FakeClock(),
+            bus=SoloBus(),
+        )
+    assert isinstance(routing.scheduler, ProfileScheduler)
+    placements = {
+        f for p in routing.scheduler.profiles.values() for f in p.filters if isinstance(f, AdapterPlacement)
+    }
+    assert [p.capacity for p in placements] == [expected]

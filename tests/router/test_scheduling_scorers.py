@@ -7,17 +7,21 @@ are the worked examples of the scorers' docstrings and docs/routing.md.
 from __future__ import annotations
 
 import pytest
-from tests.router.scheduling_builders import A, B, C, candidate, cycle, host
+from tests.router.scheduling_builders import A, B, C, candidate, cycle, host, request
 
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.picker import MaxScorePicker
-from tandem.router.scheduling.plugins import Candidate, Scored
+from tandem.router.scheduling.plugins import Candidate, Cycle, Scored
 from tandem.router.scheduling.scorers import (
+    ANCHOR_BLOCK_SIZE,
+    ANCHOR_BLOCKS,
+    FILL_SLACK,
     KVScorer,
     LoadScorer,
     PrefixScorer,
     TTFTScorer,
     min_max_low_is_best,
+    rendezvous_weight,
 )
 from tandem.router.scheduling.tandem import CacheHitScorer
 
@@ -108,6 +112,59 @@ def test_prefix_scorer_is_the_cached_share_and_spreads_prompts_cached_nowhere(
     candidates: list[Candidate], prompt_tokens: int, expected: dict[str, float]
 ) -> None:
     assert rounded(PrefixScorer().score(cycle(prompt_tokens=prompt_tokens), candidates)) == expected
+
+
+def anchored(tokens: list[int]) -> Cycle:
+    """A cycle whose request has real prompt tokens, so its block keys anchor a home."""
+    return Cycle(
+        pool="decode", profile="prompt", request=request(tokens), prompt_tokens=len(tokens), slo_ttft_s=1.0
+    )
+
+
+def home_of(tokens: list[int], urls: list[str]) -> str:
+    anchor = request(tokens).block_keys(ANCHOR_BLOCK_SIZE)[ANCHOR_BLOCKS - 1]
+    return max(urls, key=lambda url: rendezvous_weight(anchor, url))
+
+
+def test_a_new_prompt_goes_to_its_rendezvous_home_among_the_emptiest_caches() -> None:
+    """Every gateway (a restarted one, a replica) sends a new prompt to the same engine where caches
+    have room; each prompt has its own home, so prompts spread; a fuller cache is not eligible."""
+    prompts = [[group] * 8 + list(range(1000)) for group in range(40)]
+    urls = [A_URL, B_URL, C_URL]
+    homes = [home_of(p, urls) for p in prompts]
+    assert set(homes) == set(urls)  # the homes spread over the engines
+    for tokens, home in zip(prompts, homes, strict=True):
+        equal = [candidate(A, fill=0.3), candidate(B, fill=0.3), candidate(C, fill=0.3)]
+        scores = PrefixScorer().score(anchored(tokens), equal)
+        assert max(scores, key=scores.__getitem__) == home and scores[home] == 1.0
+        assert sorted(scores.values()) == [0.5, 0.5, 1.0]  # the others: OTHERS × availability (all 1)
+        again = PrefixScorer().score(anchored(tokens), list(reversed(equal)))  # another gateway's order
+        assert again == scores
+    # Fills within FILL_SLACK of the emptiest are eligible, fuller ones are not.
+    tokens = next(p for p, home in zip(prompts, homes, strict=True) if home == A_URL)
+    near = [candidate(A, fill=0.1 + FILL_SLACK - 0.01), candidate(B, fill=0.1), candidate(C, fill=0.3)]
+    assert rounded(PrefixScorer().score(anchored(tokens), near))["10.0.0.1"] == 1.0
+    far = [candidate(A, fill=0.1 + FILL_SLACK + 0.01), candidate(B, fill=0.1), candidate(C, fill=0.3)]
+    scores = rounded(PrefixScorer().score(anchored(tokens), far))
+    assert scores["10.0.0.1"] < 1.0 and max(scores.values()) == 1.0
+
+
+def test_a_prompt_shorter_than_a_block_goes_to_the_emptiest_cache() -> None:
+    candidates = [candidate(A, fill=0.5), candidate(B, fill=0.2), candidate(C, fill=0.3)]
+    scores = rounded(PrefixScorer().score(anchored(list(range(10))), candidates))
+    assert scores == {"10.0.0.1": 0.0, "10.0.0.2": 1.0, "10.0.0.3": 0.6667}
+
+
+def test_a_cached_prompt_ignores_its_home() -> None:
+    tokens = list(range(1000))
+    urls = [A_URL, B_URL]
+    other = next(e for e in (A, B) if e.url != home_of(tokens, urls))
+    candidates = [
+        candidate(A, matched=960 if other is A else 0),
+        candidate(B, matched=960 if other is B else 0),
+    ]
+    scores = PrefixScorer().score(anchored(tokens), candidates)
+    assert scores[other.url] == 0.96 and min(scores.values()) == 0.0
 
 
 def test_load_scorer_is_min_max_over_the_candidates_load() -> None:

@@ -111,6 +111,7 @@ def build_routing(
         ),
         cache_threshold=tuning.cache_threshold,
         adapters=bool(config.adapters),
+        adapter_capacity=_cpu_loras(config),
         timer=timer,
         on_decision=metrics.decided,
     )
@@ -122,6 +123,16 @@ def build_routing(
         addresses=config.kv_events,
         subscribers=subscribers,
     )
+
+
+def _cpu_loras(config: EffectiveConfig) -> int | None:
+    """Adapters each engine keeps in CPU memory as the spec declares them (vLLM's `--max-cpu-loras`
+    defaults to `--max-loras`); None without `spec.engine.lora` (engines started elsewhere: each
+    engine's scraped `max_lora` sizes the record)."""
+    lora = config.spec.engine.lora
+    if lora is None:
+        return None
+    return lora.max_cpu_loras if lora.max_cpu_loras is not None else lora.max_loras
 
 
 def prefix_source(

@@ -50,13 +50,21 @@ class SchedulerDeps:
     cache_threshold: float = DEFAULT_CACHE_THRESHOLD
     #: The service serves LoRA adapters: the `tandem` policy scores adapter affinity too.
     adapters: bool = False
+    #: Adapters an engine keeps in its CPU tier (`spec.engine.lora`'s `maxCpuLoras`, else `maxLoras`):
+    #: the size of the gateway's residency record per engine; None: each engine's scraped `max_lora`.
+    adapter_capacity: int | None = None
     timer: Callable[[], float] = time.perf_counter
     on_decision: Callable[[Decision], None] | None = None
 
 
 def _tandem(deps: SchedulerDeps) -> Scheduler:
     profiles = tandem_profiles(
-        deps.weights, guard=deps.guard, cache_threshold=deps.cache_threshold, adapters=deps.adapters
+        deps.weights,
+        guard=deps.guard,
+        cache_threshold=deps.cache_threshold,
+        adapters=deps.adapters,
+        adapter_capacity=deps.adapter_capacity,
+        block_size=deps.state.approximate.default_block_size,
     )
     return ProfileScheduler(
         state=deps.state, profiles=profiles, timer=deps.timer, on_decision=deps.on_decision

@@ -28,6 +28,17 @@ DEFAULT_THRESHOLD = 0.3
 LOAD_SLACK = 1.0
 #: Share of the prompt's own tokens of queued prefill work above the least within which it still does.
 QUEUE_SLACK = 0.25
+#: Leading blocks of a prompt that name it for placement (`PrefixScorer`'s home): 128 tokens in
+#: blocks of 16, past a chat template's header and into the system prompt that requests share.
+ANCHOR_BLOCKS = 8
+#: The block size of the anchor's keys until the router's index says otherwise (vLLM's default).
+ANCHOR_BLOCK_SIZE = 16
+#: Cache fill above the emptiest nearby candidate's within which a new prompt still goes to its home.
+#: Below one prompt's share of a small cache (tests/router/test_routing_sims.py: 0.39), so small
+#: caches fill evenly; far above it in large ones, where a prompt is a sliver and the home decides.
+FILL_SLACK = 0.2
+#: The most a new prompt's other nearby candidates score for availability (the home scores 1).
+OTHERS = 0.5
 #: The adapter scorer's weight: KServe's for llm-d's lora-affinity scorer (next to its prefix
 #: scorer's 3 and load's 2, as here), so an engine holding the adapter is preferred unless another
 #: holds much more of the prompt or is much less loaded.
@@ -62,6 +73,17 @@ class PrefixScorer:
     "smallest tree" below its threshold) instead of all landing on the first endpoint; in between
     the two blend linearly.
 
+    Which of the emptiest caches a new prompt goes to is not left to arrival order: it goes to its
+    *home*, the first of them in the prompt's rendezvous order (`rendezvous_weight` of its anchor,
+    the chained key of its first `ANCHOR_BLOCKS` blocks, and the endpoint's URL). Among the
+    candidates near the least load and queue, those whose fill is within `FILL_SLACK` of the
+    emptiest are eligible; the home scores 1, the others `OTHERS` × their availability. So caches
+    still fill evenly (a prompt that fills a small cache by more than the slack sends the next new
+    one elsewhere), but where they have room, every gateway replica, worker and restart sends the
+    same new prompt to the same engine: a gateway that has just started finds the prefixes its
+    predecessor left in warm engines instead of placing them anew. A prompt shorter than a block
+    has no anchor and goes to the emptiest cache.
+
     Availability counts only near the least load. Min-max over every candidate gave an engine that
     had just joined (its cache empty, the others' full) 1 against 0 for every new prompt, which at
     weight 3 beat the load scorer's 2: at a scale-up the new engine took every new prompt until its
@@ -76,15 +98,20 @@ class PrefixScorer:
     Example, n = 1000, fills A 0.5, B 0.2, C 0.2, loads equal: A holds 960 (r = 0.96 ≥ 0.3, s = 0) →
     A 0.96, B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) →
     A 0.1, B = C = 0.667: a match that weak is not worth filling a fuller cache further. A new
-    prompt with loads A 2, B 4, C 2 → A 0, B 0, C 1; with B at 3 → A 0, B 1, C 0.667.
+    prompt with loads A 2, B 4, C 2 → A 0, B 0, C 1; with B at 3 → A 0, B 1, C 0.667. With an
+    anchor (the prompt spans a block): fills A 0.5, B 0.2, C 0.3 and the anchor's order C, B, A →
+    eligible B and C (within 0.2 of B's 0.2), home C → A 0, B 0.5, C 1.
     """
 
     name = "prefix"
 
-    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD) -> None:
+    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, block_size: int = ANCHOR_BLOCK_SIZE) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
         self.threshold = threshold
+        self.block_size = block_size
 
     def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
         n = cycle.prompt_tokens
@@ -98,7 +125,15 @@ class PrefixScorer:
         # waits for its whole prefill (the slow mode of a shared-prefix workload's TTFT).
         least = min(c.queued_tokens for c in near)
         near = [c for c in near if c.queued_tokens <= least + QUEUE_SLACK * n]
-        availability = min_max_low_is_best({c.url: c.cache_fill for c in near})
+        fills = {c.url: c.cache_fill for c in near}
+        availability = min_max_low_is_best(fills)
+        keys = cycle.request.block_keys(self.block_size) if n > 0 else ()
+        if keys:
+            anchor = keys[min(ANCHOR_BLOCKS, len(keys)) - 1]
+            emptiest = min(fills.values())
+            eligible = [url for url, fill in fills.items() if fill <= emptiest + FILL_SLACK]
+            home = max(eligible, key=lambda url: rendezvous_weight(anchor, url))
+            availability = {url: 1.0 if url == home else OTHERS * a for url, a in availability.items()}
         return {url: ratio + spread * availability.get(url, 0.0) for url, ratio in ratios.items()}
 
 
@@ -213,12 +248,15 @@ def home_ranks(adapter: str, urls: Sequence[str]) -> dict[str, int]:
 
     >>> ranks = home_ranks("sql", ["a", "b", "c"]); sorted(ranks.values())
     [0, 1, 2]"""
-    weights = {
-        url: int.from_bytes(hashlib.blake2b(f"{adapter}\x1f{url}".encode(), digest_size=8).digest(), "big")
-        for url in urls
-    }
+    weights = {url: rendezvous_weight(adapter, url) for url in urls}
     order = sorted(urls, key=lambda u: weights[u], reverse=True)
     return {url: rank for rank, url in enumerate(order)}
+
+
+def rendezvous_weight(name: object, url: str) -> int:
+    """Highest-random-weight hashing: `name`'s weight at `url`, the same in every process (BLAKE2b,
+    not Python's salted `hash`). The URL of highest weight is `name`'s home."""
+    return int.from_bytes(hashlib.blake2b(f"{name}\x1f{url}".encode(), digest_size=8).digest(), "big")
 
 
 def _affinity(candidate: Candidate, adapter: str) -> float:

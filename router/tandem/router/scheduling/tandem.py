@@ -46,6 +46,7 @@ from tandem.router.scheduling.plugins import Candidate, Cycle, PostPick, Scorer
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
 from tandem.router.scheduling.scorers import (
     ADAPTER_WEIGHT,
+    ANCHOR_BLOCK_SIZE,
     DEFAULT_THRESHOLD,
     AdapterAffinityScorer,
     KVScorer,
@@ -105,15 +106,17 @@ def tandem_profiles(
     cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
     adapters: bool = False,
     adapter_capacity: int | None = None,
+    block_size: int = ANCHOR_BLOCK_SIZE,
 ) -> dict[str, SchedulerProfile]:
     """The `tandem` policy's profiles (module docstring); scorers with weight 0 are left out.
     `adapters`: the service serves LoRA adapters (adds the placement filter, shared by both
     profiles, and the adapter scorer); `adapter_capacity`: adapters an engine keeps in its CPU tier
-    (`maxCpuLoras`; None: its `max_lora` once read, 4 until then)."""
+    (`maxCpuLoras`; None: its `max_lora` once read, 4 until then); `block_size`: of the keys that
+    anchor a new prompt's home (`PrefixScorer`), the router index's default."""
     picker = MaxScorePicker()
     placement = AdapterPlacement(capacity=adapter_capacity)
     prompt: list[tuple[Scorer, float]] = [
-        (PrefixScorer(threshold=cache_threshold), weights.prefix),
+        (PrefixScorer(threshold=cache_threshold, block_size=block_size), weights.prefix),
         (LoadScorer(), weights.load),
         (KVScorer(), weights.kv),
         (TTFTScorer(), weights.ttft),
