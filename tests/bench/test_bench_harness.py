@@ -343,6 +343,11 @@ def test_a_restarted_start_warms_the_engines_through_one_gateway_and_measures_a_
         "the warm-up went through the first gateway"
     )
     assert len([e for e in fresh if e["msg"] == "request"]) == 6, "the run through a fresh one"
+    # Both gateways got the run's salt key, so the fresh one salts tenants' prompts as the first did
+    # and reuses what it left in the engines (a gateway without one draws its own and says so).
+    for log in (warmup, fresh):
+        assert [e for e in log if e["msg"] == "router ready"], "the gateway did not start"
+        assert not [e for e in log if "TANDEM_CACHE_KEY is not set" in e["msg"]]
     # Nothing declared by default: the engines got --max-num-seqs, the gateway's spec did not.
     config = (tmp_path / "runs" / "round-robin@restarted" / "router.yaml").read_text()
     assert "--max-num-seqs" not in config

@@ -184,6 +184,17 @@ class Started:
         return trees_cpu_seconds(pids) if pids else None
 
 
+def bench_credentials() -> LocalCredentials:
+    """One run's credentials. Engines without an API key: the peer routers call them directly, and
+    every target must meet the same engines (the managed Redis still has its password). One salt key
+    (`TANDEM_CACHE_KEY`) for every Tandem gateway of the run, as `tandem up` and the operator's Secret
+    give: replicas, and a gateway restarted in front of warm engines (`--start restarted`), salt a
+    tenant's prompts alike and so reuse each other's cache entries."""
+    return LocalCredentials(
+        redis_password=secrets.token_urlsafe(32), engine_api_key=None, cache_key=secrets.token_urlsafe(32)
+    )
+
+
 @contextlib.contextmanager
 def started(
     target: Target, *, pool: PoolSettings, tools: Tools, state_dir: Path, progress: Progress
@@ -197,9 +208,7 @@ def started(
         pool, policy=policy, direct=target.kind == "direct", prefix_source=_prefix_source(router_args)
     )
     ports = free_ports()
-    # Engines without an API key: the peer routers call them directly, and every target must meet
-    # the same engines (the managed Redis still has its password).
-    credentials = LocalCredentials(redis_password=secrets.token_urlsafe(32), engine_api_key=None)
+    credentials = bench_credentials()
     plan = build_plan(
         isvc, ports=ports, router_port=next(ports), python=tools.python,
         redis_server=tools.redis_server, state_dir=run_dir.resolve(), credentials=credentials,
