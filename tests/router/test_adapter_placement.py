@@ -268,3 +268,12 @@ async def test_the_residency_record_is_the_declared_cpu_tier(lora: dict[str, int
         f for p in routing.scheduler.profiles.values() for f in p.filters if isinstance(f, AdapterPlacement)
     }
     assert [p.capacity for p in placements] == [expected]
+    # Through real decisions: an engine reporting max_lora 1 still keeps `expected` adapters.
+    (placement,) = placements
+    one_slot = EngineStats(
+        running=0, waiting=0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000,
+        adapters=AdapterLoad(running=frozenset(), waiting=frozenset(), max_loras=1),
+    )  # fmt: skip
+    for i in range(expected + 3):
+        routing.scheduler.decide("decode", view(f"a{i}", f"r{i}"), [snapshot(A, engine=one_slot)])
+    assert placement.residency.adapters(A.url) == [f"a{i}" for i in range(3, expected + 3)]
