@@ -6,6 +6,8 @@ are the worked examples of the scorers' docstrings and docs/routing.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from tests.router.scheduling_builders import A, B, C, candidate, cycle, host, request
 
@@ -24,6 +26,7 @@ from tandem.router.scheduling.scorers import (
     rendezvous_weight,
 )
 from tandem.router.scheduling.tandem import CacheHitScorer
+from tandem.router.types import RequestView, Route
 
 A_URL, B_URL, C_URL = A.url, B.url, C.url
 
@@ -147,6 +150,28 @@ def test_a_new_prompt_goes_to_its_rendezvous_home_among_the_emptiest_caches() ->
     far = [candidate(A, fill=0.1 + FILL_SLACK + 0.01), candidate(B, fill=0.1), candidate(C, fill=0.3)]
     scores = rounded(PrefixScorer().score(anchored(tokens), far))
     assert scores["10.0.0.1"] < 1.0 and max(scores.values()) == 1.0
+
+
+def test_the_anchor_reuses_the_keys_of_the_indexs_block_size() -> None:
+    """With the router index's block sizes (32 here), the anchor is a key of that size, the one the
+    prefix match already computed: no second hashing of the prompt at another size."""
+    tokens = list(range(1000))
+    asked: list[int] = []
+
+    class Counting(RequestView):
+        def block_keys(self, block_size: int) -> Sequence[int]:
+            asked.append(block_size)
+            return super().block_keys(block_size)
+
+    view = Counting(request_id="r", route=Route.COMPLETIONS, prompt_token_ids=tuple(tokens))
+    equal = [candidate(A, fill=0.3), candidate(B, fill=0.3), candidate(C, fill=0.3)]
+    cycle_32 = Cycle(pool="decode", profile="prompt", request=view, prompt_tokens=1000, slo_ttft_s=1.0)
+    scores = PrefixScorer(block_size=lambda url: 32).score(cycle_32, equal)
+    anchor = request(tokens).block_keys(32)[ANCHOR_BLOCKS - 1]
+    assert max(scores, key=scores.__getitem__) == max(
+        (A_URL, B_URL, C_URL), key=lambda url: rendezvous_weight(anchor, url)
+    )
+    assert asked == [32]
 
 
 def test_a_prompt_shorter_than_a_block_goes_to_the_emptiest_cache() -> None:

@@ -64,7 +64,7 @@ def _tandem(deps: SchedulerDeps) -> Scheduler:
         cache_threshold=deps.cache_threshold,
         adapters=deps.adapters,
         adapter_capacity=deps.adapter_capacity,
-        block_size=deps.state.approximate.default_block_size,
+        block_size=deps.state.approximate.block_size,
     )
     return ProfileScheduler(
         state=deps.state, profiles=profiles, timer=deps.timer, on_decision=deps.on_decision

@@ -129,11 +129,6 @@ class ApproximatePrefixIndex:
         cache = self._caches.get(url)
         return len(cache.keys) if cache is not None else 0
 
-    @property
-    def default_block_size(self) -> int:
-        """The block size of endpoints whose engine has not said its own."""
-        return self._default_block_size
-
     def block_size(self, url: str) -> int:
         cache = self._caches.get(url)
         return cache.block_size if cache is not None else self._default_block_size

@@ -14,7 +14,7 @@ candidate URL, 1 best. Weights live in `spec.router.scoring` (the adapter scorer
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from tandem.router.scheduling.plugins import Candidate, Cycle
@@ -31,7 +31,7 @@ QUEUE_SLACK = 0.25
 #: Leading blocks of a prompt that name it for placement (`PrefixScorer`'s home): 128 tokens in
 #: blocks of 16, past a chat template's header and into the system prompt that requests share.
 ANCHOR_BLOCKS = 8
-#: The block size of the anchor's keys until the router's index says otherwise (vLLM's default).
+#: The block size of the anchor's keys without the router's index (vLLM's default).
 ANCHOR_BLOCK_SIZE = 16
 #: Cache fill above the emptiest nearby candidate's within which a new prompt still goes to its home.
 #: Below one prompt's share of a small cache (tests/router/test_routing_sims.py: 0.39), so small
@@ -105,11 +105,13 @@ class PrefixScorer:
 
     name = "prefix"
 
-    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, block_size: int = ANCHOR_BLOCK_SIZE) -> None:
+    def __init__(
+        self, *, threshold: float = DEFAULT_THRESHOLD, block_size: Callable[[str], int] | None = None
+    ) -> None:
+        """`block_size`: each endpoint's block size as the router's index knows it, so the anchor
+        reuses the keys the match computed (None: `ANCHOR_BLOCK_SIZE` for every endpoint)."""
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be positive, got {block_size}")
         self.threshold = threshold
         self.block_size = block_size
 
@@ -127,7 +129,8 @@ class PrefixScorer:
         near = [c for c in near if c.queued_tokens <= least + QUEUE_SLACK * n]
         fills = {c.url: c.cache_fill for c in near}
         availability = min_max_low_is_best(fills)
-        keys = cycle.request.block_keys(self.block_size) if n > 0 else ()
+        size = ANCHOR_BLOCK_SIZE if self.block_size is None else min(map(self.block_size, fills))
+        keys = cycle.request.block_keys(size) if n > 0 else ()
         if keys:
             anchor = keys[min(ANCHOR_BLOCKS, len(keys)) - 1]
             emptiest = min(fills.values())

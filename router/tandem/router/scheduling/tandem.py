@@ -46,7 +46,6 @@ from tandem.router.scheduling.plugins import Candidate, Cycle, PostPick, Scorer
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
 from tandem.router.scheduling.scorers import (
     ADAPTER_WEIGHT,
-    ANCHOR_BLOCK_SIZE,
     DEFAULT_THRESHOLD,
     AdapterAffinityScorer,
     KVScorer,
@@ -106,13 +105,13 @@ def tandem_profiles(
     cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
     adapters: bool = False,
     adapter_capacity: int | None = None,
-    block_size: int = ANCHOR_BLOCK_SIZE,
+    block_size: Callable[[str], int] | None = None,
 ) -> dict[str, SchedulerProfile]:
     """The `tandem` policy's profiles (module docstring); scorers with weight 0 are left out.
     `adapters`: the service serves LoRA adapters (adds the placement filter, shared by both
     profiles, and the adapter scorer); `adapter_capacity`: adapters an engine keeps in its CPU tier
-    (`maxCpuLoras`; None: its `max_lora` once read, 4 until then); `block_size`: of the keys that
-    anchor a new prompt's home (`PrefixScorer`), the router index's default."""
+    (`maxCpuLoras`; None: its `max_lora` once read, 4 until then); `block_size`: each endpoint's
+    block size in the router's index, for the keys that anchor a new prompt's home (`PrefixScorer`)."""
     picker = MaxScorePicker()
     placement = AdapterPlacement(capacity=adapter_capacity)
     prompt: list[tuple[Scorer, float]] = [
