@@ -1,7 +1,6 @@
 """`tandem adapters fetch`: hf:// and s3:// adapters installed into an adapter cache once each.
 
-Real: the command (click's runner), `tandem.core.adapterfetch` on tmp_path, the operator's fetch
-container and its reading of the report (`tandem.operator.adapterstatus`), httpx against a fake
+Real: the command (click's runner), `tandem.core.adapterfetch` on tmp_path, httpx against a fake
 Hub (a `http.server` on 127.0.0.1 serving the two API paths the client uses, counting requests),
 boto3 against moto's S3 server on 127.0.0.1. Nothing reaches the internet.
 """
@@ -19,8 +18,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from tests.operator.specs import IMAGES, OWNER, spec_of
-from tests.operator.test_operator_reconcile import body as isvc_document
 
 from tandem.cli.adapters import adapters
 from tandem.core.adapterfetch import (
@@ -33,9 +30,6 @@ from tandem.core.adapterfetch import (
     source_key,
 )
 from tandem.core.adapters import AdapterError, HfSource
-from tandem.operator.adapterstatus import Observed, judge
-from tandem.operator.resources.lora import link_container
-from tandem.operator.resources.meta import Role, selector_labels
 
 CONFIG = {"r": 8, "peft_type": "LORA", "base_model_name_or_path": "tiny"}
 
@@ -355,34 +349,3 @@ def test_a_download_left_by_a_crash_is_cleared_and_another_adapters_is_not(tmp_p
     assert sorted(p.name for p in versions.iterdir() if p.is_dir()) == [
         ".tmp-a-b@running", f"a@{source_key('hf://org/a')}"
     ]  # fmt: skip
-
-
-def test_the_operator_reads_the_fetch_containers_report_back_into_each_adapters_state(
-    tmp_path: Path, hub: Hub
-) -> None:
-    """The rendered init container's command, run here (its paths moved under tmp_path), and its
-    report given to the operator's judge as the kubelet would hand it over."""
-    hub.repos["org/good"] = {"main": ("7" * 40, adapter_files())}
-    hub.repos["org/big"] = {"main": ("8" * 40, adapter_files(64))}
-    adapters_spec = [{"name": "good", "source": "hf://org/good"}, {"name": "big", "source": "hf://org/big"}]
-    lora = {"engine": {"kind": "sim", "lora": {"maxRank": 16}}, "adapters": adapters_spec}
-    spec = spec_of(isvc_document(lora))
-    container = link_container(spec, images=IMAGES)
-    assert container is not None
-    report = tmp_path / "termination-log"
-    command = [str(report) if a == "/dev/termination-log" else a for a in container["command"]]
-    command = [str(tmp_path / "adapters") if a == "/adapters" else a for a in command]
-    result = CliRunner().invoke(adapters, [*command[2:], *container["args"]], env={"HF_ENDPOINT": hub.url})
-    assert result.exit_code == 0, result.output  # --keep-going: the engines start with `good`
-
-    ended = {"terminated": {"exitCode": 0, "message": report.read_text()}}
-    pod = {
-        "metadata": {"name": "d-1", "labels": selector_labels(OWNER, Role.DECODE)},
-        "spec": {"initContainers": [container]},
-        "status": {"initContainerStatuses": [{"name": container["name"], "state": ended}]},
-    }
-    states = judge(spec, Observed(pods=[pod]), owner=OWNER)
-    assert [(a.name, a.state, a.reason) for a in states] == [
-        ("good", "Ready", "fetched; on 1/1 engine pods given it"),
-        ("big", "Failed", "rank 64 (adapter_config.json r) is above spec.engine.lora.maxRank 16"),
-    ]

@@ -18,8 +18,9 @@ for each it could not install; exit 1 when any failed, 2 for arguments it cannot
 `--catalog`, the catalog is linked afterwards (as `link` does); with `--prune`, adapters it installed
 earlier that are no longer named are removed; `--report FILE` also writes the result lines there,
 failures first; `--keep-going` exits 0 despite failures (so that the engines start with the
-others). The operator runs it as the engine pods' init container when the spec has such adapters
-(`tandem.operator.resources.lora`).
+others). `tandem adapters sync` (`tandem.cli.adaptersync`) does the same on every pass over a list
+file while the engines run: the operator runs it as the engine pods' sidecar
+(`tandem.operator.resources.lora`), so adding or removing an adapter restarts nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import click
 
 from tandem.cli.adapterremote import HF_DEFAULT_ENDPOINT, Remotes
+from tandem.cli.adaptersync import sync
 from tandem.cli.exits import fail
 from tandem.core.adapterfetch import FetchError, failure_line, install, parse_wanted
 from tandem.core.adapterfetch import prune as prune_fetched
@@ -81,6 +83,9 @@ def prepare_local_adapters(isvc: InferenceService, *, base: Path, dest: Path) ->
 @click.group()
 def adapters() -> None:
     """LoRA adapter files for the engines."""
+
+
+adapters.add_command(sync)
 
 
 @adapters.command()

@@ -1,0 +1,112 @@
+"""`tandem.core.adaptersync`: the sidecar's passes over the adapter list, with a fake clock and a
+fake download (writing a loadable adapter, or failing, per source), on tmp_path. The real command
+and Hub: tests/cli/test_adapter_sync.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem.core.adapterfetch import FetchError, RemoteSource
+from tandem.core.adapters import AdapterError
+from tandem.core.adaptersync import AdapterSync, list_document, parse_list
+
+CONFIG = {"r": 8, "peft_type": "LORA", "base_model_name_or_path": "tiny"}
+
+
+class Store:
+    """Downloads by source (`failing`: those that fail), counting each."""
+
+    def __init__(self) -> None:
+        self.failing: set[str] = set()
+        self.calls: list[str] = []
+
+    def download(self, source: RemoteSource, directory: Path) -> str:
+        key = repr(source)
+        self.calls.append(key)
+        if key in self.failing:
+            raise FetchError(f"{key}: 503 Service Unavailable")
+        (directory / "adapter_config.json").write_text(json.dumps(CONFIG))
+        (directory / "adapter_model.safetensors").write_bytes(b"\0" * 8)
+        return "rev1"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(tmp_path: Path, *, catalog: Path | None = None) -> tuple[AdapterSync, Store, Clock]:
+    store, clock = Store(), Clock()
+    sync = AdapterSync(
+        cache=tmp_path / "cache",
+        download=store.download,
+        max_rank=16,
+        clock=clock,
+        catalog=catalog,
+        retry_s=60,
+    )
+    (tmp_path / "cache").mkdir()
+    return sync, store, clock
+
+
+def test_a_failed_adapter_waits_for_retry_but_a_new_source_is_tried_at_once(tmp_path: Path) -> None:
+    sync, store, clock = make(tmp_path)
+    store.failing.add(repr(parse_list(list_document([("a", "hf://org/a")]))[0].parsed))
+    first = sync.step(list_document([("a", "hf://org/a")]))
+    assert first.failed == ("a",) and sync.report()["adapters"]["a"]["state"] == "Failed"
+    assert "503 Service Unavailable" in sync.report()["adapters"]["a"]["reason"]
+    clock.now = 59
+    sync.step(list_document([("a", "hf://org/a")]))
+    assert len(store.calls) == 1, "not before retry_s"
+    sync.step(list_document([("a", "hf://org/a@v2")]))
+    assert len(store.calls) == 2 and sync.report()["adapters"]["a"] == {
+        "source": "hf://org/a@v2", "state": "Ready", "reason": "fetched", "revision": "rev1",
+    }  # fmt: skip
+    store.failing.clear()
+    clock.now = 200
+    sync.step(list_document([("a", "hf://org/a@v2")]))
+    assert len(store.calls) == 2, "a ready adapter's marker is found: no download"
+
+
+def test_a_catalog_is_linked_each_pass_and_a_listed_name_wins(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    for name in ("a", "c"):
+        (catalog / name).mkdir(parents=True)
+        (catalog / name / "adapter_config.json").write_text(json.dumps(CONFIG))
+    sync, _, _ = make(tmp_path, catalog=catalog)
+    result = sync.step(list_document([("a", "hf://org/a")]))
+    assert result.linked == 1
+    assert (sync.cache / "a").resolve().parent.name == ".fetched"  # the listed one
+    assert (sync.cache / "c").resolve() == (catalog / "c").resolve()
+    (catalog / "d").mkdir()
+    (catalog / "d" / "adapter_config.json").write_text(json.dumps(CONFIG))
+    sync.step(list_document([("a", "hf://org/a")]))
+    assert (sync.cache / "d" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("{oops", "adapters.json is not JSON"),
+        ('{"other": []}', 'adapters.json has no "adapters" list'),
+        ('{"adapters": [{"name": "a"}]}', 'adapters.json: every entry needs a string "name" and "source"'),
+        ('{"adapters": [{"name": "../a", "source": "hf://o/a"}]}', "adapter name"),
+        ('{"adapters": [{"name": "a", "source": "pvc://c/a"}]}', "only hf:// and s3:// sources"),
+    ],
+)
+def test_a_list_it_cannot_read_changes_nothing_and_says_why(tmp_path: Path, text: str, error: str) -> None:
+    sync, _, _ = make(tmp_path)
+    sync.step(list_document([("a", "hf://org/a")]))
+    with pytest.raises(AdapterError, match=None):
+        parse_list(text)
+    assert sync.step(text) == type(sync.step(text))()
+    assert error in sync.report()["listError"]
+    assert (sync.cache / "a" / "adapter_config.json").is_file()
+    assert sync.report()["adapters"]["a"]["state"] == "Ready", "the last readable list's report stays"
