@@ -88,7 +88,7 @@ def test_render_refuses_the_local_example_and_renders_claims(tmp_path: Path) -> 
     decode = next(m for m in manifests if (m["kind"], m["metadata"]["name"]) == ("Deployment", "lora-decode"))
     pod = decode["spec"]["template"]["spec"]
     assert "--enable-lora" in pod["containers"][0]["args"]
-    assert [c["name"] for c in pod["initContainers"]] == ["adapters-link"]
+    assert [c["name"] for c in pod["initContainers"]] == ["adapters-sync"]
     assert {"name": "adapters", "emptyDir": {}} in pod["volumes"]
 
 

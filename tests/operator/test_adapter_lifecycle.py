@@ -1,19 +1,26 @@
-"""An adapter's life in the cluster, against the emulated Kubernetes API: declared, fetched by the
-engine pods' init container, failed with a reason, removed; the status, the count and the Events.
+"""An adapter's life in the cluster, against the emulated Kubernetes API: declared, installed by the
+engine pods' sidecar, failed with a reason, removed and added while the pods run; the status, the
+count and the Events; the engine pod template that never changes with the adapters.
 
 Real: the operator process as `tandem operator` runs it (kopf, handlers, reconcile, builders) over
-HTTP on 127.0.0.1. Emulated: the API server (kmock + StampingEmulator); the kubelet is played by
-writing engine pods with the fetch container's arguments and `initContainerStatuses` as it reports
-them. Timeouts guard against hangs; nothing asserts on speed.
+HTTP on 127.0.0.1, and its HTTP reads of the sidecars' reports. Emulated: the API server (kmock +
+StampingEmulator); the kubelet, played by writing an engine pod as it reports it (IP 127.0.0.1, the
+sidecar started); the sidecar, played by a loopback HTTP server whose `/adapters` answer the test
+sets (the real sidecar: tests/cli/test_adapter_sync.py). Timeouts guard against hangs; nothing
+asserts on speed.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable
+import json
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import kmock as kmock_lib
+import pytest
 from tests.operator import cluster_state as k8s
 from tests.operator.cluster_state import NAMESPACE, eventually
 
@@ -52,78 +59,125 @@ def adapters(api: kmock_lib.KubernetesEmulator) -> dict[str, tuple[str, str]]:
     return {a["name"]: (a["state"], a.get("reason", "")) for a in status.get("adapters") or []}
 
 
-async def engine_pod(api: kmock_lib.KubernetesEmulator, name: str, *, role: str, message: str) -> None:
-    """A pod of the `role` pool as the kubelet reports it once its fetch container finished (exit 0,
-    with `--keep-going`) and wrote `message` to its termination log."""
+class Sidecar:
+    """A loopback `/adapters` endpoint answering `adapters` as a sidecar's report."""
+
+    def __init__(self) -> None:
+        self.adapters: dict[str, dict[str, str]] = {}
+        sidecar = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps({"digest": "", "passes": 1, "listError": "", "adapters": sidecar.adapters})
+                self.send_response(200 if self.path == "/adapters" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+
+    def set(self, **states: tuple[str, str, str]) -> None:
+        """Each adapter's (source, state, reason) as the next pass reports it."""
+        self.adapters = {n: {"source": s, "state": st, "reason": r} for n, (s, st, r) in states.items()}
+
+
+@pytest.fixture
+def sidecar() -> Iterator[Sidecar]:
+    found = Sidecar()
+    thread = threading.Thread(target=found.server.serve_forever, daemon=True)
+    thread.start()
+    yield found
+    found.server.shutdown()
+    found.server.server_close()
+    thread.join(timeout=5)
+
+
+async def engine_pod(api: kmock_lib.KubernetesEmulator, name: str, *, role: str, port: int) -> None:
+    """A running pod of the `role` pool as the kubelet reports it, its sidecar listening on `port`."""
     deployment = k8s.find(api, "Deployment", f"demo-{role}")
     assert deployment is not None
     template = deployment["spec"]["template"]
-    [fetch] = template["spec"]["initContainers"]
+    [sync] = copy.deepcopy(template["spec"]["initContainers"])
+    sync["ports"] = [{"name": "adapter-sync", "containerPort": port, "protocol": "TCP"}]
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": template["metadata"]["labels"]},
-        "spec": {"initContainers": [fetch], "containers": template["spec"]["containers"]},
+        "spec": {"initContainers": [sync], "containers": template["spec"]["containers"]},
         "status": {
+            "phase": "Running",
+            "podIP": "127.0.0.1",
             "initContainerStatuses": [
-                {
-                    "name": "adapters-fetch",
-                    "ready": True,
-                    "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": message}},
-                }
-            ]
+                {"name": "adapters-sync", "started": True, "ready": False, "state": {"running": {}}}
+            ],
         },
     }
     response = await api.post(PODS, json=pod)
     assert response.status == 200, await response.text()
 
 
-async def test_remote_adapters_go_from_pending_to_ready_or_failed_with_events_and_a_count(
-    api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]]
+def adapter_list(api: kmock_lib.KubernetesEmulator) -> list[dict[str, str]]:
+    found = k8s.find(api, "ConfigMap", "demo-adapters")
+    assert found is not None
+    return list(json.loads(found["data"]["adapters.json"])["adapters"])
+
+
+def decode_template(api: kmock_lib.KubernetesEmulator) -> dict[str, Any]:
+    decode = k8s.find(api, "Deployment", "demo-decode")
+    assert decode is not None
+    return dict(decode["spec"]["template"])
+
+
+SQL, CHAT, DOCS = "hf://org/sql-lora@v2", "s3://loras/chat", "hf://org/docs-lora"
+NO_BUCKET = "s3://loras/chat: NoSuchBucket: The specified bucket does not exist"
+
+
+async def test_remote_adapters_come_and_go_on_running_pods_with_events_and_a_count(
+    api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]], sidecar: Sidecar
 ) -> None:
     await k8s.apply(api, copy.deepcopy(LORA_DEMO))
     await eventually(lambda: k8s.find(api, "Deployment", "demo-decode") is not None, "the decode pool")
-    decode = k8s.find(api, "Deployment", "demo-decode")
-    assert decode is not None
-    [fetch] = decode["spec"]["template"]["spec"]["initContainers"]
-    assert fetch["name"] == "adapters-fetch"
-    assert fetch["args"] == ["sql=hf://org/sql-lora@v2", "chat=s3://loras/chat"]
+    template = decode_template(api)
+    [sync] = template["spec"]["initContainers"]
+    assert (sync["name"], sync["restartPolicy"]) == ("adapters-sync", "Always")
+    assert "sql-lora" not in json.dumps(template) and "loras/chat" not in json.dumps(template)
+    assert adapter_list(api) == [{"name": "sql", "source": SQL}, {"name": "chat", "source": CHAT}]
     await eventually(lambda: k8s.isvc(api, "demo").get("status", {}).get("adapterSummary") == "0/2", "0/2")
-    assert set(adapters(api).values()) == {
-        ("Pending", "no engine pod has been given it yet (the engine pools roll out to fetch it)")
-    }
+    assert set(adapters(api).values()) == {("Pending", "no engine pod is running yet")}
     assert k8s.condition(api, "demo", "AdaptersReady")["reason"] == "AdaptersPending"
 
-    report = (
-        "failed chat: s3://loras/chat: NoSuchBucket: The specified bucket does not exist\nfetched sql 1a2b"
-    )
-    await engine_pod(api, "demo-decode-1", role="decode", message=report)
+    sidecar.set(sql=(SQL, "Ready", "fetched"), chat=(CHAT, "Failed", NO_BUCKET))
+    await engine_pod(api, "demo-decode-1", role="decode", port=sidecar.port)
     await eventually(lambda: adapters(api).get("chat", ("",))[0] == "Failed", "chat Failed")
-    assert adapters(api) == {
-        "sql": ("Ready", "fetched; on 1/1 engine pods given it"),
-        "chat": ("Failed", "s3://loras/chat: NoSuchBucket: The specified bucket does not exist"),
-    }
-    status = k8s.isvc(api, "demo")["status"]
-    assert status["adapterSummary"] == "1/2"
+    assert adapters(api) == {"sql": ("Ready", "installed on 1/1 engine pods"), "chat": ("Failed", NO_BUCKET)}
+    assert k8s.isvc(api, "demo")["status"]["adapterSummary"] == "1/2"
     condition = k8s.condition(api, "demo", "AdaptersReady")
     assert (condition["status"], condition["reason"]) == ("False", "AdaptersFailed")
     await eventually(lambda: ("Warning", "AdapterFailed") in [e[:2] for e in adapter_events(api)], "event")
-    assert (
-        "Warning",
-        "AdapterFailed",
-        "adapter 'chat' (s3://loras/chat) is Failed: s3://loras/chat: NoSuchBucket: The specified bucket "
-        "does not exist",
-    ) in adapter_events(api)
+    assert ("Warning", "AdapterFailed", f"adapter 'chat' ({CHAT}) is Failed: {NO_BUCKET}") in adapter_events(
+        api
+    )
     assert ("Normal", "AdapterReady") in [e[:2] for e in adapter_events(api)]
 
-    spec = copy.deepcopy(LORA_DEMO["spec"])
-    spec["adapters"] = [spec["adapters"][0]]  # chat removed
-    await k8s.patch_spec(api, "demo", {"adapters": spec["adapters"]})
-    await eventually(lambda: "chat" not in adapters(api), "chat gone from the status")
-    assert adapters(api) == {"sql": ("Ready", "fetched; on 1/1 engine pods given it")}
-    assert k8s.isvc(api, "demo")["status"]["adapterSummary"] == "1/1"
+    # chat removed, docs added: only the list changes; the pods keep running.
+    await k8s.patch_spec(
+        api, "demo", {"adapters": [{"name": "sql", "source": SQL}, {"name": "docs", "source": DOCS}]}
+    )
+    await eventually(lambda: "docs" in adapters(api), "docs in the status")
+    assert adapter_list(api) == [{"name": "sql", "source": SQL}, {"name": "docs", "source": DOCS}]
+    assert decode_template(api) == template, "adding or removing an adapter must not roll the engines"
+    assert adapters(api)["docs"][0] == "Pending"
     await eventually(lambda: ("Normal", "AdapterRemoved") in [e[:2] for e in adapter_events(api)], "removed")
-    decode = k8s.find(api, "Deployment", "demo-decode")
-    assert decode is not None
-    assert decode["spec"]["template"]["spec"]["initContainers"][0]["args"] == ["sql=hf://org/sql-lora@v2"]
+
+    sidecar.set(sql=(SQL, "Ready", "cached"), docs=(DOCS, "Ready", "fetched"))
     await eventually(lambda: k8s.condition(api, "demo", "AdaptersReady").get("status") == "True", "ready")
+    assert adapters(api) == {
+        "sql": ("Ready", "installed on 1/1 engine pods"),
+        "docs": ("Ready", "installed on 1/1 engine pods"),
+    }
+    assert k8s.isvc(api, "demo")["status"]["adapterSummary"] == "2/2"
+    assert decode_template(api) == template

@@ -1,11 +1,13 @@
 """Per-adapter status: each declared adapter Ready, Pending or Failed with a reason, the
-`AdaptersReady` condition, the `ready/declared` count, and an Event per transition; the fetch init
-container the engine pods get for `hf://` and `s3://` adapters, and its credentials Secret.
+`AdaptersReady` condition, the `ready/declared` count, and an Event per transition; the adapter
+sidecar the engine pods get, and its credentials Secret.
 
-Real: tandem.operator.reconcile, tandem.operator.adapterstatus, the builders and the status
-derivation. Faked: the Kubernetes API, by `ListingCluster` (the in-memory cluster of
-test_operator_reconcile.py that also lists), and the pods' init container statuses, written as the
-kubelet writes them. Over HTTP against the emulated API server: test_adapter_lifecycle.py.
+Real: tandem.operator.reconcile, tandem.operator.adapterstatus, tandem.operator.sidecars (which pods
+are read), the builders and the status derivation. Faked: the Kubernetes API, by `ListingCluster`
+(the in-memory cluster of test_operator_reconcile.py that also lists); the pods' statuses, written as
+the kubelet writes them; and each sidecar's `/adapters` report (`Reports`, in place of HTTP). Over
+HTTP, with the operator process, the emulated API server and served reports:
+test_adapter_lifecycle.py.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ from typing import Any
 
 import pytest
 from tests.operator.specs import IMAGES, OWNER, spec_of
-from tests.operator.test_operator_reconcile import MemoryCluster, body, run, status_dict
+from tests.operator.test_operator_reconcile import NOW, MemoryCluster, body, run, status_dict
 
 from tandem.operator.cluster import ClusterError
 from tandem.operator.objects import ObjectRef
-from tandem.operator.reconcile import Outcome
+from tandem.operator.reconcile import Outcome, reconcile
 from tandem.operator.resources import desired_children
 from tandem.operator.resources.meta import Role, selector_labels
 from tandem.operator.resources.secrets import USABLE_LABEL
+from tandem.operator.sidecars import SidecarError
 from tandem.operator.status import as_patch
 
 LORA: dict[str, Any] = {"engine": {"kind": "sim", "lora": {"maxRank": 16}}}
@@ -53,32 +56,52 @@ def spec(*adapters: dict[str, str], **more: Any) -> dict[str, Any]:
     return LORA | {"adapters": list(adapters)} | more
 
 
-def fetch_pod(
-    cluster: MemoryCluster,
-    name: str,
-    *,
-    args: list[str],
-    exit_code: int | None,
-    message: str = "",
-    role: Role = Role.DECODE,
-    last: bool = False,
-) -> None:
-    """An engine pod whose adapters-fetch container was given `args` and ended with `exit_code`
-    (None: still running); `last`: the end is in lastState (the container restarted since)."""
-    terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
-    terminated |= {"message": message} if message else {}
-    state = {"running": {}} if exit_code is None else {"terminated": terminated}
-    status: dict[str, Any] = {"name": "adapters-fetch", "state": state}
-    if last:
-        status = {"name": "adapters-fetch", "state": {"waiting": {}}, "lastState": {"terminated": terminated}}
+def engine_pod(cluster: MemoryCluster, name: str, *, role: Role = Role.DECODE, started: bool = True) -> None:
+    """An engine pod with an IP whose adapters-sync sidecar has (or has not yet) started."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": OWNER.namespace, "labels": selector_labels(OWNER, role)},
-        "spec": {"initContainers": [{"name": "adapters-fetch", "args": args}], "containers": []},
-        "status": {"initContainerStatuses": [status]},
+        "spec": {
+            "initContainers": [
+                {"name": "adapters-sync", "ports": [{"name": "adapter-sync", "containerPort": 8095}]}
+            ],
+            "containers": [],
+        },
+        "status": {
+            "podIP": "10.0.0.7",
+            "initContainerStatuses": [
+                {"name": "adapters-sync", "started": started, "state": {"running": {}}}
+            ],
+        },
     }
     cluster.objects[ObjectRef("v1", "Pod", OWNER.namespace, name)] = pod
+
+
+def entry(source: str, state: str, reason: str = "") -> dict[str, str]:
+    """One adapter in a sidecar's report."""
+    return {"source": source, "state": state, "reason": reason, "revision": "abc" if state == "Ready" else ""}
+
+
+class Reports(dict[str, Any]):
+    """Each pod's sidecar report by pod name (a string: the pod does not answer, with that reason);
+    `read` is the `ReportReader` the reconcile is given, and records whom it read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_pods: list[str] = []
+
+    def read(self, pod: Any) -> dict[str, Any]:
+        name = pod["metadata"]["name"]
+        self.read_pods.append(name)
+        found = self.get(name)
+        if found is None or isinstance(found, str):
+            raise SidecarError(found or f"http://10.0.0.7:8095/adapters: connection refused ({name})")
+        return {"digest": "d", "passes": 1, "listError": "", "adapters": found}
+
+
+def run_reading(cluster: MemoryCluster, document: dict[str, Any], reports: Reports) -> Outcome:
+    return reconcile(document, cluster=cluster, images=IMAGES, now=NOW, read_report=reports.read)
 
 
 def claim(cluster: MemoryCluster, name: str, phase: str) -> None:
@@ -99,77 +122,111 @@ def adapters_condition(outcome: Outcome) -> tuple[str, str, str]:
     return found.status, found.reason, found.message
 
 
-def test_a_remote_adapter_is_pending_until_a_pod_given_it_has_fetched_it() -> None:
-    cluster = ListingCluster()
-    first = run(cluster, body(spec(HUB)))
-    assert adapters_of(first) == [
-        ("sql", "Pending", "no engine pod has been given it yet (the engine pools roll out to fetch it)")
-    ]
+def test_a_remote_adapter_is_pending_until_a_pods_sidecar_has_installed_it() -> None:
+    cluster, reports = ListingCluster(), Reports()
+    first = run_reading(cluster, body(spec(HUB)), reports)
+    assert adapters_of(first) == [("sql", "Pending", "no engine pod is running yet")]
     assert adapters_condition(first)[:2] == ("False", "AdaptersPending")
     assert first.status.adapter_summary == "0/1"
     assert [(e.type, e.reason) for e in first.events] == [("Normal", "AdapterPending")]
 
-    fetch_pod(cluster, "d-1", args=["sql=hf://org/sql-lora@v2"], exit_code=None)
-    fetch_pod(cluster, "old", args=["sql=hf://org/sql-lora@v1"], exit_code=0)  # an older template
-    running = run(cluster, body(spec(HUB), status=status_dict(first)))
-    assert adapters_of(running) == [("sql", "Pending", "being fetched on 1 engine pods")]
+    engine_pod(cluster, "d-1")
+    engine_pod(cluster, "old")
+    reports["d-1"] = {}  # its sidecar has not seen the new list yet
+    reports["old"] = {"sql": entry("hf://org/sql-lora@v1", "Ready")}  # another source: does not count
+    unseen = run_reading(cluster, body(spec(HUB), status=status_dict(first)), reports)
+    assert adapters_of(unseen) == [
+        (
+            "sql",
+            "Pending",
+            "no engine pod's sidecar lists it yet (the kubelet updates their list within a minute)",
+        )
+    ]
+
+    reports["d-1"] = {"sql": entry("hf://org/sql-lora@v2", "Pending")}
+    running = run_reading(cluster, body(spec(HUB), status=status_dict(unseen)), reports)
+    assert adapters_of(running) == [("sql", "Pending", "being installed on 1 engine pods")]
     assert running.events == [], "no transition, no event"
 
-    fetch_pod(cluster, "d-1", args=["sql=hf://org/sql-lora@v2"], exit_code=0, message="fetched sql abc")
-    done = run(cluster, body(spec(HUB), status=status_dict(running)))
-    assert adapters_of(done) == [("sql", "Ready", "fetched; on 1/1 engine pods given it")]
+    reports["d-1"] = {"sql": entry("hf://org/sql-lora@v2", "Ready", "fetched")}
+    done = run_reading(cluster, body(spec(HUB), status=status_dict(running)), reports)
+    assert adapters_of(done) == [("sql", "Ready", "installed on 1/2 engine pods")]
     assert adapters_condition(done) == ("True", "AdaptersReady", "1/1 ready")
     assert done.status.adapter_summary == "1/1"
     assert [(e.type, e.reason, e.message) for e in done.events] == [
         ("Normal", "AdapterReady",
-         "adapter 'sql' (hf://org/sql-lora@v2) is Ready: fetched; on 1/1 engine pods given it"),
+         "adapter 'sql' (hf://org/sql-lora@v2) is Ready: installed on 1/2 engine pods"),
     ]  # fmt: skip
     assert status_dict(done)["adapters"] == [
         {"name": "sql", "source": "hf://org/sql-lora@v2", "state": "Ready",
-         "reason": "fetched; on 1/1 engine pods given it"},
+         "reason": "installed on 1/2 engine pods"},
     ]  # fmt: skip
 
 
-def test_a_failure_the_fetch_names_fails_that_adapter_only_with_a_warning() -> None:
-    cluster = ListingCluster()
-    report = (
-        "failed chat: s3://loras/chat: NoSuchBucket: The specified bucket does not exist\nfetched sql abc"
-    )
-    args = ["sql=hf://org/sql-lora@v2", "chat=s3://loras/chat"]
-    fetch_pod(cluster, "d-1", args=args, exit_code=0, message=report)
-    outcome = run(cluster, body(spec(HUB, BUCKET)))
-    assert adapters_of(outcome) == [
-        ("sql", "Ready", "fetched; on 1/1 engine pods given it"),
-        ("chat", "Failed", "s3://loras/chat: NoSuchBucket: The specified bucket does not exist"),
-    ]
+def test_a_failure_a_sidecar_reports_fails_that_adapter_only_with_a_warning() -> None:
+    cluster, reports = ListingCluster(), Reports()
+    engine_pod(cluster, "d-1")
+    why = "s3://loras/chat: NoSuchBucket: The specified bucket does not exist"
+    reports["d-1"] = {
+        "sql": entry("hf://org/sql-lora@v2", "Ready", "cached"),
+        "chat": entry("s3://loras/chat", "Failed", why),
+    }
+    outcome = run_reading(cluster, body(spec(HUB, BUCKET)), reports)
+    assert adapters_of(outcome) == [("sql", "Ready", "installed on 1/1 engine pods"), ("chat", "Failed", why)]
     assert adapters_condition(outcome) == ("False", "AdaptersFailed", "1/2 ready; failed: chat")
     assert outcome.status.adapter_summary == "1/2"
     warnings = [e for e in outcome.events if e.type == "Warning"]
     assert [(e.reason, e.message) for e in warnings] == [
-        ("AdapterFailed", "adapter 'chat' (s3://loras/chat) is Failed: s3://loras/chat: NoSuchBucket: "
-         "The specified bucket does not exist"),
-    ]  # fmt: skip
+        ("AdapterFailed", f"adapter 'chat' (s3://loras/chat) is Failed: {why}"),
+    ]
     assert outcome.status.phase == "Progressing", "the model's readiness is not the adapters'"
 
 
-def test_a_fetch_container_that_crashed_fails_the_adapters_it_did_not_fetch() -> None:
-    cluster = ListingCluster()
-    fetch_pod(cluster, "d-1", args=["sql=hf://org/sql-lora@v2"], exit_code=137, message="Killed", last=True)
-    outcome = run(cluster, body(spec(HUB)))
-    assert adapters_of(outcome) == [("sql", "Failed", "the fetch exited 137 (Error): Killed")]
+def test_one_pod_that_has_it_makes_it_ready_even_where_another_failed() -> None:
+    cluster, reports = ListingCluster(), Reports()
+    engine_pod(cluster, "d-1")
+    engine_pod(cluster, "d-2")
+    reports["d-1"] = {"sql": entry("hf://org/sql-lora@v2", "Failed", "hf://org/sql-lora: 503")}
+    reports["d-2"] = {"sql": entry("hf://org/sql-lora@v2", "Ready", "fetched")}
+    outcome = run_reading(cluster, body(spec(HUB)), reports)
+    assert adapters_of(outcome) == [("sql", "Ready", "installed on 1/2 engine pods")]
+
+
+def test_a_sidecar_that_does_not_answer_leaves_it_pending_with_the_reason() -> None:
+    cluster, reports = ListingCluster(), Reports()
+    engine_pod(cluster, "d-1")
+    reports["d-1"] = "http://10.0.0.7:8095/adapters: timed out"
+    outcome = run_reading(cluster, body(spec(HUB)), reports)
+    assert adapters_of(outcome) == [
+        (
+            "sql",
+            "Pending",
+            "cannot read the adapters-sync report of 1 engine pods: http://10.0.0.7:8095/adapters: timed out",
+        )
+    ]
+    assert outcome.error is None
+
+
+def test_a_pod_whose_sidecar_has_not_started_is_not_read() -> None:
+    cluster, reports = ListingCluster(), Reports()
+    engine_pod(cluster, "d-1", started=False)
+    outcome = run_reading(cluster, body(spec(HUB)), reports)
+    assert reports.read_pods == []
+    assert adapters_of(outcome)[0][1] == "Pending"
 
 
 def test_prefill_pods_count_and_other_services_pods_do_not() -> None:
-    cluster = ListingCluster()
-    fetch_pod(cluster, "p-1", args=["sql=hf://org/sql-lora@v2"], exit_code=0, role=Role.PREFILL)
+    cluster, reports = ListingCluster(), Reports()
+    engine_pod(cluster, "p-1", role=Role.PREFILL)
     other = cluster.objects[ObjectRef("v1", "Pod", OWNER.namespace, "p-1")]
     cluster.objects[ObjectRef("v1", "Pod", OWNER.namespace, "x-1")] = copy.deepcopy(other) | {
         "metadata": {"name": "x-1", "namespace": OWNER.namespace, "labels": {"app": "other"}},
-        "status": {"initContainerStatuses": [{"name": "adapters-fetch", "state": {"terminated": {
-            "exitCode": 0, "message": "failed sql: not this service's"}}}]},
-    }  # fmt: skip
-    outcome = run(cluster, body(spec(HUB)))
-    assert adapters_of(outcome) == [("sql", "Ready", "fetched; on 1/1 engine pods given it")]
+    }
+    reports["p-1"] = {"sql": entry("hf://org/sql-lora@v2", "Ready", "cached")}
+    reports["x-1"] = {"sql": entry("hf://org/sql-lora@v2", "Failed", "not this service's")}
+    outcome = run_reading(cluster, body(spec(HUB)), reports)
+    assert adapters_of(outcome) == [("sql", "Ready", "installed on 1/1 engine pods")]
+    assert reports.read_pods == ["p-1"]
 
 
 @pytest.mark.parametrize(
@@ -227,18 +284,18 @@ def test_an_invalid_spec_keeps_the_adapters_as_last_observed() -> None:
     assert [c.type for c in after.status.conditions if c.type == "AdaptersReady"] == ["AdaptersReady"]
 
 
-def fetch_container(document_spec: dict[str, Any]) -> dict[str, Any]:
+def decode_template(document_spec: dict[str, Any]) -> dict[str, Any]:
     parsed = spec_of(body(document_spec))
     for child in desired_children(parsed, owner=OWNER, images=IMAGES):
         if child.manifest["kind"] == "Deployment" and child.manifest["metadata"]["name"].endswith("-decode"):
-            [container] = child.manifest["spec"]["template"]["spec"]["initContainers"]
-            return dict(container)
+            return dict(child.manifest["spec"]["template"])
     raise AssertionError("no decode Deployment")
 
 
-def test_the_fetch_container_reads_only_the_known_keys_of_the_credentials_secret() -> None:
-    container = fetch_container(spec(HUB, BUCKET, adapterCache={"credentialsSecret": "creds"}))
-    assert container["args"] == ["sql=hf://org/sql-lora@v2", "chat=s3://loras/chat"]
+def test_the_sidecar_reads_only_the_known_keys_of_the_credentials_secret() -> None:
+    template = decode_template(spec(HUB, BUCKET, adapterCache={"credentialsSecret": "creds"}))
+    [container] = template["spec"]["initContainers"]
+    assert container["name"] == "adapters-sync" and container["restartPolicy"] == "Always"
     assert [e["name"] for e in container["env"]] == [
         "HF_TOKEN", "HF_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
         "AWS_REGION", "AWS_ENDPOINT_URL",
@@ -246,8 +303,10 @@ def test_the_fetch_container_reads_only_the_known_keys_of_the_credentials_secret
     assert container["env"][0]["valueFrom"] == {
         "secretKeyRef": {"name": "creds", "key": "HF_TOKEN", "optional": True}
     }
-    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert {"name": "adapters", "mountPath": "/adapters"} in container["volumeMounts"]
+    assert {"name": "adapter-list", "mountPath": "/etc/tandem/adapters", "readOnly": True} in container[
+        "volumeMounts"
+    ]
 
 
 def test_without_a_cache_claim_the_fetch_fills_an_emptydir_per_pod() -> None:

@@ -7,6 +7,7 @@ schemas. Faked: the Kubernetes API of that pass (test_operator_reconcile's `Memo
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
@@ -82,28 +83,61 @@ def test_both_pools_of_vllm_get_the_lora_flags_env_and_adapter_mounts() -> None:
             "claimName": "catalog",
             "readOnly": True,
         }
-        fetch = pod["initContainers"][-1]  # an hf:// adapter: the fetch, which links the catalog too
-        assert fetch["name"] == "adapters-fetch"
-        assert fetch["image"] == IMAGES.tandem
-        assert fetch["command"] == [
-            "tandem", "adapters", "fetch", "--dest", "/adapters", "--max-rank", "64", "--prune",
-            "--keep-going", "--report", "/dev/termination-log", "--catalog", "/adapter-catalog",
+        assert volumes["adapter-list"] == {"name": "adapter-list", "configMap": {"name": "demo-adapters"}}
+        sync = pod["initContainers"][-1]
+        assert (sync["name"], sync["restartPolicy"]) == ("adapters-sync", "Always")  # a native sidecar
+        assert sync["image"] == IMAGES.tandem
+        assert sync["command"] == [
+            "tandem", "adapters", "sync", "--list", "/etc/tandem/adapters/adapters.json", "--dest",
+            "/adapters", "--max-rank", "64", "--port", "8095", "--catalog", "/adapter-catalog",
         ]  # fmt: skip
-        assert fetch["args"] == ["hub=hf://org/hub-lora"]
-        assert fetch["volumeMounts"] == adapters  # declared adapters are directories it leaves alone
+        assert "args" not in sync, "no adapter is named in the pod template"
+        assert sync["ports"] == [{"name": "adapter-sync", "containerPort": 8095, "protocol": "TCP"}]
+        assert sync["startupProbe"]["httpGet"] == {"path": "/ready", "port": "adapter-sync"}
+        list_mount = {"name": "adapter-list", "mountPath": "/etc/tandem/adapters", "readOnly": True}
+        assert sync["volumeMounts"] == [*adapters, list_mount]  # declared adapters: left alone
 
 
-def test_a_catalog_without_remote_adapters_is_linked_by_its_own_init_container() -> None:
+def adapter_list(spec: InferenceServiceSpec) -> dict[str, Any]:
+    [found] = [
+        c.manifest
+        for c in desired_children(spec, owner=OWNER, images=IMAGES)
+        if c.manifest["kind"] == "ConfigMap" and c.manifest["metadata"]["name"] == "demo-adapters"
+    ]
+    return dict(json.loads(found["data"]["adapters.json"]))
+
+
+def test_the_remote_adapters_are_listed_in_a_configmap_and_the_pools_do_not_change_with_them() -> None:
+    lora = {"kind": "sim", "lora": {"maxLoras": 2}}
+    none = sim(engine=lora)
+    one = sim(engine=lora, adapters=[{"name": "sql", "source": "hf://org/sql-lora@v2"}])
+    two = sim(
+        engine=lora,
+        adapters=[
+            {"name": "sql", "source": "hf://org/sql-lora@v2"},
+            {"name": "chat", "source": "s3://loras/chat"},
+        ],
+    )
+    assert adapter_list(none) == {"adapters": []}
+    assert adapter_list(two) == {
+        "adapters": [
+            {"name": "sql", "source": "hf://org/sql-lora@v2"},
+            {"name": "chat", "source": "s3://loras/chat"},
+        ]
+    }
+    assert engine_pods(none) == engine_pods(one) == engine_pods(two)
+
+
+def test_a_catalog_without_remote_adapters_is_linked_by_the_sidecar() -> None:
     spec = sim(
         engine={"kind": "sim", "lora": {}},
         adapters=[{"name": "sql", "source": "pvc://loras/sql"}],
         adapterCatalog={"source": "pvc://catalog/adapters"},
     )
-    [link] = engine_pods(spec)["decode"]["initContainers"]
-    assert link["name"] == "adapters-link"
-    assert link["command"] == [
-        "tandem", "adapters", "link", "--catalog", "/adapter-catalog", "--dest", "/adapters",
-    ]  # fmt: skip
+    [sync] = engine_pods(spec)["decode"]["initContainers"]
+    assert sync["name"] == "adapters-sync"
+    assert sync["command"][-2:] == ["--catalog", "/adapter-catalog"]
+    assert adapter_list(spec) == {"adapters": []}
 
 
 def test_hf_adapters_get_no_mount_of_their_own() -> None:
@@ -112,7 +146,7 @@ def test_hf_adapters_get_no_mount_of_their_own() -> None:
     assert "/adapters/hub" not in mounts
 
 
-def test_simulated_engines_get_the_same_flags_and_env_with_an_emptydir_and_no_link() -> None:
+def test_simulated_engines_get_the_same_flags_env_and_sidecar_with_an_emptydir() -> None:
     pods = engine_pods(VARIANTS["lora on simulated engines"])
     for pod in pods.values():
         [engine] = pod["containers"]
@@ -123,7 +157,7 @@ def test_simulated_engines_get_the_same_flags_and_env_with_an_emptydir_and_no_li
         assert "--max-cpu-loras" not in engine["args"]
         assert env_of(engine).items() >= LORA_ENV.items()
         assert {"name": "adapters", "emptyDir": {}} in pod["volumes"]
-        assert "initContainers" not in pod
+        assert [c["name"] for c in pod["initContainers"]] == ["adapters-sync"]
 
 
 def test_engine_args_and_env_still_override_lora_ones() -> None:
@@ -146,6 +180,7 @@ def test_without_lora_nothing_of_it_is_rendered() -> None:
         assert "--enable-lora" not in engine["args"]
         assert not set(env_of(engine)) & set(LORA_ENV)
         assert all(not v["name"].startswith("adapter") for v in pod["volumes"])
+        assert all(c["name"] != "adapters-sync" for c in pod.get("initContainers", []))
 
 
 @pytest.mark.parametrize(

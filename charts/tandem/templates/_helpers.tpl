@@ -61,10 +61,11 @@ the release's namespace only, so that a default install holds no cluster-wide ri
 {{- end }}
 
 {{/* Namespaces whose pods may scrape engines and gateways through the NetworkPolicies the
-operator renders: operator.metricsNamespaces, and the release's when the autoscaler runs there. */}}
+operator renders: operator.metricsNamespaces, and the release's, where the operator (which reads the
+engine pods' adapter sidecars) and the autoscaler (which scrapes the engines) run. */}}
 {{- define "tandem.metricsNamespaces" -}}
 {{- $namespaces := .Values.operator.metricsNamespaces | default list }}
-{{- if and .Values.autoscaler.enabled (not (has .Release.Namespace $namespaces)) }}
+{{- if not (has .Release.Namespace $namespaces) }}
 {{- $namespaces = append $namespaces .Release.Namespace }}
 {{- end }}
 {{- $namespaces | toJson }}

@@ -12,7 +12,7 @@ reason (docs/operator.md, "Refused template fields"):
 - in the main container (`engine`, `router` or `redis`): `command`, `args`, `image`, `ports`,
   the three probes; env variables carrying credentials (`OWNED_ENV`); for engines also the env that
   makes KV (in)compatible (`KV_ENV`), which belongs in `spec.engine.env` so both pools agree;
-- init containers named as the operator's (`lmcache-check`, `adapters-link`);
+- init containers named as the operator's (`lmcache-check`, `adapters-sync`);
 - labels under `app.kubernetes.io/`, `tandem.dev/`, `leaderworkerset.sigs.k8s.io/`, annotations
   under `tandem.dev/`;
 - security weakening in any container or the pod: `privileged: true`, `allowPrivilegeEscalation:
@@ -50,7 +50,7 @@ OWNED_ENV = frozenset({"VLLM_API_KEY", "TANDEM_KVPOOL_PASSWORD", "TANDEM_KV_POOL
 KV_ENV = frozenset({"PYTHONHASHSEED", "VLLM_ATTENTION_BACKEND", "VLLM_MLA_DISABLE"})
 KV_ENV_PREFIXES = ("LMCACHE_",)
 #: Init containers the operator adds to engine pods.
-OWNED_INIT_CONTAINERS = frozenset({"lmcache-check", "adapters-link"})
+OWNED_INIT_CONTAINERS = frozenset({"lmcache-check", "adapters-sync"})
 #: The one capability a template may add: RDMA (NCCL over InfiniBand, NIXL) pins memory.
 ALLOWED_CAPABILITIES = frozenset({"IPC_LOCK"})
 

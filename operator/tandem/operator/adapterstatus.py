@@ -5,31 +5,31 @@ What is judged, by source:
 
 - `pvc://claim/path`: the claim. Absent or `Lost`: Failed; `Bound`: Ready (the engines mount it; that
   the path in it holds an adapter is not checked here); otherwise Pending.
-- `hf://` and `s3://`: the engine pods' `adapters-fetch` init container (`resources.lora`), on the pods
-  whose fetch was given this adapter (its arguments hold `name=source`; pods of an older template do
-  not count). Ready once one of them finished without naming it among its failures; Failed when one
-  names it (`failed <name>: <reason>` in its termination message) or when the container failed as a
-  whole and none fetched it; Pending while no such pod exists (the pools are rolling out) or the
-  fetch has not finished.
+- `hf://` and `s3://`: the report of each running engine pod's `adapters-sync` sidecar
+  (`tandem adapters sync`, `GET /adapters` on its port `adapter-sync`), read over HTTP
+  (`tandem.operator.sidecars`); an entry counts only when its source is the declared one (a pod
+  still acting on an older list does not). Ready once one pod has it installed; Failed when one
+  names it failed (and none has it); Pending while no running pod lists it yet (the kubelet updates
+  the mounted list within about a minute) or is still installing it.
 
-A claim or the pods that cannot be read (an API error, missing RBAC) leave the adapters Pending with
-that reason; the reconcile goes on. Catalog adapters are not listed (the operator does not read the
-catalog). Pure apart from `observe`, which reads through the `Cluster` protocol.
+A claim, the pods or a sidecar that cannot be read (an API error, missing RBAC, a pod not answering)
+leave the adapters Pending with that reason; the reconcile goes on. Catalog adapters are not listed
+(the operator does not read the catalog). Pure apart from `observe`, which reads through the `Cluster`
+protocol and the sidecars' `ReportReader`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tandem.core.adapterfetch import parse_failures
 from tandem.core.adapters import HfSource, PvcSource, S3Source, parse_source
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.objects import ObjectRef
-from tandem.operator.resources.lora import FETCH_CONTAINER
 from tandem.operator.resources.meta import Owner, Role, selector_labels
+from tandem.operator.sidecars import ReportReader, read_reports
 from tandem.operator.status import AdapterStatus, Condition, Verdict, merge_typed
 
 State = Literal["Ready", "Pending", "Failed"]
@@ -44,6 +44,8 @@ class Observed:
 
     pods: Sequence[Mapping[str, Any]] | None = ()
     pods_error: str = ""
+    #: Each running engine pod's sidecar report by pod name, or why it could not be read.
+    reports: Mapping[str, Mapping[str, Any] | str] = field(default_factory=dict)
     claims: Mapping[str, Mapping[str, Any] | None] | None = None
     claims_error: str = ""
 
@@ -57,9 +59,16 @@ class AdapterEvent:
     message: str
 
 
-def observe(spec: InferenceServiceSpec, *, owner: Owner, cluster: Cluster) -> Observed:
+def observe(
+    spec: InferenceServiceSpec,
+    *,
+    owner: Owner,
+    cluster: Cluster,
+    read_report: ReportReader | None = None,
+) -> Observed:
     """Read what `judge` needs: the claims of `pvc://` adapters (by name) and, with `hf://` or
-    `s3://` adapters, the namespace's pods (only when `cluster` can list; filtered by `judge`)."""
+    `s3://` adapters, the namespace's pods (only when `cluster` can list) and the sidecar reports
+    of this service's running engine pods (`read_report`, default over HTTP)."""
     sources = [parse_source(a.source) for a in spec.adapters]
     claims: dict[str, Mapping[str, Any] | None] = {}
     claims_error = ""
@@ -83,9 +92,11 @@ def observe(spec: InferenceServiceSpec, *, owner: Owner, cluster: Cluster) -> Ob
             pods, pods_error = lister("v1", "Pod", owner.namespace), ""
         except ClusterError as exc:
             pods, pods_error = None, f"cannot list the engine pods: {exc}"
+    reports = read_reports(_engine_pods(pods, owner), read=read_report) if pods is not None else {}
     return Observed(
         pods=pods,
         pods_error=pods_error,
+        reports=reports,
         claims=None if claims_error else claims,
         claims_error=claims_error,
     )
@@ -103,7 +114,7 @@ def judge(spec: InferenceServiceSpec, observed: Observed, *, owner: Owner) -> li
             if observed.pods is None:
                 state, reason = "Pending", observed.pods_error
             else:
-                state, reason = _fetch_state(f"{adapter.name}={adapter.source}", adapter.name, engine_pods)
+                state, reason = _sync_state(adapter.name, adapter.source, engine_pods, observed.reports)
         else:  # a local path: refused for a cluster before this runs
             state, reason = "Failed", "a local path works with tandem up only"
         out.append(
@@ -140,48 +151,38 @@ def _claim_state(claim: str, observed: Observed) -> tuple[State, str]:
     return "Pending", f"PersistentVolumeClaim {claim} is {phase}"
 
 
-def _fetch_state(argument: str, name: str, pods: Sequence[Mapping[str, Any]]) -> tuple[State, str]:
-    """The state of one remote adapter from the fetch containers of the pods that were given it."""
-    given = [pod for pod in pods if argument in _fetch_args(pod)]
-    if not given:
-        return "Pending", "no engine pod has been given it yet (the engine pools roll out to fetch it)"
-    fetched, failures, crashes = 0, [], []
-    for pod in given:
-        ended = _fetch_terminated(pod)
-        if ended is None:
+def _sync_state(
+    name: str, source: str, pods: Sequence[Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any] | str]
+) -> tuple[State, str]:
+    """The state of one remote adapter from the engine pods' sidecar reports (module docstring)."""
+    if not pods:
+        return "Pending", "no engine pod is running yet"
+    ready, failures, installing, unread = 0, [], 0, []
+    for pod in pods:
+        report = reports.get(str((pod.get("metadata") or {}).get("name")))
+        if report is None:
             continue
-        message = str(ended.get("message") or "")
-        why = parse_failures(message).get(name)
-        if why is not None:
-            failures.append(why)
-        elif ended.get("exitCode") == 0:
-            fetched += 1
+        if isinstance(report, str):
+            unread.append(report)
+            continue
+        entry = (report.get("adapters") or {}).get(name)
+        if not isinstance(entry, Mapping) or entry.get("source") != source:
+            continue
+        if entry.get("state") == "Ready":
+            ready += 1
+        elif entry.get("state") == "Failed":
+            failures.append(str(entry.get("reason") or "failed"))
         else:
-            detail = " ".join(message.split())[-200:]
-            crashes.append(f"the fetch exited {ended.get('exitCode')} ({ended.get('reason', '')}): {detail}")
-    if fetched:
-        return "Ready", f"fetched; on {fetched}/{len(given)} engine pods given it"
+            installing += 1
+    if ready:
+        return "Ready", f"installed on {ready}/{len(pods)} engine pods"
     if failures:
         return "Failed", failures[0]
-    if crashes:
-        return "Failed", crashes[0]
-    return "Pending", f"being fetched on {len(given)} engine pods"
-
-
-def _fetch_args(pod: Mapping[str, Any]) -> list[str]:
-    for container in (pod.get("spec") or {}).get("initContainers") or []:
-        if container.get("name") == FETCH_CONTAINER:
-            return [str(a) for a in container.get("args") or []]
-    return []
-
-
-def _fetch_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The fetch container's last finished run (`state.terminated`, else `lastState.terminated`)."""
-    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
-        if status.get("name") == FETCH_CONTAINER:
-            ended = (status.get("state") or {}).get("terminated")
-            return ended or (status.get("lastState") or {}).get("terminated")
-    return None
+    if installing:
+        return "Pending", f"being installed on {installing} engine pods"
+    if unread:
+        return "Pending", f"cannot read the adapters-sync report of {len(unread)} engine pods: {unread[0]}"
+    return "Pending", "no engine pod's sidecar lists it yet (the kubelet updates their list within a minute)"
 
 
 def condition(adapters: Sequence[AdapterStatus]) -> Verdict:

@@ -36,6 +36,7 @@ from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.secrets import USABLE_LABEL, named_secrets, new_secret, refusal
 from tandem.operator.resources.services import router_endpoint, service_name
 from tandem.operator.selection import serving_gateway
+from tandem.operator.sidecars import ReportReader
 from tandem.operator.status import (
     ConditionType,
     InferenceServiceStatus,
@@ -96,13 +97,15 @@ def reconcile(
     metrics_namespaces: Sequence[str] = (),
     new_value: Callable[[], str] = new_secret,
     gateways: Sequence[Mapping[str, Any]] = (),
+    read_report: ReportReader | None = None,
 ) -> Outcome:
     """Drive the children of the InferenceService `body` towards its spec and report its status.
 
     `now` (RFC 3339) stamps conditions that change; `images` are the Tandem and Redis images;
     `metrics_namespaces` and `new_value` as in `desired_children`; `gateways`: the InferenceGateways
     of its namespace, one of which may serve it (`tandem.operator.gateways.serving_gateway`): then it
-    has no gateway of its own, and its status names the one serving it.
+    has no gateway of its own, and its status names the one serving it. `read_report` reads an
+    engine pod's adapter-sidecar report (`tandem.operator.sidecars`; None: over HTTP).
     """
     meta = body["metadata"]
     generation = meta.get("generation")
@@ -157,7 +160,13 @@ def reconcile(
         gateway=gateway,
     )
     outcome.status, adapter_events = _with_adapters(
-        isvc.spec, outcome.status, owner=owner, cluster=cluster, previous=previous, now=now
+        isvc.spec,
+        outcome.status,
+        owner=owner,
+        cluster=cluster,
+        previous=previous,
+        now=now,
+        read_report=read_report,
     )
     outcome.events = _warnings(previous, outcome.status) + adapter_events
     return outcome
@@ -171,12 +180,12 @@ def _with_adapters(
     cluster: Cluster,
     previous: Mapping[str, Any],
     now: str,
+    read_report: ReportReader | None,
 ) -> tuple[InferenceServiceStatus, list[Event]]:
     """`status` with each adapter's state, their count and `AdaptersReady` (`adapterstatus`), and an
     Event per adapter that changed state."""
-    adapters = adapterstatus.judge(
-        spec, adapterstatus.observe(spec, owner=owner, cluster=cluster), owner=owner
-    )
+    observed = adapterstatus.observe(spec, owner=owner, cluster=cluster, read_report=read_report)
+    adapters = adapterstatus.judge(spec, observed, owner=owner)
     conditions = adapterstatus.conditions_with(
         status.conditions,
         adapters,

@@ -22,6 +22,7 @@ from tandem.operator.resources.kvpool import (
     build_redis_deployment,
     uses_lmcache,
 )
+from tandem.operator.resources.lora import ADAPTERS_SUFFIX, build_adapters_configmap
 from tandem.operator.resources.meta import Images, Owner, Role, child_name
 from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.netpol import build_network_policies, policy_name
@@ -102,6 +103,9 @@ def desired_children(
     lmcache = build_lmcache_configmap(spec, owner=owner) if uses_lmcache(spec) else None
     if lmcache is not None:
         children.append(Child(lmcache))
+    adapter_list = build_adapters_configmap(spec, owner=owner)
+    if adapter_list is not None:
+        children.append(Child(adapter_list))
     router_config = build_router_configmap(spec, owner=owner)
     children += [
         Child(router_config),
@@ -143,7 +147,7 @@ def desired_children(
 def managed_refs(owner: Owner) -> list[ObjectRef]:
     """Every object this operator may create for the InferenceService `owner`."""
     ns = owner.namespace
-    config_maps = [child_name(owner, LMCACHE_SUFFIX), child_name(owner, ROUTER_SUFFIX)]
+    config_maps = [child_name(owner, s) for s in (LMCACHE_SUFFIX, ROUTER_SUFFIX, ADAPTERS_SUFFIX)]
     workloads = [child_name(owner, s) for s in (KV_SUFFIX, "prefill", "decode", ROUTER_SUFFIX)]
     router = child_name(owner, ROUTER_SUFFIX)
     pools = [child_name(owner, s) for s in ("prefill", "decode")]

@@ -49,7 +49,7 @@ from tandem.operator.resources.kvpool import (
     lmcache_pool_url,
     uses_lmcache,
 )
-from tandem.operator.resources.lora import link_container, lora_args, lora_env, lora_volumes
+from tandem.operator.resources.lora import lora_args, lora_env, lora_volumes, sync_container
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
     Images,
@@ -367,7 +367,7 @@ def _volumes(spec: InferenceServiceSpec, owner: Owner) -> tuple[list[dict[str, A
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         scratch["home"] = VLLM_HOME
     scratch_vols, scratch_mounts = scratch_volumes(scratch)
-    adapter_vols, adapter_mounts = lora_volumes(spec)
+    adapter_vols, adapter_mounts = lora_volumes(spec, owner)
     return volumes + scratch_vols + adapter_vols, mounts + scratch_mounts + adapter_mounts
 
 
@@ -409,9 +409,9 @@ def engine_pod_template(
         "volumes": _volumes(spec, owner)[0],
     }
     init = [_lmcache_check_container(spec, role, images)] if uses_lmcache(spec) else []
-    link = link_container(spec, images=images)
-    if link is not None:
-        init.append(link)
+    sidecar = sync_container(spec, owner=owner, images=images)
+    if sidecar is not None:
+        init.append(sidecar)
     if init:
         pod_spec["initContainers"] = init
     pod = {"metadata": template_meta, "spec": pod_spec}

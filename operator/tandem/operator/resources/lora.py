@@ -9,23 +9,28 @@ is served with that adapter. The pod's volumes:
 
 - `adapters` at `/adapters`, writable: an emptyDir per pod, or `spec.adapterCache.pvc` (a
   ReadWriteMany claim the pods of the service share, which something else may fill too);
+- `adapter-list`: the ConfigMap `<name>-adapters` (`build_adapters_configmap`: the `hf://` and
+  `s3://` adapters as `tandem.core.adaptersync` reads them) at `/etc/tandem/adapters`;
 - each `pvc://claim/path` adapter: its claim read-only at `/adapters/<name>` (subPath `path`);
-- `spec.adapterCatalog` (`pvc://claim/path`): its claim read-only at `/adapter-catalog`; an init
-  container of the Tandem image (`tandem adapters link`) links each subdirectory holding an
-  `adapter_config.json` to `/adapters/<name>` as the pod starts (an adapter declared in
-  `spec.adapters` of the same name wins). Adapters added to the catalog later are seen by pods
-  started later.
+- `spec.adapterCatalog` (`pvc://claim/path`): its claim read-only at `/adapter-catalog`.
 
-With `hf://` or `s3://` adapters, that init container is `adapters-fetch` instead: `tandem adapters
-fetch --dest /adapters --max-rank R --prune [--catalog /adapter-catalog] name=source...` installs each
-into `/adapters/<name>` (downloaded once per source: with the shared claim, once for every pod of the
-service; `tandem.core.adapterfetch`), removes those it installed before that are no longer declared,
-then links the catalog. Its environment takes the keys of `spec.adapterCache.credentialsSecret`
-(`FETCH_ENV_KEYS`, each optional). The adapters are in its arguments, so adding, changing or removing
-one rolls the engine pools: each new pod fetches what is missing and serves the new set. An adapter
-it cannot install does not keep the engines from starting (`--keep-going`): it writes `failed <name>:
-<reason>` lines to its termination message, which the pod's `initContainerStatuses` carry and the
-operator reads back into `status.adapters` (`tandem.operator.adapterstatus`).
+Each engine pod runs the **`adapters-sync` sidecar** (a native sidecar: an init container with
+`restartPolicy: Always`, Kubernetes 1.29 and later), `tandem adapters sync` of the Tandem image. On
+every pass (10 s) it installs the listed adapters into `/adapters` (downloaded once per source: with
+the shared claim, once for every pod of the service; `tandem.core.adapterfetch`), removes those it
+installed that are no longer listed, and links the catalog's adapters (a declared name wins). Its
+startupProbe (`/ready`) passes after the first pass, and the engine container starts only then, so
+a new or restarted pod serves every adapter that could be installed. Its environment takes the keys
+of `spec.adapterCache.credentialsSecret` (`FETCH_ENV_KEYS`, each optional).
+
+**Nothing in the pod template names an adapter** (with LoRA on, the sidecar and the list's volume are
+there even for an empty list): adding, changing or removing an `hf://` or `s3://` adapter changes only
+the ConfigMap, which the kubelet updates in the running pods' volume (within its sync period, about a
+minute), and each pod's sidecar acts on it; catalog adapters added later are linked the same way. An
+adapter that cannot be installed does not keep the engines from starting: the sidecar's report
+(`GET /adapters` on port `adapter-sync`, 8095) says why, and the operator reads it back into
+`status.adapters` (`tandem.operator.adapterstatus`). A `pvc://` adapter is a mount of its own, so
+adding one does roll the pools; a catalog on a claim is the way to add volume-held adapters live.
 """
 
 from __future__ import annotations
@@ -33,21 +38,26 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.core.adapters import HfSource, PvcSource, S3Source, engine_args, engine_env, parse_source
+from tandem.core.adaptersync import LIST_KEY, list_document
 from tandem.core.spec import InferenceServiceSpec
-from tandem.operator.resources.meta import Images
+from tandem.operator.resources.meta import Images, Owner, Role, child_name, object_meta
 from tandem.operator.resources.security import container_security_context
 
 ADAPTER_DIR = "/adapters"
 CATALOG_MOUNT = "/adapter-catalog"
 ADAPTERS_VOLUME = "adapters"
 CATALOG_VOLUME = "adapter-catalog"
-LINK_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+LIST_VOLUME = "adapter-list"
+LIST_MOUNT = "/etc/tandem/adapters"
+#: The ConfigMap `<name>-adapters` holding the list the sidecars read.
+ADAPTERS_SUFFIX = "adapters"
 #: Downloads stream to disk in 1 MiB chunks (boto3's transfers use a few more buffers).
-FETCH_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
-FETCH_CONTAINER = "adapters-fetch"
-#: Where a container's termination message is read from (the pod's default terminationMessagePath).
-TERMINATION_LOG = "/dev/termination-log"
-LINK_CONTAINER = "adapters-link"
+SYNC_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+SYNC_CONTAINER = "adapters-sync"
+SYNC_PORT = 8095
+SYNC_PORT_NAME = "adapter-sync"
+#: The first pass may download every adapter: the startupProbe allows it 30 minutes (2 s × 900).
+SYNC_STARTUP_PERIOD_S, SYNC_STARTUP_FAILURES = 2, 900
 #: The keys of `spec.adapterCache.credentialsSecret` the fetch reads (each optional).
 FETCH_ENV_KEYS = (
     "HF_TOKEN",
@@ -70,6 +80,19 @@ def lora_env(spec: InferenceServiceSpec) -> dict[str, dict[str, Any]]:
     if spec.engine.lora is None:
         return {}
     return {name: {"value": value} for name, value in engine_env(ADAPTER_DIR).items()}
+
+
+def build_adapters_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict[str, Any] | None:
+    """ConfigMap `<name>-adapters` with the list the sidecars keep (`adapters.json`); None with LoRA
+    off."""
+    if spec.engine.lora is None:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(owner, name=child_name(owner, ADAPTERS_SUFFIX), role=Role.DECODE),
+        "data": {LIST_KEY: list_document(remote_adapters(spec))},
+    }
 
 
 def _pvc_adapters(spec: InferenceServiceSpec) -> list[tuple[str, PvcSource]]:
@@ -97,16 +120,20 @@ def _catalog(spec: InferenceServiceSpec) -> PvcSource | None:
     return source if isinstance(source, PvcSource) else None
 
 
-def lora_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The pod's adapter volumes and the engine container's mounts (module docstring); none with
-    LoRA off. One volume per claim (`adapter-pvc-<i>`, in the order the claims first appear)."""
+def lora_volumes(
+    spec: InferenceServiceSpec, owner: Owner
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's adapter volumes and the engine container's mounts (module docstring; the list's
+    volume is the sidecar's alone: `sync_container`); none with LoRA off. One volume per claim
+    (`adapter-pvc-<i>`, in the order the claims first appear)."""
     if spec.engine.lora is None:
         return [], []
     cache = spec.adapter_cache
     volumes: list[dict[str, Any]] = [
         {"name": ADAPTERS_VOLUME, "persistentVolumeClaim": {"claimName": cache.pvc}}
         if cache is not None and cache.pvc is not None
-        else {"name": ADAPTERS_VOLUME, "emptyDir": {}}
+        else {"name": ADAPTERS_VOLUME, "emptyDir": {}},
+        {"name": LIST_VOLUME, "configMap": {"name": child_name(owner, ADAPTERS_SUFFIX)}},
     ]
     mounts: list[dict[str, Any]] = [{"name": ADAPTERS_VOLUME, "mountPath": ADAPTER_DIR}]
     claims: dict[str, str] = {}
@@ -131,36 +158,36 @@ def _read_only(volume: str, path: str, sub_path: str) -> dict[str, Any]:
     return mount | {"subPath": sub_path} if sub_path else mount
 
 
-def link_container(spec: InferenceServiceSpec, *, images: Images) -> dict[str, Any] | None:
-    """The engine pods' adapter init container (None when there is nothing to put in `/adapters`):
-    `adapters-fetch` with `hf://` or `s3://` adapters, else `adapters-link` with a catalog (module
-    docstring). It mounts what the engine mounts, so that declared adapters are directories it
-    leaves alone."""
-    remote, catalog = remote_adapters(spec), _catalog(spec)
-    if not remote and catalog is None:
-        return None
-    container: dict[str, Any] = {
-        "name": LINK_CONTAINER,
-        "image": images.tandem,
-        "command": ["tandem", "adapters", "link", "--catalog", CATALOG_MOUNT, "--dest", ADAPTER_DIR],
-        "resources": LINK_RESOURCES,
-        "volumeMounts": lora_volumes(spec)[1],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": container_security_context(),
-    }
-    if not remote:
-        return container
+def sync_container(spec: InferenceServiceSpec, *, owner: Owner, images: Images) -> dict[str, Any] | None:
+    """The engine pods' `adapters-sync` sidecar (module docstring); None with LoRA off. It mounts
+    what the engine mounts (declared `pvc://` adapters are directories it leaves alone) and the list."""
     lora = spec.engine.lora
-    max_rank = lora.max_rank if lora is not None else 16  # lora is required with adapters (check_rules)
-    command = ["tandem", "adapters", "fetch", "--dest", ADAPTER_DIR, "--max-rank", str(max_rank)]
-    command += ["--prune", "--keep-going", "--report", TERMINATION_LOG]
-    if catalog is not None:
+    if lora is None:
+        return None
+    command = ["tandem", "adapters", "sync", "--list", f"{LIST_MOUNT}/{LIST_KEY}", "--dest", ADAPTER_DIR]
+    command += ["--max-rank", str(lora.max_rank), "--port", str(SYNC_PORT)]
+    if _catalog(spec) is not None:
         command += ["--catalog", CATALOG_MOUNT]
-    container |= {
-        "name": FETCH_CONTAINER,
+    list_mount = {"name": LIST_VOLUME, "mountPath": LIST_MOUNT, "readOnly": True}
+    container: dict[str, Any] = {
+        "name": SYNC_CONTAINER,
+        "image": images.tandem,
+        "restartPolicy": "Always",
         "command": command,
-        "args": [f"{name}={source}" for name, source in remote],
-        "resources": FETCH_RESOURCES,
+        "ports": [{"name": SYNC_PORT_NAME, "containerPort": SYNC_PORT, "protocol": "TCP"}],
+        "startupProbe": {
+            "httpGet": {"path": "/ready", "port": SYNC_PORT_NAME},
+            "periodSeconds": SYNC_STARTUP_PERIOD_S,
+            "failureThreshold": SYNC_STARTUP_FAILURES,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/ready", "port": SYNC_PORT_NAME},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "resources": SYNC_RESOURCES,
+        "volumeMounts": [*lora_volumes(spec, owner)[1], list_mount],
+        "securityContext": container_security_context(),
     }
     secret = spec.adapter_cache.credentials_secret if spec.adapter_cache is not None else None
     if secret is not None:

@@ -8,6 +8,8 @@ One ingress policy per role, selecting that role's pods (`spec.networkPolicy.ena
 - into the prefill and decode engines (`<name>-prefill`, `<name>-decode`), port 8000: from the
   gateway's pods, and pods of the operator's metrics namespaces (for `/metrics`: `/v1/*` needs the
   engine key, which only the gateway holds);
+- into the engines, port 8095 (the `adapters-sync` sidecar's report, with LoRA on): from pods of the
+  metrics namespaces, where the operator runs (the chart always lists the release's namespace);
 - into the engines, ports 5557 and 5558 (KV events and their replay, `router.prefixSource:
   precise` only): from the gateway's pods;
 - into the managed Redis (`<name>-kv`), port 6379: from the gateway's and the engines' pods;
@@ -34,6 +36,7 @@ from typing import Any
 
 from tandem.core.kvevents import KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT
 from tandem.core.spec import InferenceServiceSpec
+from tandem.operator.resources.lora import SYNC_PORT
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
     METRICS_PORT,
@@ -99,6 +102,8 @@ def ingress_rules(
     if role is Role.KV_POOL:
         return [{"from": [*gateways, *_pods(owner, *ENGINE_ROLES)], "ports": _ports(REDIS_PORT)}]
     rules = [{"from": [*gateways, *_namespaces(metrics_namespaces)], "ports": _ports(ENGINE_PORT)}]
+    if spec.engine.lora is not None and metrics_namespaces:
+        rules.append({"from": _namespaces(metrics_namespaces), "ports": _ports(SYNC_PORT)})
     if spec.router.prefix_source == "precise":
         rules.append({"from": gateways, "ports": _ports(KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)})
     pool = spec.prefill if role is Role.PREFILL else spec.decode
