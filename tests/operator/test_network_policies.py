@@ -44,9 +44,8 @@ def pods(manifests: list[dict[str, Any]]) -> dict[str, Pod]:
         if d["kind"] != "Deployment":
             continue
         template = d["spec"]["template"]
-        ports = {
-            p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])
-        }
+        containers = [*template["spec"]["containers"], *template["spec"].get("initContainers", [])]
+        ports = {p["name"]: p["containerPort"] for c in containers for p in c.get("ports", [])}
         found[d["metadata"]["name"]] = Pod(d["metadata"]["namespace"], template["metadata"]["labels"], ports)
     return found
 
@@ -146,6 +145,20 @@ def test_a_metrics_namespace_reaches_the_ports_where_metrics_are_but_not_the_cli
     opened = open_paths(manifests, strangers("tandem-system", manifests))
     # The gateway's diagnostics port (its /metrics, behind the metrics token), the engines' port.
     assert {(dst, port) for _, dst, port in opened} == {(GATEWAY, 9090), (PREFILL, 8000), (DECODE, 8000)}
+
+
+def test_with_lora_the_metrics_namespace_reaches_the_adapter_sidecars_and_nobody_else_does(
+    tmp_path: Path,
+) -> None:
+    lora = {"engine": {"kind": "sim", "lora": {"maxLoras": 2}}}
+    manifests = render(tmp_path, lora, "--metrics-namespace", "tandem-system")
+    assert pods(manifests)[DECODE].named_ports["adapter-sync"] == 8095
+    operator_side = open_paths(manifests, strangers("tandem-system", manifests))
+    assert {(dst, port) for _, dst, port in operator_side} == {
+        (GATEWAY, 9090), (PREFILL, 8000), (DECODE, 8000), (PREFILL, 8095), (DECODE, 8095),
+    }  # fmt: skip
+    inside = open_paths(manifests, strangers(NAMESPACE, manifests))
+    assert not {path for path in inside if path[2] == 8095}, "not even the service's own gateway"
 
 
 def test_an_external_redis_gets_no_policy_and_switching_them_off_renders_none(tmp_path: Path) -> None:
