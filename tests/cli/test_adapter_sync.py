@@ -7,8 +7,9 @@ Real: the command as the operator renders it (`tandem.operator.resources.lora.sy
 paths moved under tmp_path and its port a free one) in its own process, its HTTP endpoints, the
 list file as the rendered ConfigMap holds it, `tandem.core.adaptersync`/`adapterfetch` on tmp_path,
 the operator's reader and judge (`tandem.operator.sidecars.http_report`, `adapterstatus.judge`). The
-Hub is test_adapter_fetch.py's fake on 127.0.0.1. Timeouts guard against hangs; nothing asserts on
-speed.
+Hub is test_adapter_fetch.py's fake on 127.0.0.1; the engine is the simulator (its vLLM filesystem
+resolver over the sidecar's cache) served by uvicorn on 127.0.0.1. Timeouts guard against hangs;
+nothing asserts on speed.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from tests.cli.test_adapter_fetch import Hub, adapter_files, hub  # noqa: F401 (the fixture)
 from tests.operator.specs import IMAGES, OWNER, spec_of
 from tests.operator.test_operator_reconcile import body as isvc_document
-from tests.servers import free_port
+from tests.servers import free_port, run_uvicorn
 
 from tandem.core.adaptersync import LIST_KEY, list_document
 from tandem.operator.adapterstatus import Observed, judge
@@ -36,6 +38,8 @@ from tandem.operator.resources import desired_children
 from tandem.operator.resources.lora import sync_container
 from tandem.operator.resources.meta import Role, selector_labels
 from tandem.operator.sidecars import http_report
+from tandem.sim.app import create_app
+from tandem.sim.settings import SimSettings
 
 PATIENCE_S = 30.0
 
@@ -201,3 +205,35 @@ def test_a_list_it_cannot_read_removes_nothing_and_is_reported(
     assert (sidecar.cache / "sql" / "adapter_config.json").is_file()
     _, metrics = get(f"{sidecar.url}/metrics")
     assert b"tandem_adapter_sync_list_error 1.0" in metrics
+
+
+def test_an_adapter_added_to_the_list_is_served_by_the_engine_that_was_already_running(
+    start: Callable[[list[dict[str, str]]], Sidecar],
+    hub: Hub,  # noqa: F811
+) -> None:
+    """The simulator's vLLM filesystem resolver over the sidecar's cache, as in an engine pod."""
+    peft = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "peft_type": "LORA"}
+    files = adapter_files() | {
+        "adapter_config.json": json.dumps(peft | {"base_model_name_or_path": "tiny"}).encode()
+    }
+    hub.repos["org/chat"] = {"main": ("2" * 40, files)}
+    sidecar = start([])
+    eventually(lambda: get(f"{sidecar.url}/ready")[0] == 200, "the first pass")
+    settings = SimSettings.model_validate(
+        {"profile": "tiny-cpu", "served_model_name": "qwen", "time_scale": 1000, "enable_lora": True}
+    )
+    environ = {  # what the operator gives the engine container
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_PLUGINS": "lora_filesystem_resolver",
+        "VLLM_LORA_RESOLVER_CACHE_DIR": str(sidecar.cache),
+    }
+    body = {"prompt": "Tell me about adapters", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with run_uvicorn(create_app(settings, environ=environ)) as url, httpx.Client(base_url=url) as engine:
+        assert engine.post("/v1/completions", json=body | {"model": "chat"}).status_code == 404
+        sidecar.list_file.write_text(list_document([("chat", "hf://org/chat")]))
+        eventually(lambda: sidecar.states() == {"chat": "Ready"}, "chat installed")
+        served = engine.post("/v1/completions", json=body | {"model": "chat"})
+        assert served.status_code == 200, served.text
+        base = engine.post("/v1/completions", json=body | {"model": "qwen"}).json()
+        assert served.json()["choices"][0]["text"] != base["choices"][0]["text"]
+        assert "chat" in [card["id"] for card in engine.get("/v1/models").json()["data"]]
