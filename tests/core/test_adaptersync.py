@@ -75,7 +75,7 @@ def test_a_failed_adapter_waits_for_retry_but_a_new_source_is_tried_at_once(tmp_
     assert len(store.calls) == 2, "a ready adapter's marker is found: no download"
 
 
-def test_a_catalog_is_linked_each_pass_and_a_listed_name_wins(tmp_path: Path) -> None:
+def test_a_catalog_is_followed_each_pass_and_a_listed_name_wins(tmp_path: Path) -> None:
     catalog = tmp_path / "catalog"
     for name in ("a", "c"):
         (catalog / name).mkdir(parents=True)
@@ -89,6 +89,11 @@ def test_a_catalog_is_linked_each_pass_and_a_listed_name_wins(tmp_path: Path) ->
     (catalog / "d" / "adapter_config.json").write_text(json.dumps(CONFIG))
     sync.step(list_document([("a", "hf://org/a")]))
     assert (sync.cache / "d" / "adapter_config.json").is_file()
+    (catalog / "c" / "adapter_config.json").unlink()
+    (catalog / "c").rmdir()
+    sync.step(list_document([("a", "hf://org/a")]))
+    assert not (sync.cache / "c").is_symlink(), "an adapter that left the catalog is unlinked"
+    assert (sync.cache / "a").is_symlink() and (sync.cache / "d").is_symlink()
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ The operator writes a service's remote adapters (`hf://`, `s3://`) into a Config
 Every engine pod mounts it, and its `adapters-sync` sidecar (`tandem adapters sync`) calls
 `AdapterSync.step` on each pass: it installs each listed adapter that is not installed from that
 source yet (`adapterfetch.install`: once per source on a shared cache), removes those it installed
-that are no longer listed (`adapterfetch.prune`), and links a catalog's adapters (a listed name wins).
+that are no longer listed (`adapterfetch.prune`), and links a catalog's adapters (a listed name wins;
+an adapter that left the catalog is unlinked).
 The kubelet updates a mounted ConfigMap in place, so adding, changing or removing an adapter reaches
 running pods without a restart: the engine pod template never names an adapter.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,11 +180,18 @@ class AdapterSync:
         return self.clock() - entry.tried_at >= self.retry_s
 
     def _link_catalog(self, declared: set[str]) -> int:
+        """Link the catalog's adapters (a listed name wins), and unlink those that left the
+        catalog: links into it whose directory is gone. Returns the number linked."""
         if self.catalog is None:
             return 0
         try:
             found = scan_catalog(self.catalog).adapters
-            return len(link_adapters(self.cache, {k: v for k, v in found.items() if k not in declared}))
+            linked = link_adapters(self.cache, {k: v for k, v in found.items() if k not in declared})
         except (AdapterError, OSError) as exc:
             self.list_error = f"catalog {self.catalog}: {exc}"
             return 0
+        root = self.catalog.resolve()
+        for link in self.cache.iterdir():
+            if link.is_symlink() and not link.exists() and Path(os.readlink(link)).is_relative_to(root):
+                link.unlink(missing_ok=True)
+        return len(linked)

@@ -18,9 +18,10 @@ Each engine pod runs the **`adapters-sync` sidecar** (a native sidecar: an init 
 `restartPolicy: Always`, Kubernetes 1.29 and later), `tandem adapters sync` of the Tandem image. On
 every pass (10 s) it installs the listed adapters into `/adapters` (downloaded once per source: with
 the shared claim, once for every pod of the service; `tandem.core.adapterfetch`), removes those it
-installed that are no longer listed, and links the catalog's adapters (a declared name wins). Its
-startupProbe (`/ready`) passes after the first pass, and the engine container starts only then, so
-a new or restarted pod serves every adapter that could be installed. Its environment takes the keys
+installed that are no longer listed, and links the catalog's adapters (a declared name wins; one
+that left the catalog is unlinked). Its startupProbe (`/ready`) passes after the first pass, and
+the engine container starts only then, so a new or restarted pod serves every adapter that could be
+installed. Its environment takes the keys
 of `spec.adapterCache.credentialsSecret` (`FETCH_ENV_KEYS`, each optional).
 
 **Nothing in the pod template names an adapter** (with LoRA on, the sidecar and the list's volume are
