@@ -6,6 +6,7 @@ and Hub: tests/cli/test_adapter_sync.py.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,22 @@ def test_a_list_it_cannot_read_changes_nothing_and_says_why(tmp_path: Path, text
     assert error in sync.report()["listError"]
     assert (sync.cache / "a" / "adapter_config.json").is_file()
     assert sync.report()["adapters"]["a"]["state"] == "Ready", "the last readable list's report stays"
+
+
+def test_a_pod_on_an_older_list_leaves_what_a_newer_list_installed_on_the_shared_cache(
+    tmp_path: Path,
+) -> None:
+    pod_a, _, _ = make(tmp_path)
+    pod_b = AdapterSync(cache=pod_a.cache, download=Store().download, max_rank=16, clock=Clock())
+    old_list = list_document([("a", "hf://org/a")])
+    new_list = list_document([("a", "hf://org/a"), ("x", "hf://org/x")])
+    old_written = time.time() - 60  # the kubelet has not updated pod B's list yet
+    pod_a.step(new_list, listed_at=time.time())
+    assert (pod_a.cache / "x" / "adapter_config.json").is_file()
+    assert pod_b.step(old_list, listed_at=old_written).removed == ()
+    assert (pod_a.cache / "x" / "adapter_config.json").is_file(), "installed after pod B's list was written"
+    assert pod_b.step(old_list, listed_at=time.time() + 1).removed == ("x",), (
+        "a newer list without it removes it"
+    )
+    assert not (pod_a.cache / "x").exists()
+    assert sorted(p.name.split("@")[0] for p in (pod_a.cache / ".fetched").iterdir() if p.is_dir()) == ["a"]

@@ -68,12 +68,14 @@ class SyncMetrics:
 
 def run_pass(sync: AdapterSync, list_file: Path, metrics: SyncMetrics) -> None:
     """Read the list and step once; log and count what changed."""
+    listed_at: float | None = None
     try:
+        listed_at = list_file.stat().st_mtime  # the kubelet writes a new file for each update
         text = list_file.read_text()
     except OSError as exc:
         text = f"<{list_file}: {exc.strerror or exc}>"  # not JSON: reported as an unreadable list
     before = sync.list_error
-    result = sync.step(text)
+    result = sync.step(text, listed_at=listed_at)
     for name in result.installed:
         log.info("adapter installed", extra={"adapter": name, "revision": sync.entries[name].revision})
     for name in result.removed:

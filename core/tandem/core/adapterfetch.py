@@ -188,10 +188,15 @@ def _point(link: Path, relative: str) -> None:
     os.replace(temp, link)
 
 
-def prune(cache: Path, keep: Sequence[str]) -> list[str]:
+def prune(cache: Path, keep: Sequence[str], *, listed_at: float | None = None) -> list[str]:
     """Remove the adapters this module installed whose names are not in `keep` (their links, then
     their versions), and every other version of a kept name; returns the names unlinked. Directories
-    and links it did not make are left alone."""
+    and links it did not make are left alone.
+
+    `listed_at` (a timestamp, as `os.stat`'s): when `keep` was written. A version installed after it
+    is left alone, link and files: on a cache that several pods share, a pod still acting on an older
+    list must not remove what another pod installed from a newer one (the kubelets update the pods'
+    lists at different moments). The next list that still leaves it out removes it."""
     versions = cache / FETCHED_DIR
     if not versions.is_dir():
         return []
@@ -200,7 +205,7 @@ def prune(cache: Path, keep: Sequence[str]) -> list[str]:
     for link in sorted(cache.iterdir()):
         if link.name in keep or not link.is_symlink():
             continue
-        if os.readlink(link).startswith(f"{FETCHED_DIR}/"):
+        if os.readlink(link).startswith(f"{FETCHED_DIR}/") and not _newer(link.resolve(), listed_at):
             link.unlink()
             removed.append(link.name)
     for version in versions.iterdir():
@@ -209,10 +214,21 @@ def prune(cache: Path, keep: Sequence[str]) -> list[str]:
             and not version.name.startswith(".")  # a download in progress, under its own lock
             and "@" in version.name
             and version.resolve() not in current
+            and not _newer(version, listed_at)
         ):
             with _locked(versions / f"{version.name.split('@')[0]}.lock"):
                 shutil.rmtree(version, ignore_errors=True)
     return removed
+
+
+def _newer(version: Path, listed_at: float | None) -> bool:
+    """Whether `version` was installed (its marker written) after `listed_at`."""
+    if listed_at is None:
+        return False
+    try:
+        return (version / FETCHED_MARKER).stat().st_mtime > listed_at
+    except OSError:
+        return False  # no marker: not a complete install
 
 
 def failure_line(name: str, reason: str) -> str:

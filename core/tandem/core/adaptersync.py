@@ -116,9 +116,10 @@ class AdapterSync:
     list_error: str = ""
     passes: int = 0
 
-    def step(self, text: str) -> PassResult:
-        """One pass over the list `text` (the mounted file's content). A list it cannot read changes
-        nothing in the cache and is reported (`list_error`) until a readable one comes."""
+    def step(self, text: str, *, listed_at: float | None = None) -> PassResult:
+        """One pass over the list `text` (the mounted file's content, written at `listed_at`: what
+        was installed after that is not removed, `adapterfetch.prune`). A list it cannot read
+        changes nothing in the cache and is reported (`list_error`) until a readable one comes."""
         try:
             wanted = parse_list(text)
         except AdapterError as exc:
@@ -144,7 +145,7 @@ class AdapterSync:
             entry.state, entry.reason, entry.revision = "Ready", done.outcome, done.revision
             if done.outcome == "fetched":
                 installed.append(item.name)
-        removed = prune(self.cache, [w.name for w in wanted])
+        removed = prune(self.cache, [w.name for w in wanted], listed_at=listed_at)
         linked = self._link_catalog({w.name for w in wanted})
         self.passes += 1
         return PassResult(tuple(installed), tuple(removed), tuple(failed), linked)
