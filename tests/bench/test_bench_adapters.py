@@ -108,11 +108,13 @@ vllm:num_requests_running{engine="0",model_name="qwen"} 5.0
 # TYPE vllm:request_success counter
 vllm:request_success_total{engine="0",finished_reason="length",model_name="qwen"} 11.0
 vllm:request_success_total{engine="0",finished_reason="stop",model_name="qwen"} 1.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="qwen"} 2.0
 """
 
 
-def test_an_engine_sample_reads_both_load_sources_and_the_queue() -> None:
+def test_an_engine_sample_reads_both_load_sources_the_queue_and_what_finished_there() -> None:
     s = parse_engine_sample(METRICS, t=1.5, engine="e0")
+    # finished: length and stop; an aborted request (taken back by the gateway) finished elsewhere
     assert (s.disk_loads, s.cpu_loads, s.loads, s.waiting, s.running, s.finished) == (7, 9, 16, 3, 5, 12)
 
 
@@ -208,7 +210,10 @@ def test_a_live_run_counts_the_engines_adapter_loads_with_no_errors(tmp_path: Pa
     assert row["loads"] > 0 and row["disk_loads"] > 0, "the engines loaded adapters through the resolver"
     assert row["loads_per_1000"] == pytest.approx(row["loads"] * 1000 / row["requests"])
     assert sum(row["adapters_per_engine"].values()) >= 2, row["adapters_per_engine"]
-    assert sum(row["requests_by_engine"].values()) == row["requests"], "every request finished on an engine"
+    # Every request finished on an engine; one the gateway re-sent after a connect timeout of its
+    # own (a CPU-starved event loop, docs/decisions.md) may have finished on the first engine too.
+    finished = sum(row["requests_by_engine"].values())
+    assert row["requests"] <= finished <= row["requests"] * 1.05, (finished, row["requests"])
     assert 2 <= row["adapters_distinct"] <= 6
     assert len(row["loads_by_engine"]) == 2
     timeline = json.loads((tmp_path / "adapter-timelines.json").read_text())

@@ -7,7 +7,9 @@ run; `parse_engine_sample` keeps what this benchmark reads:
   `cpu` (copied from the CPU tier into a GPU slot): an **adapter load** is either; both are also
   reported apart;
 - `vllm:num_requests_waiting` and `vllm:num_requests_running` (the engine's queue and batch);
-- `vllm:request_success_total` (finished requests: where the router sent them).
+- `vllm:request_success_total` (finished requests: where the router sent them), without
+  `finished_reason="abort"`: a request the gateway took back from an engine's queue (its recall)
+  is aborted there and finishes on another engine, and counts once, where it finished.
 
 Definitions (times in engine seconds: wall × the engines' time scale):
 - TTFT p90/p99 over the requests that succeeded; errors are requests that did not;
@@ -67,6 +69,8 @@ def parse_engine_sample(text: str, *, t: float, engine: str) -> EngineSample:
                 source = sample.labels.get("source", "")
                 if source in ("disk", "cpu"):
                     values[source] += sample.value
+            elif sample.name == FINISHED and sample.labels.get("finished_reason") == "abort":
+                continue
             elif sample.name in (WAITING, RUNNING, FINISHED):
                 values[sample.name] += sample.value
     return EngineSample(
