@@ -19,6 +19,7 @@ reads an adapter; a repository's `checkpoint-*/` folders and the like are left o
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -55,6 +56,16 @@ class Remotes:
     timeout: float = 60.0
     transport: httpx.BaseTransport | None = None
     s3_client: Any = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Remotes:
+        """As the pods run them: `HF_ENDPOINT` (else the Hub), `HF_TOKEN`, `AWS_ENDPOINT_URL` (boto3
+        reads the rest of its credentials itself); an empty variable counts as unset."""
+        return cls(
+            hf_endpoint=environ.get("HF_ENDPOINT") or HF_DEFAULT_ENDPOINT,
+            hf_token=environ.get("HF_TOKEN") or None,
+            s3_endpoint=environ.get("AWS_ENDPOINT_URL") or None,
+        )
 
     def download(self, source: RemoteSource, directory: Path) -> str:
         """Fill `directory` with the adapter of `source`; returns its revision."""

@@ -2,9 +2,8 @@
 
 `tandem adapters link --catalog DIR --dest DIR` links every subdirectory of a catalog holding an
 `adapter_config.json` to `DEST/<name>`, where vLLM's filesystem resolver looks
-(`VLLM_LORA_RESOLVER_CACHE_DIR`). The operator runs it as an init container of engine pods with a
-catalog (`tandem.operator.resources.lora`); a name that is already a directory in DEST (an adapter
-mounted there) is left alone. Subdirectories whose names cannot name an adapter are skipped with a
+(`VLLM_LORA_RESOLVER_CACHE_DIR`); a name that is already a directory in DEST (an adapter mounted
+there) is left alone. Subdirectories whose names cannot name an adapter are skipped with a
 line on stderr. Exit 1 when the catalog cannot be listed.
 
 `prepare_local_adapters` is `tandem up`'s part: it checks a service's local adapters and catalog
@@ -30,10 +29,10 @@ from pathlib import Path
 
 import click
 
-from tandem.cli.adapterremote import HF_DEFAULT_ENDPOINT, Remotes
+from tandem.cli.adapterremote import Remotes
 from tandem.cli.adaptersync import sync
 from tandem.cli.exits import fail
-from tandem.core.adapterfetch import FetchError, failure_line, install, parse_wanted
+from tandem.core.adapterfetch import failure_line, failure_reason, install, parse_wanted
 from tandem.core.adapterfetch import prune as prune_fetched
 from tandem.core.adapters import AdapterError, HfSource, LocalSource, S3Source, link_adapters, scan_catalog
 from tandem.core.spec import InferenceService
@@ -157,19 +156,14 @@ def fetch(
         items = parse_wanted(wanted)
     except AdapterError as exc:
         fail(str(exc), code=2)
-    remotes = Remotes(
-        hf_endpoint=os.environ.get("HF_ENDPOINT") or HF_DEFAULT_ENDPOINT,
-        hf_token=os.environ.get("HF_TOKEN") or None,
-        s3_endpoint=os.environ.get("AWS_ENDPOINT_URL") or None,
-    )
+    remotes = Remotes.from_environ(os.environ)
     failures: list[str] = []
     done_lines: list[str] = []
     for item in items:
         try:
             done = install(dest, item, download=remotes.download, max_rank=max_rank)
         except (AdapterError, OSError) as exc:
-            reason = str(exc) if isinstance(exc, FetchError | AdapterError) else f"{item.source}: {exc}"
-            failures.append(failure_line(item.name, reason))
+            failures.append(failure_line(item.name, failure_reason(item, exc)))
             click.echo(failures[-1], err=True)
             continue
         done_lines.append(f"{done.outcome} {done.name} {done.revision}")

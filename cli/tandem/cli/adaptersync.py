@@ -35,12 +35,11 @@ from typing import Any
 import click
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from tandem.cli.adapterremote import HF_DEFAULT_ENDPOINT, Remotes
-from tandem.core.adaptersync import DEFAULT_RETRY_S, AdapterSync
+from tandem.cli.adapterremote import Remotes
+from tandem.core.adaptersync import DEFAULT_RETRY_S, SYNC_PORT, AdapterSync
 from tandem.core.logs import configure_logging
 
 log = logging.getLogger("tandem.adapters.sync")
-DEFAULT_PORT = 8095
 
 
 class SyncMetrics:
@@ -160,7 +159,7 @@ def _handler(published: Published, metrics: SyncMetrics) -> type[BaseHTTPRequest
 @click.option("--retry", "retry_s", type=click.FloatRange(min=0), default=DEFAULT_RETRY_S, show_default=True,
               help="Seconds before a failed adapter is tried again.")  # fmt: skip
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to serve the report on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=SYNC_PORT, show_default=True)
 def sync(
     list_file: Path,
     dest: Path,
@@ -173,11 +172,7 @@ def sync(
 ) -> None:
     """Keep DEST equal to the adapter list while the engines run; serve the report."""
     configure_logging()
-    remotes = Remotes(
-        hf_endpoint=os.environ.get("HF_ENDPOINT") or HF_DEFAULT_ENDPOINT,
-        hf_token=os.environ.get("HF_TOKEN") or None,
-        s3_endpoint=os.environ.get("AWS_ENDPOINT_URL") or None,
-    )
+    remotes = Remotes.from_environ(os.environ)
     dest.mkdir(parents=True, exist_ok=True)
     state = AdapterSync(
         cache=dest, download=remotes.download, max_rank=max_rank, clock=time.monotonic,

@@ -231,6 +231,13 @@ def _newer(version: Path, listed_at: float | None) -> bool:
         return False  # no marker: not a complete install
 
 
+def failure_reason(item: Wanted, exc: Exception) -> str:
+    """Why `install` failed for `item`, in one line: a `FetchError`'s or `AdapterError`'s own words,
+    else the source and the OS error."""
+    reason = str(exc) if isinstance(exc, AdapterError) else f"{item.source}: {exc}"
+    return " ".join(reason.split())
+
+
 def failure_line(name: str, reason: str) -> str:
     """The line the fetch command prints for an adapter it could not install (one line)."""
     return f"{FAILED_PREFIX}{name}: {' '.join(reason.split())}"

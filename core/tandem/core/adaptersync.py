@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tandem.core.adapterfetch import Download, FetchError, Wanted, install, parse_wanted, prune
+from tandem.core.adapterfetch import Download, Wanted, failure_reason, install, parse_wanted, prune
 from tandem.core.adapters import AdapterError, link_adapters, scan_catalog
 
 #: The ConfigMap key holding the list, and the file name it has where the pods mount it.
 LIST_KEY = "adapters.json"
+#: The sidecar's port (`GET /ready`, `/adapters`, `/metrics`), named `adapter-sync` in the pods.
+SYNC_PORT = 8095
 #: How long a failed adapter waits before it is tried again (its source unchanged).
 DEFAULT_RETRY_S = 300.0
 
@@ -138,8 +140,7 @@ class AdapterSync:
             try:
                 done = install(self.cache, item, download=self.download, max_rank=self.max_rank)
             except (AdapterError, OSError) as exc:
-                reason = str(exc) if isinstance(exc, FetchError | AdapterError) else f"{item.source}: {exc}"
-                entry.state, entry.reason = "Failed", " ".join(reason.split())
+                entry.state, entry.reason = "Failed", failure_reason(item, exc)
                 failed.append(item.name)
                 continue
             entry.state, entry.reason, entry.revision = "Ready", done.outcome, done.revision

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tandem.operator.resources.lora import SYNC_CONTAINER, SYNC_PORT, SYNC_PORT_NAME
+from tandem.core.adaptersync import SYNC_PORT
+from tandem.operator.resources.lora import SYNC_CONTAINER, SYNC_PORT_NAME
 
 TIMEOUT_S = 2.0
 MAX_PARALLEL = 8

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.core.adapters import HfSource, PvcSource, S3Source, engine_args, engine_env, parse_source
-from tandem.core.adaptersync import LIST_KEY, list_document
+from tandem.core.adaptersync import LIST_KEY, SYNC_PORT, list_document
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources.meta import Images, Owner, Role, child_name, object_meta
 from tandem.operator.resources.security import container_security_context
@@ -55,7 +55,6 @@ ADAPTERS_SUFFIX = "adapters"
 #: Downloads stream to disk in 1 MiB chunks (boto3's transfers use a few more buffers).
 SYNC_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 SYNC_CONTAINER = "adapters-sync"
-SYNC_PORT = 8095
 SYNC_PORT_NAME = "adapter-sync"
 #: The first pass may download every adapter: the startupProbe allows it 30 minutes (2 s × 900).
 SYNC_STARTUP_PERIOD_S, SYNC_STARTUP_FAILURES = 2, 900

@@ -34,9 +34,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tandem.core.adaptersync import SYNC_PORT
 from tandem.core.kvevents import KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT
 from tandem.core.spec import InferenceServiceSpec
-from tandem.operator.resources.lora import SYNC_PORT
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
     METRICS_PORT,
