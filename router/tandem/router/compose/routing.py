@@ -17,6 +17,7 @@ from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.observe.schedmetrics import SchedulingMetrics
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
+from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
@@ -99,6 +100,9 @@ def build_routing(
             prior_tokens_per_second=tuning.prior_tokens_per_second, smoothing=tuning.rate_smoothing
         ),
         pending_ttl_s=tuning.pending_ttl_seconds,
+        # The `tandem` policy's placement marks the picks that load an adapter; the state prices
+        # them into the predicted TTFT (`adapterload`).
+        adapter_loads=AdapterLoads() if config.adapters and config.spec.router.policy == "tandem" else None,
     )
     metrics = SchedulingMetrics(prometheus, endpoints=registry, state=state)
     state.events = metrics

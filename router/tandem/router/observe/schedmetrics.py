@@ -155,6 +155,18 @@ class EngineStateCollector(Collector):
             "Blocks in the approximate prefix index for the engine.",
             labels=["endpoint"],
         )
+        load_cost = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_adapter_load_seconds",
+            "Learned seconds a LoRA adapter load adds to a first token on the engine (the prior until "
+            "observed); only for a service with adapters under the tandem policy.",
+            labels=["endpoint"],
+        )
+        loading = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_adapter_loads_in_flight",
+            "Requests sent to the engine that load their adapter there and have no first token yet.",
+            labels=["endpoint"],
+        )
+        costs = self._state.adapter_loads
         for url in self._endpoints.urls():
             name = [endpoint_name(url)]
             rate.add_metric(name, self._state.rates.rate(url))
@@ -163,7 +175,12 @@ class EngineStateCollector(Collector):
                 throughput.add_metric(name, observed)
             queued.add_metric(name, self._state.queued_tokens(url))
             blocks.add_metric(name, self._state.approximate.blocks(url))
+            if costs is not None:
+                load_cost.add_metric(name, costs.cost(url))
+                loading.add_metric(name, costs.in_flight(url))
         yield from (rate, throughput, queued, blocks)
+        if costs is not None:
+            yield from (load_cost, loading)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

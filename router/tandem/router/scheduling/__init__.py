@@ -64,6 +64,7 @@ def _tandem(deps: SchedulerDeps) -> Scheduler:
         cache_threshold=deps.cache_threshold,
         adapters=deps.adapters,
         adapter_capacity=deps.adapter_capacity,
+        adapter_loads=deps.state.adapter_loads,
         block_size=deps.state.approximate.block_size,
     )
     return ProfileScheduler(

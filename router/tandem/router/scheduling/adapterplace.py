@@ -33,9 +33,9 @@ scheduler tells it every decision (`picked`, the `PostPick` hook). Pure: no I/O,
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 
+from tandem.router.scheduling.adapterload import AdapterLoads, Residency, holds
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.runner import Decision
 from tandem.router.scheduling.scorers import home_ranks
@@ -51,8 +51,6 @@ MIN_BOUND = 3
 #: Adapters remembered per engine until its `max_lora` is read (vLLM's `--max-cpu-loras` defaults
 #: to `--max-loras`; Tandem's bench and most deployments run 4).
 DEFAULT_RESIDENT = 4
-#: Engines remembered at most (a pool's endpoints; URLs of engines gone long ago are dropped first).
-MAX_ENGINES = 4096
 
 
 def load_bound(loads: Sequence[float], *, epsilon: float = DEFAULT_EPSILON, floor: int = MIN_BOUND) -> int:
@@ -90,45 +88,14 @@ def allowed_engines(
     return allowed
 
 
-class Residency:
-    """The adapters this gateway sent to each engine lately: an LRU per engine URL, `capacity` entries
-    (the engine's CPU tier), most recent last. What the engine itself holds may differ (another gateway
-    replica, an eviction by a restart); it is a hint for placement, not a fact."""
-
-    def __init__(self, *, max_engines: int = MAX_ENGINES) -> None:
-        self._held: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
-        self._max_engines = max_engines
-
-    def record(self, url: str, adapter: str, *, capacity: int) -> None:
-        """`adapter` was sent to `url`: it becomes the most recent there; the least recent beyond
-        `capacity` (≥ 1) are forgotten."""
-        held = self._held.get(url)
-        if held is None:
-            held = self._held[url] = OrderedDict()
-            if len(self._held) > self._max_engines:
-                self._held.popitem(last=False)
-        else:
-            self._held.move_to_end(url)
-        held[adapter] = None
-        held.move_to_end(adapter)
-        while len(held) > max(1, capacity):
-            held.popitem(last=False)
-
-    def holds(self, url: str, adapter: str) -> bool:
-        held = self._held.get(url)
-        return held is not None and adapter in held
-
-    def adapters(self, url: str) -> list[str]:
-        """Least recent first."""
-        return list(self._held.get(url, ()))
-
-
 class AdapterPlacement:
     """The placement filter (module docstring) and its residency record.
 
     `epsilon`, `floor`: the bound's slack and least value (`load_bound`); `default_capacity`: the
     adapters remembered per engine while its `max_lora` is unknown (`capacity`: always this many,
-    e.g. the service's `maxCpuLoras`, when given)."""
+    e.g. the service's `maxCpuLoras`, when given); `loads`: where the placements that load an
+    adapter are marked and the residency record kept (`adapterload`: the scheduling state prices
+    those loads into the predicted TTFT; a placement of its own when not given)."""
 
     name = "adapter-placement"
 
@@ -139,6 +106,7 @@ class AdapterPlacement:
         floor: int = MIN_BOUND,
         default_capacity: int = DEFAULT_RESIDENT,
         capacity: int | None = None,
+        loads: AdapterLoads | None = None,
     ) -> None:
         if epsilon < 0 or floor < 1 or default_capacity < 1 or (capacity is not None and capacity < 1):
             raise ValueError("epsilon must be >= 0, floor, default_capacity and capacity >= 1")
@@ -146,7 +114,11 @@ class AdapterPlacement:
         self.floor = floor
         self.default_capacity = default_capacity
         self.capacity = capacity
-        self.residency = Residency()
+        self.loads = loads or AdapterLoads()
+
+    @property
+    def residency(self) -> Residency:
+        return self.loads.residency
 
     def filter(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:
         adapter = cycle.request.lora_name
@@ -156,25 +128,23 @@ class AdapterPlacement:
         ranks = home_ranks(adapter, urls)
         order = sorted(urls, key=ranks.__getitem__)
         loads = {c.url: c.load for c in candidates}
-        holders = {c.url for c in candidates if self._holds(c, adapter)}
+        holders = {c.url for c in candidates if holds(self.residency, c.snapshot, adapter)}
         bound = load_bound(list(loads.values()), epsilon=self.epsilon, floor=self.floor)
         allowed = set(allowed_engines(order, loads, holders, bound=bound))
         return [c for c in candidates if c.url in allowed]
 
     def picked(self, decision: Decision, /) -> None:
-        """Records the chosen engine as holding the request's adapter (the `PostPick` hook)."""
+        """Records the chosen engine as holding the request's adapter, and marks the placement as a
+        load when it did not hold it (the `PostPick` hook)."""
         adapter = decision.cycle.request.lora_name
         if adapter is None:
             return
         chosen = decision.chosen.candidate
-        self.residency.record(chosen.url, adapter, capacity=self._capacity(chosen))
-
-    def _holds(self, candidate: Candidate, adapter: str) -> bool:
-        if self.residency.holds(candidate.url, adapter):
-            return True
-        engine = candidate.snapshot.engine
-        load = None if engine is None or engine.stale else engine.stats.adapters
-        return load is not None and adapter in load.active
+        loads = not holds(self.residency, chosen.snapshot, adapter)
+        for evicted in self.residency.record(chosen.url, adapter, capacity=self._capacity(chosen)):
+            self.loads.unmark(chosen.url, evicted)
+        if loads:
+            self.loads.mark(chosen.url, adapter)
 
     def _capacity(self, candidate: Candidate) -> int:
         if self.capacity is not None:

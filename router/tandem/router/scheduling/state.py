@@ -43,6 +43,7 @@ from operator import attrgetter
 from typing import Protocol
 
 from tandem.router.discovery.kvevents.ports import PrefixSource
+from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
@@ -74,6 +75,9 @@ class Ticket:
     started_at: float
     kv_loaded: bool
     pending_keys: tuple[int, ...] = ()
+    #: It loads its adapter on the engine (`adapterload`); `loads_ahead`: loads in flight there before it.
+    adapter_load: bool = False
+    loads_ahead: int = 0
     answered: bool = False
     released: bool = False
 
@@ -114,6 +118,7 @@ class SchedulingState:
         track_prefixes: bool = True,
         on_record: Callable[[str, Sequence[int]], None] | None = None,
         pending_ttl_s: float = 2.0,
+        adapter_loads: AdapterLoads | None = None,
     ) -> None:
         self.approximate = approximate or ApproximatePrefixIndex()
         self.prefix: PrefixSource = prefix or self.approximate
@@ -131,6 +136,7 @@ class SchedulingState:
         self._pending: dict[str, Counter[int]] = {}
         self._recent: dict[str, OrderedDict[int, float]] = {}
         self._pending_ttl_s = pending_ttl_s
+        self.adapter_loads = adapter_loads
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -155,7 +161,13 @@ class SchedulingState:
             pool=pool, profile=profile, request=request, prompt_tokens=n, slo_ttft_s=request.slo.ttft_s
         )
         return cycle, [
-            self._candidate(s, n=n, matched=matched.get(s.endpoint.url, 0), kv_loaded=profile == KV_LOADED)
+            self._candidate(
+                s,
+                n=n,
+                matched=matched.get(s.endpoint.url, 0),
+                kv_loaded=profile == KV_LOADED,
+                adapter=request.lora_name,
+            )
             for s in snapshots
         ]
 
@@ -238,6 +250,11 @@ class SchedulingState:
         matched = min(n, self._match([url], request).get(url, 0)) if n and self.track_prefixes else 0
         uncached = _uncached(n, matched, kv_loaded=kv_loaded)
         queued = self._queued.get(url, 0)
+        predicted = self.rates.predict(url, queued_tokens=queued, uncached_tokens=uncached)
+        loads, ahead = False, 0
+        if self.adapter_loads is not None:
+            loads, ahead = self.adapter_loads.started(url, request.lora_name)
+            predicted += (ahead + loads) * self.adapter_loads.cost(url)
         ticket = Ticket(
             endpoint=endpoint,
             request=request,
@@ -245,9 +262,11 @@ class SchedulingState:
             matched_tokens=matched,
             uncached_tokens=uncached,
             queued_before=queued,
-            predicted_ttft_s=self.rates.predict(url, queued_tokens=queued, uncached_tokens=uncached),
+            predicted_ttft_s=predicted,
             started_at=self._clock(),
             kv_loaded=kv_loaded,
+            adapter_load=loads,
+            loads_ahead=ahead,
         )
         self._queued[url] = queued + uncached
         if n and self.track_prefixes:
@@ -275,8 +294,23 @@ class SchedulingState:
             return
         observed = max(0.0, self._clock() - ticket.started_at - max(0.0, lag_s))
         work = ticket.queued_before + ticket.uncached_tokens
-        self.rates.observe(endpoint.url, tokens=work, seconds=observed)
+        self._learn(ticket, work=work, observed=observed)
         self.events.first_token(ticket, observed_s=observed)
+
+    def _learn(self, ticket: Ticket, *, work: int, observed: float) -> None:
+        """Train the prefill model on the first token's `observed` seconds for `work` tokens, less
+        the adapter loads it waited behind; when it loaded its adapter itself, train the load cost
+        instead (`adapterload`)."""
+        url, costs = ticket.endpoint.url, self.adapter_loads
+        if costs is None or observed <= 0:
+            self.rates.observe(url, tokens=work, seconds=observed)
+            return
+        stalled = ticket.loads_ahead * costs.cost(url)
+        if ticket.adapter_load:
+            prefill = self.rates.predict(url, queued_tokens=work, uncached_tokens=0)
+            costs.observe(url, observed - prefill - stalled)
+        else:
+            self.rates.observe(url, tokens=work, seconds=observed - stalled)
 
     def finished(self, ticket: object, /) -> None:
         if isinstance(ticket, Ticket):
@@ -293,10 +327,14 @@ class SchedulingState:
         self._pending = {url: p for url, p in self._pending.items() if url in keep}
         self._recent = {url: r for url, r in self._recent.items() if url in keep}
         self._sized = {url: r for url, r in self._sized.items() if url in keep}
+        if self.adapter_loads is not None:
+            self.adapter_loads.forget(keep)
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _candidate(self, snapshot: EndpointSnapshot, *, n: int, matched: int, kv_loaded: bool) -> Candidate:
+    def _candidate(
+        self, snapshot: EndpointSnapshot, *, n: int, matched: int, kv_loaded: bool, adapter: str | None
+    ) -> Candidate:
         url = snapshot.endpoint.url
         engine = snapshot.engine
         stats = engine.stats if engine is not None and not engine.stale else None
@@ -307,6 +345,10 @@ class SchedulingState:
         queued = self._queued.get(url, 0)
         uncached = _uncached(n, matched, kv_loaded=kv_loaded)
         model = self.rates.model(url)
+        predicted = ttft_seconds(model, queued + uncached)
+        costs = self.adapter_loads
+        if costs is not None:
+            predicted += costs.delay(url, loads=costs.needs_load(snapshot, adapter))
         return Candidate(
             snapshot=snapshot,
             url=url,
@@ -316,7 +358,7 @@ class SchedulingState:
             cache_fill=self.approximate.fill(url),
             queued_tokens=queued,
             tokens_per_second=model.rate,
-            predicted_ttft_s=ttft_seconds(model, queued + uncached),
+            predicted_ttft_s=predicted,
             warming=self.warming(url) or (kv_loaded and url not in self._answered and snapshot.in_flight > 0),
         )
 
@@ -344,6 +386,8 @@ class SchedulingState:
             return
         ticket.released = True
         url = ticket.endpoint.url
+        if ticket.adapter_load and self.adapter_loads is not None:
+            self.adapter_loads.settled(url)
         left = self._queued.get(url, 0) - ticket.uncached_tokens
         if left > 0:
             self._queued[url] = left

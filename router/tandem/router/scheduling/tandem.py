@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tandem.core.spec import ScoringWeights
+from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.adapterplace import AdapterPlacement
 from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.filters import ImbalanceGuard, SlowStart
@@ -105,15 +106,17 @@ def tandem_profiles(
     cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
     adapters: bool = False,
     adapter_capacity: int | None = None,
+    adapter_loads: AdapterLoads | None = None,
     block_size: Callable[[str], int] | None = None,
 ) -> dict[str, SchedulerProfile]:
     """The `tandem` policy's profiles (module docstring); scorers with weight 0 are left out.
     `adapters`: the service serves LoRA adapters (adds the placement filter, shared by both
     profiles, and the adapter scorer); `adapter_capacity`: adapters an engine keeps in its CPU tier
-    (`maxCpuLoras`; None: its `max_lora` once read, 4 until then); `block_size`: each endpoint's
+    (`maxCpuLoras`; None: its `max_lora` once read, 4 until then); `adapter_loads`: the scheduling
+    state's record of adapter loads, which the placement marks (`adapterload`); `block_size`: each endpoint's
     block size in the router's index, for the keys that anchor a new prompt's home (`PrefixScorer`)."""
     picker = MaxScorePicker()
-    placement = AdapterPlacement(capacity=adapter_capacity)
+    placement = AdapterPlacement(capacity=adapter_capacity, loads=adapter_loads)
     prompt: list[tuple[Scorer, float]] = [
         (PrefixScorer(threshold=cache_threshold, block_size=block_size), weights.prefix),
         (LoadScorer(), weights.load),
