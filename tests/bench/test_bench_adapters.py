@@ -8,7 +8,9 @@ router`, the driver, the per-second sampling. Nothing is faked; no assertion is 
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from tandem.bench.adapterbench import (
     EngineSample,
     burst_peaks,
     imbalance,
+    least_disk_loads,
+    least_loads,
     load_series,
     parse_engine_sample,
     placement,
@@ -182,6 +186,44 @@ def test_the_verdict_compares_with_the_best_peer_of_each_figure() -> None:
     ]["met"]
 
 
+def fewest_misses(sequence: list[str], slots: int) -> int:
+    """Every eviction choice tried (exhaustive search over the cache's states): the true optimum."""
+    states: dict[frozenset[str], int] = {frozenset(): 0}
+    for name in sequence:
+        following: dict[frozenset[str], int] = {}
+        for held, misses in states.items():
+            if name in held:
+                options = [(held, misses)]
+            elif len(held) < slots:
+                options = [(held | {name}, misses + 1)]
+            else:
+                options = [((held - {out}) | {name}, misses + 1) for out in held]
+            for state, m in options:
+                following[state] = min(m, following.get(state, m))
+        states = following
+    return min(states.values())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_least_disk_loads_are_the_optimum_of_every_eviction_choice(seed: int) -> None:
+    rng = random.Random(seed)
+    names = [f"a{i}" for i in range(6)]
+    sequence = [rng.choice(names) for _ in range(14)]
+    for slots in (1, 2, 3):
+        assert least_disk_loads(sequence, slots=slots) == fewest_misses(sequence, slots), (sequence, slots)
+
+
+def test_the_floor_counts_a_gpu_copy_per_disk_read_and_compares_with_the_best_peer() -> None:
+    sequence = list(itertools.chain.from_iterable(["a", "b", "c"] for _ in range(4)))  # a b c a b c ...
+    bound = least_loads(sequence, slots=2, best_peer=1000.0)
+    # Two slots over a cycle of three: Belady misses 3 at the start, then one every other request.
+    assert least_disk_loads(sequence, slots=2) == 7
+    assert bound["least_disk_loads_per_1000"] == pytest.approx(7000 / 12)
+    assert bound["least_loads_per_1000"] == pytest.approx(14000 / 12)
+    assert bound["least_ratio_to_best_peer"] == pytest.approx(14 / 12)
+    assert bound["distinct_adapters"] == 3 and bound["least_share_reading_disk"] == pytest.approx(7 / 12)
+
+
 def test_the_plot_series_counts_loads_since_the_first_sample_and_the_busiest_engine() -> None:
     samples = [
         {"t": 0.0, "engine": "a", "disk_loads": 2, "cpu_loads": 2, "waiting": 0, "running": 1},
@@ -219,3 +261,7 @@ def test_a_live_run_counts_the_engines_adapter_loads_with_no_errors(tmp_path: Pa
     timeline = json.loads((tmp_path / "adapter-timelines.json").read_text())
     assert len(timeline) == 1 and len(timeline[0]["samples"]) >= 2 * 2, "sampled each second, both engines"
     assert "| tandem |" in (tmp_path / "adapters.md").read_text()
+    floor = doc["least_loads"]
+    assert floor["slots"] == 2 * 2 and floor["requests"] == row["requests"]
+    assert floor["least_loads_per_1000"] <= row["loads_per_1000"], "no placement beats the floor"
+    assert "Least any placement could reach" in (tmp_path / "adapters.md").read_text()

@@ -83,17 +83,17 @@ def test_the_default_bound_is_at_least_the_floor() -> None:
 @pytest.mark.parametrize(
     ("loads", "holders", "expected"),
     [
-        pytest.param({"a": 0, "b": 0, "c": 0}, set(), ["a"], id="home-only"),
-        pytest.param({"a": 1, "b": 0, "c": 0}, set(), ["a"], id="home-under-the-bound-keeps-it"),
-        pytest.param({"a": 2, "b": 0, "c": 0}, set(), ["b"], id="home-at-the-bound-passes-to-the-next"),
+        pytest.param({"a": 0, "b": 0, "c": 0}, set(), ["a"], id="an-idle-pool-loads-at-the-first"),
+        pytest.param({"a": 1, "b": 0, "c": 0}, set(), ["b"], id="a-load-goes-to-the-least-busy"),
+        pytest.param({"a": 1, "b": 1, "c": 0}, set(), ["c"], id="the-least-busy-wherever-in-the-order"),
         pytest.param({"a": 2, "b": 5, "c": 0}, set(), ["c"], id="skips-every-engine-at-or-over"),
-        pytest.param({"a": 1, "b": 0, "c": 0}, {"c"}, ["a", "c"], id="holders-under-the-bound-join"),
-        pytest.param({"a": 1, "b": 0, "c": 3}, {"c"}, ["a"], id="a-holder-over-the-bound-does-not"),
-        pytest.param({"a": 2, "b": 0, "c": 0}, {"a", "c"}, ["b", "c"], id="a-full-home-is-out-even-holding"),
+        pytest.param({"a": 1, "b": 0, "c": 1}, {"c"}, ["c"], id="a-holder-under-the-bound-wins-over-idle"),
+        pytest.param({"a": 1, "b": 0, "c": 0}, {"a", "c"}, ["a", "c"], id="every-holder-under-it"),
+        pytest.param({"a": 1, "b": 1, "c": 2}, {"c"}, ["a"], id="a-holder-at-the-bound-does-not"),
         pytest.param({"a": 2, "b": 2, "c": 2}, set(), [], id="nothing-under-the-bound"),
     ],
 )
-def test_an_adapter_may_go_to_its_first_engine_under_the_bound_and_to_holders_under_it(
+def test_an_adapter_goes_to_its_holders_under_the_bound_else_its_load_to_the_least_busy(
     loads: dict[str, float], holders: set[str], expected: list[str]
 ) -> None:
     assert allowed_engines(["a", "b", "c"], loads, holders, bound=2) == expected
@@ -130,16 +130,26 @@ def test_a_base_model_request_keeps_every_candidate() -> None:
     assert AdapterPlacement().filter(cycle_for(None), candidates) == candidates
 
 
-def test_an_adapter_request_keeps_only_its_home_while_the_home_is_under_the_bound() -> None:
-    """Home at 1, the others idle: the bound is 2, so the home (not the least loaded) is the only
-    engine left; a load-only policy would take an idle one and load the adapter there."""
-    home = order("sql")[0]
-    candidates = [candidate(e, load=1.0 if e.url == home else 0.0) for e in (A, B, C, D)]
-    assert [c.url for c in AdapterPlacement().filter(cycle_for("sql"), candidates)] == [home]
+def test_an_adapter_request_keeps_only_its_holder_while_the_holder_is_under_the_bound() -> None:
+    """The holder at 1, the others idle: the bound is 2, so the holder (not the least loaded) is the
+    only engine left; a load-only policy would take an idle one and load the adapter there."""
+    holder = order("sql")[2]
+    placement = AdapterPlacement()
+    placement.residency.record(holder, "sql", capacity=4)
+    candidates = [candidate(e, load=1.0 if e.url == holder else 0.0) for e in (A, B, C, D)]
+    assert [c.url for c in placement.filter(cycle_for("sql"), candidates)] == [holder]
+
+
+def test_an_adapter_held_nowhere_is_loaded_on_the_least_busy_engine() -> None:
+    """Its first engine busy, another idle: the load goes where it stalls fewest requests."""
+    first, second, third, fourth = order("sql")
+    loads = {first: 2.0, second: 1.0, third: 0.0, fourth: 1.0}
+    candidates = [candidate(e, load=loads[e.url]) for e in (A, B, C, D)]
+    assert [c.url for c in AdapterPlacement().filter(cycle_for("sql"), candidates)] == [third]
 
 
 def test_an_engine_running_the_adapter_now_counts_as_holding_it() -> None:
-    first, _, third, _ = order("sql")
+    third = order("sql")[2]
     running = EngineStats(
         running=1,
         waiting=0,
@@ -151,7 +161,7 @@ def test_an_engine_running_the_adapter_now_counts_as_holding_it() -> None:
     snaps = [snapshot(e, engine=running if e.url == third else None) for e in (A, B, C, D)]
     candidates = [candidate(e)._replace(snapshot=s) for e, s in zip((A, B, C, D), snaps, strict=True)]
     kept = AdapterPlacement().filter(cycle_for("sql"), candidates)
-    assert sorted(c.url for c in kept) == sorted([first, third])
+    assert [c.url for c in kept] == [third]  # held there, not at its first engine
 
 
 def test_the_affinity_scorer_scores_an_engine_the_gateway_sent_the_adapter_to_as_running() -> None:
@@ -201,11 +211,16 @@ def test_each_adapters_repeated_requests_stay_on_its_home_engine() -> None:
     assert {u for homes in by_adapter.values() for u in homes} == set(URLS)
 
 
-def test_a_cold_adapter_stays_home_while_its_home_is_busier_but_under_the_bound() -> None:
-    """Each request finds its home busier than every other engine (MIN_BOUND − 1 requests against
-    none): it stays home; at MIN_BOUND it goes to the next engine of its order."""
+def test_an_adapter_stays_where_it_is_held_while_that_engine_is_busier_but_under_the_bound() -> None:
+    """Placed once on an idle pool (its first engine), each later request finds that engine busier
+    than every other (MIN_BOUND − 1 requests against none): it stays; at MIN_BOUND it is loaded on an
+    idle one (the first of its order among them)."""
     scheduler = tandem_with_adapters()
     home, second = order("cold")[:2]
+    assert (
+        scheduler.pick("decode", view("cold", request_id="first"), [snapshot(e) for e in (A, B, C, D)]).url
+        == home
+    )
     for i in range(5):
         snaps = [snapshot(e, in_flight=MIN_BOUND - 1 if e.url == home else 0) for e in (A, B, C, D)]
         assert scheduler.pick("decode", view("cold", request_id=str(i)), snaps).url == home

@@ -33,6 +33,8 @@ from tandem.bench.adapterbench import (
     EngineSample,
     catalog_markdown,
     catalog_summary,
+    least_loads,
+    least_loads_markdown,
     load_series,
     markdown,
     parse_engine_sample,
@@ -243,13 +245,21 @@ def write_results(
     time_scale: float,
     title: str,
     plot: bool,
+    sequence: Sequence[str] = (),
+    slots: int | None = None,
 ) -> str:
     """adapters.json, adapters.md, adapter-timelines.json and (with `plot` and matplotlib)
     adapter-loads.png (the first repeat of every target); returns the Markdown. The verdict compares
-    the target `ours` with the others."""
+    the target `ours` with the others. `sequence`: the workload's adapters in arrival order and
+    `slots` the engines' CPU-tier entries in all, for the floor no placement beats (`least_loads`)."""
     table = summarize(rows)
     checks = verdict(table, ours=ours)
     text = markdown(table, checks, title=title)
+    bound = None
+    if sequence and slots:
+        peer = next((c["peer"] for c in checks if c["target"].startswith("adapter loads")), None)
+        bound = least_loads(sequence, slots=slots, best_peer=peer)
+        text += least_loads_markdown(bound)
     catalog = None
     if catalog_rows:
         catalog = catalog_summary(catalog_rows, catalog=max(r["adapters"] for r in catalog_rows))
@@ -257,7 +267,7 @@ def write_results(
     out_dir.mkdir(parents=True, exist_ok=True)
     full = {
         **doc, "rows": list(rows), "summary": table, "verdict": checks, "catalog_rows": list(catalog_rows),
-        "catalog": catalog,
+        "catalog": catalog, "least_loads": bound,
     }  # fmt: skip
     (out_dir / "adapters.json").write_text(json.dumps(full, indent=2, default=str) + "\n", encoding="utf-8")
     (out_dir / "adapter-timelines.json").write_text(json.dumps(list(timelines)) + "\n", encoding="utf-8")

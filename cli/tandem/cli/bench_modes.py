@@ -136,6 +136,8 @@ def adapters(setup: Bench, o: dict[str, Any], harness: HarnessSetup) -> None:
     text = write_results(
         setup.out_dir, ours=ours, doc=doc, rows=rows, timelines=timelines, catalog_rows=catalog,
         window=window, time_scale=pool.time_scale, title=title, plot=not o["no_plots"],
+        sequence=[r.model for r in setup.workload.requests if r.model is not None],
+        slots=pool.engines * o["max_loras"],  # vLLM's --max-cpu-loras defaults to --max-loras
     )  # fmt: skip
     click.echo(text)
     say(f"results in {setup.out_dir}/ (adapters.json, adapters.md, adapter-loads.png)")
