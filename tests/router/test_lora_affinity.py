@@ -19,7 +19,7 @@ from tests.router.scheduling_builders import A, B, C, D, host, snapshot, stats
 from tests.servers import run_uvicorn
 
 from tandem.core.spec import ScoringWeights
-from tandem.router.discovery.enginestats import parse_engine_metrics
+from tandem.router.discovery.enginestats import NotEngineMetrics, parse_engine_metrics
 from tandem.router.scheduling import SchedulerDeps, scheduler_for
 from tandem.router.scheduling.filters import ImbalanceGuard
 from tandem.router.scheduling.plugins import Candidate, Cycle
@@ -71,6 +71,29 @@ def info(running: str, waiting: str, max_lora: str, at: float) -> str:
 )
 def test_the_adapters_in_use_are_the_newest_series_labels(series: str, expected: AdapterLoad | None) -> None:
     assert parse_engine_metrics(GAUGES + series).adapters == expected
+
+
+def test_of_thousands_of_series_the_newest_is_read_wherever_it_is_and_in_any_form() -> None:
+    """An engine that has served many adapters keeps a series per combination ever set: only the
+    newest counts, found by value, whether written with a timestamp, blanks, or ties (the later)."""
+    old = "".join(info(f"a{i % 97}", "", "4", 1.7e9 + i) for i in range(3000))
+    newest = info("x,y", "y", "4", 1.8e9).replace(" 1800000000.0\n", "  1.8e9 17\n")  # a timestamp
+    assert newest.endswith("}  1.8e9 17\n")
+    tie = info("late", "", "4", 1.8e9)
+    assert parse_engine_metrics(GAUGES + old + newest + old).adapters == AdapterLoad(
+        running=frozenset({"x", "y"}), waiting=frozenset({"y"}), max_loras=4
+    )
+    assert parse_engine_metrics(GAUGES + newest + tie + old).adapters == AdapterLoad(
+        running=frozenset({"late"}), waiting=frozenset(), max_loras=4
+    )
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "soon", "1 2 3"])
+def test_a_series_whose_value_is_no_finite_number_makes_the_page_unusable(value: str) -> None:
+    """As for every sample read (`NotEngineMetrics`): a broken page, not a silently skipped line."""
+    line = info("a", "", "4", 0).replace(" 0\n", f" {value}\n")
+    with pytest.raises(NotEngineMetrics):
+        parse_engine_metrics(GAUGES + info("b", "", "4", 1.7e9) + line)
 
 
 def test_a_simulated_engines_page_names_the_adapter_it_ran(tmp_path: Path) -> None:

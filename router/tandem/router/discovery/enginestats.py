@@ -60,8 +60,18 @@ class NotEngineMetrics(ValueError):
 def parse_engine_metrics(text: str) -> EngineStats:
     """`EngineStats` from Prometheus text format; raises `NotEngineMetrics` (see the module docstring)."""
     samples: dict[str, list[tuple[str, float]]] = defaultdict(list)  # name → (label text, value)
+    newest_lora: tuple[float, str] | None = None
     for line in _wanted_lines(text):
+        if line.startswith(_LORA_LINE):
+            time = _lora_time(line)
+            if time is not None:
+                if newest_lora is None or time >= newest_lora[0]:
+                    newest_lora = (time, line)
+                continue
         name, label_text, value = _sample(line)
+        samples[name].append((label_text, value))
+    if newest_lora is not None:
+        name, label_text, value = _sample(newest_lora[1])
         samples[name].append((label_text, value))
     if RUNNING not in samples or WAITING not in samples:
         raise NotEngineMetrics(f"no {RUNNING} / {WAITING} samples")
@@ -104,6 +114,28 @@ _SAMPLE = re.compile(
     rf"[ \t]+(\S+)(?:[ \t]+-?[0-9]+)?[ \t]*\r?"  # the value and a timestamp
 )
 _LABEL_PAIR = re.compile(rf'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"({_VALUE})"')
+
+
+# `vllm:lora_requests_info` keeps one series per label combination ever set, so an engine serving
+# many adapters lists thousands (about 4.7 ms to parse 1,000 with `_sample`, on the event loop, per
+# engine and scrape). Only the newest is read: each line's value is taken from after its last `}`
+# (0.4 ms for 1,000) and only the newest line is parsed in full.
+_LORA_LINE = LORA_INFO.removeprefix("vllm:") + "{"
+
+
+def _lora_time(line: str) -> float | None:
+    """The value of a `lora_requests_info{...} value` line, read from after its last `}`; None when
+    that is not a finite number (the line is then parsed in full, and a malformed one refused)."""
+    rest = line[line.rfind("}") + 1 :]
+    try:
+        value = float(rest)  # surrounding blanks are allowed
+    except ValueError:
+        parts = rest.split()  # a timestamp after the value
+        try:
+            value = float(parts[0]) if len(parts) == 2 else math.nan
+        except ValueError:
+            return None
+    return value if math.isfinite(value) else None
 
 
 def _wanted_lines(text: str) -> list[str]:
