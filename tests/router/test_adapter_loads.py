@@ -22,6 +22,7 @@ from tandem.router.config import resolve
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.scheduling import ProfileScheduler, SchedulerDeps, scheduler_for
 from tandem.router.scheduling.adapterload import AdapterLoads
+from tandem.router.scheduling.scorers import home_ranks
 from tandem.router.scheduling.state import SchedulingState, Ticket
 from tandem.router.settings import RouterSettings
 from tandem.router.types import AdapterLoad, Endpoint, EndpointSnapshot, EngineStats, RequestView, Route
@@ -208,3 +209,17 @@ async def test_the_gauges_show_each_engines_load_cost_and_loads_in_flight(policy
     page = generate_latest(prometheus).decode()
     assert ('tandem_router_endpoint_adapter_load_seconds{endpoint="127.0.0.1:1"} 0.05' in page) is priced
     assert ('tandem_router_endpoint_adapter_loads_in_flight{endpoint="127.0.0.1:1"} 0.0' in page) is priced
+
+
+def test_a_load_avoids_an_engine_already_loading_when_the_pools_requests_are_even() -> None:
+    """Every engine with one request in flight, one of them also loading `sql`: a cold adapter whose
+    first engine is that one is loaded on the next of its order, not stacked behind the other load."""
+    gw = Gateway()
+    loading = gw.send(view("sql", "1")).endpoint.url
+    colds = [f"c{i}" for i in range(1000) if home_ranks(f"c{i}", list(gw.in_flight))[loading] == 0]
+    cold, other = colds[:2]
+    second = min((u for u in gw.in_flight if u != loading), key=home_ranks(cold, list(gw.in_flight)).get)
+    gw.in_flight.update(dict.fromkeys(gw.in_flight, 1))
+    assert gw.scheduler.pick("decode", view(cold, "2"), gw.snapshots()).url == second
+    gw.loads.settled(loading)  # its first token: another such adapter now goes to its first engine
+    assert gw.scheduler.pick("decode", view(other, "3"), gw.snapshots()).url == loading

@@ -11,8 +11,9 @@ Thorup, Zadimoghaddam, SODA 2018):
     bound   = max(MIN_BOUND, ceil((1 + ε) · (ΣL + 1) / n))       L: `Candidate.load`, n candidates
     holding = the engines holding the adapter with L < bound
     allowed = holding                                              when there is one
-            = {the engine with the least L under the bound}        else (ties: the adapter's
+            = {the engine under the bound with the least L + λ}    else (ties: the adapter's
                                                                    rendezvous order, `scorers.home_ranks`)
+    λ       = loads in flight on the engine (`adapterload.AdapterLoads`): the new one waits behind them
 
 "Holding": the engine runs or queues the adapter now (`vllm:lora_requests_info`), or this gateway
 sent it the adapter recently (`Residency`, an LRU per engine the size of its CPU tier). Example,
@@ -24,12 +25,14 @@ So an adapter stays where it is held (a load of MIN_BOUND − 1 more requests th
 hysteresis against load storms, since sharing a batch costs a fraction of a step and a move costs a
 load), a hot adapter widens engine by engine as its demand fills them past the bound, and no engine
 ever takes a request above the bound: in a burst the largest queue stays within (1 + ε) × the pool's
-mean (plus rounding). A load, which is certain once no holder has room, stalls the fewest requests
-where it goes: the least busy engine, not a hot adapter's busy engines. On the docs/benchmarks.md §8
-request sequences, replayed with 4-entry LRUs per engine and 0.35 s requests, that halves the
-requests in flight on an engine when it loads (374 → 167 per 1,000 requests) against a load at the
-adapter's first engine under the bound, with as many loads (416 → 405). On an idle pool every load
-goes to the adapter's first engine (the rendezvous order breaks the tie): gateway replicas agree
+mean (plus rounding). A load, which is certain once no holder has room, goes where it stalls the
+fewest requests and waits behind the fewest other loads: the least busy engine, not a hot adapter's
+busy engines, and not one already loading (two loads in one engine's step take twice as long). On
+the docs/benchmarks.md §8 request sequences, replayed with 4-entry LRUs per engine and 0.35 s
+requests, the least busy engine halves the requests in flight on an engine when it loads (374 → 167
+per 1,000 requests) against a load at the adapter's first engine under the bound, with as many loads
+(416 → 405). On an idle pool every load goes to the adapter's first engine (the rendezvous order
+breaks the tie): gateway replicas agree
 where an adapter lives. Some engine is always under the bound (the least loaded one is at most the
 mean), so the filter never empties the cycle. Base-model requests pass unchanged.
 
@@ -72,24 +75,34 @@ def load_bound(loads: Sequence[float], *, epsilon: float = DEFAULT_EPSILON, floo
 
 
 def allowed_engines(
-    order: Sequence[str], loads: Mapping[str, float], holders: Collection[str], *, bound: float
+    order: Sequence[str],
+    loads: Mapping[str, float],
+    holders: Collection[str],
+    *,
+    bound: float,
+    loading: Mapping[str, int] | None = None,
 ) -> list[str]:
     """The engines an adapter's request may go to (module docstring): the engines in `holders` under
-    `bound`; when there is none, the least loaded engine under it (ties: the first in `order`, the
-    adapter's rendezvous order). In `order`'s order; empty only if no engine is under the bound.
+    `bound`; when there is none, the engine under it where a load stalls least: the fewest requests
+    in flight plus loads in flight (`loading`: each one the new load waits behind), ties to the first
+    in `order` (the adapter's rendezvous order). In `order`'s order; empty only if no engine is under
+    the bound.
 
     >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 1, "c": 0, "d": 0}, {"b", "d"}, bound=2)
     ['b', 'd']
     >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 1, "c": 0, "d": 0}, {"a"}, bound=2)
-    ['d']"""
+    ['d']
+    >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 1, "c": 1, "d": 1}, set(), bound=2,
+    ...                 loading={"b": 1, "d": 1})
+    ['c']"""
     held = [url for url in order if url in holders and loads[url] < bound]
     if held:
         return held
     under = [url for url in order if loads[url] < bound]
     if not under:
         return []
-    least = min(loads[url] for url in under)
-    return [next(url for url in under if loads[url] == least)]
+    waits = loading or {}
+    return [min(under, key=lambda url: loads[url] + waits.get(url, 0))]  # min keeps the first of ties
 
 
 class AdapterPlacement:
@@ -134,7 +147,8 @@ class AdapterPlacement:
         loads = {c.url: c.load for c in candidates}
         holders = {c.url for c in candidates if holds(self.residency, c.snapshot, adapter)}
         bound = load_bound(list(loads.values()), epsilon=self.epsilon, floor=self.floor)
-        allowed = set(allowed_engines(order, loads, holders, bound=bound))
+        loading = {url: self.loads.in_flight(url) for url in urls}
+        allowed = set(allowed_engines(order, loads, holders, bound=bound, loading=loading))
         return [c for c in candidates if c.url in allowed]
 
     def picked(self, decision: Decision, /) -> None:
