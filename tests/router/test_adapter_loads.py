@@ -218,7 +218,8 @@ def test_a_load_avoids_an_engine_already_loading_when_the_pools_requests_are_eve
     loading = gw.send(view("sql", "1")).endpoint.url
     colds = [f"c{i}" for i in range(1000) if home_ranks(f"c{i}", list(gw.in_flight))[loading] == 0]
     cold, other = colds[:2]
-    second = min((u for u in gw.in_flight if u != loading), key=home_ranks(cold, list(gw.in_flight)).get)
+    ranks = home_ranks(cold, list(gw.in_flight))
+    second = min((u for u in gw.in_flight if u != loading), key=ranks.__getitem__)
     gw.in_flight.update(dict.fromkeys(gw.in_flight, 1))
     assert gw.scheduler.pick("decode", view(cold, "2"), gw.snapshots()).url == second
     gw.loads.settled(loading)  # its first token: another such adapter now goes to its first engine

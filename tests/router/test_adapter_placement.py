@@ -24,10 +24,10 @@ from tandem.router.compose.routing import build_routing
 from tandem.router.config import resolve
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.scheduling import ProfileScheduler, Scheduler, SchedulerDeps, scheduler_for
+from tandem.router.scheduling.adapterload import Residency
 from tandem.router.scheduling.adapterplace import (
     MIN_BOUND,
     AdapterPlacement,
-    Residency,
     allowed_engines,
     load_bound,
 )
