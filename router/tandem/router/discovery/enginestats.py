@@ -126,15 +126,13 @@ _LORA_LINE = LORA_INFO.removeprefix("vllm:") + "{"
 def _lora_time(line: str) -> float | None:
     """The value of a `lora_requests_info{...} value` line, read from after its last `}`; None when
     that is not a finite number (the line is then parsed in full, and a malformed one refused)."""
-    rest = line[line.rfind("}") + 1 :]
+    parts = line[line.rfind("}") + 1 :].split()  # the value, and maybe a timestamp
+    if len(parts) not in (1, 2):
+        return None
     try:
-        value = float(rest)  # surrounding blanks are allowed
+        value = float(parts[0])
     except ValueError:
-        parts = rest.split()  # a timestamp after the value
-        try:
-            value = float(parts[0]) if len(parts) == 2 else math.nan
-        except ValueError:
-            return None
+        return None
     return value if math.isfinite(value) else None
 
 

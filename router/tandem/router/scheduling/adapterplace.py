@@ -32,9 +32,9 @@ the docs/benchmarks.md §8 request sequences, replayed with 4-entry LRUs per eng
 requests, the least busy engine halves the requests in flight on an engine when it loads (374 → 167
 per 1,000 requests) against a load at the adapter's first engine under the bound, with as many loads
 (416 → 405). On an idle pool every load goes to the adapter's first engine (the rendezvous order
-breaks the tie): gateway replicas agree
-where an adapter lives. Some engine is always under the bound (the least loaded one is at most the
-mean), so the filter never empties the cycle. Base-model requests pass unchanged.
+breaks the tie): gateway replicas agree where an adapter lives. Some engine is always under the
+bound (the least loaded one is at most the mean), so the filter never empties the cycle.
+Base-model requests pass unchanged.
 
 `AdapterPlacement` is the filter (name `adapter-placement`) and keeps the residency record; the
 scheduler tells it every decision (`picked`, the `PostPick` hook). Pure: no I/O, no clock.
@@ -55,8 +55,9 @@ from tandem.router.scheduling.scorers import home_ranks
 #: ε 0.5, floor 3: 810 (round robin 1182). Below 1 so a burst's largest queue stays under twice the
 #: pool's mean (the issue's target).
 DEFAULT_EPSILON = 0.5
-#: The least bound: an engine holding an adapter takes up to three requests before the adapter spreads. A move
-#: costs a load (≥ 70 ms of stalled steps); another request in the batch costs a fraction of a step.
+#: The least bound: an engine holding an adapter takes up to three requests before the adapter
+#: spreads. A move costs a load (≥ 70 ms of stalled steps); another request in the batch costs a
+#: fraction of a step.
 MIN_BOUND = 3
 #: Adapters remembered per engine until its `max_lora` is read (vLLM's `--max-cpu-loras` defaults
 #: to `--max-loras`; Tandem's bench and most deployments run 4).
@@ -142,12 +143,15 @@ class AdapterPlacement:
         if adapter is None or len(candidates) < 2:
             return candidates
         urls = [c.url for c in candidates]
-        ranks = home_ranks(adapter, urls)
-        order = sorted(urls, key=ranks.__getitem__)
         loads = {c.url: c.load for c in candidates}
         holders = {c.url for c in candidates if holds(self.residency, c.snapshot, adapter)}
         bound = load_bound(list(loads.values()), epsilon=self.epsilon, floor=self.floor)
-        loading = {url: self.loads.in_flight(url) for url in urls}
+        order: Sequence[str] = urls  # the holders under the bound are the answer: order is moot
+        loading: dict[str, int] = {}
+        if not any(loads[url] < bound for url in holders):  # a load: its tie-break and waits
+            ranks = home_ranks(adapter, urls)
+            order = sorted(urls, key=ranks.__getitem__)
+            loading = {url: self.loads.in_flight(url) for url in urls}
         allowed = set(allowed_engines(order, loads, holders, bound=bound, loading=loading))
         return [c for c in candidates if c.url in allowed]
 
