@@ -254,7 +254,7 @@ class SchedulingState:
         loads, ahead = False, 0
         if self.adapter_loads is not None:
             loads, ahead = self.adapter_loads.started(url, request.lora_name)
-            predicted += (ahead + loads) * self.adapter_loads.cost(url)
+            predicted += self.adapter_loads.delay(url, loads=False)  # its own load is in flight now
         ticket = Ticket(
             endpoint=endpoint,
             request=request,
