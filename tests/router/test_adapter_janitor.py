@@ -19,6 +19,7 @@ from tandem.core.routerconfig import RouterConfig
 from tandem.router.app import create_app as router_app
 from tandem.router.compose.service import adapter_janitor
 from tandem.router.config import resolve
+from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.settings import RouterSettings
 from tandem.router.upstream.adapters import undeclared
 from tandem.router.upstream.client import HTTPUpstream, new_wire
@@ -61,13 +62,17 @@ def test_the_sweep_picks_adapters_only_and_a_volume_catalog_turns_it_off() -> No
     assert undeclared(entries, {"sql", "old"}) == []
     upstream = HTTPUpstream(new_wire(RouterSettings().proxy), RouterSettings().proxy)
     config = lora_config(["http://127.0.0.1:1"])
-    assert adapter_janitor(resolve(config, RouterSettings()), upstream) is not None
+    adapters = ServiceAdapters({"qwen"}, ("sql", "chat"))
+    assert adapter_janitor(resolve(config, RouterSettings()), upstream, adapters) is not None
     document = config.model_dump(by_alias=True, mode="json")
     document["spec"]["adapterCatalog"] = {"source": "pvc://loras/catalog"}
     on_volume = resolve(RouterConfig.model_validate(document), RouterSettings())
-    assert adapter_janitor(on_volume, upstream) is None, "names only the engines know: nothing unloaded"
+    assert adapter_janitor(on_volume, upstream, adapters) is None, (
+        "names only the engines know: nothing unloaded"
+    )
     document["spec"]["engine"].pop("lora")
     document["spec"].pop("adapters")
     document["spec"].pop("adapterCatalog")
     document.pop("adapterNames")
-    assert adapter_janitor(resolve(RouterConfig.model_validate(document), RouterSettings()), upstream) is None
+    off = resolve(RouterConfig.model_validate(document), RouterSettings())
+    assert adapter_janitor(off, upstream, adapters) is None

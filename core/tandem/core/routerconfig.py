@@ -127,6 +127,14 @@ class RouterConfig(SpecModel):
         description="LoRA adapters the engines resolve beyond spec.adapters (a local catalog's: "
         "`tandem.local.plan.build_plan` writes the names it is given); the gateway accepts them as models.",
     )
+    adapter_names_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A names.json (`tandem.core.adapternames`) listing the service's LoRA adapters, "
+        "re-read while the gateway runs: adapters added or removed there are served or refused without "
+        "a restart. The operator's gateways mount it (ConfigMap <service>-adapter-names); given, the "
+        "gateway's adapters are its names together with spec.adapters' and adapterNames.",
+    )
     kv_events: KVEventsAddresses | None = Field(
         default=None,
         description="Where each engine publishes KV events (spec.router.prefixSource: precise), as "

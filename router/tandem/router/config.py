@@ -6,8 +6,10 @@ the environment, flags or the spec directly.
 
 Resolution rules (each one written here, nowhere else):
 - served model names: `spec.model.servedName` (or `name`) and `spec.model.name`, and the LoRA
-  adapters' (`spec.adapters[].name`, then the router config's `adapterNames`: a local catalog's); a
-  request naming an adapter goes to the same pools with its `model` unchanged;
+  adapters' (`spec.adapters[].name`, then the router config's `adapterNames`: a local catalog's), and
+  with `adapterNamesFile` the names that file lists, re-read while the gateway runs
+  (`tandem.router.upstream.adapters.AdapterNamesFile`); a request naming an adapter goes to the same
+  pools with its `model` unchanged;
 - default SLO: `spec.router.slo`; logging prompts: `spec.router.logPrompts` or `--log-prompts`;
 - tenant weights: `spec.router.tenants[].weight`, overridden by `--tenant-weight`;
 - the KV pool look-ups (P/D decision, barrier): on with a pool URL where the gateway computes the
@@ -119,12 +121,21 @@ class EffectiveConfig:
     shared_counters: SharedCountersAccess | None = None
     #: Why a configured pool is not looked up (the engines' keys cannot be computed); None otherwise.
     kv_pool_off: str | None = None
-    #: The LoRA adapters among `served_models`, in order (`adapter_names`).
+    #: The LoRA adapters among `served_models`, in order (`adapter_names`): the fixed ones; those of
+    #: `adapter_names_file` join them while the gateway runs.
     adapters: tuple[str, ...] = ()
+    #: The names file to follow (`RouterConfig.adapterNamesFile`); None: the fixed names only.
+    adapter_names_file: Path | None = None
     #: Traces: the spec's `tracing` under the standard `OTEL_*` variables; None: off.
     tracing: TracingSpec | None = None
     #: The engines put their KV layout in their pool keys' scope (`RouterConfig.kvLayoutInKeys`).
     kv_layout_in_keys: bool = False
+
+    @property
+    def lora(self) -> bool:
+        """Whether the service may serve LoRA adapters: `spec.engine.lora` is set, or names are given
+        (a static configuration naming adapters without the engines' sizing)."""
+        return self.spec.engine.lora is not None or bool(self.adapters) or self.adapter_names_file is not None
 
     @property
     def prefill_pool_possible(self) -> bool:
@@ -215,6 +226,7 @@ def resolve(
         shared_counters=shared,
         kv_pool_off=kv_pool_off,
         adapters=adapters,
+        adapter_names_file=Path(config.adapter_names_file) if config.adapter_names_file else None,
         kv_layout_in_keys=config.kv_layout_in_keys,
         tracing=_tracing(spec, settings, env),
     )

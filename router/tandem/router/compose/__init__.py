@@ -14,6 +14,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import httpx
@@ -136,9 +137,10 @@ def compose(
         identify=Identify(access.tenants, config.default_slo, access.priorities),
         parse=gateway_parse(
             config,
-            accepted=config.served_models,
+            accepted=service.adapters.accepted,
             scopes=cache_scopes(config.spec.router, settings.access),
             context=service.context,
+            adapters=service.adapters.names,
         ),
         limit=Limit(access),
         hold=service.hold,
@@ -183,7 +185,7 @@ def compose(
             started_unix=int(time.time()),
             models_timeout_s=settings.proxy.models_timeout_seconds,
             scales_from_zero=scales_from_zero(config),
-            adapters=config.adapters,
+            adapters=service.adapters,
         ),
         services=tuple(services),
     )
@@ -237,14 +239,15 @@ def gateway_access(
 def gateway_parse(
     config: EffectiveConfig,
     *,
-    accepted: frozenset[str] | None,
+    accepted: AbstractSet[str] | None,
     scopes: CacheScopes | None,
     context: ContextLimit | None,
     log_prompts: bool | None = None,
+    adapters: AbstractSet[str] = frozenset(),
 ) -> Parse:
     """The body's reading and parsing, with the gateway's limits on bodies (`accepted` None: the
     model is resolved after it, `tandem.router.pipeline.route`); a `model` among the service's
-    adapters (`config.adapters`) roots the prompt's keys in the adapter."""
+    `adapters` (live sets: `ServiceAdapters`) roots the prompt's keys in the adapter."""
     access = config.settings.access
     return Parse(
         accepted,
@@ -256,7 +259,7 @@ def gateway_parse(
         scopes=scopes,
         context=context,
         tokenizing=asyncio.Semaphore(1),
-        adapters=frozenset(config.adapters) if accepted is not None else frozenset(),
+        adapters=adapters if accepted is not None else frozenset(),
     )
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import FastAPI
@@ -51,7 +51,7 @@ from tandem.router.compose import (
     scales_from_zero,
 )
 from tandem.router.compose.startup import engine_clients, load_key_file, model_tokenizer
-from tandem.router.config import EffectiveConfig, resolve
+from tandem.router.config import EffectiveConfig, resolve, served_names
 from tandem.router.discovery.sources import Discovery, discovery_for
 from tandem.router.errors import ConfigurationError
 from tandem.router.http.server import Gateway, GatewayApp
@@ -63,12 +63,14 @@ from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.observe.models import ModelsCollector, NameMetrics
 from tandem.router.pipeline.route import Route, Serve, ServiceRoute
 from tandem.router.pipeline.stages import Identify, Limit, Pipeline, service_stages
+from tandem.router.request.adapters import Change, ServiceAdapters
 from tandem.router.request.names import ModelNames
 from tandem.router.settings import RouterSettings
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.upstream.wire import Wire
 from tandem.router.workers.bus import ScopedBus, WorkerBus
 
+T = TypeVar("T")
 log = logging.getLogger("tandem.router")
 
 
@@ -160,6 +162,7 @@ def compose_many(
     names = NameMetrics(prometheus)
     parts: list[ServiceParts] = []
     routes: dict[str, ServiceRoute] = {}
+    owners = name_owners(configs, aliases)
     for config, registry, encoder in zip(configs, registries, encoders, strict=True):
         own = CollectorRegistry()
         metrics = RouterMetrics(own, registry)
@@ -177,6 +180,7 @@ def compose_many(
             bus=ScopedBus(bus, config.service),
             loop_lag=loop_lag,
             output_charge=access.output_charge,
+            adapters=owned_adapters(config, owners),
         )
         parts.append(part)
         model = config.spec.model.public_name
@@ -197,10 +201,15 @@ def compose_many(
             metrics=metrics,
         )
     served = {c.service: c.spec.model.public_name for c in configs}
-    adapters = {name: c.spec.model.public_name for c in configs for name in c.adapters}
+    adapters = {name: p.config.spec.model.public_name for p in parts for name in p.adapters.ordered}
     tokenizing = asyncio.Semaphore(1)
+    model_names = ModelNames(
+        routes, {a: [(served[s], w) for s, w in t] for a, t in aliases.items()}, adapters
+    )
+    for part in parts:
+        part.adapters.listeners.append(following(model_names, routes[part.config.spec.model.public_name]))
     route = Route(
-        ModelNames(routes, {a: [(served[s], w) for s, w in t] for a, t in aliases.items()}, adapters),
+        model_names,
         unknown=names.unknown,
         aliased=lambda alias, service: names.aliased(alias, service.name),
         tokenizing=tokenizing,
@@ -229,7 +238,7 @@ def compose_many(
         services=[
             ServedModel(
                 model=p.config.spec.model,
-                adapters=p.config.adapters,
+                adapters=p.adapters,
                 registry=p.registry,
                 upstream=p.upstream,
                 scales_from_zero=scales_from_zero(p.config),
@@ -257,6 +266,51 @@ def compose_many(
         parts=tuple(parts),
         services=tuple(background),
     )
+
+
+def name_owners(
+    configs: Sequence[EffectiveConfig], aliases: Mapping[str, Sequence[tuple[str, int]]]
+) -> dict[str, str]:
+    """Every name the gateway serves → what it names (`owned_adapters` keeps it current): each
+    service's model names, its fixed adapters, and the aliases."""
+    owners = {alias: "an alias" for alias in aliases}
+    for config in configs:
+        model = config.spec.model
+        owners |= dict.fromkeys((model.public_name, model.name), f"service {config.service}'s model")
+        owners |= dict.fromkeys(config.adapters, f"service {config.service}'s adapter")
+    return owners
+
+
+def owned_adapters(config: EffectiveConfig, owners: dict[str, str]) -> ServiceAdapters:
+    """`config`'s adapter names, refusing a listed name another service, model or alias holds in
+    `owners`, and keeping `owners` current as its names change."""
+    mine = f"service {config.service}'s adapter"
+
+    def refuse(name: str) -> str | None:
+        owner = owners.get(name)
+        return None if owner is None or owner == mine else f"{name!r} is already {owner}"
+
+    def changed(change: Change) -> None:
+        for name in change.removed:
+            if owners.get(name) == mine:
+                del owners[name]
+        owners.update(dict.fromkeys(change.added, mine))
+
+    adapters = ServiceAdapters(served_names(config.spec.model), config.adapters, refuse=refuse)
+    adapters.listeners.append(changed)
+    return adapters
+
+
+def following(names: ModelNames[T], route: T) -> Callable[[Change], None]:
+    """A `ServiceAdapters` listener keeping the gateway's name map equal to the service's names."""
+
+    def changed(change: Change) -> None:
+        for name in change.removed:
+            names.drop_adapter(name)
+        for name in change.added:
+            names.add_adapter(name, route)
+
+    return changed
 
 
 def create_many_app(

@@ -102,7 +102,7 @@ def build_routing(
         pending_ttl_s=tuning.pending_ttl_seconds,
         # The `tandem` policy's placement marks the picks that load an adapter; the state prices
         # them into the predicted TTFT (`adapterload`).
-        adapter_loads=AdapterLoads() if config.adapters and config.spec.router.policy == "tandem" else None,
+        adapter_loads=AdapterLoads() if config.lora and config.spec.router.policy == "tandem" else None,
     )
     metrics = SchedulingMetrics(prometheus, endpoints=registry, state=state)
     state.events = metrics
@@ -114,7 +114,7 @@ def build_routing(
             abs_threshold=tuning.imbalance_abs_threshold, rel_threshold=tuning.imbalance_rel_threshold
         ),
         cache_threshold=tuning.cache_threshold,
-        adapters=bool(config.adapters),
+        adapters=config.lora,
         adapter_capacity=_cpu_loras(config),
         timer=timer,
         on_decision=metrics.decided,

@@ -18,7 +18,7 @@ from tandem.kvpool.index import KVPoolIndex, connect
 from tandem.router.admission.policy import TTFTPredictor
 from tandem.router.compose.admission import build_gate, build_hold, engine_capacity
 from tandem.router.compose.routing import Routing, build_routing
-from tandem.router.config import EffectiveConfig
+from tandem.router.config import EffectiveConfig, served_names
 from tandem.router.discovery.capacity import (
     EngineCapacity,
 )
@@ -34,9 +34,10 @@ from tandem.router.pd.hold import PrefillHold
 from tandem.router.pd.keycheck import STATES, PoolKeysCheck
 from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Relay
+from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.types import Endpoint, Pool
-from tandem.router.upstream.adapters import AdapterJanitor
+from tandem.router.upstream.adapters import AdapterJanitor, AdapterNamesCollector, AdapterNamesFile
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.upstream.recall import Recalls
@@ -70,6 +71,8 @@ class ServiceParts:
     hold: Hold
     admit: Admit
     relay: Relay
+    #: The adapters it serves now (they follow `config.adapter_names_file`).
+    adapters: ServiceAdapters
     #: Background work, in start order (stopped in reverse).
     services: Sequence[Service]
 
@@ -90,10 +93,21 @@ def compose_service(
     output_charge: Callable[[str], Callable[[int], None] | None],
     predictor: TTFTPredictor | None = None,
     prefix: PrefixSource | None = None,
+    adapters: ServiceAdapters | None = None,
 ) -> ServiceParts:
     """One service's components (`ServiceParts`), its metrics in `prometheus`; `bus` carries what
-    its workers share (a gateway of many services gives each a bus of its own kinds)."""
+    its workers share (a gateway of many services gives each a bus of its own kinds). `adapters`:
+    its adapter names, made by a gateway of many services that checks them against the others'
+    (default: the service's own). Raises `ConfigurationError` when its names file cannot be read."""
     settings = config.settings
+    adapters = adapters or ServiceAdapters(served_names(config.spec.model), config.adapters)
+    names_file = (
+        AdapterNamesFile(config.adapter_names_file, adapters)
+        if config.adapter_names_file is not None
+        else None
+    )
+    if config.lora:
+        prometheus.register(AdapterNamesCollector(adapters, names_file))
     capacity = engine_capacity(config)
     routing = build_routing(
         config, registry=registry, prometheus=prometheus, scrapes=scrapes, clock=clock, bus=bus
@@ -166,7 +180,7 @@ def compose_service(
         write_s=settings.proxy.client_write_seconds,
     )
     learner = ContextLearner(context, upstream, timeout_s=settings.proxy.models_timeout_seconds)
-    janitor = adapter_janitor(config, upstream)
+    janitor = adapter_janitor(config, upstream, adapters)
     collector = MetricsCollector(
         registry=registry,
         fetch=metrics_fetch(wire),
@@ -177,7 +191,10 @@ def compose_service(
     )
     services: list[Service] = [] if counters is None else [counters]
     services += [routing, collector]  # subscribers follow the collector's rounds
+    if names_file is not None:
+        services.append(names_file)
     if janitor is not None:
+        adapters.listeners.append(janitor.dropped)
         services.append(_Stopping(janitor.stop))
     return ServiceParts(
         config=config,
@@ -196,6 +213,7 @@ def compose_service(
         ),
         admit=Admit(gate),
         relay=relay_stage,
+        adapters=adapters,
         services=tuple(services),
     )
 
@@ -238,15 +256,18 @@ def _following(
     return follow
 
 
-def adapter_janitor(config: EffectiveConfig, upstream: HTTPUpstream) -> AdapterJanitor | None:
-    """The janitor that unloads adapters the service no longer declares (`upstream.adapters`); None
-    without LoRA, or when a volume's catalog holds names only the engines know."""
+def adapter_janitor(
+    config: EffectiveConfig, upstream: HTTPUpstream, adapters: ServiceAdapters
+) -> AdapterJanitor | None:
+    """The janitor that unloads adapters the service no longer serves (`upstream.adapters`); None
+    without LoRA, or when a volume's catalog holds names only the engines know (no names file)."""
     spec = config.spec
     catalog = spec.adapter_catalog
-    if spec.engine.lora is None or (catalog is not None and _on_volume(catalog.source)):
+    unknown = catalog is not None and _on_volume(catalog.source) and config.adapter_names_file is None
+    if spec.engine.lora is None or unknown:
         return None
     timeout_s = config.settings.proxy.models_timeout_seconds
-    return AdapterJanitor(upstream, declared=config.adapters, timeout_s=timeout_s)
+    return AdapterJanitor(upstream, declared=adapters.names, timeout_s=timeout_s)
 
 
 def _on_volume(source: str) -> bool:

@@ -31,6 +31,7 @@ from tandem.router.http.middleware import SideRouteMiddleware
 from tandem.router.http.openapi import openapi_builder
 from tandem.router.identity.headers import TenantResolver
 from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.types import POOLS, Endpoint
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.workers.bus import Bus
@@ -51,8 +52,8 @@ class Operations:
     model: ModelSpec
     started_unix: int
     models_timeout_s: float
-    #: The model's LoRA adapters the gateway accepts (`/v1/models` lists them under the model).
-    adapters: Sequence[str] = ()
+    #: The model's LoRA adapters the gateway accepts now (`/v1/models` lists them under the model).
+    adapters: ServiceAdapters | None = None
     #: The decode pool may be at zero by design (autoscaling from min 0) and the gateway holds
     #: requests meanwhile (`spec.router.coldStart.maxHeldRequests` > 0): an empty pool is ready.
     scales_from_zero: bool = False
@@ -69,7 +70,7 @@ class ServedModel:
     registry: EndpointRegistry
     upstream: HTTPUpstream
     scales_from_zero: bool
-    adapters: Sequence[str] = ()
+    adapters: ServiceAdapters | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +99,12 @@ async def models(request: Request, ops: OperationsDep) -> JSONResponse:
     ops.tenants.tenant(request.headers)  # 401 without a valid key when auth is on
     if ops.many is not None:
         listed = [
-            Listed(model=s.model, upstream=s.upstream, endpoints=_endpoints(s.registry), adapters=s.adapters)
+            Listed(
+                model=s.model,
+                upstream=s.upstream,
+                endpoints=_endpoints(s.registry),
+                adapters=_ordered(s.adapters),
+            )
             for s in ops.many.services
         ]
         return JSONResponse(
@@ -116,9 +122,14 @@ async def models(request: Request, ops: OperationsDep) -> JSONResponse:
         model=ops.model,
         created=ops.started_unix,
         timeout_s=ops.models_timeout_s,
-        adapters=ops.adapters,
+        adapters=_ordered(ops.adapters),
     )
     return JSONResponse(listing)
+
+
+def _ordered(adapters: ServiceAdapters | None) -> tuple[str, ...]:
+    """The adapters served now, in order."""
+    return () if adapters is None else adapters.ordered
 
 
 def _endpoints(registry: EndpointRegistry) -> Callable[[], list[Endpoint]]:

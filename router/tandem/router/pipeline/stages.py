@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -126,7 +127,7 @@ class Parse:
     services): `model` is resolved by the `Route` stage after it (`tandem.router.pipeline.route`),
     which then does what needs the service (the salt, the big prompt's tokens)."""
 
-    accepted_models: frozenset[str] | None
+    accepted_models: AbstractSet[str] | None
     max_request_bytes: int
     log_prompts: bool
     limits: BodyLimits | None = None
@@ -136,7 +137,7 @@ class Parse:
     scopes: CacheScopes | None = None
     context: ContextLimit | None = None
     tokenizing: asyncio.Semaphore | None = None
-    adapters: frozenset[str] = frozenset()
+    adapters: AbstractSet[str] = frozenset()
     name: str = "parse"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:

@@ -105,6 +105,29 @@ class ModelNames(Generic[T]):
             self._aliases[alias] = SmoothWeighted([(services[n], w) for n, w in targets])
         self.names: frozenset[str] = frozenset(self._direct) | frozenset(aliases)
 
+    def taken(self, name: str) -> str | None:
+        """What `name` already names (a served name, an alias or an adapter), None when it is free."""
+        direct = self._direct.get(name)
+        if direct is not None:
+            return "an adapter" if direct.adapter is not None else "a served model name"
+        return "an alias" if name in self._aliases else None
+
+    def add_adapter(self, adapter: str, service: T) -> None:
+        """Serve `adapter` by `service` from now on (its names file listed it); raises `ValueError`
+        for a name that is taken (`taken`)."""
+        why = self.taken(adapter)
+        if why is not None:
+            raise ValueError(f"adapter {adapter!r} is {why}")
+        self._direct[adapter] = Resolved(service, None, adapter)
+        self.names = self.names | {adapter}
+
+    def drop_adapter(self, adapter: str) -> None:
+        """Stop serving `adapter` (its names file dropped it); a name that is not an adapter stays."""
+        direct = self._direct.get(adapter)
+        if direct is not None and direct.adapter is not None:
+            del self._direct[adapter]
+            self.names = self.names - {adapter}
+
     def resolve(self, model: str) -> Resolved[T]:
         """The service for `model`; raises `ModelNotFound` (404, vLLM's words) for any other name."""
         direct = self._direct.get(model)

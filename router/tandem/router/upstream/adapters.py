@@ -1,27 +1,44 @@
-"""Adapters a service no longer declares leave its engines: the gateway unloads them.
+"""The adapters a service serves follow what it declares while the gateway runs.
 
-An InferenceService's adapters load on the engines on first use (vLLM's filesystem resolver), so adding
-one needs nothing more, and an engine that restarts loads them again as requests come. Removing one
-changes the gateway's configuration, which rolls its pods: the new gateway refuses the name (404), and
-this janitor, told each engine the collector's round finds (`follow`), asks every engine it has not
-seen before for its `/v1/models` and unloads (`POST /v1/unload_lora_adapter`, vLLM's runtime API,
-which the operator turns on) every adapter there that the service does not declare. One engine's
-sweep at a time, in the background: a slow engine never delays the collector's round.
+**New names without a restart** (`AdapterNamesFile`). With `adapterNamesFile` in the router config
+(the operator's gateways mount ConfigMap `<service>-adapter-names` there, `tandem.core.adapternames`),
+the gateway reads the file at start-up and again whenever `os.stat` (following the kubelet's symlink
+swap) sees it change, checked every `interval_s` (2 s). Its names become the service's adapters
+(`tandem.router.request.adapters.ServiceAdapters`) at once: a name added there is served, one removed
+is refused (404). A file that cannot be read or parsed at start-up stops the gateway
+(`ConfigurationError`); later, the last good names stay (logged, counted as a failed reload).
+
+**Names dropped are unloaded** (`AdapterJanitor`). Adapters load on the engines on first use (vLLM's
+filesystem resolver), so adding one needs nothing more, and an engine that restarts loads them again as
+requests come. The janitor, told each engine the collector's round finds (`follow`), asks every engine
+it has not seen before for its `/v1/models` and unloads (`POST /v1/unload_lora_adapter`, vLLM's runtime
+API, which the operator turns on) every adapter there that the service does not serve; when names
+are dropped (`dropped`) it sweeps every engine again. One engine's sweep at a time, in the background:
+a slow engine never delays the collector's round.
 
 Off when the service's names are not all known to the gateway: an adapter catalog on a volume
-(`pvc://`), whose adapters only the engines can list. Locally (`tandem up`) and with `spec.adapters`
-the names are known.
+(`pvc://`) without a names file, whose adapters only the engines can list. Locally (`tandem up`), with
+`spec.adapters` alone, or with a names file (which lists the catalog's names), they are known.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping
+import os
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
 
 import orjson
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from tandem.router.errors import UpstreamError
+from tandem.core.adapternames import MAX_NAMES_BYTES, parse_names
+from tandem.core.adapters import AdapterError
+from tandem.core.tasks import stop_task
+from tandem.router.errors import ConfigurationError, UpstreamError
+from tandem.router.observe.metrics import PREFIX
+from tandem.router.request.adapters import Change, ServiceAdapters
 from tandem.router.types import Endpoint
 from tandem.router.upstream.client import HTTPUpstream, UpstreamCall
 
@@ -45,7 +62,8 @@ class AdapterJanitor:
 
     def __init__(self, upstream: HTTPUpstream, *, declared: Collection[str], timeout_s: float) -> None:
         self._upstream = upstream
-        self._declared = frozenset(declared)
+        #: What the service serves: read at each sweep (a live set follows the names file).
+        self._declared = declared
         self._timeout_s = timeout_s
         self._seen: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -58,6 +76,14 @@ class AdapterJanitor:
         current = set(urls)
         self._queue += [u for u in urls if u not in self._seen]
         self._seen = current
+        if self._queue and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._run(), name="tandem-adapter-janitor")
+
+    def dropped(self, change: Change) -> None:
+        """A `ServiceAdapters` listener: names were dropped, so every engine is swept again."""
+        if not change.removed:
+            return
+        self._queue += [u for u in self._seen if u not in self._queue]
         if self._queue and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._run(), name="tandem-adapter-janitor")
 
@@ -107,3 +133,118 @@ class AdapterJanitor:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+Signature = tuple[int, int, int, int]  # device, inode, size, mtime (ns)
+
+
+def _read(path: Path) -> tuple[Signature, tuple[str, ...]]:
+    """The file's signature and names; raises `OSError` or `AdapterError`."""
+    st = os.stat(path)  # follows symlinks: a ConfigMap update swaps the target
+    if st.st_size > MAX_NAMES_BYTES:
+        raise AdapterError(f"{path} is over {MAX_NAMES_BYTES} bytes")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise AdapterError(f"{path} is not UTF-8: {exc}") from None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), parse_names(text)
+
+
+class AdapterNamesFile:
+    """Keeps `adapters` equal to the names file at `path` (module docstring). Construction reads
+    the file and raises `ConfigurationError` when it cannot; `reloads` counts later reads by outcome
+    (`ok`, `error`) for the metrics."""
+
+    def __init__(self, path: Path, adapters: ServiceAdapters, *, interval_s: float = 2.0) -> None:
+        self.path = path
+        self.adapters = adapters
+        self.interval_s = interval_s
+        self.reloads = {"ok": 0, "error": 0}
+        self.error = ""
+        try:
+            self._signature, names = _read(path)
+        except (OSError, AdapterError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise ConfigurationError(f"adapterNamesFile {path}: {why}") from None
+        self._apply(names)
+        self._task: asyncio.Task[None] | None = None
+
+    def check(self) -> Change | None:
+        """Read the file again if it changed; the change it made (None: the file did not change or
+        could not be read, and the names stay)."""
+        try:
+            if self._stat() == self._signature:
+                return None
+            signature, names = _read(self.path)
+        except (OSError, AdapterError) as exc:
+            # Mid-update (the link briefly points nowhere) or a bad list: the names stay.
+            why = str(getattr(exc, "strerror", None) or exc)
+            if why != self.error:
+                log.warning("adapter names not reloaded; keeping the previous ones",
+                            extra={"file": str(self.path), "why": why})  # fmt: skip
+            self.error = why
+            self.reloads["error"] += 1
+            return None
+        self._signature, self.error = signature, ""
+        self.reloads["ok"] += 1
+        return self._apply(names)
+
+    def _stat(self) -> Signature:
+        st = os.stat(self.path)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _apply(self, names: tuple[str, ...]) -> Change:
+        change = self.adapters.replace(names)
+        for name, why in self.adapters.refused.items():
+            log.warning("adapter name not served", extra={"adapter": name, "why": why})
+        if change:
+            log.info(
+                "adapter names changed",
+                extra={"file": str(self.path), "added": list(change.added)[:20],
+                       "removed": list(change.removed)[:20], "adapters": len(self.adapters)},
+            )  # fmt: skip
+        return change
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._watch(), name="tandem-adapter-names")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await stop_task(task)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.check()
+
+
+class AdapterNamesCollector(Collector):
+    """Scrape-time metrics of a service's adapter names: served and refused now; the names file's
+    reloads by outcome (with a file)."""
+
+    def __init__(self, adapters: ServiceAdapters, names_file: AdapterNamesFile | None) -> None:
+        self._adapters = adapters
+        self._file = names_file
+
+    def collect(self) -> Iterator[Metric]:
+        served = GaugeMetricFamily(f"{PREFIX}_adapters", "LoRA adapters the gateway serves now.")
+        served.add_metric([], len(self._adapters))
+        refused = GaugeMetricFamily(
+            f"{PREFIX}_adapters_refused",
+            "Adapter names listed but not served (another model's, adapter's or alias's name).",
+        )
+        refused.add_metric([], len(self._adapters.refused))
+        yield from (served, refused)
+        if self._file is not None:
+            reloads = CounterMetricFamily(
+                f"{PREFIX}_adapter_names_reloads",
+                "Reads of the adapter names file after it changed, by outcome (ok; error: the names stay).",
+                labels=["outcome"],
+            )
+            for outcome, count in self._file.reloads.items():
+                reloads.add_metric([outcome], count)
+            yield reloads
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
