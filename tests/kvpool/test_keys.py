@@ -261,13 +261,29 @@ def test_no_salt_or_adapter_name_can_spell_another_scope(one: PoolScope, other: 
         assert scope_root(one, key=key) != scope_root(other, key=key)
 
 
-@pytest.mark.parametrize("scheme", [LMCacheHash(7), LMCacheCborHash(7), LMCache03Hash(7)], ids=str)
-def test_lmcaches_keys_carry_neither_salt_nor_adapter_and_say_so(scheme: object) -> None:
+@pytest.mark.parametrize("scheme", [LMCacheHash(7), LMCacheCborHash(7)], ids=str)
+def test_lmcaches_chain_carries_neither_salt_nor_adapter_and_its_keys_end_with_the_adapters_tag(
+    scheme: object,
+) -> None:
     keys = PoolKeys(model="qwen", chunk_size=CHUNK, scheme=scheme)  # type: ignore[arg-type]
+    base = keys.chunk_keys(PROMPT)
+    assert keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt="t1-a")) == base  # vLLM #44250
+    assert keys.chunk_keys(PROMPT, scope="t1-a") == base
+    sql = keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt="t1-a", lora_name="sql"))
+    chat = keys.chunk_keys(PROMPT, scope=PoolScope(lora_name="chat"))
+    # LMCache 0.5.6's CacheEngineKey.to_string() with the request config lmcache.tag.lora=sql.
+    assert sql == [k.removesuffix("metadata") + "@lora%sqlmetadata" for k in base]
+    assert chat == [k.removesuffix("metadata") + "@lora%chatmetadata" for k in base]
+    assert all(parse_key(k) is not None and parse_key(k).model == "qwen" for k in sql)  # type: ignore[union-attr]
+    assert keys.scheme.carries_scope is False and keys.scheme.carries_adapter is True
+    assert TandemHash().carries_scope is True and TandemHash().carries_adapter is True
+
+
+def test_lmcache_03s_keys_carry_no_adapter_and_say_so() -> None:
+    keys = PoolKeys(model="qwen", chunk_size=CHUNK, scheme=LMCache03Hash(7))
     scoped = keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt="t1-a", lora_name="sql"))
-    assert scoped == keys.chunk_keys(PROMPT)  # vLLM #44250: an adapter's KV lands on the base's keys
-    assert keys.scheme.carries_scope is False
-    assert TandemHash().carries_scope is True
+    assert scoped == keys.chunk_keys(PROMPT)
+    assert keys.scheme.carries_scope is False and keys.scheme.carries_adapter is False
 
 
 # --------------------------------------------------------------------------- the chunk tag

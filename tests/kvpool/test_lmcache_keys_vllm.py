@@ -25,7 +25,8 @@ import pytest
 
 from tandem.kvpool.engine_config import lmcache_env
 from tandem.kvpool.engine_keys import engine_pool_keys, lmcache_kv_dtype
-from tandem.kvpool.keys import PoolKeys, lmcache_cbor_none_hash
+from tandem.kvpool.keys import PoolKeys, PoolScope, lmcache_cbor_none_hash
+from tandem.router.pd.handoff import decode_body, lmcache_tagged, prefill_body
 
 if importlib.util.find_spec("lmcache") is None or importlib.util.find_spec("vllm") is None:
     pytest.skip("needs LMCache and vLLM (.venv-vllm)", allow_module_level=True)
@@ -34,14 +35,17 @@ CHUNK = 256
 ENGINE = """
 import json, sys
 import torch
-from lmcache.integration.vllm.utils import lmcache_get_or_create_config
+from lmcache.integration.vllm.utils import (
+    extract_request_configs_from_sampling_params, lmcache_get_or_create_config,
+)
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from lmcache.utils import TORCH_DTYPE_TO_STR_DTYPE
 from lmcache.v1 import token_database
 from lmcache.v1.metadata import LMCacheMetadata
 from vllm.utils.torch_utils import get_kv_cache_torch_dtype
 
 config = lmcache_get_or_create_config()
-out = {"dtypes": {}, "keys": []}
+out = {"dtypes": {}, "keys": [], "tagged": []}
 for cache, model in json.loads(sys.argv[1]):
     out["dtypes"][f"{cache}/{model}"] = TORCH_DTYPE_TO_STR_DTYPE[get_kv_cache_torch_dtype(cache, model)]
 for case in json.loads(sys.argv[2]):
@@ -55,6 +59,15 @@ for case in json.loads(sys.argv[2]):
     tensor = [key.to_string() for _, _, key in database.process_tokens(tokens=torch.tensor(case["tokens"]))]
     assert keys == tensor
     out["keys"].append(keys)
+    # The gateway's bodies for an adapter's request, through vLLM's OpenAI protocol into LMCache's
+    # request configs (what vLLM hands the connector: the sampling params' extra_args).
+    tagged = []
+    for params in case.get("bodies", []):
+        request = CompletionRequest(model="sql", prompt="hi", max_tokens=4, kv_transfer_params=params)
+        configs = extract_request_configs_from_sampling_params(request.to_sampling_params(max_tokens=4))
+        made = database.process_tokens(tokens=case["tokens"], request_configs=configs)
+        tagged.append([key.to_string() for _, _, key in made])
+    out["tagged"].append(tagged)
 out["settings"] = [config.chunk_size, config.save_unfull_chunk, config.pre_caching_hash_algorithm]
 out["none_hash"] = token_database.NONE_HASH
 out["builtin"] = database.hash_func is hash
@@ -104,6 +117,17 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
+#: What the gateway sends LMCache engines for adapter `sql`'s request (`lmcache_tagged`): the decode-only
+#: body's, the prefill's and the decode's after a prefill (with a NIXL-style answer) `kv_transfer_params`.
+TAGGED_BODY: dict[str, Any] = {"model": "sql", "prompt": "hi"}
+lmcache_tagged(TAGGED_BODY, "sql")
+BODIES = [
+    TAGGED_BODY["kv_transfer_params"],
+    prefill_body(TAGGED_BODY)["kv_transfer_params"],
+    decode_body(TAGGED_BODY, {"do_remote_prefill": True, "remote_engine_id": "e1"})["kv_transfer_params"],
+]
+
+
 def tokens(n: int) -> list[int]:
     return [(i * 7919 + 3) % 151936 for i in range(n)]
 
@@ -133,8 +157,9 @@ def lmcache() -> dict[str, Any]:
             "cache": case["cache"],
             "dtype": case["dtype"],
             "tokens": tokens(case["n"]),
+            "bodies": BODIES if index == 0 else [],
         }
-        for case in CASES
+        for index, case in enumerate(CASES)
     ]
     env = {k: v for k, v in os.environ.items() if k != "LMCACHE_CONFIG_FILE" and k != "PYTHONHASHSEED"}
     env |= {"PYTHONHASHSEED": "0", **lmcache_env(pool_url="redis://127.0.0.1:6379", chunk_size=CHUNK)}
@@ -162,6 +187,16 @@ def test_lmcache_runs_with_the_settings_the_keys_assume(lmcache: dict[str, Any])
 def test_tandems_keys_are_lmcaches_keys(lmcache: dict[str, Any], index: int) -> None:
     case = CASES[index]
     assert tandem_keys(case).chunk_keys(tokens(case["n"]), suffix="") == lmcache["keys"][index]
+
+
+def test_an_adapters_request_has_lmcaches_tagged_keys_which_tandem_computes(lmcache: dict[str, Any]) -> None:
+    """Through vLLM's protocol, each of the gateway's bodies for adapter `sql` makes LMCache's keys
+    carry the tag; they are the keys Tandem computes for the adapter's scope, and no base-model key."""
+    case = CASES[0]
+    ours = tandem_keys(case).chunk_keys(tokens(case["n"]), suffix="", scope=PoolScope(lora_name="sql"))
+    assert lmcache["tagged"][0] == [ours] * len(BODIES)
+    assert all(key.endswith("@bfloat16@lora%sql") for key in ours)
+    assert not set(ours) & set(lmcache["keys"][0])
 
 
 def test_tandem_names_the_kv_dtype_as_lmcache_does(lmcache: dict[str, Any]) -> None:

@@ -164,7 +164,7 @@ async def test_the_gateways_look_up_counts_only_the_adapters_own_chunks(
     [
         ("tandem", None, ("disaggregate", "always")),
         ("lmcache", EngineKVKeys(connector="lmcache", model="/models/qwen", python_hash_seed="0"),
-         ("decode_only", "adapter")),
+         ("disaggregate", "always")),
         ("lmcache", None, ("decode_only", "adapter")),  # the gateway cannot compute LMCache's keys
     ],
     ids=["tandem", "lmcache", "lmcache-keys-unknown"],
@@ -179,10 +179,13 @@ async def test_adapters_are_disaggregated_only_where_the_pools_keys_carry_them(
 ) -> None:
     """vLLM engines with Tandem's connector key an adapter's chunks in its scope: its request is
     disaggregated like the base model's, and the barrier waits for the adapter's chunks. LMCache
-    0.5.6's keys carry no adapter (vLLM #44250): a prefill would store the adapter's KV under the keys
-    the base model's requests load, so the request stays decode-only (reason `adapter`) and the prefill
-    engine never sees it. The fake engines write nothing: the test stores the chunks the engines would
-    (under the keys the gateway computes for each scope), so every barrier passes at its first check."""
+    0.5.6's chain carries no adapter (vLLM #44250), but its keys carry the request's `lmcache.tag.*`
+    configs: the gateway tags the adapter's prefill and decode bodies (and only an adapter's), so its
+    request is disaggregated too and the barrier waits for the tagged keys. Where the gateway cannot
+    compute LMCache's keys the request stays decode-only (reason `adapter`), still tagged, and the
+    prefill engine never sees it. The fake engines write nothing: the test stores the chunks the
+    engines would (under the keys the gateway computes for each scope), so every barrier passes at its
+    first check."""
     prefill, decode = await fake_pair(launcher)
     write_qwen2(tmp_path, vocab=2000)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
@@ -210,3 +213,9 @@ async def test_adapters_are_disaggregated_only_where_the_pools_keys_carry_them(
     assert prefilled == ([MODEL, "sql"] if decision[0] == "disaggregate" else [MODEL])
     barriers = 2 if decision[0] == "disaggregate" else 1 if told is not None else 0
     assert await metric(router, "tandem_router_pd_kv_barrier_wait_seconds_count", outcome="ok") == barriers
+    tags = {
+        (r.body["model"], (r.body.get("kv_transfer_params") or {}).get("lmcache.tag.lora"))
+        for r in (*prefill.received, *decode.received)
+    }
+    tagged = "sql" if connector == "lmcache" else None
+    assert tags == {(MODEL, None), ("sql", tagged)}, "each engine gets the adapter's tag, only for LMCache"

@@ -11,6 +11,7 @@ from tandem.router.pd.handoff import (
     PREFILL_KV_PARAMS,
     decode_body,
     kv_params_from_prefill,
+    lmcache_tagged,
     prefill_body,
 )
 
@@ -95,3 +96,16 @@ def test_the_decode_body_is_the_original_with_only_the_kv_params_added() -> None
     client = {"model": "m", "prompt": "p", "stream": True, "max_tokens": 64, "x": [1]}
     assert decode_body(client, {"a": 1}) == {**client, "kv_transfer_params": {"a": 1}}
     assert "kv_transfer_params" not in client
+
+
+def test_an_lmcache_tag_reaches_the_prefill_and_the_decode_with_their_own_params() -> None:
+    body: dict[str, Any] = {"model": "sql", "prompt": "hi", "max_tokens": 8}
+    lmcache_tagged(body, "sql")
+    assert body["kv_transfer_params"] == {"lmcache.tag.lora": "sql"}
+    assert prefill_body(body)["kv_transfer_params"] == {"lmcache.tag.lora": "sql", **PREFILL_PARAMS}
+    answer = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_block_ids": [1]}
+    assert decode_body(body, answer)["kv_transfer_params"] == {"lmcache.tag.lora": "sql", **answer}
+    # A body without the gateway's tag gets the handoff's params alone.
+    untagged = {"model": "qwen", "prompt": "hi", "kv_transfer_params": {"other": 1}}
+    assert prefill_body(untagged)["kv_transfer_params"] == PREFILL_PARAMS
+    assert decode_body(untagged, answer)["kv_transfer_params"] == answer

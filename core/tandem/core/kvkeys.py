@@ -48,9 +48,17 @@ request's `cache_salt` nor its `lora_request`: `vllm_v1_adapter.py` mentions nei
 `ChunkedTokenDatabase` chains `_hash_tokens(chunk, prefix_hash)` with no extra keys (so `()`; its
 comment: "Ignore extra keys for now ... (e.g., LoRA ID)"), and `CacheEngineKey` holds only the model,
 world size, worker, chunk hash, dtype and `lmcache.tag.*` request configs. Equal prompts of two tenants,
-or of the base model and an adapter, therefore share LMCache's keys (vLLM #44250); the LMCache schemes
-accept `scope` and ignore it, as LMCache does (`carries_scope` is False). (Only LMCache's
-multi-process connector, `LMCacheMPConnector`, carries the salt.)
+or of the base model and an adapter, therefore share LMCache's chunk hashes (vLLM #44250); the LMCache
+schemes accept `scope` and ignore it in the chain, as LMCache does (`carries_scope` is False). (Only
+LMCache's multi-process connector, `LMCacheMPConnector`, carries the salt.)
+The adapter reaches LMCache's keys as a tag instead (`carries_adapter`): the gateway sends every
+adapter request to LMCache engines with `kv_transfer_params: {"lmcache.tag.lora": <adapter>}`
+(`LMCACHE_ADAPTER_PARAM`), which vLLM 0.32 hands to the connector as the request's
+`sampling_params.extra_args["kv_transfer_params"]`; LMCache 0.5.6 keeps its `lmcache.*` entries as
+the request's configs (`extract_request_configs_from_sampling_params`) and `CacheEngineKey` appends
+each `lmcache.tag.<name>` to the key it stores and looks up, `...@bfloat16@lora%sql`
+(`lmcache_tags`). So an adapter's chunks and the base model's (or another adapter's) are different
+keys in the pool. LMCache 0.3 has no tags (`LMCache03Hash.carries_adapter` is False).
 
 The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
 `kv_bytes`/`metadata` pair) lives in `tandem.kvpool.keys`, which re-exports these names.
@@ -68,6 +76,7 @@ from tandem.core.blockhash import le32
 from tandem.core.pyhash import parse_seed, str_hash
 
 __all__ = [
+    "LMCACHE_ADAPTER_PARAM",
     "NONE_HASH",
     "PY312_NONE_HASH",
     "ChunkHashScheme",
@@ -84,6 +93,7 @@ __all__ = [
     "lmcache_cbor_none_hash",
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
+    "lmcache_tags",
     "scope_root",
 ]
 
@@ -142,6 +152,20 @@ class PoolScope:
 #: A scope as the key functions take it: a `PoolScope`, a bare `cache_salt` (shorthand for
 #: `PoolScope(cache_salt=s)`), or None (the shared base-model scope).
 Scope = PoolScope | str | None
+
+#: The LMCache request config whose value LMCache 0.5.6 adds to its keys as the tag `lora%<value>`.
+LMCACHE_ADAPTER_PARAM = "lmcache.tag.lora"
+
+
+def lmcache_tags(scope: Scope) -> str:
+    """What LMCache 0.5.6's `CacheEngineKey.to_string()` appends for a request in `scope`: `@lora%<name>`
+    for an adapter's (the gateway's `LMCACHE_ADAPTER_PARAM`), nothing otherwise (module docstring).
+
+    >>> lmcache_tags(PoolScope(lora_name="sql", cache_salt="t1")), lmcache_tags("t1")
+    ('@lora%sql', '')
+    """
+    adapter = scope.lora_name if isinstance(scope, PoolScope) else None
+    return f"@{LMCACHE_ADAPTER_PARAM.removeprefix('lmcache.tag.')}%{adapter}" if adapter else ""
 
 
 def scope_root(scope: Scope = None, *, key: bytes | None = None) -> int:
@@ -326,6 +350,8 @@ class TandemHash:
     #: Whether the keys carry the scope (salt and adapter): readers may rely on them to keep tenants'
     #: and adapters' KV apart.
     carries_scope: ClassVar[bool] = True
+    #: Whether the keys carry the adapter (in the chain here; as a tag in LMCache's).
+    carries_adapter: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.key is not None:
@@ -353,7 +379,8 @@ class LMCacheHash:
 
     none_hash: int
     name: ClassVar[str] = "lmcache"
-    carries_scope: ClassVar[bool] = False  # LMCache's keys carry neither salt nor adapter
+    carries_scope: ClassVar[bool] = False  # LMCache's chain carries neither salt nor adapter
+    carries_adapter: ClassVar[bool] = True  # as a tag (`lmcache_tags`)
 
     def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
         """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt` and the
@@ -372,7 +399,8 @@ class LMCacheCborHash:
     none_hash: int
     builtin_none_hash: int | None = None
     name: ClassVar[str] = "lmcache-sha256_cbor"
-    carries_scope: ClassVar[bool] = False  # LMCache's keys carry neither salt nor adapter
+    carries_scope: ClassVar[bool] = False  # LMCache's chain carries neither salt nor adapter
+    carries_adapter: ClassVar[bool] = True  # as a tag (`lmcache_tags`)
 
     def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
         """LMCache's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt` and the
@@ -389,6 +417,7 @@ class LMCache03Hash:
     none_hash: int
     name: ClassVar[str] = "lmcache-0.3"
     carries_scope: ClassVar[bool] = False  # LMCache's keys carry neither salt nor adapter
+    carries_adapter: ClassVar[bool] = False  # LMCache 0.3 has no tags
 
     def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
         """LMCache 0.3's keys for the prompt; `scope` is ignored, as LMCache ignores `cache_salt` and

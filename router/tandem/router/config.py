@@ -126,6 +126,8 @@ class EffectiveConfig:
     adapters: tuple[str, ...] = ()
     #: The names file to follow (`RouterConfig.adapterNamesFile`); None: the fixed names only.
     adapter_names_file: Path | None = None
+    #: The engines run LMCache over the KV pool (`engines_run_lmcache`): adapter requests are tagged.
+    lmcache_engines: bool = False
     #: Traces: the spec's `tracing` under the standard `OTEL_*` variables; None: off.
     tracing: TracingSpec | None = None
     #: The engines put their KV layout in their pool keys' scope (`RouterConfig.kvLayoutInKeys`).
@@ -227,6 +229,7 @@ def resolve(
         kv_pool_off=kv_pool_off,
         adapters=adapters,
         adapter_names_file=Path(config.adapter_names_file) if config.adapter_names_file else None,
+        lmcache_engines=engines_run_lmcache(config),
         kv_layout_in_keys=config.kv_layout_in_keys,
         tracing=_tracing(spec, settings, env),
     )
@@ -243,6 +246,17 @@ def _tracing(
     values = base.model_dump() if base is not None else {}
     values.update(flags.model_dump(exclude_none=True))
     return TracingSpec.model_validate(values)
+
+
+def engines_run_lmcache(config: RouterConfig) -> bool:
+    """Whether the service's engines run LMCache's connector over the KV pool: real vLLM, a pool, and
+    the connector `engineKvKeys` names, else `spec.kvPool.connector`. The gateway then tags each
+    adapter request (`tandem.router.pd.handoff.lmcache_tagged`), whether or not it can compute the
+    engines' keys, so that no engine's LMCache stores or loads an adapter's KV under another's keys."""
+    spec = config.spec
+    told = config.engine_kv_keys
+    connector = told.connector if told is not None else spec.kv_pool.connector
+    return spec.engine.kind == "vllm" and config.kv_pool_url is not None and connector == "lmcache"
 
 
 def pool_keys(

@@ -260,6 +260,7 @@ def gateway_parse(
         context=context,
         tokenizing=asyncio.Semaphore(1),
         adapters=adapters if accepted is not None else frozenset(),
+        lmcache_engines=config.lmcache_engines,
     )
 
 

@@ -199,6 +199,7 @@ def compose_many(
                 relay_stage=part.relay,
             ),
             metrics=metrics,
+            lmcache_engines=config.lmcache_engines,
         )
     served = {c.service: c.spec.model.public_name for c in configs}
     adapters = {name: p.config.spec.model.public_name for p in parts for name in p.adapters.ordered}

@@ -15,10 +15,14 @@
 request's scope, its salt and its LoRA adapter (`PoolScope`, `tandem.core.kvkeys.scope_root`), so an
 adapter's request is disaggregated like any other: the look-up and the barrier ask for the chunks of
 the adapter's scope (`pool_scope`), which its prefill writes and its decode loads, and never another
-adapter's or the base model's. Where the pool's keys carry no adapter (LMCache's: `carries_scope` is
-False; vLLM #44250), or the gateway computes no keys at all (no pool configured, or the engines' keys
-unknown), it stays decode-only (`adapter`): an LMCache prefill would store the adapter's KV under the
-keys the base model's and every other adapter's requests load.
+adapter's or the base model's. LMCache 0.5.6's chains carry no adapter (vLLM #44250), but its keys
+carry the request's tags: the gateway tags every adapter request to LMCache engines
+(`kv_transfer_params: {"lmcache.tag.lora": <adapter>}`, `tandem.router.pd.handoff`), prefill and
+decode alike, so the adapter's chunks are its own keys (`...@bfloat16@lora%sql`), which the look-up
+and the barrier compute too (`tandem.core.kvkeys.lmcache_tags`). Where the pool's keys cannot carry
+an adapter (LMCache 0.3's: `carries_adapter` is False), or the gateway computes no keys at all (no
+pool configured, or the engines' keys unknown), it stays decode-only (`adapter`): a prefill might
+store the adapter's KV under keys the base model's and every other adapter's requests load.
 
 **Convertible decoders** (`spec.disaggregation.convertibleDecoders`, on by default; TokenScale's idea,
 arXiv 2512.03416): a request about to be disaggregated goes decode-only instead when the prefill pool is
@@ -432,8 +436,9 @@ class Disaggregator:
 
     @property
     def adapters_pooled(self) -> bool:
-        """Whether the pool's keys keep adapters apart (module docstring): Tandem's, not LMCache's."""
-        return self.pool is not None and self.pool.keys.scheme.carries_scope
+        """Whether the pool's keys keep adapters apart (module docstring): Tandem's and LMCache
+        0.5.6's (tagged), not LMCache 0.3's."""
+        return self.pool is not None and self.pool.keys.scheme.carries_adapter
 
     async def _available_tokens(
         self,

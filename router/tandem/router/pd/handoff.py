@@ -16,6 +16,11 @@
    the prefill's layout, under which Tandem's connector roots its pool keys (and vLLM its prefix
    cache): the decode engine finds nothing there and computes the prompt.
 
+5. LMCache's request configs: a body the gateway tagged for LMCache engines (an adapter's request,
+   `kv_transfer_params: {"lmcache.tag.lora": "sql"}`, `lmcache_tagged`) keeps its `lmcache.*` entries
+   in the prefill's and the decode's `kv_transfer_params`, so both engines' LMCache keys carry the
+   tag (`tandem.core.kvkeys.lmcache_tags`).
+
 Unknown fields are kept as they are: the gateway forwards vLLM extensions untouched.
 """
 
@@ -25,6 +30,8 @@ import hashlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
+
+from tandem.core.kvkeys import LMCACHE_ADAPTER_PARAM
 
 #: Sent to the prefill engine: "compute the prompt, keep its KV for a remote decode".
 PREFILL_KV_PARAMS: Mapping[str, Any] = MappingProxyType(
@@ -53,12 +60,26 @@ DEFAULT_DECODE_KV_PARAMS: Mapping[str, Any] = MappingProxyType(
 _DROPPED_FOR_PREFILL = ("stream_options", "max_completion_tokens", "min_tokens")
 
 
+def lmcache_tagged(body: dict[str, Any], adapter: str) -> None:
+    """Tag `body` (the gateway's own copy; a client's `kv_transfer_params` never gets this far,
+    `tandem.router.request.parse`) for LMCache engines: its LMCache keys carry `adapter`."""
+    body["kv_transfer_params"] = {LMCACHE_ADAPTER_PARAM: adapter}
+
+
+def _lmcache_configs(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The `lmcache.*` entries of the body's `kv_transfer_params` (module docstring, 5)."""
+    params = body.get("kv_transfer_params")
+    if not isinstance(params, Mapping):
+        return {}
+    return {k: v for k, v in params.items() if isinstance(k, str) and k.startswith("lmcache.")}
+
+
 def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """The prefill request for a client body (completions or chat); `body` is not modified."""
     out = {k: v for k, v in body.items() if k not in _DROPPED_FOR_PREFILL}
     out["max_tokens"] = 1
     out["stream"] = False
-    out["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
+    out["kv_transfer_params"] = {**_lmcache_configs(body), **PREFILL_KV_PARAMS}
     return out
 
 
@@ -85,7 +106,8 @@ def away_from_layout_body(body: Mapping[str, Any], prefill_layout: str) -> dict[
 
 
 def decode_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any]) -> dict[str, Any]:
-    """The decode request: the client's body unchanged except for `kv_transfer_params`."""
+    """The decode request: the client's body unchanged except for `kv_transfer_params` (with the
+    body's LMCache configs, module docstring, 5)."""
     out = dict(body)
-    out["kv_transfer_params"] = dict(kv_transfer_params)
+    out["kv_transfer_params"] = {**_lmcache_configs(body), **kv_transfer_params}
     return out

@@ -27,6 +27,7 @@ from tandem.core.modeltokens import PromptEncoder
 from tandem.router.errors import ModelNotFound
 from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.pd.handoff import lmcache_tagged
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
 from tandem.router.pipeline.stages import Pipeline, tokenize_big
@@ -41,7 +42,8 @@ class ServiceRoute:
     """One service as the gateway routes to it: `name` (the InferenceService), `model` (its served
     name: the `model` engines get, and the `model` label of its metrics), its prompt `encoder` and
     `context` limit, its tenants' cache `scopes` (None: isolation off), whether it logs prompts, its
-    stages from `Hold` on, and its metrics (the request counters of the requests it served)."""
+    stages from `Hold` on, its metrics (the request counters of the requests it served), and whether
+    its engines run LMCache."""
 
     name: str
     model: str
@@ -51,6 +53,8 @@ class ServiceRoute:
     log_prompts: bool
     stages: Pipeline
     metrics: RouterMetrics
+    #: Its engines run LMCache: an adapter's body is tagged (`tandem.router.pd.handoff.lmcache_tagged`).
+    lmcache_engines: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,8 @@ class Route:
             ctx.body["cache_salt"] = salt
         if salt is not None or resolved.adapter is not None:
             ctx.scope(salt, adapter=resolved.adapter)
+        if resolved.adapter is not None and service.lmcache_engines:
+            lmcache_tagged(ctx.body, resolved.adapter)
         if service.log_prompts:
             ctx.prompt_text = prompt_text(ctx.body)
         if ctx.body_bytes >= self.off_loop_bytes:

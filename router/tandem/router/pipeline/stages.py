@@ -44,7 +44,7 @@ from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
 from tandem.router.observe.arrivals import Arrivals
 from tandem.router.pd.disagg import Disaggregator
-from tandem.router.pd.handoff import away_from_layout_body
+from tandem.router.pd.handoff import away_from_layout_body, lmcache_tagged
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
 from tandem.router.pipeline.meter import GrantMeter
@@ -123,9 +123,10 @@ class Parse:
     worker thread, so one long prompt does not stall every other request's stream. With `scopes`,
     the body sent to engines carries the tenant's `cache_salt` (`tandem.router.identity.cachescope`),
     and the prompt's prefix keys are rooted in it and in the LoRA adapter `model` names, when it is
-    one of `adapters` (`RequestContext.scope`). `accepted_models` None (a gateway of many
-    services): `model` is resolved by the `Route` stage after it (`tandem.router.pipeline.route`),
-    which then does what needs the service (the salt, the big prompt's tokens)."""
+    one of `adapters` (`RequestContext.scope`; with `lmcache_engines` the body is tagged with the
+    adapter for LMCache's keys). `accepted_models` None (a gateway of many services): `model` is
+    resolved by the `Route` stage after it (`tandem.router.pipeline.route`), which then does what
+    needs the service (the salt, the tag, the big prompt's tokens)."""
 
     accepted_models: AbstractSet[str] | None
     max_request_bytes: int
@@ -138,6 +139,8 @@ class Parse:
     context: ContextLimit | None = None
     tokenizing: asyncio.Semaphore | None = None
     adapters: AbstractSet[str] = frozenset()
+    #: The engines run LMCache: an adapter's body is tagged (`tandem.router.pd.handoff.lmcache_tagged`).
+    lmcache_engines: bool = False
     name: str = "parse"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
@@ -167,6 +170,8 @@ class Parse:
             adapter = ctx.model if ctx.model in self.adapters else None
             if salt is not None or adapter is not None:
                 ctx.scope(salt, adapter=adapter)
+            if adapter is not None and self.lmcache_engines:
+                lmcache_tagged(ctx.body, adapter)
             if self.log_prompts:
                 ctx.prompt_text = prompt_text(parsed.body)
             if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:
