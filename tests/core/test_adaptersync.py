@@ -97,6 +97,43 @@ def test_a_catalog_is_followed_each_pass_and_a_listed_name_wins(tmp_path: Path) 
     assert (sync.cache / "a").is_symlink() and (sync.cache / "d").is_symlink()
 
 
+def test_the_report_lists_every_catalog_name_and_keeps_them_while_the_catalog_cannot_be_read(
+    tmp_path: Path,
+) -> None:
+    catalog = tmp_path / "catalog"
+    for name in ("c", "a", "b"):
+        (catalog / name).mkdir(parents=True)
+        (catalog / name / "adapter_config.json").write_text(json.dumps(CONFIG))
+    (catalog / "notes").mkdir()  # no adapter_config.json: not an adapter
+    sync, _, _ = make(tmp_path, catalog=catalog)
+    assert sync.report()["catalog"] is None, "not known before the first scan"
+    sync.step(list_document([("a", "hf://org/a")]))
+    report = sync.report()
+    assert report["catalog"] == ["a", "b", "c"], "sorted, the one a listed name shadows too"
+    assert set(report) == {"digest", "passes", "listError", "adapters", "catalog"}
+    catalog.rename(tmp_path / "away")  # the claim's directory is briefly unreadable
+    sync.step(list_document([("a", "hf://org/a")]))
+    assert sync.report()["listError"].startswith(f"catalog {catalog}: cannot list")
+    assert sync.report()["catalog"] == ["a", "b", "c"], "a failed scan keeps the last names"
+    (tmp_path / "away").rename(catalog)
+    (catalog / "b" / "adapter_config.json").unlink()
+    sync.step(list_document([("a", "hf://org/a")]))
+    assert sync.report()["catalog"] == ["a", "c"]
+
+
+def test_without_a_catalog_the_report_lists_no_catalog_names(tmp_path: Path) -> None:
+    sync, _, _ = make(tmp_path)
+    sync.step(list_document([("a", "hf://org/a")]))
+    assert sync.report()["catalog"] == []
+
+
+def test_a_catalog_never_scanned_yet_is_reported_as_not_known_rather_than_empty(tmp_path: Path) -> None:
+    sync, _, _ = make(tmp_path, catalog=tmp_path / "not-mounted-yet")
+    sync.step(list_document([("a", "hf://org/a")]))
+    assert sync.report()["listError"].startswith("catalog ")
+    assert sync.report()["catalog"] is None
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [

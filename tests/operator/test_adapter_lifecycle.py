@@ -1,6 +1,7 @@
 """An adapter's life in the cluster, against the emulated Kubernetes API: declared, installed by the
 engine pods' sidecar, failed with a reason, removed and added while the pods run; the status, the
-count and the Events; the engine pod template that never changes with the adapters.
+count and the Events; the engine and gateway pod templates that never change with the adapters; a
+catalog's names, as the sidecars report them, reaching the gateway's `<name>-adapter-names`.
 
 Real: the operator process as `tandem operator` runs it (kopf, handlers, reconcile, builders) over
 HTTP on 127.0.0.1, and its HTTP reads of the sidecars' reports. Emulated: the API server (kmock +
@@ -64,11 +65,13 @@ class Sidecar:
 
     def __init__(self) -> None:
         self.adapters: dict[str, dict[str, str]] = {}
+        self.catalog: list[str] = []
         sidecar = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = json.dumps({"digest": "", "passes": 1, "listError": "", "adapters": sidecar.adapters})
+                report = {"digest": "", "passes": 1, "listError": "", "adapters": sidecar.adapters}
+                body = json.dumps(report | {"catalog": sidecar.catalog})
                 self.send_response(200 if self.path == "/adapters" else 404)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -126,10 +129,22 @@ def adapter_list(api: kmock_lib.KubernetesEmulator) -> list[dict[str, str]]:
     return list(json.loads(found["data"]["adapters.json"])["adapters"])
 
 
+def adapter_names(api: kmock_lib.KubernetesEmulator) -> list[str] | None:
+    """The names the gateway reads (`demo-adapter-names`), None before the ConfigMap exists."""
+    found = k8s.find(api, "ConfigMap", "demo-adapter-names")
+    return None if found is None else list(json.loads(found["data"]["names.json"])["adapters"])
+
+
 def decode_template(api: kmock_lib.KubernetesEmulator) -> dict[str, Any]:
     decode = k8s.find(api, "Deployment", "demo-decode")
     assert decode is not None
     return dict(decode["spec"]["template"])
+
+
+def router_template(api: kmock_lib.KubernetesEmulator) -> dict[str, Any]:
+    router = k8s.find(api, "Deployment", "demo-router")
+    assert router is not None
+    return dict(router["spec"]["template"])
 
 
 SQL, CHAT, DOCS = "hf://org/sql-lora@v2", "s3://loras/chat", "hf://org/docs-lora"
@@ -146,6 +161,9 @@ async def test_remote_adapters_come_and_go_on_running_pods_with_events_and_a_cou
     assert (sync["name"], sync["restartPolicy"]) == ("adapters-sync", "Always")
     assert "sql-lora" not in json.dumps(template) and "loras/chat" not in json.dumps(template)
     assert adapter_list(api) == [{"name": "sql", "source": SQL}, {"name": "chat", "source": CHAT}]
+    assert adapter_names(api) == ["sql", "chat"]
+    await eventually(lambda: k8s.find(api, "Deployment", "demo-router") is not None, "the gateway")
+    gateway = router_template(api)
     await eventually(lambda: k8s.isvc(api, "demo").get("status", {}).get("adapterSummary") == "0/2", "0/2")
     assert set(adapters(api).values()) == {("Pending", "no engine pod is running yet")}
     assert k8s.condition(api, "demo", "AdaptersReady")["reason"] == "AdaptersPending"
@@ -170,6 +188,8 @@ async def test_remote_adapters_come_and_go_on_running_pods_with_events_and_a_cou
     await eventually(lambda: "docs" in adapters(api), "docs in the status")
     assert adapter_list(api) == [{"name": "sql", "source": SQL}, {"name": "docs", "source": DOCS}]
     assert decode_template(api) == template, "adding or removing an adapter must not roll the engines"
+    assert adapter_names(api) == ["sql", "docs"]
+    assert router_template(api) == gateway, "nor the gateway"
     assert adapters(api)["docs"][0] == "Pending"
     await eventually(lambda: ("Normal", "AdapterRemoved") in [e[:2] for e in adapter_events(api)], "removed")
 
@@ -181,3 +201,23 @@ async def test_remote_adapters_come_and_go_on_running_pods_with_events_and_a_cou
     }
     assert k8s.isvc(api, "demo")["status"]["adapterSummary"] == "2/2"
     assert decode_template(api) == template
+
+
+async def test_a_catalogs_names_reach_the_gateways_list_as_the_sidecars_report_them(
+    api: kmock_lib.KubernetesEmulator, operator: Callable[[], Awaitable[None]], sidecar: Sidecar
+) -> None:
+    document = copy.deepcopy(LORA_DEMO)
+    document["spec"]["adapters"] = [{"name": "sql", "source": SQL}]
+    document["spec"]["adapterCatalog"] = {"source": "pvc://catalog/adapters"}
+    await k8s.apply(api, document)
+    await eventually(lambda: adapter_names(api) == ["sql"], "the declared name, before any pod reports")
+    await eventually(lambda: k8s.find(api, "Deployment", "demo-router") is not None, "the gateway")
+    gateway = router_template(api)
+    assert "catalog" not in json.dumps(gateway)
+
+    sidecar.catalog = ["support", "billing"]
+    await engine_pod(api, "demo-decode-1", role="decode", port=sidecar.port)
+    await eventually(lambda: adapter_names(api) == ["sql", "billing", "support"], "the catalog's names")
+    sidecar.catalog = ["billing", "support", "sql", "onboarding"]  # a new adapter in the catalog
+    await eventually(lambda: adapter_names(api) == ["sql", "billing", "onboarding", "support"], "a new one")
+    assert router_template(api) == gateway, "the gateway pods are not rolled for the names"

@@ -309,16 +309,17 @@ def test_every_child_is_owned_labelled_and_named_after_the_service() -> None:
 TOKEN = ("Secret", "demo-metrics-token")
 #: The LeaderWorkerSets, made only for multi-node pools (in place of their Deployments).
 GROUPS = {("LeaderWorkerSet", "demo-prefill"), ("LeaderWorkerSet", "demo-decode")}
-#: The adapter list the engines' sidecars read, made only with `engine.lora`.
-ADAPTERS = ("ConfigMap", "demo-adapters")
+#: The adapter list the engines' sidecars read and the names the gateway reads, made only with
+#: `engine.lora`.
+ADAPTERS = {("ConfigMap", "demo-adapters"), ("ConfigMap", "demo-adapter-names")}
 
 
 @pytest.mark.parametrize(
     ("spec", "absent"),
     [
-        (gpu(router={"metricsToken": True}), {ADAPTERS, *GROUPS}),
-        (gpu(), {TOKEN, ADAPTERS, *GROUPS}),
-        (sim(), {("ConfigMap", "demo-lmcache"), TOKEN, ADAPTERS, *GROUPS}),
+        (gpu(router={"metricsToken": True}), {*ADAPTERS, *GROUPS}),
+        (gpu(), {TOKEN, *ADAPTERS, *GROUPS}),
+        (sim(), {("ConfigMap", "demo-lmcache"), TOKEN, *ADAPTERS, *GROUPS}),
         (
             sim(engine={"kind": "sim", "lora": {"maxLoras": 2}}),
             {("ConfigMap", "demo-lmcache"), TOKEN, *GROUPS},
@@ -331,20 +332,20 @@ ADAPTERS = ("ConfigMap", "demo-adapters")
                 ("NetworkPolicy", "demo-kv"),
                 ("Secret", "demo-kv-auth"),
                 TOKEN,
-                ADAPTERS,
+                *ADAPTERS,
                 *GROUPS,
             },
         ),
         (
             gpu(decode={"replicas": 2, "nodesPerReplica": 2}),
-            {TOKEN, ADAPTERS, ("Deployment", "demo-decode"), ("LeaderWorkerSet", "demo-prefill")},
+            {TOKEN, *ADAPTERS, ("Deployment", "demo-decode"), ("LeaderWorkerSet", "demo-prefill")},
         ),
     ],
     ids=[
         "vllm with a metrics token",
         "vllm with managed redis",
         "sim: no LMCache config",
-        "sim with LoRA: the adapter list",
+        "sim with LoRA: the adapter list and the adapter names",
         "external redis: no Redis",
         "multi-node decode: a LeaderWorkerSet instead of its Deployment",
     ],

@@ -17,7 +17,8 @@ An adapter that failed is tried again once `retry_s` has passed since (not on ev
 that is gone should not be asked for every few seconds by every pod), or at once when its source
 changes. What each pass found is the pod's report (`report`): per listed adapter its source, state
 (`Ready`, `Failed`, `Pending` before its first try) and reason, which the sidecar serves at
-`GET /adapters` and the operator reads back into `status.adapters`.
+`GET /adapters` and the operator reads back into `status.adapters`; and the catalog's adapter names
+(`catalog`), which the operator writes into the gateway's list of names (`tandem.core.adapternames`).
 
 The downloads are injected (`adapterfetch.Download`), as is the clock; only the cache directory is
 touched here.
@@ -117,6 +118,10 @@ class AdapterSync:
     list_digest: str = ""
     list_error: str = ""
     passes: int = 0
+    #: The catalog's adapter names, sorted, as its last successful scan found them (those a listed
+    #: name shadows included); a scan that fails keeps them, so a transient error empties nothing.
+    #: None while no scan has succeeded yet.
+    catalog_names: tuple[str, ...] | None = None
 
     def step(self, text: str, *, listed_at: float | None = None) -> PassResult:
         """One pass over the list `text` (the mounted file's content, written at `listed_at`: what
@@ -152,7 +157,9 @@ class AdapterSync:
         return PassResult(tuple(installed), tuple(removed), tuple(failed), linked)
 
     def report(self) -> dict[str, Any]:
-        """The pod's report (`GET /adapters`): the list's digest and each listed adapter's state."""
+        """The pod's report (`GET /adapters`): the list's digest, each listed adapter's state, and
+        the catalog's adapter names (`catalog`: `catalog_names`; [] without a catalog; null while no
+        scan of it has succeeded, so that a reader does not take "not known yet" for "empty")."""
         return {
             "digest": self.list_digest,
             "passes": self.passes,
@@ -161,7 +168,13 @@ class AdapterSync:
                 name: {"source": e.source, "state": e.state, "reason": e.reason, "revision": e.revision}
                 for name, e in self.entries.items()
             },
+            "catalog": self._catalog_report(),
         }
+
+    def _catalog_report(self) -> list[str] | None:
+        if self.catalog is None:
+            return []
+        return None if self.catalog_names is None else list(self.catalog_names)
 
     def counts(self) -> Mapping[State, int]:
         """Listed adapters by state (the sidecar's gauge)."""
@@ -183,11 +196,14 @@ class AdapterSync:
 
     def _link_catalog(self, declared: set[str]) -> int:
         """Link the catalog's adapters (a listed name wins), and unlink those that left the
-        catalog: links into it whose directory is gone. Returns the number linked."""
+        catalog: links into it whose directory is gone. Returns the number linked. Every name the
+        scan found becomes `catalog_names`; a scan that fails leaves them as they were (and is
+        reported in `list_error`)."""
         if self.catalog is None:
             return 0
         try:
             found = scan_catalog(self.catalog).adapters
+            self.catalog_names = tuple(sorted(found))
             linked = link_adapters(self.cache, {k: v for k, v in found.items() if k not in declared})
         except (AdapterError, OSError) as exc:
             self.list_error = f"catalog {self.catalog}: {exc}"

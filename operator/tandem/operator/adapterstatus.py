@@ -13,9 +13,11 @@ What is judged, by source:
   the mounted list within about a minute) or is still installing it.
 
 A claim, the pods or a sidecar that cannot be read (an API error, missing RBAC, a pod not answering)
-leave the adapters Pending with that reason; the reconcile goes on. Catalog adapters are not listed
-(the operator does not read the catalog). Pure apart from `observe`, which reads through the `Cluster`
-protocol and the sidecars' `ReportReader`.
+leave the adapters Pending with that reason; the reconcile goes on. Catalog adapters get no state
+here: the operator cannot read the catalog itself, but each sidecar's report lists the catalog's names
+it found, and `reported_catalog` joins them for the gateway's list of names
+(`resources.lora.build_adapter_names_configmap`). Pure apart from `observe`, which reads through the
+`Cluster` protocol and the sidecars' `ReportReader`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tandem.core.adapters import HfSource, PvcSource, S3Source, parse_source
+from tandem.core.adapters import (
+    MAX_CATALOG_ENTRIES,
+    HfSource,
+    PvcSource,
+    S3Source,
+    name_problem,
+    parse_source,
+)
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.cluster import Cluster, ClusterError
 from tandem.operator.objects import ObjectRef
@@ -66,9 +75,10 @@ def observe(
     cluster: Cluster,
     read_report: ReportReader | None = None,
 ) -> Observed:
-    """Read what `judge` needs: the claims of `pvc://` adapters (by name) and, with `hf://` or
-    `s3://` adapters, the namespace's pods (only when `cluster` can list) and the sidecar reports
-    of this service's running engine pods (`read_report`, default over HTTP)."""
+    """Read what `judge` and `reported_catalog` need: the claims of `pvc://` adapters (by name)
+    and, with `hf://` or `s3://` adapters or a catalog, the namespace's pods (only when `cluster`
+    can list) and the sidecar reports of this service's running engine pods (`read_report`, default
+    over HTTP; each pod once)."""
     sources = [parse_source(a.source) for a in spec.adapters]
     claims: dict[str, Mapping[str, Any] | None] = {}
     claims_error = ""
@@ -80,7 +90,8 @@ def observe(
             except ClusterError as exc:
                 claims_error = f"cannot read PersistentVolumeClaim {source.claim}: {exc}"
                 break
-    if not any(isinstance(s, HfSource | S3Source) for s in sources):
+    remote = any(isinstance(s, HfSource | S3Source) for s in sources)
+    if not remote and spec.adapter_catalog is None:
         return Observed(claims=None if claims_error else claims, claims_error=claims_error)
     # The handlers' cluster lists; a Cluster that cannot (tests' in-memory ones) leaves them Pending.
     lister: Callable[[str, str, str], list[dict[str, Any]]] | None = getattr(cluster, "list", None)
@@ -100,6 +111,29 @@ def observe(
         claims=None if claims_error else claims,
         claims_error=claims_error,
     )
+
+
+def reported_catalog(observed: Observed) -> tuple[str, ...] | None:
+    """The catalog's adapter names the engine pods' sidecars report (each report's `catalog`):
+    their union, sorted, without what cannot name an adapter, at most `MAX_CATALOG_ENTRIES` (the
+    first in order). None when no report with a `catalog` list could be read (no pod running yet,
+    none answering, a sidecar that has not scanned its catalog yet (`catalog: null`), an older
+    sidecar): the caller then keeps the names it had, so that the list does not flap to empty.
+
+    >>> reported_catalog(Observed(reports={"d-1": {"catalog": ["b", "a"]}, "d-2": {"catalog": ["c"]}}))
+    ('a', 'b', 'c')
+    >>> reported_catalog(Observed(reports={"d-1": "timed out"})) is None
+    True
+    """
+    lists = [
+        report["catalog"]
+        for report in observed.reports.values()
+        if isinstance(report, Mapping) and isinstance(report.get("catalog"), list)
+    ]
+    if not lists:
+        return None
+    names = {n for found in lists for n in found if isinstance(n, str) and name_problem(n) is None}
+    return tuple(sorted(names)[:MAX_CATALOG_ENTRIES])
 
 
 def judge(spec: InferenceServiceSpec, observed: Observed, *, owner: Owner) -> list[AdapterStatus]:

@@ -13,7 +13,10 @@ that names a Secret it may not use (`resources.secrets.refusal`: absent, or with
 `tandem.dev/usable: "true"`), with Ready=False/SecretRefused.
 
 Each declared LoRA adapter gets a state in `status.adapters` (`adapterstatus`), with the condition
-`AdaptersReady`, a `ready/declared` count and an Event when its state changes.
+`AdaptersReady`, a `ready/declared` count and an Event when its state changes. The adapters are
+observed once per reconcile, before the children are built: the engine pods' sidecar reports give
+both those states and the catalog's names that the gateway's `<name>-adapter-names` lists
+(`adapter_catalog`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from tandem.operator.gateway_status import served_by_condition
 from tandem.operator.objects import Child, ObjectRef
 from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
 from tandem.operator.resources.engine import pool_spec
+from tandem.operator.resources.lora import ADAPTER_NAMES_SUFFIX, live_catalog
+from tandem.operator.resources.meta import child_name
 from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.secrets import USABLE_LABEL, named_secrets, new_secret, refusal
 from tandem.operator.resources.services import router_endpoint, service_name
@@ -124,18 +129,13 @@ def reconcile(
     outcome = Outcome(status=InferenceServiceStatus())
     live: dict[ObjectRef, dict[str, Any]] = {}
     problems: list[str] = []
+    observed: adapterstatus.Observed | None = None
     try:
         refused = refused_secrets(isvc.spec, namespace=owner.namespace, cluster=cluster)
         if refused:
-            status = invalid_status(
-                errors=refused,
-                generation=generation,
-                previous=previous,
-                now=now,
-                reason="SecretRefused",
-                phase="Blocked",
-            )
-            return Outcome(status=status, events=_warnings(previous, status))
+            return _blocked(refused, generation=generation, previous=previous, now=now)
+        # Read once (the sidecars over HTTP): for the gateway's adapter names and for the status.
+        observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
         children = desired_children(
             isvc.spec,
             owner=owner,
@@ -143,6 +143,7 @@ def reconcile(
             metrics_namespaces=metrics_namespaces,
             new_value=new_value,
             gateway=gateway,
+            adapter_catalog=adapter_catalog(isvc.spec, observed, owner=owner, cluster=cluster),
         )
         _apply_all(children, owner=owner, cluster=cluster, outcome=outcome, live=live)
     except ClusterError as exc:
@@ -159,32 +160,55 @@ def reconcile(
         now=now,
         gateway=gateway,
     )
+    if observed is None:  # the Secrets could not be read: the adapters are observed all the same
+        observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
     outcome.status, adapter_events = _with_adapters(
-        isvc.spec,
-        outcome.status,
-        owner=owner,
-        cluster=cluster,
-        previous=previous,
-        now=now,
-        read_report=read_report,
+        isvc.spec, outcome.status, observed, owner=owner, previous=previous, now=now
     )
     outcome.events = _warnings(previous, outcome.status) + adapter_events
     return outcome
 
 
+def _blocked(refused: list[str], *, generation: int | None, previous: Mapping[str, Any], now: str) -> Outcome:
+    """Ready=False/SecretRefused, phase Blocked, for Secrets the spec may not use; nothing applied."""
+    status = invalid_status(
+        errors=refused,
+        generation=generation,
+        previous=previous,
+        now=now,
+        reason="SecretRefused",
+        phase="Blocked",
+    )
+    return Outcome(status=status, events=_warnings(previous, status))
+
+
+def adapter_catalog(
+    spec: InferenceServiceSpec, observed: adapterstatus.Observed, *, owner: Owner, cluster: Cluster
+) -> tuple[str, ...]:
+    """The catalog's adapter names for `<name>-adapter-names`: () without LoRA or a catalog; else the
+    union of the sidecars' reports (`adapterstatus.reported_catalog`) or, when no report could be
+    read this pass (no engine pod yet, none answering), the names the live ConfigMap holds
+    (`lora.live_catalog`), so that the gateway's list does not flap to empty. Raises ClusterError."""
+    if spec.engine.lora is None or spec.adapter_catalog is None:
+        return ()
+    reported = adapterstatus.reported_catalog(observed)
+    if reported is not None:
+        return reported
+    ref = ObjectRef("v1", "ConfigMap", owner.namespace, child_name(owner, ADAPTER_NAMES_SUFFIX))
+    return live_catalog(cluster.get(ref))
+
+
 def _with_adapters(
     spec: InferenceServiceSpec,
     status: InferenceServiceStatus,
+    observed: adapterstatus.Observed,
     *,
     owner: Owner,
-    cluster: Cluster,
     previous: Mapping[str, Any],
     now: str,
-    read_report: ReportReader | None,
 ) -> tuple[InferenceServiceStatus, list[Event]]:
-    """`status` with each adapter's state, their count and `AdaptersReady` (`adapterstatus`), and an
-    Event per adapter that changed state."""
-    observed = adapterstatus.observe(spec, owner=owner, cluster=cluster, read_report=read_report)
+    """`status` with each adapter's state as `observed`, their count and `AdaptersReady`
+    (`adapterstatus`), and an Event per adapter that changed state."""
     adapters = adapterstatus.judge(spec, observed, owner=owner)
     conditions = adapterstatus.conditions_with(
         status.conditions,

@@ -22,7 +22,12 @@ from tandem.operator.resources.kvpool import (
     build_redis_deployment,
     uses_lmcache,
 )
-from tandem.operator.resources.lora import ADAPTERS_SUFFIX, build_adapters_configmap
+from tandem.operator.resources.lora import (
+    ADAPTER_NAMES_SUFFIX,
+    ADAPTERS_SUFFIX,
+    build_adapter_names_configmap,
+    build_adapters_configmap,
+)
 from tandem.operator.resources.meta import Images, Owner, Role, child_name
 from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.netpol import build_network_policies, policy_name
@@ -86,6 +91,7 @@ def desired_children(
     metrics_namespaces: Sequence[str] = (),
     new_value: Callable[[], str] = new_secret,
     gateway: Owner | None = None,
+    adapter_catalog: Sequence[str] = (),
 ) -> list[Child]:
     """Every child the spec asks for, in a creation order where dependencies come first
     (Secrets and NetworkPolicies, configuration and identity, then the KV pool, then Services, then
@@ -93,7 +99,9 @@ def desired_children(
     (the autoscaler's, Prometheus'); `new_value` draws a generated Secret's value (used only when
     the Secret is created). `gateway`: the InferenceGateway serving the service, if one does: then
     the service has no gateway Deployment and Service of its own, and its NetworkPolicies admit that
-    gateway's pods (its router ConfigMap, identity and policy stay, so that it comes back at once)."""
+    gateway's pods (its router ConfigMap, identity and policy stay, so that it comes back at once).
+    `adapter_catalog`: the catalog's adapter names the engine pods report (with LoRA on, written to
+    `<name>-adapter-names` after the declared ones: `lora.build_adapter_names_configmap`)."""
     children: list[Child] = secret_children(spec, owner, new_value=new_value)
     spec = with_generated_secrets(spec, owner)
     policies = build_network_policies(
@@ -106,6 +114,10 @@ def desired_children(
     adapter_list = build_adapters_configmap(spec, owner=owner)
     if adapter_list is not None:
         children.append(Child(adapter_list))
+    # Before the gateway Deployment, which mounts it (whether or not that gateway is this service's).
+    adapter_names = build_adapter_names_configmap(spec, owner=owner, catalog=adapter_catalog)
+    if adapter_names is not None:
+        children.append(Child(adapter_names))
     router_config = build_router_configmap(spec, owner=owner)
     children += [
         Child(router_config),
@@ -147,7 +159,9 @@ def desired_children(
 def managed_refs(owner: Owner) -> list[ObjectRef]:
     """Every object this operator may create for the InferenceService `owner`."""
     ns = owner.namespace
-    config_maps = [child_name(owner, s) for s in (LMCACHE_SUFFIX, ROUTER_SUFFIX, ADAPTERS_SUFFIX)]
+    config_maps = [
+        child_name(owner, s) for s in (LMCACHE_SUFFIX, ROUTER_SUFFIX, ADAPTERS_SUFFIX, ADAPTER_NAMES_SUFFIX)
+    ]
     workloads = [child_name(owner, s) for s in (KV_SUFFIX, "prefill", "decode", ROUTER_SUFFIX)]
     router = child_name(owner, ROUTER_SUFFIX)
     pools = [child_name(owner, s) for s in ("prefill", "decode")]

@@ -12,7 +12,10 @@ For a gateway `fleet` serving services `a` and `b` (each a `Member`), in creatio
 - ConfigMap `fleet-gateway`, key `router.yaml`: a `GatewayFile`; each service's `config` is the
   `RouterConfig` its own gateway would read (`router.router_config`, after
   `secrets.with_generated_secrets`), except that `apiKeysFile` is unset (the keys are the gateway's,
-  `GatewayFile.apiKeysFile`) and `tokenizerPath` points where this pod mounts that service's files;
+  `GatewayFile.apiKeysFile`), `tokenizerPath` points where this pod mounts that service's files, and
+  `adapterNamesFile` (a service with LoRA on) where it mounts that service's ConfigMap
+  `<svc>-adapter-names` (`/etc/tandem/adapter-names-<svc>`, volume `lora-names-<svc>`), which the
+  service's own reconcile writes: the gateway only mounts it, and its config carries no adapters;
 - ServiceAccount, Role, RoleBinding `fleet-gateway` (read EndpointSlices), as a service's router has;
 - Service `fleet-gateway` (ClusterIP, port 8080) and Deployment `fleet-gateway`: the service's gateway
   pod (`router.build_gateway_deployment`: same image, command, probes, hardening), whose credentials
@@ -46,10 +49,12 @@ from tandem.operator.resources.router import (
     AUTH_DIR,
     CONFIG_FILE,
     GatewayPod,
+    adapter_names_volume,
     build_gateway_deployment,
     build_router_role,
     build_router_role_binding,
     build_router_service_account,
+    config_document,
     router_config,
     tokenizer_volume,
 )
@@ -74,6 +79,8 @@ from tandem.operator.resources.services import build_service, service_name
 KEYS_SUFFIX = "gateway-keys"
 #: Where a served service's tokenizer files are mounted: `<dir>/<service>`.
 TOKENIZERS_DIR = "/etc/tandem/tokenizers"
+#: Where a served service's `<svc>-adapter-names` is mounted: `<prefix><service>`.
+ADAPTER_NAMES_PREFIX = "/etc/tandem/adapter-names-"
 
 
 @dataclass(frozen=True)
@@ -102,9 +109,14 @@ def member_service(member: Member) -> GatewayService:
         _, mount = tokenizer_volume(spec)[0]
         tokenizer = f"{TOKENIZERS_DIR}/{member.owner.name}{tokenizer.removeprefix(mount)}"
     name = member.owner.name
+    names_file = config.adapter_names_file
+    if names_file is not None:
+        _, mount = adapter_names_volume(spec, owner=member.owner)[0]
+        names_file = f"{ADAPTER_NAMES_PREFIX}{name}{names_file.removeprefix(mount)}"
+    update = {"api_keys_file": None, "tokenizer_path": tokenizer, "adapter_names_file": names_file}
     return GatewayService(
         name=name,
-        config=config.model_copy(update={"api_keys_file": None, "tokenizer_path": tokenizer}),
+        config=config.model_copy(update=update),
         pool_key_env=service_env(POOL_KEY_ENV, name),
         kv_pool_password_env=service_env(PASSWORD_ENV, name) if password_env(spec) else None,
         engine_api_key_env=service_env(GATEWAY_ENGINE_KEY_ENV, name),
@@ -120,7 +132,8 @@ def gateway_file(gateway: Owner, spec: InferenceGatewaySpec, members: Sequence[M
 
 
 def gateway_pod(gateway: Owner, spec: InferenceGatewaySpec, members: Sequence[Member]) -> GatewayPod:
-    """The pod's credentials (module docstring's table), API keys and tokenizer volumes."""
+    """The pod's credentials (module docstring's table), API keys, and each service's tokenizer and
+    adapter-names volumes."""
     env: list[dict[str, Any]] = [
         {
             "name": CACHE_KEY_ENV,
@@ -143,18 +156,26 @@ def gateway_pod(gateway: Owner, spec: InferenceGatewaySpec, members: Sequence[Me
         mounts += [
             (volume, f"{TOKENIZERS_DIR}/{name}") for volume, _ in tokenizer_volume(spec_, suffix=f"-{name}")
         ]
+        names = adapter_names_volume(spec_, owner=member.owner, suffix=f"-{name}")
+        mounts += [(volume, f"{ADAPTER_NAMES_PREFIX}{name}") for volume, _ in names]
     secret = spec.auth.api_keys_secret if spec.auth.enabled else None
     token = metrics_token_ref(gateway) if spec.metrics_token else None
     return GatewayPod(env=env, api_keys=secret, mounts=mounts, metrics_token=token)
 
 
 def build_gateway_configmap(gateway: Owner, document: GatewayFile) -> dict[str, Any]:
-    """ConfigMap `<name>-gateway` holding `router.yaml` (a GatewayFile)."""
+    """ConfigMap `<name>-gateway` holding `router.yaml` (a GatewayFile; each service's config as
+    `router.config_document` writes it)."""
+    data = document.model_dump(mode="json", by_alias=True)
+    data["services"] = [
+        entry | {"config": config_document(service.config)}
+        for entry, service in zip(data["services"], document.services, strict=True)
+    ]
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": object_meta(gateway, name=service_name(gateway, Role.GATEWAY), role=Role.GATEWAY),
-        "data": {CONFIG_FILE: to_yaml(document.model_dump(mode="json", by_alias=True))},
+        "data": {CONFIG_FILE: to_yaml(data)},
     }
 
 

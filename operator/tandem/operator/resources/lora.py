@@ -32,13 +32,29 @@ adapter that cannot be installed does not keep the engines from starting: the si
 (`GET /adapters` on port `adapter-sync`, 8095) says why, and the operator reads it back into
 `status.adapters` (`tandem.operator.adapterstatus`). A `pvc://` adapter is a mount of its own, so
 adding one does roll the pools; a catalog on a claim is the way to add volume-held adapters live.
+
+**The gateway's names** (`build_adapter_names_configmap`): ConfigMap `<name>-adapter-names`, key
+`names.json` (`tandem.core.adapternames`), lists every name the gateway accepts as an adapter: the
+declared ones, then the catalog's names as the sidecars report them. The gateway pods mount it whole
+and re-read it, and the router config names only the file (`resources.router`), so no adapter change
+rolls the gateway either.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tandem.core.adapters import HfSource, PvcSource, S3Source, engine_args, engine_env, parse_source
+from tandem.core.adapternames import NAMES_KEY, names_document, parse_names
+from tandem.core.adapters import (
+    AdapterError,
+    HfSource,
+    PvcSource,
+    S3Source,
+    engine_args,
+    engine_env,
+    parse_source,
+)
 from tandem.core.adaptersync import LIST_KEY, SYNC_PORT, list_document
 from tandem.core.spec import InferenceServiceSpec
 from tandem.operator.resources.meta import Images, Owner, Role, child_name, object_meta
@@ -52,6 +68,11 @@ LIST_VOLUME = "adapter-list"
 LIST_MOUNT = "/etc/tandem/adapters"
 #: The ConfigMap `<name>-adapters` holding the list the sidecars read.
 ADAPTERS_SUFFIX = "adapters"
+#: The ConfigMap `<name>-adapter-names` holding the names the gateway accepts as adapters.
+ADAPTER_NAMES_SUFFIX = "adapter-names"
+#: Its second key: the catalog's names it was written with (`live_catalog`); the gateway reads only
+#: `names.json`.
+CATALOG_KEY = "catalog.json"
 #: Downloads stream to disk in 1 MiB chunks (boto3's transfers use a few more buffers).
 SYNC_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 SYNC_CONTAINER = "adapters-sync"
@@ -93,6 +114,55 @@ def build_adapters_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dic
         "metadata": object_meta(owner, name=child_name(owner, ADAPTERS_SUFFIX), role=Role.DECODE),
         "data": {LIST_KEY: list_document(remote_adapters(spec))},
     }
+
+
+def build_adapter_names_configmap(
+    spec: InferenceServiceSpec, *, owner: Owner, catalog: Sequence[str]
+) -> dict[str, Any] | None:
+    """ConfigMap `<name>-adapter-names` (module docstring); None with LoRA off. `names.json` holds
+    `served_adapter_names`; `catalog.json` the catalog's names as given (the reconcile's
+    `catalog`: the union of the sidecars' reports, or this ConfigMap's own `catalog.json` when no
+    report could be read, `live_catalog`), both as `names_document`s."""
+    if spec.engine.lora is None:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(owner, name=child_name(owner, ADAPTER_NAMES_SUFFIX), role=Role.ROUTER),
+        "data": {
+            NAMES_KEY: names_document(served_adapter_names(spec, catalog)),
+            CATALOG_KEY: names_document(sorted(catalog)),
+        },
+    }
+
+
+def served_adapter_names(spec: InferenceServiceSpec, catalog: Sequence[str]) -> list[str]:
+    """The names the gateway accepts as adapters: `spec.adapters`' in spec order, then the catalog's
+    sorted, without the model's own names (`spec.model.name`, its served name: never an adapter) and
+    without repeats (a declared name wins over the catalog's).
+
+    >>> from tandem.core.spec import InferenceServiceSpec
+    >>> spec = InferenceServiceSpec.model_validate({
+    ...     "model": {"name": "m"}, "engine": {"lora": {}},
+    ...     "adapters": [{"name": "sql", "source": "hf://o/sql"}]})
+    >>> served_adapter_names(spec, ["z", "sql", "m", "a"])
+    ['sql', 'a', 'z']
+    """
+    model = {spec.model.name, spec.model.public_name}
+    declared = [adapter.name for adapter in spec.adapters]
+    return list(dict.fromkeys([*declared, *(n for n in sorted(catalog) if n not in model)]))
+
+
+def live_catalog(configmap: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The catalog's names a live `<name>-adapter-names` was written with (its `catalog.json`); ()
+    when it is absent or that key is missing or not a names document."""
+    text = ((configmap or {}).get("data") or {}).get(CATALOG_KEY)
+    if not isinstance(text, str):
+        return ()
+    try:
+        return parse_names(text)
+    except AdapterError:
+        return ()
 
 
 def _pvc_adapters(spec: InferenceServiceSpec) -> list[tuple[str, PvcSource]]:

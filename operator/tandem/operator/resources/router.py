@@ -1,5 +1,9 @@
 """The gateway: its configuration, its identity (ServiceAccount + Role to read EndpointSlices) and its
 Deployment running `tandem router --config /etc/tandem/router.yaml`. Pure builders.
+
+With LoRA on, the gateway's adapters are not in its configuration: the pods mount ConfigMap
+`<name>-adapter-names` (`lora.build_adapter_names_configmap`) whole at `/etc/tandem/adapter-names`,
+outside the pod template's config hash, and re-read `names.json` there (`RouterConfig.adapterNamesFile`).
 """
 
 from __future__ import annotations
@@ -7,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.core.adapternames import NAMES_KEY
 from tandem.core.kvevents import cluster_addresses
 from tandem.core.routerconfig import EngineKVKeys, KubernetesDiscovery, RouterConfig
 from tandem.core.spec import InferenceServiceSpec, SecretKeyRef, engine_hash_seed
@@ -16,6 +21,7 @@ from tandem.operator.resources.engine import (
     model_argument,
 )
 from tandem.operator.resources.kvpool import config_hash, kv_pool_url
+from tandem.operator.resources.lora import ADAPTER_NAMES_SUFFIX
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
     METRICS_PORT,
@@ -51,20 +57,31 @@ AUTH_DIR = "/etc/tandem/auth"
 API_KEYS_FILE = "api-keys"
 #: Where the tokenizer ConfigMap is mounted (`spec.model.tokenizer.configMap`).
 TOKENIZER_DIR = "/etc/tandem/tokenizer"
+#: Where ConfigMap `<name>-adapter-names` is mounted (whole, so its updates reach the running pods).
+ADAPTER_NAMES_DIR = "/etc/tandem/adapter-names"
+ADAPTER_NAMES_VOLUME = "lora-names"
 #: The router's own resources (the spec has none for it): a light async proxy.
 ROUTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
 def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
-    """The RouterConfig: the spec verbatim (the router reads `model`, `engine.kind`,
-    `disaggregation`, `kvPool`, `router`) and discovery through the pool Services' EndpointSlices.
+    """The RouterConfig: the spec (the router reads `model`, `engine.kind`, `disaggregation`,
+    `kvPool`, `router`) and discovery through the pool Services' EndpointSlices.
 
     The router pods roll whenever it changes, engine-only edits included: a rolling update of a
-    stateless gateway is cheap, and the router always sees the spec the engines run with.
+    stateless gateway is cheap, and the router always sees the spec the engines run with. Adapters
+    are the exception: with LoRA on, the spec it carries has no `adapters` and no `adapterCatalog`,
+    and `adapterNamesFile` names the mounted `names.json` instead (`adapter_names_file`), so adding,
+    changing or removing an adapter of any source, or a catalog, leaves it (and the gateway pods)
+    unchanged.
     """
+    names_file = adapter_names_file(spec)
+    if names_file is not None:
+        spec = spec.model_copy(update={"adapters": [], "adapter_catalog": None})
     return RouterConfig(
         service=owner.name,
         spec=spec,
+        adapter_names_file=names_file,
         discovery=KubernetesDiscovery(
             namespace=owner.namespace,
             prefill_service=service_name(owner, Role.PREFILL),
@@ -80,6 +97,25 @@ def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
         kv_layout_in_keys=spec.engine.kind == "sim" or spec.kv_pool.connector == "tandem",
         kv_events=cluster_addresses() if spec.router.prefix_source == "precise" else None,
     )
+
+
+def adapter_names_file(spec: InferenceServiceSpec) -> str | None:
+    """Where the gateway reads the adapters' names (`ADAPTER_NAMES_DIR`); None with LoRA off."""
+    return f"{ADAPTER_NAMES_DIR}/{NAMES_KEY}" if spec.engine.lora is not None else None
+
+
+def adapter_names_volume(
+    spec: InferenceServiceSpec, *, owner: Owner, suffix: str = ""
+) -> list[tuple[dict[str, Any], str]]:
+    """(volume, mount path) of ConfigMap `<name>-adapter-names` (`owner`'s) at `ADAPTER_NAMES_DIR`;
+    none with LoRA off. A whole-volume mount, not subPath: the kubelet then updates the file in the
+    running pods (within its sync period, about a minute). A gateway serving several services names
+    each volume with a `suffix` (`-<service>`: `lora-names-` and a name of at most 52 characters fit
+    a volume name's 63) and mounts it elsewhere (`resources.gateway`)."""
+    if spec.engine.lora is None:
+        return []
+    configmap = {"name": child_name(owner, ADAPTER_NAMES_SUFFIX)}
+    return [({"name": f"{ADAPTER_NAMES_VOLUME}{suffix}", "configMap": configmap}, ADAPTER_NAMES_DIR)]
 
 
 def engine_kv_keys(spec: InferenceServiceSpec) -> EngineKVKeys | None:
@@ -109,13 +145,21 @@ def tokenizer_path(spec: InferenceServiceSpec) -> str | None:
 
 def build_router_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict[str, Any]:
     """ConfigMap `<name>-router` holding `router.yaml` (a RouterConfig document)."""
-    document = router_config(spec, owner=owner).model_dump(mode="json", by_alias=True)
+    document = config_document(router_config(spec, owner=owner))
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": object_meta(owner, name=child_name(owner, ROUTER_SUFFIX), role=Role.ROUTER),
         "data": {CONFIG_FILE: to_yaml(document)},
     }
+
+
+def config_document(config: RouterConfig) -> dict[str, Any]:
+    """`config` as a ConfigMap holds it (JSON types, camelCase keys), without `adapterNamesFile` when
+    it is unset: a service without LoRA keeps the document it had before that key existed, which a
+    gateway of an older image (refusing unknown keys) still reads."""
+    exclude = {"adapter_names_file"} if config.adapter_names_file is None else None
+    return config.model_dump(mode="json", by_alias=True, exclude=exclude)
 
 
 def build_router_service_account(owner: Owner, role: Role = Role.ROUTER) -> dict[str, Any]:
@@ -162,7 +206,8 @@ def build_router_role_binding(owner: Owner, role: Role = Role.ROUTER) -> dict[st
 @dataclass(frozen=True)
 class GatewayPod:
     """What varies between a service's own gateway pod and an InferenceGateway's: the credentials'
-    variables, the API-key Secret, and extra read-only volumes (tokenizer files) with their mounts."""
+    variables, the API-key Secret, and extra read-only volumes (tokenizer files, adapter names) with
+    their mounts; only `config`'s data is in the pod template's hash, not what these volumes hold."""
 
     env: list[dict[str, Any]]
     api_keys: SecretKeyRef | None = None
@@ -218,7 +263,7 @@ def service_gateway_pod(spec: InferenceServiceSpec, *, owner: Owner) -> GatewayP
     """The parts of a service's own gateway pod: the pool's password (from its Secret) for the
     barrier's look-ups and shared counters (the URL in the config has none), the key the gateway
     sends to engines, the pool key (the engines' keyed chunk hashes) and the salt key (tenants'
-    cache_salt; the gateway's alone); the API keys and the tokenizer files."""
+    cache_salt; the gateway's alone); the API keys, the tokenizer files and the adapters' names."""
     env = [
         *password_env(spec),
         *engine_key_env(spec, GATEWAY_ENGINE_KEY_ENV),
@@ -228,7 +273,7 @@ def service_gateway_pod(spec: InferenceServiceSpec, *, owner: Owner) -> GatewayP
     return GatewayPod(
         env=env,
         api_keys=secret,
-        mounts=tokenizer_volume(spec),
+        mounts=[*tokenizer_volume(spec), *adapter_names_volume(spec, owner=owner)],
         metrics_token=metrics_token_ref(owner) if spec.router.metrics_token else None,
     )
 
