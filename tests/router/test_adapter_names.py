@@ -29,7 +29,11 @@ from tests.router.test_routing_sims import samples
 from tandem.core.adapternames import names_document, parse_names
 from tandem.core.adapters import AdapterError
 from tandem.core.gateway import GatewayFile
-from tandem.core.routerconfig import RouterConfig
+from tandem.core.routerconfig import RouterConfig, StaticDiscovery
+from tandem.core.spec import InferenceServiceSpec
+from tandem.operator.resources.lora import build_adapter_names_configmap
+from tandem.operator.resources.meta import Owner
+from tandem.operator.resources.router import router_config
 from tandem.router.app import create_app as router_app
 from tandem.router.compose.many import create_many_app, following, name_owners, owned_adapters
 from tandem.router.compose.service import adapter_janitor
@@ -283,3 +287,47 @@ def test_the_janitor_stays_on_for_a_volume_catalog_whose_names_a_file_brings(tmp
     adapters = ServiceAdapters({"qwen"}, with_file.adapters)
     assert adapter_janitor(config, upstream, adapters) is None
     assert adapter_janitor(with_file, upstream, adapters) is not None
+
+
+async def test_the_operators_gateway_config_and_names_configmap_serve_a_catalogs_adapters(
+    tmp_path: Path,
+) -> None:
+    """What the operator renders for a service with a `pvc://` catalog (the router config without
+    adapters, `<name>-adapter-names` with the names the sidecars reported), run by the gateway in
+    front of an engine whose resolver finds the catalog's adapters."""
+    for name in ("sql", "chat"):
+        write_adapter(tmp_path / "adapters", name)
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"name": "tiny", "servedName": "qwen"},
+            "engine": {"kind": "sim", "lora": {"maxLoras": 2}},
+            "decode": {"replicas": 1},
+            "prefill": {"replicas": 0},
+            "disaggregation": {"mode": "off"},
+            "adapters": [{"name": "sql", "source": "hf://org/sql"}],
+            "adapterCatalog": {"source": "pvc://loras/catalog"},
+        }
+    )
+    owner = Owner(name="lora", namespace="team", uid="u1")
+    rendered = router_config(spec, owner=owner)
+    assert (
+        rendered.spec.adapters == [] and rendered.adapter_names_file == "/etc/tandem/adapter-names/names.json"
+    )
+    configmap = build_adapter_names_configmap(spec, owner=owner, catalog=["chat", "qwen"])
+    assert configmap is not None
+    mount = ConfigMapDir(tmp_path / "names")
+    mount.write(configmap["data"]["names.json"])
+    async with AsyncExitStack() as stack:
+        engine = await stack.enter_async_context(serve(lora_engine(tmp_path / "adapters")))
+        config = rendered.model_copy(
+            update={"adapter_names_file": str(mount.file), "discovery": StaticDiscovery(decode=[engine.url])}
+        )
+        router = await stack.enter_async_context(serve(router_app(config)))
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=router.url, timeout=30, trust_env=False)
+        )
+        answers = [
+            await client.post("/v1/completions", json=complete(m)) for m in ("qwen", "sql", "chat", "code")
+        ]
+        assert [a.status_code for a in answers] == [200, 200, 200, 404]
+        assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["qwen", "sql", "chat"]
