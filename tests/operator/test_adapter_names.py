@@ -166,15 +166,20 @@ def test_with_a_catalog_only_each_sidecar_is_read_once_per_reconcile() -> None:
     assert sidecars.reads == {"d-1": 1, "d-2": 1}
     assert names_in(cluster) == ("a",)
     assert outcome.error is None
+    assert outcome.status.adapter_summary == "1 catalog", "kubectl get counts the catalog's adapters"
 
 
 def test_with_remote_adapters_and_a_catalog_the_status_and_the_names_come_from_one_read() -> None:
     cluster, sidecars = ListingCluster(), Sidecars()
     engine_pod(cluster, "d-1")
     sidecars["d-1"] = ["a"]
+    sidecars["d-1"] = ["a", "sql", "qwen"]  # `sql` is declared, `qwen` the model: not counted
     outcome = reconciled(cluster, LORA | {"adapters": [HUB], "adapterCatalog": CATALOG}, sidecars)
     assert sidecars.reads == {"d-1": 1}
     assert [(a.name, a.state) for a in outcome.status.adapters or []] == [("sql", "Pending")]
+    assert outcome.status.adapter_summary == "0/1 +1 catalog"
+    without = reconciled(cluster, LORA | {"adapters": [HUB]}, sidecars)
+    assert without.status.adapter_summary == "0/1"
 
 
 @pytest.mark.parametrize(

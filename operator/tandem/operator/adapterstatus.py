@@ -250,11 +250,19 @@ def conditions_with(
     )
 
 
-def summary(adapters: Sequence[AdapterStatus]) -> str | None:
-    """`ready/declared` for `kubectl get` (None without adapters)."""
-    if not adapters:
-        return None
-    return f"{sum(a.state == 'Ready' for a in adapters)}/{len(adapters)}"
+def summary(adapters: Sequence[AdapterStatus], *, catalog: int | None = None) -> str | None:
+    """`ready/declared` for `kubectl get`, and with a catalog (`catalog`: how many of its adapters the
+    gateway serves besides the declared ones) `+N catalog`; None without either.
+
+    >>> summary([], catalog=480), summary([], catalog=None)
+    ('480 catalog', None)
+    """
+    parts = []
+    if adapters:
+        parts.append(f"{sum(a.state == 'Ready' for a in adapters)}/{len(adapters)}")
+    if catalog is not None:
+        parts.append(f"{'+' if parts else ''}{catalog} catalog")
+    return " ".join(parts) or None
 
 
 def events(previous: Sequence[Mapping[str, Any]], adapters: Sequence[AdapterStatus]) -> list[AdapterEvent]:

@@ -69,7 +69,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Adapters",
         "type": "string",
         "jsonPath": ".status.adapterSummary",
-        "description": "Ready/declared LoRA adapters (spec.adapters).",
+        "description": "Ready/declared LoRA adapters (spec.adapters), +N served from the catalog.",
     },
     {
         "name": "Endpoint",

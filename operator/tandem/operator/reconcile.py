@@ -35,7 +35,7 @@ from tandem.operator.gateway_status import served_by_condition
 from tandem.operator.objects import Child, ObjectRef
 from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
 from tandem.operator.resources.engine import pool_spec
-from tandem.operator.resources.lora import ADAPTER_NAMES_SUFFIX, live_catalog
+from tandem.operator.resources.lora import ADAPTER_NAMES_SUFFIX, live_catalog, served_adapter_names
 from tandem.operator.resources.meta import child_name
 from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.secrets import USABLE_LABEL, named_secrets, new_secret, refusal
@@ -130,12 +130,14 @@ def reconcile(
     live: dict[ObjectRef, dict[str, Any]] = {}
     problems: list[str] = []
     observed: adapterstatus.Observed | None = None
+    catalog: tuple[str, ...] | None = None
     try:
         refused = refused_secrets(isvc.spec, namespace=owner.namespace, cluster=cluster)
         if refused:
             return _blocked(refused, generation=generation, previous=previous, now=now)
         # Read once (the sidecars over HTTP): for the gateway's adapter names and for the status.
         observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
+        catalog = adapter_catalog(isvc.spec, observed, owner=owner, cluster=cluster)
         children = desired_children(
             isvc.spec,
             owner=owner,
@@ -143,7 +145,7 @@ def reconcile(
             metrics_namespaces=metrics_namespaces,
             new_value=new_value,
             gateway=gateway,
-            adapter_catalog=adapter_catalog(isvc.spec, observed, owner=owner, cluster=cluster),
+            adapter_catalog=catalog,
         )
         _apply_all(children, owner=owner, cluster=cluster, outcome=outcome, live=live)
     except ClusterError as exc:
@@ -162,8 +164,10 @@ def reconcile(
     )
     if observed is None:  # the Secrets could not be read: the adapters are observed all the same
         observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
+    if catalog is None:  # not reached: the catalog's names as the sidecars report them, if any
+        catalog = adapterstatus.reported_catalog(observed) or () if isvc.spec.adapter_catalog else ()
     outcome.status, adapter_events = _with_adapters(
-        isvc.spec, outcome.status, observed, owner=owner, previous=previous, now=now
+        isvc.spec, outcome.status, observed, owner=owner, previous=previous, now=now, catalog=catalog
     )
     outcome.events = _warnings(previous, outcome.status) + adapter_events
     return outcome
@@ -198,6 +202,12 @@ def adapter_catalog(
     return live_catalog(cluster.get(ref))
 
 
+def extra_catalog_names(spec: InferenceServiceSpec, catalog: Sequence[str]) -> list[str]:
+    """The catalog's names the gateway serves besides the declared adapters (`<name>-adapter-names`)."""
+    declared = {adapter.name for adapter in spec.adapters}
+    return [name for name in served_adapter_names(spec, catalog) if name not in declared]
+
+
 def _with_adapters(
     spec: InferenceServiceSpec,
     status: InferenceServiceStatus,
@@ -206,9 +216,11 @@ def _with_adapters(
     owner: Owner,
     previous: Mapping[str, Any],
     now: str,
+    catalog: Sequence[str] = (),
 ) -> tuple[InferenceServiceStatus, list[Event]]:
-    """`status` with each adapter's state as `observed`, their count and `AdaptersReady`
-    (`adapterstatus`), and an Event per adapter that changed state."""
+    """`status` with each adapter's state as `observed`, their count (with the `catalog`'s names
+    the gateway serves besides, when the spec has a catalog) and `AdaptersReady` (`adapterstatus`),
+    and an Event per adapter that changed state."""
     adapters = adapterstatus.judge(spec, observed, owner=owner)
     conditions = adapterstatus.conditions_with(
         status.conditions,
@@ -220,7 +232,9 @@ def _with_adapters(
     update = {
         "conditions": conditions,
         "adapters": adapters or None,
-        "adapter_summary": adapterstatus.summary(adapters),
+        "adapter_summary": adapterstatus.summary(
+            adapters, catalog=len(extra_catalog_names(spec, catalog)) if spec.adapter_catalog else None
+        ),
     }
     changes = adapterstatus.events(previous.get("adapters") or [], adapters)
     return status.model_copy(update=update), [Event(e.type, e.reason, e.message) for e in changes]

@@ -110,7 +110,9 @@ class InferenceServiceStatus(_StatusModel):
         default=None, description="Each adapter of spec.adapters: Ready, Pending or Failed, and why."
     )
     adapter_summary: str | None = Field(
-        default=None, description="`ready/declared` adapters, for `kubectl get`."
+        default=None,
+        description="`ready/declared` adapters, and `+N catalog` for a catalog's adapters the gateway "
+        "serves besides, for `kubectl get`.",
     )
 
 
