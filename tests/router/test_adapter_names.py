@@ -35,10 +35,10 @@ from tandem.operator.resources.lora import build_adapter_names_configmap
 from tandem.operator.resources.meta import Owner
 from tandem.operator.resources.router import router_config
 from tandem.router.app import create_app as router_app
-from tandem.router.compose.many import create_many_app, following, name_owners, owned_adapters
+from tandem.router.compose.many import create_many_app, following, name_owners, owned_adapters, retrying
 from tandem.router.compose.service import adapter_janitor
 from tandem.router.config import EffectiveConfig, resolve
-from tandem.router.errors import ConfigurationError, ModelNotFound
+from tandem.router.errors import ConfigurationError
 from tandem.router.request.adapters import Change, ServiceAdapters
 from tandem.router.request.names import ModelNames
 from tandem.router.settings import RouterSettings
@@ -126,10 +126,10 @@ def test_a_name_another_service_model_or_alias_holds_is_refused_and_taken_once_f
         return resolve(RouterConfig.model_validate(document), RouterSettings())
 
     alpha, beta = config("alpha", "qwen", ["sql"]), config("beta", "llama", [])
-    owners = name_owners([alpha, beta], {"fast": [("alpha", 1)]})
-    mine, theirs = owned_adapters(alpha, owners), owned_adapters(beta, owners)
-    mine.listeners.append(following(names, "alpha-route"))
-    theirs.listeners.append(following(names, "beta-route"))
+    owners, members = name_owners([alpha, beta], {"fast": [("alpha", 1)]}), list[ServiceAdapters]()
+    mine, theirs = owned_adapters(alpha, owners, members), owned_adapters(beta, owners, members)
+    for adapters, route in ((mine, "alpha-route"), (theirs, "beta-route")):
+        adapters.listeners += [following(names, route), retrying(members, adapters)]
     theirs.replace(["sql", "fast", "org/qwen", "llama", "code"])
     assert theirs.ordered == ("code",)
     assert theirs.refused == {
@@ -141,11 +141,10 @@ def test_a_name_another_service_model_or_alias_holds_is_refused_and_taken_once_f
     assert mine.replace(["code"]).added == () and mine.refused == {
         "code": "'code' is already service beta's adapter"
     }
-    theirs.replace([])
-    with pytest.raises(ModelNotFound):
-        names.resolve("code")
-    assert mine.replace(["code"]).added == ("code",), "freed, so taken at the file's next change"
+    theirs.replace([])  # beta drops code: alpha's refused code is tried again at once
+    assert mine.refused == {} and mine.ordered == ("sql", "code")
     assert names.resolve("code").service == "alpha-route"
+    assert theirs.replace(["code"]).added == () and "code" in theirs.refused
 
 
 # -- the file -----------------------------------------------------------------------------------

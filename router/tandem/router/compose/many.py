@@ -163,6 +163,7 @@ def compose_many(
     parts: list[ServiceParts] = []
     routes: dict[str, ServiceRoute] = {}
     owners = name_owners(configs, aliases)
+    members: list[ServiceAdapters] = []
     for config, registry, encoder in zip(configs, registries, encoders, strict=True):
         own = CollectorRegistry()
         metrics = RouterMetrics(own, registry)
@@ -180,7 +181,7 @@ def compose_many(
             bus=ScopedBus(bus, config.service),
             loop_lag=loop_lag,
             output_charge=access.output_charge,
-            adapters=owned_adapters(config, owners),
+            adapters=owned_adapters(config, owners, members),
         )
         parts.append(part)
         model = config.spec.model.public_name
@@ -209,6 +210,7 @@ def compose_many(
     )
     for part in parts:
         part.adapters.listeners.append(following(model_names, routes[part.config.spec.model.public_name]))
+        part.adapters.listeners.append(retrying(members, part.adapters))
     route = Route(
         model_names,
         unknown=names.unknown,
@@ -282,9 +284,12 @@ def name_owners(
     return owners
 
 
-def owned_adapters(config: EffectiveConfig, owners: dict[str, str]) -> ServiceAdapters:
+def owned_adapters(
+    config: EffectiveConfig, owners: dict[str, str], members: list[ServiceAdapters]
+) -> ServiceAdapters:
     """`config`'s adapter names, refusing a listed name another service, model or alias holds in
-    `owners`, and keeping `owners` current as its names change."""
+    `owners`, and keeping `owners` current as its names change; it joins `members`, the services'
+    names (`retrying`)."""
     mine = f"service {config.service}'s adapter"
 
     def refuse(name: str) -> str | None:
@@ -299,7 +304,21 @@ def owned_adapters(config: EffectiveConfig, owners: dict[str, str]) -> ServiceAd
 
     adapters = ServiceAdapters(served_names(config.spec.model), config.adapters, refuse=refuse)
     adapters.listeners.append(changed)
+    members.append(adapters)
     return adapters
+
+
+def retrying(members: Sequence[ServiceAdapters], adapters: ServiceAdapters) -> Callable[[Change], None]:
+    """A `ServiceAdapters` listener, the last of `adapters`' (after the name map has dropped its
+    names): when it drops names, the other services try their refused names again."""
+
+    def changed(change: Change) -> None:
+        if change.removed:
+            for other in members:
+                if other is not adapters:
+                    other.retry()
+
+    return changed
 
 
 def following(names: ModelNames[T], route: T) -> Callable[[Change], None]:

@@ -10,7 +10,8 @@ nothing rebuilt. `ordered` is the list in order (`/v1/models`), and `listeners` 
 
 A listed name is not taken when it is one of the model's own names, or when `refuse` says why not (a
 gateway of many services: another service's model, adapter or an alias); each refusal is kept in
-`refused` (name → why) until the name is taken or leaves the list.
+`refused` (name → why) until the name is taken or leaves the list. `retry` tries the refused names
+again (another service has dropped names, which may free them).
 
 Example: fixed `("sql",)`, the file lists `["chat", "sql"]` → `ordered` is `("sql", "chat")`; the
 file then lists `["sql"]` → `chat` is dropped (`Change(added=(), removed=("chat",))`).
@@ -37,7 +38,7 @@ class ServiceAdapters:
     """One service's adapter names (module docstring). `model`: the model's own names (never
     adapters); `fixed`: the names the configuration fixes, always served."""
 
-    __slots__ = ("accepted", "fixed", "listeners", "model", "names", "ordered", "refuse", "refused")
+    __slots__ = ("accepted", "fixed", "listed", "listeners", "model", "names", "ordered", "refuse", "refused")
 
     def __init__(
         self,
@@ -55,6 +56,8 @@ class ServiceAdapters:
         #: Every `model` a request may name: the model's names and the adapters; changed in place.
         self.accepted: set[str] = set(self.model) | self.names
         self.refused: dict[str, str] = {}
+        #: The names last given to `replace`.
+        self.listed: tuple[str, ...] = ()
         self.listeners: list[Callable[[Change], None]] = []
 
     def __contains__(self, name: object) -> bool:
@@ -66,6 +69,7 @@ class ServiceAdapters:
     def replace(self, listed: Sequence[str]) -> Change:
         """Serve the fixed names and `listed` (module docstring); returns what changed, after the
         listeners have heard it."""
+        self.listed = tuple(listed)
         refused: dict[str, str] = {}
         wanted: list[str] = []
         for name in dict.fromkeys((*self.fixed, *listed)):
@@ -93,3 +97,7 @@ class ServiceAdapters:
         for listener in self.listeners:
             listener(change)
         return change
+
+    def retry(self) -> Change:
+        """Try the refused names again (module docstring); no change when none was refused."""
+        return self.replace(self.listed) if self.refused else Change()
