@@ -16,10 +16,12 @@ import pytest
 
 from tandem.cli.adapters import prepare_local_adapters
 from tandem.cli.documents import load_one
+from tandem.core.adapternames import parse_names
 from tandem.core.spec import AdapterCatalogSpec
 from tandem.core.specrules import SpecInvalid
-from tandem.local.catalog import catalog_adapter_names
-from tandem.local.plan import LocalCredentials, build_plan
+from tandem.local.catalog import CatalogFollower, catalog_adapter_names, catalog_follower
+from tandem.local.fleet import build_fleet_plan
+from tandem.local.plan import LocalCredentials, adapter_folder, adapter_names_path, build_plan
 from tandem.local.vllm_engine import engine_command
 from tandem.router.config import resolve
 from tandem.router.settings import RouterSettings
@@ -131,3 +133,73 @@ def test_no_catalog_names_without_a_local_catalog_or_lora(tmp_path: Path) -> Non
     no_lora = isvc.spec.model_copy(update={"engine": isvc.spec.engine.model_copy(update={"lora": None})})
     for spec in (pvc, missing, no_lora):
         assert catalog_adapter_names(isvc.model_copy(update={"spec": spec}), base=EXAMPLE.parent) == []
+
+
+def write_adapter(root: Path, name: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+
+
+def test_a_followed_catalog_reaches_the_adapter_folder_and_the_names_file_as_it_changes(
+    tmp_path: Path,
+) -> None:
+    catalog, dest, names_file = tmp_path / "catalog", tmp_path / "state" / "adapters", tmp_path / "names.json"
+    for name in ("a", "b", "sql", "qwen"):
+        write_adapter(catalog, name)
+    follower = CatalogFollower(
+        catalog=catalog, dest=dest, names_file=names_file, keep=frozenset({"sql", "qwen"})
+    )
+    assert follower.step() == (("a", "b"), ())
+    assert parse_names(names_file.read_text()) == ("a", "b"), "declared and model names are not the catalog's"
+    assert sorted(p.name for p in dest.iterdir()) == ["a", "b"]
+    assert follower.step() is None, "nothing changed"
+    write_adapter(catalog, "c")
+    (dest / "mine").mkdir()  # not a link into the catalog: left alone
+    for path in (catalog / "a").iterdir():
+        path.unlink()
+    (catalog / "a").rmdir()
+    assert follower.step() == (("c",), ("a",))
+    assert parse_names(names_file.read_text()) == ("b", "c")
+    assert sorted(p.name for p in dest.iterdir()) == ["b", "c", "mine"]
+    assert (dest / "c" / "adapter_config.json").is_file(), "the engines' resolver finds it by name"
+    catalog.rename(tmp_path / "gone")
+    assert follower.step() is None and "cannot list" in follower.error
+    assert parse_names(names_file.read_text()) == ("b", "c"), (
+        "a catalog that cannot be listed changes nothing"
+    )
+
+
+def test_up_follows_the_examples_catalog_through_a_names_file(tmp_path: Path) -> None:
+    isvc = load_one(EXAMPLE)
+    plan = build_plan(
+        isvc, ports=itertools.count(9000), router_port=8080, python="/py",
+        redis_server="/usr/bin/redis-server", state_dir=tmp_path, credentials=CREDENTIALS,
+        follow_catalog=True,
+    )  # fmt: skip
+    assert plan.router_config.adapter_names == []
+    assert plan.router_config.adapter_names_file == str(adapter_names_path(tmp_path))
+    dest = adapter_folder(isvc, tmp_path)
+    assert dest is not None
+    follower = catalog_follower(isvc, base=EXAMPLE.parent, dest=dest, names_file=adapter_names_path(tmp_path))
+    assert follower is not None
+    assert parse_names(adapter_names_path(tmp_path).read_text()) == ("sql-lora", "summarize-lora")
+    config = resolve(plan.router_config, RouterSettings(), environ={})
+    assert config.adapters == () and config.adapter_names_file == adapter_names_path(tmp_path)
+
+
+def test_a_fleet_follows_each_services_catalog_through_its_own_names_file(tmp_path: Path) -> None:
+    lora = load_one(EXAMPLE)
+    other = lora.model_copy(
+        update={"metadata": lora.metadata.model_copy(update={"name": "other"}),
+                "spec": lora.spec.model_copy(update={"model": lora.spec.model.model_copy(
+                    update={"name": "org/other", "served_name": "other"})})},
+    )  # fmt: skip
+    _, file = build_fleet_plan(
+        [lora, other], gateway="fleet", spec=None, ports=itertools.count(9000), router_port=8080,
+        python="/py", redis_server="/usr/bin/redis-server", state_dir=tmp_path, credentials=CREDENTIALS,
+        catalog_adapters={"other": ["sql-lora"]}, follow_catalogs={"lora"},
+    )  # fmt: skip
+    configs = {s.name: s.config for s in file.services}
+    assert configs["lora"].adapter_names_file == str(adapter_names_path(tmp_path / "lora"))
+    assert configs["lora"].adapter_names == []
+    assert configs["other"].adapter_names_file is None and configs["other"].adapter_names == ["sql-lora"]

@@ -1,5 +1,6 @@
 """`tandem up -f deploy/examples/lora.yaml`: the catalog's adapters are served by name through the
-gateway, as a new user would try them.
+gateway, as a new user would try them, and adapters added to or removed from the catalog while the
+stack runs are served or refused without a restart.
 
 Real: `tandem up` in a subprocess (Redis, simulated engines with the LoRA flags and the filesystem
 resolver over the stack's adapter folder, the gateway), httpx as the client. Nothing is faked.
@@ -7,10 +8,13 @@ resolver over the stack's adapter folder, the gateway), httpx as the client. Not
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -49,3 +53,51 @@ def test_the_examples_catalog_adapters_are_served_through_the_gateway(tmp_path: 
     texts = {r.json()["choices"][0]["text"] for r in (base, sql, summarize)}
     assert len(texts) == 3, "each adapter answers differently from the base model"
     assert unknown.status_code == 404
+
+
+@contextmanager
+def up(example: Path, state: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+    argv = [sys.executable, "-m", "tandem.cli", "up", "-f", str(example), "--port", str(port)]
+    process = subprocess.Popen(
+        [*argv, "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not process.stdout.readline().startswith("ready:"):
+            assert process.poll() is None, "tandem up ended before it was ready"
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def test_an_adapter_copied_into_the_catalog_is_served_and_one_removed_is_refused(tmp_path: Path) -> None:
+    shutil.copy(EXAMPLE, tmp_path / "lora.yaml")
+    shutil.copytree(EXAMPLE.parent / "adapters", tmp_path / "adapters")
+    port = free_port()
+    body = {"prompt": "select the rows", "max_tokens": 4, "temperature": 0}
+
+    def status(http: httpx.Client, model: str) -> int:
+        return http.post("/completions", json={**body, "model": model}).status_code
+
+    def until(http: httpx.Client, model: str, code: int) -> None:
+        deadline = time.monotonic() + 30
+        while status(http, model) != code:
+            assert time.monotonic() < deadline, f"{model} never answered {code}"
+            time.sleep(0.25)
+
+    with (
+        up(tmp_path / "lora.yaml", tmp_path / "state", port),
+        httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", trust_env=False, timeout=30) as http,
+    ):
+        assert [status(http, m) for m in ("sql-lora", "new-lora")] == [200, 404]
+        shutil.copytree(tmp_path / "adapters" / "sql-lora", tmp_path / "adapters" / "new-lora")
+        until(http, "new-lora", 200)
+        listed = [m["id"] for m in http.get("/models").json()["data"]]
+        shutil.rmtree(tmp_path / "adapters" / "summarize-lora")
+        until(http, "summarize-lora", 404)
+        assert status(http, "sql-lora") == 200
+    assert sorted(listed) == ["new-lora", "qwen", "sql-lora", "summarize-lora"]

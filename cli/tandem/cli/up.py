@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -46,12 +46,12 @@ from tandem.core.gateway import (
     parse_document,
 )
 from tandem.core.spec import InferenceService
-from tandem.core.specrules import SpecInvalid
+from tandem.core.specrules import SpecInvalid, local_catalog
 from tandem.core.tracing import TracingSpec
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
-from tandem.local.catalog import catalog_adapter_names
+from tandem.local.catalog import CatalogFollower, catalog_adapter_names, catalog_follower
 from tandem.local.fleet import build_fleet_plan, served_table
 from tandem.local.plan import (
     CACHE_KEY_ENV,
@@ -62,6 +62,7 @@ from tandem.local.plan import (
     PlanError,
     Role,
     adapter_folder,
+    adapter_names_path,
     build_plan,
     local_preflight,
 )
@@ -171,7 +172,13 @@ def _with_engine(isvc: InferenceService, kind: str | None) -> InferenceService:
     return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"engine": engine})})
 
 
-def _watch(supervisor: Supervisor) -> None:
+#: Seconds between two passes over the followed local catalogs.
+CATALOG_EVERY_S = 2.0
+
+
+def _watch(supervisor: Supervisor, followers: Sequence[tuple[str, CatalogFollower]] = ()) -> None:
+    """Until a child dies: its failure raised; meanwhile the local catalogs followed."""
+    next_pass = time.monotonic() + CATALOG_EVERY_S
     while True:
         dead = supervisor.first_dead()
         if dead is not None:
@@ -179,7 +186,57 @@ def _watch(supervisor: Supervisor) -> None:
                 f"{dead.plan.name} exited with code {dead.process.returncode}; "
                 f"its log ends with:\n{dead.log_tail()}"
             )
+        if followers and time.monotonic() >= next_pass:
+            next_pass = time.monotonic() + CATALOG_EVERY_S
+            for service, follower in followers:
+                _follow(service, follower)
         time.sleep(0.5)
+
+
+def _follow(service: str, follower: CatalogFollower) -> None:
+    """One pass over a local catalog, saying what it changed."""
+    error = follower.error
+    try:
+        change = follower.step()
+    except (AdapterError, OSError) as exc:  # the adapter folder or the names file could not be written
+        _say(f"warning: InferenceService {service}: adapter catalog: {exc}")
+        return
+    if follower.error and follower.error != error:
+        _say(f"warning: InferenceService {service}: adapter catalog: {follower.error}")
+    if change is not None:
+        added, removed = change
+        words = [
+            f"added {', '.join(added)}" if added else "",
+            f"removed {', '.join(removed)}" if removed else "",
+        ]
+        _say(f"InferenceService {service}: adapter catalog: {'; '.join(w for w in words if w)}")
+
+
+def _followers(
+    services: Sequence[tuple[InferenceService, Path]], *, state_dir: Path, fleet: bool
+) -> list[tuple[str, CatalogFollower]]:
+    """A follower per service with `engine.lora` and a local catalog (`tandem.local.catalog`), its
+    first pass done; `services`: each with the folder its relative sources start from."""
+    out = []
+    for isvc, base in services:
+        folder = state_dir / isvc.metadata.name if fleet else state_dir
+        dest = adapter_folder(isvc, folder.resolve())
+        if dest is None:
+            continue
+        try:
+            follower = catalog_follower(
+                isvc, base=base, dest=dest, names_file=adapter_names_path(folder.resolve())
+            )
+        except (AdapterError, OSError) as exc:
+            fail(f"InferenceService {isvc.metadata.name}: adapter catalog: {exc}", code=1)
+        if follower is not None:
+            out.append((isvc.metadata.name, follower))
+    return out
+
+
+def _follows(isvc: InferenceService, base: Path) -> bool:
+    """Whether `tandem up` follows the service's catalog (`engine.lora` and a local catalog)."""
+    return isvc.spec.engine.lora is not None and local_catalog(isvc.spec, base=base) is not None
 
 
 def _start_autoscaler(
@@ -237,9 +294,11 @@ def _run(
     state_dir: Path,
     autoscaler_port: int,
     fleet: GatewayFile | None = None,
+    followers: Sequence[tuple[str, CatalogFollower]] = (),
 ) -> int:
     """Start the stack, watch it until a signal or a failure, stop it; returns the exit code.
-    `fleet`: several services behind one gateway (`isvc` is the first)."""
+    `fleet`: several services behind one gateway (`isvc` is the first); `followers`: the local
+    catalogs followed while it runs."""
     supervisor = Supervisor(log_dir=state_dir.resolve() / "logs")
     recorder = _Recorder(isvc, plan, supervisor, state_dir.resolve(), name=fleet.gateway if fleet else None)
     if fleet is not None:
@@ -262,7 +321,7 @@ def _run(
             click.echo(line)
         click.echo(f"endpoint: {plan.endpoint}")
         click.echo(f"ready: {_served(plan, fleet)} at {plan.endpoint} (Ctrl-C to stop)")
-        _watch(supervisor)
+        _watch(supervisor, followers)
     except _StopRequested as stop:
         _say(f"{stop}: stopping")
     except ChildFailed as exc:
@@ -366,12 +425,14 @@ def up(
     _refuse_second_run(state_dir)
     if _port_in_use(port):
         fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
+    follow = _follows(isvc, paths[0].parent)
     try:
         plan = build_plan(
             isvc, ports=free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
             credentials=_credentials(os.environ),
-            catalog_adapters=catalog_adapter_names(isvc, base=paths[0].parent),
+            catalog_adapters=[] if follow else catalog_adapter_names(isvc, base=paths[0].parent),
+            follow_catalog=follow,
         )  # fmt: skip
         notes = local_preflight(isvc, sim_flags=SIM_FLAGS)
     except PlanError as exc:
@@ -380,10 +441,13 @@ def up(
         _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
     _link_adapters(isvc, base=paths[0].parent, state_dir=state_dir)
+    followers = _followers([(isvc, paths[0].parent)], state_dir=state_dir, fleet=False)
     config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     write_prometheus_config(state_dir / "prometheus.yml", plan, autoscaler_port=autoscaler_port)
-    raise SystemExit(_run(isvc, plan, state_dir=state_dir, autoscaler_port=autoscaler_port))
+    raise SystemExit(
+        _run(isvc, plan, state_dir=state_dir, autoscaler_port=autoscaler_port, followers=followers)
+    )
 
 
 def _up_fleet(
@@ -409,14 +473,17 @@ def _up_fleet(
     _refuse_second_run(state_dir)
     if _port_in_use(port):
         fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
+    followed = {s.metadata.name for s in services if _follows(s, bases[s.metadata.name])}
     try:
         plan, file = build_fleet_plan(
             services, gateway=name, spec=gateway_spec, ports=free_ports(),
             router_port=port, python=sys.executable, redis_server=find_redis_server(),
             state_dir=state_dir.resolve(), credentials=_credentials(os.environ),
             catalog_adapters={
-                s.metadata.name: catalog_adapter_names(s, base=bases[s.metadata.name]) for s in services
+                s.metadata.name: catalog_adapter_names(s, base=bases[s.metadata.name])
+                for s in services if s.metadata.name not in followed
             },
+            follow_catalogs=followed,
         )  # fmt: skip
         notes = [note for isvc in services for note in local_preflight(isvc, sim_flags=SIM_FLAGS)]
     except (PlanError, ValueError) as exc:
@@ -426,10 +493,18 @@ def _up_fleet(
     state_dir.mkdir(parents=True, exist_ok=True)
     for isvc in services:
         _link_adapters(isvc, base=bases[isvc.metadata.name], state_dir=state_dir / isvc.metadata.name)
+    followers = _followers([(s, bases[s.metadata.name]) for s in services], state_dir=state_dir, fleet=True)
     content = file.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(content, sort_keys=False), encoding="utf-8")
     raise SystemExit(
-        _run(services[0], plan, state_dir=state_dir, autoscaler_port=autoscaler_port, fleet=file)
+        _run(
+            services[0],
+            plan,
+            state_dir=state_dir,
+            autoscaler_port=autoscaler_port,
+            fleet=file,
+            followers=followers,
+        )
     )
 
 

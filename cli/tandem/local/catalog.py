@@ -1,17 +1,27 @@
-"""The names of a service's local adapter catalog, for the gateway's router config (`tandem up`).
+"""A service's local adapter catalog while `tandem up` runs.
 
-The gateway accepts an adapter's name only when its router config lists it (`adapterNames`,
-docs/router.md "LoRA adapters"); the engines find a catalog's adapters by name through vLLM's
-filesystem resolver once `tandem up` has linked them (`tandem.cli.adapters.prepare_local_adapters`).
-This reads the catalog's directory; `tandem.local.plan.build_plan` stays pure and takes the names
-(`catalog_adapters`).
+The gateway accepts an adapter's name only when it knows it (docs/router.md "LoRA adapters"); the
+engines find a catalog's adapters by name through vLLM's filesystem resolver once `tandem up` has
+linked them (`tandem.cli.adapters.prepare_local_adapters`). `catalog_adapter_names` reads the
+catalog's names once (`tandem.local.plan.build_plan` stays pure and takes them: `catalog_adapters`).
+
+`CatalogFollower` keeps both current while the stack runs, as the adapters-sync sidecar and the
+operator do in a cluster: every pass it links the catalog's new adapters into the engines' adapter
+folder, unlinks those that left the catalog, and rewrites the gateway's names file
+(`tandem.core.adapternames`, the router config's `adapterNamesFile`), which the gateway re-reads.
+So an adapter directory copied into the catalog is served within seconds, and one removed is
+refused (and unloaded from the engines by the gateway), with no process restarted.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.core.adapters import AdapterError, scan_catalog
+from tandem.core.adapternames import names_document
+from tandem.core.adapters import AdapterError, link_adapters, scan_catalog
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import local_catalog
 
@@ -30,3 +40,72 @@ def catalog_adapter_names(isvc: InferenceService, *, base: Path) -> list[str]:
         return sorted(scan_catalog(directory).adapters)
     except (AdapterError, OSError):
         return []
+
+
+@dataclass
+class CatalogFollower:
+    """Follows `catalog` into the engines' adapter folder `dest` and the gateway's `names_file`
+    (module docstring). `keep`: names that are not the catalog's to link or list (the declared
+    adapters, which the gateway serves anyway, and the model's own names). `names`: what the file
+    lists now."""
+
+    catalog: Path
+    dest: Path
+    names_file: Path
+    keep: frozenset[str] = frozenset()
+    names: tuple[str, ...] | None = None
+    error: str = ""
+
+    def step(self) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """One pass; the names (added, removed) when the list changed, else None. A catalog that
+        cannot be listed changes nothing (`error` says why until it can)."""
+        try:
+            found = scan_catalog(self.catalog).adapters
+        except AdapterError as exc:
+            self.error = str(exc)
+            return None
+        self.error = ""
+        mine = {name: path for name, path in found.items() if name not in self.keep}
+        link_adapters(self.dest, mine)
+        root = self.catalog.resolve()
+        for link in self.dest.iterdir():
+            if link.name not in mine and link.is_symlink() and _points_into(link, root):
+                link.unlink(missing_ok=True)
+        names = tuple(sorted(mine))
+        if names == self.names:
+            return None
+        before = set(self.names or ())
+        _write(self.names_file, names_document(names))
+        self.names = names
+        return tuple(n for n in names if n not in before), tuple(sorted(before - set(names)))
+
+
+def _points_into(link: Path, root: Path) -> bool:
+    target = Path(os.readlink(link))
+    return (target if target.is_absolute() else link.parent / target).is_relative_to(root)
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace `path`'s content at once (the gateway never reads half a list)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def catalog_follower(
+    isvc: InferenceService, *, base: Path, dest: Path, names_file: Path, model_names: Collection[str] = ()
+) -> CatalogFollower | None:
+    """The follower of `isvc`'s local catalog (None without `engine.lora` or a local catalog), its
+    first pass done: the adapter folder linked and the names file written."""
+    if isvc.spec.engine.lora is None:
+        return None
+    directory = local_catalog(isvc.spec, base=base)
+    if directory is None:
+        return None
+    model = isvc.spec.model
+    keep = frozenset({*(a.name for a in isvc.spec.adapters), model.name, model.public_name, *model_names})
+    follower = CatalogFollower(catalog=directory, dest=dest, names_file=names_file, keep=keep)
+    if follower.step() is None and follower.names is None:
+        _write(names_file, names_document(()))  # a catalog not listable yet: no names until it is
+        follower.names = ()
+    return follower

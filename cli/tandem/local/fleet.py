@@ -15,7 +15,7 @@ one service), which are refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,11 +39,13 @@ def build_fleet_plan(
     state_dir: Path,
     credentials: LocalCredentials,
     catalog_adapters: Mapping[str, Sequence[str]] | None = None,
+    follow_catalogs: Collection[str] = (),
 ) -> tuple[LocalPlan, GatewayFile]:
     """The processes that run `services` here behind one gateway named `gateway` (module docstring),
-    and the gateway's file. `catalog_adapters`: per service name, its local catalog's adapter names
-    (`build_plan`). Raises `PlanError` for what cannot run so, `ValueError` (pydantic's) for names
-    that cannot be served together."""
+    and the gateway's file. `catalog_adapters`: per service name, its local catalog's adapter names;
+    `follow_catalogs`: the services whose catalog `tandem up` follows (`build_plan`). Raises
+    `PlanError` for what cannot run so, `ValueError` (pydantic's) for names that cannot be served
+    together."""
     names = [s.metadata.name for s in services]
     if len(set(names)) != len(names):
         raise PlanError(f"two InferenceServices are named {next(n for n in names if names.count(n) > 1)!r}")
@@ -65,6 +67,7 @@ def build_fleet_plan(
                 state_dir=state_dir / isvc.metadata.name,
                 credentials=credentials,
                 catalog_adapters=(catalog_adapters or {}).get(isvc.metadata.name, ()),
+                follow_catalog=isvc.metadata.name in follow_catalogs,
             )
         )
     processes = []

@@ -54,6 +54,8 @@ ENDPOINT_FILE = "endpoints.json"
 #: With `engine.lora`: the engines' adapter directory under the state dir (vLLM's
 #: VLLM_LORA_RESOLVER_CACHE_DIR), into which `tandem up` links the local adapters by name.
 ADAPTER_DIR = "adapters"
+#: The adapter names file `tandem up` keeps for a followed local catalog (`adapter_names_path`).
+ADAPTER_NAMES_FILE = "adapter-names.json"
 
 
 #: Where engines read the key they require (vLLM's variable; `tandem sim` reads it too), and where the
@@ -140,6 +142,7 @@ def build_plan(
     state_dir: Path,
     credentials: LocalCredentials | None = None,
     catalog_adapters: Sequence[str] = (),
+    follow_catalog: bool = False,
 ) -> LocalPlan:
     """The processes that run `isvc` here, in start order (KV pool, engines, gateway).
 
@@ -147,7 +150,10 @@ def build_plan(
     (None is fine when the spec names an external Redis URL); `credentials` default to fresh ones;
     `catalog_adapters`: the names of the local adapter catalog's adapters (`scan_catalog`), which
     the router config lists as `adapterNames` (the gateway accepts them; the engines' resolver finds
-    them once `tandem up` has linked them).
+    them once `tandem up` has linked them); `follow_catalog`: the catalog's names come from the names
+    file `tandem up` keeps instead (`adapter_names_path`, the router config's `adapterNamesFile`;
+    `tandem.local.catalog.CatalogFollower`), so adapters added to the catalog while the stack runs are
+    served.
     """
     spec = isvc.spec
     credentials = credentials or LocalCredentials.generate()
@@ -217,6 +223,9 @@ def build_plan(
         engine_kv_keys=engine_kv_keys(isvc) if spec.engine.kind == "vllm" else None,
         kv_events=events,
         adapter_names=list(catalog_adapters) if spec.engine.lora is not None else [],
+        adapter_names_file=str(adapter_names_path(state_dir))
+        if follow_catalog and spec.engine.lora is not None
+        else None,
     )
     config_path = state_dir / "router.yaml"
     router = ProcessPlan(
@@ -238,6 +247,11 @@ def build_plan(
         endpoint_file=endpoint_file,
         new_engine=new_engine if autoscaled else None,
     )
+
+
+def adapter_names_path(state_dir: Path) -> Path:
+    """The gateway's adapter names file of a followed local catalog (`follow_catalog`)."""
+    return state_dir / ADAPTER_NAMES_FILE
 
 
 def adapter_folder(isvc: InferenceService, state_dir: Path) -> Path | None:
