@@ -169,11 +169,22 @@ def test_the_file_is_followed_through_the_kubelets_swaps_and_a_bad_one_keeps_the
 
 
 def test_a_names_file_that_cannot_be_read_at_start_up_stops_the_gateway(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match=r"adapterNamesFile .*missing\.json"):
-        AdapterNamesFile(tmp_path / "missing.json", ServiceAdapters({"qwen"}))
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigurationError, match='no "adapters" list'):
         AdapterNamesFile(tmp_path / "bad.json", ServiceAdapters({"qwen"}))
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(ConfigurationError, match=r"adapterNamesFile .*dir\.json"):
+        AdapterNamesFile(tmp_path / "dir.json", ServiceAdapters({"qwen"}))
+
+
+def test_a_names_file_that_does_not_exist_yet_is_no_names_until_it_appears(tmp_path: Path) -> None:
+    adapters = ServiceAdapters({"qwen"}, ("sql",))
+    follower = AdapterNamesFile(tmp_path / "names" / "names.json", adapters)
+    assert adapters.ordered == ("sql",) and "does not exist" in follower.error
+    assert follower.check() is None
+    mount = ConfigMapDir(tmp_path / "names")
+    mount.names("chat")
+    assert follower.check() == Change(added=("chat",)) and follower.error == ""
 
 
 # -- a gateway ----------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ For a gateway `fleet` serving services `a` and `b` (each a `Member`), in creatio
   `secrets.with_generated_secrets`), except that `apiKeysFile` is unset (the keys are the gateway's,
   `GatewayFile.apiKeysFile`), `tokenizerPath` points where this pod mounts that service's files, and
   `adapterNamesFile` (a service with LoRA on) where it mounts that service's ConfigMap
-  `<svc>-adapter-names` (`/etc/tandem/adapter-names-<svc>`, volume `lora-names-<svc>`), which the
-  service's own reconcile writes: the gateway only mounts it, and its config carries no adapters;
+  `<svc>-adapter-names` (`/etc/tandem/adapter-names-<svc>`, volume `lora-names-<svc>`, optional),
+  which the service's own reconcile writes: the gateway only mounts it (until it exists the gateway
+  serves none of that service's adapters), and its config carries no adapters;
 - ServiceAccount, Role, RoleBinding `fleet-gateway` (read EndpointSlices), as a service's router has;
 - Service `fleet-gateway` (ClusterIP, port 8080) and Deployment `fleet-gateway`: the service's gateway
   pod (`router.build_gateway_deployment`: same image, command, probes, hardening), whose credentials
@@ -156,8 +157,17 @@ def gateway_pod(gateway: Owner, spec: InferenceGatewaySpec, members: Sequence[Me
         mounts += [
             (volume, f"{TOKENIZERS_DIR}/{name}") for volume, _ in tokenizer_volume(spec_, suffix=f"-{name}")
         ]
+        # Optional: a member whose own reconcile has not written its names yet (an invalid spec)
+        # must not keep the shared gateway's pods from starting; the gateway serves no adapters of
+        # it until the file appears.
         names = adapter_names_volume(spec_, owner=member.owner, suffix=f"-{name}")
-        mounts += [(volume, f"{ADAPTER_NAMES_PREFIX}{name}") for volume, _ in names]
+        mounts += [
+            (
+                {**volume, "configMap": {**volume["configMap"], "optional": True}},
+                f"{ADAPTER_NAMES_PREFIX}{name}",
+            )
+            for volume, _ in names
+        ]
     secret = spec.auth.api_keys_secret if spec.auth.enabled else None
     token = metrics_token_ref(gateway) if spec.metrics_token else None
     return GatewayPod(env=env, api_keys=secret, mounts=mounts, metrics_token=token)

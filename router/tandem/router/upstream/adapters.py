@@ -5,8 +5,10 @@
 the gateway reads the file at start-up and again whenever `os.stat` (following the kubelet's symlink
 swap) sees it change, checked every `interval_s` (2 s). Its names become the service's adapters
 (`tandem.router.request.adapters.ServiceAdapters`) at once: a name added there is served, one removed
-is refused (404). A file that cannot be read or parsed at start-up stops the gateway
-(`ConfigurationError`); later, the last good names stay (logged, counted as a failed reload).
+is refused (404). A file that exists but cannot be read or parsed at start-up stops the gateway
+(`ConfigurationError`); one that does not exist yet (an InferenceGateway's optional mount of a
+service whose names the operator has not written) means no names until it appears (a warning); later,
+the last good names stay (logged, counted as a failed reload).
 
 **Names dropped are unloaded** (`AdapterJanitor`). Adapters load on the engines on first use (vLLM's
 filesystem resolver), so adding one needs nothing more, and an engine that restarts loads them again as
@@ -161,13 +163,18 @@ class AdapterNamesFile:
         self.interval_s = interval_s
         self.reloads = {"ok": 0, "error": 0}
         self.error = ""
+        self._task: asyncio.Task[None] | None = None
         try:
             self._signature, names = _read(path)
+        except FileNotFoundError:
+            self._signature, self.error = (0, 0, 0, 0), f"{path} does not exist (yet)"
+            log.warning("adapter names file missing; serving no listed adapters until it appears",
+                        extra={"file": str(path)})  # fmt: skip
+            return
         except (OSError, AdapterError) as exc:
             why = getattr(exc, "strerror", None) or exc
             raise ConfigurationError(f"adapterNamesFile {path}: {why}") from None
         self._apply(names)
-        self._task: asyncio.Task[None] | None = None
 
     def check(self) -> Change | None:
         """Read the file again if it changed; the change it made (None: the file did not change or
