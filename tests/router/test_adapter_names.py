@@ -181,10 +181,11 @@ def test_a_names_file_that_does_not_exist_yet_is_no_names_until_it_appears(tmp_p
     adapters = ServiceAdapters({"qwen"}, ("sql",))
     follower = AdapterNamesFile(tmp_path / "names" / "names.json", adapters)
     assert adapters.ordered == ("sql",) and "does not exist" in follower.error
-    assert follower.check() is None
+    assert follower.check() is None and follower.reloads == {"ok": 0, "error": 0}, "not a failed reload"
     mount = ConfigMapDir(tmp_path / "names")
     mount.names("chat")
     assert follower.check() == Change(added=("chat",)) and follower.error == ""
+    assert follower.reloads == {"ok": 1, "error": 0}
 
 
 # -- a gateway ----------------------------------------------------------------------------------

@@ -138,6 +138,8 @@ class AdapterJanitor:
 
 
 Signature = tuple[int, int, int, int]  # device, inode, size, mtime (ns)
+#: The signature of a file not written yet.
+_MISSING: Signature = (0, 0, 0, 0)
 
 
 def _read(path: Path) -> tuple[Signature, tuple[str, ...]]:
@@ -167,7 +169,7 @@ class AdapterNamesFile:
         try:
             self._signature, names = _read(path)
         except FileNotFoundError:
-            self._signature, self.error = (0, 0, 0, 0), f"{path} does not exist (yet)"
+            self._signature, self.error = _MISSING, f"{path} does not exist (yet)"
             log.warning("adapter names file missing; serving no listed adapters until it appears",
                         extra={"file": str(path)})  # fmt: skip
             return
@@ -183,18 +185,24 @@ class AdapterNamesFile:
             if self._stat() == self._signature:
                 return None
             signature, names = _read(self.path)
+        except FileNotFoundError:
+            if self._signature == _MISSING:
+                return None  # not written yet: said once at start-up, not a failed reload
+            return self._failed("the file is gone")
         except (OSError, AdapterError) as exc:
             # Mid-update (the link briefly points nowhere) or a bad list: the names stay.
-            why = str(getattr(exc, "strerror", None) or exc)
-            if why != self.error:
-                log.warning("adapter names not reloaded; keeping the previous ones",
-                            extra={"file": str(self.path), "why": why})  # fmt: skip
-            self.error = why
-            self.reloads["error"] += 1
-            return None
+            return self._failed(str(getattr(exc, "strerror", None) or exc))
         self._signature, self.error = signature, ""
         self.reloads["ok"] += 1
         return self._apply(names)
+
+    def _failed(self, why: str) -> None:
+        """A reload that failed: the names stay; logged once per reason, counted each time."""
+        if why != self.error:
+            log.warning("adapter names not reloaded; keeping the previous ones",
+                        extra={"file": str(self.path), "why": why})  # fmt: skip
+        self.error = why
+        self.reloads["error"] += 1
 
     def _stat(self) -> Signature:
         st = os.stat(self.path)
