@@ -188,10 +188,12 @@ class AdapterNamesFile:
         except FileNotFoundError:
             if self._signature == _MISSING:
                 return None  # not written yet: said once at start-up, not a failed reload
-            return self._failed("the file is gone")
+            self._failed("the file is gone")
+            return None
         except (OSError, AdapterError) as exc:
             # Mid-update (the link briefly points nowhere) or a bad list: the names stay.
-            return self._failed(str(getattr(exc, "strerror", None) or exc))
+            self._failed(str(getattr(exc, "strerror", None) or exc))
+            return None
         self._signature, self.error = signature, ""
         self.reloads["ok"] += 1
         return self._apply(names)
