@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import yaml
+from tests.cli.upstack import running_up
 from tests.servers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "lora.yaml"
@@ -55,29 +55,8 @@ def test_the_examples_catalog_adapters_are_served_through_the_gateway(tmp_path: 
     assert unknown.status_code == 404
 
 
-@contextmanager
-def up(example: Path, state: Path, port: int) -> Iterator[subprocess.Popen[str]]:
-    argv = [sys.executable, "-m", "tandem.cli", "up", "-f", str(example), "--port", str(port)]
-    process = subprocess.Popen(
-        [*argv, "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        assert process.stdout is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not process.stdout.readline().startswith("ready:"):
-            assert process.poll() is None, "tandem up ended before it was ready"
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-        if process.stdout is not None:
-            process.stdout.close()
-
-
 def test_an_adapter_copied_into_the_catalog_is_served_and_one_removed_is_refused(tmp_path: Path) -> None:
-    shutil.copy(EXAMPLE, tmp_path / "lora.yaml")
     shutil.copytree(EXAMPLE.parent / "adapters", tmp_path / "adapters")
-    port = free_port()
     body = {"prompt": "select the rows", "max_tokens": 4, "temperature": 0}
 
     def status(http: httpx.Client, model: str) -> int:
@@ -89,15 +68,18 @@ def test_an_adapter_copied_into_the_catalog_is_served_and_one_removed_is_refused
             assert time.monotonic() < deadline, f"{model} never answered {code}"
             time.sleep(0.25)
 
-    with (
-        up(tmp_path / "lora.yaml", tmp_path / "state", port),
-        httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", trust_env=False, timeout=30) as http,
-    ):
-        assert [status(http, m) for m in ("sql-lora", "new-lora")] == [200, 404]
-        shutil.copytree(tmp_path / "adapters" / "sql-lora", tmp_path / "adapters" / "new-lora")
-        until(http, "new-lora", 200)
-        listed = [m["id"] for m in http.get("/models").json()["data"]]
-        shutil.rmtree(tmp_path / "adapters" / "summarize-lora")
-        until(http, "summarize-lora", 404)
-        assert status(http, "sql-lora") == 200
+    with running_up(yaml.safe_load(EXAMPLE.read_text()), tmp_path) as stack:
+        with httpx.Client(base_url=stack.endpoint, trust_env=False, timeout=30) as http:
+            assert [status(http, m) for m in ("sql-lora", "new-lora")] == [200, 404]
+            shutil.copytree(tmp_path / "adapters" / "sql-lora", tmp_path / "adapters" / "new-lora")
+            until(http, "new-lora", 200)
+            listed = [m["id"] for m in http.get("/models").json()["data"]]
+            shutil.rmtree(tmp_path / "adapters" / "summarize-lora")
+            until(http, "summarize-lora", 404)
+            assert status(http, "sql-lora") == 200
+        said = [line for line in stack.output if "adapter catalog:" in line]
     assert sorted(listed) == ["new-lora", "qwen", "sql-lora", "summarize-lora"]
+    assert [line.split("adapter catalog: ")[1] for line in said] == [
+        "added new-lora",
+        "removed summarize-lora",
+    ]

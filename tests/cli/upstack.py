@@ -29,6 +29,11 @@ class Stack:
     state_dir: Path
     output: list[str]
 
+    @property
+    def endpoint(self) -> str:
+        """The OpenAI base URL, as `tandem up` prints it (`endpoint: http://127.0.0.1:PORT/v1`)."""
+        return next(line.split(" ", 1)[1] for line in self.output if line.startswith("endpoint: "))
+
 
 @contextmanager
 def running_up(spec: dict[str, Any], folder: Path) -> Iterator[Stack]:

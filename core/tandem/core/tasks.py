@@ -1,10 +1,11 @@
-"""Background tasks' ends: one way to stop long-running asyncio tasks (one, or several at once)."""
+"""Background tasks: one way to stop long-running asyncio tasks (one, or several at once), and a
+call repeated in the background (`Every`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -31,3 +32,25 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any]]) -> list[BaseException]:
         task.cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     return [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+
+
+class Every:
+    """Calls `fn` every `interval_s` seconds in a background task named `name`, from `start` to `stop`
+    (a file followed for changes: the API keys, the adapter names). `fn` must not raise."""
+
+    def __init__(self, fn: Callable[[], object], *, interval_s: float, name: str) -> None:
+        self.fn, self.interval_s, self.name = fn, interval_s, name
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await stop_task(task)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.fn()

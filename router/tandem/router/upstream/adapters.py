@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from tandem.core.adapternames import MAX_NAMES_BYTES, parse_names
 from tandem.core.adapters import AdapterError
-from tandem.core.tasks import stop_task
+from tandem.core.tasks import Every
 from tandem.router.errors import ConfigurationError, UpstreamError
 from tandem.router.observe.metrics import PREFIX
 from tandem.router.request.adapters import Change, ServiceAdapters
@@ -165,7 +165,7 @@ class AdapterNamesFile:
         self.interval_s = interval_s
         self.reloads = {"ok": 0, "error": 0}
         self.error = ""
-        self._task: asyncio.Task[None] | None = None
+        self._every = Every(self.check, interval_s=interval_s, name="tandem-adapter-names")
         try:
             self._signature, names = _read(path)
         except FileNotFoundError:
@@ -223,17 +223,10 @@ class AdapterNamesFile:
         return change
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._watch(), name="tandem-adapter-names")
+        await self._every.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await stop_task(task)
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            self.check()
+        await self._every.stop()
 
 
 class AdapterNamesCollector(Collector):

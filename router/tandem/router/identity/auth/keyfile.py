@@ -10,12 +10,11 @@ Keys are never logged; the log names the file and the number of entries.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
 
-from tandem.core.tasks import stop_task
+from tandem.core.tasks import Every
 from tandem.router.identity.auth.keys import KeyTable, KeyTableError, parse_key_table
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ class KeyFile:
         self.interval_s = interval_s
         self.reloads = {"ok": 0, "error": 0}
         self._signature, self.table = _load(path)
-        self._task: asyncio.Task[None] | None = None
+        self._every = Every(self.check, interval_s=interval_s, name="api-key-file")
         log.info("api keys loaded", extra={"file": str(path), "keys": len(self.table)})
 
     def check(self) -> bool:
@@ -69,14 +68,7 @@ class KeyFile:
         return True
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._watch(), name="api-key-file")
+        await self._every.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await stop_task(task)
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            self.check()
+        await self._every.stop()
