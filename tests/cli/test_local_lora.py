@@ -2,7 +2,7 @@
 plan, and the local adapters linked there by name.
 
 Real: the pure plan (`build_plan`, ports a counter), `prepare_local_adapters` and
-`catalog_adapter_names` on the shipped example's adapters and on folders in tmp_path, the router's
+`tandem.local.catalog`'s follower on the shipped example's adapters and on folders in tmp_path, the router's
 configuration resolution. Nothing is started; nothing is faked.
 """
 
@@ -16,10 +16,11 @@ import pytest
 
 from tandem.cli.adapters import prepare_local_adapters
 from tandem.cli.documents import load_one
+from tandem.cli.upadapters import follows
 from tandem.core.adapternames import parse_names
 from tandem.core.spec import AdapterCatalogSpec
 from tandem.core.specrules import SpecInvalid
-from tandem.local.catalog import CatalogFollower, catalog_adapter_names, catalog_follower
+from tandem.local.catalog import CatalogFollower, catalog_follower
 from tandem.local.fleet import build_fleet_plan
 from tandem.local.plan import LocalCredentials, adapter_folder, adapter_names_path, build_plan
 from tandem.local.vllm_engine import engine_command
@@ -110,10 +111,9 @@ def test_a_local_adapter_the_files_refuse_stops_before_anything_is_linked(tmp_pa
     assert not (tmp_path / "dest").exists()
 
 
-def test_the_router_config_lists_the_local_catalogs_adapters_for_the_gateway(tmp_path: Path) -> None:
+def test_the_router_config_lists_fixed_adapter_names_for_the_gateway(tmp_path: Path) -> None:
     isvc = load_one(EXAMPLE)
-    names = catalog_adapter_names(isvc, base=EXAMPLE.parent)
-    assert names == ["sql-lora", "summarize-lora"]
+    names = ["sql-lora", "summarize-lora"]
     plan = build_plan(
         isvc, ports=itertools.count(9000), router_port=8080, python="/py",
         redis_server="/usr/bin/redis-server", state_dir=tmp_path, credentials=CREDENTIALS,
@@ -131,8 +131,21 @@ def test_no_catalog_names_without_a_local_catalog_or_lora(tmp_path: Path) -> Non
         update={"adapter_catalog": AdapterCatalogSpec(source=str(tmp_path / "none"))}
     )
     no_lora = isvc.spec.model_copy(update={"engine": isvc.spec.engine.model_copy(update={"lora": None})})
-    for spec in (pvc, missing, no_lora):
-        assert catalog_adapter_names(isvc.model_copy(update={"spec": spec}), base=EXAMPLE.parent) == []
+    for spec in (pvc, no_lora):
+        service = isvc.model_copy(update={"spec": spec})
+        assert not follows(service, EXAMPLE.parent)
+        assert (
+            catalog_follower(service, base=EXAMPLE.parent, dest=tmp_path / "a", names_file=tmp_path / "n")
+            is None
+        )
+    follower = catalog_follower(
+        isvc.model_copy(update={"spec": missing}),
+        base=EXAMPLE.parent,
+        dest=tmp_path / "a",
+        names_file=tmp_path / "n",
+    )
+    assert follower is not None and "cannot list" in follower.error
+    assert parse_names((tmp_path / "n").read_text()) == (), "a catalog not there yet lists no names"
 
 
 def write_adapter(root: Path, name: str) -> None:
@@ -197,9 +210,9 @@ def test_a_fleet_follows_each_services_catalog_through_its_own_names_file(tmp_pa
     _, file = build_fleet_plan(
         [lora, other], gateway="fleet", spec=None, ports=itertools.count(9000), router_port=8080,
         python="/py", redis_server="/usr/bin/redis-server", state_dir=tmp_path, credentials=CREDENTIALS,
-        catalog_adapters={"other": ["sql-lora"]}, follow_catalogs={"lora"},
+        follow_catalogs={"lora"},
     )  # fmt: skip
     configs = {s.name: s.config for s in file.services}
     assert configs["lora"].adapter_names_file == str(adapter_names_path(tmp_path / "lora"))
     assert configs["lora"].adapter_names == []
-    assert configs["other"].adapter_names_file is None and configs["other"].adapter_names == ["sql-lora"]
+    assert configs["other"].adapter_names_file is None and configs["other"].adapter_names == []

@@ -32,12 +32,11 @@ from types import FrameType
 import click
 import yaml
 
-from tandem.cli.adapters import prepare_local_adapters
 from tandem.cli.documents import load_one, read_documents
 from tandem.cli.exits import fail
 from tandem.cli.sim import sim as sim_command
 from tandem.cli.status import render_table, status_rows
-from tandem.core.adapters import AdapterError
+from tandem.cli.upadapters import CATALOG_EVERY_S, Followed, follow, followers, follows, link_adapters
 from tandem.core.gateway import (
     GATEWAY_KIND,
     GatewayFile,
@@ -46,12 +45,11 @@ from tandem.core.gateway import (
     parse_document,
 )
 from tandem.core.spec import InferenceService
-from tandem.core.specrules import SpecInvalid, local_catalog
+from tandem.core.specrules import SpecInvalid
 from tandem.core.tracing import TracingSpec
 from tandem.kvpool.engine_config import POOL_KEY_ENV
 from tandem.local.autoscaler import LocalAutoscaler, write_initial_endpoints
 from tandem.local.binaries import find_redis_server
-from tandem.local.catalog import CatalogFollower, catalog_adapter_names, catalog_follower
 from tandem.local.fleet import build_fleet_plan, served_table
 from tandem.local.plan import (
     CACHE_KEY_ENV,
@@ -61,8 +59,6 @@ from tandem.local.plan import (
     LocalPlan,
     PlanError,
     Role,
-    adapter_folder,
-    adapter_names_path,
     build_plan,
     local_preflight,
 )
@@ -172,11 +168,7 @@ def _with_engine(isvc: InferenceService, kind: str | None) -> InferenceService:
     return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"engine": engine})})
 
 
-#: Seconds between two passes over the followed local catalogs.
-CATALOG_EVERY_S = 2.0
-
-
-def _watch(supervisor: Supervisor, followers: Sequence[tuple[str, CatalogFollower]] = ()) -> None:
+def _watch(supervisor: Supervisor, followers: Sequence[Followed] = ()) -> None:
     """Until a child dies: its failure raised; meanwhile the local catalogs followed."""
     next_pass = time.monotonic() + CATALOG_EVERY_S
     while True:
@@ -189,54 +181,8 @@ def _watch(supervisor: Supervisor, followers: Sequence[tuple[str, CatalogFollowe
         if followers and time.monotonic() >= next_pass:
             next_pass = time.monotonic() + CATALOG_EVERY_S
             for service, follower in followers:
-                _follow(service, follower)
+                follow(service, follower)
         time.sleep(0.5)
-
-
-def _follow(service: str, follower: CatalogFollower) -> None:
-    """One pass over a local catalog, saying what it changed."""
-    error = follower.error
-    try:
-        change = follower.step()
-    except (AdapterError, OSError) as exc:  # the adapter folder or the names file could not be written
-        _say(f"warning: InferenceService {service}: adapter catalog: {exc}")
-        return
-    if follower.error and follower.error != error:
-        _say(f"warning: InferenceService {service}: adapter catalog: {follower.error}")
-    if change is not None:
-        added, removed = change
-        words = [
-            f"added {', '.join(added)}" if added else "",
-            f"removed {', '.join(removed)}" if removed else "",
-        ]
-        _say(f"InferenceService {service}: adapter catalog: {'; '.join(w for w in words if w)}")
-
-
-def _followers(
-    services: Sequence[tuple[InferenceService, Path]], *, state_dir: Path, fleet: bool
-) -> list[tuple[str, CatalogFollower]]:
-    """A follower per service with `engine.lora` and a local catalog (`tandem.local.catalog`), its
-    first pass done; `services`: each with the folder its relative sources start from."""
-    out = []
-    for isvc, base in services:
-        folder = state_dir / isvc.metadata.name if fleet else state_dir
-        dest = adapter_folder(isvc, folder.resolve())
-        if dest is None:
-            continue
-        try:
-            follower = catalog_follower(
-                isvc, base=base, dest=dest, names_file=adapter_names_path(folder.resolve())
-            )
-        except (AdapterError, OSError) as exc:
-            fail(f"InferenceService {isvc.metadata.name}: adapter catalog: {exc}", code=1)
-        if follower is not None:
-            out.append((isvc.metadata.name, follower))
-    return out
-
-
-def _follows(isvc: InferenceService, base: Path) -> bool:
-    """Whether `tandem up` follows the service's catalog (`engine.lora` and a local catalog)."""
-    return isvc.spec.engine.lora is not None and local_catalog(isvc.spec, base=base) is not None
 
 
 def _start_autoscaler(
@@ -294,7 +240,7 @@ def _run(
     state_dir: Path,
     autoscaler_port: int,
     fleet: GatewayFile | None = None,
-    followers: Sequence[tuple[str, CatalogFollower]] = (),
+    followers: Sequence[Followed] = (),
 ) -> int:
     """Start the stack, watch it until a signal or a failure, stop it; returns the exit code.
     `fleet`: several services behind one gateway (`isvc` is the first); `followers`: the local
@@ -425,14 +371,11 @@ def up(
     _refuse_second_run(state_dir)
     if _port_in_use(port):
         fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
-    follow = _follows(isvc, paths[0].parent)
     try:
         plan = build_plan(
             isvc, ports=free_ports(), router_port=port, python=sys.executable,
             redis_server=find_redis_server(), state_dir=state_dir.resolve(),
-            credentials=_credentials(os.environ),
-            catalog_adapters=[] if follow else catalog_adapter_names(isvc, base=paths[0].parent),
-            follow_catalog=follow,
+            credentials=_credentials(os.environ), follow_catalog=follows(isvc, paths[0].parent),
         )  # fmt: skip
         notes = local_preflight(isvc, sim_flags=SIM_FLAGS)
     except PlanError as exc:
@@ -440,13 +383,13 @@ def up(
     for note in notes:
         _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
-    _link_adapters(isvc, base=paths[0].parent, state_dir=state_dir)
-    followers = _followers([(isvc, paths[0].parent)], state_dir=state_dir, fleet=False)
+    link_adapters(isvc, base=paths[0].parent, state_dir=state_dir)
+    followed = followers([(isvc, paths[0].parent)], state_dir=state_dir, fleet=False)
     config = plan.router_config.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     write_prometheus_config(state_dir / "prometheus.yml", plan, autoscaler_port=autoscaler_port)
     raise SystemExit(
-        _run(isvc, plan, state_dir=state_dir, autoscaler_port=autoscaler_port, followers=followers)
+        _run(isvc, plan, state_dir=state_dir, autoscaler_port=autoscaler_port, followers=followed)
     )
 
 
@@ -473,17 +416,12 @@ def _up_fleet(
     _refuse_second_run(state_dir)
     if _port_in_use(port):
         fail(f"port {port} on {LOOPBACK} is in use; pick another with --port", code=1)
-    followed = {s.metadata.name for s in services if _follows(s, bases[s.metadata.name])}
     try:
         plan, file = build_fleet_plan(
             services, gateway=name, spec=gateway_spec, ports=free_ports(),
             router_port=port, python=sys.executable, redis_server=find_redis_server(),
             state_dir=state_dir.resolve(), credentials=_credentials(os.environ),
-            catalog_adapters={
-                s.metadata.name: catalog_adapter_names(s, base=bases[s.metadata.name])
-                for s in services if s.metadata.name not in followed
-            },
-            follow_catalogs=followed,
+            follow_catalogs={s.metadata.name for s in services if follows(s, bases[s.metadata.name])},
         )  # fmt: skip
         notes = [note for isvc in services for note in local_preflight(isvc, sim_flags=SIM_FLAGS)]
     except (PlanError, ValueError) as exc:
@@ -492,8 +430,8 @@ def _up_fleet(
         _say(note)
     state_dir.mkdir(parents=True, exist_ok=True)
     for isvc in services:
-        _link_adapters(isvc, base=bases[isvc.metadata.name], state_dir=state_dir / isvc.metadata.name)
-    followers = _followers([(s, bases[s.metadata.name]) for s in services], state_dir=state_dir, fleet=True)
+        link_adapters(isvc, base=bases[isvc.metadata.name], state_dir=state_dir / isvc.metadata.name)
+    followed = followers([(s, bases[s.metadata.name]) for s in services], state_dir=state_dir, fleet=True)
     content = file.model_dump(by_alias=True, mode="json", exclude_none=True)
     plan.router_config_path.write_text(yaml.safe_dump(content, sort_keys=False), encoding="utf-8")
     raise SystemExit(
@@ -503,25 +441,9 @@ def _up_fleet(
             state_dir=state_dir,
             autoscaler_port=autoscaler_port,
             fleet=file,
-            followers=followers,
+            followers=followed,
         )
     )
-
-
-def _link_adapters(isvc: InferenceService, *, base: Path, state_dir: Path) -> None:
-    """With `engine.lora`: the local adapters linked into the engines' adapter directory (exit 2 for
-    what the files refuse, with its field path); a warning per adapter that cannot run here."""
-    folder = adapter_folder(isvc, state_dir.resolve())
-    if folder is None:
-        return
-    try:
-        skipped = prepare_local_adapters(isvc, base=base, dest=folder)
-    except SpecInvalid as exc:
-        fail(f"InferenceService {isvc.metadata.name}: {exc.errors[0]}", code=2)
-    except (AdapterError, OSError) as exc:
-        fail(f"InferenceService {isvc.metadata.name}: adapters: {exc}", code=1)
-    for line in skipped:
-        _say(f"warning: InferenceService {isvc.metadata.name}: {line}")
 
 
 def trace_file_spec(state_dir: Path) -> TracingSpec:

@@ -2,8 +2,7 @@
 
 The gateway accepts an adapter's name only when it knows it (docs/router.md "LoRA adapters"); the
 engines find a catalog's adapters by name through vLLM's filesystem resolver once `tandem up` has
-linked them (`tandem.cli.adapters.prepare_local_adapters`). `catalog_adapter_names` reads the
-catalog's names once (`tandem.local.plan.build_plan` stays pure and takes them: `catalog_adapters`).
+linked them (`tandem.cli.adapters.prepare_local_adapters`).
 
 `CatalogFollower` keeps both current while the stack runs, as the adapters-sync sidecar and the
 operator do in a cluster: every pass it links the catalog's new adapters into the engines' adapter
@@ -24,22 +23,6 @@ from tandem.core.adapternames import names_document
 from tandem.core.adapters import AdapterError, link_adapters, scan_catalog
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import local_catalog
-
-
-def catalog_adapter_names(isvc: InferenceService, *, base: Path) -> list[str]:
-    """The adapters of `isvc`'s local catalog by name, sorted: its subdirectories holding an
-    `adapter_config.json` whose names can name an adapter. [] without `engine.lora`, without a local
-    catalog (none, or `pvc://`), and when the catalog cannot be listed (linking it reports why).
-    `base`: the folder its relative source starts from (the YAML file's)."""
-    if isvc.spec.engine.lora is None:
-        return []
-    directory = local_catalog(isvc.spec, base=base)
-    if directory is None:
-        return []
-    try:
-        return sorted(scan_catalog(directory).adapters)
-    except (AdapterError, OSError):
-        return []
 
 
 @dataclass

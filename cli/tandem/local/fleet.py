@@ -15,7 +15,7 @@ one service), which are refused.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,12 +38,11 @@ def build_fleet_plan(
     redis_server: str | None,
     state_dir: Path,
     credentials: LocalCredentials,
-    catalog_adapters: Mapping[str, Sequence[str]] | None = None,
     follow_catalogs: Collection[str] = (),
 ) -> tuple[LocalPlan, GatewayFile]:
     """The processes that run `services` here behind one gateway named `gateway` (module docstring),
-    and the gateway's file. `catalog_adapters`: per service name, its local catalog's adapter names;
-    `follow_catalogs`: the services whose catalog `tandem up` follows (`build_plan`). Raises
+    and the gateway's file. `follow_catalogs`: the services whose local catalog `tandem up` follows
+    (`build_plan`'s `follow_catalog`). Raises
     `PlanError` for what cannot run so, `ValueError` (pydantic's) for names that cannot be served
     together."""
     names = [s.metadata.name for s in services]
@@ -66,7 +65,6 @@ def build_fleet_plan(
                 redis_server=redis_server,
                 state_dir=state_dir / isvc.metadata.name,
                 credentials=credentials,
-                catalog_adapters=(catalog_adapters or {}).get(isvc.metadata.name, ()),
                 follow_catalog=isvc.metadata.name in follow_catalogs,
             )
         )

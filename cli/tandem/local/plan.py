@@ -8,9 +8,9 @@ and drains engines), and `LocalPlan.new_engine` builds the process of any furthe
 `router.prefixSource: precise` every engine publishes its KV events on Unix sockets named after its
 HTTP port (`tandem.core.kvevents.local_addresses`) and the router config says where. With
 `engine.lora`, every engine gets vLLM's LoRA flags and environment, its resolver reading
-`<state dir>/adapters` (`tandem up` links the local adapters there by name), and the router config
-lists a local catalog's adapters (`catalog_adapters`, found by the caller) so the gateway accepts
-their names. Nothing here
+`<state dir>/adapters` (`tandem up` links the local adapters there by name), and the gateway learns
+the names beyond `spec.adapters` from the router config: fixed ones (`catalog_adapters`, the
+benchmark's), or the names file of a catalog `tandem up` follows (`follow_catalog`). Nothing here
 touches the system; ports, binary paths and credentials come in as arguments.
 
 As in a cluster, the managed Redis requires a password and the engines an API key that only the
@@ -148,10 +148,10 @@ def build_plan(
 
     `ports` yields free loopback ports for internal components; `redis_server` is the Redis binary
     (None is fine when the spec names an external Redis URL); `credentials` default to fresh ones;
-    `catalog_adapters`: the names of the local adapter catalog's adapters (`scan_catalog`), which
-    the router config lists as `adapterNames` (the gateway accepts them; the engines' resolver finds
-    them once `tandem up` has linked them); `follow_catalog`: the catalog's names come from the names
-    file `tandem up` keeps instead (`adapter_names_path`, the router config's `adapterNamesFile`;
+    `catalog_adapters`: adapter names the engines resolve beyond `spec.adapters`, fixed for the
+    gateway's life (the router config's `adapterNames`; `tandem bench` gives its generated adapters'
+    names); `follow_catalog`: the local catalog's names come from the names file `tandem up` keeps
+    (`adapter_names_path`, the router config's `adapterNamesFile`;
     `tandem.local.catalog.CatalogFollower`), so adapters added to the catalog while the stack runs are
     served.
     """
