@@ -165,7 +165,7 @@ def reconcile(
     if observed is None:  # the Secrets could not be read: the adapters are observed all the same
         observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
     if catalog is None:  # not reached: the catalog's names as the sidecars report them, if any
-        catalog = adapterstatus.reported_catalog(observed) or () if isvc.spec.adapter_catalog else ()
+        catalog = (adapterstatus.reported_catalog(observed) or ()) if isvc.spec.adapter_catalog else ()
     outcome.status, adapter_events = _with_adapters(
         isvc.spec, outcome.status, observed, owner=owner, previous=previous, now=now, catalog=catalog
     )
