@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tandem.core.adapternames import names_document
 from tandem.core.adapters import AdapterError, link_adapters, scan_catalog
+from tandem.core.files import replace_text
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import local_catalog
 
@@ -58,7 +59,7 @@ class CatalogFollower:
         if names == self.names:
             return None
         before = set(self.names or ())
-        _write(self.names_file, names_document(names))
+        replace_text(self.names_file, names_document(names))
         self.names = names
         return tuple(n for n in names if n not in before), tuple(sorted(before - set(names)))
 
@@ -66,13 +67,6 @@ class CatalogFollower:
 def _points_into(link: Path, root: Path) -> bool:
     target = Path(os.readlink(link))
     return (target if target.is_absolute() else link.parent / target).is_relative_to(root)
-
-
-def _write(path: Path, text: str) -> None:
-    """Replace `path`'s content at once (the gateway never reads half a list)."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def catalog_follower(
@@ -89,6 +83,6 @@ def catalog_follower(
     keep = frozenset({*(a.name for a in isvc.spec.adapters), model.name, model.public_name, *model_names})
     follower = CatalogFollower(catalog=directory, dest=dest, names_file=names_file, keep=keep)
     if follower.step() is None and follower.names is None:
-        _write(names_file, names_document(()))  # a catalog not listable yet: no names until it is
+        replace_text(names_file, names_document(()))  # a catalog not listable yet: no names until it is
         follower.names = ()
     return follower

@@ -1,4 +1,5 @@
-"""Files other processes read while they change: written whole or not at all."""
+"""Files other processes read while they change: written whole or not at all (`replace_text`), and
+followed by what `os.stat` sees of them (`signature`)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,14 @@ def replace_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: What says a followed file changed: device, inode, size and modification time (ns).
+Signature = tuple[int, int, int, int]
+
+
+def signature(path: Path) -> Signature:
+    """`path`'s `Signature`, following symbolic links (a Kubernetes Secret or ConfigMap mounted as a
+    volume is updated by swapping a link's target, which changes the inode); raises `OSError`."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from tandem.core.adapternames import MAX_NAMES_BYTES, parse_names
 from tandem.core.adapters import AdapterError
+from tandem.core.files import Signature, signature
 from tandem.core.tasks import Every
 from tandem.router.errors import ConfigurationError, UpstreamError
 from tandem.router.observe.metrics import PREFIX
@@ -137,21 +137,20 @@ class AdapterJanitor:
             await asyncio.gather(task, return_exceptions=True)
 
 
-Signature = tuple[int, int, int, int]  # device, inode, size, mtime (ns)
 #: The signature of a file not written yet.
 _MISSING: Signature = (0, 0, 0, 0)
 
 
 def _read(path: Path) -> tuple[Signature, tuple[str, ...]]:
     """The file's signature and names; raises `OSError` or `AdapterError`."""
-    st = os.stat(path)  # follows symlinks: a ConfigMap update swaps the target
-    if st.st_size > MAX_NAMES_BYTES:
+    seen = signature(path)
+    if seen[2] > MAX_NAMES_BYTES:
         raise AdapterError(f"{path} is over {MAX_NAMES_BYTES} bytes")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise AdapterError(f"{path} is not UTF-8: {exc}") from None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), parse_names(text)
+    return seen, parse_names(text)
 
 
 class AdapterNamesFile:
@@ -182,9 +181,9 @@ class AdapterNamesFile:
         """Read the file again if it changed; the change it made (None: the file did not change or
         could not be read, and the names stay)."""
         try:
-            if self._stat() == self._signature:
+            if signature(self.path) == self._signature:
                 return None
-            signature, names = _read(self.path)
+            seen, names = _read(self.path)
         except FileNotFoundError:
             if self._signature == _MISSING:
                 return None  # not written yet: said once at start-up, not a failed reload
@@ -194,7 +193,7 @@ class AdapterNamesFile:
             # Mid-update (the link briefly points nowhere) or a bad list: the names stay.
             self._failed(str(getattr(exc, "strerror", None) or exc))
             return None
-        self._signature, self.error = signature, ""
+        self._signature, self.error = seen, ""
         self.reloads["ok"] += 1
         return self._apply(names)
 
@@ -205,10 +204,6 @@ class AdapterNamesFile:
                         extra={"file": str(self.path), "why": why})  # fmt: skip
         self.error = why
         self.reloads["error"] += 1
-
-    def _stat(self) -> Signature:
-        st = os.stat(self.path)
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def _apply(self, names: tuple[str, ...]) -> Change:
         change = self.adapters.replace(names)

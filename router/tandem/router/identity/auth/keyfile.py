@@ -11,30 +11,23 @@ Keys are never logged; the log names the file and the number of entries.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from tandem.core.files import Signature, signature
 from tandem.core.tasks import Every
 from tandem.router.identity.auth.keys import KeyTable, KeyTableError, parse_key_table
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[int, int, int, int]  # device, inode, size, mtime (ns)
-
-
-def _signature(path: Path) -> Signature:
-    st = os.stat(path)  # follows symlinks: a Secret update swaps the target
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
 
 def _load(path: Path) -> tuple[Signature, KeyTable]:
     try:
-        signature = _signature(path)
+        seen = signature(path)
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise KeyTableError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        return signature, parse_key_table(text)
+        return seen, parse_key_table(text)
     except KeyTableError as exc:
         raise KeyTableError(f"{path}: {exc}") from None
 
@@ -54,15 +47,15 @@ class KeyFile:
     def check(self) -> bool:
         """Reload if the file changed; True when a new table is in place."""
         try:
-            if _signature(self.path) == self._signature:
+            if signature(self.path) == self._signature:
                 return False
-            signature, table = _load(self.path)
+            seen, table = _load(self.path)
         except (OSError, KeyTableError) as exc:
             # Mid-update (the link briefly points nowhere) or a bad edit: keep serving the last table.
             log.warning("api keys not reloaded; keeping the previous ones", extra={"error": str(exc)})
             self.reloads["error"] += 1
             return False
-        self._signature, self.table = signature, table
+        self._signature, self.table = seen, table
         log.info("api keys reloaded", extra={"file": str(self.path), "keys": len(table)})
         self.reloads["ok"] += 1
         return True
