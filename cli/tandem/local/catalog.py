@@ -6,21 +6,21 @@ linked them (`tandem.cli.adapters.prepare_local_adapters`).
 
 `CatalogFollower` keeps both current while the stack runs, as the adapters-sync sidecar and the
 operator do in a cluster: every pass it links the catalog's new adapters into the engines' adapter
-folder, unlinks those that left the catalog, and rewrites the gateway's names file
-(`tandem.core.adapternames`, the router config's `adapterNamesFile`), which the gateway re-reads.
-So an adapter directory copied into the catalog is served within seconds, and one removed is
-refused (and unloaded from the engines by the gateway), with no process restarted.
+folder and unlinks those that left the catalog (`tandem.core.adapters.link_catalog`, as the sidecar
+does), and rewrites the gateway's names file (`tandem.core.adapternames`, the router config's
+`adapterNamesFile`), which the gateway re-reads. So an adapter directory copied into the catalog is
+served within seconds, and one removed is refused (and unloaded from the engines by the gateway),
+with no process restarted.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.core.adapternames import names_document
-from tandem.core.adapters import AdapterError, link_adapters, scan_catalog
+from tandem.core.adapters import AdapterError, link_catalog
 from tandem.core.files import replace_text
 from tandem.core.spec import InferenceService
 from tandem.core.specrules import local_catalog
@@ -44,29 +44,18 @@ class CatalogFollower:
         """One pass; the names (added, removed) when the list changed, else None. A catalog that
         cannot be listed changes nothing (`error` says why until it can)."""
         try:
-            found = scan_catalog(self.catalog).adapters
+            found, _ = link_catalog(self.dest, self.catalog, skip=self.keep)
         except AdapterError as exc:
             self.error = str(exc)
             return None
         self.error = ""
-        mine = {name: path for name, path in found.items() if name not in self.keep}
-        link_adapters(self.dest, mine)
-        root = self.catalog.resolve()
-        for link in self.dest.iterdir():
-            if link.name not in mine and link.is_symlink() and _points_into(link, root):
-                link.unlink(missing_ok=True)
-        names = tuple(sorted(mine))
+        names = tuple(sorted(name for name in found if name not in self.keep))
         if names == self.names:
             return None
         before = set(self.names or ())
         replace_text(self.names_file, names_document(names))
         self.names = names
         return tuple(n for n in names if n not in before), tuple(sorted(before - set(names)))
-
-
-def _points_into(link: Path, root: Path) -> bool:
-    target = Path(os.readlink(link))
-    return (target if target.is_absolute() else link.parent / target).is_relative_to(root)
 
 
 def catalog_follower(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,3 +265,21 @@ def link_adapters(dest: Path, adapters: Mapping[str, Path]) -> list[str]:
         link.symlink_to(target, target_is_directory=True)
         linked.append(name)
     return linked
+
+
+def link_catalog(
+    dest: Path, catalog: Path, *, skip: Collection[str] = ()
+) -> tuple[Mapping[str, Path], list[str]]:
+    """Keep `dest` linked to a catalog while it changes: each of its adapters but `skip` (names that
+    are not the catalog's to serve: declared ones win) linked by name (`link_adapters`), and each link
+    into the catalog whose directory is gone removed. Returns every adapter the scan found (`skip`
+    included) and the names linked. Raises `AdapterError` when the catalog cannot be listed (nothing
+    is changed then), `OSError` when `dest` cannot be written. Used by the engine pods' sidecar
+    (`tandem.core.adaptersync`) and by `tandem up` (`tandem.local.catalog`)."""
+    found = scan_catalog(catalog).adapters
+    linked = link_adapters(dest, {name: path for name, path in found.items() if name not in skip})
+    root = catalog.resolve()
+    for link in dest.iterdir():
+        if link.is_symlink() and not link.exists() and Path(os.readlink(link)).is_relative_to(root):
+            link.unlink(missing_ok=True)
+    return found, linked

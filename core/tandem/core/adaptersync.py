@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from tandem.core.adapterfetch import Download, Wanted, failure_reason, install, parse_wanted, prune
-from tandem.core.adapters import AdapterError, link_adapters, scan_catalog
+from tandem.core.adapters import AdapterError, link_catalog
 
 #: The ConfigMap key holding the list, and the file name it has where the pods mount it.
 LIST_KEY = "adapters.json"
@@ -202,14 +201,9 @@ class AdapterSync:
         if self.catalog is None:
             return 0
         try:
-            found = scan_catalog(self.catalog).adapters
-            self.catalog_names = tuple(sorted(found))
-            linked = link_adapters(self.cache, {k: v for k, v in found.items() if k not in declared})
+            found, linked = link_catalog(self.cache, self.catalog, skip=declared)
         except (AdapterError, OSError) as exc:
             self.list_error = f"catalog {self.catalog}: {exc}"
             return 0
-        root = self.catalog.resolve()
-        for link in self.cache.iterdir():
-            if link.is_symlink() and not link.exists() and Path(os.readlink(link)).is_relative_to(root):
-                link.unlink(missing_ok=True)
+        self.catalog_names = tuple(sorted(found))
         return len(linked)
