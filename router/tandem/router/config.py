@@ -6,10 +6,10 @@ the environment, flags or the spec directly.
 
 Resolution rules (each one written here, nowhere else):
 - served model names: `spec.model.servedName` (or `name`) and `spec.model.name`, and the LoRA
-  adapters' (`spec.adapters[].name`, then the router config's `adapterNames`: a local catalog's), and
-  with `adapterNamesFile` the names that file lists, re-read while the gateway runs
-  (`tandem.router.upstream.adapters.AdapterNamesFile`); a request naming an adapter goes to the same
-  pools with its `model` unchanged;
+  adapters' (`spec.adapters[].name`, then the router config's `adapterNames`: names fixed for the
+  gateway's life, such as the benchmark's), and with `adapterNamesFile` the names that file lists,
+  re-read while the gateway runs (`tandem.router.upstream.adapters.AdapterNamesFile`); a request
+  naming an adapter goes to the same pools with its `model` unchanged;
 - default SLO: `spec.router.slo`; logging prompts: `spec.router.logPrompts` or `--log-prompts`;
 - tenant weights: `spec.router.tenants[].weight`, overridden by `--tenant-weight`;
 - the KV pool look-ups (P/D decision, barrier): on with a pool URL where the gateway computes the
@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from tandem.core.kvevents import KVEventsAddresses
 from tandem.core.routerconfig import FileDiscovery, KubernetesDiscovery, RouterConfig, StaticDiscovery
@@ -253,10 +253,14 @@ def engines_run_lmcache(config: RouterConfig) -> bool:
     the connector `engineKvKeys` names, else `spec.kvPool.connector`. The gateway then tags each
     adapter request (`tandem.router.pd.handoff.lmcache_tagged`), whether or not it can compute the
     engines' keys, so that no engine's LMCache stores or loads an adapter's KV under another's keys."""
-    spec = config.spec
+    connector = engines_connector(config)
+    return config.spec.engine.kind == "vllm" and config.kv_pool_url is not None and connector == "lmcache"
+
+
+def engines_connector(config: RouterConfig) -> Literal["tandem", "lmcache"]:
+    """The engines' KV connector: the one `engineKvKeys` names, else `spec.kvPool.connector`."""
     told = config.engine_kv_keys
-    connector = told.connector if told is not None else spec.kv_pool.connector
-    return spec.engine.kind == "vllm" and config.kv_pool_url is not None and connector == "lmcache"
+    return told.connector if told is not None else config.spec.kv_pool.connector
 
 
 def pool_keys(
@@ -273,7 +277,7 @@ def pool_keys(
     if config.tokenizer_path is None:
         return KeysUnavailable("no tokenizer files (tokenizerPath): prompt tokens are estimates")
     told = config.engine_kv_keys
-    connector = told.connector if told is not None else spec.kv_pool.connector
+    connector = engines_connector(config)
     if connector == "lmcache" and told is None:
         return KeysUnavailable(
             "the router config does not say the engines' model argument and PYTHONHASHSEED "
