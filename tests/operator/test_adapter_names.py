@@ -182,6 +182,39 @@ def test_with_remote_adapters_and_a_catalog_the_status_and_the_names_come_from_o
     assert without.status.adapter_summary == "0/1"
 
 
+def test_a_catalog_too_large_for_one_configmap_is_cut_by_name_and_said_once() -> None:
+    """5,000 catalog names of 128 characters would be ~1.3 MiB in each key: the API server refuses a
+    ConfigMap over 1 MiB, so the names past the limit are left out, counted and warned about."""
+    cluster, sidecars = ListingCluster(), Sidecars()
+    engine_pod(cluster, "d-1")
+    catalog = [f"a{i:0127d}" for i in range(5000)]
+    sidecars["d-1"] = list(reversed(catalog))
+    spec = LORA | {"adapters": [HUB], "adapterCatalog": CATALOG}
+    outcome = reconciled(cluster, spec, sidecars)
+    data = cluster.objects[NAMES_REF]["data"]
+    assert sum(len(value.encode()) for value in data.values()) <= 1_000_000
+    served = names_in(cluster)
+    assert served[0] == "sql" and served[1:] == tuple(catalog[: len(served) - 1])
+    kept = len(served) - 1
+    assert 3700 < kept < 3800, "as many as fit, not a round guess"
+    assert outcome.status.adapter_summary == f"0/1 +{kept} catalog ({5000 - kept} not served)"
+    [warning] = [e for e in outcome.events if e.reason == "AdapterNamesOverLimit"]
+    assert warning.type == "Warning" and f"{5000 - kept} catalog adapters are not served" in warning.message
+    assert repr(catalog[kept]) in warning.message, "names the first one left out"
+
+    status = {"adapterSummary": outcome.status.adapter_summary}
+    again = reconcile(
+        body(spec, status=status), cluster=cluster, images=IMAGES, now=NOW, read_report=sidecars.read
+    )
+    assert not [e for e in again.events if e.reason == "AdapterNamesOverLimit"], "not on every pass"
+    sidecars["d-1"] = catalog[:10]
+    fewer = reconcile(
+        body(spec, status=status), cluster=cluster, images=IMAGES, now=NOW, read_report=sidecars.read
+    )
+    assert names_in(cluster) == ("sql", *catalog[:10]) and fewer.status.adapter_summary == "0/1 +10 catalog"
+    assert not [e for e in fewer.events if e.reason == "AdapterNamesOverLimit"]
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -250,18 +250,23 @@ def conditions_with(
     )
 
 
-def summary(adapters: Sequence[AdapterStatus], *, catalog: int | None = None) -> str | None:
+def summary(
+    adapters: Sequence[AdapterStatus], *, catalog: int | None = None, left_out: int = 0
+) -> str | None:
     """`ready/declared` for `kubectl get`, and with a catalog (`catalog`: how many of its adapters the
-    gateway serves besides the declared ones) `+N catalog`; None without either.
+    gateway serves besides the declared ones) `+N catalog`, with `(M not served)` when the gateway's
+    names ConfigMap could not hold `left_out` more; None without either.
 
-    >>> summary([], catalog=480), summary([], catalog=None)
-    ('480 catalog', None)
+    >>> summary([], catalog=480), summary([], catalog=None), summary([], catalog=3787, left_out=1213)
+    ('480 catalog', None, '3787 catalog (1213 not served)')
     """
     parts = []
     if adapters:
         parts.append(f"{sum(a.state == 'Ready' for a in adapters)}/{len(adapters)}")
     if catalog is not None:
         parts.append(f"{'+' if parts else ''}{catalog} catalog")
+        if left_out:
+            parts.append(f"({left_out} not served)")
     return " ".join(parts) or None
 
 

@@ -35,7 +35,13 @@ from tandem.operator.gateway_status import served_by_condition
 from tandem.operator.objects import Child, ObjectRef
 from tandem.operator.resources import Images, Owner, Role, desired_children, managed_refs
 from tandem.operator.resources.engine import pool_spec
-from tandem.operator.resources.lora import ADAPTER_NAMES_SUFFIX, live_catalog, served_adapter_names
+from tandem.operator.resources.lora import (
+    ADAPTER_NAMES_SUFFIX,
+    NAMES_CONFIGMAP_BYTES,
+    fit_catalog,
+    live_catalog,
+    served_adapter_names,
+)
 from tandem.operator.resources.meta import child_name
 from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
 from tandem.operator.resources.secrets import USABLE_LABEL, named_secrets, new_secret, refusal
@@ -131,13 +137,17 @@ def reconcile(
     problems: list[str] = []
     observed: adapterstatus.Observed | None = None
     catalog: tuple[str, ...] | None = None
+    left_out: list[str] = []
     try:
         refused = refused_secrets(isvc.spec, namespace=owner.namespace, cluster=cluster)
         if refused:
             return _blocked(refused, generation=generation, previous=previous, now=now)
         # Read once (the sidecars over HTTP): for the gateway's adapter names and for the status.
         observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
-        catalog = adapter_catalog(isvc.spec, observed, owner=owner, cluster=cluster)
+        kept, left_out = fit_catalog(
+            isvc.spec, adapter_catalog(isvc.spec, observed, owner=owner, cluster=cluster)
+        )
+        catalog = tuple(kept)
         children = desired_children(
             isvc.spec,
             owner=owner,
@@ -167,7 +177,14 @@ def reconcile(
     if catalog is None:  # not reached: the catalog's names as the sidecars report them, if any
         catalog = (adapterstatus.reported_catalog(observed) or ()) if isvc.spec.adapter_catalog else ()
     outcome.status, adapter_events = _with_adapters(
-        isvc.spec, outcome.status, observed, owner=owner, previous=previous, now=now, catalog=catalog
+        isvc.spec,
+        outcome.status,
+        observed,
+        owner=owner,
+        previous=previous,
+        now=now,
+        catalog=catalog,
+        left_out=left_out,
     )
     outcome.events = _warnings(previous, outcome.status) + adapter_events
     return outcome
@@ -217,10 +234,12 @@ def _with_adapters(
     previous: Mapping[str, Any],
     now: str,
     catalog: Sequence[str] = (),
+    left_out: Sequence[str] = (),
 ) -> tuple[InferenceServiceStatus, list[Event]]:
     """`status` with each adapter's state as `observed`, their count (with the `catalog`'s names
-    the gateway serves besides, when the spec has a catalog) and `AdaptersReady` (`adapterstatus`),
-    and an Event per adapter that changed state."""
+    the gateway serves besides, when the spec has a catalog, and how many it does not because
+    `<name>-adapter-names` cannot hold them: `left_out`) and `AdaptersReady` (`adapterstatus`), an
+    Event per adapter that changed state, and a Warning when the names left out change."""
     adapters = adapterstatus.judge(spec, observed, owner=owner)
     conditions = adapterstatus.conditions_with(
         status.conditions,
@@ -233,11 +252,26 @@ def _with_adapters(
         "conditions": conditions,
         "adapters": adapters or None,
         "adapter_summary": adapterstatus.summary(
-            adapters, catalog=len(extra_catalog_names(spec, catalog)) if spec.adapter_catalog else None
+            adapters,
+            catalog=len(extra_catalog_names(spec, catalog)) if spec.adapter_catalog else None,
+            left_out=len(left_out),
         ),
     }
-    changes = adapterstatus.events(previous.get("adapters") or [], adapters)
-    return status.model_copy(update=update), [Event(e.type, e.reason, e.message) for e in changes]
+    changes = [
+        Event(e.type, e.reason, e.message)
+        for e in adapterstatus.events(previous.get("adapters") or [], adapters)
+    ]
+    if left_out and previous.get("adapterSummary") != update["adapter_summary"]:
+        changes.append(
+            Event(
+                "Warning",
+                "AdapterNamesOverLimit",
+                f"{len(left_out)} catalog adapters are not served ({left_out[0]!r} and after, by name): "
+                f"ConfigMap {child_name(owner, ADAPTER_NAMES_SUFFIX)} holds at most "
+                f"{NAMES_CONFIGMAP_BYTES:,} bytes of names",
+            )
+        )
+    return status.model_copy(update=update), changes
 
 
 def refused_secrets(spec: InferenceServiceSpec, *, namespace: str, cluster: Cluster) -> list[str]:

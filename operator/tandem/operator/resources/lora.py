@@ -42,6 +42,7 @@ rolls the gateway either.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -73,6 +74,9 @@ ADAPTER_NAMES_SUFFIX = "adapter-names"
 #: Its second key: the catalog's names it was written with (`live_catalog`); the gateway reads only
 #: `names.json`.
 CATALOG_KEY = "catalog.json"
+#: The most both keys of `<name>-adapter-names` may hold together: the API server refuses a ConfigMap
+#: whose data exceeds 1 MiB (1,048,576 bytes); the rest is room for its keys and metadata.
+NAMES_CONFIGMAP_BYTES = 1_000_000
 #: Downloads stream to disk in 1 MiB chunks (boto3's transfers use a few more buffers).
 SYNC_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 SYNC_CONTAINER = "adapters-sync"
@@ -151,6 +155,32 @@ def served_adapter_names(spec: InferenceServiceSpec, catalog: Sequence[str]) -> 
     model = {spec.model.name, spec.model.public_name}
     declared = [adapter.name for adapter in spec.adapters]
     return list(dict.fromkeys([*declared, *(n for n in sorted(catalog) if n not in model)]))
+
+
+def fit_catalog(spec: InferenceServiceSpec, catalog: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(kept, left out): the catalog's names, sorted, that `<name>-adapter-names` can hold within
+    `NAMES_CONFIGMAP_BYTES`, and those it cannot (the last in sorted order). A name the gateway serves
+    is written twice (`names.json` and `catalog.json`), one it does not (declared, or the model's own)
+    once, so about 4,000 names of 128 characters fit, or 20,000 of 20; a catalog holds at most 10,000.
+
+    >>> from tandem.core.spec import InferenceServiceSpec
+    >>> spec = InferenceServiceSpec.model_validate({"model": {"name": "m"}, "engine": {"lora": {}}})
+    >>> fit_catalog(spec, ["b", "a"])
+    (['a', 'b'], [])
+    >>> kept, left_out = fit_catalog(spec, [f"{i:0128d}" for i in range(5000)])
+    >>> len(kept), len(left_out), left_out[0] == f"{len(kept):0128d}"
+    (3787, 1213, True)
+    """
+    names = sorted(set(catalog))
+    served = set(served_adapter_names(spec, names))
+    declared = [adapter.name for adapter in spec.adapters]
+    size = len(names_document(declared)) + len(names_document([]))
+    for index, name in enumerate(names):
+        entry = len(json.dumps(name)) + 2  # the name and its ", "
+        size += entry * (2 if name in served and name not in declared else 1)
+        if size > NAMES_CONFIGMAP_BYTES:
+            return names[:index], names[index:]
+    return names, []
 
 
 def live_catalog(configmap: Mapping[str, Any] | None) -> tuple[str, ...]:
