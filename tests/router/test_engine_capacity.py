@@ -215,6 +215,42 @@ def test_a_new_engine_starts_at_its_pools_confirmed_capacity_not_at_256() -> Non
     assert read(prefill, 0, 0) == DEFAULT_CAPACITY
 
 
+def test_an_engine_still_at_its_start_value_takes_the_pools_c_when_a_peer_confirms_it() -> None:
+    """A fresh gateway, four engines at 256, a flood sent to all: the first engine confirmed at 4
+    brings the others still at 256 (never seen running more than 4) down to 4, unconfirmed, so that
+    a request recalled from it (or a newcomer) waits in the gateway rather than in another engine's
+    queue, and they recall their own excess at their next reading. One seen running more keeps its C;
+    the other pool's engines keep theirs; one that can run more grows again by quarters."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    tokens = iter(range(1, 1_000))
+    engines = {url: Endpoint("decode", url) for url in ("http://10.0.0.1:8000", "http://10.0.0.2:8000")}
+    engines["bigger"] = Endpoint("decode", "http://10.0.0.3:8000")
+    prefill = Endpoint("prefill", "http://10.0.1.1:8000")
+
+    def read(endpoint: Endpoint, running: int, waiting: int) -> int:
+        reading = stats(running=running, waiting=waiting, kv_usage=0.1, tokens=float(next(tokens)))
+        return capacity.concurrency(snapshot(endpoint, engine=reading, in_flight=14))
+
+    first, second, bigger = engines.values()
+    assert read(second, 4, 10) == DEFAULT_CAPACITY  # held back once: not yet its limit
+    assert read(bigger, 6, 0) == DEFAULT_CAPACITY
+    assert read(prefill, 4, 10) == DEFAULT_CAPACITY
+    assert [read(first, 4, 10) for _ in range(CONFIRM)][-1] == 4
+    assert capacity.concurrency(snapshot(second)) == 4, "the pool's C before its own next reading"
+    known = capacity.known(second.url)
+    assert known is not None and not known.confirmed
+    assert capacity.concurrency(snapshot(bigger)) == DEFAULT_CAPACITY, "it ran 6: not a start value"
+    assert capacity.concurrency(snapshot(prefill)) == DEFAULT_CAPACITY, "another pool"
+    assert [read(second, 4, 9), read(second, 4, 8)] == [4, 4]
+    known = capacity.known(second.url)
+    assert known is not None and known.confirmed, "its own readings confirm it as before"
+
+    other = EngineCapacity(initial=DEFAULT_CAPACITY)
+    capacity = other
+    [read(first, 4, 10) for _ in range(CONFIRM)]
+    assert [read(second, 4, 0), read(second, 5, 0), read(second, 7, 0)] == [5, 7, 9], "it grows if it can"
+
+
 def test_below_a_declared_max_num_seqs_only_a_full_kv_cache_is_believed() -> None:
     """Batches of equal requests finish together; a scrape every second can land on the same passing
     moment each time. With --max-num-seqs 4 declared, that is not learned; a full KV cache is."""

@@ -15,7 +15,8 @@ scrapes is one reading). A declared `--max-num-seqs` (the spec's engine argument
 default 256.
 
 **Held back: the engine's limit, learned and then held.** A reading with requests waiting while the
-engine runs fewer than C says the engine holds requests back at what it runs, R: that is its limit.
+engine runs fewer than C (or exactly C, while C is not confirmed: a start value such as its pool's)
+says the engine holds requests back at what it runs, R: that is its limit.
 `CONFIRM` stepped readings in a row at the same R make it C, *confirmed*: the kind of limit is `kv`
 when the KV cache was at least `KV_BOUND_FROM` used, else `seqs` (a slot count). One reading is not
 enough, since a request that has just arrived waits for the engine's next step (a few ms), and a
@@ -58,6 +59,18 @@ from one template (the same `--max-num-seqs`, the same cache), so an engine the 
 added is not handed a burst it can only queue while its own readings come in. If it can take more it
 runs all it gets and grows by a quarter per reading, as any start value does. Example: decode
 engines confirmed at 6 and 7; a third joins at C = 6.
+
+The same holds for an engine already known whose C is still a start value when a pool peer
+confirms its own: when one engine of a pool is confirmed at C, every other engine of that pool that
+is not confirmed, has a C above it and was never seen running more than it comes down to it,
+unconfirmed. At a flood's start every engine of a fresh gateway holds 256 and is sent the flood; the
+engines' readings confirm them one by one, a reading interval or two apart, and until the last is
+confirmed a request the gateway recalls from the first (or a newcomer) would be sent into the queue
+of one still at 256, and recalled again. With the pool's C they all hold the backlog in the gateway
+from the first confirmation, and recall what waits beyond it at their next reading. An engine that
+can run more shows it by running all it is sent and grows by a quarter per reading, as a start value
+does. Example: four engines at 256 with 14 requests each; the first is confirmed at 4, the three
+others become 4 at once, unconfirmed.
 
 An engine that restarted (its counters' start time changed, or its counters went backwards) keeps
 its C as a start value, unconfirmed: it may have come back with another `--max-num-seqs`, which the
@@ -260,13 +273,15 @@ class EngineCapacity:
             engine.c = max(1, min(c, engine.most) - 1)
             engine.confirmed, engine.kind, engine.probing = True, "kv", False
             engine.held = (0, 0, False)
+            self._pool_stands(engine)
         elif running > c and not (engine.confirmed and engine.kind == "kv"):
             # It runs more than believed: at least that, and no longer a known limit. (A cache-bound
             # engine runs one more now and then, a handed-over request while the stream it replaces
             # ends: its room is read from its cache instead, `_ran_everything`.)
             engine.c, engine.confirmed, engine.kind, engine.probing = running, False, None, False
             engine.held = (0, 0, False)
-        elif waiting > 0 and 0 < running < c:
+        elif waiting > 0 and running > 0 and (running < c or (running == c and not engine.confirmed)):
+            # Held back (at C itself too while C is a start value, e.g. its pool's: `_pool_stands`).
             # Waiting beyond what was sent since the last reading waited through an engine step.
             proven = (
                 sent is not None and reading.sent is not None and waiting > (reading.sent - sent) * self.share
@@ -305,6 +320,17 @@ class EngineCapacity:
         engine.confirmed, engine.probing, engine.held = True, False, (0, 0, False)
         engine.recheck_every = min(RECHECK_LAST, engine.recheck_every * 2) if again else RECHECK_FIRST
         engine.recheck_in = engine.recheck_every
+        self._pool_stands(engine)
+
+    def _pool_stands(self, confirmed: EngineLimit) -> None:
+        """`confirmed`'s pool peers whose C is still a start value (not confirmed, above its C, never
+        seen running more than it) come down to its C, unconfirmed (module docstring)."""
+        c = confirmed.c
+        for engine in self._engines.values():
+            if engine is confirmed or engine.pool != confirmed.pool or engine.confirmed:
+                continue
+            if engine.c > c and engine.most <= c:
+                engine.c = c
 
     def _ran_everything(self, engine: EngineLimit, running: int, *, usage: float | None) -> None:
         """Nothing waits and it runs at least C: grow as the module docstring says."""
