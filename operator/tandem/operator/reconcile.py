@@ -38,9 +38,9 @@ from tandem.operator.resources.engine import pool_spec
 from tandem.operator.resources.lora import (
     ADAPTER_NAMES_SUFFIX,
     NAMES_CONFIGMAP_BYTES,
+    extra_catalog_names,
     fit_catalog,
     live_catalog,
-    served_adapter_names,
 )
 from tandem.operator.resources.meta import child_name
 from tandem.operator.resources.multinode import LWS_API_VERSION, LWS_KIND
@@ -217,12 +217,6 @@ def adapter_catalog(
         return reported
     ref = ObjectRef("v1", "ConfigMap", owner.namespace, child_name(owner, ADAPTER_NAMES_SUFFIX))
     return live_catalog(cluster.get(ref))
-
-
-def extra_catalog_names(spec: InferenceServiceSpec, catalog: Sequence[str]) -> list[str]:
-    """The catalog's names the gateway serves besides the declared adapters (`<name>-adapter-names`)."""
-    declared = {adapter.name for adapter in spec.adapters}
-    return [name for name in served_adapter_names(spec, catalog) if name not in declared]
 
 
 def _with_adapters(

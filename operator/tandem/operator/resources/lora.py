@@ -157,6 +157,12 @@ def served_adapter_names(spec: InferenceServiceSpec, catalog: Sequence[str]) -> 
     return list(dict.fromkeys([*declared, *(n for n in sorted(catalog) if n not in model)]))
 
 
+def extra_catalog_names(spec: InferenceServiceSpec, catalog: Sequence[str]) -> list[str]:
+    """The catalog's names the gateway serves besides the declared adapters (`served_adapter_names`)."""
+    declared = {adapter.name for adapter in spec.adapters}
+    return [name for name in served_adapter_names(spec, catalog) if name not in declared]
+
+
 def fit_catalog(spec: InferenceServiceSpec, catalog: Sequence[str]) -> tuple[list[str], list[str]]:
     """(kept, left out): the catalog's names, sorted, that `<name>-adapter-names` can hold within
     `NAMES_CONFIGMAP_BYTES`, and those it cannot (the last in sorted order). A name the gateway serves
@@ -172,12 +178,11 @@ def fit_catalog(spec: InferenceServiceSpec, catalog: Sequence[str]) -> tuple[lis
     (3787, 1213, True)
     """
     names = sorted(set(catalog))
-    served = set(served_adapter_names(spec, names))
-    declared = [adapter.name for adapter in spec.adapters]
-    size = len(names_document(declared)) + len(names_document([]))
+    extra = set(extra_catalog_names(spec, names))
+    size = len(names_document(adapter.name for adapter in spec.adapters)) + len(names_document([]))
     for index, name in enumerate(names):
         entry = len(json.dumps(name)) + 2  # the name and its ", "
-        size += entry * (2 if name in served and name not in declared else 1)
+        size += entry * (2 if name in extra else 1)
         if size > NAMES_CONFIGMAP_BYTES:
             return names[:index], names[index:]
     return names, []

@@ -60,17 +60,17 @@ added is not handed a burst it can only queue while its own readings come in. If
 runs all it gets and grows by a quarter per reading, as any start value does. Example: decode
 engines confirmed at 6 and 7; a third joins at C = 6.
 
-The same holds for an engine already known whose C is still a start value when a pool peer
-confirms its own: when one engine of a pool is confirmed at C, every other engine of that pool that
-is not confirmed, has a C above it and was never seen running more than it comes down to it,
-unconfirmed. At a flood's start every engine of a fresh gateway holds 256 and is sent the flood; the
-engines' readings confirm them one by one, a reading interval or two apart, and until the last is
-confirmed a request the gateway recalls from the first (or a newcomer) would be sent into the queue
-of one still at 256, and recalled again. With the pool's C they all hold the backlog in the gateway
-from the first confirmation, and recall what waits beyond it at their next reading. An engine that
-can run more shows it by running all it is sent and grows by a quarter per reading, as a start value
-does. Example: four engines at 256 with 14 requests each; the first is confirmed at 4, the three
-others become 4 at once, unconfirmed.
+The same holds for an engine already known whose C is still a start value when a pool peer confirms
+its own: when one engine of a pool is confirmed, every other engine of that pool that is not
+confirmed, has a C above where the pool stands (`start`: the smallest confirmed C) and was never
+seen running more than that comes down to it, unconfirmed. At a flood's start every engine of a
+fresh gateway holds 256 and is sent the flood; the engines' readings confirm them one by one, a
+reading interval or two apart, and until the last is confirmed a request the gateway recalls from
+the first (or a newcomer) would be sent into the queue of one still at 256, and recalled again. With
+the pool's C they all hold the backlog in the gateway from the first confirmation, and recall what
+waits beyond it at their next reading. An engine that can run more shows it by running all it is
+sent and grows by a quarter per reading, as a start value does. Example: four engines at 256 with 14
+requests each; the first is confirmed at 4, the three others become 4 at once, unconfirmed.
 
 An engine that restarted (its counters' start time changed, or its counters went backwards) keeps
 its C as a start value, unconfirmed: it may have come back with another `--max-num-seqs`, which the
@@ -280,8 +280,9 @@ class EngineCapacity:
             # ends: its room is read from its cache instead, `_ran_everything`.)
             engine.c, engine.confirmed, engine.kind, engine.probing = running, False, None, False
             engine.held = (0, 0, False)
-        elif waiting > 0 and running > 0 and (running < c or (running == c and not engine.confirmed)):
-            # Held back (at C itself too while C is a start value, e.g. its pool's: `_pool_stands`).
+        elif waiting > 0 and running > 0 and (running < c or not engine.confirmed):
+            # Held back (at C itself too while C is unconfirmed, e.g. its pool's: `_pool_stands`;
+            # an unconfirmed engine running more than C was taken by the branch above).
             # Waiting beyond what was sent since the last reading waited through an engine step.
             proven = (
                 sent is not None and reading.sent is not None and waiting > (reading.sent - sent) * self.share
@@ -323,13 +324,12 @@ class EngineCapacity:
         self._pool_stands(engine)
 
     def _pool_stands(self, confirmed: EngineLimit) -> None:
-        """`confirmed`'s pool peers whose C is still a start value (not confirmed, above its C, never
-        seen running more than it) come down to its C, unconfirmed (module docstring)."""
-        c = confirmed.c
+        """`confirmed`'s pool peers whose C is still a start value (not confirmed, above where the
+        pool stands, `start`, and never seen running more) come down to it, unconfirmed (module
+        docstring)."""
+        c = self.start(confirmed.pool)
         for engine in self._engines.values():
-            if engine is confirmed or engine.pool != confirmed.pool or engine.confirmed:
-                continue
-            if engine.c > c and engine.most <= c:
+            if engine.pool == confirmed.pool and not engine.confirmed and engine.c > c >= engine.most:
                 engine.c = c
 
     def _ran_everything(self, engine: EngineLimit, running: int, *, usage: float | None) -> None:
