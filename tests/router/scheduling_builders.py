@@ -75,6 +75,7 @@ def candidate(
     fill: float = 0.0,
     predicted_ttft_s: float = 0.1,
     in_flight: int = 0,
+    queued: int = 0,
 ) -> Candidate:
     return Candidate(
         snapshot=snapshot(endpoint, in_flight=in_flight),
@@ -83,7 +84,7 @@ def candidate(
         kv_usage=kv_usage,
         matched_tokens=matched,
         cache_fill=fill,
-        queued_tokens=0,
+        queued_tokens=queued,
         tokens_per_second=10_000.0,
         predicted_ttft_s=predicted_ttft_s,
     )

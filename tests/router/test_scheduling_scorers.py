@@ -109,6 +109,26 @@ def test_min_max_gives_the_lowest_value_1_and_the_highest_0(
             {"10.0.0.1": 1.0, "10.0.0.2": 1.0, "10.0.0.3": 0.0},
             id="a-new-engines-empty-cache-does-not-outweigh-its-queue",
         ),
+        pytest.param(
+            [
+                candidate(A, fill=0.2, load=1, queued=3000),
+                candidate(B, fill=0.3, load=4),
+                candidate(C, fill=0.2, load=6),
+            ],
+            1000,
+            {"10.0.0.1": 0.0, "10.0.0.2": 1.0, "10.0.0.3": 0.0},
+            id="a-new-prompt-does-not-queue-behind-another-prefill-for-fewer-decoding-requests",
+        ),
+        pytest.param(
+            [
+                candidate(A, fill=0.2, load=1, queued=200),
+                candidate(B, fill=0.3, load=4),
+                candidate(C, fill=0.2, load=2),
+            ],
+            1000,
+            {"10.0.0.1": 1.0, "10.0.0.2": 0.0, "10.0.0.3": 1.0},
+            id="prompt-work-within-a-quarter-of-the-prompt-counts-as-none",
+        ),
     ],
 )
 def test_prefix_scorer_is_the_cached_share_and_spreads_prompts_cached_nowhere(

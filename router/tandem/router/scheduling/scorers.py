@@ -61,9 +61,8 @@ class PrefixScorer:
     least loaded endpoints.
 
         r_p = matched_p / n                       (share of the prompt cached on p, in full blocks)
-        a_p = min-max of cache_fill_p over the candidates within `LOAD_SLACK` (one request) of the
-              least loaded (L_p ≤ L_min + 1), the lowest fill scoring 1 (1 when all equal); 0 for
-              the others
+        a_p = min-max of cache_fill_p over the candidates near the least prompt work and load
+              (below), the lowest fill scoring 1 (1 when all equal); 0 for the others
         s   = max(0, 1 − r_max / θ)               (θ = `threshold`, SGLang's cache_threshold 0.3)
         score_p = r_p + s · a_p                   (≤ 1)
 
@@ -90,17 +89,25 @@ class PrefixScorer:
     queue was seconds long (measured in docs/autoscaler.md). Exactly the least loaded alone was too
     narrow: loads one request apart are the usual state of a busy pool, and new prefixes placed by
     load there evicted each other in small caches (tests/router/test_routing_sims.py: hit rate
-    0.85 → 0.73–0.80). `L` is `Candidate.load`, as the load scorer reads it. Within one request of
-    the least load, an engine already computing another new prompt (`Candidate.queued_tokens`, the
-    uncached tokens sent to it without a first token yet) is left out: a new prompt behind it would
-    wait for that whole prefill, which is what makes a shared-prefix workload's TTFT bimodal.
+    0.85 → 0.73–0.80). `L` is `Candidate.load`, as the load scorer reads it.
+
+    Prompt work ahead comes first: near means within `QUEUE_SLACK` (a quarter of the prompt) of the
+    least queued prefill work (`Candidate.queued_tokens`, the uncached tokens sent to an engine
+    without a first token yet), and of those within `LOAD_SLACK` of the least load. A new prompt
+    sent behind another one waits for that whole prefill, which is what makes a shared-prefix
+    workload's TTFT bimodal, while requests that are decoding cost it little. Load first and work
+    second left only the engine with the fewest requests whenever the others held one more, so
+    three new prompts arriving within 20 ms all went to the one engine that had just taken the
+    first of them (docs/routing.md).
 
     Example, n = 1000, fills A 0.5, B 0.2, C 0.2, loads equal: A holds 960 (r = 0.96 ≥ 0.3, s = 0) →
     A 0.96, B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) →
     A 0.1, B = C = 0.667: a match that weak is not worth filling a fuller cache further. A new
     prompt with loads A 2, B 4, C 2 → A 0, B 0, C 1; with B at 3 → A 0, B 1, C 0.667. With an
     anchor (the prompt spans a block): fills A 0.5, B 0.2, C 0.3 and the anchor's order C, B, A →
-    eligible B and C (within 0.2 of B's 0.2), home C → A 0, B 0.5, C 1.
+    eligible B and C (within 0.2 of B's 0.2), home C → A 0, B 0.5, C 1. A new prompt, n = 1000,
+    loads A 1, B 4, C 6, A computing 3,000 uncached tokens, B and C none → A 0, B 1, C 0: B is the
+    least loaded of the engines with no prompt work ahead.
     """
 
     name = "prefix"
@@ -121,12 +128,13 @@ class PrefixScorer:
         spread = 1.0 - max(ratios.values(), default=0.0) / self.threshold
         if spread <= 0.0:  # some endpoint caches at least θ of the prompt: the overlap alone
             return ratios
-        lowest = min(c.load for c in candidates)
-        near = [c for c in candidates if c.load <= lowest + LOAD_SLACK]
-        # Of those, the ones with the least prompt work ahead: a new prompt sent behind another one
-        # waits for its whole prefill (the slow mode of a shared-prefix workload's TTFT).
-        least = min(c.queued_tokens for c in near)
-        near = [c for c in near if c.queued_tokens <= least + QUEUE_SLACK * n]
+        # The candidates with the least prompt work ahead: a new prompt sent behind another one
+        # waits for its whole prefill (the slow mode of a shared-prefix workload's TTFT) ...
+        least = min(c.queued_tokens for c in candidates)
+        free = [c for c in candidates if c.queued_tokens <= least + QUEUE_SLACK * n]
+        # ... and of those, the least loaded.
+        lowest = min(c.load for c in free)
+        near = [c for c in free if c.load <= lowest + LOAD_SLACK]
         fills = {c.url: c.cache_fill for c in near}
         availability = min_max_low_is_best(fills)
         size = ANCHOR_BLOCK_SIZE if self.block_size is None else min(map(self.block_size, fills))
