@@ -136,6 +136,32 @@ def test_the_filesystem_resolver_loads_an_unknown_model_on_first_use(http: httpx
     assert complete(http, "../sql").status_code == 404
 
 
+def disk_reads(http: httpx.Client) -> float:
+    lines = [
+        line for line in http.get("/metrics").text.splitlines() if line.startswith("tandem_sim_lora_loads")
+    ]
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in lines if 'source="disk"' in line and "_total" in line
+    )
+
+
+def test_a_runtime_load_answers_after_the_engine_read_the_adapter(http: httpx.Client, adapters: Path) -> None:
+    """vLLM answers `/v1/load_lora_adapter` once `add_lora` has run in its engine core: on an idle
+    engine the read runs at once, in a step of its own, before the answer; so a request under the
+    adapter right after reads nothing from disk. An in-place load reads it again, before its answer."""
+    before = disk_reads(http)
+    path = str(adapters / "chat")
+    assert (
+        http.post("/v1/load_lora_adapter", json={"lora_name": "chat", "lora_path": path}).status_code == 200
+    )
+    assert disk_reads(http) == before + 1
+    assert complete(http, "chat").status_code == 200
+    assert disk_reads(http) == before + 1
+    inplace = {"lora_name": "chat", "lora_path": path, "load_inplace": True}
+    assert http.post("/v1/load_lora_adapter", json=inplace).status_code == 200
+    assert disk_reads(http) == before + 2
+
+
 def test_lora_metrics_follow_vllm_0_32(http: httpx.Client) -> None:
     complete(http, "sql")
     text = http.get("/metrics").text

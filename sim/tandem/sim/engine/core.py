@@ -56,7 +56,8 @@ class StepPlan:
 
     @property
     def empty(self) -> bool:
-        return not self.output.scheduled
+        """Nothing to run and no adapter to load."""
+        return not self.output.scheduled and not (self.moves.disk_loads or self.moves.host_loads)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,13 @@ class EngineCore:
         return _finished_stats(request, "abort", now=now)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        """Requests to run, or adapter loads `add_lora` left pending (an idle engine runs them at
+        once, as vLLM's engine core runs its `add_lora` between two steps, busy or not)."""
+        return self.scheduler.has_work() or self.loads_pending()
+
+    def loads_pending(self) -> bool:
+        """Whether an `add_lora` read is waiting for the next step."""
+        return bool(self._pending_moves.disk_loads or self._pending_moves.host_loads)
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
@@ -136,9 +143,10 @@ class EngineCore:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         moves = AdapterMoves()
-        if self.adapters is not None and output.scheduled:
+        if self.adapters is not None and (output.scheduled or self.loads_pending()):
             moves, self._pending_moves = self._pending_moves, AdapterMoves()
-            moves.add(self.adapters.activate(output.adapters()))
+            if output.scheduled:
+                moves.add(self.adapters.activate(output.adapters()))
         return StepPlan(output, step_time(self.config.profile, output.batch_shape(moves)), now, moves)
 
     def finish_step(self, plan: StepPlan, *, now: float) -> StepResult:

@@ -82,6 +82,7 @@ class EngineLoop:
         self._step_end: float | None = None
         self._idle = True
         self._failure: BaseException | None = None
+        self._settling: list[asyncio.Future[None]] = []  # `loads_settled` callers
 
     def now(self) -> float:
         """The simulated time to stamp an arrival with (module docstring)."""
@@ -108,6 +109,19 @@ class EngineLoop:
         if finished is not None:
             self._record(IterationStats(finished=[finished]))
 
+    async def loads_settled(self) -> None:
+        """Return once the adapter reads `add_lora` left pending have run in a finished step: vLLM
+        answers its runtime load route after `add_lora`, which its engine core runs between two
+        steps (at once when idle). Raises `EngineDead` if the loop fails first."""
+        if not self.core.loads_pending():
+            return
+        if self._failure is not None:
+            raise EngineDead("the engine loop has stopped") from self._failure
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._settling.append(waiter)
+        self._wake.set()
+        await waiter
+
     async def run(self) -> None:
         """Step forever (until cancelled). An internal error fails every open stream, then propagates."""
         try:
@@ -121,6 +135,10 @@ class EngineLoop:
             for stream in self._streams.values():
                 stream.put(EngineDead(f"the engine loop failed: {exc}"))
             self._streams.clear()
+            for waiter in self._settling:
+                if not waiter.done():
+                    waiter.set_exception(EngineDead(f"the engine loop failed: {exc}"))
+            self._settling.clear()
             raise
 
     async def _step(self) -> None:
@@ -144,6 +162,11 @@ class EngineLoop:
             self._step_end = None
         self._time = end
         self._dispatch(self.core.finish_step(plan, now=end))
+        if self._settling and not self.core.loads_pending():
+            for waiter in self._settling:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._settling.clear()
 
     def _dispatch(self, result: StepResult) -> None:
         for output in result.outputs:
