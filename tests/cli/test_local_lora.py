@@ -193,6 +193,7 @@ def test_up_follows_the_examples_catalog_through_a_names_file(tmp_path: Path) ->
     assert plan.router_config.adapter_names_file == str(adapter_names_path(tmp_path))
     dest = adapter_folder(isvc, tmp_path)
     assert dest is not None
+    assert plan.router_config.adapter_load_dir == str(dest)  # the gateway copies hot adapters from it
     follower = catalog_follower(isvc, base=EXAMPLE.parent, dest=dest, names_file=adapter_names_path(tmp_path))
     assert follower is not None
     assert parse_names(adapter_names_path(tmp_path).read_text()) == ("sql-lora", "summarize-lora")

@@ -239,6 +239,7 @@ def test_the_router_config_names_the_mounted_file_and_carries_no_adapters() -> N
     data, _, deployment = router_parts(spec)
     config = RouterConfig.model_validate(yaml.safe_load(data["router.yaml"]))
     assert config.adapter_names_file == "/etc/tandem/adapter-names/names.json"
+    assert config.adapter_load_dir == "/adapters"  # the engines' resolver folder: copies come from it
     assert config.spec.adapters == [] and config.spec.adapter_catalog is None
     assert config.spec.engine.lora == spec.engine.lora
     served = with_generated_secrets(spec, OWNER)  # as every builder sees it
@@ -261,6 +262,7 @@ def test_without_lora_there_are_no_names_no_mount_and_no_names_file() -> None:
     assert ("ConfigMap", "demo-adapter-names") not in found
     data, _, deployment = router_parts(spec)
     assert "adapterNamesFile" not in yaml.safe_load(data["router.yaml"])
+    assert "adapterLoadDir" not in yaml.safe_load(data["router.yaml"])
     assert all(v["name"] != "lora-names" for v in deployment["spec"]["template"]["spec"]["volumes"])
     assert all(m["name"] != "lora-names" for m in router_container(deployment)["volumeMounts"])
 

@@ -21,8 +21,10 @@ from tandem.router.compose.service import adapter_janitor
 from tandem.router.config import resolve
 from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.settings import RouterSettings
-from tandem.router.upstream.adapters import undeclared
+from tandem.router.upstream.adapters import COPY_PAUSE_S, AdapterCopier, undeclared
 from tandem.router.upstream.client import HTTPUpstream, new_wire
+from tandem.sim.app import create_app as sim_app
+from tandem.sim.settings import SimSettings
 
 
 async def served(client: httpx.AsyncClient) -> list[str]:
@@ -76,3 +78,41 @@ def test_the_sweep_picks_adapters_only_and_a_volume_catalog_turns_it_off() -> No
     document.pop("adapterNames")
     off = resolve(RouterConfig.model_validate(document), RouterSettings())
     assert adapter_janitor(off, upstream, adapters) is None
+
+
+async def test_the_copier_loads_an_adapter_through_the_runtime_api_and_pauses_after_a_refusal(
+    tmp_path: Path,
+) -> None:
+    """`AdapterCopier` against real simulated engines: one with vLLM's runtime API loads `chat` from
+    `<directory>/chat` (then listed, its root that path; a second copy of it in place succeeds too);
+    one without it answers 404, which counts as failed, is told to `done`, and stops copies for
+    COPY_PAUSE_S (the clock moved past it, copies start again)."""
+    write_adapter(tmp_path, "sql")
+    write_adapter(tmp_path, "chat")
+    now = [0.0]
+    heard: list[tuple[str, str, bool]] = []
+    async with AsyncExitStack() as stack:
+        engine = await stack.enter_async_context(serve(lora_engine(tmp_path)))
+        closed = SimSettings.model_validate(
+            {"profile": "tiny-cpu", "served_model_name": "qwen", "enable_lora": True, "max_loras": 2}
+        )
+        without = await stack.enter_async_context(serve(sim_app(closed, environ={})))
+        direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+        wire = new_wire(RouterSettings().proxy)
+        stack.callback(wire.close)
+        upstream = HTTPUpstream(wire, RouterSettings().proxy)
+        copier = AdapterCopier(
+            upstream, directory=str(tmp_path), timeout_s=5.0, done=lambda *a: heard.append(a),
+            clock=lambda: now[0],
+        )  # fmt: skip
+        assert await copier.copy(engine.url, "chat")
+        models = (await direct.get(f"{engine.url}/v1/models")).json()["data"]
+        assert [m["root"] for m in models if m["id"] == "chat"] == [str(tmp_path / "chat")]
+        assert await copier.copy(engine.url, "chat"), "in place: an adapter loaded before is read again"
+        assert not await copier.copy(without.url, "chat")
+        assert copier.copies == {"loaded": 2, "failed": 1}
+        assert heard == [(engine.url, "chat", True), (engine.url, "chat", True), (without.url, "chat", False)]
+        assert not copier.start(engine.url, "chat"), "paused after the failure"
+        now[0] += COPY_PAUSE_S
+        assert copier.start(engine.url, "chat")
+        await copier.stop()

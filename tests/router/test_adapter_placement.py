@@ -26,12 +26,14 @@ from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.scheduling import ProfileScheduler, Scheduler, SchedulerDeps, scheduler_for
 from tandem.router.scheduling.adapterload import Residency
 from tandem.router.scheduling.adapterplace import (
+    COPY_SLACK,
     MIN_BOUND,
     AdapterPlacement,
     allowed_engines,
     load_bound,
 )
-from tandem.router.scheduling.plugins import Cycle
+from tandem.router.scheduling.plugins import Cycle, Scored
+from tandem.router.scheduling.runner import Decision
 from tandem.router.scheduling.scorers import AdapterAffinityScorer, home_ranks
 from tandem.router.scheduling.state import SchedulingState
 from tandem.router.settings import RouterSettings
@@ -292,3 +294,103 @@ async def test_the_residency_record_is_the_declared_cpu_tier(lora: dict[str, int
     for i in range(expected + 3):
         routing.scheduler.decide("decode", view(f"a{i}", f"r{i}"), [snapshot(A, engine=one_slot)])
     assert placement.residency.adapters(A.url) == [f"a{i}" for i in range(3, expected + 3)]
+
+
+# -- copies ahead of requests ---------------------------------------------------------------------
+
+
+class Copier:
+    """Records the copies asked for; `refuse` makes it decline (a copier pausing after a failure)."""
+
+    def __init__(self, *, refuse: bool = False) -> None:
+        self.asked: list[tuple[str, str]] = []
+        self.refuse = refuse
+
+    def __call__(self, url: str, adapter: str) -> bool:
+        self.asked.append((url, adapter))
+        return not self.refuse
+
+
+def pick(placement: AdapterPlacement, adapter: str, loads: dict[str, float], rid: str) -> str:
+    """The filter, then the pick of the least loaded engine it allowed (as the load scorer would),
+    told back to the placement; returns the URL."""
+    candidates = [candidate(e, load=loads[e.url]) for e in (A, B, C, D)]
+    cycle = Cycle(
+        pool="decode", profile="prompt", request=view(adapter, rid), prompt_tokens=100, slo_ttft_s=1.0
+    )
+    allowed = placement.filter(cycle, candidates)
+    chosen = min(allowed, key=lambda c: c.load)
+    scored = Scored(candidate=chosen, total=1.0, scores={})
+    placement.picked(
+        Decision(cycle=cycle, chosen=scored, reason="test", offered=4, scored=(scored,), durations_s={})
+    )
+    return chosen.url
+
+
+def test_a_hot_adapter_is_copied_to_another_engine_while_its_requests_stay_with_its_holder() -> None:
+    """`sql` held on its home at the bound: without a copier the next request loads it on the least
+    busy engine; with one, that engine gets a copy and the request stays home (within COPY_SLACK);
+    once the copy is done, that engine holds `sql` and takes the next request at no load."""
+    home, second, third, fourth = order("sql")
+    loads = {home: 3.0, second: 1.0, third: 0.0, fourth: 1.0}  # bound max(3, ceil(1.5·6/4)) = 3
+
+    plain = AdapterPlacement()
+    plain.residency.record(home, "sql", capacity=4)
+    assert pick(plain, "sql", loads, "0") == third  # a load on the least busy engine
+
+    copier = Copier()
+    placement = AdapterPlacement()
+    placement.loads.copier = copier
+    placement.residency.record(home, "sql", capacity=4)
+    assert pick(placement, "sql", loads, "1") == home
+    assert copier.asked == [(third, "sql")] and placement.loads.copying == {"sql": third}
+    assert placement.loads.in_flight(third) == 1  # the copy stalls its engine like any load
+    assert not placement.residency.holds(third, "sql")
+
+    loads[home] = 4.0  # still within the slack (4 < 3 + 2), and one copy of an adapter at a time
+    assert pick(placement, "sql", loads, "2") == home
+    assert copier.asked == [(third, "sql")]
+
+    placement.loads.copy_done(third, "sql", ok=True)
+    assert placement.residency.holds(third, "sql") and placement.loads.in_flight(third) == 0
+    assert pick(placement, "sql", loads, "3") == third
+    assert placement.loads.in_flight(third) == 0  # no load: it holds the adapter
+
+
+def test_past_the_slack_or_without_a_copy_a_request_loads_the_adapter_itself() -> None:
+    """The holder beyond bound + COPY_SLACK: the request loads the adapter on the least busy engine
+    other than the one being copied to (that one waits behind the copy). A copier that declines (paused
+    after a failure) or a failed copy leaves the adapter spreading by loads, as without one."""
+    home, second, third, fourth = order("sql")
+    copier = Copier()
+    placement = AdapterPlacement()
+    placement.loads.copier = copier
+    placement.residency.record(home, "sql", capacity=4)
+    loads = {home: 3.0, second: 1.0, third: 0.0, fourth: 1.0}
+    assert pick(placement, "sql", loads, "1") == home  # the copy to `third` starts
+    loads = {home: 6.0, second: 1.0, third: 1.0, fourth: 1.0}  # bound ceil(1.5·10/4) = 4
+    assert loads[home] >= load_bound(list(loads.values())) + COPY_SLACK
+    chosen = pick(placement, "sql", loads, "2")
+    assert chosen != home and chosen != third  # loads where no copy is in flight
+    assert copier.asked == [(third, "sql")]
+
+    placement.loads.copy_done(third, "sql", ok=False)
+    assert not placement.residency.holds(third, "sql") and placement.loads.copying == {}
+    assert placement.loads.in_flight(third) == 0
+
+    declining = AdapterPlacement()
+    declining.loads.copier = Copier(refuse=True)
+    declining.residency.record(home, "sql", capacity=4)
+    loads = {home: 3.0, second: 1.0, third: 0.0, fourth: 1.0}
+    assert pick(declining, "sql", loads, "3") == third  # no copy: the request loads it
+    assert declining.loads.copying == {}
+
+
+def test_an_adapter_held_nowhere_is_loaded_by_its_request_not_copied() -> None:
+    """The first request of an adapter must load it somewhere: a copy would only delay it."""
+    copier = Copier()
+    placement = AdapterPlacement()
+    placement.loads.copier = copier
+    loads = {e.url: 0.0 for e in (A, B, C, D)}
+    assert pick(placement, "sql", loads, "1") == order("sql")[0]
+    assert copier.asked == []

@@ -23,7 +23,7 @@ from tests.router.test_gateway_lora import RESOLVER, complete, lora_config, writ
 from tests.router.test_routing_sims import samples
 
 from tandem.router.app import create_app as router_app
-from tandem.router.scheduling.adapterplace import load_bound
+from tandem.router.scheduling.adapterplace import COPY_SLACK, load_bound
 from tandem.router.scheduling.scorers import home_ranks
 from tandem.sim.app import create_app as sim_app
 from tandem.sim.settings import SimSettings
@@ -108,3 +108,69 @@ async def test_an_adapters_requests_stay_home_and_a_burst_of_it_spreads_within_t
     # No engine took more than the bound with the whole burst in flight: ceil(1.25 · 12 / 3) = 5.
     assert max(burst.values()) <= load_bound([(BURST - 1) / ENGINES] * ENGINES), burst
     assert burst[home] >= 2, burst  # the home filled first
+
+
+@pytest.fixture
+async def copying_gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[str], Path]]:
+    """The engines of `gateway`, and a gateway told to copy hot adapters from a second directory
+    holding the same adapters (`adapterLoadDir`), so that each engine's `/v1/models` says (`root`)
+    whether it got `chat` from a copy or from its resolver; yields that directory too."""
+    write_adapter(tmp_path, "sql")
+    write_adapter(tmp_path, "chat")
+    copies = tmp_path / "copies"
+    write_adapter(copies, "chat")
+    async with AsyncExitStack() as stack:
+        urls = [
+            (await stack.enter_async_context(serve(engine(tmp_path, seed=i)))).url for i in range(ENGINES)
+        ]
+        config = lora_config(urls).model_copy(update={"adapter_load_dir": str(copies)})
+        router = await stack.enter_async_context(serve(router_app(config)))
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=router.url, timeout=30, trust_env=False)
+        )
+        yield client, urls, copies
+
+
+def by_label(series: dict[tuple[tuple[str, str], ...], float], label: str) -> dict[str, float]:
+    return {dict(labels)[label]: value for labels, value in series.items()}
+
+
+async def test_a_burst_spreads_by_copies_through_the_runtime_api_not_by_its_requests_loads(
+    copying_gateway: tuple[httpx.AsyncClient, list[str], Path],
+) -> None:
+    """The burst of the test above with copies on: it still spreads within the bound (plus the
+    slack a copy in flight allows), and every engine it spread to beyond the home got `chat` from the
+    gateway's `POST /v1/load_lora_adapter` (its `/v1/models` entry's root is the copies' directory)
+    before any of its requests arrived there; no copy failed; each engine read `chat` from disk once."""
+    client, urls, copies = copying_gateway
+    ranks = home_ranks("chat", urls)
+    home = min(urls, key=ranks.__getitem__)
+    warming = [complete("qwen", f"warm-up {i}") | {"max_tokens": 64} for i in range(ENGINES)]
+    warm = await asyncio.gather(*(client.post("/v1/completions", json=body) for body in warming))
+    assert [r.status_code for r in warm] == [200] * ENGINES
+    reply = await client.post("/v1/completions", json=complete("chat", "question"))
+    assert reply.status_code == 200
+
+    before = await served(client, urls)
+    body = complete("chat", "a long answer") | {"max_tokens": 64}
+    replies = await asyncio.gather(*(later(i * GAP_S, client, body) for i in range(BURST)))
+    assert [r.status_code for r in replies] == [200] * BURST
+    after = await served(client, urls)
+    burst = {url: after[url] - before[url] for url in urls}
+    spread = [url for url in urls if url != home and burst[url] > 0]
+    assert spread, burst
+    assert max(burst.values()) <= load_bound([(BURST - 1) / ENGINES] * ENGINES) + COPY_SLACK, burst
+
+    metrics = samples((await client.get("/metrics")).text)
+    outcomes = by_label(metrics.get("tandem_router_adapter_copies_total", {}), "outcome")
+    assert outcomes.get("loaded", 0) >= len(spread) and outcomes.get("failed", 0) == 0, outcomes
+    for url in urls:
+        models = (await client.get(f"{url}/v1/models")).json()["data"]
+        root = next(m["root"] for m in models if m["id"] == "chat") if url in spread or url == home else None
+        if url in spread:
+            assert root == str(copies / "chat"), (url, root)  # copied, not resolved by a request
+        elif url == home:
+            assert root != str(copies / "chat")  # the first request resolved it there
+        engine_metrics = samples((await client.get(f"{url}/metrics")).text)
+        reads = by_label(engine_metrics.get("tandem_sim_lora_loads_total", {}), "source")
+        assert reads.get("disk", 0.0) <= 1.0, (url, reads)

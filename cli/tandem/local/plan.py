@@ -226,6 +226,8 @@ def build_plan(
         adapter_names_file=str(adapter_names_path(state_dir))
         if follow_catalog and spec.engine.lora is not None
         else None,
+        # The engines' resolver folder: the gateway copies hot adapters from it (runtime API).
+        adapter_load_dir=str(adapter_dir) if adapter_dir is not None else None,
     )
     config_path = state_dir / "router.yaml"
     router = ProcessPlan(

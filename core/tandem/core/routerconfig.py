@@ -135,6 +135,16 @@ class RouterConfig(SpecModel):
         "a restart. The operator's gateways mount it (ConfigMap <service>-adapter-names); given, the "
         "gateway's adapters are its names together with spec.adapters' and adapterNames.",
     )
+    adapter_load_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        pattern=r"^/",
+        description="The absolute directory on the engines in which their filesystem resolver finds each "
+        "LoRA adapter by name (VLLM_LORA_RESOLVER_CACHE_DIR); given, the gateway loads a hot adapter onto "
+        "another engine through vLLM's runtime API (/v1/load_lora_adapter) before sending it requests "
+        "there, instead of a request waiting for the load. The engines need "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING.",
+    )
     kv_events: KVEventsAddresses | None = Field(
         default=None,
         description="Where each engine publishes KV events (spec.router.prefixSource: precise), as "

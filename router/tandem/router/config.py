@@ -126,6 +126,9 @@ class EffectiveConfig:
     adapters: tuple[str, ...] = ()
     #: The names file to follow (`RouterConfig.adapterNamesFile`); None: the fixed names only.
     adapter_names_file: Path | None = None
+    #: Where the engines' resolver finds adapters (`RouterConfig.adapterLoadDir`): copies ahead of
+    #: requests on; None: off.
+    adapter_load_dir: str | None = None
     #: The engines run LMCache over the KV pool (`engines_run_lmcache`): adapter requests are tagged.
     lmcache_engines: bool = False
     #: Traces: the spec's `tracing` under the standard `OTEL_*` variables; None: off.
@@ -229,6 +232,7 @@ def resolve(
         kv_pool_off=kv_pool_off,
         adapters=adapters,
         adapter_names_file=Path(config.adapter_names_file) if config.adapter_names_file else None,
+        adapter_load_dir=config.adapter_load_dir,
         lmcache_engines=engines_run_lmcache(config),
         kv_layout_in_keys=config.kv_layout_in_keys,
         tracing=_tracing(spec, settings, env),

@@ -21,7 +21,7 @@ from tandem.operator.resources.engine import (
     model_argument,
 )
 from tandem.operator.resources.kvpool import config_hash, kv_pool_url
-from tandem.operator.resources.lora import ADAPTER_NAMES_SUFFIX
+from tandem.operator.resources.lora import ADAPTER_DIR, ADAPTER_NAMES_SUFFIX
 from tandem.operator.resources.meta import (
     ENGINE_PORT,
     METRICS_PORT,
@@ -96,6 +96,8 @@ def router_config(spec: InferenceServiceSpec, *, owner: Owner) -> RouterConfig:
         # connector's; LMCache's keys carry no scope at all.
         kv_layout_in_keys=spec.engine.kind == "sim" or spec.kv_pool.connector == "tandem",
         kv_events=cluster_addresses() if spec.router.prefix_source == "precise" else None,
+        # Every engine pod's resolver folder (`lora`): the gateway copies hot adapters from it.
+        adapter_load_dir=ADAPTER_DIR if spec.engine.lora is not None else None,
     )
 
 
@@ -155,10 +157,11 @@ def build_router_configmap(spec: InferenceServiceSpec, *, owner: Owner) -> dict[
 
 
 def config_document(config: RouterConfig) -> dict[str, Any]:
-    """`config` as a ConfigMap holds it (JSON types, camelCase keys), without `adapterNamesFile` when
-    it is unset: a service without LoRA keeps the document it had before that key existed, which a
-    gateway of an older image (refusing unknown keys) still reads."""
-    exclude = {"adapter_names_file"} if config.adapter_names_file is None else None
+    """`config` as a ConfigMap holds it (JSON types, camelCase keys), without `adapterNamesFile` and
+    `adapterLoadDir` when they are unset: a service without LoRA keeps the document it had before
+    those keys existed, which a gateway of an older image (refusing unknown keys) still reads."""
+    unset = {"adapter_names_file", "adapter_load_dir"}
+    exclude = {name for name in unset if getattr(config, name) is None} or None
     return config.model_dump(mode="json", by_alias=True, exclude=exclude)
 
 

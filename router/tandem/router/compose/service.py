@@ -36,8 +36,14 @@ from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Relay
 from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.request.context_limit import ContextLimit
+from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.types import Endpoint, Pool
-from tandem.router.upstream.adapters import AdapterJanitor, AdapterNamesCollector, AdapterNamesFile
+from tandem.router.upstream.adapters import (
+    AdapterCopier,
+    AdapterJanitor,
+    AdapterNamesCollector,
+    AdapterNamesFile,
+)
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.upstream.recall import Recalls
@@ -106,8 +112,9 @@ def compose_service(
         if config.adapter_names_file is not None
         else None
     )
+    names_metrics = AdapterNamesCollector(adapters, names_file)
     if config.lora:
-        prometheus.register(AdapterNamesCollector(adapters, names_file))
+        prometheus.register(names_metrics)
     capacity = engine_capacity(config)
     routing = build_routing(
         config, registry=registry, prometheus=prometheus, scrapes=scrapes, clock=clock, bus=bus
@@ -181,6 +188,8 @@ def compose_service(
     )
     learner = ContextLearner(context, upstream, timeout_s=settings.proxy.models_timeout_seconds)
     janitor = adapter_janitor(config, upstream, adapters)
+    copier = adapter_copier(config, upstream, routing.state.adapter_loads)
+    names_metrics.copier = copier
     collector = MetricsCollector(
         registry=registry,
         fetch=metrics_fetch(wire),
@@ -196,6 +205,8 @@ def compose_service(
     if janitor is not None:
         adapters.listeners.append(janitor.dropped)
         services.append(_Stopping(janitor.stop))
+    if copier is not None:
+        services.append(_Stopping(copier.stop))
     return ServiceParts(
         config=config,
         registry=registry,
@@ -268,6 +279,24 @@ def adapter_janitor(
         return None
     timeout_s = config.settings.proxy.models_timeout_seconds
     return AdapterJanitor(upstream, declared=adapters.names, timeout_s=timeout_s)
+
+
+def adapter_copier(
+    config: EffectiveConfig, upstream: HTTPUpstream, loads: AdapterLoads | None
+) -> AdapterCopier | None:
+    """The copier that loads a hot adapter onto another engine ahead of its requests
+    (`upstream.adapters`), joined to the placement's record of loads; None without
+    `adapterLoadDir`, or without the `tandem` policy's placement (`loads`)."""
+    if config.adapter_load_dir is None or loads is None:
+        return None
+    copier = AdapterCopier(
+        upstream,
+        directory=config.adapter_load_dir,
+        timeout_s=config.settings.proxy.models_timeout_seconds,
+        done=lambda url, adapter, ok: loads.copy_done(url, adapter, ok=ok),
+    )
+    loads.copier = copier.start
+    return copier
 
 
 def _on_volume(source: str) -> bool:

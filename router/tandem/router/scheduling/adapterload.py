@@ -28,13 +28,20 @@ Which dispatch caused a load is the placement's call: `AdapterPlacement.picked` 
 engine in the residency record and marks the entry as loading when the engine did not hold it; the
 first attempt to start there claims the mark (`started`).
 
+**Copies ahead of requests.** When the gateway can load adapters itself (`copier`, the runtime API:
+`tandem.router.upstream.adapters.AdapterCopier`), the placement asks for a copy of a hot adapter on
+another engine instead of sending a request there to load it (`adapterplace`). A copy in flight counts
+as a load in flight on its engine (`copy_started`: the engine's steps wait for it as for any load);
+when it is done (`copy_done`) the engine holds the adapter in the residency record. One copy per
+adapter at a time (`copying`).
+
 Pure: plain numbers in and out, no clock; one per router process, used from the event loop.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from tandem.router.types import EndpointSnapshot
 
@@ -114,6 +121,13 @@ class AdapterLoads:
         self._observations: dict[str, int] = {}
         self._in_flight: dict[str, int] = {}
         self._marked: set[tuple[str, str]] = set()  # (url, adapter) picked there while not held
+        #: Adapter → the engine URL a copy of it is being loaded onto (module docstring).
+        self.copying: dict[str, str] = {}
+        #: Starts a copy of an adapter onto an engine, `(url, adapter)`, or says it cannot now
+        #: (False); None: the gateway cannot load adapters itself, and an adapter spreads by its
+        #: requests' loads.
+        self.copier: Callable[[str, str], bool] | None = None
+        self._copy_capacity: dict[tuple[str, str], int] = {}
 
     # -- what the placement says ------------------------------------------------------------------
 
@@ -125,6 +139,28 @@ class AdapterLoads:
     def unmark(self, url: str, adapter: str) -> None:
         """`url` no longer counts as holding `adapter` (the residency record forgot it)."""
         self._marked.discard((url, adapter))
+
+    def copy(self, url: str, adapter: str, *, capacity: int) -> bool:
+        """Start a copy of `adapter` onto `url` (the copier's); False when one of it is in flight,
+        no copier is set or it refuses; `capacity`: the engine's CPU tier, for the residency record
+        when it is done."""
+        if self.copier is None or adapter in self.copying or not self.copier(url, adapter):
+            return False
+        self.copying[adapter] = url
+        self._copy_capacity[(url, adapter)] = capacity
+        self._in_flight[url] = self._in_flight.get(url, 0) + 1
+        return True
+
+    def copy_done(self, url: str, adapter: str, *, ok: bool) -> None:
+        """The copy of `adapter` onto `url` ended; `ok`: the engine holds it now."""
+        if self.copying.get(adapter) != url:
+            return
+        del self.copying[adapter]
+        capacity = self._copy_capacity.pop((url, adapter), 1)
+        self.settled(url)
+        if ok:
+            for evicted in self.residency.record(url, adapter, capacity=capacity):
+                self.unmark(url, evicted)
 
     # -- what the dispatcher says -------------------------------------------------------------------
 
@@ -192,3 +228,5 @@ class AdapterLoads:
         self._observations = {url: n for url, n in self._observations.items() if url in keep}
         self._in_flight = {url: n for url, n in self._in_flight.items() if url in keep}
         self._marked = {(url, a) for url, a in self._marked if url in keep}
+        self.copying = {a: url for a, url in self.copying.items() if url in keep}
+        self._copy_capacity = {k: c for k, c in self._copy_capacity.items() if k[0] in keep}

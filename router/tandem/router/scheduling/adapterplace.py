@@ -36,6 +36,18 @@ breaks the tie): gateway replicas agree where an adapter lives. Some engine is a
 bound (the least loaded one is at most the mean), so the filter never empties the cycle.
 Base-model requests pass unchanged.
 
+**A copy ahead of the requests.** When the gateway can load adapters itself (vLLM's runtime API,
+`adapterload.AdapterLoads.copier`), an adapter that outgrows its holders does not spread by a
+request's load: the request still goes to a holder, up to `COPY_SLACK` requests over the bound, and
+the engine the load would have gone to gets a copy of the adapter, loaded in the background. When the
+copy is done that engine holds the adapter and takes its requests at no load. So in a hot adapter's
+burst only its first request waits for a load, where spreading by requests made one request wait per
+engine it spread to (and every request in that engine's step). With no holder within the slack (or
+a copy of the adapter already loading and the holders full), the request loads it as before.
+Example, bound 3, `sql` held on A (load 3), B at 1 and C at 0 hold it not: without a copier the
+request goes to C and loads `sql` there; with one it goes to A (3 < 3 + 2) and C gets a copy; the
+next request finds C holding `sql`.
+
 `AdapterPlacement` is the filter (name `adapter-placement`) and keeps the residency record; the
 scheduler tells it every decision (`picked`, the `PostPick` hook). Pure: no I/O, no clock.
 """
@@ -59,6 +71,9 @@ DEFAULT_EPSILON = 0.5
 #: spreads. A move costs a load (≥ 70 ms of stalled steps); another request in the batch costs a
 #: fraction of a step.
 MIN_BOUND = 3
+#: Requests a holder may take over the bound while a copy of its adapter loads on another engine
+#: (module docstring): a load takes about 70 ms, in which a burst of 16 req/s brings one or two.
+COPY_SLACK = 2
 #: Adapters remembered per engine until its `max_lora` is read (vLLM's `--max-cpu-loras` defaults
 #: to `--max-loras`; Tandem's bench and most deployments run 4).
 DEFAULT_RESIDENT = 4
@@ -152,8 +167,31 @@ class AdapterPlacement:
             ranks = home_ranks(adapter, urls)
             order = sorted(urls, key=ranks.__getitem__)
             loading = {url: self.loads.in_flight(url) for url in urls}
+            roomy = {url for url in holders if loads[url] < bound + COPY_SLACK}
+            if roomy and self._copying(adapter, candidates, order, loads, bound=bound, loading=loading):
+                return [c for c in candidates if c.url in roomy]
         allowed = set(allowed_engines(order, loads, holders, bound=bound, loading=loading))
         return [c for c in candidates if c.url in allowed]
+
+    def _copying(
+        self,
+        adapter: str,
+        candidates: Sequence[Candidate],
+        order: Sequence[str],
+        loads: Mapping[str, float],
+        *,
+        bound: int,
+        loading: Mapping[str, int],
+    ) -> bool:
+        """Whether a copy of `adapter` is loading onto another engine: one already in flight, or
+        one started now onto the engine its request would have loaded it on (module docstring)."""
+        if self.loads.copier is None:
+            return False
+        if adapter in self.loads.copying:
+            return True
+        target = allowed_engines(order, loads, (), bound=bound, loading=loading)
+        onto = [c for c in candidates if c.url in target]
+        return bool(onto) and self.loads.copy(onto[0].url, adapter, capacity=self._capacity(onto[0]))
 
     def picked(self, decision: Decision, /) -> None:
         """Records the chosen engine as holding the request's adapter, and marks the placement as a

@@ -21,13 +21,27 @@ a slow engine never delays the collector's round.
 Off when the service's names are not all known to the gateway: an adapter catalog on a volume
 (`pvc://`) without a names file, whose adapters only the engines can list. Locally (`tandem up`), with
 `spec.adapters` alone, or with a names file (which lists the catalog's names), they are known.
+
+**Copies of a hot adapter ahead of its requests** (`AdapterCopier`). With `adapterLoadDir` in the
+router config (the directory in which the engines' filesystem resolver finds each adapter by name),
+the placement may ask for an adapter to be loaded onto another engine before any request goes there
+(`tandem.router.scheduling.adapterplace`). The copier sends that engine `POST /v1/load_lora_adapter
+{"lora_name": name, "lora_path": <adapterLoadDir>/<name>, "load_inplace": true}` (vLLM's runtime
+API, which the operator turns on; in place, so that an adapter the engine resolved once and has
+since evicted from its CPU tier is read again rather than refused as loaded) and tells the placement
+when it answers: 2xx, the engine holds the adapter; anything else, or no answer within the timeout,
+it does not (a warning), and no copy starts for `COPY_PAUSE_S` (engines without the runtime API are
+not asked at every request of a hot adapter). vLLM answers after the load (its `add_lora` runs
+between two engine steps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Iterator, Mapping
+import math
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
 import orjson
@@ -47,6 +61,9 @@ from tandem.router.upstream.client import HTTPUpstream, UpstreamCall
 log = logging.getLogger(__name__)
 
 UNLOAD_PATH = "/v1/unload_lora_adapter"
+LOAD_PATH = "/v1/load_lora_adapter"
+#: Seconds without copies after one failed (`AdapterCopier.start`).
+COPY_PAUSE_S = 30.0
 
 
 def undeclared(entries: Collection[Mapping[str, object]], declared: Collection[str]) -> list[str]:
@@ -135,6 +152,82 @@ class AdapterJanitor:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+class AdapterCopier:
+    """Loads adapters onto engines ahead of their requests (module docstring); `done(url, adapter,
+    ok)` hears how each copy ended (`AdapterLoads.copy_done`). `copies` counts them by outcome
+    (`loaded`, `failed`) for the metrics."""
+
+    def __init__(
+        self,
+        upstream: HTTPUpstream,
+        *,
+        directory: str,
+        timeout_s: float,
+        done: Callable[[str, str, bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._upstream = upstream
+        self._directory = directory.rstrip("/") or "/"
+        self._timeout_s = timeout_s
+        self.done = done
+        self._tasks: set[asyncio.Task[bool]] = set()
+        self.copies = {"loaded": 0, "failed": 0}
+        self._clock = clock
+        self._pause_until = -math.inf
+
+    def path(self, adapter: str) -> str:
+        """The adapter's directory on the engines.
+
+        >>> AdapterCopier(None, directory="/adapters/", timeout_s=1).path("sql")  # type: ignore[arg-type]
+        '/adapters/sql'"""
+        return f"{self._directory.rstrip('/')}/{adapter}"
+
+    def start(self, url: str, adapter: str) -> bool:
+        """Load `adapter` onto the engine at `url` in the background; False (nothing started) for
+        `COPY_PAUSE_S` after a copy failed, so engines without the runtime API are not asked for
+        every request of a hot adapter."""
+        if self._clock() < self._pause_until:
+            return False
+        task = asyncio.create_task(self.copy(url, adapter), name="tandem-adapter-copy")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def copy(self, url: str, adapter: str) -> bool:
+        """One copy: whether the engine holds `adapter` now; `done` hears it either way."""
+        endpoint = Endpoint("decode", url)
+        body = orjson.dumps({"lora_name": adapter, "lora_path": self.path(adapter), "load_inplace": True})
+        call = UpstreamCall(path=LOAD_PATH, body=body, headers={}, stream=False,
+                            read_timeout_s=self._timeout_s)  # fmt: skip
+        status, why = 0, ""
+        try:
+            reply = await asyncio.wait_for(self._upstream.open(endpoint, call), self._timeout_s)
+            status, why = reply.status, reply.head[:200].decode("utf-8", "replace")
+            reply.close()
+        except UpstreamError as exc:
+            why = exc.message
+        except TimeoutError:
+            why = f"no answer within {self._timeout_s:g} s"
+        ok = 200 <= status < 300
+        self.copies["loaded" if ok else "failed"] += 1
+        fields = {"endpoint": endpoint.name, "adapter": adapter}
+        if ok:
+            log.info("adapter copied ahead of its requests", extra=fields)
+        else:
+            self._pause_until = self._clock() + COPY_PAUSE_S
+            log.warning("adapter copy failed; no copies for a while, requests load adapters themselves",
+                        extra=fields | {"status": status, "why": why, "pause_s": COPY_PAUSE_S})  # fmt: skip
+        if self.done is not None:
+            self.done(url, adapter, ok)
+        return ok
+
+    async def stop(self) -> None:
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 #: The signature of a file not written yet.
@@ -226,11 +319,13 @@ class AdapterNamesFile:
 
 class AdapterNamesCollector(Collector):
     """Scrape-time metrics of a service's adapter names: served and refused now; the names file's
-    reloads by outcome (with a file)."""
+    reloads by outcome (with a file); the copies of hot adapters by outcome (with a copier)."""
 
     def __init__(self, adapters: ServiceAdapters, names_file: AdapterNamesFile | None) -> None:
         self._adapters = adapters
         self._file = names_file
+        #: The copier of hot adapters, when the gateway has one (its copies by outcome).
+        self.copier: AdapterCopier | None = None
 
     def collect(self) -> Iterator[Metric]:
         served = GaugeMetricFamily(f"{PREFIX}_adapters", "LoRA adapters the gateway serves now.")
@@ -250,6 +345,16 @@ class AdapterNamesCollector(Collector):
             for outcome, count in self._file.reloads.items():
                 reloads.add_metric([outcome], count)
             yield reloads
+        if self.copier is not None:
+            copies = CounterMetricFamily(
+                f"{PREFIX}_adapter_copies",
+                "Hot adapters loaded onto another engine ahead of their requests, by outcome (loaded, "
+                "failed: the requests load it there themselves).",
+                labels=["outcome"],
+            )
+            for outcome, count in self.copier.copies.items():
+                copies.add_metric([outcome], count)
+            yield copies
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
