@@ -132,8 +132,10 @@ def test_imbalance_is_the_largest_peak_over_the_mean(peaks: dict[str, float], ex
     assert imbalance(peaks) == expected
 
 
-def _record(i: int, arrival: float, *, ttft: float, ok: bool = True) -> RequestRecord:
-    r = RequestRecord(i, "bench", None, 10, arrival, start_s=arrival, end_s=arrival + 1.0,
+def _record(
+    i: int, arrival: float, *, ttft: float, ok: bool = True, group: str | None = None
+) -> RequestRecord:
+    r = RequestRecord(i, "bench", group, 10, arrival, start_s=arrival, end_s=arrival + 1.0,
                       completion_tokens=10, status=200 if ok else 500)  # fmt: skip
     r.token_times_s.append(arrival + ttft)
     if not ok:
@@ -163,6 +165,24 @@ def test_a_rows_loads_per_1000_count_both_sources_and_the_burst_peaks_only_insid
     assert burst_peaks(samples, None, time_scale=1.0, running=False) == {}
 
 
+def test_the_burst_p99_is_the_hot_adapters_requests_in_the_window_beside_every_request_there() -> None:
+    """Requests at 0..9 s, the window [4, 8): the hot adapter's (even indexes) answered in 0.1 s,
+    another adapter's in 0.9 s. The burst's figure is the hot adapter's requests in the window
+    (4, 6: 100 ms); the window's, every request in it (4..7: up to 900 ms)."""
+    records = tuple(
+        _record(i, float(i), ttft=0.1 if i % 2 == 0 else 0.9, group="hot" if i % 2 == 0 else "cold")
+        for i in range(10)
+    )
+    sample = {"e0": EngineSample(0, "e0", 0, 0)}
+    row = run_row("x", 0, result=DriveResult(records, 10.0), samples=[], before=sample, after=sample,
+                  window=(4.0, 8.0), time_scale=1.0, hot="hot")  # fmt: skip
+    assert row["burst_requests"] == 2 and row["burst_ttft_p99_ms"] == pytest.approx(100)
+    assert row["window_ttft_p99_ms"] == pytest.approx(900)
+    every = run_row("x", 0, result=DriveResult(records, 10.0), samples=[], before=sample, after=sample,
+                    window=(4.0, 8.0), time_scale=1.0)  # fmt: skip
+    assert every["burst_requests"] == 4 and every["burst_ttft_p99_ms"] == pytest.approx(900)
+
+
 def test_the_verdict_compares_with_the_best_peer_of_each_figure() -> None:
     def cell(v: float | None) -> dict[str, float | None]:
         return {"mean": v, "max": v}
@@ -170,7 +190,7 @@ def test_the_verdict_compares_with_the_best_peer_of_each_figure() -> None:
     def row(ttft: float, loads: float, tput: float, burst: float, queue: float | None, errors: int) -> Any:
         return {"errors": errors, "ttft_p90_ms": cell(ttft), "loads_per_1000": cell(loads),
                 "throughput_tok_s": cell(tput), "burst_ttft_p99_ms": cell(burst),
-                "burst_queue_imbalance": cell(queue)}  # fmt: skip
+                "window_ttft_p99_ms": cell(2 * burst), "burst_queue_imbalance": cell(queue)}  # fmt: skip
 
     table = {"tandem": row(40, 30, 100, 60, 1.5, 0), "rr": row(100, 200, 90, 100, 1.0, 0),
              "ca": row(90, 100, 95, 200, 3.0, 0)}  # fmt: skip
@@ -179,7 +199,9 @@ def test_the_verdict_compares_with_the_best_peer_of_each_figure() -> None:
     assert checks["adapter loads per 1,000 requests"]["ratio"] == pytest.approx(0.3)
     assert checks["throughput"]["best_peer"] == "ca" and checks["throughput"]["met"]
     assert checks["burst: TTFT p99 of the burst's requests"]["best_peer"] == "rr"
-    assert all(c["met"] for c in checks.values())
+    window = checks["burst window: TTFT p99 of every request in it (not a target)"]
+    assert window["best_peer"] == "rr" and window["ratio"] == pytest.approx(0.6) and window["met"] is None
+    assert all(c["met"] for c in checks.values() if c["met"] is not None)
     table["tandem"]["burst_queue_imbalance"] = cell(2.5)
     assert not {c["target"]: c for c in verdict(table, ours="tandem")}[
         "burst: largest engine queue ÷ pool mean (worst repeat)"

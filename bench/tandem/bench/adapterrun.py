@@ -126,6 +126,7 @@ def run_adapters(
     *,
     workload: Workload,
     window: tuple[float, float] | None,
+    hot: str | None = None,
     pool: PoolSettings,
     tools: Tools,
     driver: DriverSettings,
@@ -134,7 +135,8 @@ def run_adapters(
     progress: Progress,
     interval_s: float = 1.0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every target `repeat` times (module docstring): the rows and the sampled timelines."""
+    """Every target `repeat` times (module docstring): the rows and the sampled timelines; `hot`: the
+    burst's adapter (`run_row`)."""
     rows: list[dict[str, Any]] = []
     timelines: list[dict[str, Any]] = []
     for r in range(repeat):
@@ -150,7 +152,7 @@ def run_adapters(
                 m = asyncio.run(_measure(run, workload, settings, interval_s=interval_s))
             row = run_row(
                 label, r, result=m.result, samples=m.samples, before=m.before, after=m.after, window=window,
-                time_scale=pool.time_scale, adapters=m.adapters,
+                time_scale=pool.time_scale, adapters=m.adapters, hot=hot,
             )  # fmt: skip
             row["gateway_cpu"] = m.cpu
             rows.append(row)

@@ -17,7 +17,7 @@ import click
 
 from tandem.bench import capacity as capacity_profile
 from tandem.bench.adapterrun import catalog_cost, run_adapters, write_results
-from tandem.bench.adapters import MultiAdapterParams, adapter_names, burst_window
+from tandem.bench.adapters import MultiAdapterParams, adapter_names, burst_index, burst_window
 from tandem.bench.harness import HarnessError, PoolSettings, Tools
 from tandem.bench.manyservices import ManySettings, markdown, run_many_services
 from tandem.bench.overhead import SweepSettings, parse_levels, run_sweep
@@ -115,7 +115,8 @@ def adapters(setup: Bench, o: dict[str, Any], harness: HarnessSetup) -> None:
     window = burst_window(params)
     runs = setup.out_dir / "runs"
     rows, timelines = run_adapters(
-        targets, workload=setup.workload, window=window, pool=pool, tools=tools, driver=setup.driver,
+        targets, workload=setup.workload, window=window, hot=pool.adapters[burst_index(params)],
+        pool=pool, tools=tools, driver=setup.driver,
         repeat=setup.repeat, state_dir=runs, progress=say,
     )  # fmt: skip
     catalog: list[dict[str, Any]] = []
