@@ -18,7 +18,9 @@ with greedy decoding:
 3. through the gateway, a request naming an adapter returns exactly the engine's direct answer under
    that adapter: disaggregated with its KV through the pool where the pool's keys carry the adapter,
    else decode-only (reason `adapter`) with the pool left out; the base model's answers to the same
-   prompts, asked afterwards and disaggregated through the pool, are still the base model's.
+   prompts, asked afterwards and disaggregated through the pool, are still the base model's;
+4. the gateway's copy of a hot adapter (`AdapterCopier`: vLLM's runtime load route, in place, from
+   the router config's `adapterLoadDir`) loads on real vLLM, which then answers under it as before.
 
 Per-request timings are printed (shown with -s), for docs/vllm.md; nothing asserts on them.
 
@@ -27,6 +29,7 @@ Run: `TANDEM_SLOW=1 .venv/bin/python -m pytest e2e/test_vllm_lora.py -q -s`; nee
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -41,7 +44,9 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from e2e.stacks import (
+    ENGINE_KEY,
     MODEL_DIR,
     ROOT,
     VLLM_PYTHON,
@@ -51,6 +56,10 @@ from e2e.stacks import (
     require_vllm,
     running_stack,
 )
+
+from tandem.router.settings import ProxySettings
+from tandem.router.upstream.adapters import AdapterCopier
+from tandem.router.upstream.client import HTTPUpstream, new_wire
 
 pytestmark = [
     pytest.mark.slow,
@@ -235,3 +244,32 @@ def pool_use(stack: Stack) -> Iterator[PoolUse]:
     after, hits_after = sample()
     used.decisions = {key: after[key] - before[key] for key in after}
     used.pool_hits = hits_after - hits
+
+
+def test_the_gateways_copy_loads_an_adapter_through_vllms_runtime_api(
+    stack: Stack, direct: dict[tuple[str, str], list[int]]
+) -> None:
+    """What the gateway does when a hot adapter spreads (`AdapterCopier`, docs/routing.md): `POST
+    /v1/load_lora_adapter` in place, from the directory its router config names (`adapterLoadDir`,
+    which `tandem up` sets to the engines' resolver folder). Real vLLM answers 200 once the adapter is
+    loaded, lists it with that path, and then answers under it exactly as before; a second copy (the
+    adapter already loaded) is read again in place, not refused."""
+    config = yaml.safe_load((stack.state_dir / "router.yaml").read_text())
+    directory = config["adapterLoadDir"]
+    engine, (_, b), text = stack.decode[0], ADAPTERS, prompts()[0]
+
+    proxy = ProxySettings(engine_api_key=ENGINE_KEY)  # the key the stack's engines require
+
+    async def copies() -> list[bool]:
+        wire = new_wire(proxy)
+        try:
+            copier = AdapterCopier(HTTPUpstream(wire, proxy), directory=directory, timeout_s=120)
+            return [await copier.copy(engine, b), await copier.copy(engine, b)]
+        finally:
+            wire.close()
+
+    assert asyncio.run(copies()) == [True, True]
+    key = {"Authorization": f"Bearer {ENGINE_KEY}"}
+    listed = httpx.get(f"{engine}/v1/models", headers=key, timeout=30).json()["data"]
+    assert [entry["root"] for entry in listed if entry["id"] == b] == [f"{directory}/{b}"]
+    assert tokens(engine, text, model=b) == direct[(b, text)]
