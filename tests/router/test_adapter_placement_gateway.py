@@ -79,6 +79,16 @@ async def later(delay_s: float, client: httpx.AsyncClient, body: dict[str, Any])
     return await client.post("/v1/completions", json=body)
 
 
+async def send_burst(client: httpx.AsyncClient, urls: list[str]) -> dict[str, float]:
+    """BURST requests for `chat`, GAP_S apart, all answered; how many each engine finished."""
+    before = await served(client, urls)
+    body = complete("chat", "a long answer") | {"max_tokens": 64}
+    replies = await asyncio.gather(*(later(i * GAP_S, client, body) for i in range(BURST)))
+    assert [r.status_code for r in replies] == [200] * BURST
+    after = await served(client, urls)
+    return {url: after[url] - before[url] for url in urls}
+
+
 async def test_an_adapters_requests_stay_home_and_a_burst_of_it_spreads_within_the_bound(
     gateway: tuple[httpx.AsyncClient, list[str]],
 ) -> None:
@@ -97,12 +107,7 @@ async def test_an_adapters_requests_stay_home_and_a_burst_of_it_spreads_within_t
         assert reply.status_code == 200
     assert await served(client, urls) == {url: 7.0 if url == home else 1.0 for url in urls}
 
-    before = await served(client, urls)
-    body = complete("chat", "a long answer") | {"max_tokens": 64}
-    replies = await asyncio.gather(*(later(i * GAP_S, client, body) for i in range(BURST)))
-    assert [r.status_code for r in replies] == [200] * BURST
-    after = await served(client, urls)
-    burst = {url: after[url] - before[url] for url in urls}
+    burst = await send_burst(client, urls)
     assert sum(burst.values()) == BURST
     assert sum(1 for n in burst.values() if n > 0) >= 2, burst  # spread beyond the home
     # No engine took more than the bound with the whole burst in flight: ceil(1.25 · 12 / 3) = 5.
@@ -151,12 +156,7 @@ async def test_a_burst_spreads_by_copies_through_the_runtime_api_not_by_its_requ
     reply = await client.post("/v1/completions", json=complete("chat", "question"))
     assert reply.status_code == 200
 
-    before = await served(client, urls)
-    body = complete("chat", "a long answer") | {"max_tokens": 64}
-    replies = await asyncio.gather(*(later(i * GAP_S, client, body) for i in range(BURST)))
-    assert [r.status_code for r in replies] == [200] * BURST
-    after = await served(client, urls)
-    burst = {url: after[url] - before[url] for url in urls}
+    burst = await send_burst(client, urls)
     spread = [url for url in urls if url != home and burst[url] > 0]
     assert spread, burst
     assert max(burst.values()) <= load_bound([(BURST - 1) / ENGINES] * ENGINES) + COPY_SLACK, burst
