@@ -292,7 +292,9 @@ def adapter_copier(
     copier = AdapterCopier(
         upstream,
         directory=config.adapter_load_dir,
-        timeout_s=config.settings.proxy.models_timeout_seconds,
+        # A read of a large adapter from network storage takes seconds: as long as a request may wait
+        # for an engine that can load one.
+        timeout_s=config.settings.proxy.adapter_hold_seconds,
         done=lambda url, adapter, ok: loads.copy_done(url, adapter, ok=ok),
     )
     loads.copier = copier.start
