@@ -31,7 +31,7 @@ first attempt to start there claims the mark (`started`).
 **Copies ahead of requests.** When the gateway can load adapters itself (`copier`, the runtime API:
 `tandem.router.upstream.adapters.AdapterCopier`), the placement asks for a copy of a hot adapter on
 another engine instead of sending a request there to load it (`adapterplace`). A copy in flight counts
-as a load in flight on its engine (`copy_started`: the engine's steps wait for it as for any load);
+as a load in flight on its engine (`copy`: the engine's steps wait for it as for any load);
 when it is done (`copy_done`) the engine holds the adapter in the residency record. One copy per
 adapter at a time (`copying`).
 

@@ -66,6 +66,25 @@ LOAD_PATH = "/v1/load_lora_adapter"
 COPY_PAUSE_S = 30.0
 
 
+async def post_json(
+    upstream: HTTPUpstream, endpoint: Endpoint, path: str, payload: Mapping[str, object], *, timeout_s: float
+) -> tuple[int, str]:
+    """POST `payload` to one of an engine's runtime routes (vLLM's LoRA load and unload): its status
+    and the first 200 characters of its answer; status 0 and why when no answer came (an
+    `UpstreamError`, or nothing within `timeout_s`)."""
+    call = UpstreamCall(path=path, body=orjson.dumps(payload), headers={}, stream=False,
+                        read_timeout_s=timeout_s)  # fmt: skip
+    try:
+        reply = await asyncio.wait_for(upstream.open(endpoint, call), timeout_s)
+    except UpstreamError as exc:
+        return 0, exc.message
+    except TimeoutError:
+        return 0, f"no answer within {timeout_s:g} s"
+    why = reply.head[:200].decode("utf-8", "replace")
+    reply.close()
+    return reply.status, why
+
+
 def undeclared(entries: Collection[Mapping[str, object]], declared: Collection[str]) -> list[str]:
     """The adapters among an engine's `/v1/models` entries (those with a `parent`) that are not
     `declared`, in the engine's order (pure).
@@ -126,23 +145,16 @@ class AdapterJanitor:
         entries = [e for e in data if isinstance(e, Mapping)] if isinstance(data, list) else []
         done = []
         for name in undeclared(entries, self._declared):
-            body = orjson.dumps({"lora_name": name})
-            call = UpstreamCall(path=UNLOAD_PATH, body=body, headers={}, stream=False,
-                                read_timeout_s=self._timeout_s)  # fmt: skip
-            try:
-                reply = await self._upstream.open(endpoint, call)
-                reply.close()
-            except UpstreamError as exc:
-                log.warning("adapter unload failed", extra={"endpoint": endpoint.name, "adapter": name,
-                                                             "why": exc.message})  # fmt: skip
-                continue
-            if reply.status < 300:
+            status, why = await post_json(self._upstream, endpoint, UNLOAD_PATH, {"lora_name": name},
+                                          timeout_s=self._timeout_s)  # fmt: skip
+            fields = {"endpoint": endpoint.name, "adapter": name}
+            if not status:
+                log.warning("adapter unload failed", extra=fields | {"why": why})
+            elif status < 300:
                 done.append(name)
-                log.info("adapter unloaded: the service no longer declares it",
-                         extra={"endpoint": endpoint.name, "adapter": name})  # fmt: skip
+                log.info("adapter unloaded: the service no longer declares it", extra=fields)
             else:
-                log.warning("adapter unload refused", extra={"endpoint": endpoint.name, "adapter": name,
-                                                              "status": reply.status})  # fmt: skip
+                log.warning("adapter unload refused", extra=fields | {"status": status})
         if done:
             self.unloaded.setdefault(url, []).extend(done)
         return done
@@ -169,7 +181,7 @@ class AdapterCopier:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._upstream = upstream
-        self._directory = directory.rstrip("/") or "/"
+        self._directory = directory.rstrip("/")  # "/" → "": the path is then "/<name>"
         self._timeout_s = timeout_s
         self.done = done
         self._tasks: set[asyncio.Task[bool]] = set()
@@ -182,7 +194,7 @@ class AdapterCopier:
 
         >>> AdapterCopier(None, directory="/adapters/", timeout_s=1).path("sql")  # type: ignore[arg-type]
         '/adapters/sql'"""
-        return f"{self._directory.rstrip('/')}/{adapter}"
+        return f"{self._directory}/{adapter}"
 
     def start(self, url: str, adapter: str) -> bool:
         """Load `adapter` onto the engine at `url` in the background; False (nothing started) for
@@ -198,18 +210,8 @@ class AdapterCopier:
     async def copy(self, url: str, adapter: str) -> bool:
         """One copy: whether the engine holds `adapter` now; `done` hears it either way."""
         endpoint = Endpoint("decode", url)
-        body = orjson.dumps({"lora_name": adapter, "lora_path": self.path(adapter), "load_inplace": True})
-        call = UpstreamCall(path=LOAD_PATH, body=body, headers={}, stream=False,
-                            read_timeout_s=self._timeout_s)  # fmt: skip
-        status, why = 0, ""
-        try:
-            reply = await asyncio.wait_for(self._upstream.open(endpoint, call), self._timeout_s)
-            status, why = reply.status, reply.head[:200].decode("utf-8", "replace")
-            reply.close()
-        except UpstreamError as exc:
-            why = exc.message
-        except TimeoutError:
-            why = f"no answer within {self._timeout_s:g} s"
+        payload = {"lora_name": adapter, "lora_path": self.path(adapter), "load_inplace": True}
+        status, why = await post_json(self._upstream, endpoint, LOAD_PATH, payload, timeout_s=self._timeout_s)
         ok = 200 <= status < 300
         self.copies["loaded" if ok else "failed"] += 1
         fields = {"endpoint": endpoint.name, "adapter": adapter}

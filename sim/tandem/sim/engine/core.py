@@ -57,7 +57,7 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         """Nothing to run and no adapter to load."""
-        return not self.output.scheduled and not (self.moves.disk_loads or self.moves.host_loads)
+        return not self.output.scheduled and not self.moves
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class EngineCore:
 
     def loads_pending(self) -> bool:
         """Whether an `add_lora` read is waiting for the next step."""
-        return bool(self._pending_moves.disk_loads or self._pending_moves.host_loads)
+        return bool(self._pending_moves)
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()

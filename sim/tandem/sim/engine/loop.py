@@ -135,10 +135,7 @@ class EngineLoop:
             for stream in self._streams.values():
                 stream.put(EngineDead(f"the engine loop failed: {exc}"))
             self._streams.clear()
-            for waiter in self._settling:
-                if not waiter.done():
-                    waiter.set_exception(EngineDead(f"the engine loop failed: {exc}"))
-            self._settling.clear()
+            self._settle(EngineDead(f"the engine loop failed: {exc}"))
             raise
 
     async def _step(self) -> None:
@@ -163,10 +160,17 @@ class EngineLoop:
         self._time = end
         self._dispatch(self.core.finish_step(plan, now=end))
         if self._settling and not self.core.loads_pending():
-            for waiter in self._settling:
-                if not waiter.done():
+            self._settle()
+
+    def _settle(self, failure: BaseException | None = None) -> None:
+        """Wake every `loads_settled` caller, with `failure` raised in each when given."""
+        for waiter in self._settling:
+            if not waiter.done():
+                if failure is None:
                     waiter.set_result(None)
-            self._settling.clear()
+                else:
+                    waiter.set_exception(failure)
+        self._settling.clear()
 
     def _dispatch(self, result: StepResult) -> None:
         for output in result.outputs:

@@ -56,6 +56,10 @@ class AdapterMoves:
     host_loads: int = 0
     host_bytes: float = 0.0
 
+    def __bool__(self) -> bool:
+        """Whether anything moved (or, pending, has to)."""
+        return bool(self.disk_loads or self.host_loads)
+
     def add(self, other: AdapterMoves) -> None:
         self.disk_loads += other.disk_loads
         self.disk_bytes += other.disk_bytes
