@@ -101,6 +101,22 @@ def test_an_adapter_goes_to_its_holders_under_the_bound_else_its_load_to_the_lea
     assert allowed_engines(["a", "b", "c"], loads, holders, bound=2) == expected
 
 
+@pytest.mark.parametrize(
+    ("loads", "loading", "lately", "expected"),
+    [
+        pytest.param({"a": 0, "b": 1, "c": 2}, {}, {}, ["a"], id="nothing-loading:the-least-busy-now"),
+        pytest.param({"a": 0, "b": 1, "c": 2}, {"a": 1}, {}, ["b"], id="a-load-in-flight-counts-twice"),
+        pytest.param({"a": 0, "b": 2, "c": 2}, {"a": 1}, {}, ["a"], id="twice-ties-to-the-order"),
+        pytest.param({"a": 0, "b": 1, "c": 1}, {}, {"a": 3.0, "b": 1.0}, ["c"], id="busy-lately-passed-by"),
+        pytest.param({"a": 0, "b": 1, "c": 1}, {}, {"a": 0.5}, ["a"], id="quiet-lately-still-least"),
+    ],
+)
+def test_a_load_goes_where_requests_now_and_lately_and_loads_in_flight_stall_least(
+    loads: dict[str, float], loading: dict[str, int], lately: dict[str, float], expected: list[str]
+) -> None:
+    assert allowed_engines(["a", "b", "c"], loads, set(), bound=3, loading=loading, lately=lately) == expected
+
+
 # -- residency ------------------------------------------------------------------------------------
 
 
@@ -148,6 +164,37 @@ def test_an_adapter_held_nowhere_is_loaded_on_the_least_busy_engine() -> None:
     loads = {first: 2.0, second: 1.0, third: 0.0, fourth: 1.0}
     candidates = [candidate(e, load=loads[e.url]) for e in (A, B, C, D)]
     assert [c.url for c in AdapterPlacement().filter(cycle_for("sql"), candidates)] == [third]
+
+
+def test_a_load_avoids_an_engine_busy_lately_in_the_instant_it_is_idle() -> None:
+    """A hot adapter's engine busy over the last decisions (4 requests while the others hold 1), then
+    idle for an instant between two of its requests: a cold adapter's load goes to a quiet engine,
+    not to the one the burst will fill again while the load stalls its step. Without the past
+    decisions (a fresh placement) the instant decides, and the load lands on the burst's engine."""
+    burst, quiet = order("cold")[0], order("cold")[1]
+    busy = [candidate(e, load=4.0 if e.url == burst else 1.0) for e in (A, B, C, D)]
+    now = [candidate(e, load=0.0 if e.url == burst else 1.0) for e in (A, B, C, D)]
+    placement = AdapterPlacement()
+    for _ in range(20):  # base-model decisions: they feed the engines' load lately too
+        assert placement.filter(cycle_for(None), busy) == busy
+    assert [c.url for c in AdapterPlacement().filter(cycle_for("cold"), now)] == [burst]
+    assert [c.url for c in placement.filter(cycle_for("cold"), now)] == [quiet]
+
+
+def test_the_load_lately_forgets_engines_that_left_the_pool() -> None:
+    placement = AdapterPlacement()
+    for i in range(20):
+        gone = [candidate(e) for e in (A, B)] + [candidate(Endpoint("decode", f"http://10.0.9.{i}:8000"))]
+        placement.filter(cycle_for(None), gone)
+    placement.filter(cycle_for(None), [candidate(e) for e in (A, B, C, D)])
+    assert len(placement.lately) <= 2 * 4 + 8
+    assert {A.url, B.url, C.url, D.url} <= set(placement.lately)
+
+
+def test_the_load_lately_weight_must_be_a_fraction() -> None:
+    for weight in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="lately_weight"):
+            AdapterPlacement(lately_weight=weight)
 
 
 def test_an_engine_running_the_adapter_now_counts_as_holding_it() -> None:

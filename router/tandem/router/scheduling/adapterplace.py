@@ -11,9 +11,12 @@ Thorup, Zadimoghaddam, SODA 2018):
     bound   = max(MIN_BOUND, ceil((1 + ε) · (ΣL + 1) / n))       L: `Candidate.load`, n candidates
     holding = the engines holding the adapter with L < bound
     allowed = holding                                              when there is one
-            = {the engine under the bound with the least L + λ}    else (ties: the adapter's
+            = {the engine under the bound with the least L + L̄ + 2λ}
+                                                                   else (ties: the adapter's
                                                                    rendezvous order, `scorers.home_ranks`)
-    λ       = loads in flight on the engine (`adapterload.AdapterLoads`): the new one waits behind them
+    L̄       = the engine's load lately: L averaged over the gateway's recent decisions
+    λ       = loads in flight on the engine (`adapterload.AdapterLoads`): the new one waits behind
+              them, and every request there waits for both
 
 "Holding": the engine runs or queues the adapter now (`vllm:lora_requests_info`), or this gateway
 sent it the adapter recently (`Residency`, an LRU per engine the size of its CPU tier). Example,
@@ -27,7 +30,17 @@ load), a hot adapter widens engine by engine as its demand fills them past the b
 ever takes a request above the bound: in a burst the largest queue stays within (1 + ε) × the pool's
 mean (plus rounding). A load, which is certain once no holder has room, goes where it stalls the
 fewest requests and waits behind the fewest other loads: the least busy engine, not a hot adapter's
-busy engines, and not one already loading (two loads in one engine's step take twice as long). On
+busy engines, and not one already loading (two loads in one engine's step take twice as long).
+"Least busy" counts the engine's load lately (L̄, an exponential average over the last
+`1 / LATELY_WEIGHT` decisions) beside its load now: a stall hits the requests an engine will get
+while it lasts, not only those it holds, and an engine that a hot adapter's burst feeds is busy
+on average even in the instant between two of its requests. Without L̄ (docs/benchmarks.md §8, a
+burst of 16 req/s on one adapter over 8 req/s of 200 cold ones) a cold adapter's load landed on
+a burst engine in such an instant about twice a second, and each stalled the burst's requests in
+that engine's step by 50–90 ms. A load in flight counts twice (2λ): the new load's request waits
+for it, and every request on the engine then waits for two loads instead of one; counted once, the
+quiet engines took the cold loads two at a time and the other requests in the burst's window paid
+(their p99 1.13× round robin's, against 0.87× with 2λ, the burst's own p99 the same). On
 the docs/benchmarks.md §8 request sequences, replayed with 4-entry LRUs per engine and 0.35 s
 requests, the least busy engine halves the requests in flight on an engine when it loads (374 → 167
 per 1,000 requests) against a load at the adapter's first engine under the bound, with as many loads
@@ -74,6 +87,9 @@ MIN_BOUND = 3
 #: Requests a holder may take over the bound while a copy of its adapter loads on another engine
 #: (module docstring): a load takes about 70 ms, in which a burst of 16 req/s brings one or two.
 COPY_SLACK = 2
+#: The weight of the newest decision in an engine's load lately (L̄): it averages over about the last
+#: 20 decisions (a second of a burst at 20 req/s, a few seconds of a quieter pool).
+LATELY_WEIGHT = 0.05
 #: Adapters remembered per engine until its `max_lora` is read (vLLM's `--max-cpu-loras` defaults
 #: to `--max-loras`; Tandem's bench and most deployments run 4).
 DEFAULT_RESIDENT = 4
@@ -97,12 +113,13 @@ def allowed_engines(
     *,
     bound: float,
     loading: Mapping[str, int] | None = None,
+    lately: Mapping[str, float] | None = None,
 ) -> list[str]:
     """The engines an adapter's request may go to (module docstring): the engines in `holders` under
     `bound`; when there is none, the engine under it where a load stalls least: the fewest requests
-    in flight plus loads in flight (`loading`: each one the new load waits behind), ties to the first
-    in `order` (the adapter's rendezvous order). In `order`'s order; empty only if no engine is under
-    the bound.
+    in flight now and lately (`lately`, L̄) plus twice the loads in flight (`loading`: the new load
+    waits behind each, and so does every request there), ties to the first in `order` (the
+    adapter's rendezvous order). In `order`'s order; empty only if no engine is under the bound.
 
     >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 1, "c": 0, "d": 0}, {"b", "d"}, bound=2)
     ['b', 'd']
@@ -110,15 +127,21 @@ def allowed_engines(
     ['d']
     >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 1, "c": 1, "d": 1}, set(), bound=2,
     ...                 loading={"b": 1, "d": 1})
-    ['c']"""
+    ['c']
+    >>> allowed_engines(["a", "b", "d", "c"], {"a": 0, "b": 1, "c": 2, "d": 2}, set(), bound=3,
+    ...                 loading={"a": 1})
+    ['b']
+    >>> allowed_engines(["b", "a", "d", "c"], {"a": 3, "b": 1, "c": 0, "d": 0}, set(), bound=2,
+    ...                 lately={"c": 2.5, "d": 0.5})
+    ['d']"""
     held = [url for url in order if url in holders and loads[url] < bound]
     if held:
         return held
     under = [url for url in order if loads[url] < bound]
     if not under:
         return []
-    waits = loading or {}
-    return [min(under, key=lambda url: loads[url] + waits.get(url, 0))]  # min keeps the first of ties
+    waits, past = loading or {}, lately or {}
+    return [min(under, key=lambda url: loads[url] + past.get(url, 0.0) + 2 * waits.get(url, 0))]  # first tie
 
 
 class AdapterPlacement:
@@ -128,7 +151,8 @@ class AdapterPlacement:
     adapters remembered per engine while its `max_lora` is unknown (`capacity`: always this many,
     e.g. the service's `maxCpuLoras`, when given); `loads`: where the placements that load an
     adapter are marked and the residency record kept (`adapterload`: the scheduling state prices
-    those loads into the predicted TTFT; a placement of its own when not given)."""
+    those loads into the predicted TTFT; a placement of its own when not given); `lately_weight`:
+    the newest decision's weight in each engine's load lately (L̄, `LATELY_WEIGHT`)."""
 
     name = "adapter-placement"
 
@@ -140,20 +164,26 @@ class AdapterPlacement:
         default_capacity: int = DEFAULT_RESIDENT,
         capacity: int | None = None,
         loads: AdapterLoads | None = None,
+        lately_weight: float = LATELY_WEIGHT,
     ) -> None:
         if epsilon < 0 or floor < 1 or default_capacity < 1 or (capacity is not None and capacity < 1):
             raise ValueError("epsilon must be >= 0, floor, default_capacity and capacity >= 1")
+        if not 0.0 < lately_weight <= 1.0:
+            raise ValueError("lately_weight must be in (0, 1]")
         self.epsilon = epsilon
         self.floor = floor
         self.default_capacity = default_capacity
         self.capacity = capacity
         self.loads = loads or AdapterLoads()
+        self.lately_weight = lately_weight
+        self.lately: dict[str, float] = {}  # engine URL → its load averaged over recent decisions
 
     @property
     def residency(self) -> Residency:
         return self.loads.residency
 
     def filter(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:
+        self._observe(candidates)
         adapter = cycle.request.lora_name
         if adapter is None or len(candidates) < 2:
             return candidates
@@ -170,8 +200,21 @@ class AdapterPlacement:
             roomy = {url for url in holders if loads[url] < bound + COPY_SLACK}
             if roomy and self._copying(adapter, candidates, order, loads, bound=bound, loading=loading):
                 return [c for c in candidates if c.url in roomy]
-        allowed = set(allowed_engines(order, loads, holders, bound=bound, loading=loading))
+        allowed = set(
+            allowed_engines(order, loads, holders, bound=bound, loading=loading, lately=self.lately)
+        )
         return [c for c in candidates if c.url in allowed]
+
+    def _observe(self, candidates: Sequence[Candidate]) -> None:
+        """Folds every candidate's load into its load lately (every request's decision, base-model
+        ones too: they feed the engines as well); engines gone from the pool are forgotten."""
+        weight = self.lately_weight
+        for c in candidates:
+            past = self.lately.get(c.url)
+            self.lately[c.url] = c.load if past is None else past + weight * (c.load - past)
+        if len(self.lately) > 2 * len(candidates) + 8:
+            present = {c.url for c in candidates}
+            self.lately = {url: value for url, value in self.lately.items() if url in present}
 
     def _copying(
         self,
@@ -189,7 +232,7 @@ class AdapterPlacement:
             return False
         if adapter in self.loads.copying:
             return True
-        target = allowed_engines(order, loads, (), bound=bound, loading=loading)
+        target = allowed_engines(order, loads, (), bound=bound, loading=loading, lately=self.lately)
         onto = [c for c in candidates if c.url in target]
         return bool(onto) and self.loads.copy(onto[0].url, adapter, capacity=self._capacity(onto[0]))
 
