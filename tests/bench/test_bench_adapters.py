@@ -39,6 +39,7 @@ from tandem.bench.adapters import (
 )
 from tandem.bench.catalog import make_workload
 from tandem.bench.generators import zipf_shares
+from tandem.bench.harness import PoolSettings, bench_service
 from tandem.bench.records import DriveResult, RequestRecord
 from tandem.cli.main import cli
 from tandem.core.adapters import read_adapter_config
@@ -265,10 +266,11 @@ def test_a_live_run_counts_the_engines_adapter_loads_with_no_errors(tmp_path: Pa
             "--param", "duration=4", "--param", "prompt_tokens=32", "--param", "output_tokens=4",
             "--param", "burst_rate=4", "--param", "burst_start=1", "--param", "burst_len=2",
             "--policy", "tandem", "--adapters-bench", "--engines", "2", "--max-loras", "2",
-            "--time-scale", "1", "--no-plots", "--out", str(tmp_path)]  # fmt: skip
+            "--max-cpu-loras", "3", "--time-scale", "1", "--no-plots", "--out", str(tmp_path)]  # fmt: skip
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "adapters.json").read_text())
+    assert doc["pool"]["max_cpu_loras"] == 3 and "max_cpu_loras 3" in (tmp_path / "adapters.md").read_text()
     (row,) = doc["rows"]
     assert 25 <= row["requests"] <= 60 and row["errors"] == 0, row
     assert row["loads"] > 0 and row["disk_loads"] > 0, "the engines loaded adapters through the resolver"
@@ -284,6 +286,19 @@ def test_a_live_run_counts_the_engines_adapter_loads_with_no_errors(tmp_path: Pa
     assert len(timeline) == 1 and len(timeline[0]["samples"]) >= 2 * 2, "sampled each second, both engines"
     assert "| tandem |" in (tmp_path / "adapters.md").read_text()
     floor = doc["least_loads"]
-    assert floor["slots"] == 2 * 2 and floor["requests"] == row["requests"]
+    assert floor["slots"] == 2 * 3 and floor["requests"] == row["requests"], "3 CPU-tier entries per engine"
     assert floor["least_loads_per_1000"] <= row["loads_per_1000"], "no placement beats the floor"
     assert "Least any placement could reach" in (tmp_path / "adapters.md").read_text()
+
+
+def test_the_engines_cpu_tier_reaches_the_service_and_may_not_be_below_the_gpu_slots(tmp_path: Path) -> None:
+    pool = PoolSettings(max_loras=2, max_cpu_loras=16)
+    lora = bench_service(pool, policy="tandem", direct=False).spec.engine.lora
+    assert lora is not None and (lora.max_loras, lora.max_cpu_loras) == (2, 16)
+    default = bench_service(PoolSettings(max_loras=2), policy="tandem", direct=False).spec.engine.lora
+    assert default is not None and default.max_cpu_loras is None  # vLLM's default: --max-loras
+    args = ["bench", "--workload", "multi-adapter", "--param", "adapters=4", "--param", "duration=1",
+            "--adapters-bench", "--max-loras", "4", "--max-cpu-loras", "2", "--policy", "tandem",
+            "--out", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0 and "--max-cpu-loras (2) must be >= --max-loras (4)" in result.output

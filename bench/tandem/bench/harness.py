@@ -79,7 +79,8 @@ class PoolSettings:
     gets them as `spec.router.slo` in **wall** seconds (÷ time scale), since it measures and predicts
     in wall time: its early rejection and queue deadlines then aim at the objectives the table scores.
     `max_loras`: LoRA on the engines (`spec.engine.lora`: `--enable-lora --max-loras N`, the filesystem
-    resolver's environment reading `<run dir>/adapters`), None: no LoRA; `adapters`: the adapter names
+    resolver's environment reading `<run dir>/adapters`), None: no LoRA; `max_cpu_loras`: their CPU
+    tier (`maxCpuLoras`; None: vLLM's default, `max_loras`); `adapters`: the adapter names
     written there as config-only adapters (`tandem.bench.adapters.write_adapter_folder`, rank
     `adapter_rank`) and given to Tandem's gateway as the router config's `adapterNames`.
     """
@@ -98,6 +99,7 @@ class PoolSettings:
     declare_capacity: bool = False
     warmup_requests: int = 16
     max_loras: int | None = None
+    max_cpu_loras: int | None = None
     adapters: tuple[str, ...] = ()
     adapter_rank: int = 8
 
@@ -117,6 +119,14 @@ class Tools:
     vllm_router: str | None
 
 
+def _lora(pool: PoolSettings) -> dict[str, int]:
+    """`spec.engine.lora` for a pool with LoRA: `maxLoras`, and `maxCpuLoras` when set."""
+    lora = {"maxLoras": pool.max_loras or 1}
+    if pool.max_cpu_loras is not None:
+        lora["maxCpuLoras"] = pool.max_cpu_loras
+    return lora
+
+
 def bench_service(
     pool: PoolSettings, *, policy: str, direct: bool, prefix_source: str = "approximate"
 ) -> InferenceService:
@@ -133,7 +143,7 @@ def bench_service(
                 "kind": "sim",
                 "sim": {"profile": pool.profile, "timeScale": pool.time_scale},
                 "args": ["--seed", str(pool.seed), *pool.engine_args],
-                **({"lora": {"maxLoras": pool.max_loras}} if pool.max_loras is not None else {}),
+                **({"lora": _lora(pool)} if pool.max_loras is not None else {}),
             },
             "prefill": {"replicas": pool.prefill_engines if pd else 0},
             "decode": {"replicas": 1 if direct else pool.engines},

@@ -251,6 +251,9 @@ HELP: Mapping[str, str] = MappingProxyType(
 @click.option("--adapters-bench", is_flag=True, help=HELP["adapters_bench"])
 @click.option("--max-loras", type=click.IntRange(1, 1024), default=4, show_default=True,
               help="--adapters-bench: the engines' --max-loras.")  # fmt: skip
+@click.option("--max-cpu-loras", type=click.IntRange(1, 65536), default=None,
+              help="--adapters-bench: the engines' --max-cpu-loras (at least --max-loras) "
+                   "[default: vLLM's, --max-loras].")  # fmt: skip
 @click.option("--adapter-catalog", type=click.IntRange(0, 10_000), default=0, show_default=True,
               help=HELP["adapter_catalog"])  # fmt: skip
 @click.option("--catalog-requests", type=click.IntRange(min=1), default=2000, show_default=True,

@@ -109,9 +109,13 @@ def adapters(setup: Bench, o: dict[str, Any], harness: HarnessSetup) -> None:
     """The multi-adapter benchmark (`tandem.bench.adapterrun`): adapters.json/md, adapter-loads.png."""
     if setup.workload.name != "multi-adapter":
         stop("--adapters-bench needs --workload multi-adapter")
+    cpu_loras = o["max_cpu_loras"] or o["max_loras"]  # vLLM's --max-cpu-loras defaults to --max-loras
+    if cpu_loras < o["max_loras"]:
+        stop(f"--max-cpu-loras ({cpu_loras}) must be >= --max-loras ({o['max_loras']})")
     targets, tools, pool = harness()
     params = MultiAdapterParams.model_validate(setup.workload.params)
-    pool = replace(pool, max_loras=o["max_loras"], adapters=adapter_names(params.adapters))
+    pool = replace(pool, max_loras=o["max_loras"], max_cpu_loras=o["max_cpu_loras"],
+                   adapters=adapter_names(params.adapters))  # fmt: skip
     window = burst_window(params)
     runs = setup.out_dir / "runs"
     rows, timelines = run_adapters(
@@ -127,7 +131,7 @@ def adapters(setup: Bench, o: dict[str, Any], harness: HarnessSetup) -> None:
             requests=o["catalog_requests"], repeat=setup.repeat, state_dir=runs, progress=say,
         )  # fmt: skip
     title = (f"Multi-adapter: {params.adapters} adapters (Zipf {params.zipf_s}), {pool.engines} engines, "
-             f"max_loras {o['max_loras']}")  # fmt: skip
+             f"max_loras {o['max_loras']}, max_cpu_loras {cpu_loras}")  # fmt: skip
     doc = {
         "command": list(setup.command), "workload": setup.workload.name,
         "params": dict(setup.workload.params), "pool": asdict(pool) | {"adapters": len(pool.adapters)},
@@ -138,7 +142,7 @@ def adapters(setup: Bench, o: dict[str, Any], harness: HarnessSetup) -> None:
         setup.out_dir, ours=ours, doc=doc, rows=rows, timelines=timelines, catalog_rows=catalog,
         window=window, time_scale=pool.time_scale, title=title, plot=not o["no_plots"],
         sequence=[r.model for r in setup.workload.requests if r.model is not None],
-        slots=pool.engines * o["max_loras"],  # vLLM's --max-cpu-loras defaults to --max-loras
+        slots=pool.engines * cpu_loras,
     )  # fmt: skip
     click.echo(text)
     say(f"results in {setup.out_dir}/ (adapters.json, adapters.md, adapter-loads.png)")
