@@ -187,8 +187,22 @@ def test_the_load_lately_forgets_engines_that_left_the_pool() -> None:
         gone = [candidate(e) for e in (A, B)] + [candidate(Endpoint("decode", f"http://10.0.9.{i}:8000"))]
         placement.filter(cycle_for(None), gone)
     placement.filter(cycle_for(None), [candidate(e) for e in (A, B, C, D)])
-    assert len(placement.lately) <= 2 * 4 + 8
-    assert {A.url, B.url, C.url, D.url} <= set(placement.lately)
+    assert len(placement.lately["decode"]) <= 2 * 4 + 8
+    assert {A.url, B.url, C.url, D.url} <= set(placement.lately["decode"])
+
+
+def test_the_load_lately_is_kept_per_pool() -> None:
+    """The filter serves both profiles: a prefill pool of one engine does not prune the decode
+    pool's twenty (a pruning against the calling pool's size would)."""
+    placement = AdapterPlacement()
+    many = [candidate(Endpoint("decode", f"http://10.0.8.{i}:8000")) for i in range(20)]
+    placement.filter(cycle_for(None), many)
+    prefill = Cycle(pool="prefill", profile="prompt", request=view(None), prompt_tokens=100, slo_ttft_s=1.0)
+    for _ in range(3):
+        placement.filter(prefill, [candidate(Endpoint("prefill", "http://10.0.7.1:8000"))])
+    assert len(placement.lately["decode"]) == 20 and list(placement.lately["prefill"]) == [
+        "http://10.0.7.1:8000"
+    ]
 
 
 def test_the_load_lately_weight_must_be_a_fraction() -> None:

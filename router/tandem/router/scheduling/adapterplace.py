@@ -176,14 +176,14 @@ class AdapterPlacement:
         self.capacity = capacity
         self.loads = loads or AdapterLoads()
         self.lately_weight = lately_weight
-        self.lately: dict[str, float] = {}  # engine URL → its load averaged over recent decisions
+        self.lately: dict[str, dict[str, float]] = {}  # pool → engine URL → its load lately
 
     @property
     def residency(self) -> Residency:
         return self.loads.residency
 
     def filter(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:
-        self._observe(candidates)
+        lately = self._observe(cycle.pool, candidates)
         adapter = cycle.request.lora_name
         if adapter is None or len(candidates) < 2:
             return candidates
@@ -198,23 +198,26 @@ class AdapterPlacement:
             order = sorted(urls, key=ranks.__getitem__)
             loading = {url: self.loads.in_flight(url) for url in urls}
             roomy = {url for url in holders if loads[url] < bound + COPY_SLACK}
-            if roomy and self._copying(adapter, candidates, order, loads, bound=bound, loading=loading):
+            if roomy and self._copying(
+                adapter, candidates, order, loads, bound=bound, loading=loading, lately=lately
+            ):
                 return [c for c in candidates if c.url in roomy]
-        allowed = set(
-            allowed_engines(order, loads, holders, bound=bound, loading=loading, lately=self.lately)
-        )
+        allowed = set(allowed_engines(order, loads, holders, bound=bound, loading=loading, lately=lately))
         return [c for c in candidates if c.url in allowed]
 
-    def _observe(self, candidates: Sequence[Candidate]) -> None:
-        """Folds every candidate's load into its load lately (every request's decision, base-model
-        ones too: they feed the engines as well); engines gone from the pool are forgotten."""
+    def _observe(self, pool: str, candidates: Sequence[Candidate]) -> dict[str, float]:
+        """Folds every candidate's load into its load lately in `pool` (every request's decision,
+        base-model ones too: they feed the engines as well) and returns the pool's record; engines
+        gone from the pool are forgotten."""
         weight = self.lately_weight
+        lately = self.lately.setdefault(pool, {})
         for c in candidates:
-            past = self.lately.get(c.url)
-            self.lately[c.url] = c.load if past is None else past + weight * (c.load - past)
-        if len(self.lately) > 2 * len(candidates) + 8:
+            past = lately.get(c.url)
+            lately[c.url] = c.load if past is None else past + weight * (c.load - past)
+        if len(lately) > 2 * len(candidates) + 8:
             present = {c.url for c in candidates}
-            self.lately = {url: value for url, value in self.lately.items() if url in present}
+            lately = self.lately[pool] = {url: value for url, value in lately.items() if url in present}
+        return lately
 
     def _copying(
         self,
@@ -225,6 +228,7 @@ class AdapterPlacement:
         *,
         bound: int,
         loading: Mapping[str, int],
+        lately: Mapping[str, float],
     ) -> bool:
         """Whether a copy of `adapter` is loading onto another engine: one already in flight, or
         one started now onto the engine its request would have loaded it on (module docstring)."""
@@ -232,7 +236,7 @@ class AdapterPlacement:
             return False
         if adapter in self.loads.copying:
             return True
-        target = allowed_engines(order, loads, (), bound=bound, loading=loading, lately=self.lately)
+        target = allowed_engines(order, loads, (), bound=bound, loading=loading, lately=lately)
         onto = [c for c in candidates if c.url in target]
         return bool(onto) and self.loads.copy(onto[0].url, adapter, capacity=self._capacity(onto[0]))
 
