@@ -37,12 +37,14 @@ from tandem.router.pipeline.stages import Admit, Hold, Relay
 from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.scheduling.adapterload import AdapterLoads
+from tandem.router.scheduling.adapterwarm import warm_room
 from tandem.router.types import Endpoint, Pool
 from tandem.router.upstream.adapters import (
     AdapterCopier,
     AdapterJanitor,
     AdapterNamesCollector,
     AdapterNamesFile,
+    AdapterWarmer,
 )
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
@@ -190,12 +192,15 @@ def compose_service(
     janitor = adapter_janitor(config, upstream, adapters)
     copier = adapter_copier(config, upstream, routing.state.adapter_loads)
     names_metrics.copier = copier
+    warmer = adapter_warmer(
+        config, registry, adapters, routing.state.adapter_loads, copier, worker=bus.worker
+    )
     collector = MetricsCollector(
         registry=registry,
         fetch=metrics_fetch(wire),
         settings=settings.collector,
         on_scrape=_scraped(routing, dispatcher),
-        on_members=_following(routing, capacity, learner, janitor),
+        on_members=_following(routing, capacity, learner, janitor, warmer),
         urgent=lambda: [s.endpoint.url for s in registry.snapshots("decode") if capacity.learning(s)],
     )
     services: list[Service] = [] if counters is None else [counters]
@@ -207,6 +212,9 @@ def compose_service(
         services.append(_Stopping(janitor.stop))
     if copier is not None:
         services.append(_Stopping(copier.stop))
+    if warmer is not None:
+        adapters.listeners.append(warmer.kick)
+        services.append(_Stopping(warmer.stop))
     return ServiceParts(
         config=config,
         registry=registry,
@@ -253,7 +261,11 @@ def _scraped(routing: Routing, dispatcher: Dispatcher) -> Callable[[str, ScrapeO
 
 
 def _following(
-    routing: Routing, capacity: EngineCapacity, context: ContextLearner, janitor: AdapterJanitor | None
+    routing: Routing,
+    capacity: EngineCapacity,
+    context: ContextLearner,
+    janitor: AdapterJanitor | None,
+    warmer: AdapterWarmer | None = None,
 ) -> Callable[[Collection[str]], Awaitable[None]]:
     """The collector's `on_members`: what is known per engine follows discovery's engines."""
 
@@ -263,6 +275,8 @@ def _following(
         if janitor is not None:
             janitor.follow(urls)
         await routing.follow(urls)
+        if warmer is not None:
+            warmer.kick()
 
     return follow
 
@@ -299,6 +313,36 @@ def adapter_copier(
     )
     loads.copier = copier.start
     return copier
+
+
+def adapter_warmer(
+    config: EffectiveConfig,
+    registry: EndpointRegistry,
+    adapters: ServiceAdapters,
+    loads: AdapterLoads | None,
+    copier: AdapterCopier | None,
+    *,
+    worker: int | None = None,
+) -> AdapterWarmer | None:
+    """The warmer that loads the declared adapters onto the decode engines ahead of their first
+    requests (`upstream.adapters`); None without a copier, without `maxCpuLoras` above `maxLoras`
+    (`warm_room`), or in a worker other than the first (one process loads; a sibling finds the
+    adapters on the engines' `vllm:lora_requests_info` once they run, or loads them itself)."""
+    lora = config.spec.engine.lora
+    if copier is None or loads is None or lora is None or lora.max_cpu_loras is None:
+        return None
+    if worker not in (None, 0):
+        return None
+    room = warm_room(max_cpu_loras=lora.max_cpu_loras, max_loras=lora.max_loras)
+    if room < 1:
+        return None
+
+    def engines() -> list[tuple[str, int]]:
+        return [(s.endpoint.url, s.in_flight) for s in registry.snapshots("decode")]
+
+    return AdapterWarmer(
+        loads, copier, engines=engines, names=lambda: adapters.ordered, capacity=lora.max_cpu_loras, room=room
+    )
 
 
 def _on_volume(source: str) -> bool:

@@ -140,11 +140,14 @@ class AdapterLoads:
         """`url` no longer counts as holding `adapter` (the residency record forgot it)."""
         self._marked.discard((url, adapter))
 
-    def copy(self, url: str, adapter: str, *, capacity: int) -> bool:
-        """Start a copy of `adapter` onto `url` (the copier's); False when one of it is in flight,
-        no copier is set or it refuses; `capacity`: the engine's CPU tier, for the residency record
-        when it is done."""
-        if self.copier is None or adapter in self.copying or not self.copier(url, adapter):
+    def copy(
+        self, url: str, adapter: str, *, capacity: int, start: Callable[[str, str], bool] | None = None
+    ) -> bool:
+        """Start a copy of `adapter` onto `url` (by `start`, default the copier); False when one of
+        it is in flight, there is nothing to start it or it refuses; `capacity`: the engine's CPU
+        tier, for the residency record when it is done."""
+        start = start or self.copier
+        if start is None or adapter in self.copying or not start(url, adapter):
             return False
         self.copying[adapter] = url
         self._copy_capacity[(url, adapter)] = capacity

@@ -33,6 +33,14 @@ when it answers: 2xx, the engine holds the adapter; anything else, or no answer 
 it does not (a warning), and no copy starts for `COPY_PAUSE_S` (engines without the runtime API are
 not asked at every request of a hot adapter). vLLM answers after the load (its `add_lora` runs
 between two engine steps).
+
+**Declared adapters loaded ahead of their first requests** (`AdapterWarmer`). With a copier and
+engines whose CPU tier (`maxCpuLoras`) has room beyond their GPU slots for every declared adapter,
+the first worker loads each adapter onto one engine (`tandem.router.scheduling.adapterwarm`: the
+first engine of its rendezvous order with room), one load per engine at a time and only while that
+engine has nothing in flight, not in place (an engine that has it answers vLLM's 400 "has already
+been loaded" without a read, which counts as held). The placement then finds each adapter held,
+and its first request reads nothing from disk. When they do not all fit, adapters load on first use.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import orjson
@@ -55,6 +63,8 @@ from tandem.core.tasks import Every
 from tandem.router.errors import ConfigurationError, UpstreamError
 from tandem.router.observe.metrics import PREFIX
 from tandem.router.request.adapters import Change, ServiceAdapters
+from tandem.router.scheduling.adapterload import AdapterLoads
+from tandem.router.scheduling.adapterwarm import warm_plan
 from tandem.router.types import Endpoint
 from tandem.router.upstream.client import HTTPUpstream, UpstreamCall
 
@@ -64,6 +74,10 @@ UNLOAD_PATH = "/v1/unload_lora_adapter"
 LOAD_PATH = "/v1/load_lora_adapter"
 #: Seconds without copies after one failed (`AdapterCopier.start`).
 COPY_PAUSE_S = 30.0
+#: vLLM's words for a load of an adapter it has (`OpenAIServingModels._check_load_lora_adapter_request`).
+ALREADY_LOADED = "has already been loaded"
+#: Seconds between the warmer's looks at the engines while it has adapters to load.
+WARM_INTERVAL_S = 0.05
 
 
 async def post_json(
@@ -186,6 +200,8 @@ class AdapterCopier:
         self.done = done
         self._tasks: set[asyncio.Task[bool]] = set()
         self.copies = {"loaded": 0, "failed": 0}
+        #: Loads ahead of first requests (`AdapterWarmer`), by outcome.
+        self.warm_loads = {"loaded": 0, "failed": 0}
         self._clock = clock
         self._pause_until = -math.inf
 
@@ -196,27 +212,36 @@ class AdapterCopier:
         '/adapters/sql'"""
         return f"{self._directory}/{adapter}"
 
-    def start(self, url: str, adapter: str) -> bool:
+    def start(self, url: str, adapter: str, *, inplace: bool = True) -> bool:
         """Load `adapter` onto the engine at `url` in the background; False (nothing started) for
         `COPY_PAUSE_S` after a copy failed, so engines without the runtime API are not asked for
-        every request of a hot adapter."""
+        every request of a hot adapter. `inplace`: see `copy`."""
         if self._clock() < self._pause_until:
             return False
-        task = asyncio.create_task(self.copy(url, adapter), name="tandem-adapter-copy")
+        task = asyncio.create_task(self.copy(url, adapter, inplace=inplace), name="tandem-adapter-copy")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def copy(self, url: str, adapter: str) -> bool:
-        """One copy: whether the engine holds `adapter` now; `done` hears it either way."""
+    async def copy(self, url: str, adapter: str, *, inplace: bool = True) -> bool:
+        """One copy: whether the engine holds `adapter` now; `done` hears it either way. `inplace`
+        (a hot adapter's copy): read it again even if the engine loaded it once; False (a load ahead
+        of the first request, `AdapterWarmer`): an engine that has it already answers vLLM's 400
+        "has already been loaded" without a read, which counts as held (another worker or replica
+        loaded it)."""
         endpoint = Endpoint("decode", url)
-        payload = {"lora_name": adapter, "lora_path": self.path(adapter), "load_inplace": True}
+        payload = {"lora_name": adapter, "lora_path": self.path(adapter), "load_inplace": inplace}
         status, why = await post_json(self._upstream, endpoint, LOAD_PATH, payload, timeout_s=self._timeout_s)
-        ok = 200 <= status < 300
-        self.copies["loaded" if ok else "failed"] += 1
+        ok = 200 <= status < 300 or (not inplace and status == 400 and ALREADY_LOADED in why)
+        (self.copies if inplace else self.warm_loads)["loaded" if ok else "failed"] += 1
         fields = {"endpoint": endpoint.name, "adapter": adapter}
         if ok:
-            log.info("adapter copied ahead of its requests", extra=fields)
+            what = (
+                "adapter copied ahead of its requests"
+                if inplace
+                else "adapter loaded ahead of its first request"
+            )
+            log.info(what, extra=fields)
         else:
             self._pause_until = self._clock() + COPY_PAUSE_S
             log.warning("adapter copy failed; no copies for a while, requests load adapters themselves",
@@ -230,6 +255,89 @@ class AdapterCopier:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class AdapterWarmer:
+    """Loads the declared adapters onto the engines ahead of their first requests when the engines'
+    CPU tiers hold them all (`tandem.router.scheduling.adapterwarm`: the plan). One load per engine
+    at a time, only while the engine has nothing in flight from this gateway and no load running
+    (a load stalls the engine's step), by the copier with `inplace=False`; each one done is in the
+    placement's record (`AdapterLoads.copy_done`). An adapter whose load failed is not tried on that
+    engine again (the copier pauses after a failure, `COPY_PAUSE_S`). `kick` starts a round when
+    engines or names change; a round ends when the plan has nothing left to try.
+
+    `engines()`: the pool's engines as (URL, requests in flight); `names`: the declared adapters in
+    order (a live sequence follows the names file); `capacity`: the engines' CPU tier, `room`: how
+    many of it warming may fill (`warm_room`). `loaded` counts the loads this warmer started that
+    the engines confirmed, by URL."""
+
+    def __init__(
+        self,
+        loads: AdapterLoads,
+        copier: AdapterCopier,
+        *,
+        engines: Callable[[], Sequence[tuple[str, int]]],
+        names: Callable[[], Sequence[str]],
+        capacity: int,
+        room: int,
+        interval_s: float = WARM_INTERVAL_S,
+    ) -> None:
+        self._loads = loads
+        self._copier = copier
+        self._engines = engines
+        self._names = names
+        self._capacity = capacity
+        self.room = room
+        self._interval_s = interval_s
+        self._tried: set[tuple[str, str]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.rounds = 0
+
+    def kick(self, *_: object) -> None:
+        """Start a round unless one runs (engines joined or left, names were added)."""
+        if self.room < 1:
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="tandem-adapter-warmer")
+
+    def todo(self) -> dict[str, list[str]]:
+        """What is left to load: the plan less what was tried (pure over the current state)."""
+        urls = [url for url, _ in self._engines()]
+        held = {url: self._loads.residency.adapters(url) for url in urls}
+        plan = warm_plan(list(self._names()), urls, held, room=self.room)
+        left = {url: [a for a in adapters if (url, a) not in self._tried] for url, adapters in plan.items()}
+        return {url: adapters for url, adapters in left.items() if adapters}
+
+    def step(self) -> int:
+        """Start the next load on every idle engine with one left; how many started."""
+        started = 0
+        busy = dict(self._engines())
+        for url, adapters in self.todo().items():
+            adapter = adapters[0]
+            if busy.get(url, 1) or self._loads.in_flight(url) or adapter in self._loads.copying:
+                continue
+            if self._loads.copy(url, adapter, capacity=self._capacity, start=self._start):
+                self._tried.add((url, adapter))
+                started += 1
+        return started
+
+    def _start(self, url: str, adapter: str) -> bool:
+        return self._copier.start(url, adapter, inplace=False)
+
+    async def _run(self) -> None:
+        self.rounds += 1
+        try:
+            while self.todo():
+                self.step()
+                await asyncio.sleep(self._interval_s)
+        except Exception:  # a bug here must not end the gateway; requests load adapters themselves
+            log.exception("adapter warming stopped")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 #: The signature of a file not written yet.
@@ -356,7 +464,16 @@ class AdapterNamesCollector(Collector):
             )
             for outcome, count in self.copier.copies.items():
                 copies.add_metric([outcome], count)
+            warm = CounterMetricFamily(
+                f"{PREFIX}_adapter_warm_loads",
+                "Declared adapters loaded onto an engine ahead of their first request, by outcome "
+                "(loaded, or found there already; failed: its first request loads it).",
+                labels=["outcome"],
+            )
+            for outcome, count in self.copier.warm_loads.items():
+                warm.add_metric([outcome], count)
             yield copies
+            yield warm
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -1,0 +1,231 @@
+"""Declared adapters loaded ahead of their first requests when the engines' CPU tiers hold them all
+(`tandem.router.scheduling.adapterwarm`, `tandem.router.upstream.adapters.AdapterWarmer`).
+
+Real: the plan over plain data; `tandem sim` engines with `--enable-lora --max-cpu-loras`, vLLM's
+runtime API and filesystem resolver over adapter folders in tmp_path, the router (`create_app`),
+uvicorn servers on 127.0.0.1, httpx. Nothing is faked; no assertion is on speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.router.servers import serve
+from tests.router.test_gateway_lora import RESOLVER, lora_config, write_adapter
+
+from tandem.core.routerconfig import RouterConfig
+from tandem.router.app import create_app as router_app
+from tandem.router.compose.service import adapter_warmer
+from tandem.router.config import resolve
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.request.adapters import ServiceAdapters
+from tandem.router.scheduling.adapterload import AdapterLoads
+from tandem.router.scheduling.adapterwarm import warm_plan, warm_room
+from tandem.router.scheduling.scorers import home_ranks
+from tandem.router.settings import RouterSettings
+from tandem.router.upstream.adapters import AdapterCopier, AdapterWarmer
+from tandem.router.upstream.client import HTTPUpstream, new_wire
+from tandem.sim.app import create_app as sim_app
+from tandem.sim.settings import SimSettings
+
+NAMES = [f"w{i}" for i in range(6)]
+
+# -- the plan -------------------------------------------------------------------------------------
+
+
+def test_every_adapter_gets_one_engine_within_its_room_first_in_its_own_order() -> None:
+    urls = ["a", "b", "c"]
+    plan = warm_plan(NAMES, urls, {}, room=2)
+    placed = [n for adapters in plan.values() for n in adapters]
+    assert sorted(placed) == NAMES and all(len(adapters) <= 2 for adapters in plan.values())
+    # Room to spare: each adapter at the first engine of its rendezvous order.
+    roomy = warm_plan(NAMES, urls, {}, room=6)
+    for url, adapters in roomy.items():
+        assert all(min(home_ranks(n, urls), key=home_ranks(n, urls).__getitem__) == url for n in adapters)
+
+
+def test_the_plan_is_the_same_whatever_order_the_engines_come_in() -> None:
+    assert warm_plan(NAMES, ["a", "b", "c"], {}, room=3) == warm_plan(NAMES, ["c", "a", "b"], {}, room=3)
+
+
+@pytest.mark.parametrize(
+    ("held", "room", "expected"),
+    [
+        pytest.param({}, 1, {}, id="six-over-three-engines-of-one:no-fit-no-plan"),
+        pytest.param({"a": NAMES}, 6, {}, id="all-held:nothing-to-load"),
+        pytest.param({"a": ["w0", "other"], "b": ["w0"]}, 2, None, id="held-once-counted-once"),
+    ],
+)
+def test_what_is_held_is_not_loaded_and_what_does_not_fit_is_left_to_first_use(
+    held: dict[str, list[str]], room: int, expected: dict[str, list[str]] | None
+) -> None:
+    plan = warm_plan(NAMES, ["a", "b", "c"], held, room=room)
+    if expected is not None:
+        assert plan == expected
+        return
+    placed = [n for adapters in plan.values() for n in adapters]
+    assert sorted(placed) == NAMES[1:], "w0 is held; an undeclared adapter takes no room"
+    assert len(plan.get("a", [])) <= 1 and all(len(v) <= 2 for v in plan.values())
+
+
+def test_the_room_is_the_cpu_tier_less_the_gpu_slots() -> None:
+    assert warm_room(max_cpu_loras=64, max_loras=4) == 60
+    assert warm_room(max_cpu_loras=4, max_loras=4) == 0
+
+
+# -- against simulated engines --------------------------------------------------------------------
+
+
+def engine(adapters: Path, *, cpu_loras: int = 6) -> Any:
+    settings = SimSettings.model_validate(
+        {"profile": "tiny-cpu", "served_model_name": "qwen", "time_scale": 1000, "enable_lora": True,
+         "max_loras": 2, "max_cpu_loras": cpu_loras}
+    )  # fmt: skip
+    return sim_app(settings, environ=RESOLVER | {"VLLM_LORA_RESOLVER_CACHE_DIR": str(adapters)})
+
+
+async def listed(client: httpx.AsyncClient, url: str) -> list[str]:
+    return [m["id"] for m in (await client.get(f"{url}/v1/models")).json()["data"] if m.get("parent")]
+
+
+async def disk_reads(client: httpx.AsyncClient, url: str) -> float:
+    text = (await client.get(f"{url}/metrics")).text
+    lines = [line for line in text.splitlines() if line.startswith("tandem_sim_lora_loads_total{")]
+    lines = [line for line in lines if 'source="disk"' in line]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+async def test_the_warmer_loads_each_adapter_once_and_only_on_idle_engines(tmp_path: Path) -> None:
+    """Two engines; the first is busy (a request in flight) until the test frees it: the second gets
+    its share at once, the first only afterwards; every adapter ends on exactly one engine, in the
+    placement's record there, and a second round loads nothing."""
+    for name in NAMES:
+        write_adapter(tmp_path, name)
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(serve(engine(tmp_path)))
+        second = await stack.enter_async_context(serve(engine(tmp_path)))
+        direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+        wire = new_wire(RouterSettings().proxy)
+        stack.callback(wire.close)
+        loads = AdapterLoads()
+        copier = AdapterCopier(
+            HTTPUpstream(wire, RouterSettings().proxy), directory=str(tmp_path), timeout_s=5.0,
+            done=lambda url, adapter, ok: loads.copy_done(url, adapter, ok=ok),
+        )  # fmt: skip
+        busy = {first.url: 1, second.url: 0}
+        warmer = AdapterWarmer(
+            loads, copier, engines=lambda: list(busy.items()), names=lambda: NAMES, capacity=6, room=4
+        )
+        plan = warmer.todo()
+        assert sorted(n for adapters in plan.values() for n in adapters) == NAMES
+        warmer.kick()
+        for _ in range(200):
+            if not warmer.todo().get(second.url):
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(await listed(direct, second.url)) == sorted(plan.get(second.url, []))
+        assert await listed(direct, first.url) == [], "busy: nothing loaded there yet"
+        busy[first.url] = 0
+        for _ in range(200):
+            if not warmer.todo():
+                break
+            await asyncio.sleep(0.02)
+        on_first, on_second = await listed(direct, first.url), await listed(direct, second.url)
+        assert sorted(on_first + on_second) == NAMES and not set(on_first) & set(on_second)
+        assert sorted(loads.residency.adapters(first.url)) == sorted(on_first)
+        assert copier.warm_loads == {"loaded": 6, "failed": 0} and copier.copies == {"loaded": 0, "failed": 0}
+        warmer.kick()
+        await asyncio.sleep(0.1)
+        assert copier.warm_loads["loaded"] == 6, "a second round finds everything held"
+        await warmer.stop()
+        await copier.stop()
+
+
+async def test_a_load_of_an_adapter_the_engine_has_counts_as_held(tmp_path: Path) -> None:
+    """Not in place, vLLM answers 400 "has already been loaded" without a read: another worker or
+    replica loaded it, and the engine holds it."""
+    write_adapter(tmp_path, "w0")
+    async with AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(serve(engine(tmp_path)))
+        direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+        wire = new_wire(RouterSettings().proxy)
+        stack.callback(wire.close)
+        copier = AdapterCopier(
+            HTTPUpstream(wire, RouterSettings().proxy), directory=str(tmp_path), timeout_s=5.0
+        )
+        assert await copier.copy(sim.url, "w0", inplace=False)
+        reads = await disk_reads(direct, sim.url)
+        assert await copier.copy(sim.url, "w0", inplace=False)
+        assert await disk_reads(direct, sim.url) == reads == 1, "the second answer read nothing"
+        assert copier.warm_loads == {"loaded": 2, "failed": 0}
+        assert not await copier.copy(sim.url, "missing", inplace=False), "no such adapter: failed"
+
+
+def warm_config(urls: list[str], load_dir: Path, *, cpu_loras: int | None = 6) -> RouterConfig:
+    document = lora_config(urls).model_dump(by_alias=True, mode="json")
+    lora: dict[str, int] = {"maxLoras": 2}
+    if cpu_loras is not None:
+        lora["maxCpuLoras"] = cpu_loras
+    document["spec"]["engine"]["lora"] = lora
+    document["spec"]["adapters"] = []
+    document["adapterNames"] = NAMES
+    document["adapterLoadDir"] = str(load_dir)
+    return RouterConfig.model_validate(document)
+
+
+async def test_through_the_gateway_no_first_request_reads_its_adapter(tmp_path: Path) -> None:
+    """A gateway in front of two engines whose CPU tiers hold the six declared adapters loads each
+    onto one engine before any request; then a request under each adapter reads nothing from disk
+    (the placement sends it where the adapter was loaded)."""
+    for name in NAMES:
+        write_adapter(tmp_path, name)
+    async with AsyncExitStack() as stack:
+        engines = [await stack.enter_async_context(serve(engine(tmp_path))) for _ in range(2)]
+        urls = [e.url for e in engines]
+        direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+        gateway = await stack.enter_async_context(serve(router_app(warm_config(urls, tmp_path))))
+        for _ in range(300):
+            held = [n for url in urls for n in await listed(direct, url)]
+            if sorted(held) == NAMES:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(held) == NAMES, "each declared adapter on exactly one engine"
+        reads = [await disk_reads(direct, url) for url in urls]
+        assert sum(reads) == len(NAMES)
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=gateway.url, trust_env=False))
+        for name in NAMES:
+            reply = await client.post(
+                "/v1/completions", json={"model": name, "prompt": "hi", "max_tokens": 2}
+            )
+            assert reply.status_code == 200, reply.text
+        assert [await disk_reads(direct, url) for url in urls] == reads, "no request read its adapter"
+        page = (await client.get("/metrics")).text
+        assert 'tandem_router_adapter_warm_loads_total{outcome="loaded"} 6.0' in page
+
+
+def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_a_copier_and_the_first_worker(
+    tmp_path: Path,
+) -> None:
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    upstream = HTTPUpstream(new_wire(RouterSettings().proxy), RouterSettings().proxy)
+    copier = AdapterCopier(upstream, directory=str(tmp_path), timeout_s=1.0)
+    adapters = ServiceAdapters({"qwen"}, tuple(NAMES))
+    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=5.0, clock=lambda: 0.0)
+    loads = AdapterLoads()
+
+    def warmer(config: RouterConfig, *, worker: int | None = None, copy: bool = True) -> AdapterWarmer | None:
+        effective = resolve(config, RouterSettings())
+        return adapter_warmer(effective, registry, adapters, loads, copier if copy else None, worker=worker)
+
+    on = warmer(warm_config(urls, tmp_path))
+    assert on is not None and on.room == 4
+    assert warmer(warm_config(urls, tmp_path), worker=0) is not None
+    assert warmer(warm_config(urls, tmp_path), worker=1) is None, "one process loads"
+    assert warmer(warm_config(urls, tmp_path), copy=False) is None, "no adapterLoadDir: no copier"
+    assert warmer(warm_config(urls, tmp_path, cpu_loras=None)) is None, "vLLM's default tier: no room"
+    assert warmer(warm_config(urls, tmp_path, cpu_loras=2)) is None, "no room beyond the GPU slots"
