@@ -208,7 +208,7 @@ async def test_through_the_gateway_no_first_request_reads_its_adapter(tmp_path: 
         assert 'tandem_router_adapter_warm_loads_total{outcome="loaded"} 6.0' in page
 
 
-def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_a_copier_and_the_first_worker(
+def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_and_a_copier(
     tmp_path: Path,
 ) -> None:
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
@@ -218,14 +218,12 @@ def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_a_copier_and_the_first_
     registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=5.0, clock=lambda: 0.0)
     loads = AdapterLoads()
 
-    def warmer(config: RouterConfig, *, worker: int | None = None, copy: bool = True) -> AdapterWarmer | None:
+    def warmer(config: RouterConfig, *, copy: bool = True) -> AdapterWarmer | None:
         effective = resolve(config, RouterSettings())
-        return adapter_warmer(effective, registry, adapters, loads, copier if copy else None, worker=worker)
+        return adapter_warmer(effective, registry, adapters, loads, copier if copy else None)
 
     on = warmer(warm_config(urls, tmp_path))
     assert on is not None and on.room == 4
-    assert warmer(warm_config(urls, tmp_path), worker=0) is not None
-    assert warmer(warm_config(urls, tmp_path), worker=1) is None, "one process loads"
     assert warmer(warm_config(urls, tmp_path), copy=False) is None, "no adapterLoadDir: no copier"
     assert warmer(warm_config(urls, tmp_path, cpu_loras=None)) is None, "vLLM's default tier: no room"
     assert warmer(warm_config(urls, tmp_path, cpu_loras=2)) is None, "no room beyond the GPU slots"

@@ -192,9 +192,7 @@ def compose_service(
     janitor = adapter_janitor(config, upstream, adapters)
     copier = adapter_copier(config, upstream, routing.state.adapter_loads)
     names_metrics.copier = copier
-    warmer = adapter_warmer(
-        config, registry, adapters, routing.state.adapter_loads, copier, worker=bus.worker
-    )
+    warmer = adapter_warmer(config, registry, adapters, routing.state.adapter_loads, copier)
     collector = MetricsCollector(
         registry=registry,
         fetch=metrics_fetch(wire),
@@ -321,17 +319,14 @@ def adapter_warmer(
     adapters: ServiceAdapters,
     loads: AdapterLoads | None,
     copier: AdapterCopier | None,
-    *,
-    worker: int | None = None,
 ) -> AdapterWarmer | None:
     """The warmer that loads the declared adapters onto the decode engines ahead of their first
     requests (`upstream.adapters`); None without a copier, without `maxCpuLoras` above `maxLoras`
-    (`warm_room`), or in a worker other than the first (one process loads; a sibling finds the
-    adapters on the engines' `vllm:lora_requests_info` once they run, or loads them itself)."""
+    (`warm_room`). Every worker and replica runs one: they plan the same homes in the same order,
+    and vLLM takes one load of a name at a time (a lock per adapter name) and answers the others
+    "already loaded" without a read, so each process learns where every adapter is held."""
     lora = config.spec.engine.lora
     if copier is None or loads is None or lora is None or lora.max_cpu_loras is None:
-        return None
-    if worker not in (None, 0):
         return None
     room = warm_room(max_cpu_loras=lora.max_cpu_loras, max_loras=lora.max_loras)
     if room < 1:

@@ -36,7 +36,7 @@ between two engine steps).
 
 **Declared adapters loaded ahead of their first requests** (`AdapterWarmer`). With a copier and
 engines whose CPU tier (`maxCpuLoras`) has room beyond their GPU slots for every declared adapter,
-the first worker loads each adapter onto one engine (`tandem.router.scheduling.adapterwarm`: the
+each gateway process loads each adapter onto one engine (`tandem.router.scheduling.adapterwarm`: the
 first engine of its rendezvous order with room), one load per engine at a time and only while that
 engine has nothing in flight, not in place (an engine that has it answers vLLM's 400 "has already
 been loaded" without a read, which counts as held). The placement then finds each adapter held,
