@@ -291,7 +291,6 @@ class AdapterWarmer:
         self._interval_s = interval_s
         self._tried: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
-        self.rounds = 0
 
     def kick(self, *_: object) -> None:
         """Start a round unless one runs (engines joined or left, names were added)."""
@@ -325,7 +324,6 @@ class AdapterWarmer:
         return self._copier.start(url, adapter, inplace=False)
 
     async def _run(self) -> None:
-        self.rounds += 1
         try:
             while self.todo():
                 self.step()
@@ -447,33 +445,32 @@ class AdapterNamesCollector(Collector):
         refused.add_metric([], len(self._adapters.refused))
         yield from (served, refused)
         if self._file is not None:
-            reloads = CounterMetricFamily(
-                f"{PREFIX}_adapter_names_reloads",
+            yield _by_outcome(
+                "adapter_names_reloads",
                 "Reads of the adapter names file after it changed, by outcome (ok; error: the names stay).",
-                labels=["outcome"],
+                self._file.reloads,
             )
-            for outcome, count in self._file.reloads.items():
-                reloads.add_metric([outcome], count)
-            yield reloads
         if self.copier is not None:
-            copies = CounterMetricFamily(
-                f"{PREFIX}_adapter_copies",
+            yield _by_outcome(
+                "adapter_copies",
                 "Hot adapters loaded onto another engine ahead of their requests, by outcome (loaded, "
                 "failed: the requests load it there themselves).",
-                labels=["outcome"],
+                self.copier.copies,
             )
-            for outcome, count in self.copier.copies.items():
-                copies.add_metric([outcome], count)
-            warm = CounterMetricFamily(
-                f"{PREFIX}_adapter_warm_loads",
+            yield _by_outcome(
+                "adapter_warm_loads",
                 "Declared adapters loaded onto an engine ahead of their first request, by outcome "
                 "(loaded, or found there already; failed: its first request loads it).",
-                labels=["outcome"],
+                self.copier.warm_loads,
             )
-            for outcome, count in self.copier.warm_loads.items():
-                warm.add_metric([outcome], count)
-            yield copies
-            yield warm
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+def _by_outcome(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+    """A counter family `<PREFIX>_<name>_total{outcome}` from counts by outcome."""
+    family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["outcome"])
+    for outcome, count in counts.items():
+        family.add_metric([outcome], count)
+    return family
