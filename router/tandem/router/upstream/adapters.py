@@ -262,14 +262,14 @@ class AdapterWarmer:
     CPU tiers hold them all (`tandem.router.scheduling.adapterwarm`: the plan). One load per engine
     at a time, only while the engine has nothing in flight from this gateway and no load running
     (a load stalls the engine's step), by the copier with `inplace=False`; each one done is in the
-    placement's record (`AdapterLoads.copy_done`). An adapter whose load failed is not tried on that
-    engine again (the copier pauses after a failure, `COPY_PAUSE_S`). `kick` starts a round when
-    engines or names change; a round ends when the plan has nothing left to try.
+    placement's record (`AdapterLoads.copy_done`). A load is tried once per engine and adapter (one
+    that failed or was refused loads on its first request; the copier pauses after a failure,
+    `COPY_PAUSE_S`). `kick` plans again when engines or names change; a round ends when its plan
+    has nothing left to start.
 
     `engines()`: the pool's engines as (URL, requests in flight); `names`: the declared adapters in
     order (a live sequence follows the names file); `capacity`: the engines' CPU tier, `room`: how
-    many of it warming may fill (`warm_room`). `loaded` counts the loads this warmer started that
-    the engines confirmed, by URL."""
+    many of it warming may fill (`warm_room`)."""
 
     def __init__(
         self,
@@ -291,11 +291,13 @@ class AdapterWarmer:
         self._interval_s = interval_s
         self._tried: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._stale = False
 
     def kick(self, *_: object) -> None:
-        """Start a round unless one runs (engines joined or left, names were added)."""
+        """Plan again (engines joined or left, names were added), in the running round or a new one."""
         if self.room < 1:
             return
+        self._stale = True
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="tandem-adapter-warmer")
 
@@ -307,16 +309,25 @@ class AdapterWarmer:
         left = {url: [a for a in adapters if (url, a) not in self._tried] for url, adapters in plan.items()}
         return {url: adapters for url, adapters in left.items() if adapters}
 
-    def step(self) -> int:
-        """Start the next load on every idle engine with one left; how many started."""
+    def step(self, left: dict[str, list[str]]) -> int:
+        """Start the next load of `left` (a `todo`, consumed) on every idle engine; how many started.
+        An adapter that came to be held meanwhile (a request loaded it) is dropped, and so is an
+        engine that left the pool."""
         started = 0
         busy = dict(self._engines())
-        for url, adapters in self.todo().items():
-            adapter = adapters[0]
-            if busy.get(url, 1) or self._loads.in_flight(url) or adapter in self._loads.copying:
+        for url in list(left):
+            adapters = left[url]
+            while adapters and any(self._loads.residency.holds(u, adapters[0]) for u in busy):
+                adapters.pop(0)
+            if url not in busy or not adapters:
+                del left[url]
                 continue
+            adapter = adapters[0]
+            if busy[url] or self._loads.in_flight(url) or adapter in self._loads.copying:
+                continue
+            adapters.pop(0)
+            self._tried.add((url, adapter))
             if self._loads.copy(url, adapter, capacity=self._capacity, start=self._start):
-                self._tried.add((url, adapter))
                 started += 1
         return started
 
@@ -324,9 +335,17 @@ class AdapterWarmer:
         return self._copier.start(url, adapter, inplace=False)
 
     async def _run(self) -> None:
+        """Plans when kicked (not at every look: a plan hashes every adapter against every engine)
+        and starts loads until the plan is done."""
+        left: dict[str, list[str]] = {}
         try:
-            while self.todo():
-                self.step()
+            while True:
+                if self._stale:
+                    self._stale = False
+                    left = self.todo()
+                if not left:
+                    return
+                self.step(left)
                 await asyncio.sleep(self._interval_s)
         except Exception:  # a bug here must not end the gateway; requests load adapters themselves
             log.exception("adapter warming stopped")
