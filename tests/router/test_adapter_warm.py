@@ -20,7 +20,7 @@ from tests.router.test_gateway_lora import RESOLVER, lora_config, write_adapter
 
 from tandem.core.routerconfig import RouterConfig
 from tandem.router.app import create_app as router_app
-from tandem.router.compose.service import adapter_warmer
+from tandem.router.compose.service import adapter_restarts, adapter_warmer
 from tandem.router.config import resolve
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.request.adapters import ServiceAdapters
@@ -28,6 +28,7 @@ from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.adapterwarm import warm_plan, warm_room
 from tandem.router.scheduling.scorers import home_ranks
 from tandem.router.settings import RouterSettings
+from tandem.router.types import EngineStats
 from tandem.router.upstream.adapters import AdapterCopier, AdapterWarmer
 from tandem.router.upstream.client import HTTPUpstream, new_wire
 from tandem.sim.app import create_app as sim_app
@@ -227,3 +228,39 @@ def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_and_a_copier(
     assert warmer(warm_config(urls, tmp_path), copy=False) is None, "no adapterLoadDir: no copier"
     assert warmer(warm_config(urls, tmp_path, cpu_loras=None)) is None, "vLLM's default tier: no room"
     assert warmer(warm_config(urls, tmp_path, cpu_loras=2)) is None, "no room beyond the GPU slots"
+
+
+async def test_an_engine_that_restarted_holds_no_adapter_and_is_warmed_again(tmp_path: Path) -> None:
+    """Each good scrape is checked against the last (`adapter_restarts`): another start time means
+    the engine lost what it had loaded, so the placement's record forgets its adapters (a request
+    there is priced as a load again) and the warmer may load them there again. The same start time
+    changes nothing, nor does another engine's restart."""
+    url, other = "http://127.0.0.1:1", "http://127.0.0.1:2"
+    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=5.0, clock=lambda: 0.0)
+    registry.set_pool("decode", [url, other])
+    loads = AdapterLoads()
+    for engine in (url, other):
+        loads.residency.record(engine, "w0", capacity=6)
+    upstream = HTTPUpstream(new_wire(RouterSettings().proxy), RouterSettings().proxy)
+    copier = AdapterCopier(upstream, directory=str(tmp_path), timeout_s=1.0)
+    warmer = AdapterWarmer(loads, copier, engines=lambda: [(url, 1), (other, 1)], names=lambda: NAMES,
+                           capacity=6, room=4)  # fmt: skip
+    warmer._tried.add((url, "w1"))  # a load tried there before the restart
+    check = adapter_restarts(registry, loads, warmer)
+    assert check is not None
+
+    def scrape(engine: str, started: float, served: float) -> None:
+        stats = EngineStats(running=0, waiting=0, kv_usage=0.0, block_size=16, num_gpu_blocks=100,
+                            served=served, started=started)  # fmt: skip
+        registry.record_scrape(engine, stats)
+        check(engine)
+
+    scrape(url, 1000.0, 5)
+    scrape(other, 1000.0, 5)
+    scrape(url, 1000.0, 9)
+    assert loads.residency.holds(url, "w0"), "the same start time: nothing lost"
+    scrape(url, 2000.0, 0)
+    assert not loads.residency.holds(url, "w0") and loads.residency.holds(other, "w0")
+    assert (url, "w1") not in warmer._tried, "its adapters may be warmed there again"
+    assert adapter_restarts(registry, None, None) is None, "no adapter placement: nothing to check"
+    await warmer.stop()

@@ -81,6 +81,10 @@ class Residency:
             evicted.append(held.popitem(last=False)[0])
         return evicted
 
+    def forget(self, url: str) -> list[str]:
+        """The engine at `url` holds nothing any more (it restarted); returns what it held."""
+        return list(self._held.pop(url, ()))
+
     def holds(self, url: str, adapter: str) -> bool:
         held = self._held.get(url)
         return held is not None and adapter in held
@@ -224,6 +228,16 @@ class AdapterLoads:
 
     def observations(self, url: str) -> int:
         return self._observations.get(url, 0)
+
+    def restarted(self, url: str) -> None:
+        """The engine at `url` restarted: it holds no adapter, and no load or copy of this gateway
+        runs there any more (what it learned of a load's cost stays: same hardware)."""
+        self.residency.forget(url)
+        self._in_flight.pop(url, None)
+        self._marked = {(u, a) for u, a in self._marked if u != url}
+        for adapter in [a for a, u in self.copying.items() if u == url]:
+            del self.copying[adapter]
+        self._copy_capacity = {k: c for k, c in self._copy_capacity.items() if k[0] != url}
 
     def forget(self, keep: Collection[str]) -> None:
         """Drop what is known of engines not in `keep`."""

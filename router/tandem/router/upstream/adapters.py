@@ -331,6 +331,11 @@ class AdapterWarmer:
                 started += 1
         return started
 
+    def restarted(self, url: str) -> None:
+        """The engine at `url` restarted and holds nothing: its adapters may be loaded again."""
+        self._tried = {(u, a) for u, a in self._tried if u != url}
+        self.kick()
+
     def _start(self, url: str, adapter: str) -> bool:
         return self._copier.start(url, adapter, inplace=False)
 
