@@ -231,7 +231,7 @@ def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_and_a_copier(
 
 
 async def test_an_engine_that_restarted_holds_no_adapter_and_is_warmed_again(tmp_path: Path) -> None:
-    """Each good scrape is checked against the last (`adapter_restarts`): another start time means
+    """The registry checks each good scrape against the last (`on_restart`): another start time means
     the engine lost what it had loaded, so the placement's record forgets its adapters (a request
     there is priced as a load again) and the warmer may load them there again. The same start time
     changes nothing, nor does another engine's restart."""
@@ -246,14 +246,14 @@ async def test_an_engine_that_restarted_holds_no_adapter_and_is_warmed_again(tmp
     warmer = AdapterWarmer(loads, copier, engines=lambda: [(url, 1), (other, 1)], names=lambda: NAMES,
                            capacity=6, room=4)  # fmt: skip
     warmer._tried.add((url, "w1"))  # a load tried there before the restart
-    check = adapter_restarts(registry, loads, warmer)
-    assert check is not None
+    restarts = adapter_restarts(loads, warmer)
+    assert restarts is not None
+    registry.on_restart(restarts)
 
     def scrape(engine: str, started: float, served: float) -> None:
         stats = EngineStats(running=0, waiting=0, kv_usage=0.0, block_size=16, num_gpu_blocks=100,
                             served=served, started=started)  # fmt: skip
         registry.record_scrape(engine, stats)
-        check(engine)
 
     scrape(url, 1000.0, 5)
     scrape(other, 1000.0, 5)
@@ -262,5 +262,5 @@ async def test_an_engine_that_restarted_holds_no_adapter_and_is_warmed_again(tmp
     scrape(url, 2000.0, 0)
     assert not loads.residency.holds(url, "w0") and loads.residency.holds(other, "w0")
     assert (url, "w1") not in warmer._tried, "its adapters may be warmed there again"
-    assert adapter_restarts(registry, None, None) is None, "no adapter placement: nothing to check"
+    assert adapter_restarts(None, None) is None, "no adapter placement: nothing to check"
     await warmer.stop()

@@ -39,7 +39,7 @@ from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.adapterwarm import warm_room
-from tandem.router.types import Endpoint, EngineStats, Pool
+from tandem.router.types import Endpoint, Pool
 from tandem.router.upstream.adapters import (
     AdapterCopier,
     AdapterJanitor,
@@ -200,14 +200,13 @@ def compose_service(
         registry=registry,
         fetch=metrics_fetch(wire),
         settings=settings.collector,
-        on_scrape=_scraped(
-            routing,
-            dispatcher,
-            adapter_restarts(registry, routing.state.adapter_loads, warmer) if config.lora else None,
-        ),
+        on_scrape=_scraped(routing, dispatcher),
         on_members=_following(routing, capacity, learner, janitor, warmer),
         urgent=lambda: [s.endpoint.url for s in registry.snapshots("decode") if capacity.learning(s)],
     )
+    restarts = adapter_restarts(routing.state.adapter_loads, warmer) if config.lora else None
+    if restarts is not None:
+        registry.on_restart(restarts)
     services: list[Service] = [] if counters is None else [counters]
     services += [routing, collector]  # subscribers follow the collector's rounds
     if names_file is not None:
@@ -250,17 +249,12 @@ def _kv_pool(config: EffectiveConfig, clock: Callable[[], float]) -> KVPoolIndex
     return KVPoolIndex(client, keys=access.keys, alternatives=access.alternatives, clock=clock)
 
 
-def _scraped(
-    routing: Routing, dispatcher: Dispatcher, restarts: Callable[[str], None] | None = None
-) -> Callable[[str, ScrapeOutcome], None]:
-    """The collector's `on_scrape`: the scrape metrics, an engine's restart (`restarts`), then what
-    a good reading recalls."""
+def _scraped(routing: Routing, dispatcher: Dispatcher) -> Callable[[str, ScrapeOutcome], None]:
+    """The collector's `on_scrape`: the scrape metrics, then what a good reading recalls."""
     recalls, capacity, registry = dispatcher.recalls, dispatcher.capacity, dispatcher.registry
 
     def scraped(url: str, outcome: ScrapeOutcome) -> None:
         routing.metrics.scraped(url, outcome)
-        if restarts is not None and outcome == "ok":
-            restarts(url)
         if recalls is None or capacity is None or outcome != "ok" or not recalls.pending(url):
             return
         for snapshot in registry.snapshots("decode"):
@@ -271,33 +265,21 @@ def _scraped(
 
 
 def adapter_restarts(
-    registry: EndpointRegistry, loads: AdapterLoads | None, warmer: AdapterWarmer | None
+    loads: AdapterLoads | None, warmer: AdapterWarmer | None
 ) -> Callable[[str], None] | None:
-    """After each good scrape: an engine whose readings say it restarted (another start time,
-    counters gone backwards: `EngineStats.restarted_since`) holds no adapter any more, so the
-    placement's record forgets its adapters and the warmer may load them again. None without
-    adapter placement."""
+    """What an engine's restart (`EndpointRegistry.on_restart`: another start time, counters gone
+    backwards) does to adapters: the engine holds none any more, so the placement's record forgets
+    them and the warmer may load them again. None without adapter placement."""
     if loads is None:
         return None
-    seen: dict[str, EngineStats] = {}
 
-    def check(url: str) -> None:
-        view = next((s for s in registry.tracked() if s.endpoint.url == url), None)
-        if view is None or view.engine is None:
-            return
-        stats, earlier = view.engine.stats, seen.get(url)
-        seen[url] = stats
-        if len(seen) > 4 * len(registry.urls()) + 16:  # engines gone long ago
-            for gone in set(seen) - set(registry.urls()):
-                del seen[gone]
-        if earlier is None or earlier is stats or not stats.restarted_since(earlier):
-            return
+    def restarted(url: str) -> None:
         log.info("engine restarted: it holds no adapter any more", extra={"endpoint": url})
         loads.restarted(url)
         if warmer is not None:
             warmer.restarted(url)
 
-    return check
+    return restarted
 
 
 def _following(

@@ -83,6 +83,7 @@ class EndpointRegistry:
         self._engines: dict[str, _Engine] = {}  # by URL, members only
         self._draining = False  # some removed endpoint still has requests in flight
         self._listeners: list[Callable[[Pool], None]] = []
+        self._restart_listeners: list[Callable[[str], None]] = []
 
     # -- membership (discovery) -------------------------------------------------------------
 
@@ -118,6 +119,11 @@ class EndpointRegistry:
     def on_members(self, listener: Callable[[Pool], None]) -> None:
         """Call `listener(pool)` after every `set_pool` of `pool` (its members may be unchanged)."""
         self._listeners.append(listener)
+
+    def on_restart(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(url)` after a good scrape whose reading says the engine at `url` restarted
+        since the last one (`EngineStats.restarted_since`)."""
+        self._restart_listeners.append(listener)
 
     def endpoints(self, pool: Pool) -> tuple[Endpoint, ...]:
         """The current members of `pool`, in discovery order."""
@@ -210,9 +216,13 @@ class EndpointRegistry:
             return
         if self._unreachable(engine):
             log.info("endpoint reachable again", extra={"endpoint": url})
+        earlier = engine.stats
         engine.stats, engine.scraped_at, engine.misses, engine.unreachable = stats, self._clock(), 0, 0
         engine.sent_at_scrape = engine.sent
         self._refresh_url(url)
+        if earlier is not None and self._restart_listeners and stats.restarted_since(earlier):
+            for listener in self._restart_listeners:
+                listener(url)
 
     def record_scrape_miss(self, url: str, *, unreachable: bool) -> bool:
         """A failed scrape of `url`; `unreachable`: the engine could not be reached (connect error,

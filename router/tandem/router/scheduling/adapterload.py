@@ -233,17 +233,17 @@ class AdapterLoads:
         """The engine at `url` restarted: it holds no adapter, and no load or copy of this gateway
         runs there any more (what it learned of a load's cost stays: same hardware)."""
         self.residency.forget(url)
-        self._in_flight.pop(url, None)
-        self._marked = {(u, a) for u, a in self._marked if u != url}
-        for adapter in [a for a, u in self.copying.items() if u == url]:
-            del self.copying[adapter]
-        self._copy_capacity = {k: c for k, c in self._copy_capacity.items() if k[0] != url}
+        self._drop_loads(lambda u: u != url)
 
     def forget(self, keep: Collection[str]) -> None:
         """Drop what is known of engines not in `keep`."""
         self._cost = {url: c for url, c in self._cost.items() if url in keep}
         self._observations = {url: n for url, n in self._observations.items() if url in keep}
-        self._in_flight = {url: n for url, n in self._in_flight.items() if url in keep}
-        self._marked = {(url, a) for url, a in self._marked if url in keep}
-        self.copying = {a: url for a, url in self.copying.items() if url in keep}
-        self._copy_capacity = {k: c for k, c in self._copy_capacity.items() if k[0] in keep}
+        self._drop_loads(keep.__contains__)
+
+    def _drop_loads(self, kept: Callable[[str], bool]) -> None:
+        """Forget the loads and copies in flight on every engine URL `kept` refuses."""
+        self._in_flight = {url: n for url, n in self._in_flight.items() if kept(url)}
+        self._marked = {(url, a) for url, a in self._marked if kept(url)}
+        self.copying = {a: url for a, url in self.copying.items() if kept(url)}
+        self._copy_capacity = {k: c for k, c in self._copy_capacity.items() if kept(k[0])}
