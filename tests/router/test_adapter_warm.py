@@ -120,7 +120,7 @@ async def test_the_warmer_loads_each_adapter_once_and_only_on_idle_engines(tmp_p
         )  # fmt: skip
         busy = {first.url: 1, second.url: 0}
         warmer = AdapterWarmer(
-            loads, copier, engines=lambda: list(busy.items()), names=lambda: NAMES, capacity=6, room=4
+            loads, copier, pools=lambda: [list(busy.items())], names=lambda: NAMES, capacity=6, room=4
         )
         plan = warmer.todo()
         assert sorted(n for adapters in plan.values() for n in adapters) == NAMES
@@ -143,6 +143,43 @@ async def test_the_warmer_loads_each_adapter_once_and_only_on_idle_engines(tmp_p
         warmer.kick()
         await asyncio.sleep(0.1)
         assert copier.warm_loads["loaded"] == 6, "a second round finds everything held"
+        await warmer.stop()
+        await copier.stop()
+
+
+async def test_with_prefill_and_decode_pools_each_adapter_is_on_one_engine_of_each(tmp_path: Path) -> None:
+    """P/D: a request under an adapter runs on a prefill and a decode engine, so each pool gets its
+    own plan. An adapter a request already loaded on a decode engine is still loaded on a prefill
+    engine (held in one pool is not held in the other), and not again in the decode pool."""
+    for name in NAMES:
+        write_adapter(tmp_path, name)
+    async with AsyncExitStack() as stack:
+        sims = [await stack.enter_async_context(serve(engine(tmp_path))) for _ in range(4)]
+        prefill, decode = [s.url for s in sims[:2]], [s.url for s in sims[2:]]
+        direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+        wire = new_wire(RouterSettings().proxy)
+        stack.callback(wire.close)
+        loads = AdapterLoads()
+        copier = AdapterCopier(
+            HTTPUpstream(wire, RouterSettings().proxy), directory=str(tmp_path), timeout_s=5.0,
+            done=lambda url, adapter, ok: loads.copy_done(url, adapter, ok=ok),
+        )  # fmt: skip
+        assert await copier.copy(decode[1], "w0", inplace=False), "a request's load, before warming"
+        loads.residency.record(decode[1], "w0", capacity=6)
+        warmer = AdapterWarmer(
+            loads, copier, pools=lambda: [[(u, 0) for u in prefill], [(u, 0) for u in decode]],
+            names=lambda: NAMES, capacity=6, room=4,
+        )  # fmt: skip
+        warmer.kick()
+        for _ in range(300):
+            if not warmer.todo():
+                break
+            await asyncio.sleep(0.02)
+        for urls in (prefill, decode):
+            held = [n for url in urls for n in await listed(direct, url)]
+            assert sorted(held) == NAMES, f"each declared adapter on exactly one engine of {urls}"
+        assert "w0" in await listed(direct, decode[1]) and "w0" not in await listed(direct, decode[0])
+        assert copier.warm_loads == {"loaded": 1 + 2 * len(NAMES) - 1, "failed": 0}
         await warmer.stop()
         await copier.stop()
 
@@ -225,6 +262,10 @@ def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_and_a_copier(
 
     on = warmer(warm_config(urls, tmp_path))
     assert on is not None and on.room == 4
+    prefill = ["http://127.0.0.1:3", "http://127.0.0.1:4"]
+    registry.set_pool("prefill", prefill)
+    registry.set_pool("decode", urls)
+    assert set(on.todo()) == set(prefill + urls), "both pools' engines are warmed (6 names, room 4 each)"
     assert warmer(warm_config(urls, tmp_path), copy=False) is None, "no adapterLoadDir: no copier"
     assert warmer(warm_config(urls, tmp_path, cpu_loras=None)) is None, "vLLM's default tier: no room"
     assert warmer(warm_config(urls, tmp_path, cpu_loras=2)) is None, "no room beyond the GPU slots"
@@ -243,7 +284,7 @@ async def test_an_engine_that_restarted_holds_no_adapter_and_is_warmed_again(tmp
         loads.residency.record(engine, "w0", capacity=6)
     upstream = HTTPUpstream(new_wire(RouterSettings().proxy), RouterSettings().proxy)
     copier = AdapterCopier(upstream, directory=str(tmp_path), timeout_s=1.0)
-    warmer = AdapterWarmer(loads, copier, engines=lambda: [(url, 1), (other, 1)], names=lambda: NAMES,
+    warmer = AdapterWarmer(loads, copier, pools=lambda: [[(url, 1), (other, 1)]], names=lambda: NAMES,
                            capacity=6, room=4)  # fmt: skip
     warmer._tried.add((url, "w1"))  # a load tried there before the restart
     restarts = adapter_restarts(loads, warmer)

@@ -344,11 +344,12 @@ def adapter_warmer(
     loads: AdapterLoads | None,
     copier: AdapterCopier | None,
 ) -> AdapterWarmer | None:
-    """The warmer that loads the declared adapters onto the decode engines ahead of their first
-    requests (`upstream.adapters`); None without a copier, without `maxCpuLoras` above `maxLoras`
-    (`warm_room`). Every worker and replica runs one: they plan the same homes in the same order,
-    and vLLM takes one load of a name at a time (a lock per adapter name) and answers the others
-    "already loaded" without a read, so each process learns where every adapter is held."""
+    """The warmer that loads the declared adapters onto the prefill and the decode engines ahead of
+    their first requests (`upstream.adapters`; each pool its own plan); None without a copier,
+    without `maxCpuLoras` above `maxLoras` (`warm_room`). Every worker and replica runs one: they
+    plan the same homes in the same order, and vLLM takes one load of a name at a time (a lock per
+    adapter name) and answers the others "already loaded" without a read, so each process learns
+    where every adapter is held."""
     lora = config.spec.engine.lora
     if copier is None or loads is None or lora is None or lora.max_cpu_loras is None:
         return None
@@ -356,11 +357,12 @@ def adapter_warmer(
     if room < 1:
         return None
 
-    def engines() -> list[tuple[str, int]]:
-        return [(s.endpoint.url, s.in_flight) for s in registry.snapshots("decode")]
+    def pools() -> list[list[tuple[str, int]]]:
+        roles: tuple[Pool, ...] = ("prefill", "decode")
+        return [[(s.endpoint.url, s.in_flight) for s in registry.snapshots(role)] for role in roles]
 
     return AdapterWarmer(
-        loads, copier, engines=engines, names=lambda: adapters.ordered, capacity=lora.max_cpu_loras, room=room
+        loads, copier, pools=pools, names=lambda: adapters.ordered, capacity=lora.max_cpu_loras, room=room
     )
 
 

@@ -5,7 +5,8 @@ the simulator's time model; a network volume takes longer), and so does every re
 engine's step. With hundreds of adapters, each one's first request pays it: on docs/benchmarks.md
 §8's workload that is 19% of the requests even when every engine's CPU tier could hold every
 adapter. When the engines' CPU tiers (`maxCpuLoras`) have room for all the declared adapters, the
-gateway loads each of them onto one engine ahead of its requests (`AdapterWarmer` in
+gateway loads each of them onto one engine of each pool (prefill and decode: a disaggregated request
+runs on both; `warm_plan` plans one pool) ahead of its requests (`AdapterWarmer` in
 `tandem.router.upstream.adapters`), and the placement then finds it held there.
 
 The plan (pure):

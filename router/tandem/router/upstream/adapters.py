@@ -267,16 +267,17 @@ class AdapterWarmer:
     `COPY_PAUSE_S`). `kick` plans again when engines or names change; a round ends when its plan
     has nothing left to start.
 
-    `engines()`: the pool's engines as (URL, requests in flight); `names`: the declared adapters in
-    order (a live sequence follows the names file); `capacity`: the engines' CPU tier, `room`: how
-    many of it warming may fill (`warm_room`)."""
+    `pools()`: each pool's engines as (URL, requests in flight); every pool gets its own plan (P/D:
+    each adapter on one prefill and one decode engine, since a request needs it on both); `names`:
+    the declared adapters in order (a live sequence follows the names file); `capacity`: the
+    engines' CPU tier, `room`: how many of it warming may fill (`warm_room`)."""
 
     def __init__(
         self,
         loads: AdapterLoads,
         copier: AdapterCopier,
         *,
-        engines: Callable[[], Sequence[tuple[str, int]]],
+        pools: Callable[[], Sequence[Sequence[tuple[str, int]]]],
         names: Callable[[], Sequence[str]],
         capacity: int,
         room: int,
@@ -284,7 +285,7 @@ class AdapterWarmer:
     ) -> None:
         self._loads = loads
         self._copier = copier
-        self._engines = engines
+        self._pools = pools
         self._names = names
         self._capacity = capacity
         self.room = room
@@ -303,27 +304,32 @@ class AdapterWarmer:
 
     def todo(self) -> dict[str, list[str]]:
         """What is left to load: the plan less what was tried (pure over the current state)."""
-        urls = [url for url, _ in self._engines()]
-        held = {url: self._loads.residency.adapters(url) for url in urls}
-        plan = warm_plan(list(self._names()), urls, held, room=self.room)
-        left = {url: [a for a in adapters if (url, a) not in self._tried] for url, adapters in plan.items()}
-        return {url: adapters for url, adapters in left.items() if adapters}
+        names = list(self._names())
+        left: dict[str, list[str]] = {}
+        for pool in self._pools():
+            urls = [url for url, _ in pool]
+            held = {url: self._loads.residency.adapters(url) for url in urls}
+            for url, adapters in warm_plan(names, urls, held, room=self.room).items():
+                todo = [a for a in adapters if (url, a) not in self._tried]
+                if todo:
+                    left[url] = todo
+        return left
 
     def step(self, left: dict[str, list[str]]) -> int:
         """Start the next load of `left` (a `todo`, consumed) on every idle engine; how many started.
-        An adapter that came to be held meanwhile (a request loaded it) is dropped, and so is an
-        engine that left the pool."""
+        An adapter that came to be held meanwhile in the engine's pool (a request loaded it) is
+        dropped, and so is an engine that left its pool."""
         started = 0
-        busy = dict(self._engines())
+        pool_of = {url: pool for pool in map(dict, self._pools()) for url in pool}
         for url in list(left):
-            adapters = left[url]
-            while adapters and any(self._loads.residency.holds(u, adapters[0]) for u in busy):
+            adapters, pool = left[url], pool_of.get(url, {})
+            while adapters and any(self._loads.residency.holds(u, adapters[0]) for u in pool):
                 adapters.pop(0)
-            if url not in busy or not adapters:
+            if not pool or not adapters:
                 del left[url]
                 continue
             adapter = adapters[0]
-            if busy[url] or self._loads.in_flight(url) or adapter in self._loads.copying:
+            if pool[url] or self._loads.in_flight(url) or adapter in self._loads.copying:
                 continue
             adapters.pop(0)
             self._tried.add((url, adapter))
