@@ -28,6 +28,7 @@ from tandem.kvpool.keys import (
     decode_metadata,
     encode_metadata,
     lmcache_none_hash,
+    lmcache_salt_tag,
     model_pattern,
     parse_key,
     pool_key,
@@ -262,20 +263,27 @@ def test_no_salt_or_adapter_name_can_spell_another_scope(one: PoolScope, other: 
 
 
 @pytest.mark.parametrize("scheme", [LMCacheHash(7), LMCacheCborHash(7)], ids=str)
-def test_lmcaches_chain_carries_neither_salt_nor_adapter_and_its_keys_end_with_the_adapters_tag(
+def test_lmcaches_chain_carries_neither_salt_nor_adapter_and_its_keys_end_with_their_tags(
     scheme: object,
 ) -> None:
+    """LMCache's chain is the same in every scope (vLLM #44250); the adapter and the salt are in its
+    keys as the tags the gateway sends (LMCache 0.5.6's `CacheEngineKey.to_string()` with the request
+    configs lmcache.tag.lora and lmcache.tag.salt, in that order)."""
     keys = PoolKeys(model="qwen", chunk_size=CHUNK, scheme=scheme)  # type: ignore[arg-type]
     base = keys.chunk_keys(PROMPT)
-    assert keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt="t1-a")) == base  # vLLM #44250
-    assert keys.chunk_keys(PROMPT, scope="t1-a") == base
+    assert [k.split("@")[3] for k in keys.chunk_keys(PROMPT, scope="t1-a")] == [k.split("@")[3] for k in base]
+    tenant = keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt="t1-a"))
+    assert tenant == keys.chunk_keys(PROMPT, scope="t1-a")
+    tag = "@salt%" + lmcache_salt_tag("t1-a")
+    assert tenant == [k.removesuffix("metadata") + tag + "metadata" for k in base]
+    assert "t1-a" not in tenant[0], "the salt itself is not in the pool's key names"
+    assert not set(tenant) & set(keys.chunk_keys(PROMPT, scope="t1-b"))
     sql = keys.chunk_keys(PROMPT, scope=PoolScope(cache_salt="t1-a", lora_name="sql"))
     chat = keys.chunk_keys(PROMPT, scope=PoolScope(lora_name="chat"))
-    # LMCache 0.5.6's CacheEngineKey.to_string() with the request config lmcache.tag.lora=sql.
-    assert sql == [k.removesuffix("metadata") + "@lora%sqlmetadata" for k in base]
+    assert sql == [k.removesuffix("metadata") + "@lora%sql" + tag + "metadata" for k in base]
     assert chat == [k.removesuffix("metadata") + "@lora%chatmetadata" for k in base]
-    assert all(parse_key(k) is not None and parse_key(k).model == "qwen" for k in sql)  # type: ignore[union-attr]
-    assert keys.scheme.carries_scope is False and keys.scheme.carries_adapter is True
+    assert all(parse_key(k) is not None and parse_key(k).model == "qwen" for k in sql + tenant)  # type: ignore[union-attr]
+    assert keys.scheme.carries_scope is True and keys.scheme.carries_adapter is True
     assert TandemHash().carries_scope is True and TandemHash().carries_adapter is True
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from tandem.kvpool.engine_config import lmcache_env
 from tandem.kvpool.engine_keys import engine_pool_keys, lmcache_kv_dtype
-from tandem.kvpool.keys import PoolKeys, PoolScope, lmcache_cbor_none_hash
+from tandem.kvpool.keys import PoolKeys, PoolScope, lmcache_cbor_none_hash, lmcache_salt_tag
 from tandem.router.pd.handoff import decode_body, lmcache_tagged, prefill_body
 
 if importlib.util.find_spec("lmcache") is None or importlib.util.find_spec("vllm") is None:
@@ -117,15 +117,28 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
-#: What the gateway sends LMCache engines for adapter `sql`'s request (`lmcache_tagged`): the decode-only
-#: body's, the prefill's and the decode's after a prefill (with a NIXL-style answer) `kv_transfer_params`.
-TAGGED_BODY: dict[str, Any] = {"model": "sql", "prompt": "hi"}
-lmcache_tagged(TAGGED_BODY, "sql")
-BODIES = [
-    TAGGED_BODY["kv_transfer_params"],
-    prefill_body(TAGGED_BODY)["kv_transfer_params"],
-    decode_body(TAGGED_BODY, {"do_remote_prefill": True, "remote_engine_id": "e1"})["kv_transfer_params"],
+#: The scopes of the gateway's tagged requests (`lmcache_tagged`): adapter `sql`, adapter `sql` for a
+#: tenant, a tenant on the base model.
+SCOPES = [
+    PoolScope(lora_name="sql"),
+    PoolScope(lora_name="sql", cache_salt="t1-ab"),
+    PoolScope(cache_salt="t1-ab"),
 ]
+
+
+def tagged_bodies(scope: PoolScope) -> list[dict[str, Any]]:
+    """What the gateway sends LMCache engines for a request in `scope`: the decode-only body's, the
+    prefill's and the decode's after a prefill (with a NIXL-style answer) `kv_transfer_params`."""
+    body: dict[str, Any] = {"model": scope.lora_name or "qwen", "prompt": "hi"}
+    lmcache_tagged(body, adapter=scope.lora_name, salt=scope.cache_salt)
+    return [
+        body["kv_transfer_params"],
+        prefill_body(body)["kv_transfer_params"],
+        decode_body(body, {"do_remote_prefill": True, "remote_engine_id": "e1"})["kv_transfer_params"],
+    ]
+
+
+BODIES = [params for scope in SCOPES for params in tagged_bodies(scope)]
 
 
 def tokens(n: int) -> list[int]:
@@ -189,14 +202,21 @@ def test_tandems_keys_are_lmcaches_keys(lmcache: dict[str, Any], index: int) -> 
     assert tandem_keys(case).chunk_keys(tokens(case["n"]), suffix="") == lmcache["keys"][index]
 
 
-def test_an_adapters_request_has_lmcaches_tagged_keys_which_tandem_computes(lmcache: dict[str, Any]) -> None:
-    """Through vLLM's protocol, each of the gateway's bodies for adapter `sql` makes LMCache's keys
-    carry the tag; they are the keys Tandem computes for the adapter's scope, and no base-model key."""
-    case = CASES[0]
-    ours = tandem_keys(case).chunk_keys(tokens(case["n"]), suffix="", scope=PoolScope(lora_name="sql"))
-    assert lmcache["tagged"][0] == [ours] * len(BODIES)
-    assert all(key.endswith("@bfloat16@lora%sql") for key in ours)
-    assert not set(ours) & set(lmcache["keys"][0])
+@pytest.mark.parametrize("which", range(len(SCOPES)), ids=["adapter", "adapter-and-salt", "salt"])
+def test_a_tagged_request_has_lmcaches_tagged_keys_which_tandem_computes(
+    lmcache: dict[str, Any], which: int
+) -> None:
+    """Through vLLM's protocol, each of the gateway's bodies for an adapter's or a tenant's request
+    makes LMCache's keys carry the tags; they are the keys Tandem computes for that scope, and no
+    other scope's (the base model's, or the other scopes here)."""
+    case, scope, n = CASES[0], SCOPES[which], len(BODIES) // len(SCOPES)
+    ours = tandem_keys(case).chunk_keys(tokens(case["n"]), suffix="", scope=scope)
+    assert lmcache["tagged"][0][which * n : (which + 1) * n] == [ours] * n
+    salt = "@salt%" + lmcache_salt_tag("t1-ab")
+    tail = {0: "@bfloat16@lora%sql", 1: "@bfloat16@lora%sql" + salt, 2: "@bfloat16" + salt}[which]
+    assert all(key.endswith(tail) for key in ours)
+    others = [lmcache["keys"][0]] + [keys for i, keys in enumerate(lmcache["tagged"][0]) if i // n != which]
+    assert not any(set(ours) & set(keys) for keys in others)
 
 
 def test_tandem_names_the_kv_dtype_as_lmcache_does(lmcache: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from tests.servers import RedisServer
 
 from tandem.core.routerconfig import EngineKVKeys, RouterConfig
 from tandem.kvpool.engine_keys import KeysUnavailable
-from tandem.kvpool.keys import PoolKeys, PoolScope, TandemHash, pool_key
+from tandem.kvpool.keys import PoolKeys, PoolScope, TandemHash, lmcache_salt_tag, pool_key
 from tandem.router.config import pool_keys
 from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.settings import RouterSettings
@@ -219,3 +219,9 @@ async def test_adapters_are_disaggregated_only_where_the_pools_keys_carry_them(
     }
     tagged = "sql" if connector == "lmcache" else None
     assert tags == {(MODEL, None), ("sql", tagged)}, "each engine gets the adapter's tag, only for LMCache"
+    salts = {
+        (r.body.get("kv_transfer_params") or {}).get("lmcache.tag.salt")
+        for r in (*prefill.received, *decode.received)
+    }
+    assert salt is not None
+    assert salts == {lmcache_salt_tag(salt) if connector == "lmcache" else None}, "and the tenant's, hashed"

@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
+from tandem.core.kvkeys import lmcache_salt_tag
 from tandem.router.pd.handoff import (
     DEFAULT_DECODE_KV_PARAMS,
     PREFILL_KV_PARAMS,
+    away_from_layout_body,
     decode_body,
     kv_params_from_prefill,
     lmcache_tagged,
@@ -100,7 +102,7 @@ def test_the_decode_body_is_the_original_with_only_the_kv_params_added() -> None
 
 def test_an_lmcache_tag_reaches_the_prefill_and_the_decode_with_their_own_params() -> None:
     body: dict[str, Any] = {"model": "sql", "prompt": "hi", "max_tokens": 8}
-    lmcache_tagged(body, "sql")
+    lmcache_tagged(body, adapter="sql")
     assert body["kv_transfer_params"] == {"lmcache.tag.lora": "sql"}
     assert prefill_body(body)["kv_transfer_params"] == {"lmcache.tag.lora": "sql", **PREFILL_PARAMS}
     answer = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_block_ids": [1]}
@@ -109,3 +111,38 @@ def test_an_lmcache_tag_reaches_the_prefill_and_the_decode_with_their_own_params
     untagged = {"model": "qwen", "prompt": "hi", "kv_transfer_params": {"other": 1}}
     assert prefill_body(untagged)["kv_transfer_params"] == PREFILL_PARAMS
     assert decode_body(untagged, answer)["kv_transfer_params"] == answer
+
+
+def test_a_salted_body_carries_its_salt_as_an_lmcache_tag_after_the_adapters() -> None:
+    """LMCache's keys hold no `cache_salt`: a tenant's salt goes as the tag `salt`, after the
+    adapter's (the order LMCache appends them in); a body with neither is left untagged."""
+    body: dict[str, Any] = {"model": "sql", "prompt": "hi", "cache_salt": "t1-ab"}
+    lmcache_tagged(body, adapter="sql", salt="t1-ab")
+    tag = lmcache_salt_tag("t1-ab")
+    assert list(body["kv_transfer_params"].items()) == [
+        ("lmcache.tag.lora", "sql"),
+        ("lmcache.tag.salt", tag),
+    ]
+    assert tag != "t1-ab" and len(tag) == 32, "a one-way hash of the salt, not the salt"
+    tenant: dict[str, Any] = {"model": "qwen", "prompt": "hi"}
+    lmcache_tagged(tenant, salt="t1-ab")
+    assert tenant["kv_transfer_params"] == {"lmcache.tag.salt": tag}
+    shared: dict[str, Any] = {"model": "qwen", "prompt": "hi"}
+    lmcache_tagged(shared)
+    assert "kv_transfer_params" not in shared
+
+
+def test_decode_only_away_from_a_layout_moves_the_lmcache_salt_tag_with_the_salt() -> None:
+    """A decode-only request after a prefill of another KV layout gets a salt of its own so that it
+    finds none of the prefill's chunks; for LMCache engines (a tagged body) the tag follows it, since
+    their keys hold the salt only as a tag. An untagged body gets no tag."""
+    body: dict[str, Any] = {"model": "sql", "prompt": "hi", "cache_salt": "t1-ab"}
+    lmcache_tagged(body, adapter="sql", salt="t1-ab")
+    away = away_from_layout_body(body, "g2")
+    assert away["cache_salt"] != "t1-ab"
+    moved = {"lmcache.tag.lora": "sql", "lmcache.tag.salt": lmcache_salt_tag(away["cache_salt"])}
+    assert away["kv_transfer_params"] == moved
+    assert body["kv_transfer_params"]["lmcache.tag.salt"] == lmcache_salt_tag("t1-ab"), (
+        "the body is not changed"
+    )
+    assert "kv_transfer_params" not in away_from_layout_body({"prompt": "hi", "cache_salt": "t1-ab"}, "g2")

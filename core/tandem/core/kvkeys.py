@@ -49,16 +49,19 @@ request's `cache_salt` nor its `lora_request`: `vllm_v1_adapter.py` mentions nei
 comment: "Ignore extra keys for now ... (e.g., LoRA ID)"), and `CacheEngineKey` holds only the model,
 world size, worker, chunk hash, dtype and `lmcache.tag.*` request configs. Equal prompts of two tenants,
 or of the base model and an adapter, therefore share LMCache's chunk hashes (vLLM #44250); the LMCache
-schemes accept `scope` and ignore it in the chain, as LMCache does (`carries_scope` is False). (Only
-LMCache's multi-process connector, `LMCacheMPConnector`, carries the salt.)
-The adapter reaches LMCache's keys as a tag instead (`carries_adapter`): the gateway sends every
-adapter request to LMCache engines with `kv_transfer_params: {"lmcache.tag.lora": <adapter>}`
-(`LMCACHE_ADAPTER_PARAM`), which vLLM 0.32 hands to the connector as the request's
+schemes accept `scope` and ignore it in the chain, as LMCache does. (Only LMCache's multi-process
+connector, `LMCacheMPConnector`, carries the salt.)
+The adapter and the salt reach LMCache 0.5.6's keys as tags instead (`carries_scope`,
+`carries_adapter`): the gateway sends every adapter or salted request to LMCache engines with
+`kv_transfer_params: {"lmcache.tag.lora": <adapter>, "lmcache.tag.salt": <hash of the cache_salt>}`
+(each only when there is one; `lmcache_params`, `lmcache_salt_tag`), which vLLM 0.32 hands to the
+connector as the request's
 `sampling_params.extra_args["kv_transfer_params"]`; LMCache 0.5.6 keeps its `lmcache.*` entries as
 the request's configs (`extract_request_configs_from_sampling_params`) and `CacheEngineKey` appends
-each `lmcache.tag.<name>` to the key it stores and looks up, `...@bfloat16@lora%sql`
-(`lmcache_tags`). So an adapter's chunks and the base model's (or another adapter's) are different
-keys in the pool. LMCache 0.3 has no tags (`LMCache03Hash.carries_adapter` is False).
+each `lmcache.tag.<name>` to the key it stores and looks up, in that order,
+`...@bfloat16@lora%sql@salt%<32 hex>` (`lmcache_tags`). So an adapter's chunks and the base model's (or
+another adapter's) are different keys in the pool, and so are two tenants' (two salts). LMCache 0.3
+has no tags (`LMCache03Hash`: neither carries).
 
 The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
 `kv_bytes`/`metadata` pair) lives in `tandem.kvpool.keys`, which re-exports these names.
@@ -77,6 +80,7 @@ from tandem.core.pyhash import parse_seed, str_hash
 
 __all__ = [
     "LMCACHE_ADAPTER_PARAM",
+    "LMCACHE_SALT_PARAM",
     "NONE_HASH",
     "PY312_NONE_HASH",
     "ChunkHashScheme",
@@ -93,6 +97,8 @@ __all__ = [
     "lmcache_cbor_none_hash",
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
+    "lmcache_params",
+    "lmcache_salt_tag",
     "lmcache_tags",
     "scope_root",
 ]
@@ -155,17 +161,56 @@ Scope = PoolScope | str | None
 
 #: The LMCache request config whose value LMCache 0.5.6 adds to its keys as the tag `lora%<value>`.
 LMCACHE_ADAPTER_PARAM = "lmcache.tag.lora"
+#: The one for the request's `cache_salt` (the tenant's), the tag `salt%<value>`; its value is
+#: `lmcache_salt_tag(salt)`, not the salt.
+LMCACHE_SALT_PARAM = "lmcache.tag.salt"
+_SALT_TAG_PERSON = b"tandem-lmc-salt"
+
+
+def lmcache_salt_tag(salt: str) -> str:
+    """The value of a salt's LMCache tag: BLAKE2b-128 of the salt (personalised), in hex. LMCache
+    writes tags into its key names, which anyone who can list the pool reads; a one-way hash keeps
+    two salts apart there without showing the salt itself (with which a client of an engine could
+    reach that tenant's prefix cache in vLLM).
+
+    >>> len(lmcache_salt_tag("t1-ab")), lmcache_salt_tag("t1-ab") == lmcache_salt_tag("t1-ac")
+    (32, False)
+    """
+    return hashlib.blake2b(salt.encode(), digest_size=16, person=_SALT_TAG_PERSON).hexdigest()
+
+
+def lmcache_params(*, adapter: str | None = None, salt: str | None = None) -> dict[str, str]:
+    """The LMCache request configs the gateway sends with a request to LMCache engines (in its
+    `kv_transfer_params`), in the order LMCache appends them to its keys: the adapter's tag, then the
+    salt's (`lmcache_salt_tag`); empty for a base-model request without a salt (module docstring).
+
+    >>> lmcache_params(adapter="sql", salt="t1-ab") == {
+    ...     "lmcache.tag.lora": "sql", "lmcache.tag.salt": lmcache_salt_tag("t1-ab")}
+    True
+    """
+    params: dict[str, str] = {}
+    if adapter:
+        params[LMCACHE_ADAPTER_PARAM] = adapter
+    if salt:
+        params[LMCACHE_SALT_PARAM] = lmcache_salt_tag(salt)
+    return params
 
 
 def lmcache_tags(scope: Scope) -> str:
-    """What LMCache 0.5.6's `CacheEngineKey.to_string()` appends for a request in `scope`: `@lora%<name>`
-    for an adapter's (the gateway's `LMCACHE_ADAPTER_PARAM`), nothing otherwise (module docstring).
+    """What LMCache 0.5.6's `CacheEngineKey.to_string()` appends for a request in `scope` that the
+    gateway tagged (`lmcache_params`): `@lora%<name>` for an adapter's, `@salt%<lmcache_salt_tag>` for
+    a salted one, both in that order, nothing for the shared base scope (module docstring).
 
-    >>> lmcache_tags(PoolScope(lora_name="sql", cache_salt="t1")), lmcache_tags("t1")
+    >>> lmcache_tags(PoolScope(lora_name="sql")), lmcache_tags(None)
     ('@lora%sql', '')
+    >>> lmcache_tags(PoolScope(lora_name="sql", cache_salt="t1")) == "@lora%sql" + lmcache_tags("t1")
+    True
     """
-    adapter = scope.lora_name if isinstance(scope, PoolScope) else None
-    return f"@{LMCACHE_ADAPTER_PARAM.removeprefix('lmcache.tag.')}%{adapter}" if adapter else ""
+    if isinstance(scope, PoolScope):
+        params = lmcache_params(adapter=scope.lora_name, salt=scope.cache_salt)
+    else:
+        params = lmcache_params(salt=scope)
+    return "".join(f"@{name.removeprefix('lmcache.tag.')}%{value}" for name, value in params.items())
 
 
 def scope_root(scope: Scope = None, *, key: bytes | None = None) -> int:
@@ -379,7 +424,7 @@ class LMCacheHash:
 
     none_hash: int
     name: ClassVar[str] = "lmcache"
-    carries_scope: ClassVar[bool] = False  # LMCache's chain carries neither salt nor adapter
+    carries_scope: ClassVar[bool] = True  # not the chain: the keys' tags (`lmcache_tags`)
     carries_adapter: ClassVar[bool] = True  # as a tag (`lmcache_tags`)
 
     def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:
@@ -399,7 +444,7 @@ class LMCacheCborHash:
     none_hash: int
     builtin_none_hash: int | None = None
     name: ClassVar[str] = "lmcache-sha256_cbor"
-    carries_scope: ClassVar[bool] = False  # LMCache's chain carries neither salt nor adapter
+    carries_scope: ClassVar[bool] = True  # not the chain: the keys' tags (`lmcache_tags`)
     carries_adapter: ClassVar[bool] = True  # as a tag (`lmcache_tags`)
 
     def chunk_hashes(self, token_ids: Sequence[int], chunk_size: int, *, scope: Scope = None) -> list[int]:

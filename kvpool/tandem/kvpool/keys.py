@@ -9,8 +9,8 @@ A chunk of `chunk_size` prompt tokens is stored as two Redis strings (no separat
   verifies (`check_chunk`). LMCache never reads keyed entries (their hashes are not its own).
 with `key = f"{model}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}"` (LMCache 0.5.6's
 `CacheEngineKey.to_string()`; its `RedisConnector`, the one a `redis://` URL selects, appends the
-suffixes), and for a LoRA adapter's request to LMCache engines its tag after the dtype,
-`...@bfloat16@lora%sql` (`tandem.core.kvkeys.lmcache_tags`).
+suffixes), and for a LoRA adapter's or a salted request to LMCache engines their tags after the
+dtype, `...@bfloat16@lora%sql@salt%<32 hex>` (`tandem.core.kvkeys.lmcache_tags`).
 LMCache 0.3 (the default engine image's) wrote `f"vllm@{model}@{world_size}@{worker_id}@{chunk_hash:x}"`
 instead: its key format (`vllm`) first, no dtype, and its own chain (`LMCache03Hash`).
 
@@ -50,6 +50,7 @@ from tandem.core.kvkeys import (
     lmcache_cbor_none_hash,
     lmcache_chunk_hashes,
     lmcache_none_hash,
+    lmcache_salt_tag,
     lmcache_tags,
     scope_root,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "lmcache_cbor_none_hash",
     "lmcache_chunk_hashes",
     "lmcache_none_hash",
+    "lmcache_salt_tag",
     "model_pattern",
     "model_patterns",
     "parse_key",
@@ -191,7 +193,8 @@ class PoolKeys:
         """The key (with `suffix`) of every full chunk of `token_ids` in `scope` (`PoolScope`: the
         request's `cache_salt` and adapter; a bare salt; None: the shared base scope), in order.
         LMCache's chains ignore the scope, as LMCache does; LMCache 0.5.6's keys end with the
-        adapter's tag (`lmcache_tags`: the gateway tags adapter requests to LMCache engines)."""
+        adapter's and the salt's tags (`lmcache_tags`: the gateway tags such requests to LMCache
+        engines)."""
         hashes = self.scheme.chunk_hashes(token_ids, self.chunk_size, scope=scope)
         if isinstance(self.scheme, LMCache03Hash):
             base = f"{LMCACHE03_FORMAT}@{self.model}@{self.world_size}@{self.worker_id}@"

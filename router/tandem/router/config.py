@@ -255,8 +255,9 @@ def _tracing(
 def engines_run_lmcache(config: RouterConfig) -> bool:
     """Whether the service's engines run LMCache's connector over the KV pool: real vLLM, a pool, and
     the connector `engineKvKeys` names, else `spec.kvPool.connector`. The gateway then tags each
-    adapter request (`tandem.router.pd.handoff.lmcache_tagged`), whether or not it can compute the
-    engines' keys, so that no engine's LMCache stores or loads an adapter's KV under another's keys."""
+    adapter and each salted request (`tandem.router.pd.handoff.lmcache_tagged`), whether or not it
+    can compute the engines' keys, so that no engine's LMCache stores or loads an adapter's or a
+    tenant's KV under another's keys."""
     connector = engines_connector(config)
     return config.spec.engine.kind == "vllm" and config.kv_pool_url is not None and connector == "lmcache"
 

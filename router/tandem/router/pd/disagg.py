@@ -15,11 +15,12 @@
 request's scope, its salt and its LoRA adapter (`PoolScope`, `tandem.core.kvkeys.scope_root`), so an
 adapter's request is disaggregated like any other: the look-up and the barrier ask for the chunks of
 the adapter's scope (`pool_scope`), which its prefill writes and its decode loads, and never another
-adapter's or the base model's. LMCache 0.5.6's chains carry no adapter (vLLM #44250), but its keys
-carry the request's tags: the gateway tags every adapter request to LMCache engines
-(`kv_transfer_params: {"lmcache.tag.lora": <adapter>}`, `tandem.router.pd.handoff`), prefill and
-decode alike, so the adapter's chunks are its own keys (`...@bfloat16@lora%sql`), which the look-up
-and the barrier compute too (`tandem.core.kvkeys.lmcache_tags`). Where the pool's keys cannot carry
+adapter's or the base model's. LMCache 0.5.6's chains carry no adapter nor salt (vLLM #44250), but
+its keys carry the request's tags: the gateway tags every adapter and salted request to LMCache
+engines (`kv_transfer_params: {"lmcache.tag.lora": <adapter>, "lmcache.tag.salt": <salt's hash>}`,
+`tandem.router.pd.handoff`), prefill and decode alike, so the adapter's (and the tenant's) chunks
+are its own keys (`...@bfloat16@lora%sql@salt%<32 hex>`), which the look-up and the barrier compute too
+(`tandem.core.kvkeys.lmcache_tags`). Where the pool's keys cannot carry
 an adapter (LMCache 0.3's: `carries_adapter` is False), or the gateway computes no keys at all (no
 pool configured, or the engines' keys unknown), it stays decode-only (`adapter`): a prefill might
 store the adapter's KV under keys the base model's and every other adapter's requests load.

@@ -16,10 +16,13 @@
    the prefill's layout, under which Tandem's connector roots its pool keys (and vLLM its prefix
    cache): the decode engine finds nothing there and computes the prompt.
 
-5. LMCache's request configs: a body the gateway tagged for LMCache engines (an adapter's request,
-   `kv_transfer_params: {"lmcache.tag.lora": "sql"}`, `lmcache_tagged`) keeps its `lmcache.*` entries
-   in the prefill's and the decode's `kv_transfer_params`, so both engines' LMCache keys carry the
-   tag (`tandem.core.kvkeys.lmcache_tags`).
+5. LMCache's request configs: a body the gateway tagged for LMCache engines (an adapter's or a
+   salted request, `kv_transfer_params: {"lmcache.tag.lora": "sql", "lmcache.tag.salt": <hash of
+   the salt>}`,
+   `lmcache_tagged`) keeps its `lmcache.*` entries in the prefill's and the decode's
+   `kv_transfer_params`, so both engines' LMCache keys carry the tags
+   (`tandem.core.kvkeys.lmcache_tags`). A decode-only body after a prefill of another layout (4)
+   carries its new salt in the salt tag too, since LMCache's keys do not carry `cache_salt`.
 
 Unknown fields are kept as they are: the gateway forwards vLLM extensions untouched.
 """
@@ -31,7 +34,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from tandem.core.kvkeys import LMCACHE_ADAPTER_PARAM
+from tandem.core.kvkeys import LMCACHE_SALT_PARAM, lmcache_params, lmcache_salt_tag
 
 #: Sent to the prefill engine: "compute the prompt, keep its KV for a remote decode".
 PREFILL_KV_PARAMS: Mapping[str, Any] = MappingProxyType(
@@ -60,10 +63,13 @@ DEFAULT_DECODE_KV_PARAMS: Mapping[str, Any] = MappingProxyType(
 _DROPPED_FOR_PREFILL = ("stream_options", "max_completion_tokens", "min_tokens")
 
 
-def lmcache_tagged(body: dict[str, Any], adapter: str) -> None:
+def lmcache_tagged(body: dict[str, Any], *, adapter: str | None = None, salt: str | None = None) -> None:
     """Tag `body` (the gateway's own copy; a client's `kv_transfer_params` never gets this far,
-    `tandem.router.request.parse`) for LMCache engines: its LMCache keys carry `adapter`."""
-    body["kv_transfer_params"] = {LMCACHE_ADAPTER_PARAM: adapter}
+    `tandem.router.request.parse`) for LMCache engines: its LMCache keys carry `adapter` and `salt`
+    (the tenant's `cache_salt`); a body with neither is left as it is."""
+    params = lmcache_params(adapter=adapter, salt=salt)
+    if params:
+        body["kv_transfer_params"] = params
 
 
 def _lmcache_configs(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,6 +108,9 @@ def away_from_layout_body(body: Mapping[str, Any], prefill_layout: str) -> dict[
     seed = f"{salt if isinstance(salt, str) else ''}\x00{prefill_layout}".encode()
     out = dict(body)
     out["cache_salt"] = "kv-layout-" + hashlib.sha256(seed).hexdigest()[:16]
+    configs = _lmcache_configs(body)
+    if configs:  # tagged for LMCache engines, whose keys hold the salt only as a tag
+        out["kv_transfer_params"] = {**configs, LMCACHE_SALT_PARAM: lmcache_salt_tag(out["cache_salt"])}
     return out
 
 

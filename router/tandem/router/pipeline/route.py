@@ -53,7 +53,8 @@ class ServiceRoute:
     log_prompts: bool
     stages: Pipeline
     metrics: RouterMetrics
-    #: Its engines run LMCache: an adapter's body is tagged (`tandem.router.pd.handoff.lmcache_tagged`).
+    #: Its engines run LMCache: an adapter's or a salted body is tagged
+    #: (`tandem.router.pd.handoff.lmcache_tagged`).
     lmcache_engines: bool = False
 
 
@@ -86,8 +87,8 @@ class Route:
             ctx.body["cache_salt"] = salt
         if salt is not None or resolved.adapter is not None:
             ctx.scope(salt, adapter=resolved.adapter)
-        if resolved.adapter is not None and service.lmcache_engines:
-            lmcache_tagged(ctx.body, resolved.adapter)
+        if service.lmcache_engines:
+            lmcache_tagged(ctx.body, adapter=resolved.adapter, salt=salt)
         if service.log_prompts:
             ctx.prompt_text = prompt_text(ctx.body)
         if ctx.body_bytes >= self.off_loop_bytes:

@@ -139,7 +139,8 @@ class Parse:
     context: ContextLimit | None = None
     tokenizing: asyncio.Semaphore | None = None
     adapters: AbstractSet[str] = frozenset()
-    #: The engines run LMCache: an adapter's body is tagged (`tandem.router.pd.handoff.lmcache_tagged`).
+    #: The engines run LMCache: an adapter's or a salted body is tagged
+    #: (`tandem.router.pd.handoff.lmcache_tagged`).
     lmcache_engines: bool = False
     name: str = "parse"
 
@@ -170,8 +171,8 @@ class Parse:
             adapter = ctx.model if ctx.model in self.adapters else None
             if salt is not None or adapter is not None:
                 ctx.scope(salt, adapter=adapter)
-            if adapter is not None and self.lmcache_engines:
-                lmcache_tagged(ctx.body, adapter)
+            if self.lmcache_engines:
+                lmcache_tagged(ctx.body, adapter=adapter, salt=salt)
             if self.log_prompts:
                 ctx.prompt_text = prompt_text(parsed.body)
             if len(raw) >= self.off_loop_bytes and ctx.encoder is not None:
