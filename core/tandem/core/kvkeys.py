@@ -55,11 +55,10 @@ The adapter and the salt reach LMCache 0.5.6's keys as tags instead (`carries_sc
 `carries_adapter`): the gateway sends every adapter or salted request to LMCache engines with
 `kv_transfer_params: {"lmcache.tag.lora": <adapter>, "lmcache.tag.salt": <hash of the cache_salt>}`
 (each only when there is one; `lmcache_params`, `lmcache_salt_tag`), which vLLM 0.32 hands to the
-connector as the request's
-`sampling_params.extra_args["kv_transfer_params"]`; LMCache 0.5.6 keeps its `lmcache.*` entries as
-the request's configs (`extract_request_configs_from_sampling_params`) and `CacheEngineKey` appends
-each `lmcache.tag.<name>` to the key it stores and looks up, in that order,
-`...@bfloat16@lora%sql@salt%<32 hex>` (`lmcache_tags`). So an adapter's chunks and the base model's (or
+connector as the request's `sampling_params.extra_args["kv_transfer_params"]`; LMCache 0.5.6 keeps
+its `lmcache.*` entries as the request's configs (`extract_request_configs_from_sampling_params`)
+and `CacheEngineKey` appends each `lmcache.tag.<name>` to the key it stores and looks up, in that
+order, `...@bfloat16@lora%sql@salt%<32 hex>` (`lmcache_tags`). So an adapter's chunks and the base model's (or
 another adapter's) are different keys in the pool, and so are two tenants' (two salts). LMCache 0.3
 has no tags (`LMCache03Hash`: neither carries).
 

@@ -17,10 +17,9 @@
    cache): the decode engine finds nothing there and computes the prompt.
 
 5. LMCache's request configs: a body the gateway tagged for LMCache engines (an adapter's or a
-   salted request, `kv_transfer_params: {"lmcache.tag.lora": "sql", "lmcache.tag.salt": <hash of
-   the salt>}`,
-   `lmcache_tagged`) keeps its `lmcache.*` entries in the prefill's and the decode's
-   `kv_transfer_params`, so both engines' LMCache keys carry the tags
+   salted request, `lmcache_tagged`: `kv_transfer_params: {"lmcache.tag.lora": "sql",
+   "lmcache.tag.salt": <hash of the salt>}`) keeps its `lmcache.*` entries in the prefill's and the
+   decode's `kv_transfer_params`, so both engines' LMCache keys carry the tags
    (`tandem.core.kvkeys.lmcache_tags`). A decode-only body after a prefill of another layout (4)
    carries its new salt in the salt tag too, since LMCache's keys do not carry `cache_salt`.
 
