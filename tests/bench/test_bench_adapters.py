@@ -133,6 +133,17 @@ def test_imbalance_is_the_largest_peak_over_the_mean(peaks: dict[str, float], ex
     assert imbalance(peaks) == expected
 
 
+def test_with_prefill_and_decode_pools_the_imbalance_is_the_worst_pools_over_its_own_mean() -> None:
+    """The target is "no engine's queue above 2× the pool's mean": prefill engines (rarely waiting)
+    do not dilute the decode pool's mean, nor the reverse."""
+    peaks = {"p0": 0.0, "p1": 0.0, "d0": 3.0, "d1": 1.0}
+    pools = {"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode"}
+    assert imbalance(peaks) == 3.0, "as one pool"
+    assert imbalance(peaks, pools) == 1.5
+    assert imbalance({**peaks, "p0": 4.0}, pools) == 2.0, "the worse pool's figure"
+    assert imbalance({"p0": 0.0, "d0": 0.0}, pools) is None
+
+
 def _record(
     i: int, arrival: float, *, ttft: float, ok: bool = True, group: str | None = None
 ) -> RequestRecord:

@@ -20,9 +20,10 @@ Definitions (times in engine seconds: wall × the engines' time scale):
   requests sent;
 - **throughput** = output tokens of the successful requests ÷ (last end − first start);
 - **burst imbalance** = over the samples inside the burst window, each engine's peak
-  `num_requests_waiting`; imbalance = the largest peak ÷ the mean of the peaks (1 = even; None when
-  no engine queued anything, which meets "no engine above 2× the mean"). The same for requests on
-  the engine (waiting + running), reported beside it.
+  `num_requests_waiting`; imbalance = the largest peak ÷ the mean of the peaks of its pool (1 = even;
+  None when no engine queued anything, which meets "no engine above 2× the mean"); with prefill and
+  decode pools, the larger of the two pools' figures. The same for requests on the engine (waiting +
+  running), reported beside it.
 """
 
 from __future__ import annotations
@@ -99,11 +100,19 @@ def throughput(result: DriveResult, time_scale: float) -> float | None:
     return tokens / span if span > 0 else None
 
 
-def imbalance(peaks: Mapping[str, float]) -> float | None:
-    """Largest peak ÷ mean peak; None when every peak is 0. Example: {a: 6, b: 2, c: 2, d: 2} → 2.0."""
-    if not peaks or max(peaks.values()) <= 0:
-        return None
-    return max(peaks.values()) / (sum(peaks.values()) / len(peaks))
+def imbalance(peaks: Mapping[str, float], pools: Mapping[str, str] | None = None) -> float | None:
+    """Largest peak ÷ mean peak within each pool (`pools`: engine → its pool; none: one pool), the
+    worst pool's; None when every peak is 0. Examples: {a: 6, b: 2, c: 2, d: 2} → 2.0; {p0: 0, p1: 0,
+    d0: 3, d1: 1} with p* prefill and d* decode → 1.5 (as one pool: 3.0)."""
+    groups: dict[str, dict[str, float]] = {}
+    for engine, peak in peaks.items():
+        groups.setdefault((pools or {}).get(engine, ""), {})[engine] = peak
+    figures = [
+        max(group.values()) / (sum(group.values()) / len(group))
+        for group in groups.values()
+        if max(group.values()) > 0
+    ]
+    return max(figures) if figures else None
 
 
 def burst_peaks(
@@ -142,10 +151,12 @@ def run_row(
     time_scale: float,
     adapters: Mapping[str, Sequence[str]] | None = None,
     hot: str | None = None,
+    pools: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One target's figures in one repeat (module docstring); `adapters`: each engine's loaded adapters
     after the run (its `/v1/models`), for the placement figures; `hot`: the burst's adapter (its
-    requests' `group`); None: every request in the window counts as the burst's."""
+    requests' `group`); None: every request in the window counts as the burst's; `pools`: each
+    engine's pool, for the imbalance (none: one pool)."""
     sent = sum(r.start_s is not None for r in result.records)
     per_engine = loads_by_engine(before, after)
     disk = sum(after[e].disk_loads - before[e].disk_loads for e in per_engine)
@@ -176,9 +187,9 @@ def run_row(
         "throughput_tok_s": throughput(result, time_scale),
         "loads_by_engine": per_engine,
         "burst_waiting_peaks": waiting,
-        "burst_queue_imbalance": imbalance(waiting),
+        "burst_queue_imbalance": imbalance(waiting, pools),
         "burst_on_engine_peaks": on_engine,
-        "burst_on_engine_imbalance": imbalance(on_engine),
+        "burst_on_engine_imbalance": imbalance(on_engine, pools),
         "requests_by_engine": {e: after[e].finished - before[e].finished for e in per_engine},
         **placement(adapters or {}),
     }

@@ -150,9 +150,10 @@ def run_adapters(
                                    label=label)  # fmt: skip
                 progress(f"[{label}] repeat {r + 1}/{repeat}: {len(workload.requests)} requests")
                 m = asyncio.run(_measure(run, workload, settings, interval_s=interval_s))
+                pools = run.engine_pools
             row = run_row(
                 label, r, result=m.result, samples=m.samples, before=m.before, after=m.after, window=window,
-                time_scale=pool.time_scale, adapters=m.adapters, hot=hot,
+                time_scale=pool.time_scale, adapters=m.adapters, hot=hot, pools=pools,
             )  # fmt: skip
             row["gateway_cpu"] = m.cpu
             rows.append(row)

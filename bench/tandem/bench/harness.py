@@ -183,6 +183,11 @@ class Started:
         return self.base_urls[0]
 
     @property
+    def engine_pools(self) -> dict[str, str]:
+        """Each engine's pool ("prefill" or "decode") by its URL."""
+        return {c.plan.url: c.plan.role for c in self.children if c.plan.role in ("prefill", "decode")}
+
+    @property
     def gateway_pids(self) -> tuple[int, ...]:
         """The pids of the gateway's processes (role "router"), one per replica; none for `direct`."""
         return tuple(c.process.pid for c in self.children if c.plan.role == "router")
