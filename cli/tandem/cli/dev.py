@@ -6,6 +6,14 @@ from pathlib import Path
 
 import click
 
+from tandem.bench.stats import percentile
+from tandem.bench.workload_file import load as load_workload
+from tandem.bench.workloads import WorkloadError
+from tandem.core.tokenizer import encode, render_chat
+from tandem.sim.engine.floor import least_ttfts
+from tandem.sim.engine.profiles import get_profile
+from tandem.sim.settings import DEFAULT_PROFILE
+
 
 @click.group()
 def dev() -> None:
@@ -70,3 +78,67 @@ def tiny_lora(dest: Path, rank: int, seed: int, model_dir: Path, base_model_name
         click.echo(f"tandem: error: {exc}", err=True)
         raise SystemExit(2) from None
     click.echo(f"tiny LoRA adapter (rank {rank}, seed {seed}) written to {built}")
+
+
+@dev.command("ttft-floor")
+@click.argument("workload_file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--profile", default=DEFAULT_PROFILE, show_default=True, help="Model/GPU profile of the time model."
+)
+@click.option(
+    "--block-size", default=16, show_default=True, type=click.IntRange(1, 1024), help="Tokens per KV block."
+)
+@click.option(
+    "--max-num-batched-tokens",
+    default=8192,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Token budget per step.",
+)
+@click.option(
+    "--warmup", default=0, show_default=True, type=click.IntRange(0),
+    help="The workload's first N requests were computed before (as `tandem bench --warmup N` runs them).",
+)  # fmt: skip
+@click.option("--time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Simulated seconds per wall second, as the engines' --time-scale.")  # fmt: skip
+@click.option(
+    "--top", default=6, show_default=True, type=click.IntRange(0), help="List the N largest floors."
+)
+def ttft_floor(
+    workload_file: Path,
+    profile: str,
+    block_size: int,
+    max_num_batched_tokens: int,
+    warmup: int,
+    time_scale: float,
+    top: int,
+) -> None:
+    """The least TTFT each request of a workload file could have on simulated engines: the prompt
+    tokens no earlier request shared, computed alone on an idle engine (`tandem.sim.engine.floor`).
+    No router's TTFT percentile can be below the floor's; prints p50/p90/p99/max in wall ms."""
+    try:
+        workload = load_workload(workload_file)
+        engine_profile = get_profile(profile)
+    except WorkloadError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyError as exc:  # an unknown profile; its message names the known ones
+        raise click.ClickException(str(exc.args[0])) from None
+    prompts = [
+        encode(render_chat(r.messages) if r.messages is not None else (r.prompt or ""))
+        for r in workload.requests
+    ]
+    floors = least_ttfts(
+        prompts, engine_profile, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+        warm=prompts[:warmup],
+    )  # fmt: skip
+    wall_ms = [f * 1000 / time_scale for f in floors]
+    cells = ", ".join(f"p{q} {percentile(wall_ms, q) or 0:.1f}" for q in (50, 90, 99))
+    click.echo(
+        f"{workload_file.name}: {len(wall_ms)} requests, least TTFT (ms): {cells}, max {max(wall_ms):.1f}"
+    )
+    ranked = sorted(range(len(wall_ms)), key=wall_ms.__getitem__, reverse=True)[:top]
+    for i in ranked:
+        r = workload.requests[i]
+        click.echo(
+            f"  request {i} at {r.offset_s:.3f} s: {wall_ms[i]:.1f} ms ({len(prompts[i])} prompt tokens)"
+        )
