@@ -24,6 +24,7 @@ from tandem.bench.adapterbench import (
     imbalance,
     least_disk_loads,
     least_loads,
+    least_loads_markdown,
     load_series,
     parse_engine_sample,
     placement,
@@ -256,6 +257,19 @@ def test_the_floor_counts_a_gpu_copy_per_disk_read_and_compares_with_the_best_pe
     assert bound["least_loads_per_1000"] == pytest.approx(14000 / 12)
     assert bound["least_ratio_to_best_peer"] == pytest.approx(14 / 12)
     assert bound["distinct_adapters"] == 3 and bound["least_share_reading_disk"] == pytest.approx(7 / 12)
+
+
+def test_with_prefill_and_decode_pools_each_pool_reads_on_its_own() -> None:
+    """A disaggregated request needs its adapter on a prefill and on a decode engine: the floor is
+    each pool's least reads added up (and said per pool), not one pool's over all the entries."""
+    sequence = list(itertools.chain.from_iterable(["a", "b", "c"] for _ in range(4)))
+    both = least_loads(sequence, slots=[2, 3], best_peer=1000.0)
+    assert both["least_disk_loads_per_1000"] == pytest.approx((7 + 3) * 1000 / 12)
+    assert both["least_share_reading_disk"] == pytest.approx(7 / 12), "the pool where most must read"
+    assert (both["slots"], both["pools"]) == (5, [2, 3])
+    one = least_loads(sequence, slots=5, best_peer=None)
+    assert one["least_disk_loads_per_1000"] == pytest.approx(3000 / 12), "five entries in one pool: 3 reads"
+    assert "2 + 3 CPU-tier entries (prefill and decode pools" in least_loads_markdown(both)
 
 
 def test_the_plot_series_counts_loads_since_the_first_sample_and_the_busiest_engine() -> None:

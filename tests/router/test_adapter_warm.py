@@ -101,6 +101,19 @@ async def disk_reads(client: httpx.AsyncClient, url: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
+def recording_copier(stack: AsyncExitStack, directory: Path) -> tuple[AdapterLoads, AdapterCopier]:
+    """A placement record and a copier over one wire (closed with `stack`) that records each load it
+    finishes there."""
+    wire = new_wire(RouterSettings().proxy)
+    stack.callback(wire.close)
+    loads = AdapterLoads()
+    copier = AdapterCopier(
+        HTTPUpstream(wire, RouterSettings().proxy), directory=str(directory), timeout_s=5.0,
+        done=lambda url, adapter, ok: loads.copy_done(url, adapter, ok=ok),
+    )  # fmt: skip
+    return loads, copier
+
+
 async def test_the_warmer_loads_each_adapter_once_and_only_on_idle_engines(tmp_path: Path) -> None:
     """Two engines; the first is busy (a request in flight) until the test frees it: the second gets
     its share at once, the first only afterwards; every adapter ends on exactly one engine, in the
@@ -111,13 +124,7 @@ async def test_the_warmer_loads_each_adapter_once_and_only_on_idle_engines(tmp_p
         first = await stack.enter_async_context(serve(engine(tmp_path)))
         second = await stack.enter_async_context(serve(engine(tmp_path)))
         direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
-        wire = new_wire(RouterSettings().proxy)
-        stack.callback(wire.close)
-        loads = AdapterLoads()
-        copier = AdapterCopier(
-            HTTPUpstream(wire, RouterSettings().proxy), directory=str(tmp_path), timeout_s=5.0,
-            done=lambda url, adapter, ok: loads.copy_done(url, adapter, ok=ok),
-        )  # fmt: skip
+        loads, copier = recording_copier(stack, tmp_path)
         busy = {first.url: 1, second.url: 0}
         warmer = AdapterWarmer(
             loads, copier, pools=lambda: [list(busy.items())], names=lambda: NAMES, capacity=6, room=4
@@ -157,13 +164,7 @@ async def test_with_prefill_and_decode_pools_each_adapter_is_on_one_engine_of_ea
         sims = [await stack.enter_async_context(serve(engine(tmp_path))) for _ in range(4)]
         prefill, decode = [s.url for s in sims[:2]], [s.url for s in sims[2:]]
         direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
-        wire = new_wire(RouterSettings().proxy)
-        stack.callback(wire.close)
-        loads = AdapterLoads()
-        copier = AdapterCopier(
-            HTTPUpstream(wire, RouterSettings().proxy), directory=str(tmp_path), timeout_s=5.0,
-            done=lambda url, adapter, ok: loads.copy_done(url, adapter, ok=ok),
-        )  # fmt: skip
+        loads, copier = recording_copier(stack, tmp_path)
         assert await copier.copy(decode[1], "w0", inplace=False), "a request's load, before warming"
         loads.residency.record(decode[1], "w0", capacity=6)
         warmer = AdapterWarmer(

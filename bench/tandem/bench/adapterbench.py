@@ -306,23 +306,31 @@ def least_disk_loads(sequence: Sequence[str], *, slots: int) -> int:
     return misses
 
 
-def least_loads(sequence: Sequence[str], *, slots: int, best_peer: float | None) -> dict[str, Any]:
-    """What no placement could beat on this request sequence over `slots` CPU-tier entries in all:
-    the least disk reads (`least_disk_loads`), the least adapter loads (each disk read is followed
-    by a copy into a GPU slot: vLLM's GPU slots hold only adapters its CPU tier holds), both per
-    1,000 requests, the share of requests that must wait for a disk read, and the least loads as a
-    ratio of `best_peer`'s loads per 1,000. Example: 570 requests, 198 least disk reads → 347 and
-    695 per 1,000; against 1,174 → 0.59."""
+def least_loads(
+    sequence: Sequence[str], *, slots: int | Sequence[int], best_peer: float | None
+) -> dict[str, Any]:
+    """What no placement could beat on this request sequence over `slots` CPU-tier entries in all
+    (one number per pool that every request passes through: with prefill/decode disaggregation a
+    request needs its adapter on a prefill and on a decode engine, so each pool reads on its own):
+    the least disk reads (`least_disk_loads`, summed over the pools), the least adapter loads (each
+    disk read is followed by a copy into a GPU slot: vLLM's GPU slots hold only adapters its CPU
+    tier holds), both per 1,000 requests, the share of requests that must wait for a disk read (in
+    the pool where most must), and the least loads as a ratio of `best_peer`'s loads per 1,000.
+    Example: 570 requests, 198 least disk reads → 347 and 695 per 1,000; against 1,174 → 0.59; the
+    same with two such pools → 1,389 per 1,000."""
     n = len(sequence)
-    disk = least_disk_loads(sequence, slots=slots) if n else 0
+    pools = [slots] if isinstance(slots, int) else list(slots)
+    reads = [least_disk_loads(sequence, slots=s) if n else 0 for s in pools]
+    disk = sum(reads)
     loads_per_1000 = 2 * disk * 1000 / n if n else None
     return {
-        "slots": slots,
+        "slots": sum(pools),
+        "pools": pools,
         "requests": n,
         "distinct_adapters": len(set(sequence)),
         "least_disk_loads_per_1000": disk * 1000 / n if n else None,
         "least_loads_per_1000": loads_per_1000,
-        "least_share_reading_disk": disk / n if n else None,
+        "least_share_reading_disk": max(reads) / n if n else None,
         "least_ratio_to_best_peer": (
             loads_per_1000 / best_peer if loads_per_1000 is not None and best_peer else None
         ),
@@ -335,12 +343,21 @@ def least_loads_markdown(bound: Mapping[str, Any]) -> str:
     share = bound["least_share_reading_disk"]
     return (
         f"\nLeast any placement could reach on this request sequence ({bound['requests']} requests, "
-        f"{bound['distinct_adapters']} distinct adapters, {bound['slots']} CPU-tier entries over all "
-        f"engines, Belady's clairvoyant eviction): {_num(bound['least_loads_per_1000'], '.0f')} adapter "
+        f"{bound['distinct_adapters']} distinct adapters, {_entries(bound)}, Belady's clairvoyant "
+        f"eviction): {_num(bound['least_loads_per_1000'], '.0f')} adapter "
         f"loads per 1,000 ({_num(bound['least_disk_loads_per_1000'], '.0f')} disk reads), "
         f"{_num(None if ratio is None else ratio, '.2f')}× the best peer's loads; at least "
         f"{_num(None if share is None else share * 100, '.0f')}% of the requests wait for a disk read.\n"
     )
+
+
+def _entries(bound: Mapping[str, Any]) -> str:
+    """ "16 CPU-tier entries over all engines", or per pool with P/D: "8 + 8 CPU-tier entries (prefill
+    and decode pools, each read on its own)"."""
+    pools = bound.get("pools") or [bound["slots"]]
+    if len(pools) == 1:
+        return f"{pools[0]} CPU-tier entries over all engines"
+    return f"{' + '.join(map(str, pools))} CPU-tier entries (prefill and decode pools, each read on its own)"
 
 
 def _met(met: bool | None) -> str:

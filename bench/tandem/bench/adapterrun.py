@@ -249,12 +249,13 @@ def write_results(
     title: str,
     plot: bool,
     sequence: Sequence[str] = (),
-    slots: int | None = None,
+    slots: int | Sequence[int] | None = None,
 ) -> str:
     """adapters.json, adapters.md, adapter-timelines.json and (with `plot` and matplotlib)
     adapter-loads.png (the first repeat of every target); returns the Markdown. The verdict compares
     the target `ours` with the others. `sequence`: the workload's adapters in arrival order and
-    `slots` the engines' CPU-tier entries in all, for the floor no placement beats (`least_loads`)."""
+    `slots` the engines' CPU-tier entries in all (per pool with P/D), for the floor no placement
+    beats (`least_loads`)."""
     table = summarize(rows)
     checks = verdict(table, ours=ours)
     text = markdown(table, checks, title=title)

@@ -142,7 +142,7 @@ def adapters(setup: Bench, o: dict[str, Any], harness: HarnessSetup) -> None:
         setup.out_dir, ours=ours, doc=doc, rows=rows, timelines=timelines, catalog_rows=catalog,
         window=window, time_scale=pool.time_scale, title=title, plot=not o["no_plots"],
         sequence=[r.model for r in setup.workload.requests if r.model is not None],
-        slots=pool.engines * cpu_loras,
+        slots=[n * cpu_loras for n in ((pool.prefill_engines, pool.engines) if pool.pd else (pool.engines,))],
     )  # fmt: skip
     click.echo(text)
     say(f"results in {setup.out_dir}/ (adapters.json, adapters.md, adapter-loads.png)")
