@@ -26,6 +26,15 @@ other processes' sends are not seen): the surplus was there at the last reading 
 waited through an engine step since. Below a declared `--max-num-seqs` only a full KV cache is
 believed (batches of equal requests finishing together can show the same passing moment at every scrape).
 
+**Waiting for an adapter slot is not a limit.** An engine whose requests name more LoRA adapters than
+one batch may hold (`max_loras` of `vllm:lora_requests_info`; in vLLM 0.32 its labels name every
+adapter with a request) keeps the requests of the adapters that do not fit waiting however many
+requests it could run. Such a reading with requests waiting neither lowers nor confirms C
+(`adapter_bound`); only a pre-emption or a filling KV cache bounds it then. Example: `--max-loras 4`,
+requests for 6 adapters, 5 running and 3 waiting: no sign of C. Before this rule a multi-adapter
+pool's engines were confirmed at the few requests their batches held, and the gateway held in its
+queue requests whose adapters were running and would have joined the batch at once.
+
 **Growing without leaking a backlog.** A reading where the engine ran everything it was sent
 (nothing waiting) with at least C running is the only sign C may be too small. What follows it
 depends on what is known:
@@ -280,6 +289,10 @@ class EngineCapacity:
             # ends: its room is read from its cache instead, `_ran_everything`.)
             engine.c, engine.confirmed, engine.kind, engine.probing = running, False, None, False
             engine.held = (0, 0, False)
+        elif waiting > 0 and adapter_bound(stats):
+            # Its requests name more adapters than a batch holds: some wait for an adapter slot
+            # whatever its capacity, so what waits says nothing of C.
+            engine.held = (0, 0, False)
         elif waiting > 0 and running > 0 and (running < c or not engine.confirmed):
             # Held back (at C itself too while C is unconfirmed, e.g. its pool's: `_pool_stands`;
             # an unconfirmed engine running more than C was taken by the branch above).
@@ -348,6 +361,23 @@ class EngineCapacity:
             if engine.recheck_in <= 0:
                 engine.probing = True
                 engine.c = c + 1
+
+
+def adapter_bound(stats: EngineStats) -> bool:
+    """Whether the engine's requests name more LoRA adapters than one batch may hold (`max_loras`,
+    from `vllm:lora_requests_info`): then some of them wait for an adapter slot however many requests
+    it could run, and a reading with requests waiting is no sign of its capacity (module docstring).
+
+    >>> from tandem.router.types import AdapterLoad
+    >>> def stats(active: int) -> EngineStats:
+    ...     names = frozenset(f"a{i}" for i in range(active))
+    ...     load = AdapterLoad(running=names, waiting=names, max_loras=4)
+    ...     return EngineStats(running=4, waiting=3, kv_usage=0.1, block_size=16, num_gpu_blocks=100,
+    ...                        adapters=load)
+    >>> adapter_bound(stats(5)), adapter_bound(stats(4))
+    (True, False)"""
+    load = stats.adapters
+    return load is not None and load.max_loras is not None and len(load.active) > load.max_loras
 
 
 def _filling(stats: EngineStats) -> bool:
