@@ -12,7 +12,10 @@ from tandem.bench.workloads import WorkloadError
 from tandem.core.tokenizer import encode, render_chat
 from tandem.sim.engine.floor import least_ttfts
 from tandem.sim.engine.profiles import get_profile
-from tandem.sim.settings import DEFAULT_PROFILE
+from tandem.sim.settings import DEFAULT_PROFILE, SimSettings
+
+#: The engine flags' defaults, as `tandem sim` has them (the floor assumes the same engines).
+SIM_DEFAULTS = SimSettings.model_fields
 
 
 @click.group()
@@ -86,11 +89,12 @@ def tiny_lora(dest: Path, rank: int, seed: int, model_dir: Path, base_model_name
     "--profile", default=DEFAULT_PROFILE, show_default=True, help="Model/GPU profile of the time model."
 )
 @click.option(
-    "--block-size", default=16, show_default=True, type=click.IntRange(1, 1024), help="Tokens per KV block."
-)
+    "--block-size", default=SIM_DEFAULTS["block_size"].default, show_default=True,
+    type=click.IntRange(1, 1024), help="Tokens per KV block.",
+)  # fmt: skip
 @click.option(
     "--max-num-batched-tokens",
-    default=8192,
+    default=SIM_DEFAULTS["max_num_batched_tokens"].default,
     show_default=True,
     type=click.IntRange(1),
     help="Token budget per step.",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tandem.core.blockhash import block_keys
 from tandem.sim.engine.profiles import Profile
 from tandem.sim.engine.timemodel import BatchShape, step_time
 
@@ -54,21 +55,12 @@ def least_ttfts(
     docstring); `warm`: prompts computed before the first (a warm-up), whose blocks count as shared."""
     if block_size < 1:
         raise ValueError("block_size must be at least 1")
-    seen: set[int] = set()
-
-    def chain(tokens: Sequence[int]) -> list[int]:
-        """One key per full block, each standing for the whole prefix up to its end (a chain)."""
-        keys, parent = [], 0
-        for start in range(0, len(tokens) - block_size + 1, block_size):
-            parent = hash((parent, tuple(tokens[start : start + block_size])))
-            keys.append(parent)
-        return keys
-
+    seen: set[int] = set()  # chained block keys (`tandem.core.blockhash`): each stands for its prefix
     for tokens in warm:
-        seen.update(chain(tokens))
+        seen.update(block_keys(tokens, block_size))
     floors: list[float] = []
     for tokens in prompts:
-        keys = chain(tokens)
+        keys = block_keys(tokens, block_size)
         shared = 0
         for key in keys:
             if key not in seen:
