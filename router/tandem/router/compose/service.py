@@ -33,6 +33,7 @@ from tandem.router.observe.metrics import PoolKeysCollector, RouterMetrics
 from tandem.router.pd.disagg import Disaggregator, Prefiller
 from tandem.router.pd.hold import PrefillHold
 from tandem.router.pd.keycheck import STATES, PoolKeysCheck
+from tandem.router.pd.prefetch import DecodeAdapterLoad
 from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.stages import Admit, Hold, Relay
 from tandem.router.request.adapters import ServiceAdapters
@@ -138,6 +139,8 @@ def compose_service(
         recalls=Recalls() if settings.admission.recall == "on" else None,
         adapter_hold_s=settings.proxy.adapter_hold_seconds,
     )
+    copier = adapter_copier(config, upstream, routing.state.adapter_loads)
+    names_metrics.copier = copier
     kv_pool = _kv_pool(config, clock)
     keys = PoolKeysCheck()
     if kv_pool is not None:
@@ -167,6 +170,7 @@ def compose_service(
         convert=routing.state if config.spec.disaggregation.convertible_decoders else None,
         keys=keys,
         layout_keys=config.kv_layout_in_keys,
+        decode_loads=decode_loads(routing.state.adapter_loads, copier),
     )
     gate, counters = build_gate(
         config,
@@ -193,8 +197,6 @@ def compose_service(
     )
     learner = ContextLearner(context, upstream, timeout_s=settings.proxy.models_timeout_seconds)
     janitor = adapter_janitor(config, upstream, adapters)
-    copier = adapter_copier(config, upstream, routing.state.adapter_loads)
-    names_metrics.copier = copier
     warmer = adapter_warmer(config, registry, adapters, routing.state.adapter_loads, copier)
     collector = MetricsCollector(
         registry=registry,
@@ -335,6 +337,12 @@ def adapter_copier(
     )
     loads.copier = copier.start
     return copier
+
+
+def decode_loads(loads: AdapterLoads | None, copier: AdapterCopier | None) -> DecodeAdapterLoad | None:
+    """A disaggregated request's decode engine reads its adapter while the prefill runs
+    (`tandem.router.pd.prefetch`); None without a copier."""
+    return DecodeAdapterLoad(loads, copier) if loads is not None and copier is not None else None
 
 
 def adapter_warmer(

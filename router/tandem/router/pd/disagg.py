@@ -109,6 +109,7 @@ from tandem.router.pd.keycheck import (
     lookup_evidence,
     mismatch_message,
 )
+from tandem.router.pd.prefetch import DecodeAdapterLoad
 from tandem.router.scheduling.base import Routable
 from tandem.router.types import Endpoint, Route
 from tandem.router.upstream.client import UpstreamCall
@@ -334,7 +335,9 @@ class Disaggregator:
     keys (its state outlives requests; the composition root shares it with the metrics);
     `layout_keys`: the engines put their KV layout in their keys' scope (the operator's engines:
     `RouterConfig.kvLayoutInKeys`), so the keys of a request are those of its decode endpoint's
-    layout, which its prefill endpoint shares."""
+    layout, which its prefill endpoint shares; `decode_loads`: a disaggregated request's decode
+    engine reads its adapter while the prefill runs (`tandem.router.pd.prefetch`; None: the decode
+    request loads it)."""
 
     prefiller: Prefiller
     mode: DisaggregationMode
@@ -345,6 +348,7 @@ class Disaggregator:
     convert: TTFTEstimator | None = None
     keys: PoolKeysCheck = field(default_factory=PoolKeysCheck)
     layout_keys: bool = False
+    decode_loads: DecodeAdapterLoad | None = None
 
     async def run(
         self, request: PDRequest, *, decode: Endpoint | None, headers: Mapping[str, str]
@@ -367,6 +371,28 @@ class Disaggregator:
         metrics.pd_decisions.labels(decision.label, decision.reason).inc()
         if not decision.disaggregate:
             return PDOutcome(decision=decision, body=request.body)
+        reading = None
+        if self.decode_loads is not None and decode is not None:
+            reading = self.decode_loads.start(decode.url, request.lora_name)
+        outcome = await self._disaggregate(
+            request, decision, headers=headers, layout=layout, keys=keys, scope=scope
+        )
+        if reading is not None:  # the decode request goes to an engine that holds its adapter
+            await reading.wait()
+        return outcome
+
+    async def _disaggregate(
+        self,
+        request: PDRequest,
+        decision: PDDecision,
+        *,
+        headers: Mapping[str, str],
+        layout: str | None,
+        keys: Callable[[], Sequence[str]],
+        scope: PoolScope,
+    ) -> PDOutcome:
+        """The prefill and the KV barrier of a request decided for P/D."""
+        metrics = self.prefiller.dispatcher.metrics
         prefill = await self.prefiller.prefill(request, headers=headers, layout=layout)
         if prefill.kv_transfer_params is None or prefill.endpoint is None:
             return PDOutcome(

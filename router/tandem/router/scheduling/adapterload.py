@@ -33,7 +33,9 @@ first attempt to start there claims the mark (`started`).
 another engine instead of sending a request there to load it (`adapterplace`). A copy in flight counts
 as a load in flight on its engine (`copy`: the engine's steps wait for it as for any load);
 when it is done (`copy_done`) the engine holds the adapter in the residency record. One copy per
-adapter at a time (`copying`).
+adapter at a time (`copying`). A placement's marked load may also be started as a copy before its
+request goes out (`take_load`: P/D reads the decode engine's adapter while the prefill runs,
+`tandem.router.pd.prefetch`); the request then waits for it as a load in flight, not as its own.
 
 Pure: plain numbers in and out, no clock; one per router process, used from the event loop.
 """
@@ -62,6 +64,7 @@ class Residency:
 
     def __init__(self, *, max_engines: int = MAX_ENGINES) -> None:
         self._held: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+        self._capacity: dict[str, int] = {}
         self._max_engines = max_engines
 
     def record(self, url: str, adapter: str, *, capacity: int) -> list[str]:
@@ -71,9 +74,10 @@ class Residency:
         if held is None:
             held = self._held[url] = OrderedDict()
             if len(self._held) > self._max_engines:
-                self._held.popitem(last=False)
+                self._capacity.pop(self._held.popitem(last=False)[0], None)
         else:
             self._held.move_to_end(url)
+        self._capacity[url] = capacity
         held[adapter] = None
         held.move_to_end(adapter)
         evicted: list[str] = []
@@ -83,7 +87,12 @@ class Residency:
 
     def forget(self, url: str) -> list[str]:
         """The engine at `url` holds nothing any more (it restarted); returns what it held."""
+        self._capacity.pop(url, None)
         return list(self._held.pop(url, ()))
+
+    def capacity(self, url: str) -> int:
+        """The `capacity` the engine's entries were last recorded with (1 before any)."""
+        return self._capacity.get(url, 1)
 
     def holds(self, url: str, adapter: str) -> bool:
         held = self._held.get(url)
@@ -143,6 +152,28 @@ class AdapterLoads:
     def unmark(self, url: str, adapter: str) -> None:
         """`url` no longer counts as holding `adapter` (the residency record forgot it)."""
         self._marked.discard((url, adapter))
+
+    def take_load(self, url: str, adapter: str, *, start: Callable[[str, str], bool]) -> bool:
+        """The load a placement marked on `url` (its request would read `adapter` there as it
+        starts) is started now by `start`, as a copy (`copy`), and the request no longer loads it:
+        it waits for the copy as for any load in flight there. False (the mark kept: the request
+        loads it) when nothing is marked, a copy of `adapter` runs already or `start` refuses. Used
+        by P/D to read a decode engine's adapter while the prefill runs
+        (`tandem.router.pd.prefetch`).
+
+        >>> loads = AdapterLoads()
+        >>> loads.take_load("a", "sql", start=lambda url, adapter: True)
+        False
+        >>> loads.mark("a", "sql"); loads.take_load("a", "sql", start=lambda url, adapter: True)
+        True
+        >>> loads.started("a", "sql"), loads.in_flight("a")
+        ((False, 1), 1)"""
+        if (url, adapter) not in self._marked:
+            return False
+        if not self.copy(url, adapter, capacity=self.residency.capacity(url), start=start):
+            return False
+        self._marked.discard((url, adapter))
+        return True
 
     def copy(
         self, url: str, adapter: str, *, capacity: int, start: Callable[[str, str], bool] | None = None

@@ -41,6 +41,10 @@ first engine of its rendezvous order with room), one load per engine at a time a
 engine has nothing in flight, not in place (an engine that has it answers vLLM's 400 "has already
 been loaded" without a read, which counts as held). The placement then finds each adapter held,
 and its first request reads nothing from disk. When they do not all fit, adapters load on first use.
+
+**A disaggregated request's decode engine reads its adapter while the prefill runs**
+(`tandem.router.pd.prefetch`): the copier's in-place load, started with the prefill, counted in
+`prefetches`.
 """
 
 from __future__ import annotations
@@ -202,6 +206,8 @@ class AdapterCopier:
         self.copies = {"loaded": 0, "failed": 0}
         #: Loads ahead of first requests (`AdapterWarmer`), by outcome.
         self.warm_loads = {"loaded": 0, "failed": 0}
+        #: Decode engines' loads started with a disaggregated request's prefill, by outcome.
+        self.prefetches = {"loaded": 0, "failed": 0}
         self._clock = clock
         self._pause_until = -math.inf
 
@@ -213,31 +219,42 @@ class AdapterCopier:
         return f"{self._directory}/{adapter}"
 
     def start(self, url: str, adapter: str, *, inplace: bool = True) -> bool:
-        """Load `adapter` onto the engine at `url` in the background; False (nothing started) for
-        `COPY_PAUSE_S` after a copy failed, so engines without the runtime API are not asked for
-        every request of a hot adapter. `inplace`: see `copy`."""
+        """Load `adapter` onto the engine at `url` in the background (`begin`); whether it started."""
+        return self.begin(url, adapter, inplace=inplace) is not None
+
+    def begin(
+        self, url: str, adapter: str, *, inplace: bool = True, prefetch: bool = False
+    ) -> asyncio.Task[bool] | None:
+        """Load `adapter` onto the engine at `url` in the background: the task of its `copy`; None
+        (nothing started) for `COPY_PAUSE_S` after a copy failed, so engines without the runtime API
+        are not asked for every request of a hot adapter. `inplace`, `prefetch`: see `copy`."""
         if self._clock() < self._pause_until:
-            return False
-        task = asyncio.create_task(self.copy(url, adapter, inplace=inplace), name="tandem-adapter-copy")
+            return None
+        copy = self.copy(url, adapter, inplace=inplace, prefetch=prefetch)
+        task = asyncio.create_task(copy, name="tandem-adapter-copy")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return True
+        return task
 
-    async def copy(self, url: str, adapter: str, *, inplace: bool = True) -> bool:
+    async def copy(self, url: str, adapter: str, *, inplace: bool = True, prefetch: bool = False) -> bool:
         """One copy: whether the engine holds `adapter` now; `done` hears it either way. `inplace`
         (a hot adapter's copy): read it again even if the engine loaded it once; False (a load ahead
         of the first request, `AdapterWarmer`): an engine that has it already answers vLLM's 400
         "has already been loaded" without a read, which counts as held (another worker or replica
-        loaded it)."""
+        loaded it). `prefetch`: a disaggregated request's decode engine, read while its prefill runs
+        (`tandem.router.pd.prefetch`; in place), counted in `prefetches`."""
         endpoint = Endpoint("decode", url)
         payload = {"lora_name": adapter, "lora_path": self.path(adapter), "load_inplace": inplace}
         status, why = await post_json(self._upstream, endpoint, LOAD_PATH, payload, timeout_s=self._timeout_s)
         ok = 200 <= status < 300 or (not inplace and status == 400 and ALREADY_LOADED in why)
-        (self.copies if inplace else self.warm_loads)["loaded" if ok else "failed"] += 1
+        counts = self.prefetches if prefetch else self.copies if inplace else self.warm_loads
+        counts["loaded" if ok else "failed"] += 1
         fields = {"endpoint": endpoint.name, "adapter": adapter}
         if ok:
             what = (
-                "adapter copied ahead of its requests"
+                "adapter loaded on the decode engine while the prefill runs"
+                if prefetch
+                else "adapter copied ahead of its requests"
                 if inplace
                 else "adapter loaded ahead of its first request"
             )
@@ -492,6 +509,12 @@ class AdapterNamesCollector(Collector):
                 "Declared adapters loaded onto an engine ahead of their first request, by outcome "
                 "(loaded, or found there already; failed: its first request loads it).",
                 self.copier.warm_loads,
+            )
+            yield _by_outcome(
+                "adapter_prefetches",
+                "Adapters loaded onto a disaggregated request's decode engine while its prefill ran, by "
+                "outcome (loaded; failed: the request loads it there itself).",
+                self.copier.prefetches,
             )
 
     def describe(self) -> Iterator[Metric]:
