@@ -224,3 +224,31 @@ def test_a_load_avoids_an_engine_already_loading_when_the_pools_requests_are_eve
     assert gw.scheduler.pick("decode", view(cold, "2"), gw.snapshots()).url == second
     gw.loads.settled(loading)  # its first token: another such adapter now goes to its first engine
     assert gw.scheduler.pick("decode", view(other, "3"), gw.snapshots()).url == loading
+
+
+def test_a_load_taken_ahead_of_its_request_is_the_engines_load_and_holds_up_no_copy_elsewhere() -> None:
+    """P/D's decode-side read (`take_load`, `tandem.router.pd.prefetch`): the placement's mark on
+    the decode engine becomes a load in flight there, the request no longer loads; a hot copy of the
+    same adapter onto another engine (the prefill pool's, say) may still start, one onto this engine
+    may not; when the read ends the engine holds the adapter with the capacity it was recorded with."""
+    loads, started = AdapterLoads(), list[tuple[str, ...]]()
+    a, b = A.url, B.url
+
+    def start(*asked: str) -> bool:
+        started.append(asked)
+        return True
+
+    loads.residency.record(a, "sql", capacity=6)
+    assert not loads.take_load(a, "sql", start=start), "no mark: no load"
+    loads.mark(a, "sql")
+    assert not loads.take_load(a, "sql", start=lambda *_: False), "refused: the request still loads it"
+    assert loads.take_load(a, "sql", start=start)
+    assert started == [(a, "sql")] and loads.in_flight(a) == 1 and loads.copying == {}
+    assert loads.started(a, "sql") == (False, 1), "the request waits for the read, and is not a load"
+    assert not loads.copy(a, "sql", capacity=6, start=lambda *_: True), "no second read onto A"
+    assert loads.copy(b, "sql", capacity=6, start=lambda *_: True), "a copy onto another engine may start"
+    for name in ("x", "y", "z", "w", "v"):
+        loads.residency.record(a, name, capacity=6)
+    loads.copy_done(a, "sql", ok=True)
+    assert loads.in_flight(a) == 0 and loads.residency.holds(a, "sql")
+    assert len(loads.residency.adapters(a)) == 6 and loads.residency.adapters(a)[-1] == "sql"

@@ -61,8 +61,8 @@ class DecodeAdapterLoad:
 
     def start(self, url: str, adapter: str | None) -> Reading | None:
         """The read of `adapter` on the decode engine at `url`, started now; None when there is
-        nothing to read (the base model, an engine that holds it, a copy of it already running
-        elsewhere, or copies paused after a failure)."""
+        nothing to read (the base model, an engine that holds it or is being sent it already) or
+        copies are paused after a failure."""
         if adapter is None:
             return None
         started: list[asyncio.Task[bool]] = []

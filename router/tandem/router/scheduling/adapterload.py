@@ -33,8 +33,8 @@ first attempt to start there claims the mark (`started`).
 another engine instead of sending a request there to load it (`adapterplace`). A copy in flight counts
 as a load in flight on its engine (`copy`: the engine's steps wait for it as for any load);
 when it is done (`copy_done`) the engine holds the adapter in the residency record. One copy per
-adapter at a time (`copying`). A placement's marked load may also be started as a copy before its
-request goes out (`take_load`: P/D reads the decode engine's adapter while the prefill runs,
+adapter at a time (`copying`). A placement's marked load may also be started before its request
+goes out (`take_load`: P/D reads the decode engine's adapter while the prefill runs,
 `tandem.router.pd.prefetch`); the request then waits for it as a load in flight, not as its own.
 
 Pure: plain numbers in and out, no clock; one per router process, used from the event loop.
@@ -141,6 +141,8 @@ class AdapterLoads:
         #: requests' loads.
         self.copier: Callable[[str, str], bool] | None = None
         self._copy_capacity: dict[tuple[str, str], int] = {}
+        #: (url, adapter) → capacity: marked loads started ahead of their request (`take_load`).
+        self._taken: dict[tuple[str, str], int] = {}
 
     # -- what the placement says ------------------------------------------------------------------
 
@@ -155,34 +157,40 @@ class AdapterLoads:
 
     def take_load(self, url: str, adapter: str, *, start: Callable[[str, str], bool]) -> bool:
         """The load a placement marked on `url` (its request would read `adapter` there as it
-        starts) is started now by `start`, as a copy (`copy`), and the request no longer loads it:
-        it waits for the copy as for any load in flight there. False (the mark kept: the request
-        loads it) when nothing is marked, a copy of `adapter` runs already or `start` refuses. Used
-        by P/D to read a decode engine's adapter while the prefill runs
-        (`tandem.router.pd.prefetch`).
+        starts) is started now by `start`, and the request no longer loads it: it waits for it as
+        for any load in flight there; `copy_done` hears how it ended. Used by P/D to read a decode
+        engine's adapter while the prefill runs (`tandem.router.pd.prefetch`). Not one of `copying`:
+        a hot adapter's copies, one at a time, are the placement's way to spread it, which this read
+        of an engine already chosen does not hold up. False (the mark kept: the request loads it)
+        when nothing is marked, a load of `adapter` onto `url` runs already or `start` refuses.
 
         >>> loads = AdapterLoads()
         >>> loads.take_load("a", "sql", start=lambda url, adapter: True)
         False
         >>> loads.mark("a", "sql"); loads.take_load("a", "sql", start=lambda url, adapter: True)
         True
-        >>> loads.started("a", "sql"), loads.in_flight("a")
-        ((False, 1), 1)"""
-        if (url, adapter) not in self._marked:
+        >>> loads.started("a", "sql"), loads.in_flight("a"), loads.copying
+        ((False, 1), 1, {})"""
+        key = (url, adapter)
+        if key not in self._marked or key in self._taken or self.copying.get(adapter) == url:
             return False
-        if not self.copy(url, adapter, capacity=self.residency.capacity(url), start=start):
+        if not start(url, adapter):
             return False
-        self._marked.discard((url, adapter))
+        self._marked.discard(key)
+        self._taken[key] = self.residency.capacity(url)
+        self._in_flight[url] = self._in_flight.get(url, 0) + 1
         return True
 
     def copy(
         self, url: str, adapter: str, *, capacity: int, start: Callable[[str, str], bool] | None = None
     ) -> bool:
         """Start a copy of `adapter` onto `url` (by `start`, default the copier); False when one of
-        it is in flight, there is nothing to start it or it refuses; `capacity`: the engine's CPU
-        tier, for the residency record when it is done."""
+        it is in flight (or a load of it onto `url`, `take_load`), there is nothing to start it or
+        it refuses; `capacity`: the engine's CPU tier, for the residency record when it is done."""
         start = start or self.copier
-        if start is None or adapter in self.copying or not start(url, adapter):
+        if start is None or adapter in self.copying or (url, adapter) in self._taken:
+            return False
+        if not start(url, adapter):
             return False
         self.copying[adapter] = url
         self._copy_capacity[(url, adapter)] = capacity
@@ -190,11 +198,15 @@ class AdapterLoads:
         return True
 
     def copy_done(self, url: str, adapter: str, *, ok: bool) -> None:
-        """The copy of `adapter` onto `url` ended; `ok`: the engine holds it now."""
-        if self.copying.get(adapter) != url:
+        """The copy of `adapter` onto `url` (or the load `take_load` started) ended; `ok`: the
+        engine holds it now."""
+        if (url, adapter) in self._taken:
+            capacity = self._taken.pop((url, adapter))
+        elif self.copying.get(adapter) == url:
+            del self.copying[adapter]
+            capacity = self._copy_capacity.pop((url, adapter), 1)
+        else:
             return
-        del self.copying[adapter]
-        capacity = self._copy_capacity.pop((url, adapter), 1)
         self.settled(url)
         if ok:
             for evicted in self.residency.record(url, adapter, capacity=capacity):
@@ -278,3 +290,4 @@ class AdapterLoads:
         self._marked = {(url, a) for url, a in self._marked if kept(url)}
         self.copying = {a: url for a, url in self.copying.items() if kept(url)}
         self._copy_capacity = {k: c for k, c in self._copy_capacity.items() if kept(k[0])}
+        self._taken = {k: c for k, c in self._taken.items() if kept(k[0])}
