@@ -28,8 +28,13 @@ from tests.servers import RedisServer
 
 from tandem.kvpool.engine_keys import KeysUnavailable
 from tandem.kvpool.keys import PoolScope
-from tandem.router.config import pool_keys
+from tandem.router.compose.service import decode_loads
+from tandem.router.config import pool_keys, resolve
 from tandem.router.identity.cachescope import CacheScopes
+from tandem.router.scheduling.adapterload import AdapterLoads
+from tandem.router.settings import RouterSettings
+from tandem.router.upstream.adapters import AdapterCopier
+from tandem.router.upstream.client import HTTPUpstream, new_wire
 
 PREFETCHES = "tandem_router_adapter_prefetches_total"
 
@@ -73,7 +78,12 @@ async def test_the_decode_engine_reads_the_adapter_while_the_prefill_runs(
         decode=[decode.url],
         prefill=[prefill.url],
         mode="always",
-        spec={"engine": {"kind": "vllm", "lora": {"maxLoras": 2}}, "kvPool": {"connector": "tandem"}},
+        # A CPU tier with room beyond the GPU slots (the read evicts no adapter of the running batch),
+        # too little to load both declared adapters ahead (`AdapterWarmer` plans nothing).
+        spec={
+            "engine": {"kind": "vllm", "lora": {"maxLoras": 2, "maxCpuLoras": 3}},
+            "kvPool": {"connector": "tandem"},
+        },
         kv_pool_url=redis_server.url,
     ).model_copy(update={"tokenizer_path": str(tmp_path), "adapter_load_dir": "/adapters"})
     keys = pool_keys(config, environ={"TANDEM_KV_POOL_KEY": SECRET})
@@ -103,3 +113,29 @@ async def test_the_decode_engine_reads_the_adapter_while_the_prefill_runs(
     assert [body["lora_name"] for body, _, _ in seen] == ["sql", "chat"]
     assert await metric(router, PREFETCHES, outcome="failed") == 1
     assert [r.body["model"] for r in decode.received][-1] == "chat", "the request went on without it"
+
+
+@pytest.mark.parametrize(
+    ("lora", "load_dir", "on"),
+    [
+        pytest.param({"maxLoras": 2, "maxCpuLoras": 3}, "/adapters", True, id="room-in-the-cpu-tier"),
+        pytest.param({"maxLoras": 2}, "/adapters", False, id="vllm-default-tier"),
+        pytest.param({"maxLoras": 2, "maxCpuLoras": 2}, "/adapters", False, id="cpu-tier-equals-slots"),
+        pytest.param({"maxLoras": 2, "maxCpuLoras": 3}, None, False, id="no-runtime-loads"),
+    ],
+)
+def test_the_decode_side_read_is_on_only_with_a_copier_and_room_in_the_cpu_tier(
+    lora: dict[str, int], load_dir: str | None, on: bool
+) -> None:
+    """At vLLM's default tier (`maxCpuLoras` = `maxLoras`) the CPU tier holds only the running batch's
+    adapters: a read the engine's scheduler did not ask for would evict one of them."""
+    config = lora_router_config(
+        decode=["http://127.0.0.1:1"], prefill=["http://127.0.0.1:2"], mode="always",
+        spec={"engine": {"kind": "sim", "lora": lora}},
+    ).model_copy(update={"adapter_load_dir": load_dir})  # fmt: skip
+    effective = resolve(config, RouterSettings())
+    proxy = RouterSettings().proxy
+    copier = AdapterCopier(HTTPUpstream(new_wire(proxy), proxy), directory="/adapters", timeout_s=1.0)
+    loads = AdapterLoads()
+    made = decode_loads(effective, loads, copier if load_dir is not None else None)
+    assert (made is not None) is on

@@ -170,7 +170,7 @@ def compose_service(
         convert=routing.state if config.spec.disaggregation.convertible_decoders else None,
         keys=keys,
         layout_keys=config.kv_layout_in_keys,
-        decode_loads=decode_loads(routing.state.adapter_loads, copier),
+        decode_loads=decode_loads(config, routing.state.adapter_loads, copier),
     )
     gate, counters = build_gate(
         config,
@@ -339,10 +339,20 @@ def adapter_copier(
     return copier
 
 
-def decode_loads(loads: AdapterLoads | None, copier: AdapterCopier | None) -> DecodeAdapterLoad | None:
+def decode_loads(
+    config: EffectiveConfig, loads: AdapterLoads | None, copier: AdapterCopier | None
+) -> DecodeAdapterLoad | None:
     """A disaggregated request's decode engine reads its adapter while the prefill runs
-    (`tandem.router.pd.prefetch`); None without a copier."""
-    return DecodeAdapterLoad(loads, copier) if loads is not None and copier is not None else None
+    (`tandem.router.pd.prefetch`); None without a copier, or without room in the engines' CPU tier
+    beyond their GPU slots (`maxCpuLoras` above `maxLoras`, `warm_room`): at vLLM's default, where
+    the CPU tier holds only the adapters of the running batch, a read the engine's scheduler did not
+    ask for evicts one of them, and the batch reads it again at its next step."""
+    lora = config.spec.engine.lora
+    if copier is None or loads is None or lora is None or lora.max_cpu_loras is None:
+        return None
+    if warm_room(max_cpu_loras=lora.max_cpu_loras, max_loras=lora.max_loras) < 1:
+        return None
+    return DecodeAdapterLoad(loads, copier)
 
 
 def adapter_warmer(
