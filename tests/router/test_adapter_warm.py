@@ -82,10 +82,10 @@ def test_the_room_is_the_cpu_tier_less_the_gpu_slots() -> None:
 # -- against simulated engines --------------------------------------------------------------------
 
 
-def engine(adapters: Path, *, cpu_loras: int = 6) -> Any:
+def engine(adapters: Path, *, cpu_loras: int = 6, time_scale: float = 1000) -> Any:
     settings = SimSettings.model_validate(
-        {"profile": "tiny-cpu", "served_model_name": "qwen", "time_scale": 1000, "enable_lora": True,
-         "max_loras": 2, "max_cpu_loras": cpu_loras}
+        {"profile": "tiny-cpu", "served_model_name": "qwen", "time_scale": time_scale,
+         "enable_lora": True, "max_loras": 2, "max_cpu_loras": cpu_loras}
     )  # fmt: skip
     return sim_app(settings, environ=RESOLVER | {"VLLM_LORA_RESOLVER_CACHE_DIR": str(adapters)})
 
@@ -245,6 +245,55 @@ async def test_through_the_gateway_no_first_request_reads_its_adapter(tmp_path: 
         assert [await disk_reads(direct, url) for url in urls] == reads, "no request read its adapter"
         page = (await client.get("/metrics")).text
         assert 'tandem_router_adapter_warm_loads_total{outcome="loaded"} 6.0' in page
+
+
+async def test_the_gateway_is_ready_once_its_declared_adapters_are_loaded(tmp_path: Path) -> None:
+    """At start-up `GET /health` says 503 `warming` while the six declared adapters are read onto
+    the two engines (at time scale 1 each read takes the simulator's tens of milliseconds), and its
+    first 200 comes when every one of them is held. Polled, not timed: the assertion is on what the
+    engines hold when the answer changes."""
+    for name in NAMES:
+        write_adapter(tmp_path, name)
+    async with AsyncExitStack() as stack:
+        engines = [await stack.enter_async_context(serve(engine(tmp_path, time_scale=1))) for _ in range(2)]
+        urls = [e.url for e in engines]
+        direct = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+        gateway = await stack.enter_async_context(serve(router_app(warm_config(urls, tmp_path))))
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=gateway.url, trust_env=False))
+        answers = []
+        for _ in range(1000):
+            reply = await client.get("/health")
+            answers.append((reply.status_code, reply.json()["status"]))
+            if reply.status_code == 200:
+                break
+            await asyncio.sleep(0.005)
+        held = [n for url in urls for n in await listed(direct, url)]
+        assert answers[-1] == (200, "ok") and sorted(held) == NAMES, "ready: every adapter is held"
+        assert (503, "warming") in answers, answers[:3]
+        assert set(answers[:-1]) <= {(503, "warming"), (503, "unavailable")}
+
+
+def test_warming_ends_with_the_first_round_or_its_bound() -> None:
+    """`warming` (what /health reads): a reason until the first round over known engines is done,
+    or until `ready_after_s` has passed; never with no room (nothing to load) or a bound of 0."""
+    now = [0.0]
+    upstream = HTTPUpstream(new_wire(RouterSettings().proxy), RouterSettings().proxy)
+    copier = AdapterCopier(upstream, directory="/adapters", timeout_s=1.0)
+
+    def warmer(*, room: int = 4, ready_after_s: float = 5.0) -> AdapterWarmer:
+        return AdapterWarmer(
+            AdapterLoads(), copier, pools=lambda: [[("http://127.0.0.1:1", 0)]], names=lambda: NAMES,
+            capacity=6, room=room, ready_after_s=ready_after_s, clock=lambda: now[0],
+        )  # fmt: skip
+
+    bounded = warmer()
+    assert bounded.warming() is not None
+    now[0] = 4.9
+    assert bounded.warming() is not None
+    now[0] = 5.0
+    assert bounded.warming() is None, "the bound: ready anyway, loading on while serving"
+    now[0] = 0.0
+    assert warmer(room=0).warming() is None and warmer(ready_after_s=0).warming() is None
 
 
 def test_the_warmer_is_on_only_with_room_in_the_cpu_tier_and_a_copier(

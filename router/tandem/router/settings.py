@@ -42,6 +42,13 @@ class ProxySettings(_Settings):
         le=3600,
         description="Longest a request for a declared LoRA adapter waits for an engine that can load it.",
     )
+    adapter_warmup_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="At start-up, longest GET /health says 503 (warming) while the declared LoRA "
+        "adapters are loaded onto the engines ahead of their first requests; 0: ready at once.",
+    )
     models_timeout_seconds: float = Field(
         default=2.0, gt=0, le=60, description="Per-engine limit when aggregating /v1/models."
     )

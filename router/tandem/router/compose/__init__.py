@@ -186,6 +186,7 @@ def compose(
             models_timeout_s=settings.proxy.models_timeout_seconds,
             scales_from_zero=scales_from_zero(config),
             adapters=service.adapters,
+            warming=service.warming,
         ),
         services=tuple(services),
     )

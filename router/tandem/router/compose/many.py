@@ -245,6 +245,7 @@ def compose_many(
                 registry=p.registry,
                 upstream=p.upstream,
                 scales_from_zero=scales_from_zero(p.config),
+                warming=p.warming,
             )
             for p in parts
         ],

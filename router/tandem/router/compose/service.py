@@ -85,6 +85,8 @@ class ServiceParts:
     relay: Relay
     #: The adapters it serves now (they follow `config.adapter_names_file`).
     adapters: ServiceAdapters
+    #: Why it is not ready yet while its declared adapters load at start-up (`AdapterWarmer.warming`).
+    warming: Callable[[], str | None] | None
     #: Background work, in start order (stopped in reverse).
     services: Sequence[Service]
 
@@ -239,6 +241,7 @@ def compose_service(
         admit=Admit(gate),
         relay=relay_stage,
         adapters=adapters,
+        warming=warmer.warming if warmer is not None else None,
         services=tuple(services),
     )
 
@@ -380,7 +383,13 @@ def adapter_warmer(
         return [[(s.endpoint.url, s.in_flight) for s in registry.snapshots(role)] for role in roles]
 
     return AdapterWarmer(
-        loads, copier, pools=pools, names=lambda: adapters.ordered, capacity=lora.max_cpu_loras, room=room
+        loads,
+        copier,
+        pools=pools,
+        names=lambda: adapters.ordered,
+        capacity=lora.max_cpu_loras,
+        room=room,
+        ready_after_s=config.settings.proxy.adapter_warmup_seconds,
     )
 
 

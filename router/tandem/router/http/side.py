@@ -57,6 +57,8 @@ class Operations:
     #: The decode pool may be at zero by design (autoscaling from min 0) and the gateway holds
     #: requests meanwhile (`spec.router.coldStart.maxHeldRequests` > 0): an empty pool is ready.
     scales_from_zero: bool = False
+    #: Why the service is not ready yet while its declared adapters load at start-up (None: it is).
+    warming: Callable[[], str | None] | None = None
     #: In front of many services: each one's model and engines, and the aliases (then `registry`,
     #: `model` and `scales_from_zero` are unused).
     many: ManyModels | None = None
@@ -71,6 +73,7 @@ class ServedModel:
     upstream: HTTPUpstream
     scales_from_zero: bool
     adapters: ServiceAdapters | None = None
+    warming: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,14 +144,15 @@ def _endpoints(registry: EndpointRegistry) -> Callable[[], list[Endpoint]]:
 async def health(ops: OperationsDep) -> JSONResponse:
     """200 while at least one decode endpoint is in rotation, or while a decode pool that scales
     from zero has no member (`cold_start`: the gateway holds requests until its first engine is
-    ready, so it must stay in its Service); else 503 with the reason. In front of many services:
-    200 while any service is ready so (the others' 404s or 503s are theirs), each one's state under
-    `models`."""
+    ready, so it must stay in its Service); else 503 with the reason. 503 `warming` too while the
+    declared adapters load onto the engines at start-up (`AdapterWarmer.warming`). In front of many
+    services: 200 while any service is ready so (the others' 404s or 503s are theirs), each one's
+    state under `models`."""
     if ops.many is None:
-        status, answer = pool_health(ops.registry, scales_from_zero=ops.scales_from_zero)
+        status, answer = pool_health(ops.registry, scales_from_zero=ops.scales_from_zero, warming=ops.warming)
         return JSONResponse(answer, status_code=status)
     states = {
-        s.model.public_name: pool_health(s.registry, scales_from_zero=s.scales_from_zero)
+        s.model.public_name: pool_health(s.registry, scales_from_zero=s.scales_from_zero, warming=s.warming)
         for s in ops.many.services
     }
     ready = any(status == 200 for status, _ in states.values())
@@ -156,7 +160,12 @@ async def health(ops: OperationsDep) -> JSONResponse:
     return JSONResponse(answer, status_code=200 if ready else 503)
 
 
-def pool_health(registry: EndpointRegistry, *, scales_from_zero: bool) -> tuple[int, dict[str, Any]]:
+def pool_health(
+    registry: EndpointRegistry,
+    *,
+    scales_from_zero: bool,
+    warming: Callable[[], str | None] | None = None,
+) -> tuple[int, dict[str, Any]]:
     """One service's health: its status code and answer (`health`)."""
     pools = {
         pool: {
@@ -167,6 +176,9 @@ def pool_health(registry: EndpointRegistry, *, scales_from_zero: bool) -> tuple[
     }
     decode = pools["decode"]
     if decode["in_rotation"]:
+        why = warming() if warming is not None else None
+        if why is not None:
+            return 503, {"status": "warming", "reason": why, "pools": pools}
         return 200, {"status": "ok", "pools": pools}
     if not decode["endpoints"] and scales_from_zero:
         reason = "no decode engine yet (scaled to zero): requests are held until the first is ready"

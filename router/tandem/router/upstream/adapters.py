@@ -50,6 +50,7 @@ and its first request reads nothing from disk. When they do not all fit, adapter
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -287,7 +288,16 @@ class AdapterWarmer:
     `pools()`: each pool's engines as (URL, requests in flight); every pool gets its own plan (P/D:
     each adapter on one prefill and one decode engine, since a request needs it on both); `names`:
     the declared adapters in order (a live sequence follows the names file); `capacity`: the
-    engines' CPU tier, `room`: how many of it warming may fill (`warm_room`)."""
+    engines' CPU tier, `room`: how many of it warming may fill (`warm_room`).
+
+    **Ready once loaded** (`warming`, read by `GET /health`): from the warmer's start until its first
+    round over known engines has nothing left to start, or `ready_after_s` has passed (0: never),
+    the gateway reports itself not ready, as vLLM is not ready before its `--lora-modules` are
+    loaded: its first requests then meet engines that hold their adapters, not engines busy reading
+    them. Rounds after the first (an engine added or restarted, names added) run while it serves.
+    A load's end starts the engine's next one at once (not at the next look), so a gateway in
+    front of engines that hold every adapter already (answers "already loaded", no read) is ready
+    within a round trip per adapter."""
 
     def __init__(
         self,
@@ -299,6 +309,8 @@ class AdapterWarmer:
         capacity: int,
         room: int,
         interval_s: float = WARM_INTERVAL_S,
+        ready_after_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._loads = loads
         self._copier = copier
@@ -310,6 +322,25 @@ class AdapterWarmer:
         self._tried: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
         self._stale = False
+        self._clock = clock
+        self._until = clock() + ready_after_s
+        #: The first round over known engines is over (or there is nothing to wait for).
+        self._ready = room < 1 or ready_after_s <= 0
+        self._began: float | None = None
+        self._wake = asyncio.Event()
+
+    def warming(self) -> str | None:
+        """Why the gateway is not ready yet (class docstring), or None."""
+        if self._ready:
+            return None
+        if self._clock() >= self._until:
+            self._ready = True
+            log.warning(
+                "declared adapters still loading ahead of their first requests: ready anyway, "
+                "loading on while serving", extra={"left": sum(map(len, self.todo().values()))},
+            )  # fmt: skip
+            return None
+        return "loading the declared adapters onto the engines ahead of their first requests"
 
     def kick(self, *_: object) -> None:
         """Plan again (engines joined or left, names were added), in the running round or a new one."""
@@ -360,21 +391,39 @@ class AdapterWarmer:
         self.kick()
 
     def _start(self, url: str, adapter: str) -> bool:
-        return self._copier.start(url, adapter, inplace=False)
+        task = self._copier.begin(url, adapter, inplace=False)
+        if task is None:
+            return False
+        task.add_done_callback(lambda _: self._wake.set())  # the engine's next load: at once
+        return True
 
     async def _run(self) -> None:
         """Plans when kicked (not at every look: a plan hashes every adapter against every engine)
-        and starts loads until the plan is done."""
+        and starts loads until the plan is done; looks again every `interval_s` or when a load
+        ends."""
         left: dict[str, list[str]] = {}
+        engines = False
         try:
             while True:
                 if self._stale:
                     self._stale = False
                     left = self.todo()
+                    engines = any(self._pools())
+                    if self._began is None and engines:
+                        self._began = self._clock()
                 if not left:
+                    if engines and not self._ready:
+                        self._ready = True
+                        took = self._clock() - (self._began or self._clock())
+                        log.info(
+                            "declared adapters loaded ahead of their first requests: ready",
+                            extra={"loaded": self._copier.warm_loads["loaded"], "seconds": round(took, 3)},
+                        )  # fmt: skip
                     return
                 self.step(left)
-                await asyncio.sleep(self._interval_s)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._interval_s)
         except Exception:  # a bug here must not end the gateway; requests load adapters themselves
             log.exception("adapter warming stopped")
 
