@@ -16,9 +16,11 @@ with greedy decoding:
 2. base-model and adapter requests batched together get the answers each gets alone (with one LoRA
    slot to spare: `LORA` says why);
 3. through the gateway, a request naming an adapter returns exactly the engine's direct answer under
-   that adapter: disaggregated with its KV through the pool where the pool's keys carry the adapter,
-   else decode-only (reason `adapter`) with the pool left out; the base model's answers to the same
-   prompts, asked afterwards and disaggregated through the pool, are still the base model's;
+   that adapter: disaggregated with its KV through the pool where the pool's keys carry the adapter
+   (the decode engine then reads the adapter through vLLM's runtime load route while the prefill
+   runs: `tandem_router_adapter_prefetches_total`), else decode-only (reason `adapter`) with the
+   pool left out; the base model's answers to the same prompts, asked afterwards and disaggregated
+   through the pool, are still the base model's;
 4. the gateway's copy of a hot adapter (`AdapterCopier`: vLLM's runtime load route, in place, from
    the router config's `adapterLoadDir`) loads on real vLLM, which then answers under it as before.
 
@@ -76,7 +78,10 @@ RANK = 8
 #: so a base-model request batched with adapter requests gets that slot's adapter applied (vLLM PRs
 #: #48421 and #49656, open). vLLM fills slots from the first, so with three slots for two adapters the
 #: last stays zero and the base model's answers stay right (docs/vllm.md, "LoRA adapters on vLLM CPU").
-LORA = {"maxLoras": len(ADAPTERS) + 1, "maxRank": RANK}
+#: A CPU tier one entry above the slots: room for the gateway's decode-side read during a
+#: disaggregated request's prefill (`tandem.router.pd.prefetch`), too little to load both adapters
+#: ahead of their requests (so the resolver still loads them on first use, check 1).
+LORA = {"maxLoras": len(ADAPTERS) + 1, "maxRank": RANK, "maxCpuLoras": len(ADAPTERS) + 2}
 BASE = "tiny"
 
 CODE = (
@@ -199,6 +204,7 @@ def test_the_gateway_answers_under_an_adapter_as_the_engine_does(
     }
     timings: dict[str, list[float]] = {}
     adapters = [(model, text) for model in ADAPTERS for text in prompts()]
+    prefetches = partial(counter, stack.gateway, "tandem_router_adapter_prefetches_total")
     with pool_use(stack) as used:
         for model, text in adapters:
             answer = tokens(stack.gateway, text, model=model, timings=timings)
@@ -208,6 +214,10 @@ def test_the_gateway_answers_under_an_adapter_as_the_engine_does(
     # or decode-only with reason `adapter` (keys without adapters: the pool is left out).
     if used.decisions["disaggregate"] == len(adapters):
         assert used.pool_hits > 0
+        # The gateway had sent neither adapter to the decode engine: their first requests had it read
+        # there during their prefill, by vLLM's runtime API, and the answers above are still exact.
+        assert prefetches(outcome="loaded") >= 1 and prefetches(outcome="failed") == 0
+        print(f"gateway, decode-side reads during the prefill: {prefetches(outcome='loaded'):.0f}")
     else:
         assert used.decisions["adapter"] == len(adapters), used.decisions
         assert used.pool_hits == 0
