@@ -338,11 +338,14 @@ def least_loads(
 
 
 def least_loads_markdown(bound: Mapping[str, Any]) -> str:
-    """The floor's paragraph under the verdict."""
+    """The floor's paragraph under the verdict. It starts from empty CPU tiers: a target whose engines
+    held adapters when the run began (a gateway that loads the declared ones before it reports ready)
+    can read less from disk during the run than this says."""
     ratio = bound["least_ratio_to_best_peer"]
     share = bound["least_share_reading_disk"]
     return (
-        f"\nLeast any placement could reach on this request sequence ({bound['requests']} requests, "
+        f"\nLeast any placement could reach on this request sequence from empty CPU tiers "
+        f"({bound['requests']} requests, "
         f"{bound['distinct_adapters']} distinct adapters, {_entries(bound)}, Belady's clairvoyant "
         f"eviction): {_num(bound['least_loads_per_1000'], '.0f')} adapter "
         f"loads per 1,000 ({_num(bound['least_disk_loads_per_1000'], '.0f')} disk reads), "
