@@ -12,7 +12,6 @@ has arrived, ends it 0.2 s after the prefill's answer, and the test reads who ha
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,20 @@ import pytest
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
-from tests.core.tokenizer_files import write_qwen2
 from tests.router.harness import MODEL, Launcher, metric
-from tests.router.pd_pool import PROMPT
-from tests.router.test_lora_pool import CACHE_KEY, ISOLATED, SECRET, complete, lora_router_config
+from tests.router.test_lora_pool import (
+    ISOLATED,
+    SECRET,
+    complete,
+    fake_vllm_pd,
+    lora_router_config,
+    store_chunks,
+)
 from tests.servers import RedisServer
 
 from tandem.kvpool.engine_keys import KeysUnavailable
-from tandem.kvpool.keys import PoolScope
 from tandem.router.compose.service import decode_loads
 from tandem.router.config import pool_keys, resolve
-from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.settings import RouterSettings
 from tandem.router.upstream.adapters import AdapterCopier
@@ -72,28 +74,15 @@ async def test_the_decode_engine_reads_the_adapter_while_the_prefill_runs(
         return Response(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 
     decode.app.post("/v1/load_lora_adapter")(load_lora_adapter)
-    write_qwen2(tmp_path, vocab=2000)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
-    config = lora_router_config(
-        decode=[decode.url],
-        prefill=[prefill.url],
-        mode="always",
-        # A CPU tier with room beyond the GPU slots (the read evicts no adapter of the running batch),
-        # too little to load both declared adapters ahead (`AdapterWarmer` plans nothing).
-        spec={
-            "engine": {"kind": "vllm", "lora": {"maxLoras": 2, "maxCpuLoras": 3}},
-            "kvPool": {"connector": "tandem"},
-        },
-        kv_pool_url=redis_server.url,
-    ).model_copy(update={"tokenizer_path": str(tmp_path), "adapter_load_dir": "/adapters"})
+    # A CPU tier with room beyond the GPU slots (the read evicts no adapter of the running batch), too
+    # little to load both declared adapters ahead (`AdapterWarmer` plans nothing).
+    lora = {"maxLoras": 2, "maxCpuLoras": 3}
+    config = fake_vllm_pd(
+        tmp_path, prefill.url, decode.url, redis_server.url, lora=lora, connector="tandem"
+    ).model_copy(update={"adapter_load_dir": "/adapters"})
     keys = pool_keys(config, environ={"TANDEM_KV_POOL_KEY": SECRET})
     assert not isinstance(keys, KeysUnavailable)
-    salt = CacheScopes(key=CACHE_KEY.encode()).salt("default")
-    with redis_server.client() as client:
-        for adapter in (None, "sql", "chat"):
-            for name in keys.chunk_keys(PROMPT, scope=PoolScope(salt, adapter)):
-                client.set(name.removesuffix("metadata") + "kv_bytes", b"kv")
-                client.set(name, b"meta")
+    store_chunks(redis_server, keys, (None, "sql", "chat"))
     router = await launcher.router_for(config, settings=ISOLATED)
 
     answer = await complete(router, "sql")

@@ -12,6 +12,7 @@ engines are `FakeEngine`s (they record the bodies they get and write nothing).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,33 @@ def scope_keys(model: str) -> list[str]:
 def stored_keys(redis_server: RedisServer) -> set[str]:
     with redis_server.client() as client:
         return {k.decode() for k in client.keys("*metadata")}
+
+
+def fake_vllm_pd(
+    tmp_path: Path, prefill: str, decode: str, pool_url: str, *, lora: dict[str, int], connector: str
+) -> RouterConfig:
+    """The router config of a P/D service of vLLM engines (fakes, always disaggregated) under `lora`,
+    with the KV pool at `pool_url` keyed as `connector`'s, and a Qwen2 tokenizer written to tmp_path."""
+    write_qwen2(tmp_path, vocab=2000)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    return lora_router_config(
+        decode=[decode],
+        prefill=[prefill],
+        mode="always",
+        spec={"engine": {"kind": "vllm", "lora": lora}, "kvPool": {"connector": connector}},
+        kv_pool_url=pool_url,
+    ).model_copy(update={"tokenizer_path": str(tmp_path)})
+
+
+def store_chunks(redis_server: RedisServer, keys: PoolKeys, adapters: Sequence[str | None]) -> None:
+    """PROMPT's chunks in the pool under each of `adapters`' scopes (None: the base model) for the
+    default tenant, as a prefill engine would store them, so every barrier passes at once."""
+    salt = CacheScopes(key=CACHE_KEY.encode()).salt("default")
+    with redis_server.client() as client:
+        for adapter in adapters:
+            for name in keys.chunk_keys(PROMPT, scope=PoolScope(salt, adapter)):
+                client.set(name.removesuffix("metadata") + "kv_bytes", b"kv")
+                client.set(name, b"meta")
 
 
 # -- the simulator (Tandem's keys) --------------------------------------------------------------
@@ -187,23 +215,13 @@ async def test_adapters_are_disaggregated_only_where_the_pools_keys_carry_them(
     engines would (under the keys the gateway computes for each scope), so every barrier passes at its
     first check."""
     prefill, decode = await fake_pair(launcher)
-    write_qwen2(tmp_path, vocab=2000)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
-    config = lora_router_config(
-        decode=[decode.url],
-        prefill=[prefill.url],
-        mode="always",
-        spec={"engine": {"kind": "vllm", "lora": {"maxLoras": 2}}, "kvPool": {"connector": connector}},
-        kv_pool_url=redis_server.url,
-    ).model_copy(update={"tokenizer_path": str(tmp_path), "engine_kv_keys": told})
+    config = fake_vllm_pd(
+        tmp_path, prefill.url, decode.url, redis_server.url, lora={"maxLoras": 2}, connector=connector
+    ).model_copy(update={"engine_kv_keys": told})
     keys = pool_keys(config, environ={"TANDEM_KV_POOL_KEY": SECRET})
     salt = CacheScopes(key=CACHE_KEY.encode()).salt("default")
     if not isinstance(keys, KeysUnavailable):
-        with redis_server.client() as client:
-            for adapter in (None, "sql"):
-                for name in keys.chunk_keys(PROMPT, scope=PoolScope(salt, adapter)):
-                    client.set(name.removesuffix("metadata") + "kv_bytes", b"kv")
-                    client.set(name, b"meta")
+        store_chunks(redis_server, keys, (None, "sql"))
     router = await launcher.router_for(config, settings=ISOLATED)
     await complete(router, MODEL)
     await complete(router, "sql")
