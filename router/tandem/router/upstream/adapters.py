@@ -420,11 +420,12 @@ class AdapterWarmer:
                             extra={"loaded": self._copier.warm_loads["loaded"], "seconds": round(took, 3)},
                         )  # fmt: skip
                     return
+                self._wake.clear()  # before the loads start: one that ends at once still wakes us
                 self.step(left)
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._interval_s)
         except Exception:  # a bug here must not end the gateway; requests load adapters themselves
+            self._ready = True  # nor keep it unready until the bound
             log.exception("adapter warming stopped")
 
     async def stop(self) -> None:
