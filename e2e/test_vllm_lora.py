@@ -60,7 +60,7 @@ from e2e.stacks import (
 )
 
 from tandem.router.settings import ProxySettings
-from tandem.router.upstream.adapters import AdapterCopier
+from tandem.router.upstream.adaptercopy import AdapterCopier
 from tandem.router.upstream.client import HTTPUpstream, new_wire
 
 pytestmark = [

@@ -21,7 +21,8 @@ from tandem.router.compose.service import adapter_janitor
 from tandem.router.config import resolve
 from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.settings import RouterSettings
-from tandem.router.upstream.adapters import COPY_PAUSE_S, AdapterCopier, undeclared
+from tandem.router.upstream.adaptercopy import COPY_PAUSE_S, AdapterCopier
+from tandem.router.upstream.adapters import undeclared
 from tandem.router.upstream.client import HTTPUpstream, new_wire
 from tandem.sim.app import create_app as sim_app
 from tandem.sim.settings import SimSettings

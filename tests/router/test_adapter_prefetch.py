@@ -35,7 +35,7 @@ from tandem.router.compose.service import decode_loads
 from tandem.router.config import pool_keys, resolve
 from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.settings import RouterSettings
-from tandem.router.upstream.adapters import AdapterCopier
+from tandem.router.upstream.adaptercopy import AdapterCopier
 from tandem.router.upstream.client import HTTPUpstream, new_wire
 
 PREFETCHES = "tandem_router_adapter_prefetches_total"

@@ -1,5 +1,5 @@
 """Declared adapters loaded ahead of their first requests when the engines' CPU tiers hold them all
-(`tandem.router.scheduling.adapterwarm`, `tandem.router.upstream.adapters.AdapterWarmer`).
+(`tandem.router.scheduling.adapterwarm`, `tandem.router.upstream.adaptercopy.AdapterWarmer`).
 
 Real: the plan over plain data; `tandem sim` engines with `--enable-lora --max-cpu-loras`, vLLM's
 runtime API and filesystem resolver over adapter folders in tmp_path, the router (`create_app`),
@@ -29,7 +29,7 @@ from tandem.router.scheduling.adapterwarm import warm_plan, warm_room
 from tandem.router.scheduling.scorers import home_ranks
 from tandem.router.settings import RouterSettings
 from tandem.router.types import EngineStats
-from tandem.router.upstream.adapters import AdapterCopier, AdapterWarmer
+from tandem.router.upstream.adaptercopy import AdapterCopier, AdapterWarmer
 from tandem.router.upstream.client import HTTPUpstream, new_wire
 from tandem.sim.app import create_app as sim_app
 from tandem.sim.settings import SimSettings

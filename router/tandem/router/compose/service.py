@@ -41,13 +41,8 @@ from tandem.router.request.context_limit import ContextLimit
 from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.adapterwarm import warm_room
 from tandem.router.types import Endpoint, Pool
-from tandem.router.upstream.adapters import (
-    AdapterCopier,
-    AdapterJanitor,
-    AdapterNamesCollector,
-    AdapterNamesFile,
-    AdapterWarmer,
-)
+from tandem.router.upstream.adaptercopy import AdapterCopier, AdapterWarmer
+from tandem.router.upstream.adapters import AdapterJanitor, AdapterNamesCollector, AdapterNamesFile
 from tandem.router.upstream.client import HTTPUpstream, metrics_fetch
 from tandem.router.upstream.dispatch import Dispatcher
 from tandem.router.upstream.recall import Recalls
@@ -326,7 +321,7 @@ def adapter_copier(
     config: EffectiveConfig, upstream: HTTPUpstream, loads: AdapterLoads | None
 ) -> AdapterCopier | None:
     """The copier that loads a hot adapter onto another engine ahead of its requests
-    (`upstream.adapters`), joined to the placement's record of loads; None without
+    (`upstream.adaptercopy`), joined to the placement's record of loads; None without
     `adapterLoadDir`, or without the `tandem` policy's placement (`loads`)."""
     if config.adapter_load_dir is None or loads is None:
         return None
@@ -366,7 +361,7 @@ def adapter_warmer(
     copier: AdapterCopier | None,
 ) -> AdapterWarmer | None:
     """The warmer that loads the declared adapters onto the prefill and the decode engines ahead of
-    their first requests (`upstream.adapters`; each pool its own plan); None without a copier,
+    their first requests (`upstream.adaptercopy`; each pool its own plan); None without a copier,
     without `maxCpuLoras` above `maxLoras` (`warm_room`). Every worker and replica runs one: they
     plan the same homes in the same order, and vLLM takes one load of a name at a time (a lock per
     adapter name) and answers the others "already loaded" without a read, so each process learns

@@ -7,7 +7,7 @@ rank-8 adapter in the simulator's time model): two reads one after the other on 
 its first token. The decode engine is chosen before the prefill (`pipeline.stages.Pick`), so when the
 placement marked that choice as a load (`adapterplace.AdapterPlacement.picked`), the gateway starts
 the read itself as the prefill starts: `POST /v1/load_lora_adapter` in place on the decode engine
-(`upstream.adapters.AdapterCopier`, as for a hot adapter's copy), and the request is no longer the
+(`upstream.adaptercopy.AdapterCopier`, as for a hot adapter's copy), and the request is no longer the
 one that loads it (`adapterload.AdapterLoads.take_load`). The P/D step then waits for the prefill, the
 KV barrier and the read, whichever ends last, before the decode request goes out
 (`Disaggregator.run`), so the request arrives at an engine that holds its adapter. vLLM answers the
@@ -31,7 +31,7 @@ import asyncio
 from dataclasses import dataclass
 
 from tandem.router.scheduling.adapterload import AdapterLoads
-from tandem.router.upstream.adapters import AdapterCopier
+from tandem.router.upstream.adaptercopy import AdapterCopier
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ engine in the residency record and marks the entry as loading when the engine di
 first attempt to start there claims the mark (`started`).
 
 **Copies ahead of requests.** When the gateway can load adapters itself (`copier`, the runtime API:
-`tandem.router.upstream.adapters.AdapterCopier`), the placement asks for a copy of a hot adapter on
+`tandem.router.upstream.adaptercopy.AdapterCopier`), the placement asks for a copy of a hot adapter on
 another engine instead of sending a request there to load it (`adapterplace`). A copy in flight counts
 as a load in flight on its engine (`copy`: the engine's steps wait for it as for any load);
 when it is done (`copy_done`) the engine holds the adapter in the residency record. One copy per

@@ -7,7 +7,7 @@ engine's step. With hundreds of adapters, each one's first request pays it: on d
 adapter. When the engines' CPU tiers (`maxCpuLoras`) have room for all the declared adapters, the
 gateway loads each of them onto one engine of each pool (prefill and decode: a disaggregated request
 runs on both; `warm_plan` plans one pool) ahead of its requests (`AdapterWarmer` in
-`tandem.router.upstream.adapters`), and the placement then finds it held there.
+`tandem.router.upstream.adaptercopy`), and the placement then finds it held there.
 
 The plan (pure):
 
