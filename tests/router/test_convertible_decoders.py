@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from tests.router.harness import MODEL, Launcher, metric
 
-from tandem.router.pd.disagg import DisaggregationMode, PDDecision, decide, prefill_busy
+from tandem.router.pd.decision import DisaggregationMode, PDDecision, decide, prefill_busy
 
 
 @pytest.mark.parametrize(

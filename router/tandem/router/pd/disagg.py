@@ -1,6 +1,6 @@
 """The P/D step of a generation request: whether to disaggregate, the prefill, and the KV barrier.
 
-**Decision** (`decide`, pure; `tandem_router_pd_decisions_total{decision,reason}`):
+**Decision** (`tandem.router.pd.decision.decide`, pure; `tandem_router_pd_decisions_total{decision,reason}`):
 
     mode off                              → decode_only  (off)
     an adapter's, pool keys without adapters → decode_only  (adapter)
@@ -88,10 +88,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -99,6 +98,13 @@ from tandem.kvpool.index import KVPoolIndex
 from tandem.kvpool.keys import PoolScope
 from tandem.router.discovery.kvevents import PrefixSource
 from tandem.router.errors import UpstreamError, UpstreamTimeout
+from tandem.router.pd.decision import (
+    DisaggregationMode,
+    PDDecision,
+    TTFTEstimator,
+    decide,
+    prefill_busy,
+)
 from tandem.router.pd.handoff import decode_body, kv_params_from_prefill, prefill_body
 from tandem.router.pd.hold import PrefillHold
 from tandem.router.pd.keycheck import (
@@ -115,7 +121,6 @@ from tandem.router.types import Endpoint, Route
 from tandem.router.upstream.client import UpstreamCall
 from tandem.router.upstream.dispatch import Dispatcher
 
-DisaggregationMode = Literal["always", "auto", "off"]
 log = logging.getLogger(__name__)
 
 
@@ -147,77 +152,6 @@ def pool_scope(request: PDRequest, *, kv_layout: str | None = None) -> PoolScope
     engines' connector roots them (`tandem.core.kvkeys.scope_root`), and the KV layout of the engines
     that write and read them when their keys carry it (`Disaggregator.layout_keys`)."""
     return PoolScope(cache_salt=request.cache_salt, lora_name=request.lora_name, kv_layout=kv_layout)
-
-
-@dataclass(frozen=True, slots=True)
-class PDDecision:
-    disaggregate: bool
-    reason: str  # the `reason` label (module docstring)
-
-    @property
-    def label(self) -> str:
-        return "disaggregate" if self.disaggregate else "decode_only"
-
-
-class TTFTEstimator(Protocol):
-    """Predicted time to first token of `request` on the endpoint at `url` if sent there now, computing
-    the prompt itself (`tandem.router.scheduling.state.SchedulingState.estimate_ttft`)."""
-
-    def estimate_ttft(self, url: str, request: Routable, /, *, extra_queued: int = 0) -> float: ...
-
-
-#: The share of a request's TTFT objective its prefill may take before the pool counts as busy.
-PREFILL_SHARE = 0.5
-
-
-def prefill_busy(
-    *, slo_ttft_s: float, prefill_ttft_s: Iterable[float], decode_ttft_s: Callable[[], float | None]
-) -> bool:
-    """Whether the prefill pool is short of capacity for this request (module docstring): its best
-    prediction exceeds `PREFILL_SHARE` of the objective and the decode endpoint would be faster. The
-    predictions are consumed lazily: the first prefill endpoint within that share ends it (the usual
-    case), and the decode endpoint is asked only when none is. Example: objective 1 s, prefill
-    [0.8, 3.1], decode 0.35 → True; prefill [0.4] → False; no decode estimate → False."""
-    best = math.inf
-    for predicted in prefill_ttft_s:
-        if predicted <= PREFILL_SHARE * slo_ttft_s:
-            return False
-        best = min(best, predicted)
-    if math.isinf(best):
-        return False
-    decode = decode_ttft_s()
-    return decode is not None and decode < best
-
-
-def decide(
-    mode: DisaggregationMode,
-    *,
-    prefill_members: int,
-    prompt_tokens: int,
-    available_tokens: int | None,
-    min_uncached_tokens: int,
-    busy: bool = False,
-    adapter: bool = False,
-) -> PDDecision:
-    """The P/D decision table of the module docstring. `available_tokens`: the prompt's prefix the
-    chosen decode endpoint can get without computing it; None when the KV pool could not be asked.
-    `busy`: `prefill_busy` said so (asked only for requests that would otherwise disaggregate).
-    `adapter`: the request runs under a LoRA adapter the pool's keys cannot tell apart."""
-    if mode == "off":
-        return PDDecision(False, "off")
-    if adapter:
-        return PDDecision(False, "adapter")
-    if busy:
-        return PDDecision(False, "prefill_busy")
-    if mode == "always":
-        return PDDecision(True, "always")
-    if prefill_members == 0:
-        return PDDecision(False, "no_prefill_pool")
-    if available_tokens is None:
-        return PDDecision(False, "pool_unavailable")
-    if prompt_tokens - available_tokens < min_uncached_tokens:
-        return PDDecision(False, "few_uncached")
-    return PDDecision(True, "many_uncached")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
