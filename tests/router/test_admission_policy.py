@@ -14,10 +14,13 @@ from tandem.router.admission.policy import (
     DEFAULT_RETRY_AFTER_S,
     DrainMeter,
     EndpointLoad,
+    HoldMeter,
     SaturationLimits,
+    drain_estimate,
     expected_wait,
     load_from_snapshot,
     pool_capacity,
+    pool_drain_rate,
     queue_budget,
     retry_after_seconds,
     saturated,
@@ -165,6 +168,46 @@ def test_the_drain_meter_docstring_example_and_no_rate_before_enough_backlog() -
         meter.tick(i * 0.05, waiting=True, dispatched=1)
     rate = meter.rate(5.0)
     assert rate is not None and rate == pytest.approx(20.0, rel=0.03)
+
+
+def test_the_pools_drain_rate_is_its_capacity_over_how_long_a_request_holds_a_slot() -> None:
+    assert pool_drain_rate(capacity=20, mean_hold_s=5.0) == 4.0  # the docstring's example
+    assert pool_drain_rate(capacity=None, mean_hold_s=5.0) is None
+    assert pool_drain_rate(capacity=0, mean_hold_s=5.0) is None
+    assert pool_drain_rate(capacity=20, mean_hold_s=None) is None
+
+
+@pytest.mark.parametrize(
+    ("measured", "pool", "rate"),
+    [
+        (0.6, 4.0, 4.0),  # the docstring's example: measured on the smaller pool, raised to the pool's
+        (10.0, 4.0, 10.0),  # a standing queue drains faster than the mean hold says: measured
+        (0.0, 4.0, 4.0),
+        (0.6, None, 0.6),
+        (None, 4.0, None),  # nothing measured: the pool's reading never stands alone
+    ],
+)
+def test_the_wait_is_priced_at_the_measured_rate_raised_to_the_pools(
+    measured: float | None, pool: float | None, rate: float | None
+) -> None:
+    assert drain_estimate(measured, pool) == rate
+    if rate is not None:  # the docstring's example: 40 ahead
+        assert expected_wait(ahead=40, drain_per_s=drain_estimate(0.6, 4.0)) == 10.0
+
+
+def test_the_hold_meter_is_a_mean_that_forgets_with_time() -> None:
+    meter = HoldMeter(tau_s=10.0, min_weight=3.0)
+    for i in range(2):
+        meter.observe(float(i), 4.0)
+    assert meter.mean(1.0) is None  # two observations are not enough
+    for i in range(2, 10):
+        meter.observe(float(i), 4.0)
+    assert meter.mean(9.0) == pytest.approx(4.0)
+    for i in range(10, 20):  # ten seconds of requests that hold 8 s
+        meter.observe(float(i), 8.0)
+    mean = meter.mean(19.0)
+    assert mean is not None and 6.5 < mean < 8.0
+    assert meter.mean(19.0 + 60.0) is None  # faded: no reading
 
 
 def test_the_tenant_comes_from_its_header_trimmed_and_bounded() -> None:

@@ -26,7 +26,9 @@ baseline). The gate itself only keeps the books:
   It runs when a request arrives, when a grant is released (an upstream request ended, so capacity
   freed), and every `poll_s` while requests wait (capacity can also return without an event: an
   endpoint back from cool-down, a new endpoint discovered). Every change of the backlog ticks the
-  `DrainMeter`, whose rate (dispatches per second of backlog) prices the wait and `Retry-After`.
+  `DrainMeter` (dispatches per second of backlog), and every capacity given back the `HoldMeter`
+  (how long a grant held it); the measured rate, raised to the pool's own `capacity / mean hold`
+  (`policy.drain_estimate`), prices the wait and `Retry-After`.
 - **Pre-emption** (`preemption` on): a request that must wait, its tenant's only one waiting and
   within its share of the running slots, may take the slot of a running stream of a tenant a whole
   slot over its share (`tandem.router.admission.preemption` says when and whose): the stream's
@@ -54,8 +56,11 @@ from tandem.router.admission.fairness.vtc import QueueFull, Ticket, VTCQueue
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import (
     DrainMeter,
+    HoldMeter,
     TTFTPredictor,
+    drain_estimate,
     expected_wait,
+    pool_drain_rate,
     queue_budget,
     retry_after_seconds,
     wait_out_of_reach,
@@ -70,7 +75,10 @@ _MESSAGES = {
     "pushed_out": "the router's queue is full ({queued} requests waiting) and this tenant holds more "
     "of it than its share: its newest waiting request made room for another tenant's; retry later",
     "deadline": "the request cannot start within {budget:.3g}s (its x-slo-ttft-ms objective or the "
-    "router's queue limit): {wait:.2g}s of queue ahead of it; retry later",
+    "router's queue limit): {wait:.2g}s of queue ahead of it ({ahead} requests at {drain:.2g}/s); "
+    "retry later",
+    "late": "the request could not start within {budget:.3g}s (its x-slo-ttft-ms objective or the "
+    "router's queue limit): it waited {wait:.2g}s in the queue; retry later",
     "slo": "the request cannot start within its {budget:.3g}s objective: {wait:.2g}s of queue ahead of "
     "it and a predicted {predicted:.3g}s to first token on the best engine; retry later",
 }
@@ -145,6 +153,7 @@ class Grant:
         "_released",
         "_unreported",
         "completion_tokens",
+        "granted_at",
         "preempt",
         "priority",
         "prompt_tokens",
@@ -153,9 +162,18 @@ class Grant:
     )
 
     def __init__(
-        self, gate: AdmissionGate, *, tenant: str, prompt_tokens: int, charged: bool, priority: int = 0
+        self,
+        gate: AdmissionGate,
+        *,
+        tenant: str,
+        prompt_tokens: int,
+        charged: bool,
+        priority: int = 0,
+        granted_at: float | None = None,
     ) -> None:
         self.tenant = tenant
+        #: Clock time it took its unit of capacity (None: it took none, the dispatcher's 503 path).
+        self.granted_at = granted_at
         self.priority = priority
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
@@ -205,7 +223,7 @@ class Grant:
         if not self._released and not self._handed_over:
             self._handed_over = True
             self._gate.running.discard(self)
-            self._gate.released()
+            self._gate.released(self.granted_at)
 
     def recharge(self, prompt_tokens: int | None) -> None:
         """A grant for a request that already had its turn (`AdmissionGate.resume`): its prompt was
@@ -230,7 +248,7 @@ class Grant:
             self._report()
             if not self._handed_over:
                 self._gate.running.discard(self)
-                self._gate.released()
+                self._gate.released(self.granted_at)
 
 
 class AdmissionGate:
@@ -262,6 +280,7 @@ class AdmissionGate:
         self._max_wait = max_queue_wait_s
         self._poll_s = poll_s
         self._drain = DrainMeter()
+        self._hold = HoldMeter()
         self.admitted = 0
         self.preemption = preemption
         self.running: set[Grant] = set()  # granted and holding their capacity (not handed over)
@@ -287,7 +306,7 @@ class AdmissionGate:
         tenant, priority = request.tenant, request.priority
         ahead = self.queue.ahead(tenant=tenant, priority=priority)
         budget = queue_budget(deadline_s=request.deadline_s, max_queue_wait_s=self._max_wait)
-        drain = self._drain.rate(now)
+        drain = self._drain_rate(now, capacity)
         wait = expected_wait(ahead=ahead, drain_per_s=drain)
         predicted = (
             self._predictor.predicted_ttft(request, self._candidates())
@@ -297,7 +316,12 @@ class AdmissionGate:
         if wait_out_of_reach(wait, predicted, budget_s=budget):
             reason = "deadline" if wait is not None and wait > budget else "slo"
             raise self._overloaded(
-                reason, ahead=ahead, wait=wait or 0.0, predicted=predicted or 0.0, budget=budget
+                reason,
+                ahead=ahead,
+                wait=wait or 0.0,
+                predicted=predicted or 0.0,
+                budget=budget,
+                drain=drain or 0.0,
             )
         if len(self.queue) >= self.max_queue:
             victim = self.queue.displaceable(tenant=tenant, priority=priority)
@@ -417,9 +441,19 @@ class AdmissionGate:
         """Count output tokens already charged to the counter (a `Grant`'s batched report)."""
         self._metrics.served(tenant, completion=completion)
 
-    def released(self) -> None:
+    def released(self, granted_at: float | None = None) -> None:
+        """A unit of capacity came back (`granted_at`: when its grant took it, None for one that
+        took none): count how long it was held, and serve the queue."""
         self.admitted -= 1
+        if granted_at is not None:
+            now = self._clock()
+            self._hold.observe(now, now - granted_at)
         self.pump()
+
+    def _drain_rate(self, now: float, capacity: int | None) -> float | None:
+        """The rate the queue is priced at: measured, raised to the pool's own (`drain_estimate`)."""
+        pool = pool_drain_rate(capacity=capacity, mean_hold_s=self._hold.mean(now))
+        return drain_estimate(self._drain.rate(now), pool)
 
     def _grant(self, waiter: Waiter, *, now: float) -> None:
         request = waiter.request
@@ -428,7 +462,12 @@ class AdmissionGate:
         self._metrics.served(request.tenant, prompt=prompt_tokens)
         self._metrics.waited(now - waiter.arrived, outcome="dispatched")
         grant = Grant(
-            self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True, priority=request.priority
+            self,
+            tenant=request.tenant,
+            prompt_tokens=prompt_tokens,
+            charged=True,
+            priority=request.priority,
+            granted_at=now,
         )
         grant.queued_s = now - waiter.arrived
         self.running.add(grant)
@@ -441,7 +480,12 @@ class AdmissionGate:
         self._metrics.served(request.tenant, prompt=prompt_tokens)
         self._metrics.waited(0.0, outcome="dispatched")
         grant = Grant(
-            self, tenant=request.tenant, prompt_tokens=prompt_tokens, charged=True, priority=request.priority
+            self,
+            tenant=request.tenant,
+            prompt_tokens=prompt_tokens,
+            charged=True,
+            priority=request.priority,
+            granted_at=now,
         )
         self.running.add(grant)
         return grant
@@ -461,8 +505,10 @@ class AdmissionGate:
         if not wait_out_of_reach(None, predicted, budget_s=left):
             return False
         budget = waiter.deadline - waiter.arrived
-        facts = {"wait": now - waiter.arrived, "predicted": predicted or 0.0, "budget": budget}
-        self._reject(waiter, self._overloaded("slo", ahead=0, **facts))
+        refusal = self._overloaded(
+            "slo", ahead=0, wait=now - waiter.arrived, predicted=predicted or 0.0, budget=budget
+        )
+        self._reject(waiter, refusal)
         return True
 
     def _late(self, waiter: Waiter) -> Overloaded:
@@ -472,12 +518,18 @@ class AdmissionGate:
             wait=self._clock() - waiter.arrived,
             predicted=0.0,
             budget=waiter.deadline - waiter.arrived,
+            message="late",
         )
 
-    def _overloaded(self, reason: str, *, ahead: int, **facts: float | int) -> Overloaded:
+    def _overloaded(
+        self, reason: str, *, ahead: int, message: str | None = None, **facts: float | int
+    ) -> Overloaded:
+        """A 429 counted under `reason`, worded by `_MESSAGES[message or reason]` from `facts`."""
         self._metrics.rejected(reason)
-        retry = retry_after_seconds(ahead=ahead, drain_per_s=self._drain.rate(self._clock()))
-        return Overloaded(_MESSAGES[reason].format(**facts), reason=reason, retry_after_s=retry)
+        now = self._clock()
+        retry = retry_after_seconds(ahead=ahead, drain_per_s=self._drain_rate(now, self._capacity()))
+        text = _MESSAGES[message or reason].format(ahead=ahead, **facts)
+        return Overloaded(text, reason=reason, retry_after_s=retry)
 
     async def _wait(self, waiter: Waiter) -> Grant:
         """Wait for the waiter's outcome: a grant from `pump`, a rejection, its deadline (a timer of

@@ -31,17 +31,31 @@ estimate: `VTCQueue.ahead`) at the queue's measured drain rate, plus, with a dea
 
     expected_wait = ahead / drain_rate;   reject if expected_wait + predicted_ttft > budget
 
-Nothing is refused on a guess: with no drain rate measured yet (`DrainMeter`), only the prediction
-counts. What is ahead depends on who asks: under VTC a tenant below its fair share has little
-ahead of it, so it is not refused while the heavy tenant's own backlog is. Example: 40 requests
-ahead, draining at 20/s → 2 s; a request with `x-slo-ttft-ms: 1000` is refused, one without waits.
+The drain rate is the larger of two readings: the one measured while requests waited
+(`DrainMeter`), and the pool's own, by Little's law, from the capacity it has now and how long an
+admitted request holds its unit of it (`HoldMeter`):
+
+    drain_rate = max(measured, capacity / mean_hold)
+
+The measured rate is the truth of a standing queue, but it is the past. At a step onto a pool that
+was just scaled down it is what the shrinking pool dispatched while the requests on the engines that
+left still held their capacity: next to nothing, a fraction of what the pool drains seconds later.
+A refusal is final, while a wait that proves too long is refused at its bound anyway, so a request
+is refused early only when both readings say it cannot fit. Nothing is refused on a guess: with no
+drain rate measured yet, only the prediction counts (the pool's reading raises a measured rate; it
+never stands alone). Example: 40 requests ahead, a measured 0.6/s (64 s), a pool of 20 slots each
+held 5 s (4/s): the wait is 10 s.
+
+What is ahead depends on who asks: under VTC a tenant below its fair share has little ahead of it,
+so it is not refused while the heavy tenant's own backlog is. Example: 40 requests ahead, draining
+at 20/s → 2 s; a request with `x-slo-ttft-ms: 1000` is refused, one without waits.
 
 **Retry-After** for a 429: the time the queue needs to drain to the request's place,
 
     retry_after = clamp(ceil((ahead + 1) / drain_rate), 1, 60) seconds
 
-with `drain_rate` the dispatch rate measured while requests were waiting; `DEFAULT_RETRY_AFTER_S`
-(5 s) while none has been measured. Example: 200 ahead, 40 dispatches/s → ceil(201/40) = 6 s.
+with `drain_rate` the rate above; `DEFAULT_RETRY_AFTER_S` (5 s) while none has been measured.
+Example: 200 ahead, 40 dispatches/s → ceil(201/40) = 6 s.
 """
 
 from __future__ import annotations
@@ -122,6 +136,22 @@ def expected_wait(*, ahead: int, drain_per_s: float | None) -> float | None:
     return ahead / drain_per_s
 
 
+def pool_drain_rate(*, capacity: int | None, mean_hold_s: float | None) -> float | None:
+    """Little's law: a pool holding `capacity` admitted requests, each for `mean_hold_s` on average,
+    frees `capacity / mean_hold_s` units per second (None when either is unknown)."""
+    if not capacity or capacity <= 0 or not mean_hold_s or mean_hold_s <= 0:
+        return None
+    return capacity / mean_hold_s
+
+
+def drain_estimate(measured: float | None, pool: float | None) -> float | None:
+    """The drain rate the wait is priced at (module docstring): the measured one, raised to the
+    pool's own when that is higher; None while nothing was measured."""
+    if measured is None:
+        return None
+    return max(measured, pool or 0.0)
+
+
 def wait_out_of_reach(wait_s: float | None, predicted_ttft_s: float | None, *, budget_s: float) -> bool:
     """Honest early rejection (module docstring): what is known of the wait and of the engine's
     time to first token already exceeds the budget. Nothing known → never."""
@@ -200,5 +230,46 @@ class DrainMeter:
             decay = math.exp(-(now - self._last) / self._tau)
             self._n *= decay
             self._busy = self._busy * decay + (self._tau * (1.0 - decay) if self._waiting else 0.0)
+        if self._last is None or now > self._last:
+            self._last = now
+
+
+class HoldMeter:
+    """How long an admitted request holds its unit of capacity (grant to hand-over or release), a
+    mean whose weights decay with time constant `tau_s`:
+
+        s ← s·e^(−dt/τ) + held;   w ← w·e^(−dt/τ) + 1;   mean = s / w   once w ≥ `min_weight`
+
+    Example, τ = 10 s: requests that held 4 s each, then, over the last 10 s, ones that held 8 s →
+    the mean moves most of the way to 8 s (e^(−1) ≈ 0.37 of the old weight is left).
+    """
+
+    def __init__(self, *, tau_s: float = 10.0, min_weight: float = 3.0) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be positive")
+        self._tau = tau_s
+        self._min_weight = min_weight
+        self._sum = 0.0
+        self._weight = 0.0
+        self._last: float | None = None
+
+    def observe(self, now: float, held_s: float) -> None:
+        """One request gave back its unit of capacity after `held_s` seconds."""
+        self._advance(now)
+        self._sum += max(0.0, held_s)
+        self._weight += 1.0
+
+    def mean(self, now: float) -> float | None:
+        """Mean seconds held, or None before `min_weight` (decayed) observations."""
+        self._advance(now)
+        if self._weight < self._min_weight:
+            return None
+        return self._sum / self._weight
+
+    def _advance(self, now: float) -> None:
+        if self._last is not None and now > self._last:
+            decay = math.exp(-(now - self._last) / self._tau)
+            self._sum *= decay
+            self._weight *= decay
         if self._last is None or now > self._last:
             self._last = now
