@@ -259,6 +259,25 @@ def test_the_floor_counts_a_gpu_copy_per_disk_read_and_compares_with_the_best_pe
     assert bound["distinct_adapters"] == 3 and bound["least_share_reading_disk"] == pytest.approx(7 / 12)
 
 
+def test_with_the_gpu_slots_known_the_floor_counts_their_copies_and_the_warm_floor_is_those_alone() -> None:
+    sequence = list(itertools.chain.from_iterable(["a", "b", "c"] for _ in range(4)))
+    bound = least_loads(sequence, slots=2, gpu_slots=1, best_peer=1000.0)
+    # One GPU slot: every request after a different adapter's is a copy (12); two CPU entries: 7 reads.
+    assert bound["least_gpu_copies_per_1000"] == pytest.approx(12000 / 12)
+    assert bound["least_loads_per_1000"] == pytest.approx((7 + 12) * 1000 / 12)
+    assert bound["least_warm_loads_per_1000"] == pytest.approx(12000 / 12)
+    assert bound["least_warm_ratio_to_best_peer"] == pytest.approx(1.0)
+    assert "copies into the 1 GPU slots alone: 1000 loads per 1,000" in least_loads_markdown(bound)
+    # With as many GPU slots as CPU entries, the copies are the reads: 2 × reads, as without them.
+    same = least_loads(sequence, slots=2, gpu_slots=2, best_peer=None)
+    assert (
+        same["least_loads_per_1000"] == least_loads(sequence, slots=2, best_peer=None)["least_loads_per_1000"]
+    )
+    assert least_loads(sequence, slots=2, best_peer=None)["least_warm_loads_per_1000"] is None
+    with pytest.raises(ValueError, match="as many pools"):
+        least_loads(sequence, slots=[2, 2], gpu_slots=[1], best_peer=None)
+
+
 def test_with_prefill_and_decode_pools_each_pool_reads_on_its_own() -> None:
     """A disaggregated request needs its adapter on a prefill and on a decode engine: the floor is
     each pool's least reads added up (and said per pool), not one pool's over all the entries."""
@@ -313,6 +332,7 @@ def test_a_live_run_counts_the_engines_adapter_loads_with_no_errors(tmp_path: Pa
     floor = doc["least_loads"]
     assert floor["slots"] == 2 * 3 and floor["requests"] == row["requests"], "3 CPU-tier entries per engine"
     assert floor["least_loads_per_1000"] <= row["loads_per_1000"], "no placement beats the floor"
+    assert floor["gpu_pools"] == [2 * 2] and floor["least_warm_loads_per_1000"] <= row["loads_per_1000"]
     assert "Least any placement could reach" in (tmp_path / "adapters.md").read_text()
 
 

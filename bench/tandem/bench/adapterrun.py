@@ -250,19 +250,20 @@ def write_results(
     plot: bool,
     sequence: Sequence[str] = (),
     slots: int | Sequence[int] | None = None,
+    gpu_slots: int | Sequence[int] | None = None,
 ) -> str:
     """adapters.json, adapters.md, adapter-timelines.json and (with `plot` and matplotlib)
     adapter-loads.png (the first repeat of every target); returns the Markdown. The verdict compares
     the target `ours` with the others. `sequence`: the workload's adapters in arrival order and
-    `slots` the engines' CPU-tier entries in all (per pool with P/D), for the floor no placement
-    beats (`least_loads`)."""
+    `slots` the engines' CPU-tier entries in all (per pool with P/D) and `gpu_slots` their GPU slots,
+    for the floors no placement beats (`least_loads`)."""
     table = summarize(rows)
     checks = verdict(table, ours=ours)
     text = markdown(table, checks, title=title)
     bound = None
     if sequence and slots:
         peer = next((c["peer"] for c in checks if c["target"].startswith("adapter loads")), None)
-        bound = least_loads(sequence, slots=slots, best_peer=peer)
+        bound = least_loads(sequence, slots=slots, best_peer=peer, gpu_slots=gpu_slots)
         text += least_loads_markdown(bound)
     catalog = None
     if catalog_rows:

@@ -138,11 +138,13 @@ def adapters(setup: Bench, o: dict[str, Any], harness: HarnessSetup) -> None:
         "repeat": setup.repeat,
     }  # fmt: skip
     ours = next((t.label for t in targets if t.kind == "tandem"), targets[0].label)
+    engines_per_pool = (pool.prefill_engines, pool.engines) if pool.pd else (pool.engines,)
     text = write_results(
         setup.out_dir, ours=ours, doc=doc, rows=rows, timelines=timelines, catalog_rows=catalog,
         window=window, time_scale=pool.time_scale, title=title, plot=not o["no_plots"],
         sequence=[r.model for r in setup.workload.requests if r.model is not None],
-        slots=[n * cpu_loras for n in ((pool.prefill_engines, pool.engines) if pool.pd else (pool.engines,))],
+        slots=[n * cpu_loras for n in engines_per_pool],
+        gpu_slots=[n * o["max_loras"] for n in engines_per_pool],
     )  # fmt: skip
     click.echo(text)
     say(f"results in {setup.out_dir}/ (adapters.json, adapters.md, adapter-loads.png)")
