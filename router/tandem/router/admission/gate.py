@@ -456,29 +456,19 @@ class AdmissionGate:
         return drain_estimate(self._drain.rate(now), pool)
 
     def _grant(self, waiter: Waiter, *, now: float) -> None:
-        request = waiter.request
-        prompt_tokens = request.prompt_size()
-        self.admitted += 1
-        self._metrics.served(request.tenant, prompt=prompt_tokens)
-        self._metrics.waited(now - waiter.arrived, outcome="dispatched")
-        grant = Grant(
-            self,
-            tenant=request.tenant,
-            prompt_tokens=prompt_tokens,
-            charged=True,
-            priority=request.priority,
-            granted_at=now,
-        )
-        grant.queued_s = now - waiter.arrived
-        self.running.add(grant)
+        grant = self._take(waiter.request, now=now, waited_s=now - waiter.arrived)
         waiter.future.set_result(grant)
 
     def _pass_through(self, request: Admittable, *, now: float) -> Grant:
+        self.queue.pass_through(tenant=request.tenant, prompt_tokens=request.prompt_size())
+        return self._take(request, now=now, waited_s=0.0)
+
+    def _take(self, request: Admittable, *, now: float, waited_s: float) -> Grant:
+        """A unit of capacity for `request` from now on: counted, its prompt served, held."""
         prompt_tokens = request.prompt_size()
-        self.queue.pass_through(tenant=request.tenant, prompt_tokens=prompt_tokens)
         self.admitted += 1
         self._metrics.served(request.tenant, prompt=prompt_tokens)
-        self._metrics.waited(0.0, outcome="dispatched")
+        self._metrics.waited(waited_s, outcome="dispatched")
         grant = Grant(
             self,
             tenant=request.tenant,
@@ -487,6 +477,7 @@ class AdmissionGate:
             priority=request.priority,
             granted_at=now,
         )
+        grant.queued_s = waited_s
         self.running.add(grant)
         return grant
 

@@ -226,12 +226,9 @@ class DrainMeter:
         return self._n / self._busy
 
     def _advance(self, now: float) -> None:
-        if self._last is not None and now > self._last:
-            decay = math.exp(-(now - self._last) / self._tau)
-            self._n *= decay
-            self._busy = self._busy * decay + (self._tau * (1.0 - decay) if self._waiting else 0.0)
-        if self._last is None or now > self._last:
-            self._last = now
+        decay, self._last = _decay(self._last, now, tau_s=self._tau)
+        self._n *= decay
+        self._busy = self._busy * decay + (self._tau * (1.0 - decay) if self._waiting else 0.0)
 
 
 class HoldMeter:
@@ -267,9 +264,14 @@ class HoldMeter:
         return self._sum / self._weight
 
     def _advance(self, now: float) -> None:
-        if self._last is not None and now > self._last:
-            decay = math.exp(-(now - self._last) / self._tau)
-            self._sum *= decay
-            self._weight *= decay
-        if self._last is None or now > self._last:
-            self._last = now
+        decay, self._last = _decay(self._last, now, tau_s=self._tau)
+        self._sum *= decay
+        self._weight *= decay
+
+
+def _decay(last: float | None, now: float, *, tau_s: float) -> tuple[float, float]:
+    """The factor e^(−dt/τ) by which weights seen at `last` shrink by `now` (1 before the first
+    tick, or for a clock that did not move on), and the new last tick."""
+    if last is None or now <= last:
+        return 1.0, now if last is None else last
+    return math.exp(-(now - last) / tau_s), now
