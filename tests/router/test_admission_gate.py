@@ -284,6 +284,11 @@ async def test_a_wait_measured_on_a_pool_that_had_shrunk_is_priced_at_the_pools_
             await settle()
     assert patient.done() and isinstance(patient.result(), Grant)  # started 3 s after it arrived
     assert sample(registry, "tandem_router_admission_rejections_total", reason="deadline") == 0
+    readings = {
+        r: sample(registry, "tandem_router_queue_drain_per_second", reading=r)
+        for r in ("measured", "pool", "priced")
+    }
+    assert readings["pool"] > readings["measured"] > 0 and readings["priced"] == readings["pool"], readings
     for task in heavy:
         task.cancel()
     await settle()
@@ -305,6 +310,8 @@ async def test_the_pools_rate_never_prices_a_wait_on_its_own() -> None:
     await settle()
     assert not patient.done() and len(gate.queue) == 11
     assert sample(registry, "tandem_router_admission_rejections_total", reason="deadline") == 0
+    assert registry.get_sample_value("tandem_router_queue_drain_per_second", {"reading": "pool"}) == 1.0
+    assert registry.get_sample_value("tandem_router_queue_drain_per_second", {"reading": "priced"}) is None
     for task in (*heavy, patient):
         task.cancel()
     await settle()

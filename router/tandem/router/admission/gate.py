@@ -450,6 +450,15 @@ class AdmissionGate:
             self._hold.observe(now, now - granted_at)
         self.pump()
 
+    def drain_readings(self) -> dict[str, float | None]:
+        """The drain rate's readings now (the gauge `tandem_router_queue_drain_per_second`)."""
+        now, capacity = self._clock(), self._capacity()
+        return {
+            "measured": self._drain.rate(now),
+            "pool": pool_drain_rate(capacity=capacity, mean_hold_s=self._hold.mean(now)),
+            "priced": self._drain_rate(now, capacity),
+        }
+
     def _drain_rate(self, now: float, capacity: int | None) -> float | None:
         """The rate the queue is priced at: measured, raised to the pool's own (`drain_estimate`)."""
         pool = pool_drain_rate(capacity=capacity, mean_hold_s=self._hold.mean(now))

@@ -13,6 +13,9 @@
   later.
 - `tandem_router_admitted_requests` (gauge): requests holding decode capacity now.
 - `tandem_router_admission_capacity` (gauge): how many the decode pool may hold now (0: none in rotation).
+- `tandem_router_queue_drain_per_second{reading}` (gauge): `measured` (dispatches per second of
+  backlog), `pool` (capacity ÷ the mean time a grant held its slot) and `priced` (what early refusals
+  and Retry-After use: `tandem.router.admission.policy`); a reading not known yet has no sample.
 - `tandem_router_engine_capacity{pool,endpoint}` (gauge): the engine's concurrency C as this process
   knows it (`tandem.router.discovery.capacity`): learned, or declared.
 - `tandem_router_engine_capacity_confirmed{pool,endpoint}` (gauge): 1 once the engine was seen holding
@@ -195,7 +198,16 @@ class _GateCollector(Collector):
             f"{PREFIX}_admission_capacity", "Admitted requests the decode pool may hold now."
         )
         capacity.add_metric([], self._gate.capacity() or 0)
-        yield from (depth, counters, admitted, capacity)
+        drain = GaugeMetricFamily(
+            f"{PREFIX}_queue_drain_per_second",
+            "The queue's drain rate: measured while requests waited, the pool's own (capacity over "
+            "the mean time a grant holds its slot), and the one early refusals are priced at.",
+            labels=["reading"],
+        )
+        for reading, value in self._gate.drain_readings().items():
+            if value is not None:  # no sample until there is a reading
+                drain.add_metric([reading], value)
+        yield from (depth, counters, admitted, capacity, drain)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
