@@ -204,9 +204,9 @@ class _GateCollector(Collector):
             "the mean time a grant holds its slot), and the one early refusals are priced at.",
             labels=["reading"],
         )
-        for reading, value in self._gate.drain_readings().items():
-            if value is not None:  # no sample until there is a reading
-                drain.add_metric([reading], value)
+        for reading, rate in self._gate.drain_readings().items():
+            if rate is not None:  # no sample until there is a reading
+                drain.add_metric([reading], rate)
         yield from (depth, counters, admitted, capacity, drain)
 
     def describe(self) -> Iterator[Metric]:
