@@ -22,15 +22,13 @@ from tandem.bench.adapterbench import (
     EngineSample,
     burst_peaks,
     imbalance,
-    least_disk_loads,
-    least_loads,
-    least_loads_markdown,
     load_series,
     parse_engine_sample,
     placement,
     run_row,
     verdict,
 )
+from tandem.bench.adapterfloor import least_disk_loads, least_loads, least_loads_markdown
 from tandem.bench.adapters import (
     MultiAdapterParams,
     adapter_names,

@@ -17,7 +17,8 @@ from tests.router.harness import FakeClock
 
 from tandem.router.admission.fairness.fcfs import FCFSQueue
 from tandem.router.admission.fairness.vtc import VTCQueue
-from tandem.router.admission.gate import AdmissionGate, Grant, Waiter
+from tandem.router.admission.gate import AdmissionGate, Waiter
+from tandem.router.admission.grant import Grant
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import NoPrediction
 from tandem.router.errors import Overloaded

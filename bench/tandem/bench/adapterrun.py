@@ -33,8 +33,6 @@ from tandem.bench.adapterbench import (
     EngineSample,
     catalog_markdown,
     catalog_summary,
-    least_loads,
-    least_loads_markdown,
     load_series,
     markdown,
     parse_engine_sample,
@@ -42,6 +40,7 @@ from tandem.bench.adapterbench import (
     summarize,
     verdict,
 )
+from tandem.bench.adapterfloor import least_loads, least_loads_markdown
 from tandem.bench.adapters import adapter_names
 from tandem.bench.cpu import PROC, cpu_per_1000, read_table
 from tandem.bench.driver import DriverSettings, drive

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.core.blockhash import ROOT_KEY, scope_key
 from tandem.core.modeltokens import Encoded, PromptEncoder
-from tandem.router.admission.gate import Grant
+from tandem.router.admission.grant import Grant
 from tandem.router.types import SLO, Endpoint, Route
 from tandem.router.upstream.dispatch import Attempt
 from tandem.router.upstream.rename import ModelRename

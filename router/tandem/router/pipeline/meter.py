@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tandem.router.admission.gate import Grant
+from tandem.router.admission.grant import Grant
 from tandem.router.types import Usage
 from tandem.router.upstream.usage import SSETap, output_text_from_body, usage_from_body
 

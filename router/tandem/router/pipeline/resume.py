@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import orjson
 from starlette.types import Send
 
-from tandem.router.admission.gate import AdmissionGate, Grant
+from tandem.router.admission.gate import AdmissionGate
+from tandem.router.admission.grant import Grant
 from tandem.router.errors import RouterError
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.upstream.client import UpstreamCall

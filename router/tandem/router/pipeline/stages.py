@@ -36,7 +36,8 @@ import orjson
 from tandem.core.logs import REQUEST_ID
 from tandem.router.admission.access import Access
 from tandem.router.admission.coldstart import ColdStartHold
-from tandem.router.admission.gate import AdmissionGate, Grant
+from tandem.router.admission.gate import AdmissionGate
+from tandem.router.admission.grant import Grant
 from tandem.router.errors import Overloaded, RequestTimeout
 from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
