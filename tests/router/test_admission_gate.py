@@ -26,6 +26,7 @@ from tandem.router.scheduling import Routable
 from tandem.router.types import SLO, EndpointSnapshot, RequestView, Route, Usage
 
 SLOW = SLO(ttft_s=3600, tpot_s=1)
+DRAIN = "tandem_router_queue_drain_per_second"
 
 
 @dataclass
@@ -285,11 +286,8 @@ async def test_a_wait_measured_on_a_pool_that_had_shrunk_is_priced_at_the_pools_
             await settle()
     assert patient.done() and isinstance(patient.result(), Grant)  # started 3 s after it arrived
     assert sample(registry, "tandem_router_admission_rejections_total", reason="deadline") == 0
-    readings = {
-        r: sample(registry, "tandem_router_queue_drain_per_second", reading=r)
-        for r in ("measured", "pool", "priced")
-    }
-    assert readings["pool"] > readings["measured"] > 0 and readings["priced"] == readings["pool"], readings
+    measured, pool, priced = (sample(registry, DRAIN, reading=r) for r in ("measured", "pool", "priced"))
+    assert pool > measured > 0 and priced == pool, (measured, pool, priced)
     for task in heavy:
         task.cancel()
     await settle()
@@ -311,8 +309,8 @@ async def test_the_pools_rate_never_prices_a_wait_on_its_own() -> None:
     await settle()
     assert not patient.done() and len(gate.queue) == 11
     assert sample(registry, "tandem_router_admission_rejections_total", reason="deadline") == 0
-    assert registry.get_sample_value("tandem_router_queue_drain_per_second", {"reading": "pool"}) == 1.0
-    assert registry.get_sample_value("tandem_router_queue_drain_per_second", {"reading": "priced"}) is None
+    assert registry.get_sample_value(DRAIN, {"reading": "pool"}) == 1.0
+    assert registry.get_sample_value(DRAIN, {"reading": "priced"}) is None  # no sample: none measured
     for task in (*heavy, patient):
         task.cancel()
     await settle()

@@ -30,7 +30,8 @@ from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.pd.handoff import lmcache_tagged
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
-from tandem.router.pipeline.stages import Pipeline, tokenize_big
+from tandem.router.pipeline.stages import Pipeline
+from tandem.router.pipeline.tokenize import tokenize_big
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.request.names import ModelNames
 from tandem.router.request.parse import prompt_text

@@ -50,6 +50,7 @@ from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
 from tandem.router.pipeline.meter import GrantMeter
 from tandem.router.pipeline.resume import Resume
+from tandem.router.pipeline.tokenize import tokenize_big
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.request.limits import BodyLimits, ReadingBudget
 from tandem.router.request.parse import parse_generation, prompt_text
@@ -181,29 +182,6 @@ class Parse:
         finally:
             if self.budget is not None:
                 self.budget.give(taken)
-
-
-async def tokenize_big(
-    ctx: RequestContext, *, context: ContextLimit | None, tokenizing: asyncio.Semaphore | None
-) -> None:
-    """A big prompt: refused unread when it cannot fit the context (`request.context_limit`), else
-    tokenized in a worker thread, one at a time (`tokenizing`), its bytes still counted in the
-    reading budget, so big prompts cannot pile their tokens up in memory at once."""
-    if context is not None:
-        context.check_unread(ctx.body)
-    if tokenizing is None:
-        await asyncio.to_thread(ctx.encoded)
-    else:
-        async with tokenizing:
-            await asyncio.to_thread(ctx.encoded)
-    if context is not None and _one_prompt(ctx.body):
-        context.check_tokens(ctx.prompt_length())
-
-
-def _one_prompt(body: Mapping[str, object]) -> bool:
-    """Whether `body` holds one prompt (a chat, a string, token ids), not a batch of them."""
-    prompt = body.get("prompt")
-    return not isinstance(prompt, list) or all(isinstance(t, int) for t in prompt)
 
 
 @dataclass(frozen=True, slots=True)
