@@ -120,6 +120,12 @@ def test_an_engine_sample_reads_both_load_sources_the_queue_and_what_finished_th
     s = parse_engine_sample(METRICS, t=1.5, engine="e0")
     # finished: length and stop; an aborted request (taken back by the gateway) finished elsewhere
     assert (s.disk_loads, s.cpu_loads, s.loads, s.waiting, s.running, s.finished) == (7, 9, 16, 3, 5, 12)
+    # Only the families read are parsed: the rest of the page, even a line the parser would refuse,
+    # costs the driving event loop nothing.
+    ttft = "vllm:time_to_first_token_seconds"
+    histogram = f'# TYPE {ttft} histogram\n{ttft}_bucket{{le="x"}} ?\n'
+    again = parse_engine_sample(histogram + METRICS, t=1.5, engine="e0")
+    assert (again.loads, again.waiting, again.running, again.finished) == (16, 3, 5, 12)
 
 
 @pytest.mark.parametrize(("peaks", "expected"), [
