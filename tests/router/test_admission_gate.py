@@ -286,8 +286,8 @@ async def test_a_wait_measured_on_a_pool_that_had_shrunk_is_priced_at_the_pools_
             await settle()
     assert patient.done() and isinstance(patient.result(), Grant)  # started 3 s after it arrived
     assert sample(registry, "tandem_router_admission_rejections_total", reason="deadline") == 0
-    measured, pool, priced = (sample(registry, DRAIN, reading=r) for r in ("measured", "pool", "priced"))
-    assert pool > measured > 0 and priced == pool, (measured, pool, priced)
+    measured, own, priced = (sample(registry, DRAIN, reading=r) for r in ("measured", "pool", "priced"))
+    assert own > measured > 0 and priced == own, (measured, own, priced)
     for task in heavy:
         task.cancel()
     await settle()
