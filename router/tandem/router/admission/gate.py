@@ -206,7 +206,7 @@ class AdmissionGate:
                 wait=wait or 0.0,
                 predicted=predicted or 0.0,
                 budget=budget,
-                drain=drain or 0.0,
+                drain=drain,
             )
         if len(self.queue) >= self.max_queue:
             victim = self.queue.displaceable(tenant=tenant, priority=priority)
@@ -337,17 +337,17 @@ class AdmissionGate:
 
     def drain_readings(self) -> dict[str, float | None]:
         """The drain rate's readings now (the gauge `tandem_router_queue_drain_per_second`)."""
-        now, capacity = self._clock(), self._capacity()
-        return {
-            "measured": self._drain.rate(now),
-            "pool": pool_drain_rate(capacity=capacity, mean_hold_s=self._hold.mean(now)),
-            "priced": self._drain_rate(now, capacity),
-        }
+        measured, pool = self._readings(self._clock(), self._capacity())
+        return {"measured": measured, "pool": pool, "priced": drain_estimate(measured, pool)}
 
     def _drain_rate(self, now: float, capacity: int | None) -> float | None:
         """The rate the queue is priced at: measured, raised to the pool's own (`drain_estimate`)."""
+        return drain_estimate(*self._readings(now, capacity))
+
+    def _readings(self, now: float, capacity: int | None) -> tuple[float | None, float | None]:
+        """The measured drain rate and the pool's own (Little's law), each None while unknown."""
         pool = pool_drain_rate(capacity=capacity, mean_hold_s=self._hold.mean(now))
-        return drain_estimate(self._drain.rate(now), pool)
+        return self._drain.rate(now), pool
 
     def _grant(self, waiter: Waiter, *, now: float) -> None:
         grant = self._take(waiter.request, now=now, waited_s=now - waiter.arrived)
@@ -407,13 +407,21 @@ class AdmissionGate:
         )
 
     def _overloaded(
-        self, reason: str, *, ahead: int, message: str | None = None, **facts: float | int
+        self,
+        reason: str,
+        *,
+        ahead: int,
+        message: str | None = None,
+        drain: float | None = None,
+        **facts: float | int,
     ) -> Overloaded:
-        """A 429 counted under `reason`, worded by `_MESSAGES[message or reason]` from `facts`."""
+        """A 429 counted under `reason`, worded by `_MESSAGES[message or reason]` from `facts`;
+        `Retry-After` from `drain`, the priced rate the caller already has (else read now)."""
         self._metrics.rejected(reason)
-        now = self._clock()
-        retry = retry_after_seconds(ahead=ahead, drain_per_s=self._drain_rate(now, self._capacity()))
-        text = _MESSAGES[message or reason].format(ahead=ahead, **facts)
+        if drain is None:
+            drain = self._drain_rate(self._clock(), self._capacity())
+        retry = retry_after_seconds(ahead=ahead, drain_per_s=drain)
+        text = _MESSAGES[message or reason].format(ahead=ahead, drain=drain or 0.0, **facts)
         return Overloaded(text, reason=reason, retry_after_s=retry)
 
     async def _wait(self, waiter: Waiter) -> Grant:

@@ -139,7 +139,7 @@ def expected_wait(*, ahead: int, drain_per_s: float | None) -> float | None:
 def pool_drain_rate(*, capacity: int | None, mean_hold_s: float | None) -> float | None:
     """Little's law: a pool holding `capacity` admitted requests, each for `mean_hold_s` on average,
     frees `capacity / mean_hold_s` units per second (None when either is unknown)."""
-    if not capacity or capacity <= 0 or not mean_hold_s or mean_hold_s <= 0:
+    if capacity is None or capacity <= 0 or mean_hold_s is None or mean_hold_s <= 0:
         return None
     return capacity / mean_hold_s
 
@@ -187,7 +187,26 @@ def retry_after_seconds(*, ahead: int, drain_per_s: float | None) -> int:
     return max(1, min(MAX_RETRY_AFTER_S, math.ceil((ahead + 1) / drain_per_s)))
 
 
-class DrainMeter:
+class _Decaying:
+    """Weights that decay with time constant `tau_s`: the two meters below."""
+
+    def __init__(self, tau_s: float) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be positive")
+        self._tau = tau_s
+        self._last: float | None = None
+
+    def _decay(self, now: float) -> float:
+        """The factor e^(−dt/τ) by which what was seen at the last call shrinks by `now` (1 at the
+        first call, or for a clock that did not move on)."""
+        last = self._last
+        if last is not None and now <= last:
+            return 1.0
+        self._last = now
+        return 1.0 if last is None else math.exp(-(now - last) / self._tau)
+
+
+class DrainMeter(_Decaying):
     """The queue's drain rate: dispatches from the queue per second *while requests were waiting*,
     both counts exponentially decayed with time constant `tau_s`:
 
@@ -202,13 +221,10 @@ class DrainMeter:
     """
 
     def __init__(self, *, tau_s: float = 10.0, min_busy_s: float = 0.5) -> None:
-        if tau_s <= 0:
-            raise ValueError("tau_s must be positive")
-        self._tau = tau_s
+        super().__init__(tau_s)
         self._min_busy = min_busy_s
         self._n = 0.0
         self._busy = 0.0
-        self._last: float | None = None
         self._waiting = False
 
     def tick(self, now: float, *, waiting: bool, dispatched: int = 0) -> None:
@@ -226,12 +242,12 @@ class DrainMeter:
         return self._n / self._busy
 
     def _advance(self, now: float) -> None:
-        decay, self._last = _decay(self._last, now, tau_s=self._tau)
+        decay = self._decay(now)
         self._n *= decay
         self._busy = self._busy * decay + (self._tau * (1.0 - decay) if self._waiting else 0.0)
 
 
-class HoldMeter:
+class HoldMeter(_Decaying):
     """How long an admitted request holds its unit of capacity (grant to hand-over or release), a
     mean whose weights decay with time constant `tau_s`:
 
@@ -242,13 +258,10 @@ class HoldMeter:
     """
 
     def __init__(self, *, tau_s: float = 10.0, min_weight: float = 3.0) -> None:
-        if tau_s <= 0:
-            raise ValueError("tau_s must be positive")
-        self._tau = tau_s
+        super().__init__(tau_s)
         self._min_weight = min_weight
         self._sum = 0.0
         self._weight = 0.0
-        self._last: float | None = None
 
     def observe(self, now: float, held_s: float) -> None:
         """One request gave back its unit of capacity after `held_s` seconds."""
@@ -264,14 +277,6 @@ class HoldMeter:
         return self._sum / self._weight
 
     def _advance(self, now: float) -> None:
-        decay, self._last = _decay(self._last, now, tau_s=self._tau)
+        decay = self._decay(now)
         self._sum *= decay
         self._weight *= decay
-
-
-def _decay(last: float | None, now: float, *, tau_s: float) -> tuple[float, float]:
-    """The factor e^(−dt/τ) by which weights seen at `last` shrink by `now` (1 before the first
-    tick, or for a clock that did not move on), and the new last tick."""
-    if last is None or now <= last:
-        return 1.0, now if last is None else last
-    return math.exp(-(now - last) / tau_s), now
