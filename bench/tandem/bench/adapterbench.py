@@ -32,9 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from tandem.bench.aggregate import spread, spread_cell
+from tandem.bench.counters import families
 from tandem.bench.records import DriveResult
 from tandem.bench.stats import percentile
 
@@ -71,13 +70,10 @@ SAMPLED = (LOADS, WAITING, RUNNING, FINISHED.removesuffix("_total"))
 def parse_engine_sample(text: str, *, t: float, engine: str) -> EngineSample:
     """The loads, waiting and running of one engine's `/metrics` text (summed over label sets).
 
-    Only the lines of the families it reads are parsed: the sampler runs every second on the event
-    loop that drives the load, and parsing four engines' whole pages (mostly histograms) there
-    delayed the requests whose TTFT the run measures (as `tandem.bench.timeline` found for its own)."""
+    Only the lines of the families it reads are parsed (`counters.families`): the sampler runs every
+    second on the event loop that drives the load."""
     values = {"disk": 0.0, "cpu": 0.0, WAITING: 0.0, RUNNING: 0.0, FINISHED: 0.0}
-    marks = tuple(f"# {kind} {name}" for kind in ("TYPE", "HELP") for name in SAMPLED)
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(SAMPLED + marks))
-    for family in text_string_to_metric_families(wanted):
+    for family in families(text, SAMPLED):
         for sample in family.samples:
             if sample.name == f"{LOADS}_total":
                 source = sample.labels.get("source", "")

@@ -28,11 +28,12 @@ Overall rates sum the deltas over engines first (token-weighted), never average 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 METRICS: Mapping[str, str] = MappingProxyType(
@@ -93,6 +94,16 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 class MetricsError(RuntimeError):
     """An engine's /metrics could not be read or parsed."""
+
+
+def families(text: str, prefixes: tuple[str, ...]) -> Iterable[Metric]:
+    """The metric families of Prometheus `text` whose names start with one of `prefixes`, parsing
+    only their lines: a page is mostly histograms, and a sampler that runs every second on the event
+    loop whose requests it measures should not parse them (the timeline's and the adapter bench's).
+    Raises ValueError for a wanted line that is not Prometheus exposition format."""
+    marks = tuple(f"# {kind} {p}" for kind in ("TYPE", "HELP") for p in prefixes)
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes + marks))
+    return text_string_to_metric_families(wanted)
 
 
 def parse_counters(text: str) -> EngineCounters:

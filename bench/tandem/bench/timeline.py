@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from tandem.bench.counters import families
 from tandem.bench.engines import metrics_url
 from tandem.bench.stats import Slo, Timed, percentile, slo_report
 
@@ -68,10 +68,8 @@ def parse_gauges(
     ValueError when a wanted line is not Prometheus exposition format.
     """
     prefixes = (prefix,) if isinstance(prefix, str) else prefix
-    marks = tuple(f"# {kind} {p}" for kind in ("TYPE", "HELP") for p in prefixes)
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes + marks))
     out = []
-    for family in text_string_to_metric_families(wanted):
+    for family in families(text, prefixes):
         if family.type != "gauge" or not family.name.startswith(prefix):
             continue
         for sample in family.samples:
