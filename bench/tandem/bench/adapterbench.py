@@ -287,7 +287,8 @@ def _met(met: bool | None) -> str:
     return "–" if met is None else "yes" if met else "**no**"
 
 
-def _num(value: Any, fmt: str) -> str:
+def num(value: Any, fmt: str) -> str:
+    """`value` formatted by `fmt` for a report's cell, "–" when unknown."""
     return "–" if value is None else format(value, fmt)
 
 
@@ -324,8 +325,8 @@ def markdown(
             "| --- | ---: | --- | ---: | --- | --- |",
         ]
         for c in checks:
-            peer = "–" if c["best_peer"] is None else f"{c['best_peer']} ({_num(c['peer'], '.1f')})"
-            lines.append(f"| {c['target']} | {_num(c['ours'], '.2f')} | {peer} | {_num(c['ratio'], '.2f')} "
+            peer = "–" if c["best_peer"] is None else f"{c['best_peer']} ({num(c['peer'], '.1f')})"
+            lines.append(f"| {c['target']} | {num(c['ours'], '.2f')} | {peer} | {num(c['ratio'], '.2f')} "
                          f"| {c['bound']} | {_met(c['met'])} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -368,11 +369,11 @@ def catalog_markdown(summary: Mapping[str, Any]) -> str:
         f"| {n} | {spread_cell(cpu['catalog'], '.3f')} | {spread_cell(idle['catalog'], '.0f')} "
         f"| {spread_cell(after['catalog'], '.0f')} |",
         "",
-        f"- CPU per 1,000, {n} ÷ 0: **{_num(ratio, '.2f')}×** "
-        f"(medians {_num(summary['cpu_ratio_median'], '.2f')}×; "
+        f"- CPU per 1,000, {n} ÷ 0: **{num(ratio, '.2f')}×** "
+        f"(medians {num(summary['cpu_ratio_median'], '.2f')}×; "
         f"target ≤ 1.1: {'met' if ratio is not None and ratio <= 1.1 else '**not met**'})",
-        f"- RSS growth per adapter: **{_num(per, '.1f')} KiB** after the run, "
-        f"{_num(summary['rss_idle_kib_per_adapter'], '.1f')} KiB after start-up (target < 100: "
+        f"- RSS growth per adapter: **{num(per, '.1f')} KiB** after the run, "
+        f"{num(summary['rss_idle_kib_per_adapter'], '.1f')} KiB after start-up (target < 100: "
         f"{'met' if per is not None and per < 100 else '**not met**'}); errors {summary['errors']}",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tandem.bench.adapterbench import num
+
 
 def least_disk_loads(sequence: Sequence[str], *, slots: int) -> int:
     """The fewest disk reads that serve `sequence` (adapter names in arrival order) from a CPU tier of
@@ -108,10 +110,10 @@ def least_loads_markdown(bound: Mapping[str, Any]) -> str:
         f"\nLeast any placement could reach on this request sequence from empty CPU tiers "
         f"({bound['requests']} requests, "
         f"{bound['distinct_adapters']} distinct adapters, {_entries(bound)}, Belady's clairvoyant "
-        f"eviction): {_num(bound['least_loads_per_1000'], '.0f')} adapter "
-        f"loads per 1,000 ({_num(bound['least_disk_loads_per_1000'], '.0f')} disk reads), "
-        f"{_num(None if ratio is None else ratio, '.2f')}× the best peer's loads; at least "
-        f"{_num(None if share is None else share * 100, '.0f')}% of the requests wait for a disk read.\n"
+        f"eviction): {num(bound['least_loads_per_1000'], '.0f')} adapter "
+        f"loads per 1,000 ({num(bound['least_disk_loads_per_1000'], '.0f')} disk reads), "
+        f"{num(ratio, '.2f')}× the best peer's loads; at least "
+        f"{num(None if share is None else share * 100, '.0f')}% of the requests wait for a disk read.\n"
     )
     warm = bound.get("least_warm_loads_per_1000")
     if warm is not None:
@@ -119,8 +121,8 @@ def least_loads_markdown(bound: Mapping[str, Any]) -> str:
         gpu = " + ".join(map(str, bound["gpu_pools"]))
         text += (
             f"With every CPU tier already holding its adapters, the copies into the {gpu} GPU slots "
-            f"alone: {_num(warm, '.0f')} loads per 1,000, "
-            f"{_num(None if warm_ratio is None else warm_ratio, '.2f')}× the best peer's.\n"
+            f"alone: {num(warm, '.0f')} loads per 1,000, "
+            f"{num(warm_ratio, '.2f')}× the best peer's.\n"
         )
     return text
 
@@ -132,7 +134,3 @@ def _entries(bound: Mapping[str, Any]) -> str:
     if len(pools) == 1:
         return f"{pools[0]} CPU-tier entries over all engines"
     return f"{' + '.join(map(str, pools))} CPU-tier entries (prefill and decode pools, each read on its own)"
-
-
-def _num(value: Any, fmt: str) -> str:
-    return "–" if value is None else format(value, fmt)
