@@ -175,6 +175,8 @@ def test_the_pools_drain_rate_is_its_capacity_over_how_long_a_request_holds_a_sl
     assert pool_drain_rate(capacity=None, mean_hold_s=5.0) is None
     assert pool_drain_rate(capacity=0, mean_hold_s=5.0) is None
     assert pool_drain_rate(capacity=20, mean_hold_s=None) is None
+    # The module docstring's example: 40 ahead, measured 0.6/s, the pool's 4/s → 10 s.
+    assert expected_wait(ahead=40, drain_per_s=drain_estimate(0.6, 4.0)) == 10.0
 
 
 @pytest.mark.parametrize(
@@ -191,8 +193,6 @@ def test_the_wait_is_priced_at_the_measured_rate_raised_to_the_pools(
     measured: float | None, pool: float | None, rate: float | None
 ) -> None:
     assert drain_estimate(measured, pool) == rate
-    if rate is not None:  # the docstring's example: 40 ahead
-        assert expected_wait(ahead=40, drain_per_s=drain_estimate(0.6, 4.0)) == 10.0
 
 
 def test_the_hold_meter_is_a_mean_that_forgets_with_time() -> None:
