@@ -55,6 +55,20 @@ def test_a_batch_never_holds_more_adapters_than_max_loras() -> None:
     assert all(len(run.outputs[r]) == 4 for r in names)
 
 
+def test_a_request_the_adapter_budget_leaves_waiting_is_counted_deferred() -> None:
+    core = lora_core(max_loras=1, max_cpu_loras=2)
+    a, b = adapter("a", 1), adapter("b", 2)
+    for i, lora in enumerate((a, b, None)):
+        core.add_request(under(request(f"r{i}", prompt(20, salt=i), max_tokens=4), lora), now=0.0)
+    core.add_request(request("r3", prompt(20, salt=3), max_tokens=4), now=0.0)
+    plan = core.plan_step(now=0.0)
+    assert {s.request.request_id for s in plan.output.scheduled} == {"r0", "r2", "r3"}
+    stats = core.finish_step(plan, now=plan.time.total_s).scheduler
+    assert (stats.num_waiting, stats.num_deferred) == (1, 1)  # r1: b does not fit beside a
+    run = run_to_completion(core, now=plan.time.total_s)
+    assert len(run.outputs["r1"]) == 4 and core.stats().num_deferred == 0
+
+
 def test_base_model_requests_batch_with_any_adapter() -> None:
     core = lora_core(max_loras=1)
     core.add_request(under(request("lora", prompt(20), max_tokens=2), adapter("a")), now=0.0)

@@ -72,6 +72,8 @@ def test_every_vllm_metric_is_exposed_with_model_and_engine_labels(server: str) 
     samples = scrape(server)
     for name in GAUGES:
         assert value(samples, name) == 0.0
+    for reason in ("capacity", "deferred"):
+        assert value(samples, "vllm:num_requests_waiting_by_reason", reason=reason) == 0.0
     for name in COUNTERS:
         assert value(samples, f"{name}_total") == 0.0
     assert value(samples, "vllm:request_success_total", finished_reason="stop") == 0.0

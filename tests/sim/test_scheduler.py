@@ -15,6 +15,22 @@ from tandem.sim.engine.requests import Status
 from tandem.sim.engine.timemodel import BatchShape, step_time
 
 
+def test_a_request_that_arrives_during_a_step_is_counted_waiting_only_once_a_step_left_it_waiting() -> None:
+    # vLLM's engine core takes new requests between steps and counts after a step: an arrival is not
+    # reported waiting at the end of the step it arrived in, nor before the next step schedules it.
+    core = make_core(max_num_seqs=2)
+    core.add_request(request("r0", prompt(20), max_tokens=4), now=0.0)
+    plan = core.plan_step(now=0.0)
+    for i in (1, 2):
+        core.add_request(request(f"r{i}", prompt(20, salt=i), max_tokens=4), now=0.001)
+    assert core.stats().num_waiting == 0
+    finished = core.finish_step(plan, now=0.01)
+    assert (finished.scheduler.num_running, finished.scheduler.num_waiting) == (1, 0)
+    plan = core.plan_step(now=0.01)  # r1 joins r0; r2 is beyond max_num_seqs
+    assert [s.request.request_id for s in plan.output.scheduled] == ["r0", "r1"]
+    assert core.finish_step(plan, now=0.02).scheduler.num_waiting == 1
+
+
 def test_no_more_than_max_num_seqs_run_at_once() -> None:
     core = make_core(max_num_seqs=2)
     for i in range(5):

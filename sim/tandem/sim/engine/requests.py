@@ -212,9 +212,11 @@ class IterationStats:
 class SchedulerStats:
     """The engine's state after a step: request counts and the KV-cache usage fraction in [0, 1].
     `lora_adapters` names every adapter with a waiting or running request, in the order they first
-    got one (vLLM 0.32's `LoRARequestStates`)."""
+    got one (vLLM 0.32's `LoRARequestStates`). `num_waiting` counts what the last schedule left
+    waiting, `num_deferred` those of them the adapter budget deferred (`tandem.sim.engine.scheduler`)."""
 
     num_running: int
     num_waiting: int
     kv_cache_usage: float
     lora_adapters: tuple[str, ...] = ()
+    num_deferred: int = 0

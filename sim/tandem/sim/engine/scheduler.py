@@ -13,7 +13,14 @@ Each step has a budget of `max_num_batched_tokens` new tokens:
    With LoRA (`max_loras` set), a step's batch holds at most `max_loras` distinct adapters: a waiting
    request whose adapter is not in the batch when it already has that many is skipped for this step
    (it keeps its place at the head of the queue) and later requests are still considered, as vLLM
-   0.32's scheduler does.
+   0.32's scheduler does; such a request is *deferred* until a step admits it.
+
+The counts it reports (`stats`) are vLLM 0.32's: its engine core takes new requests from its input
+queue only between two steps and makes its scheduler's stats at the end of a step, so a request that
+arrived during a step is not counted until a step has scheduled around it. `num_waiting` is what the
+last `schedule` left waiting (requests added since are not in it), and `num_deferred` how many of
+those the adapter budget deferred (vLLM's `num_skipped_waiting_reqs`). Example: 2 waiting after a
+step, 3 arrive before the next: 2 are reported until the next step ends.
 
 Example (budget 8192): a 20,000-token prompt is prefilled over three steps (8192, 8192, 3616 tokens);
 while it does, each running decode request still gets its one token per step first.
@@ -101,10 +108,13 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._adapter_requests: OrderedDict[str, int] = OrderedDict()  # unfinished requests per adapter
+        self._unseen: set[str] = set()  # added since the last `schedule` (not yet counted as waiting)
+        self._deferred: set[str] = set()  # left waiting by the adapter budget (vLLM's `deferred_waiting`)
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
         self.waiting.append(request)
+        self._unseen.add(request.request_id)
         if request.lora is not None:
             name = request.lora.name
             self._adapter_requests[name] = self._adapter_requests.get(name, 0) + 1
@@ -114,10 +124,12 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         adapters = tuple(self._adapter_requests)
-        return SchedulerStats(len(self.running), len(self.waiting), self.pool.usage(), adapters)
+        waiting = len(self.waiting) - len(self._unseen)
+        return SchedulerStats(len(self.running), waiting, self.pool.usage(), adapters, len(self._deferred))
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (module docstring)."""
+        self._unseen.clear()
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -156,6 +168,8 @@ class Scheduler:
             self.running.remove(request)
         elif request.status is Status.WAITING:
             self.waiting.remove(request)
+            self._unseen.discard(request.request_id)
+            self._deferred.discard(request.request_id)
         if request.status is not Status.FINISHED and request.lora is not None:
             name = request.lora.name
             self._adapter_requests[name] -= 1
@@ -197,6 +211,7 @@ class Scheduler:
             request = self.waiting[0]
             if self._exceeds_max_loras(request, loras):
                 skipped.append(self.waiting.popleft())
+                self._deferred.add(request.request_id)
                 continue
             hits = self.pool.cached_prefix(request.block_hashes, num_tokens=request.num_tokens)
             local = len(hits) * self.pool.block_size
@@ -213,6 +228,7 @@ class Scheduler:
             ):
                 break  # the head waits for blocks; later requests wait behind it (FCFS)
             self.waiting.popleft()
+            self._deferred.discard(request.request_id)
             request.status = Status.RUNNING
             request.num_computed_tokens = local + external
             self.running.append(request)
