@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from tandem.router.discovery.capacity import (
     kv_bound,
 )
 from tandem.router.settings import AdmissionSettings, RouterSettings
-from tandem.router.types import AdapterLoad, Endpoint
+from tandem.router.types import Endpoint
 
 
 @pytest.mark.parametrize(
@@ -496,33 +495,3 @@ async def test_a_gateway_told_nothing_learns_an_engines_slots_and_keeps_the_back
     # The second burst waited in the gateway: at most the 2 requests sent as 2 streams neared their
     # end together (the handover) wait in the engine, against 10 with nothing learned.
     assert max(waiting) <= 2, waiting
-
-
-def test_requests_waiting_for_an_adapter_slot_teach_no_limit() -> None:
-    """`--max-loras 4` and requests for six adapters: the requests of the two that do not fit in a
-    batch wait however many the engine could run, so readings holding requests back then say nothing
-    of C (the gateway would otherwise hold in its queue requests whose adapters are running). With
-    four adapters the same readings are the engine's limit; a pre-emption still bounds C."""
-
-    def reading(
-        active: int, *, running: int = 5, waiting: int = 3, step: int, preemptions: float = 0.0
-    ) -> Any:
-        names = frozenset(f"a{i}" for i in range(active))
-        load = AdapterLoad(running=names, waiting=names, max_loras=4)
-        engine = replace(
-            stats(
-                running=running, waiting=waiting, kv_usage=0.1, tokens=float(step), preemptions=preemptions
-            ),
-            adapters=load,
-        )
-        return snapshot(A, engine=engine)
-
-    many = EngineCapacity(initial=DEFAULT_CAPACITY)
-    assert [many.concurrency(reading(6, step=i)) for i in range(1, CONFIRM + 3)] == [DEFAULT_CAPACITY] * (
-        CONFIRM + 2
-    )
-    assert many.concurrency(reading(6, step=20, preemptions=1.0)) == 4, (
-        "its cache ran out: one below what ran"
-    )
-    few = EngineCapacity(initial=DEFAULT_CAPACITY)
-    assert [few.concurrency(reading(4, step=i)) for i in range(1, CONFIRM + 1)][-1] == 5

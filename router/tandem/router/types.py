@@ -116,7 +116,9 @@ class EngineStats:
     `started`: when it started, Unix seconds (the `_created` time of that counter; None if absent);
     `preemptions`: `vllm:num_preemptions_total`, running requests it sent back to waiting because its
     KV cache ran out (None if absent); `adapters`: its LoRA adapters in use (None: no
-    `vllm:lora_requests_info` series: LoRA off, or no request since the engine started).
+    `vllm:lora_requests_info` series: LoRA off, or no request since the engine started); `deferred`: of
+    `waiting`, those a transient constraint such as the LoRA adapter budget holds out of a batch
+    (`vllm:num_requests_waiting_by_reason{reason="deferred"}`, vLLM 0.32; None if absent).
     `served` and `started` say whether an engine is new to everyone, not only to this gateway, and
     whether it restarted since the last reading.
     """
@@ -131,6 +133,7 @@ class EngineStats:
     started: float | None = None
     preemptions: float | None = None
     adapters: AdapterLoad | None = None
+    deferred: int | None = None
 
     def restarted_since(self, earlier: EngineStats, /) -> bool:
         """Whether the engine restarted between `earlier` and this reading: another start time, or

@@ -27,9 +27,14 @@ waited through an engine step since. Below a declared `--max-num-seqs` only a fu
 believed (batches of equal requests finishing together can show the same passing moment at every scrape).
 
 **Waiting for an adapter slot is not a limit.** An engine whose requests name more LoRA adapters than
-one batch may hold (`max_loras` of `vllm:lora_requests_info`; in vLLM 0.32 its labels name every
-adapter with a request) keeps the requests of the adapters that do not fit waiting however many
-requests it could run. Such a reading with requests waiting neither lowers nor confirms C
+one batch may hold (`max_loras`) keeps the requests of the adapters that do not fit waiting however
+many requests it could run. vLLM 0.32 says which waiting requests those are: its
+`vllm:num_requests_waiting_by_reason{reason="deferred"}` (`EngineStats.deferred`) counts the requests
+a transient constraint, the adapter budget among them, held out of the step's batch; only the rest
+(`reason="capacity"`) are a sign of C. Example: 5 running, 3 waiting of which 2 deferred: 1 waits
+for capacity, a reading held back at 5. An engine without that series (older vLLM) is read from
+`vllm:lora_requests_info` instead (its labels name every adapter with a request in 0.32): a reading
+with requests waiting while more adapters are active than `max_lora` neither lowers nor confirms C
 (`adapter_bound`); only a pre-emption or a filling KV cache bounds it then. Example: `--max-loras 4`,
 requests for 6 adapters, 5 running and 3 waiting: no sign of C. Before this rule a multi-adapter
 pool's engines were confirmed at the few requests their batches held, and the gateway held in its
@@ -271,6 +276,7 @@ class EngineCapacity:
         sent = engine.sent
         engine.sent = reading.sent
         running, waiting = stats.running, stats.waiting
+        held = waiting - stats.deferred if stats.deferred is not None else waiting  # waiting for capacity
         engine.most = max(engine.most, running)
         kv_full = stats.kv_usage is not None and stats.kv_usage >= KV_FULL
         c = engine.c
@@ -289,16 +295,16 @@ class EngineCapacity:
             # ends: its room is read from its cache instead, `_ran_everything`.)
             engine.c, engine.confirmed, engine.kind, engine.probing = running, False, None, False
             engine.held = (0, 0, False)
-        elif waiting > 0 and adapter_bound(stats):
+        elif waiting > 0 and stats.deferred is None and adapter_bound(stats):
             # Its requests name more adapters than a batch holds: some wait for an adapter slot
-            # whatever its capacity, so what waits says nothing of C.
+            # whatever its capacity, and the engine does not say which, so what waits says nothing of C.
             engine.held = (0, 0, False)
-        elif waiting > 0 and running > 0 and (running < c or not engine.confirmed):
+        elif held > 0 and running > 0 and (running < c or not engine.confirmed):
             # Held back (at C itself too while C is unconfirmed, e.g. its pool's: `_pool_stands`;
             # an unconfirmed engine running more than C was taken by the branch above).
             # Waiting beyond what was sent since the last reading waited through an engine step.
             proven = (
-                sent is not None and reading.sent is not None and waiting > (reading.sent - sent) * self.share
+                sent is not None and reading.sent is not None and held > (reading.sent - sent) * self.share
             )
             self._held_back(engine, running, kv_full=kv_full, kv_filling=_filling(stats), proven=proven)
         else:

@@ -6,6 +6,7 @@ The names are vLLM's (research/anchors.md §1.1), which the simulator serves too
 |---|---|---|
 | `running` | `vllm:num_requests_running` | sum |
 | `waiting` | `vllm:num_requests_waiting` | sum |
+| `deferred` | `vllm:num_requests_waiting_by_reason{reason="deferred"}` (vLLM 0.32; below) | sum |
 | `kv_usage` | `vllm:kv_cache_usage_perc` (older vLLM: `vllm:gpu_cache_usage_perc`) | mean |
 | `block_size`, `num_gpu_blocks` | labels of `vllm:cache_config_info` | first / sum |
 | `tokens` | `vllm:prompt_tokens_total` + `vllm:generation_tokens_total` (moved by engine steps) | sum |
@@ -13,6 +14,10 @@ The names are vLLM's (research/anchors.md §1.1), which the simulator serves too
 | `preemptions` | `vllm:num_preemptions_total` (running requests sent back: the cache ran out) | sum |
 | `started` | `vllm:request_success_created` (Unix seconds its counters were created) | earliest |
 | `adapters` | labels of `vllm:lora_requests_info` (below) | the series with the largest value |
+
+`deferred` counts the waiting requests a transient constraint, the LoRA adapter budget among them,
+held out of the last step's batch; the rest (`reason="capacity"`) wait for room. None on an engine
+without the series (an older vLLM).
 
 `vllm:lora_requests_info` (labels `running_lora_adapters`, `waiting_lora_adapters`, `max_lora`)
 is a gauge whose value is the time of its last update, with one series
@@ -41,6 +46,7 @@ from tandem.router.types import AdapterLoad, EngineStats
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 CACHE_CONFIG = "vllm:cache_config_info"
 TOKENS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
@@ -49,7 +55,18 @@ STARTED = "vllm:request_success_created"
 PREEMPTIONS = "vllm:num_preemptions_total"
 LORA_INFO = "vllm:lora_requests_info"
 _WANTED = frozenset(
-    {RUNNING, WAITING, CACHE_CONFIG, *KV_USAGE, *TOKENS, SERVED, STARTED, PREEMPTIONS, LORA_INFO}
+    {
+        RUNNING,
+        WAITING,
+        WAITING_BY_REASON,
+        CACHE_CONFIG,
+        *KV_USAGE,
+        *TOKENS,
+        SERVED,
+        STARTED,
+        PREEMPTIONS,
+        LORA_INFO,
+    }
 )
 
 
@@ -92,6 +109,7 @@ def parse_engine_metrics(text: str) -> EngineStats:
         started=min(started) if started else None,
         preemptions=sum(preemptions) if preemptions else None,
         adapters=_adapters(samples.get(LORA_INFO, [])),
+        deferred=_deferred(samples.get(WAITING_BY_REASON, [])),
     )
 
 
@@ -173,6 +191,12 @@ def _cache_config(samples: list[tuple[str, float]]) -> tuple[int | None, int | N
             block_size = size
         total_blocks += _positive_int(labels.get("num_gpu_blocks")) or 0
     return block_size, total_blocks or None
+
+
+def _deferred(samples: list[tuple[str, float]]) -> int | None:
+    """The `reason="deferred"` series of `vllm:num_requests_waiting_by_reason`, summed; None without one."""
+    values = [value for label_text, value in samples if _labels(label_text).get("reason") == "deferred"]
+    return round(sum(values)) if values else None
 
 
 def _adapters(samples: list[tuple[str, float]]) -> AdapterLoad | None:
