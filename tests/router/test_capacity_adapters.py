@@ -14,11 +14,15 @@ from typing import Any
 
 import httpx
 from openai import AsyncOpenAI
+from tests.router.harness import FakeClock
 from tests.router.scheduling_builders import A, snapshot, stats
 from tests.servers import run_uvicorn
 
 from tandem.router.discovery.capacity import CONFIRM, DEFAULT_CAPACITY, EngineCapacity
 from tandem.router.discovery.enginestats import parse_engine_metrics
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.observe.schedmetrics import EngineStateCollector
+from tandem.router.scheduling.state import SchedulingState
 from tandem.router.types import AdapterLoad
 from tandem.sim.app import create_app as sim_app
 from tandem.sim.settings import SimSettings
@@ -38,6 +42,24 @@ def test_the_deferred_count_is_read_from_vllms_waiting_reasons_and_summed_over_e
     assert parse_engine_metrics(GAUGES).deferred is None  # an engine without the series
     assert parse_engine_metrics(GAUGES + by_reason("0", 1, 2)).deferred == 2
     assert parse_engine_metrics(GAUGES + by_reason("0", 1, 2) + by_reason("1", 0, 3)).deferred == 5
+
+
+def test_the_gateway_reports_each_engines_deferred_requests_where_the_engine_says_them() -> None:
+    clock = FakeClock()
+    endpoints = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=clock)
+    endpoints.set_pool("decode", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    endpoints.record_scrape("http://10.0.0.1:8000", replace(stats(running=5, waiting=3), deferred=2))
+    endpoints.record_scrape("http://10.0.0.2:8000", stats(running=1, waiting=0))
+    families = EngineStateCollector(endpoints, SchedulingState(clock=clock)).collect()
+    requests = next(f for f in families if f.name == "tandem_router_endpoint_engine_requests")
+    seen = {(s.labels["endpoint"], s.labels["state"]): s.value for s in requests.samples}
+    assert seen == {
+        ("10.0.0.1:8000", "running"): 5,
+        ("10.0.0.1:8000", "waiting"): 3,
+        ("10.0.0.1:8000", "deferred"): 2,
+        ("10.0.0.2:8000", "running"): 1,
+        ("10.0.0.2:8000", "waiting"): 0,
+    }
 
 
 def reading(

@@ -106,7 +106,9 @@ class EngineStateCollector(Collector):
         labels = ["pool", "endpoint"]
         requests = GaugeMetricFamily(
             f"{PREFIX}_endpoint_engine_requests",
-            "Requests the engine reported (state: running, waiting) at the last good scrape.",
+            "Requests the engine reported at the last good scrape (state: running, waiting; deferred: of "
+            "those waiting, the ones a transient constraint such as the LoRA adapter budget held out of "
+            "its batch, where the engine reports it).",
             labels=[*labels, "state"],
         )
         kv = GaugeMetricFamily(
@@ -126,6 +128,8 @@ class EngineStateCollector(Collector):
                 key, stats = [pool, snap.endpoint.name], snap.engine.stats
                 requests.add_metric([*key, "running"], stats.running)
                 requests.add_metric([*key, "waiting"], stats.waiting)
+                if stats.deferred is not None:
+                    requests.add_metric([*key, "deferred"], stats.deferred)
                 if stats.kv_usage is not None:
                     kv.add_metric(key, stats.kv_usage)
                 age.add_metric(key, snap.engine.age_s(now))
