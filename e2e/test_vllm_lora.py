@@ -22,7 +22,8 @@ with greedy decoding:
    pool left out; the base model's answers to the same prompts, asked afterwards and disaggregated
    through the pool, are still the base model's;
 4. the gateway's copy of a hot adapter (`AdapterCopier`: vLLM's runtime load route, in place, from
-   the router config's `adapterLoadDir`) loads on real vLLM, which then answers under it as before.
+   the router config's `adapterLoadDir`) loads on real vLLM, which then answers under it as before;
+5. each engine's page has vLLM 0.32's waiting reasons, which the gateway's parser reads.
 
 Per-request timings are printed (shown with -s), for docs/vllm.md; nothing asserts on them.
 
@@ -59,6 +60,7 @@ from e2e.stacks import (
     running_stack,
 )
 
+from tandem.router.discovery.enginestats import parse_engine_metrics
 from tandem.router.settings import ProxySettings
 from tandem.router.upstream.adaptercopy import AdapterCopier
 from tandem.router.upstream.client import HTTPUpstream, new_wire
@@ -287,3 +289,15 @@ def test_the_gateways_copy_loads_an_adapter_through_vllms_runtime_api(
     listed = httpx.get(f"{engine}/v1/models", headers=key, timeout=30).json()["data"]
     assert [entry["root"] for entry in listed if entry["id"] == b] == [f"{directory}/{b}"]
     assert tokens(engine, text, model=b) == direct[(b, text)]
+
+
+def test_the_engines_page_says_which_waiting_requests_the_adapter_budget_deferred(stack: Stack) -> None:
+    """vLLM 0.32 writes `vllm:num_requests_waiting_by_reason{reason="capacity"|"deferred"}`, which the
+    gateway's capacity learner reads to tell requests waiting for an adapter slot from those waiting
+    for room (docs/router.md): a real engine's page has it, and the gateway's parser reads it (0 on
+    an idle engine; None would mean the series is missing)."""
+    key = {"Authorization": f"Bearer {ENGINE_KEY}"}
+    for engine in (*stack.prefill, *stack.decode):
+        page = httpx.get(f"{engine}/metrics", headers=key, timeout=30).text
+        assert 'reason="deferred"' in page
+        assert parse_engine_metrics(page).deferred == 0
