@@ -117,7 +117,7 @@ class SimMetrics:
         self.waiting = family.gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
         )
-        self._waiting_by_reason = Gauge(
+        by_reason = Gauge(
             "vllm:num_requests_waiting_by_reason",
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
             "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
@@ -125,8 +125,8 @@ class SimMetrics:
             (*_LABELS, "reason"),
             registry=family.registry,
         )
-        for reason in ("capacity", "deferred"):
-            self._waiting_by_reason.labels(**family.labels, reason=reason)
+        self.waiting_for_capacity = by_reason.labels(**family.labels, reason="capacity")
+        self.waiting_deferred = by_reason.labels(**family.labels, reason="deferred")
         self.kv_usage = family.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_queries = family.counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
         self.prefix_hits = family.counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
@@ -210,10 +210,8 @@ class SimMetrics:
         """Fold one step (or an arrival/abort) into the metrics."""
         self.running.set(scheduler.num_running)
         self.waiting.set(scheduler.num_waiting)
-        deferred = scheduler.num_deferred
-        by_reason = self._waiting_by_reason
-        by_reason.labels(**self._labels, reason="capacity").set(scheduler.num_waiting - deferred)
-        by_reason.labels(**self._labels, reason="deferred").set(deferred)
+        self.waiting_for_capacity.set(scheduler.num_waiting - scheduler.num_deferred)
+        self.waiting_deferred.set(scheduler.num_deferred)
         self.kv_usage.set(scheduler.kv_cache_usage)
         self.prefix_queries.inc(iteration.prefix_queries)
         self.prefix_hits.inc(iteration.prefix_hits)
