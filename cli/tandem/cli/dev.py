@@ -118,8 +118,9 @@ def ttft_floor(
     top: int,
 ) -> None:
     """The least TTFT each request of a workload file could have on simulated engines: the prompt
-    tokens no earlier request shared, computed alone on an idle engine (`tandem.sim.engine.floor`).
-    No router's TTFT percentile can be below the floor's; prints p50/p90/p99/max in wall ms."""
+    tokens no earlier request shared, computed alone on an idle engine, no sooner than the earlier
+    requests it shares them with could have computed them (`tandem.sim.engine.floor`). No router's
+    TTFT percentile can be below the floor's; prints p50/p90/p99/max in wall ms."""
     try:
         workload = load_workload(workload_file)
         engine_profile = get_profile(profile)
@@ -133,7 +134,7 @@ def ttft_floor(
     ]
     floors = least_ttfts(
         prompts, engine_profile, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-        warm=prompts[:warmup],
+        warm=prompts[:warmup], arrivals=[r.offset_s for r in workload.requests],
     )  # fmt: skip
     wall_ms = [f * 1000 / time_scale for f in floors]
     cells = ", ".join(f"p{q} {percentile(wall_ms, q) or 0:.1f}" for q in (50, 90, 99))
