@@ -111,8 +111,8 @@ class Picker(Protocol):
 
 @runtime_checkable
 class PostPick(Protocol):
-    """A filter that learns from the decisions made with it (llm-d's PreRequest plugins): the
-    scheduler calls `picked` after each cycle of a profile the filter is in, with the decision.
+    """A filter or scorer that learns from the decisions made with it (llm-d's PreRequest plugins):
+    the scheduler calls `picked` after each cycle of a profile it is in, with the decision.
     Synchronous and cheap, no I/O; it may update only the plugin's own state."""
 
     def picked(self, decision: Decision, /) -> None: ...

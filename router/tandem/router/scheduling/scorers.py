@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from tandem.router.scheduling.pinned import PinnedTraffic
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.types import AdapterLoad
+
+if TYPE_CHECKING:
+    from tandem.router.scheduling.runner import Decision
 
 #: KV score of an endpoint whose usage is unknown or stale: neither preferred nor avoided.
 NEUTRAL = 0.5
@@ -100,6 +104,11 @@ class PrefixScorer:
     three new prompts arriving within 20 ms all went to the one engine that had just taken the
     first of them (docs/routing.md).
 
+    A long new prompt also avoids the engines whose recent traffic was pinned to their caches
+    (`pinned.PinnedTraffic`, given as `pinned`): its prefill holds the engine it goes to, and the
+    requests only that engine's cache serves would wait for it. Among the candidates near the least
+    work and load, only those with the least pinned share (within its slack) may be its home.
+
     Example, n = 1000, fills A 0.5, B 0.2, C 0.2, loads equal: A holds 960 (r = 0.96 ≥ 0.3, s = 0) →
     A 0.96, B = C = 0. A new prompt (s = 1) → A 0, B = C = 1. A holds 100 (r_max = 0.1, s = 2/3) →
     A 0.1, B = C = 0.667: a match that weak is not worth filling a fuller cache further. A new
@@ -113,14 +122,25 @@ class PrefixScorer:
     name = "prefix"
 
     def __init__(
-        self, *, threshold: float = DEFAULT_THRESHOLD, block_size: Callable[[str], int] | None = None
+        self,
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        block_size: Callable[[str], int] | None = None,
+        pinned: PinnedTraffic | None = None,
     ) -> None:
         """`block_size`: each endpoint's block size as the router's index knows it, so the anchor
-        reuses the keys the match computed (None: `ANCHOR_BLOCK_SIZE` for every endpoint)."""
+        reuses the keys the match computed (None: `ANCHOR_BLOCK_SIZE` for every endpoint);
+        `pinned`: the engines' pinned traffic a long new prompt avoids (None: not considered)."""
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
         self.threshold = threshold
         self.block_size = block_size
+        self.pinned = pinned
+
+    def picked(self, decision: Decision, /) -> None:
+        """The `PostPick` hook: the decision counts in the engines' pinned traffic."""
+        if self.pinned is not None:
+            self.pinned.picked(decision)
 
     def score(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Mapping[str, float]:
         n = cycle.prompt_tokens
@@ -135,6 +155,8 @@ class PrefixScorer:
         # ... and of those, the least loaded.
         lowest = min(c.load for c in free)
         near = [c for c in free if c.load <= lowest + LOAD_SLACK]
+        if self.pinned is not None:  # ... and of those, a long prompt's with the least pinned traffic
+            near = list(self.pinned.keep(cycle, near))
         fills = {c.url: c.cache_fill for c in near}
         availability = min_max_low_is_best(fills)
         size = ANCHOR_BLOCK_SIZE if self.block_size is None else min(map(self.block_size, fills))

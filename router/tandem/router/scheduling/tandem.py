@@ -14,7 +14,9 @@ With LoRA adapters (`adapters`: the service has some), both profiles end with th
 (`adapterplace.AdapterPlacement`: an adapter's request may go only to its home engine and the
 engines holding it, within a load bound), and the `prompt` profile also scores adapter affinity
 (`scorers.AdapterAffinityScorer`, weight `ADAPTER_WEIGHT`, 4) among them. The scheduler tells every
-filter that has a `picked` method (`plugins.PostPick`) each decision it made with it.
+filter and scorer that has a `picked` method (`plugins.PostPick`) each decision it made with it. The
+`prompt` profile's prefix scorer keeps the engines' pinned traffic that way (`pinned.PinnedTraffic`),
+which a long new prompt avoids.
 
 Which profile: the prefill pool always computes the prompt, so its prefix cache and queued prefill
 work decide (`prompt`). A decode endpoint computes the prompt too when the request is not
@@ -43,6 +45,7 @@ from tandem.router.scheduling.adapterplace import AdapterPlacement
 from tandem.router.scheduling.base import Routable
 from tandem.router.scheduling.filters import ImbalanceGuard, SlowStart
 from tandem.router.scheduling.picker import MaxScorePicker
+from tandem.router.scheduling.pinned import PinnedTraffic
 from tandem.router.scheduling.plugins import Candidate, Cycle, PostPick, Scorer
 from tandem.router.scheduling.runner import Decision, SchedulerProfile, Weighted
 from tandem.router.scheduling.scorers import (
@@ -79,7 +82,8 @@ class ProfileScheduler:
         self.state = state
         self.profiles = dict(profiles)
         self._post_pick: dict[str, list[PostPick]] = {
-            name: [f for f in p.filters if isinstance(f, PostPick)] for name, p in profiles.items()
+            name: [h for h in (*p.filters, *(w.scorer for w in p.scorers)) if isinstance(h, PostPick)]
+            for name, p in profiles.items()
         }
         self._timer = timer
         self._on_decision = on_decision
@@ -117,8 +121,9 @@ def tandem_profiles(
     block size in the router's index, for the keys that anchor a new prompt's home (`PrefixScorer`)."""
     picker = MaxScorePicker()
     placement = AdapterPlacement(capacity=adapter_capacity, loads=adapter_loads)
+    pinned = PinnedTraffic(threshold=cache_threshold)
     prompt: list[tuple[Scorer, float]] = [
-        (PrefixScorer(threshold=cache_threshold, block_size=block_size), weights.prefix),
+        (PrefixScorer(threshold=cache_threshold, block_size=block_size, pinned=pinned), weights.prefix),
         (LoadScorer(), weights.load),
         (KVScorer(), weights.kv),
         (TTFTScorer(), weights.ttft),

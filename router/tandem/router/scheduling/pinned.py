@@ -1,0 +1,99 @@
+"""Pinned traffic: how much of each engine's recent traffic only its prefix cache could serve, so that
+a long new prompt goes where its prefill blocks the least of it.
+
+A prompt cached nowhere is computed from scratch wherever it goes. A long one (thousands of tokens)
+fills its engine's steps for its whole prefill, a tenth of a second or more, and every request that
+arrives there meanwhile waits for it. A request whose prefix is cached only on that engine cannot go
+elsewhere without computing its prefix again, which takes as long: it waits. On the shared-prefix
+workload F64 (docs/benchmarks.md), warm, 3 of the 8 slowest requests of each run had waited so,
+behind a new 5,000-token system prompt placed (by its rendezvous home, `scorers.PrefixScorer`) on the
+engine that served the most traffic pinned to its cache. Placing that prompt on any other engine
+was as fast for it and cost no hit: it is cached nowhere.
+
+So the gateway keeps, per pool, each engine's share of its recent decisions that were pinned there:
+
+    pinned_e  ← (1 − w) · pinned_e + w · [the decision chose e, and e holds at least θ·n more of the
+                                          prompt than any other candidate]        (w = `WEIGHT`)
+    long      = every candidate would compute at least `LONG_PREFILL_S` of the prompt:
+                (n − matched_c) / R_c ≥ LONG_PREFILL_S        (R_c: its learned prefill rate)
+    keep(C)   = {c ∈ C : pinned_c ≤ min pinned over C + `SLACK`}   when long, else C
+
+`PrefixScorer` applies `keep` to the candidates a new prompt may call home, before the rendezvous
+order picks one of them; a short prompt (a step of a few milliseconds blocks nobody) and a cached one
+are placed as before. With no decisions seen (a gateway that has just started) every share is 0 and
+nothing changes, so gateway replicas still agree on new prompts' homes until their own traffic
+tells them otherwise. Example, w = 0.05, four engines: after 20 decisions of which 8 were pinned to
+A and 2 to each of B, C, D, pinned ≈ A 0.26, B, C, D 0.07; a 5,000-token new prompt at 32,000
+tokens/s (0.16 s ≥ 0.05 s) may go to B, C or D, not A (0.26 > 0.07 + 0.1); a 500-token one (16 ms)
+anywhere.
+
+Pure: no I/O, no clock; the scheduler tells it every decision (`picked`, the `PostPick` hook).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tandem.router.scheduling.plugins import Candidate, Cycle
+
+if TYPE_CHECKING:
+    from tandem.router.scheduling.runner import Decision
+
+#: The newest decision's weight in each engine's pinned share: about the last 20 decisions (half a
+#: second of a pool at 40 req/s), the requests a prefill of a tenth of a second or more will meet.
+WEIGHT = 0.05
+#: A new prompt whose prefill is shorter than this on every candidate blocks nobody long enough to
+#: matter (a step of a few milliseconds): it is placed as before.
+LONG_PREFILL_S = 0.05
+#: Pinned shares within this of the least count as the least (shares are fractions of decisions).
+SLACK = 0.1
+
+
+class PinnedTraffic:
+    """The pinned shares per pool and engine (module docstring). `threshold`: θ, the share of the
+    prompt one engine must hold beyond every other for a decision to be pinned there (the prefix
+    scorer's cache threshold)."""
+
+    def __init__(
+        self,
+        *,
+        threshold: float,
+        weight: float = WEIGHT,
+        long_prefill_s: float = LONG_PREFILL_S,
+        slack: float = SLACK,
+    ) -> None:
+        if not 0.0 < weight <= 1.0 or not 0.0 < threshold <= 1.0:
+            raise ValueError("weight and threshold must be in (0, 1]")
+        if long_prefill_s < 0 or slack < 0:
+            raise ValueError("long_prefill_s and slack must be >= 0")
+        self.threshold = threshold
+        self.weight = weight
+        self.long_prefill_s = long_prefill_s
+        self.slack = slack
+        self.shares: dict[str, dict[str, float]] = {}  # pool → engine URL → pinned share
+
+    def keep(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:
+        """The candidates a new prompt may call home (module docstring's `keep`); never empty
+        when `candidates` is not."""
+        shares = self.shares.get(cycle.pool)
+        if not shares or len(candidates) < 2:
+            return candidates
+        n = cycle.prompt_tokens
+        if any((n - c.matched_tokens) < self.long_prefill_s * c.tokens_per_second for c in candidates):
+            return candidates
+        least = min(shares.get(c.url, 0.0) for c in candidates)
+        return [c for c in candidates if shares.get(c.url, 0.0) <= least + self.slack]
+
+    def picked(self, decision: Decision, /) -> None:
+        chosen = decision.chosen.candidate
+        others = [s.candidate.matched_tokens for s in decision.scored if s.candidate.url != chosen.url]
+        if not others:
+            return
+        n = decision.cycle.prompt_tokens
+        pinned = n > 0 and chosen.matched_tokens - max(others) >= self.threshold * n
+        shares = self.shares.setdefault(decision.cycle.pool, {})
+        keep = 1.0 - self.weight
+        for scored in decision.scored:
+            url = scored.candidate.url
+            shares[url] = keep * shares.get(url, 0.0) + (self.weight if pinned and url == chosen.url else 0.0)
