@@ -22,10 +22,9 @@ So the gateway keeps, per pool, each engine's share of its recent decisions that
 order picks one of them; a short prompt (a step of a few milliseconds blocks nobody) and a cached one
 are placed as before. With no decisions seen (a gateway that has just started) every share is 0 and
 nothing changes, so gateway replicas still agree on new prompts' homes until their own traffic
-tells them otherwise. Example, w = 0.05, four engines: after 20 decisions of which 8 were pinned to
-A and 2 to each of B, C, D, pinned ≈ A 0.26, B, C, D 0.07; a 5,000-token new prompt at 32,000
-tokens/s (0.16 s ≥ 0.05 s) may go to B, C or D, not A (0.26 > 0.07 + 0.1); a 500-token one (16 ms)
-anywhere.
+tells them otherwise. Example, w = 0.05, four engines: ten decisions in a row pinned to A give A
+1 − 0.95¹⁰ = 0.40 and the others 0; a 5,000-token new prompt at 32,000 tokens/s (0.16 s ≥ 0.05 s)
+may then go to B, C or D, not A (0.40 > 0 + 0.1); a 500-token one (16 ms) anywhere.
 
 Pure: no I/O, no clock; the scheduler tells it every decision (`picked`, the `PostPick` hook).
 """
