@@ -334,6 +334,13 @@ def test_a_restarted_start_warms_the_engines_through_one_gateway_and_measures_a_
     assert run["label"] == "round-robin@restarted" and run["target"]["start"] == "restarted"
     assert run["requests"]["ok"] == 6
     assert run["engines"]["overall"]["delta"]["requests"] == 6, "the warm-up is not measured"
+    # Under the results: the least TTFT any router reaches on these engines, from a cold start and
+    # after the 3 warm-up requests (their system prompts then count as computed).
+    floor = doc["settings"]["ttft_floor"]
+    assert floor["warmup"] == 3 and floor["cold"]["p50"] > 0
+    assert floor["warm"]["p50"] < floor["cold"]["p50"], "the warmed-up system prompts are computed"
+    assert "## The least TTFT any router could give these requests" in result.stdout
+    assert "| after the 3 warm-up requests (restarted, warm) |" in result.stdout
     logs = tmp_path / "runs" / "round-robin@restarted" / "logs"
     warmup = [
         json.loads(x) for x in (logs / "router.warmup.log").read_text().splitlines() if x.startswith("{")

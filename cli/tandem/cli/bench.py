@@ -60,6 +60,7 @@ from tandem.bench.targets import (
 from tandem.bench.workloads import Workload, WorkloadError, bounded
 from tandem.cli import bench_modes
 from tandem.cli.bench_modes import EXIT_FAILED, EXIT_INTERRUPTED, command_line, say, stop
+from tandem.cli.benchfloor import bench_floor, floor_markdown
 from tandem.core.spec import ROUTING_POLICIES
 from tandem.local.binaries import find_redis_server
 from tandem.sim.engine.profiles import PROFILES
@@ -304,6 +305,7 @@ def bench(**o: Any) -> None:
             return
         if harness:
             runs, settings = _harness(setup, o)
+            extra = floor_markdown(settings["ttft_floor"])
         else:
             runs, settings, extra = _endpoint(setup, o)
     except KeyboardInterrupt:
@@ -380,7 +382,7 @@ def _report(
     """Write the results and plots, print the table, and exit 1 when a run had no successful request."""
     doc, text = finish(setup, runs, settings=settings, time_scale=time_scale)
     if extra:
-        text += "\n## Autoscaler timeline\n\n" + extra + "\n"
+        text += "\n" + extra
         (setup.out_dir / "bench.md").write_text(text, encoding="utf-8")
     if plots:
         write_plots(setup, runs, time_scale=time_scale, progress=say, isolation=doc.get("isolation"))
@@ -400,10 +402,10 @@ def _endpoint(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str,
     )  # fmt: skip
     extra = ""
     if recorder is not None:
-        extra = write_timeline(
+        extra = "## Autoscaler timeline\n\n" + write_timeline(
             setup, runs[0], recorder, time_scale=o["time_scale"], plot=not o["no_plots"], progress=say,
             capacities=_capacities(o["oracle_pools"]),
-        )  # fmt: skip
+        ) + "\n"  # fmt: skip
     settings = {"mode": "endpoint", "url": o["url"], "engines_desc": f"{len(o['engine_metrics'])} scraped",
                 "timeline": list(o["timeline"])}  # fmt: skip
     return runs, settings, extra
@@ -469,5 +471,6 @@ def _harness(setup: Bench, o: dict[str, Any]) -> tuple[list[RunData], dict[str, 
         "pool": {
             **pool.__dict__, "engine_args": list(pool.engine_args), "router_args": list(pool.router_args),
         },
+        "ttft_floor": bench_floor(setup.workload, pool, starts=[t.start for t in targets]),
     }  # fmt: skip
     return runs, settings

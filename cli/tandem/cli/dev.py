@@ -9,7 +9,7 @@ import click
 from tandem.bench.stats import percentile
 from tandem.bench.workload_file import load as load_workload
 from tandem.bench.workloads import WorkloadError
-from tandem.core.tokenizer import encode, render_chat
+from tandem.cli.benchfloor import prompt_ids
 from tandem.sim.engine.floor import least_ttfts
 from tandem.sim.engine.profiles import get_profile
 from tandem.sim.settings import DEFAULT_PROFILE, SimSettings
@@ -128,10 +128,7 @@ def ttft_floor(
         raise click.ClickException(str(exc)) from None
     except KeyError as exc:  # an unknown profile; its message names the known ones
         raise click.ClickException(str(exc.args[0])) from None
-    prompts = [
-        encode(render_chat(r.messages) if r.messages is not None else (r.prompt or ""))
-        for r in workload.requests
-    ]
+    prompts = prompt_ids(workload)
     floors = least_ttfts(
         prompts, engine_profile, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
         warm=prompts[:warmup], arrivals=[r.offset_s for r in workload.requests],
