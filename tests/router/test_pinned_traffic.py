@@ -39,17 +39,18 @@ def urls(candidates: Sequence[Candidate]) -> list[str]:
     return [c.url.split("//")[1].split(":")[0] for c in candidates]
 
 
-def test_a_decision_is_pinned_only_where_one_engine_holds_the_prompt_beyond_the_others() -> None:
+def test_a_decision_is_pinned_where_every_other_engine_would_compute_much_of_the_prompt() -> None:
     pinned = PinnedTraffic(threshold=0.3, weight=0.5)
     pinned.picked(decided(A, {A: 900, B: 0, C: 0}))  # only A holds it: pinned to A
     assert pinned.shares["decode"] == {A.url: 0.5, B.url: 0.0, C.url: 0.0}
-    pinned.picked(decided(B, {A: 900, B: 900, C: 0}))  # two hold it: B is not the only way
+    pinned.picked(decided(B, {A: 900, B: 900, C: 0}))  # A holds it too: B is not the only way
     assert pinned.shares["decode"] == {A.url: 0.25, B.url: 0.0, C.url: 0.0}
-    pinned.picked(decided(C, {A: 0, B: 0, C: 250}))  # a quarter of the prompt: under θ
-    pinned.picked(decided(C, {A: 0, B: 0, C: 0}))  # a new prompt
-    assert pinned.shares["decode"][A.url] == pytest.approx(0.0625) and pinned.shares["decode"][C.url] == 0.0
-    pinned.picked(decided(C, {C: 1000}))  # no other candidate: nothing to compare
+    pinned.picked(decided(C, {A: 750, B: 0, C: 900}))  # A would compute only a quarter: not pinned
     assert pinned.shares["decode"][C.url] == 0.0
+    pinned.picked(decided(C, {A: 0, B: 0, C: 0}))  # a new prompt: once placed, only C holds it
+    assert pinned.shares["decode"][C.url] == 0.5 and pinned.shares["decode"][A.url] == pytest.approx(0.0625)
+    pinned.picked(decided(C, {C: 1000}))  # no other candidate: nothing to compare
+    assert pinned.shares["decode"][C.url] == 0.5
     with pytest.raises(ValueError, match="weight and threshold"):
         PinnedTraffic(threshold=0.3, weight=0.0)
 
@@ -66,6 +67,10 @@ def test_a_long_new_prompt_keeps_only_the_least_pinned_engines_and_a_short_one_a
     cached = [candidate(A), candidate(B, matched=4800), candidate(C)]  # B computes 20 ms of it
     assert pinned.keep(new_prompt(5000), cached) == cached
     assert urls(pinned.keep(new_prompt(5000), [candidate(A)])) == ["10.0.0.1"], "never none"
+    busy = [candidate(A, queued=100), candidate(B, queued=3000), candidate(C, queued=100)]
+    assert pinned.keep(new_prompt(5000), busy) == busy, "every engine has prompts to compute first"
+    one_idle = [candidate(A, queued=0), candidate(B, queued=3000), candidate(C, queued=100)]
+    assert urls(pinned.keep(new_prompt(5000), one_idle)) == ["10.0.0.2", "10.0.0.3"]
 
 
 def home_of(cycle: Cycle, engines: Sequence[Endpoint]) -> Endpoint:

@@ -10,13 +10,22 @@ behind a new 5,000-token system prompt placed (by its rendezvous home, `scorers.
 engine that served the most traffic pinned to its cache. Placing that prompt on any other engine
 was as fast for it and cost no hit: it is cached nowhere.
 
-So the gateway keeps, per pool, each engine's share of its recent decisions that were pinned there:
+So the gateway keeps, per pool, each engine's share of its recent decisions that were pinned there,
+the decision that places a new prompt included: once placed, only that engine holds it, and its next
+requests are pinned there. (Counted only from the requests that found their prefix, the shares would
+lag the placements: at a cold start with many new prompts at once, the engine without hits yet would
+take every new prompt until its own hits came back.)
 
-    pinned_e  ← (1 − w) · pinned_e + w · [the decision chose e, and e holds at least θ·n more of the
-                                          prompt than any other candidate]        (w = `WEIGHT`)
+    pinned_e  ← (1 − w) · pinned_e + w · [the decision chose e, and every other candidate would
+                                          compute at least θ·n of the prompt]     (w = `WEIGHT`)
     long      = every candidate would compute at least `LONG_PREFILL_S` of the prompt:
                 (n − matched_c) / R_c ≥ LONG_PREFILL_S        (R_c: its learned prefill rate)
-    keep(C)   = {c ∈ C : pinned_c ≤ min pinned over C + `SLACK`}   when long, else C
+    idle      = some candidate has no prompt work queued (`Candidate.queued_tokens` = 0)
+    keep(C)   = {c ∈ C : pinned_c ≤ min pinned over C + `SLACK`}   when long and idle, else C
+
+Only when some engine would start the prompt at once: then the requests pinned to it would have
+started at once too, and the prompt's prefill is what they wait for. When every engine already has
+prompts queued, requests wait for those anyway, and a new prompt goes by queue and load as before.
 
 `PrefixScorer` applies `keep` to the candidates a new prompt may call home, before the rendezvous
 order picks one of them; a short prompt (a step of a few milliseconds blocks nobody) and a cached one
@@ -81,6 +90,8 @@ class PinnedTraffic:
         n = cycle.prompt_tokens
         if any((n - c.matched_tokens) < self.long_prefill_s * c.tokens_per_second for c in candidates):
             return candidates
+        if min(c.queued_tokens for c in candidates) > 0:  # every engine has prompts to compute first
+            return candidates
         least = min(shares.get(c.url, 0.0) for c in candidates)
         return [c for c in candidates if shares.get(c.url, 0.0) <= least + self.slack]
 
@@ -90,7 +101,7 @@ class PinnedTraffic:
         if not others:
             return
         n = decision.cycle.prompt_tokens
-        pinned = n > 0 and chosen.matched_tokens - max(others) >= self.threshold * n
+        pinned = n > 0 and n - max(others) >= self.threshold * n
         shares = self.shares.setdefault(decision.cycle.pool, {})
         keep = 1.0 - self.weight
         for scored in decision.scored:
