@@ -60,7 +60,7 @@ SLACK = 0.1
 
 class PinnedTraffic:
     """The pinned shares per pool and engine (module docstring). `threshold`: θ, the share of the
-    prompt one engine must hold beyond every other for a decision to be pinned there (the prefix
+    prompt every other candidate would compute for a decision to be pinned where it went (the prefix
     scorer's cache threshold)."""
 
     def __init__(
