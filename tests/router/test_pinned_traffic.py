@@ -6,16 +6,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import httpx
 import pytest
-from tests.router.harness import FakeClock
+from prometheus_client import CollectorRegistry, generate_latest
+from tests.router.harness import FakeClock, router_config
 from tests.router.scheduling_builders import A, B, C, D, candidate, request, snapshot, stats
 
+from tandem.router.compose.routing import build_routing
+from tandem.router.config import resolve
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.scheduling import ProfileScheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.pinned import PinnedTraffic
 from tandem.router.scheduling.plugins import Candidate, Cycle, Scored
 from tandem.router.scheduling.runner import Decision
 from tandem.router.scheduling.scorers import ANCHOR_BLOCK_SIZE, ANCHOR_BLOCKS, PrefixScorer, rendezvous_weight
+from tandem.router.settings import RouterSettings
 from tandem.router.types import Endpoint
+from tandem.router.workers.bus import SoloBus
 
 
 def new_prompt(tokens: int, *, group: int = 1) -> Cycle:
@@ -124,3 +131,35 @@ def test_the_tandem_policy_keeps_a_new_system_prompt_off_the_engine_a_hot_one_is
     assert all(serve(range(1000 + q), f"hot-{q}") == hot for q in range(1, 20)), "its prefix holds it"
     group = next(g for g in range(1, 100) if home_of(new_prompt(1000, group=g), (A, B, C, D)) == hot)
     assert serve(range(group * 100_000, group * 100_000 + 1000), "new") != hot
+
+
+@pytest.mark.parametrize("policy", ["tandem", "round-robin"])
+async def test_the_gateway_exports_each_engines_pinned_share_under_the_tandem_policy(policy: str) -> None:
+    """`/metrics` shows `tandem_router_endpoint_pinned_share` per pool and engine once the `tandem`
+    policy has decided (other policies keep none); an engine that left discovery is forgotten."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    config = resolve(router_config(decode=urls, spec={"router": {"policy": policy}}), RouterSettings())
+    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=1.0, clock=FakeClock())
+    registry.set_pool("decode", urls)
+    prometheus = CollectorRegistry()
+    async with httpx.AsyncClient() as scrapes:
+        routing = build_routing(
+            config,
+            registry=registry,
+            prometheus=prometheus,
+            scrapes=scrapes,
+            clock=FakeClock(),
+            bus=SoloBus(),
+        )
+    assert (routing.state.pinned is not None) is (policy == "tandem")
+    view = request(range(1000), request_id="r1")
+    chosen = routing.scheduler.pick("decode", view, registry.snapshots("decode"))
+    routing.state.started(chosen, view)
+    page = generate_latest(prometheus).decode()
+    name = chosen.url.split("//")[1]
+    assert (f'tandem_router_endpoint_pinned_share{{endpoint="{name}",pool="decode"}} 0.05' in page) is (
+        policy == "tandem"
+    ), "a new prompt's placement is pinned where it went"
+    if routing.state.pinned is not None:
+        routing.state.forget([u for u in urls if u != chosen.url])
+        assert chosen.url not in routing.state.pinned.shares["decode"]

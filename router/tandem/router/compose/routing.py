@@ -19,6 +19,7 @@ from tandem.router.observe.schedmetrics import SchedulingMetrics
 from tandem.router.scheduling import Scheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.filters import ImbalanceGuard
+from tandem.router.scheduling.pinned import PinnedTraffic
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates
 from tandem.router.settings import KVEventsSettings
@@ -86,6 +87,7 @@ def build_routing(
         default_block_size=tuning.default_block_size, default_capacity_blocks=tuning.default_index_blocks
     )
     prefix, subscribers = prefix_source(config.prefix_source, approximate=approximate, prometheus=prometheus)
+    tandem = config.spec.router.policy == "tandem"
     state = SchedulingState(
         clock=clock,
         approximate=approximate,
@@ -102,7 +104,9 @@ def build_routing(
         pending_ttl_s=tuning.pending_ttl_seconds,
         # The `tandem` policy's placement marks the picks that load an adapter; the state prices
         # them into the predicted TTFT (`adapterload`).
-        adapter_loads=AdapterLoads() if config.lora and config.spec.router.policy == "tandem" else None,
+        adapter_loads=AdapterLoads() if config.lora and tandem else None,
+        # The `tandem` policy's prefix scorer keeps each engine's pinned traffic (`pinned`).
+        pinned=PinnedTraffic(threshold=tuning.cache_threshold) if tandem else None,
     )
     metrics = SchedulingMetrics(prometheus, endpoints=registry, state=state)
     state.events = metrics

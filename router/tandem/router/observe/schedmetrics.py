@@ -136,6 +136,23 @@ class EngineStateCollector(Collector):
                 stale.add_metric(key, 1.0 if snap.engine.stale else 0.0)
         yield from (requests, kv, age, stale)
         yield from self._learned()
+        yield from self._pinned()
+
+    def _pinned(self) -> Iterator[Metric]:
+        pinned = self._state.pinned
+        if pinned is None:
+            return
+        share = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_pinned_share",
+            "Share of the gateway's recent decisions sent to the engine that no other engine could "
+            "serve without computing much of the prompt; a long new prompt avoids the engines with "
+            "the most (tandem policy).",
+            labels=["pool", "endpoint"],
+        )
+        for pool, shares in sorted(pinned.shares.items()):
+            for url, value in shares.items():
+                share.add_metric([pool, endpoint_name(url)], value)
+        yield share
 
     def _learned(self) -> Iterator[Metric]:
         rate = GaugeMetricFamily(

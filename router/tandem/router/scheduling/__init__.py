@@ -66,6 +66,7 @@ def _tandem(deps: SchedulerDeps) -> Scheduler:
         adapter_capacity=deps.adapter_capacity,
         adapter_loads=deps.state.adapter_loads,
         block_size=deps.state.approximate.block_size,
+        pinned=deps.state.pinned,
     )
     return ProfileScheduler(
         state=deps.state, profiles=profiles, timer=deps.timer, on_decision=deps.on_decision

@@ -40,7 +40,7 @@ Pure: no I/O, no clock; the scheduler tells it every decision (`picked`, the `Po
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from tandem.router.scheduling.plugins import Candidate, Cycle
@@ -94,6 +94,12 @@ class PinnedTraffic:
             return candidates
         least = min(shares.get(c.url, 0.0) for c in candidates)
         return [c for c in candidates if shares.get(c.url, 0.0) <= least + self.slack]
+
+    def forget(self, keep: Collection[str]) -> None:
+        """Drop the shares of engine URLs not in `keep` (they left discovery)."""
+        for shares in self.shares.values():
+            for url in [u for u in shares if u not in keep]:
+                del shares[url]
 
     def picked(self, decision: Decision, /) -> None:
         chosen = decision.chosen.candidate

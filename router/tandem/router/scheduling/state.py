@@ -45,6 +45,7 @@ from typing import Protocol
 from tandem.router.discovery.kvevents.ports import PrefixSource
 from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.base import Routable
+from tandem.router.scheduling.pinned import PinnedTraffic
 from tandem.router.scheduling.plugins import Candidate, Cycle
 from tandem.router.scheduling.prefix import ApproximatePrefixIndex
 from tandem.router.scheduling.ttft import PrefillRates, ttft_seconds
@@ -104,7 +105,9 @@ class SchedulingState:
     """Candidates, prefix state, queued work and learned rates (module docstring).
 
     `prefix`: where prefix matches come from (the approximate index itself, or the precise KV-event
-    index); `approximate`: the routed-prefix index, always fed (it also gives `cache_fill`).
+    index); `approximate`: the routed-prefix index, always fed (it also gives `cache_fill`);
+    `adapter_loads`, `pinned`: the `tandem` policy's record of adapter loads and of each engine's
+    pinned traffic (`adapterload`, `pinned`), kept here so the metrics can read them.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class SchedulingState:
         on_record: Callable[[str, Sequence[int]], None] | None = None,
         pending_ttl_s: float = 2.0,
         adapter_loads: AdapterLoads | None = None,
+        pinned: PinnedTraffic | None = None,
     ) -> None:
         self.approximate = approximate or ApproximatePrefixIndex()
         self.prefix: PrefixSource = prefix or self.approximate
@@ -137,6 +141,7 @@ class SchedulingState:
         self._recent: dict[str, OrderedDict[int, float]] = {}
         self._pending_ttl_s = pending_ttl_s
         self.adapter_loads = adapter_loads
+        self.pinned = pinned
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -329,6 +334,8 @@ class SchedulingState:
         self._sized = {url: r for url, r in self._sized.items() if url in keep}
         if self.adapter_loads is not None:
             self.adapter_loads.forget(keep)
+        if self.pinned is not None:
+            self.pinned.forget(keep)
 
     # -- internals --------------------------------------------------------------------------------
 

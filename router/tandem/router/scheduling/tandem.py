@@ -112,16 +112,19 @@ def tandem_profiles(
     adapter_capacity: int | None = None,
     adapter_loads: AdapterLoads | None = None,
     block_size: Callable[[str], int] | None = None,
+    pinned: PinnedTraffic | None = None,
 ) -> dict[str, SchedulerProfile]:
     """The `tandem` policy's profiles (module docstring); scorers with weight 0 are left out.
     `adapters`: the service serves LoRA adapters (adds the placement filter, shared by both
     profiles, and the adapter scorer); `adapter_capacity`: adapters an engine keeps in its CPU tier
     (`maxCpuLoras`; None: its `max_lora` once read, 4 until then); `adapter_loads`: the scheduling
     state's record of adapter loads, which the placement marks (`adapterload`); `block_size`: each endpoint's
-    block size in the router's index, for the keys that anchor a new prompt's home (`PrefixScorer`)."""
+    block size in the router's index, for the keys that anchor a new prompt's home (`PrefixScorer`);
+    `pinned`: the engines' pinned traffic the prefix scorer keeps (`pinned`; a record of its own when
+    not given)."""
     picker = MaxScorePicker()
     placement = AdapterPlacement(capacity=adapter_capacity, loads=adapter_loads)
-    pinned = PinnedTraffic(threshold=cache_threshold)
+    pinned = pinned or PinnedTraffic(threshold=cache_threshold)
     prompt: list[tuple[Scorer, float]] = [
         (PrefixScorer(threshold=cache_threshold, block_size=block_size, pinned=pinned), weights.prefix),
         (LoadScorer(), weights.load),
