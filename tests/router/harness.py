@@ -11,6 +11,7 @@ from typing import Any, Literal
 import httpx
 import httpx2
 from openai import AsyncOpenAI
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp
 from tests.router.fake_engine import Behaviour, FakeEngine
@@ -18,7 +19,11 @@ from tests.router.servers import Served, serve
 
 from tandem.core.routerconfig import RouterConfig
 from tandem.router.app import create_app
+from tandem.router.compose.routing import Routing, build_routing
+from tandem.router.config import resolve
+from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.settings import RouterSettings
+from tandem.router.workers.bus import SoloBus
 
 MODEL = "qwen"
 MODEL_NAME = "Qwen/Qwen2.5-7B-Instruct"
@@ -174,3 +179,30 @@ async def metric(router: RunningRouter, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
+
+
+@dataclass
+class BuiltRouting:
+    """The gateway's scheduling side without a server (`built_routing`)."""
+
+    routing: Routing
+    registry: EndpointRegistry
+    prometheus: CollectorRegistry
+
+
+async def built_routing(config: RouterConfig, decode: Sequence[str]) -> BuiltRouting:
+    """`build_routing` for `config` (resolved with default settings) over static decode endpoints,
+    on its own Prometheus registry and a hand-moved clock: what `/metrics` and the scheduler see."""
+    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=1.0, clock=FakeClock())
+    registry.set_pool("decode", list(decode))
+    prometheus = CollectorRegistry()
+    async with httpx.AsyncClient() as scrapes:
+        routing = build_routing(
+            resolve(config, RouterSettings()),
+            registry=registry,
+            prometheus=prometheus,
+            scrapes=scrapes,
+            clock=FakeClock(),
+            bus=SoloBus(),
+        )
+    return BuiltRouting(routing=routing, registry=registry, prometheus=prometheus)

@@ -9,24 +9,18 @@ test with a hand-moved clock, as the gateway makes them around an attempt.
 
 from __future__ import annotations
 
-import httpx
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from tests.router.harness import FakeClock
+from prometheus_client import generate_latest
+from tests.router.harness import FakeClock, built_routing
 from tests.router.scheduling_builders import A, B, C, D, snapshot, stats
 from tests.router.test_gateway_lora import lora_config
 
 from tandem.core.routerconfig import RouterConfig
-from tandem.router.compose.routing import build_routing
-from tandem.router.config import resolve
-from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.scheduling import ProfileScheduler, SchedulerDeps, scheduler_for
 from tandem.router.scheduling.adapterload import AdapterLoads
 from tandem.router.scheduling.scorers import home_ranks
 from tandem.router.scheduling.state import SchedulingState, Ticket
-from tandem.router.settings import RouterSettings
 from tandem.router.types import AdapterLoad, Endpoint, EndpointSnapshot, EngineStats, RequestView, Route
-from tandem.router.workers.bus import SoloBus
 
 SERVED = stats(served=100.0)
 PRIOR_RATE = 8192.0
@@ -192,21 +186,9 @@ async def test_the_gauges_show_each_engines_load_cost_and_loads_in_flight(policy
     prior) load cost and the loads in flight per engine; other policies price nothing."""
     document = lora_config(["http://127.0.0.1:1"]).model_dump(by_alias=True, exclude_none=True)
     document["spec"]["router"] = {**document["spec"].get("router", {}), "policy": policy}
-    config = resolve(RouterConfig.model_validate(document), RouterSettings())
-    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=1.0, clock=FakeClock())
-    registry.set_pool("decode", ["http://127.0.0.1:1"])
-    prometheus = CollectorRegistry()
-    async with httpx.AsyncClient() as scrapes:
-        routing = build_routing(
-            config,
-            registry=registry,
-            prometheus=prometheus,
-            scrapes=scrapes,
-            clock=FakeClock(),
-            bus=SoloBus(),
-        )
-    assert (routing.state.adapter_loads is not None) is priced
-    page = generate_latest(prometheus).decode()
+    built = await built_routing(RouterConfig.model_validate(document), ["http://127.0.0.1:1"])
+    assert (built.routing.state.adapter_loads is not None) is priced
+    page = generate_latest(built.prometheus).decode()
     assert ('tandem_router_endpoint_adapter_load_seconds{endpoint="127.0.0.1:1"} 0.05' in page) is priced
     assert ('tandem_router_endpoint_adapter_loads_in_flight{endpoint="127.0.0.1:1"} 0.0' in page) is priced
 

@@ -6,23 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import httpx
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from tests.router.harness import FakeClock, router_config
+from prometheus_client import generate_latest
+from tests.router.harness import FakeClock, built_routing, router_config
 from tests.router.scheduling_builders import A, B, C, D, candidate, request, snapshot, stats
 
-from tandem.router.compose.routing import build_routing
-from tandem.router.config import resolve
-from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.scheduling import ProfileScheduler, SchedulerDeps, SchedulingState, scheduler_for
 from tandem.router.scheduling.pinned import PinnedTraffic
 from tandem.router.scheduling.plugins import Candidate, Cycle, Scored
 from tandem.router.scheduling.runner import Decision
 from tandem.router.scheduling.scorers import ANCHOR_BLOCK_SIZE, ANCHOR_BLOCKS, PrefixScorer, rendezvous_weight
-from tandem.router.settings import RouterSettings
 from tandem.router.types import Endpoint
-from tandem.router.workers.bus import SoloBus
 
 
 def new_prompt(tokens: int, *, group: int = 1) -> Cycle:
@@ -138,24 +132,13 @@ async def test_the_gateway_exports_each_engines_pinned_share_under_the_tandem_po
     """`/metrics` shows `tandem_router_endpoint_pinned_share` per pool and engine once the `tandem`
     policy has decided (other policies keep none); an engine that left discovery is forgotten."""
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    config = resolve(router_config(decode=urls, spec={"router": {"policy": policy}}), RouterSettings())
-    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=1.0, clock=FakeClock())
-    registry.set_pool("decode", urls)
-    prometheus = CollectorRegistry()
-    async with httpx.AsyncClient() as scrapes:
-        routing = build_routing(
-            config,
-            registry=registry,
-            prometheus=prometheus,
-            scrapes=scrapes,
-            clock=FakeClock(),
-            bus=SoloBus(),
-        )
+    built = await built_routing(router_config(decode=urls, spec={"router": {"policy": policy}}), urls)
+    routing = built.routing
     assert (routing.state.pinned is not None) is (policy == "tandem")
     view = request(range(1000), request_id="r1")
-    chosen = routing.scheduler.pick("decode", view, registry.snapshots("decode"))
+    chosen = routing.scheduler.pick("decode", view, built.registry.snapshots("decode"))
     routing.state.started(chosen, view)
-    page = generate_latest(prometheus).decode()
+    page = generate_latest(built.prometheus).decode()
     name = chosen.url.split("//")[1]
     assert (f'tandem_router_endpoint_pinned_share{{endpoint="{name}",pool="decode"}} 0.05' in page) is (
         policy == "tandem"
