@@ -56,6 +56,16 @@ def test_a_decision_is_pinned_where_every_other_engine_would_compute_much_of_the
         PinnedTraffic(threshold=0.3, weight=0.0)
 
 
+def test_an_engine_a_decision_did_not_score_decays_as_the_others() -> None:
+    """In a pool above the shortlist size, or behind the slow-start filter, a decision scores some
+    engines only: the others' shares still decay with every decision of the pool."""
+    pinned = PinnedTraffic(threshold=0.3, weight=0.5)
+    pinned.picked(decided(A, {A: 900, B: 0}))
+    for _ in range(3):
+        pinned.picked(decided(B, {B: 900, C: 900}))  # A is not among the candidates
+    assert pinned.shares["decode"][A.url] == pytest.approx(0.5 * 0.5**3)
+
+
 def test_a_long_new_prompt_keeps_only_the_least_pinned_engines_and_a_short_one_all() -> None:
     pinned = PinnedTraffic(threshold=0.3)
     everyone = [candidate(A), candidate(B), candidate(C)]  # 10,000 tokens/s each

@@ -79,37 +79,53 @@ class PinnedTraffic:
         self.weight = weight
         self.long_prefill_s = long_prefill_s
         self.slack = slack
-        self.shares: dict[str, dict[str, float]] = {}  # pool → engine URL → pinned share
+        self._decisions: dict[str, int] = {}  # pool → decisions counted
+        # pool → engine URL → (its share just after decision `at`, at): decayed when read, so an
+        # engine a decision did not score (not shortlisted, filtered out) decays as the others do
+        self._marks: dict[str, dict[str, tuple[float, int]]] = {}
+
+    @property
+    def shares(self) -> dict[str, dict[str, float]]:
+        """Each pool's engines' pinned shares now (the engines some decision has scored)."""
+        return {pool: {url: self._share(pool, url) for url in marks} for pool, marks in self._marks.items()}
+
+    def _share(self, pool: str, url: str) -> float:
+        share, at = self._marks[pool].get(url, (0.0, 0))
+        return share * (1.0 - self.weight) ** (self._decisions[pool] - at) if share else 0.0
 
     def keep(self, cycle: Cycle, candidates: Sequence[Candidate], /) -> Sequence[Candidate]:
         """The candidates a new prompt may call home (module docstring's `keep`); never empty
         when `candidates` is not."""
-        shares = self.shares.get(cycle.pool)
-        if not shares or len(candidates) < 2:
+        pool = cycle.pool
+        if pool not in self._marks or len(candidates) < 2:
             return candidates
         n = cycle.prompt_tokens
         if any((n - c.matched_tokens) < self.long_prefill_s * c.tokens_per_second for c in candidates):
             return candidates
         if min(c.queued_tokens for c in candidates) > 0:  # every engine has prompts to compute first
             return candidates
-        least = min(shares.get(c.url, 0.0) for c in candidates)
-        return [c for c in candidates if shares.get(c.url, 0.0) <= least + self.slack]
+        shares = {c.url: self._share(pool, c.url) for c in candidates}
+        least = min(shares.values())
+        return [c for c in candidates if shares[c.url] <= least + self.slack]
 
     def forget(self, keep: Collection[str]) -> None:
         """Drop the shares of engine URLs not in `keep` (they left discovery)."""
-        for shares in self.shares.values():
-            for url in [u for u in shares if u not in keep]:
-                del shares[url]
+        for marks in self._marks.values():
+            for url in [u for u in marks if u not in keep]:
+                del marks[url]
 
     def picked(self, decision: Decision, /) -> None:
+        """Count one decision: every share of its pool decays by (1 − w), the chosen engine's gains
+        w when the decision was pinned there (module docstring); a decision with one candidate
+        compares nothing and is not counted."""
         chosen = decision.chosen.candidate
         others = [s.candidate.matched_tokens for s in decision.scored if s.candidate.url != chosen.url]
         if not others:
             return
-        n = decision.cycle.prompt_tokens
-        pinned = n > 0 and n - max(others) >= self.threshold * n
-        shares = self.shares.setdefault(decision.cycle.pool, {})
-        keep = 1.0 - self.weight
+        pool, n = decision.cycle.pool, decision.cycle.prompt_tokens
+        marks = self._marks.setdefault(pool, {})
+        count = self._decisions[pool] = self._decisions.get(pool, 0) + 1
         for scored in decision.scored:
-            url = scored.candidate.url
-            shares[url] = keep * shares.get(url, 0.0) + (self.weight if pinned and url == chosen.url else 0.0)
+            marks.setdefault(scored.candidate.url, (0.0, count))
+        if n > 0 and n - max(others) >= self.threshold * n:  # pinned where it went
+            marks[chosen.url] = (self._share(pool, chosen.url) + self.weight, count)

@@ -26,8 +26,9 @@ It assumes the best any router could do: every request goes where its shared pre
 cache keeps everything, nothing else runs in its steps, and no network or gateway time. So a router's
 TTFT percentile can sit at the floor's percentile but not below it (within the gateway's own
 milliseconds). Example, the `qwen2.5-7b-h100` profile: two requests with one 2,048-token prompt, far
-apart → the first 64.95 ms (docs of `timemodel`), the second one step of 1 token, 6.57 ms (its weights
-and 2,048 tokens of context read once: memory-bound); the second 20 ms after the first → 44.95 ms.
+apart → the first 64.95 ms (docs of `timemodel`), the second one step of its last 16-token block,
+6.57 ms (its weights and 2,048 tokens of context read once: memory-bound); the second 20 ms after the
+first → 44.95 ms of waiting, then that step.
 
 Pure: token ids, arrival times and a profile in, seconds out.
 """
@@ -78,7 +79,7 @@ def least_ttfts(
 ) -> list[float]:
     """The floor of each prompt's TTFT in seconds, in the order given (module docstring); `warm`:
     prompts computed before the first (a warm-up), whose blocks count as shared; `arrivals`: each
-    prompt's arrival in engine seconds (the workload's offsets × time scale), None: far apart."""
+    prompt's arrival in engine seconds (a bench workload's offsets are), None: far apart."""
     if block_size < 1:
         raise ValueError("block_size must be at least 1")
     if arrivals is not None and len(arrivals) != len(prompts):
