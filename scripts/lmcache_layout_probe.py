@@ -5,7 +5,7 @@ Saves two blocks of a 'producer' cache through `from_gpu` and loads them into tw
 zeroed 'consumer' cache through `to_gpu`, with the buffer width LMCache up to 0.5.6 computes for a model
 (num_kv_heads*head_size) and with twice that, and prints per layer how many tokens arrive equal and how
 many tokens outside the target blocks were written. Needs CUDA and LMCache (its compiled ops); run on
-a lent GPU machine (docs/vllm.md, "CUDA runs"): `python3 scripts/lmcache_layout_probe.py`.
+a CUDA machine (docs/vllm.md, "CUDA runs"): `python3 scripts/lmcache_layout_probe.py`.
 """
 
 from __future__ import annotations

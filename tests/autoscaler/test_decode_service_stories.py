@@ -62,7 +62,7 @@ def unlimited(t: float) -> float:
 
 def step_prefill(t: float) -> float:
     """Requests/s the prefill pool passes on at a step: 4 per engine, one engine until 2.5 s after it,
-    two then, three a second later (as measured on the 2026-11-25 step, docs/autoscaler.md)."""
+    two then, three a second later (as measured on the step, docs/autoscaler.md)."""
     return 4.0 * (1 if t < STEP_AT + 2.5 else 2 if t < STEP_AT + 3.5 else 3)
 
 

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two rounds (scrape, decide, act), locally and in a cluster. Half a second: a step
 #: shows in the gateway's held prefills and the engines' queues at once, and each round earlier is a
-#: replica ready half a second sooner (docs/autoscaler.md, "Measured: half-second rounds"); the
+#: replica ready half a second sooner (docs/autoscaler.md, "Half-second rounds"); the
 #: decider's windows and medians are spans of seconds, not counts of rounds.
 ROUND_SECONDS = 0.5
 
