@@ -211,3 +211,31 @@ def test_sigterm_stops_every_worker(tmp_path: Path) -> None:
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_killed_worker_is_started_again_and_the_port_keeps_serving(tmp_path: Path) -> None:
+    with sim_processes(tmp_path, ["a"], time_scale=100.0) as engines:
+        config = _config(tmp_path, [engines[0].url])
+        with router_process(tmp_path, config) as router:
+            before = set(_worker_pids(router.process.pid))
+            victim = max(before)
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                now = set(_worker_pids(router.process.pid))
+                if victim not in now and now - before:
+                    break
+                time.sleep(0.2)
+            assert victim not in now and now - before, "no worker was started in the killed one's place"
+            statuses = []
+            for request in range(12):  # a new connection each time, while the new worker starts
+                with httpx.Client(base_url=router.url, trust_env=False, timeout=30) as client:
+                    response = client.post(
+                        "/v1/completions",
+                        json={"model": MODEL, "prompt": f"question {request}", "max_tokens": 2},
+                    )
+                statuses.append(response.status_code)
+            assert statuses == [200] * 12
+            assert router.process.poll() is None
+    log = router.log.read_text()
+    assert log.count("worker died; starting it again") == 1, log[-2000:]

@@ -215,8 +215,9 @@ class Supervisor:
                 if now - self._started_at[index] > MAX_RESTART_S:
                     self._backoff.pop(index, None)  # it has been serving: a later death starts afresh
                 continue
-            if index in self._restart_after:
-                if now >= self._restart_after.pop(index):
+            if index in self._restart_after:  # dead, its restart scheduled
+                if now >= self._restart_after[index]:
+                    del self._restart_after[index]
                     self._start(index)
                 continue
             code = process.exitcode
