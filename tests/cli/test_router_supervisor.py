@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tandem.cli import router_workers
-from tandem.cli.router_workers import EXIT_BAD_CONFIG, FIRST_RESTART_S, Supervisor
+from tandem.cli.router_workers import EXIT_BAD_CONFIG, FIRST_RESTART_S, MAX_RESTART_S, Supervisor
 
 
 @dataclass
@@ -32,9 +31,7 @@ class Watched:
         self.now = 100.0
         self.starts: list[tuple[int, float]] = []
         self.processes: dict[int, FakeProcess] = {}
-        monkeypatch.setattr(router_workers.time, "monotonic", lambda: self.now)
-        self.supervisor = Supervisor.__new__(Supervisor)
-        Supervisor.__init__(self.supervisor, plan=None, count=count)  # type: ignore[arg-type]
+        self.supervisor = Supervisor(None, count=count, clock=lambda: self.now)  # type: ignore[arg-type]
         monkeypatch.setattr(self.supervisor, "_start", self._start)
         for index in range(count):
             self._start(index)
@@ -82,7 +79,7 @@ def test_a_worker_that_served_long_enough_starts_its_back_off_afresh(monkeypatch
     watched = Watched(monkeypatch, count=1)
     watched.processes[0].die(1)
     watched.run_until(watched.now + 3.0)  # restarted after 1 s
-    watched.run_until(watched.now + router_workers.MAX_RESTART_S + 1.0)  # then serves a while
+    watched.run_until(watched.now + MAX_RESTART_S + 1.0)  # then serves a while
     watched.processes[0].die(1)
     died = watched.now
     watched.run_until(watched.now + 3.0)

@@ -164,8 +164,9 @@ def serve_worker(plan: WorkerPlan) -> None:
 class Supervisor:
     """Starts, watches and stops the workers (module docstring)."""
 
-    def __init__(self, plan: WorkerPlan, *, count: int) -> None:
+    def __init__(self, plan: WorkerPlan, *, count: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._plan = plan
+        self._clock = clock
         self._count = count
         self._key = f"{os.getpid()}-{secrets.token_hex(4)}"
         #: The bus's secret (`tandem.router.workers.peer`): travels to each worker in its pickled plan.
@@ -187,7 +188,7 @@ class Supervisor:
         )
         process.start()
         self._workers[index] = process
-        self._started_at[index] = time.monotonic()
+        self._started_at[index] = self._clock()
         log.info("worker started", extra={"worker": index, "pid": process.pid})
 
     def run(self, *, sleep: Callable[[float], None] = time.sleep) -> int:
@@ -209,7 +210,7 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _watch(self) -> int | None:
-        now = time.monotonic()
+        now = self._clock()
         for index, process in list(self._workers.items()):
             if process.is_alive():
                 if now - self._started_at[index] > MAX_RESTART_S:
