@@ -38,7 +38,7 @@ from tandem.bench.adapters import (
 )
 from tandem.bench.catalog import make_workload
 from tandem.bench.generators import zipf_shares
-from tandem.bench.harness import PoolSettings, bench_service
+from tandem.bench.pool import PoolSettings, bench_service
 from tandem.bench.records import DriveResult, RequestRecord
 from tandem.cli.main import cli
 from tandem.core.adapters import read_adapter_config

@@ -157,91 +157,34 @@ def build_plan(
     """
     spec = isvc.spec
     credentials = credentials or LocalCredentials.generate()
-    # The engines and the gateway: the engine key; with the managed Redis, its password too (an
-    # external Redis' password is the environment's own TANDEM_KVPOOL_PASSWORD, inherited).
-    key = credentials.engine_api_key
-    engine_env = {ENGINE_KEY_ENV: key} if key is not None else {}
-    gateway_env = {GATEWAY_ENGINE_KEY_ENV: key} if key is not None else {}
-    if credentials.pool_key is not None:  # engines key and seal their chunks; the gateway computes the keys
-        engine_env[POOL_KEY_ENV] = gateway_env[POOL_KEY_ENV] = credentials.pool_key
-    if credentials.cache_key is not None:  # the gateway's alone: an engine could compute tenants' salts
-        gateway_env[CACHE_KEY_ENV] = credentials.cache_key
     if spec.engine.kind not in ("sim", "vllm"):
         raise PlanError(
             f"engine.kind {spec.engine.kind!r} is not supported by the local runtime; use engine.kind: sim"
         )
-    processes: list[ProcessPlan] = []
-    pool_url = spec.kv_pool.redis.url
-    if pool_url is None:
-        if redis_server is None:
-            raise PlanError("no redis-server binary found (install Debian's redis-server)")
-        redis = _redis_process(
-            isvc,
-            port=next(ports),
-            binary=redis_server,
-            state_dir=state_dir,
-            password=credentials.redis_password,
-        )
-        processes.append(redis)
-        pool_url = redis.url
-        for env in (engine_env, gateway_env):
-            env[PASSWORD_ENV] = credentials.redis_password
+    redis, pool_url = _kv_pool(
+        isvc, ports=ports, redis_server=redis_server, state_dir=state_dir, password=credentials.redis_password
+    )
+    engine_env, gateway_env = _credential_envs(credentials, managed_redis=redis is not None)
     events = local_addresses(state_dir) if spec.router.prefix_source == "precise" else None
     adapter_dir = adapter_folder(isvc, state_dir)
     if adapter_dir is not None:  # the resolver's folder; `tandem up` links the adapters into it
         engine_env |= lora_env(str(adapter_dir))
-
-    def new_engine(role: Literal["prefill", "decode"], index: int, port: int) -> ProcessPlan:
-        engine = _engine_process(
-            isvc, role=role, index=index, port=port, python=python, pool_url=pool_url, events=events
-        )
-        dirs = (*engine.dirs, adapter_dir) if adapter_dir is not None else engine.dirs
-        trace_args, trace_env = engine_tracing(spec.tracing, kind=spec.engine.kind)
-        # the spec's engine.env wins, as in a cluster
-        env = {**engine_env, **trace_env, **engine.env}
-        return replace(engine, argv=(*engine.argv, *trace_args), env=env, dirs=dirs)
-
+    new_engine = _engine_factory(
+        isvc, python=python, pool_url=pool_url, events=events, adapter_dir=adapter_dir, env=engine_env
+    )
     engines = [new_engine(role, i, next(ports)) for role, count in _pool_sizes(isvc) for i in range(count)]
-    processes.extend(engines)
-
     autoscaled = spec.prefill.autoscaling.enabled or spec.decode.autoscaling.enabled
     endpoint_file = state_dir / ENDPOINT_FILE if autoscaled else None
-    discovery: StaticDiscovery | FileDiscovery = (
-        FileDiscovery(path=str(endpoint_file))
-        if endpoint_file is not None
-        else StaticDiscovery(
-            prefill=[e.url for e in engines if e.role == "prefill"],
-            decode=[e.url for e in engines if e.role == "decode"],
-        )
-    )
-    config = RouterConfig(
-        service=isvc.metadata.name,
-        spec=spec,
-        discovery=discovery,
-        kv_pool_url=pool_url,
-        tokenizer_path=local_tokenizer_path(isvc),
-        engine_kv_keys=engine_kv_keys(isvc) if spec.engine.kind == "vllm" else None,
-        kv_events=events,
-        adapter_names=list(catalog_adapters) if spec.engine.lora is not None else [],
-        adapter_names_file=str(adapter_names_path(state_dir))
-        if follow_catalog and spec.engine.lora is not None
-        else None,
-        # The engines' resolver folder: the gateway copies hot adapters from it (runtime API).
-        adapter_load_dir=str(adapter_dir) if adapter_dir is not None else None,
-    )
-    config_path = state_dir / "router.yaml"
-    router = ProcessPlan(
-        name="router",
-        role="router",
-        argv=(python, "-m", "tandem.cli", "router", "--config", str(config_path),
-              "--host", LOOPBACK, "--port", str(router_port)),
-        port=router_port,
-        probe="http",
-        env=gateway_env,
+    config = _router_config(
+        isvc, discovery=_discovery(engines, endpoint_file), pool_url=pool_url, events=events,
+        adapter_dir=adapter_dir, state_dir=state_dir, catalog_adapters=catalog_adapters,
+        follow_catalog=follow_catalog,
     )  # fmt: skip
-    processes.append(router)
+    config_path = state_dir / "router.yaml"
+    router = _router_process(python=python, config_path=config_path, port=router_port, env=gateway_env)
+    managed_pool = (redis,) if redis is not None else ()
     return LocalPlan(
-        processes=tuple(processes),
+        processes=(*managed_pool, *engines, router),
         router_config=config,
         router_config_path=config_path,
         endpoint=f"http://{LOOPBACK}:{router_port}/v1",
@@ -249,6 +192,122 @@ def build_plan(
         endpoint_file=endpoint_file,
         new_engine=new_engine if autoscaled else None,
     )
+
+
+def _credential_envs(
+    credentials: LocalCredentials, *, managed_redis: bool
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The engines' and the gateway's environment from `credentials` (module doc): the engine key;
+    the pool key for both; the salt key for the gateway alone; with the managed Redis, its password
+    for both (an external Redis' password is the environment's own TANDEM_KVPOOL_PASSWORD, inherited)."""
+    key = credentials.engine_api_key
+    engine_env = {ENGINE_KEY_ENV: key} if key is not None else {}
+    gateway_env = {GATEWAY_ENGINE_KEY_ENV: key} if key is not None else {}
+    if credentials.pool_key is not None:  # engines key and seal their chunks; the gateway computes the keys
+        engine_env[POOL_KEY_ENV] = gateway_env[POOL_KEY_ENV] = credentials.pool_key
+    if credentials.cache_key is not None:  # the gateway's alone: an engine could compute tenants' salts
+        gateway_env[CACHE_KEY_ENV] = credentials.cache_key
+    if managed_redis:
+        for env in (engine_env, gateway_env):
+            env[PASSWORD_ENV] = credentials.redis_password
+    return engine_env, gateway_env
+
+
+def _kv_pool(
+    isvc: InferenceService, *, ports: Iterator[int], redis_server: str | None, state_dir: Path, password: str
+) -> tuple[ProcessPlan | None, str]:
+    """The KV pool's process and URL: (None, the spec's URL) for an external Redis, else the managed
+    Redis on the next of `ports` (raises `PlanError` without a `redis_server` binary)."""
+    external = isvc.spec.kv_pool.redis.url
+    if external is not None:
+        return None, external
+    if redis_server is None:
+        raise PlanError("no redis-server binary found (install Debian's redis-server)")
+    redis = _redis_process(
+        isvc, port=next(ports), binary=redis_server, state_dir=state_dir, password=password
+    )
+    return redis, redis.url
+
+
+def _engine_factory(
+    isvc: InferenceService,
+    *,
+    python: str,
+    pool_url: str,
+    events: KVEventsAddresses | None,
+    adapter_dir: Path | None,
+    env: dict[str, str],
+) -> EngineFactory:
+    """The builder of every engine's process, planned or added by the autoscaler: `_engine_process`
+    with the adapter folder among its dirs, the spec's tracing arguments, and `env` under the tracing
+    environment and the spec's engine.env (which wins, as in a cluster)."""
+    spec = isvc.spec
+
+    def new_engine(role: Literal["prefill", "decode"], index: int, port: int) -> ProcessPlan:
+        engine = _engine_process(
+            isvc, role=role, index=index, port=port, python=python, pool_url=pool_url, events=events
+        )
+        dirs = (*engine.dirs, adapter_dir) if adapter_dir is not None else engine.dirs
+        trace_args, trace_env = engine_tracing(spec.tracing, kind=spec.engine.kind)
+        return replace(
+            engine, argv=(*engine.argv, *trace_args), env={**env, **trace_env, **engine.env}, dirs=dirs
+        )
+
+    return new_engine
+
+
+def _discovery(engines: Sequence[ProcessPlan], endpoint_file: Path | None) -> StaticDiscovery | FileDiscovery:
+    """How the gateway finds the engines: the endpoint file when a pool is autoscaled, else the
+    planned engines' URLs by pool."""
+    if endpoint_file is not None:
+        return FileDiscovery(path=str(endpoint_file))
+    return StaticDiscovery(
+        prefill=[e.url for e in engines if e.role == "prefill"],
+        decode=[e.url for e in engines if e.role == "decode"],
+    )
+
+
+def _router_config(
+    isvc: InferenceService,
+    *,
+    discovery: StaticDiscovery | FileDiscovery,
+    pool_url: str,
+    events: KVEventsAddresses | None,
+    adapter_dir: Path | None,
+    state_dir: Path,
+    catalog_adapters: Sequence[str],
+    follow_catalog: bool,
+) -> RouterConfig:
+    """The gateway's config file: the spec, its discovery, the KV pool, the tokenizer, the engines'
+    KV keys (vLLM), the KV-event sockets and, with `engine.lora`, the adapter names (`build_plan`)."""
+    spec = isvc.spec
+    lora = spec.engine.lora is not None
+    return RouterConfig(
+        service=isvc.metadata.name,
+        spec=spec,
+        discovery=discovery,
+        kv_pool_url=pool_url,
+        tokenizer_path=local_tokenizer_path(isvc),
+        engine_kv_keys=engine_kv_keys(isvc) if spec.engine.kind == "vllm" else None,
+        kv_events=events,
+        adapter_names=list(catalog_adapters) if lora else [],
+        adapter_names_file=str(adapter_names_path(state_dir)) if follow_catalog and lora else None,
+        # The engines' resolver folder: the gateway copies hot adapters from it (runtime API).
+        adapter_load_dir=str(adapter_dir) if adapter_dir is not None else None,
+    )
+
+
+def _router_process(*, python: str, config_path: Path, port: int, env: dict[str, str]) -> ProcessPlan:
+    """The gateway: `tandem router` on loopback reading `config_path`."""
+    return ProcessPlan(
+        name="router",
+        role="router",
+        argv=(python, "-m", "tandem.cli", "router", "--config", str(config_path),
+              "--host", LOOPBACK, "--port", str(port)),
+        port=port,
+        probe="http",
+        env=env,
+    )  # fmt: skip
 
 
 def adapter_names_path(state_dir: Path) -> Path:
