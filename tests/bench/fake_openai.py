@@ -5,6 +5,9 @@ The user message (chat) or prompt (completions) selects the behaviour:
 - `status-500`: answers 500 with an OpenAI error body;
 - `error-event`: streams one token, then an SSE error event, then `[DONE]`;
 - `no-done`: streams tokens and closes the body without `[DONE]`;
+- `broken`: streams one token, then breaks the connection mid-body;
+- `long-token`: a normal stream whose tokens are each 300,000 characters (longer than an HTTP client's
+  default line limit);
 - anything else: a normal stream of `max_tokens` tokens, `token_delay` seconds apart, with a
   role-only first chunk (as vLLM sends), a usage chunk when asked, then `[DONE]`.
 
@@ -69,7 +72,9 @@ def create_app(state: FakeState) -> FastAPI:
         yield _chunk(body, None, role=True)
         for i in range(tokens):
             await asyncio.sleep(state.token_delay)
-            yield _chunk(body, f" w{i}")
+            yield _chunk(body, f" w{i}" + ("x" * 300_000 if kind == "long-token" else ""))
+            if kind == "broken":
+                raise ConnectionError("the fake engine breaks the stream")
             if kind == "error-event":
                 yield 'data: {"error": {"message": "engine died", "code": 502}}\n\n'
                 break

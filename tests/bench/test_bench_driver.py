@@ -1,7 +1,7 @@
 """The load driver against a real HTTP server: bodies and headers sent, records kept, failures
 recorded, and every run bounded in time.
 
-Real: httpx streaming over loopback to a uvicorn server (tests.servers.run_uvicorn) and the driver's
+Real: aiohttp streaming over loopback to a uvicorn server (tests.servers.run_uvicorn) and the driver's
 asyncio scheduling. Faked: the endpoint is `tests.bench.fake_openai` (scripted answers chosen by the
 prompt). Assertions are on counts, order and contents, never on how fast anything was.
 """
@@ -112,6 +112,7 @@ async def test_arrivals_follow_the_offsets_divided_by_the_time_scale(fake: tuple
         ("status-500", 500, "HTTP 500: "),
         ("error-event", 200, "error event: engine died"),
         ("no-done", 200, "stream ended without [DONE]"),
+        ("broken", 200, "ReadError"),
         ("hang", None, "timeout after 0.3s"),
     ],
 )
@@ -127,6 +128,14 @@ async def test_failures_are_recorded_not_raised(
     assert failed.error.startswith(error)
     assert failed.end_s is not None
     assert fine.ok
+
+
+async def test_a_line_longer_than_a_clients_default_limit_is_read_whole(fake: tuple[str, FakeState]) -> None:
+    url, _ = fake
+    result = await drive(Workload("w", (chat("long-token", tokens=3),)), settings(url))
+    (record,) = result.records
+    assert record.ok, record.error
+    assert len(record.token_times_s) == 3 and record.completion_tokens == 3
 
 
 async def test_a_refused_connection_is_an_error_record() -> None:
