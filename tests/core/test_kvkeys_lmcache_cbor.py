@@ -14,13 +14,8 @@ import hashlib
 
 import pytest
 
-from tandem.core.kvkeys import (
-    LMCacheCborHash,
-    _cbor_head,
-    _cbor_uint,
-    lmcache_cbor_chunk_hashes,
-    lmcache_cbor_none_hash,
-)
+from tandem.core.kvkeys import LMCacheCborHash, lmcache_cbor_chunk_hashes, lmcache_cbor_none_hash
+from tandem.core.lmcachehash import _cbor_head, _cbor_uint
 from tandem.kvpool.keys import PoolKeys
 
 

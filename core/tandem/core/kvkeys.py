@@ -32,9 +32,9 @@ negative (keys then read `...@-7cfefdccc681b183@...`).
   digest to `int.from_bytes(d[:8], "big")` (unsigned): `H(parent, chunk) = fold(sha256_cbor((parent,
   tuple(chunk), ())))`, `h_{-1} = fold(sha256_cbor(seed))` with seed the engines' PYTHONHASHSEED, or
   vLLM 0.32's fixed `"vllm-none-hash"` when unset (`lmcache_cbor_none_hash`). No dependence on
-  Python's hash, so any process computes it; the CBOR of non-negative ints and arrays is encoded here
-  (`_cbor`). Checked against LMCache 0.5.6's own `ChunkedTokenDatabase` in a vLLM 0.32 process
-  (tests/kvpool/test_lmcache_keys_vllm.py, .venv-vllm).
+  Python's hash, so any process computes it; the CBOR of non-negative ints and arrays is encoded in
+  `tandem.core.lmcachehash`. Checked against LMCache 0.5.6's own `ChunkedTokenDatabase` in a vLLM
+  0.32 process (tests/kvpool/test_lmcache_keys_vllm.py, .venv-vllm).
 - LMCache 0.3's (`lmcache03_chunk_hashes`, `LMCache03Hash`): LMCache 0.3.9 (the default engine image's,
   `lmcache/vllm-openai:v0.3.9`) hashes `(parent, tuple(chunk), None)` from the same NONE_HASH. `None`
   hashes to the constant 4238894112 on CPython ≥ 3.12 (the vLLM images' Python; on 3.11 and earlier
@@ -62,20 +62,31 @@ order, `...@bfloat16@lora%sql@salt%<32 hex>` (`lmcache_tags`). So an adapter's c
 another adapter's) are different keys in the pool, and so are two tenants' (two salts). LMCache 0.3
 has no tags (`LMCache03Hash`: neither carries).
 
+LMCache's chains themselves (the functions `lmcache_*_hashes` and `lmcache*_none_hash`) live in
+`tandem.core.lmcachehash`, re-exported here; this module keeps Tandem's chain, the scopes, the tags
+and the key schemes.
+
 The pool's key layout built on them (LMCache's `model@world_size@worker_id@chunk_hash@dtype` plus the
 `kv_bytes`/`metadata` pair) lives in `tandem.kvpool.keys`, which re-exports these names.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tandem.core.blockhash import le32
-from tandem.core.pyhash import parse_seed, str_hash
+from tandem.core.lmcachehash import (
+    PY312_NONE_HASH,
+    check_chunk_size,
+    lmcache03_chunk_hashes,
+    lmcache_cbor_chunk_hashes,
+    lmcache_cbor_none_hash,
+    lmcache_chunk_hashes,
+    lmcache_none_hash,
+)
 
 __all__ = [
     "LMCACHE_ADAPTER_PARAM",
@@ -103,16 +114,11 @@ __all__ = [
 ]
 
 NONE_HASH = 0
-#: `hash(None)` on CPython 3.12 and later (a constant there; the object's address before).
-PY312_NONE_HASH = 4238894112
 #: BLAKE2b personalisations (at most 16 bytes) keep the keyed chain, its roots and unkeyed scope roots
 #: in separate domains: no chunk hash can be replayed as a root or the reverse.
 _CHAIN_PERSON = b"tandem-kv-chain"
 _ROOT_PERSON = b"tandem-kv-root"
 _SCOPE_PERSON = b"tandem-kv-scope"
-#: vLLM 0.32's NONE_HASH seed for a cryptographic hash when PYTHONHASHSEED is unset
-#: (`kv_cache_utils.DEFAULT_NONE_HASH_SEED`).
-VLLM_DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 #: The largest BLAKE2b key.
 MAX_KEY_BYTES = 64
 
@@ -124,7 +130,7 @@ def chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, parent: int = NON
     `chunk_hashes(a + b, C)` when `len(a)` is a multiple of `C` (the simulator extends block hashes
     this way as a sequence grows, instead of rehashing it from the start).
     """
-    _check(chunk_size)
+    check_chunk_size(chunk_size)
     data = le32(token_ids[: len(token_ids) // chunk_size * chunk_size])  # every full chunk, packed at once
     stride = 4 * chunk_size
     hashes: list[int] = []
@@ -254,7 +260,7 @@ def keyed_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, key: bytes,
     `be64(root) || 01 00 00 00 02 00 00 00` to 6521123471800769786, chunk 1 continues from it, and
     the 5th token (a partial chunk) has no hash.
     """
-    _check(chunk_size)
+    check_chunk_size(chunk_size)
     data = le32(token_ids[: len(token_ids) // chunk_size * chunk_size])
     stride = 4 * chunk_size
     template = hashlib.blake2b(digest_size=8, key=_checked_key(key), person=_CHAIN_PERSON)
@@ -264,115 +270,6 @@ def keyed_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, key: bytes,
         digest.update(parent.to_bytes(8, "big", signed=True))
         digest.update(data[start : start + stride])
         parent = int.from_bytes(digest.digest(), "big", signed=True)
-        hashes.append(parent)
-    return hashes
-
-
-def lmcache_none_hash(python_hash_seed: str | None) -> int | None:
-    """LMCache's NONE_HASH (the first chunk's parent) in engines whose environment has
-    `PYTHONHASHSEED=python_hash_seed`, or None where nobody can reproduce it (unset or `random`: the
-    engine's str hashes are random; module docstring).
-
-    It is `hash(python_hash_seed)` as the engine computes it. `""` gives 0 (vLLM reads the empty value
-    as a seed and the empty string hashes to 0 under any secret). Example: `"0"` → 5313149338359954478.
-    """
-    if python_hash_seed is None:
-        return None
-    if python_hash_seed == "":
-        return 0
-    seed = parse_seed(python_hash_seed)
-    return None if seed is None else str_hash(python_hash_seed, seed=seed)
-
-
-def lmcache_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash: int) -> list[int]:
-    """LMCache 0.5.6's chained hashes of every full chunk of `token_ids` (module docstring), starting
-    from `none_hash` (`lmcache_none_hash`). Example: under PYTHONHASHSEED=0, the chunk `range(256)`
-    hashes to `hash((5313149338359954478, tuple(range(256)), ()))`."""
-    return _builtin_chain(token_ids, chunk_size, none_hash=none_hash, extra=())
-
-
-def lmcache03_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash: int) -> list[int]:
-    """LMCache 0.3's chain (module docstring): `hash((parent, tuple(chunk), None))` as an engine on
-    CPython ≥ 3.12 computes it, from `none_hash`."""
-    return _builtin_chain(token_ids, chunk_size, none_hash=none_hash, extra=PY312_NONE_HASH)
-
-
-def lmcache_cbor_none_hash(python_hash_seed: str | None) -> int:
-    """LMCache's NONE_HASH under `sha256_cbor` in engines whose PYTHONHASHSEED is `python_hash_seed`
-    (None: unset, vLLM 0.32's fixed seed): the first 8 bytes, big-endian, of SHA-256 over the seed's
-    CBOR text string. Example: `"0"` hashes `61 30` (a 1-byte text, "0")."""
-    seed = VLLM_DEFAULT_NONE_HASH_SEED if python_hash_seed is None else python_hash_seed
-    encoded = seed.encode()
-    return _fold(hashlib.sha256(_cbor_head(3, len(encoded)) + encoded).digest())
-
-
-def lmcache_cbor_chunk_hashes(token_ids: Sequence[int], chunk_size: int, *, none_hash: int) -> list[int]:
-    """LMCache 0.5.6's chain under `sha256_cbor` (module docstring) over every full chunk, from
-    `none_hash` (`lmcache_cbor_none_hash`). Each chunk hashes the CBOR array
-    `[parent, [tokens...], []]`: `83`, the parent as an unsigned int, `99 01 00` and 256 token ints
-    for a 256-token chunk, `80`. Token ids must be non-negative (they are)."""
-    _check(chunk_size)
-    hashes: list[int] = []
-    parent = none_hash
-    head = _cbor_head(4, chunk_size)
-    table = _small_uints()
-    for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
-        chunk = token_ids[start : start + chunk_size]
-        tokens = b"".join(
-            [
-                table[t]
-                if 0 <= t < _TABLE_SIZE
-                else b"\x1a" + t.to_bytes(4, "big")
-                if t < 1 << 32
-                else _cbor_uint(t)
-                for t in chunk
-            ]
-        )
-        parent = _fold(hashlib.sha256(b"\x83" + _cbor_uint(parent) + head + tokens + b"\x80").digest())
-        hashes.append(parent)
-    return hashes
-
-
-#: Token ids below this are encoded from a table, larger ones (up to 2**32) inline as `1a` + 4 bytes:
-#: 8,192 tokens of a 152k vocabulary in ~2 ms against 10 ms encoding each id with `_cbor_uint`.
-_TABLE_SIZE = 1 << 16
-
-
-@functools.cache
-def _small_uints() -> tuple[bytes, ...]:
-    """The CBOR encoding of every int below `_TABLE_SIZE` (built once, on first use: ~40 ms)."""
-    return tuple(_cbor_head(0, value) for value in range(_TABLE_SIZE))
-
-
-def _fold(digest: bytes) -> int:
-    """LMCache's `_normalize_hash_to_int`: a digest's first 8 bytes as a big-endian unsigned int."""
-    return int.from_bytes(digest[:8], "big")
-
-
-def _cbor_uint(value: int) -> bytes:
-    """A non-negative int as CBOR (major type 0, shortest form, as cbor2 writes it)."""
-    if value < 0:
-        raise ValueError(f"only non-negative ints are encoded here, got {value}")
-    return _cbor_head(0, value)
-
-
-def _cbor_head(major: int, argument: int) -> bytes:
-    """A CBOR item head: the major type and its argument (a value, a length) in the shortest form."""
-    if argument < 24:
-        return bytes((major << 5 | argument,))
-    for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
-        if argument < 1 << (8 * size):
-            return bytes((major << 5 | info,)) + argument.to_bytes(size, "big")
-    raise ValueError(f"{argument} does not fit CBOR's 64-bit argument")
-
-
-def _builtin_chain(token_ids: Sequence[int], chunk_size: int, *, none_hash: int, extra: object) -> list[int]:
-    """LMCache's chain over full chunks: `hash((parent, tuple(chunk), extra))` from `none_hash`."""
-    _check(chunk_size)
-    hashes: list[int] = []
-    parent = none_hash
-    for start in range(0, len(token_ids) - chunk_size + 1, chunk_size):
-        parent = hash((parent, tuple(token_ids[start : start + chunk_size]), extra))
         hashes.append(parent)
     return hashes
 
@@ -505,8 +402,3 @@ def _checked_key(key: bytes) -> bytes:
     if not 1 <= len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"a pool key must be 1 to {MAX_KEY_BYTES} bytes, got {len(key)}")
     return key
-
-
-def _check(chunk_size: int) -> None:
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tandem.core.spec import InferenceServiceSpec
+from tandem.core.spec import InferenceService, InferenceServiceSpec
 from tandem.core.specrules import SpecInvalid, cluster_adapter_rules, parse_inference_service
 from tandem.operator import adapterstatus
 from tandem.operator.cluster import Cluster, ClusterError
@@ -122,10 +122,7 @@ def reconcile(
     generation = meta.get("generation")
     previous: Mapping[str, Any] = body.get("status") or {}
     try:
-        isvc = parse_inference_service(body)
-        unservable = cluster_adapter_rules(isvc.spec)  # local adapter paths: for tandem up only
-        if unservable:
-            raise SpecInvalid(unservable)
+        isvc = _servable(body)
     except SpecInvalid as exc:
         errors = [str(e) for e in exc.errors]
         status = invalid_status(errors=errors, generation=generation, previous=previous, now=now)
@@ -135,19 +132,12 @@ def reconcile(
     outcome = Outcome(status=InferenceServiceStatus())
     live: dict[ObjectRef, dict[str, Any]] = {}
     problems: list[str] = []
-    observed: adapterstatus.Observed | None = None
-    catalog: tuple[str, ...] | None = None
-    left_out: list[str] = []
+    seen = _AdaptersSeen()
     try:
         refused = refused_secrets(isvc.spec, namespace=owner.namespace, cluster=cluster)
         if refused:
             return _blocked(refused, generation=generation, previous=previous, now=now)
-        # Read once (the sidecars over HTTP): for the gateway's adapter names and for the status.
-        observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
-        kept, left_out = fit_catalog(
-            isvc.spec, adapter_catalog(isvc.spec, observed, owner=owner, cluster=cluster)
-        )
-        catalog = tuple(kept)
+        catalog = _observe_adapters(isvc.spec, seen, owner=owner, cluster=cluster, read_report=read_report)
         children = desired_children(
             isvc.spec,
             owner=owner,
@@ -172,22 +162,88 @@ def reconcile(
         now=now,
         gateway=gateway,
     )
-    if observed is None:  # the Secrets could not be read: the adapters are observed all the same
-        observed = adapterstatus.observe(isvc.spec, owner=owner, cluster=cluster, read_report=read_report)
-    if catalog is None:  # not reached: the catalog's names as the sidecars report them, if any
-        catalog = (adapterstatus.reported_catalog(observed) or ()) if isvc.spec.adapter_catalog else ()
-    outcome.status, adapter_events = _with_adapters(
+    _report_adapters(
         isvc.spec,
+        outcome,
+        seen,
+        owner=owner,
+        cluster=cluster,
+        read_report=read_report,
+        previous=previous,
+        now=now,
+    )
+    return outcome
+
+
+def _servable(body: Mapping[str, Any]) -> InferenceService:
+    """The InferenceService `body` parsed and checked against the rules a cluster adds (local adapter
+    paths are for `tandem up` only); raises SpecInvalid with every problem found."""
+    isvc = parse_inference_service(body)
+    unservable = cluster_adapter_rules(isvc.spec)  # local adapter paths: for tandem up only
+    if unservable:
+        raise SpecInvalid(unservable)
+    return isvc
+
+
+@dataclass
+class _AdaptersSeen:
+    """What a reconcile has read of the adapters so far (None: not read yet): filled in as it goes, so
+    that an API error midway keeps what was read and `_report_adapters` reads only what is missing."""
+
+    observed: adapterstatus.Observed | None = None
+    catalog: tuple[str, ...] | None = None
+    left_out: list[str] = field(default_factory=list)
+
+
+def _observe_adapters(
+    spec: InferenceServiceSpec,
+    seen: _AdaptersSeen,
+    *,
+    owner: Owner,
+    cluster: Cluster,
+    read_report: ReportReader | None,
+) -> tuple[str, ...]:
+    """Reads the adapters once (the sidecars over HTTP), for the gateway's adapter names and for the
+    status, and returns the catalog's names that `<name>-adapter-names` can hold; records both in
+    `seen` as they are read. Raises ClusterError."""
+    seen.observed = adapterstatus.observe(spec, owner=owner, cluster=cluster, read_report=read_report)
+    kept, seen.left_out = fit_catalog(
+        spec, adapter_catalog(spec, seen.observed, owner=owner, cluster=cluster)
+    )
+    seen.catalog = tuple(kept)
+    return seen.catalog
+
+
+def _report_adapters(
+    spec: InferenceServiceSpec,
+    outcome: Outcome,
+    seen: _AdaptersSeen,
+    *,
+    owner: Owner,
+    cluster: Cluster,
+    read_report: ReportReader | None,
+    previous: Mapping[str, Any],
+    now: str,
+) -> None:
+    """Adds the adapters' states to `outcome.status` and sets `outcome.events` (the Ready warnings, then
+    the adapters' events); reads the adapters now if the apply stopped before it read them."""
+    observed = seen.observed
+    if observed is None:  # the Secrets could not be read: the adapters are observed all the same
+        observed = adapterstatus.observe(spec, owner=owner, cluster=cluster, read_report=read_report)
+    catalog = seen.catalog
+    if catalog is None:  # not reached: the catalog's names as the sidecars report them, if any
+        catalog = (adapterstatus.reported_catalog(observed) or ()) if spec.adapter_catalog else ()
+    outcome.status, adapter_events = _with_adapters(
+        spec,
         outcome.status,
         observed,
         owner=owner,
         previous=previous,
         now=now,
         catalog=catalog,
-        left_out=left_out,
+        left_out=seen.left_out,
     )
     outcome.events = _warnings(previous, outcome.status) + adapter_events
-    return outcome
 
 
 def _blocked(refused: list[str], *, generation: int | None, previous: Mapping[str, Any], now: str) -> Outcome:

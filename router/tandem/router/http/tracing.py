@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from tandem.core.tracing import (
     TRACEPARENT,
@@ -108,49 +109,21 @@ class GatewayTracer:
                 instrumentation_scope=scope,
             )
         ]
-
-        def child(
-            name: str, span_id: int, start: float, end: float, kind: Any, attrs: dict[str, Any]
-        ) -> None:
+        for stage in _stage_spans(ctx, trace):
             out.append(
                 ReadableSpan(
-                    name=name,
-                    context=context(span_id),
+                    name=stage.name,
+                    context=context(stage.span_id),
                     parent=server,
                     resource=self._resource,
-                    attributes=attrs,
-                    kind=kind,
+                    attributes=stage.attrs,
+                    kind=SpanKind[stage.kind],
                     status=Status(StatusCode.UNSET),
-                    start_time=self._ns(start),
-                    end_time=self._ns(max(start, end)),
+                    start_time=self._ns(stage.start),
+                    end_time=self._ns(max(stage.start, stage.end)),
                     instrumentation_scope=scope,
                 )
             )
-
-        stages = {name: (start, end) for name, start, end in trace.stages}
-        if "hold" in stages and ctx.held_s:
-            start, end = stages["hold"]
-            child("tandem.cold_start_hold", new_span_id(), start, end, SpanKind.INTERNAL, {})
-        if "admit" in stages:
-            start, end = stages["admit"]
-            attrs: dict[str, Any] = {"tandem.queue_s": ctx.queue_s or 0.0, "tandem.priority": ctx.priority}
-            child("tandem.admission", new_span_id(), start, end, SpanKind.INTERNAL, attrs)
-        if "disaggregate" in stages:
-            _, end = stages["disaggregate"]
-            barrier_s = trace.barrier_s or 0.0
-            if ctx.prefill_s is not None:
-                prefill_end = end - barrier_s
-                attrs = {"tandem.prefill_endpoint": ctx.prefill_endpoint or ""}
-                child("tandem.prefill", trace.prefill_span, prefill_end - ctx.prefill_s, prefill_end,
-                      SpanKind.CLIENT, attrs)  # fmt: skip
-            if trace.barrier_s is not None:
-                attrs = {"tandem.kv_barrier": _barrier_outcome(ctx)}
-                child("tandem.kv_barrier", new_span_id(), end - barrier_s, end, SpanKind.INTERNAL, attrs)
-        if "dispatch" in stages:
-            start, end = stages["dispatch"]
-            first = ctx.first_byte_at if ctx.first_byte_at is not None else end
-            attrs = {"tandem.decode_endpoint": ctx.decode_endpoint or ""}
-            child("tandem.decode", trace.decode_span, start, first, SpanKind.CLIENT, attrs)
         return out
 
     def _server_attributes(self, ctx: RequestContext, operation: str) -> dict[str, Any]:
@@ -205,6 +178,53 @@ def gateway_tracer(config: EffectiveConfig, *, clock: Callable[[], float]) -> Ga
     return GatewayTracer(
         config.tracing, service=f"{config.service}-router", clock=clock, log_prompts=config.log_prompts
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _StageSpan:
+    """One child of the server span: a stage of the request, from `start` to `end` (clock seconds; an
+    end before the start is clamped to it when the span is built), `kind` a `SpanKind` member's name."""
+
+    name: str
+    span_id: int
+    start: float
+    end: float
+    kind: Literal["INTERNAL", "CLIENT"]
+    attrs: dict[str, Any]
+
+
+def _stage_spans(ctx: RequestContext, trace: RequestTrace) -> list[_StageSpan]:
+    """The server span's children (module docstring's table), in this order: the cold-start hold, the
+    admission, the prefill and the KV barrier of a disaggregated request, the decode. New span ids are
+    drawn in that order too."""
+    out: list[_StageSpan] = []
+    stages = {name: (start, end) for name, start, end in trace.stages}
+    if "hold" in stages and ctx.held_s:
+        start, end = stages["hold"]
+        out.append(_StageSpan("tandem.cold_start_hold", new_span_id(), start, end, "INTERNAL", {}))
+    if "admit" in stages:
+        start, end = stages["admit"]
+        attrs: dict[str, Any] = {"tandem.queue_s": ctx.queue_s or 0.0, "tandem.priority": ctx.priority}
+        out.append(_StageSpan("tandem.admission", new_span_id(), start, end, "INTERNAL", attrs))
+    if "disaggregate" in stages:
+        _, end = stages["disaggregate"]
+        barrier_s = trace.barrier_s or 0.0
+        if ctx.prefill_s is not None:
+            prefill_end = end - barrier_s
+            attrs = {"tandem.prefill_endpoint": ctx.prefill_endpoint or ""}
+            start = prefill_end - ctx.prefill_s
+            out.append(_StageSpan("tandem.prefill", trace.prefill_span, start, prefill_end, "CLIENT", attrs))
+        if trace.barrier_s is not None:
+            attrs = {"tandem.kv_barrier": _barrier_outcome(ctx)}
+            out.append(
+                _StageSpan("tandem.kv_barrier", new_span_id(), end - barrier_s, end, "INTERNAL", attrs)
+            )
+    if "dispatch" in stages:
+        start, end = stages["dispatch"]
+        first = ctx.first_byte_at if ctx.first_byte_at is not None else end
+        attrs = {"tandem.decode_endpoint": ctx.decode_endpoint or ""}
+        out.append(_StageSpan("tandem.decode", trace.decode_span, start, first, "CLIENT", attrs))
+    return out
 
 
 def _failure(ctx: RequestContext) -> str | None:
