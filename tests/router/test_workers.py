@@ -8,6 +8,7 @@ Real: the exposition merge (pure), two `WorkerBus`es on Unix sockets in this pro
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -213,20 +214,25 @@ def test_sigterm_stops_every_worker(tmp_path: Path) -> None:
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
 
 
+def _started_workers(log: Path) -> list[int]:
+    """The pids of the `worker started` lines of a router's log, in order."""
+    lines = [json.loads(line) for line in log.read_text().splitlines() if '"worker started"' in line]
+    return [int(line["pid"]) for line in lines]
+
+
 def test_a_killed_worker_is_started_again_and_the_port_keeps_serving(tmp_path: Path) -> None:
     with sim_processes(tmp_path, ["a"], time_scale=100.0) as engines:
         config = _config(tmp_path, [engines[0].url])
         with router_process(tmp_path, config) as router:
-            before = set(_worker_pids(router.process.pid))
-            victim = max(before)
+            first = _started_workers(router.log)
+            assert len(first) == 2 and set(first) <= set(_worker_pids(router.process.pid))
+            victim = first[-1]
             os.kill(victim, signal.SIGKILL)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                now = set(_worker_pids(router.process.pid))
-                if victim not in now and now - before:
-                    break
+            while len(started := _started_workers(router.log)) < 3 and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert victim not in now and now - before, "no worker was started in the killed one's place"
+            assert len(started) == 3, "no worker was started in the killed one's place"
+            assert started[2] not in first and started[2] in _worker_pids(router.process.pid)
             statuses = []
             for request in range(12):  # a new connection each time, while the new worker starts
                 with httpx.Client(base_url=router.url, trust_env=False, timeout=30) as client:

@@ -124,8 +124,6 @@ async def drive(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
         trust_env=False,
         read_bufsize=_LINE_LIMIT // 2,  # the reader holds up to twice this: its longest line
-        max_line_size=_LINE_LIMIT,
-        max_field_size=_LINE_LIMIT,
     )
     try:
         return await _Run(workload, settings, http=http, clock=clock, progress=progress).run()
