@@ -13,7 +13,7 @@ step "ruff check";  .venv/bin/ruff check .
 step "ruff format"; .venv/bin/ruff format --check .
 step "mypy --strict"; .venv/bin/mypy
 step "import contracts"; .venv/bin/lint-imports
-step "pytest"; .venv/bin/python -m pytest -m "not slow" "$@"
+step "pytest"; .venv/bin/python -m pytest -m "not slow" --durations=25 "$@"
 if [ "${TANDEM_SKIP_SLOW:-0}" = 1 ]; then
   step "slow tier skipped (TANDEM_SKIP_SLOW=1)"
   exit 0

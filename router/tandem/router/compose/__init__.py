@@ -39,7 +39,7 @@ from tandem.router.identity.auth.keyfile import KeyFile
 from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
-from tandem.router.pipeline.stages import Identify, Limit, Parse, generation_stages
+from tandem.router.pipeline.stages import Identify, Limit, Parse, Pipeline, generation_stages
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.request.limits import BodyLimits, ReadingBudget
 from tandem.router.settings import AccessSettings
@@ -133,22 +133,7 @@ def compose(
         predictor=predictor,
         prefix=prefix,
     )
-    pipeline = generation_stages(
-        identify=Identify(access.tenants, config.default_slo, access.priorities),
-        parse=gateway_parse(
-            config,
-            accepted=service.adapters.accepted,
-            scopes=cache_scopes(config.spec.router, settings.access),
-            context=service.context,
-            adapters=service.adapters.names,
-        ),
-        limit=Limit(access),
-        hold=service.hold,
-        admit=service.admit,
-        dispatcher=service.dispatcher,
-        disaggregator=service.disaggregator,
-        relay_stage=service.relay,
-    )
+    pipeline = _pipeline(config, access=access, service=service)
     if isinstance(bus, WorkerBus):
         bus.answer_metrics(lambda: generate_latest(prometheus))
     services: list[Service] = [bus, loop_lag]
@@ -167,28 +152,69 @@ def compose(
         routing=service.routing,
         kv_pool=service.kv_pool,
         loop_lag=loop_lag,
-        gateway=Gateway(
-            pipeline=pipeline,
-            encoder=encoder,
-            metrics=metrics,
-            clock=clock,
-            tracer=gateway_tracer(config, clock=clock),
-        ),
-        operations=Operations(
-            registry=registry,
-            upstream=upstream,
-            prometheus=prometheus,
-            metrics=metrics,
-            tenants=access.tenants,
-            bus=bus,
-            model=config.spec.model,
-            started_unix=int(time.time()),
-            models_timeout_s=settings.proxy.models_timeout_seconds,
-            scales_from_zero=scales_from_zero(config),
-            adapters=service.adapters,
-            warming=service.warming,
-        ),
+        gateway=_gateway(config, pipeline=pipeline, encoder=encoder, metrics=metrics, clock=clock),
+        operations=_operations(service, access=access, bus=bus),
         services=tuple(services),
+    )
+
+
+def _pipeline(config: EffectiveConfig, *, access: Access, service: ServiceParts) -> Pipeline:
+    """A request's way through a gateway of one service: the gateway's identity, body parsing (the
+    service's model, adapters, cache scopes and context limit) and rate limits, then the
+    service's stages from `Hold` on."""
+    return generation_stages(
+        identify=Identify(access.tenants, config.default_slo, access.priorities),
+        parse=gateway_parse(
+            config,
+            accepted=service.adapters.accepted,
+            scopes=cache_scopes(config.spec.router, config.settings.access),
+            context=service.context,
+            adapters=service.adapters.names,
+        ),
+        limit=Limit(access),
+        hold=service.hold,
+        admit=service.admit,
+        dispatcher=service.dispatcher,
+        disaggregator=service.disaggregator,
+        relay_stage=service.relay,
+    )
+
+
+def _gateway(
+    config: EffectiveConfig,
+    *,
+    pipeline: Pipeline,
+    encoder: PromptEncoder,
+    metrics: RouterMetrics,
+    clock: Callable[[], float],
+) -> Gateway:
+    """The HTTP shell around `pipeline`, with the tracer `config` asks for."""
+    return Gateway(
+        pipeline=pipeline,
+        encoder=encoder,
+        metrics=metrics,
+        clock=clock,
+        tracer=gateway_tracer(config, clock=clock),
+    )
+
+
+def _operations(service: ServiceParts, *, access: Access, bus: Bus) -> Operations:
+    """What the side routes of a gateway of one service read: that service's engines, upstream,
+    metrics (the gateway's registry is the service's), model and adapters; the gateway's tenants."""
+    config = service.config
+    return Operations(
+        registry=service.registry,
+        upstream=service.upstream,
+        prometheus=service.prometheus,
+        metrics=service.metrics,
+        tenants=access.tenants,
+        bus=bus,
+        model=config.spec.model,
+        started_unix=int(time.time()),
+        models_timeout_s=config.settings.proxy.models_timeout_seconds,
+        scales_from_zero=scales_from_zero(config),
+        adapters=service.adapters,
+        warming=service.warming,
     )
 
 

@@ -15,6 +15,8 @@ Gateway-level settings come from the gateway spec and replace the services' own:
 service's `spec.router.fairness.tenantHeader`. The pipeline:
 
     identify → parse → route → limit → serve: [the service's hold → … → relay]
+
+What the file configures is resolved first (`manyconfig`).
 """
 
 from __future__ import annotations
@@ -34,11 +36,9 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 
-from tandem.core.gateway import GatewayFile, GatewayService, name_conflicts
+from tandem.core.gateway import GatewayFile
 from tandem.core.modeltokens import PromptEncoder
-from tandem.core.routerconfig import RouterConfig
-from tandem.core.tracing import settings_from_env
-from tandem.kvpool.client import PASSWORD_ENV, POOL_KEY_ENV
+from tandem.router.admission.access import Access
 from tandem.router.compose import (
     Service,
     ServiceParts,
@@ -50,10 +50,11 @@ from tandem.router.compose import (
     new_registry,
     scales_from_zero,
 )
+from tandem.router.compose.manyconfig import gateway_file_tracer, resolve_services, service_discoveries
 from tandem.router.compose.startup import engine_clients, load_key_file, model_tokenizer
-from tandem.router.config import EffectiveConfig, resolve, served_names
-from tandem.router.discovery.sources import Discovery, discovery_for
-from tandem.router.errors import ConfigurationError
+from tandem.router.config import EffectiveConfig, served_names
+from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.discovery.sources import Discovery
 from tandem.router.http.server import Gateway, GatewayApp
 from tandem.router.http.side import ManyModels, Operations, ServedModel, side_app
 from tandem.router.http.tracing import GatewayTracer
@@ -65,59 +66,13 @@ from tandem.router.pipeline.route import Route, Serve, ServiceRoute
 from tandem.router.pipeline.stages import Identify, Limit, Pipeline, service_stages
 from tandem.router.request.adapters import Change, ServiceAdapters
 from tandem.router.request.names import ModelNames
-from tandem.router.settings import RouterSettings
+from tandem.router.settings import AccessSettings, RouterSettings
 from tandem.router.upstream.client import HTTPUpstream
 from tandem.router.upstream.wire import Wire
-from tandem.router.workers.bus import ScopedBus, WorkerBus
+from tandem.router.workers.bus import Bus, ScopedBus, WorkerBus
 
 T = TypeVar("T")
 log = logging.getLogger("tandem.router")
-
-
-def service_configs(file: GatewayFile, *, api_keys_file: str | None) -> list[RouterConfig]:
-    """Each service's router config with the gateway's settings in place of its own (module
-    docstring), and the gateway's API key file."""
-    gateway = file.spec
-    out = []
-    for service in file.services:
-        config = service.config
-        router = config.spec.router.model_copy(
-            update={
-                "auth": gateway.auth,
-                "tenants": gateway.tenants,
-                "rate_limits": gateway.rate_limits,
-                "max_queue": gateway.max_queue,
-                "replicas": gateway.replicas,
-                "workers": gateway.workers,
-            }
-        )
-        spec = config.spec.model_copy(update={"router": router})
-        out.append(config.model_copy(update={"spec": spec, "api_keys_file": api_keys_file}))
-    return out
-
-
-def service_environ(environ: Mapping[str, str], service: GatewayService) -> dict[str, str]:
-    """The environment one service's configuration is resolved in: its own pool key and Redis
-    password from the variables its entry names (`poolKeyEnv`, `kvPoolPasswordEnv`), in place of
-    the single-service ones; an entry that names none keeps those."""
-    out = dict(environ)
-    for base, named in ((POOL_KEY_ENV, service.pool_key_env), (PASSWORD_ENV, service.kv_pool_password_env)):
-        if named is not None:
-            out[base] = environ.get(named, "")
-    return out
-
-
-def service_settings(
-    settings: RouterSettings, environ: Mapping[str, str], service: GatewayService
-) -> RouterSettings:
-    """`settings` with the key this service's engines require, from the variable its entry names
-    (`engineApiKeyEnv`); an entry that names none keeps the process's (`TANDEM_ENGINE_API_KEY`)."""
-    if service.engine_api_key_env is None:
-        return settings
-    proxy = settings.proxy.model_copy(
-        update={"engine_api_key": environ.get(service.engine_api_key_env) or None}
-    )
-    return settings.model_copy(update={"proxy": proxy})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +115,62 @@ def compose_many(
     bus = new_bus(first)
     access = gateway_access(first, key_file=key_file, prometheus=prometheus, clock=clock, bus=bus)
     names = NameMetrics(prometheus)
+    parts, routes, members = _compose_services(
+        configs,
+        registries=registries,
+        encoders=encoders,
+        aliases=aliases,
+        wire=wire,
+        scrapes=scrapes,
+        clock=clock,
+        bus=bus,
+        loop_lag=loop_lag,
+        access=access,
+    )
+    served = {c.service: c.spec.model.public_name for c in configs}
+    route = _route(parts, routes=routes, served=served, aliases=aliases, names=names, members=members)
+    pipeline = _pipeline(first, access=access, route=route)
+    exposed = _exposed(prometheus, parts=parts, bus=bus)
+    background = _background(bus, loop_lag, key_file=key_file, parts=parts)
+    many = _many_models(parts, served=served, aliases=aliases)
+    return ManyComponents(
+        gateway=Gateway(pipeline=pipeline, encoder=None, metrics=gateway_metrics, clock=clock, tracer=tracer),
+        operations=Operations(
+            registry=registries[0],
+            upstream=upstream,
+            prometheus=exposed,
+            metrics=gateway_metrics,
+            tenants=access.tenants,
+            bus=bus,
+            model=first.spec.model,
+            started_unix=int(time.time()),
+            models_timeout_s=settings.proxy.models_timeout_seconds,
+            many=many,
+        ),
+        exposed=exposed,
+        prometheus=prometheus,
+        parts=tuple(parts),
+        services=tuple(background),
+    )
+
+
+def _compose_services(
+    configs: Sequence[EffectiveConfig],
+    *,
+    registries: Sequence[EndpointRegistry],
+    encoders: Sequence[PromptEncoder],
+    aliases: Mapping[str, Sequence[tuple[str, int]]],
+    wire: Wire,
+    scrapes: httpx.AsyncClient,
+    clock: Callable[[], float],
+    bus: Bus,
+    loop_lag: LoopLagMonitor,
+    access: Access,
+) -> tuple[list[ServiceParts], dict[str, ServiceRoute], list[ServiceAdapters]]:
+    """Each service's parts, built as a gateway of one service builds them (`compose_service`) with
+    its metrics in a registry of its own; the route to each by its served name; and the services'
+    adapter names (`owned_adapters`: each refuses a name another service, model or alias holds)."""
+    access_settings = configs[0].settings.access
     parts: list[ServiceParts] = []
     routes: dict[str, ServiceRoute] = {}
     owners = name_owners(configs, aliases)
@@ -184,25 +195,45 @@ def compose_many(
             adapters=owned_adapters(config, owners, members),
         )
         parts.append(part)
-        model = config.spec.model.public_name
-        routes[model] = ServiceRoute(
-            name=config.service,
-            model=model,
-            encoder=encoder,
-            context=part.context,
-            scopes=cache_scopes(config.spec.router, settings.access),
-            log_prompts=config.log_prompts,
-            stages=service_stages(
-                hold=part.hold,
-                admit=part.admit,
-                dispatcher=part.dispatcher,
-                disaggregator=part.disaggregator,
-                relay_stage=part.relay,
-            ),
-            metrics=metrics,
-            lmcache_engines=config.lmcache_engines,
-        )
-    served = {c.service: c.spec.model.public_name for c in configs}
+        routes[config.spec.model.public_name] = _service_route(part, encoder=encoder, access=access_settings)
+    return parts, routes, members
+
+
+def _service_route(part: ServiceParts, *, encoder: PromptEncoder, access: AccessSettings) -> ServiceRoute:
+    """One service as the gateway routes to it: its stages from `Hold` on, its tenants' cache scopes
+    (`access`: the gateway's settings)."""
+    config = part.config
+    return ServiceRoute(
+        name=config.service,
+        model=config.spec.model.public_name,
+        encoder=encoder,
+        context=part.context,
+        scopes=cache_scopes(config.spec.router, access),
+        log_prompts=config.log_prompts,
+        stages=service_stages(
+            hold=part.hold,
+            admit=part.admit,
+            dispatcher=part.dispatcher,
+            disaggregator=part.disaggregator,
+            relay_stage=part.relay,
+        ),
+        metrics=part.metrics,
+        lmcache_engines=config.lmcache_engines,
+    )
+
+
+def _route(
+    parts: Sequence[ServiceParts],
+    *,
+    routes: dict[str, ServiceRoute],
+    served: Mapping[str, str],
+    aliases: Mapping[str, Sequence[tuple[str, int]]],
+    names: NameMetrics,
+    members: Sequence[ServiceAdapters],
+) -> Route:
+    """The route stage over the gateway's name map: each service's served name (`served`: service →
+    served name) and adapters, and the aliases; the map follows each service's adapter names
+    (`following`), and a service that drops names lets the others retry theirs (`retrying`)."""
     adapters = {name: p.config.spec.model.public_name for p in parts for name in p.adapters.ordered}
     tokenizing = asyncio.Semaphore(1)
     model_names = ModelNames(
@@ -211,13 +242,30 @@ def compose_many(
     for part in parts:
         part.adapters.listeners.append(following(model_names, routes[part.config.spec.model.public_name]))
         part.adapters.listeners.append(retrying(members, part.adapters))
-    route = Route(
+    return Route(
         model_names,
         unknown=names.unknown,
         aliased=lambda alias, service: names.aliased(alias, service.name),
         tokenizing=tokenizing,
     )
-    pipeline = Pipeline(
+
+
+def _exposed(prometheus: CollectorRegistry, *, parts: Sequence[ServiceParts], bus: Bus) -> CollectorRegistry:
+    """The page `/metrics` shows: the gateway's registry and every service's, labelled `model`; the
+    sibling workers read it over the bus."""
+    exposed = CollectorRegistry(auto_describe=False)
+    exposed.register(
+        ModelsCollector(prometheus, [(p.config.spec.model.public_name, p.prometheus) for p in parts])
+    )
+    if isinstance(bus, WorkerBus):
+        bus.answer_metrics(lambda: generate_latest(exposed))
+    return exposed
+
+
+def _pipeline(first: EffectiveConfig, *, access: Access, route: Route) -> Pipeline:
+    """The gateway's stages: identify → parse → route → limit → serve (module docstring), with the
+    first service's identity and body settings (the gateway's own: `service_configs`)."""
+    return Pipeline(
         (
             Identify(access.tenants, first.default_slo, access.priorities),
             gateway_parse(first, accepted=None, scopes=None, context=None, log_prompts=False),
@@ -226,18 +274,30 @@ def compose_many(
             Serve(),
         )
     )
-    exposed = CollectorRegistry(auto_describe=False)
-    exposed.register(
-        ModelsCollector(prometheus, [(p.config.spec.model.public_name, p.prometheus) for p in parts])
-    )
-    if isinstance(bus, WorkerBus):
-        bus.answer_metrics(lambda: generate_latest(exposed))
+
+
+def _background(
+    bus: Bus, loop_lag: LoopLagMonitor, *, key_file: KeyFile | None, parts: Sequence[ServiceParts]
+) -> list[Service]:
+    """The gateway's background work in start order: the bus, the loop-lag monitor, the key file
+    (it follows Secret updates), then each service's in the services' order."""
     background: list[Service] = [bus, loop_lag]
     if key_file is not None:
         background.append(key_file)
     for part in parts:
         background += part.services
-    many = ManyModels(
+    return background
+
+
+def _many_models(
+    parts: Sequence[ServiceParts],
+    *,
+    served: Mapping[str, str],
+    aliases: Mapping[str, Sequence[tuple[str, int]]],
+) -> ManyModels:
+    """The services as `/v1/models` and `/health` see them, and each alias's targets' served names
+    (`served`: service → served name)."""
+    return ManyModels(
         services=[
             ServedModel(
                 model=p.config.spec.model,
@@ -250,25 +310,6 @@ def compose_many(
             for p in parts
         ],
         aliases={a: [served[s] for s, _ in t] for a, t in aliases.items()},
-    )
-    return ManyComponents(
-        gateway=Gateway(pipeline=pipeline, encoder=None, metrics=gateway_metrics, clock=clock, tracer=tracer),
-        operations=Operations(
-            registry=registries[0],
-            upstream=upstream,
-            prometheus=exposed,
-            metrics=gateway_metrics,
-            tenants=access.tenants,
-            bus=bus,
-            model=first.spec.model,
-            started_unix=int(time.time()),
-            models_timeout_s=settings.proxy.models_timeout_seconds,
-            many=many,
-        ),
-        exposed=exposed,
-        prometheus=prometheus,
-        parts=tuple(parts),
-        services=tuple(background),
     )
 
 
@@ -353,32 +394,13 @@ def create_many_app(
     env = os.environ if environ is None else environ
     keys = api_keys_file or file.api_keys_file
     settings = settings or RouterSettings()
-    configs = [
-        resolve(config, service_settings(settings, env, entry), environ=service_environ(env, entry))
-        for entry, config in zip(file.services, service_configs(file, api_keys_file=keys), strict=True)
-    ]
-    # The file checked its declared names; a catalog's (`adapterNames`) are first seen here.
-    conflicts = name_conflicts(
-        {c.service: (c.spec.model.public_name, *c.adapters) for c in configs}, file.spec.aliases
-    )
-    if conflicts:
-        raise ConfigurationError("; ".join(conflicts))
+    configs = resolve_services(file, settings=settings, environ=env, api_keys_file=keys)
     key_file = load_key_file(configs[0], auth_field="spec.auth.enabled", source="the gateway file")
     fields = [f"services[{c.service}].config.tokenizerPath" for c in configs]
     encoders = [PromptEncoder(model_tokenizer(c, field=f)) for c, f in zip(configs, fields, strict=True)]
-    found = {
-        c.service: (discoveries or {}).get(c.service)
-        or discovery_for(c.discovery, environ=env, kube_api_server=settings.discovery.kube_api_server)
-        for c in configs
-    }
+    found = service_discoveries(configs, given=discoveries, environ=env, settings=settings)
     aliases = {a.name: [(t.service, t.weight) for t in a.targets] for a in file.spec.aliases}
-    tracing = settings_from_env(file.spec.tracing, env)
-    tracer = (
-        GatewayTracer(tracing, service=f"{file.gateway}-gateway", clock=clock,
-                      log_prompts=any(c.log_prompts for c in configs))
-        if tracing is not None
-        else None
-    )  # fmt: skip
+    tracer = gateway_file_tracer(file, configs, environ=env, clock=clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -396,17 +418,7 @@ def create_many_app(
             )
             if tracer is not None:
                 stack.callback(tracer.shutdown)
-            for collector in collectors:
-                parts.prometheus.register(collector)
-            for part in parts.parts:
-                if part.kv_pool is not None:
-                    stack.push_async_callback(part.kv_pool.aclose)
-                discovery = found[part.config.service]
-                await discovery.start(part.registry)
-                stack.push_async_callback(discovery.stop)
-            for service in parts.services:
-                await service.start()
-                stack.push_async_callback(service.stop)
+            await _start(stack, parts, collectors=collectors, found=found)
             log.info(
                 "gateway ready",
                 extra={
@@ -424,3 +436,26 @@ def create_many_app(
     served = frozenset({c.spec.model.public_name for c in configs} | set(aliases))
     served |= {name for c in configs for name in c.adapters}
     return GatewayApp(side_app(lifespan=lifespan, served=served, auth=key_file is not None, clock=clock))
+
+
+async def _start(
+    stack: AsyncExitStack,
+    parts: ManyComponents,
+    *,
+    collectors: Sequence[Collector],
+    found: Mapping[str, Discovery],
+) -> None:
+    """Register `collectors` on the gateway's registry, start each service's discovery (`found`: by
+    service name), then the background work in order; `stack` stops each in reverse, and closes
+    the services' KV pools."""
+    for collector in collectors:
+        parts.prometheus.register(collector)
+    for part in parts.parts:
+        if part.kv_pool is not None:
+            stack.push_async_callback(part.kv_pool.aclose)
+        discovery = found[part.config.service]
+        await discovery.start(part.registry)
+        stack.push_async_callback(discovery.stop)
+    for service in parts.services:
+        await service.start()
+        stack.push_async_callback(service.stop)
