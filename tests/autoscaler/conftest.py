@@ -18,7 +18,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.operator.cluster_state import ISVC, NAMESPACE
-from tests.operator.emulator import StampingEmulator, know_inference_services, parse_namespace_paths
+from tests.operator.emulator import (
+    StampingEmulator,
+    know_inference_services,
+    match_requests_by_index,
+    parse_namespace_paths,
+)
 
 from tandem.autoscaler.kube import HttpCluster, Informer, slices_path
 from tandem.core.kubeaccess import KubeAccess
@@ -32,6 +37,7 @@ def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def api(kmock: kmock_lib.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch) -> kmock_lib.KubernetesEmulator:
     parse_namespace_paths(monkeypatch)
+    match_requests_by_index(monkeypatch)
     return know_inference_services(kmock, resource=ISVC)
 
 

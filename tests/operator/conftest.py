@@ -31,7 +31,12 @@ from tandem.operator.settings import OperatorSettings
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.operator.cluster_state import ISVC, PATIENCE, RESYNC_SECONDS
-from tests.operator.emulator import StampingEmulator, know_inference_services, parse_namespace_paths
+from tests.operator.emulator import (
+    StampingEmulator,
+    know_inference_services,
+    match_requests_by_index,
+    parse_namespace_paths,
+)
 
 
 @pytest.fixture
@@ -43,6 +48,7 @@ def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
 def api(kmock: kmock_lib.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch) -> kmock_lib.KubernetesEmulator:
     """The emulated API server knowing the built-in kinds and the InferenceService resource."""
     parse_namespace_paths(monkeypatch)
+    match_requests_by_index(monkeypatch)
     return know_inference_services(kmock, resource=ISVC)
 
 
