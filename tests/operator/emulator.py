@@ -56,7 +56,7 @@ def parse_namespace_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parsing, "parse_path", parse_path)
 
 
-_kmock_contains = dsl.View.__contains__
+_kmock_contains: Callable[[dsl.View, Any], bool] = dsl.View.__contains__
 
 
 def _sees(view: dsl.View, item: Any) -> bool:
@@ -67,8 +67,8 @@ def _sees(view: dsl.View, item: Any) -> bool:
     if not isinstance(item, rendering.Request):
         return _kmock_contains(view, item)
     node, criteria = view, []
-    while type(node) in (dsl.Filter, dsl.Priority):
-        if type(node) is dsl.Filter:
+    while isinstance(node, dsl.Chained) and type(node) in (dsl.Filter, dsl.Priority):
+        if isinstance(node, dsl.Filter):
             criteria.append(node.criteria)
         node = node._source
     if not isinstance(node, dsl.Root):
