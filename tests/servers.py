@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 import redis
 import uvicorn
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from starlette.types import ASGIApp
 
 from tandem.local.binaries import find_redis_server
@@ -41,6 +43,13 @@ def free_port() -> int:
     """A loopback port nothing holds now, below the ephemeral range (`tandem.local.ports`): no outgoing
     connection or port-0 bind is handed it before the test's server binds it."""
     return next(_PORTS)
+
+
+def unretried_redis(port: int, *, password: str | None = None) -> redis.Redis:
+    """A client of the Redis on 127.0.0.1:`port` that does not retry: redis-py retries an
+    authentication error with backoff by default (about 4 s before it raises), and a test of a
+    refused client wants the refusal itself (as Tandem's own clients, `tandem.kvpool.client`)."""
+    return redis.Redis(port=port, password=password, retry=Retry(NoBackoff(), 0))
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
+from tests.servers import unretried_redis
 
 from tandem.core.specrules import parse_inference_service
 from tandem.kvpool.keys import check_chunk, pool_key
@@ -70,13 +71,13 @@ def port_of(plan: LocalPlan, name: str) -> int:
 
 
 def test_redis_refuses_a_client_without_the_password(stack: LocalPlan) -> None:
-    with redis.Redis(port=port_of(stack, "redis")) as anonymous:
+    with unretried_redis(port_of(stack, "redis")) as anonymous:
         with pytest.raises(redis.AuthenticationError):  # NOAUTH
             anonymous.ping()
         with pytest.raises(redis.AuthenticationError):
             anonymous.flushall()
     with (
-        redis.Redis(port=port_of(stack, "redis"), password="guessed") as guesser,
+        unretried_redis(port_of(stack, "redis"), password="guessed") as guesser,
         pytest.raises(redis.AuthenticationError),
     ):
         guesser.ping()

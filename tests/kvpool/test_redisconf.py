@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from tests.servers import free_port
+from tests.servers import free_port, unretried_redis
 
 from tandem.core.spec import RedisSpec
 from tandem.kvpool.redisconf import PoolRedisConfig, authenticated_command, pool_config, server_args
@@ -80,7 +80,7 @@ def test_the_authenticated_command_requires_the_password_and_hides_it(
 ) -> None:
     port, process = authenticated_redis
     assert _ping(port, "pool-pass_1", process)
-    with redis.Redis(port=port) as anonymous, pytest.raises(redis.AuthenticationError):
+    with unretried_redis(port) as anonymous, pytest.raises(redis.AuthenticationError):
         anonymous.ping()
     with redis.Redis(port=port, password="pool-pass_1") as client:
         assert client.config_get("maxmemory") == {"maxmemory": str(2**26)}

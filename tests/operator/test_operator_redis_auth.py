@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 from tests.operator.specs import example
-from tests.servers import free_port
+from tests.servers import free_port, unretried_redis
 
 from tandem.cli.render import render_documents
 from tandem.kvpool.client import connect_sync, password_from_env
@@ -77,7 +77,7 @@ def rendered_redis(tmp_path: Path) -> Iterator[tuple[int, str]]:
 
 def test_an_unauthenticated_client_is_refused_with_noauth(rendered_redis: tuple[int, str]) -> None:
     port, _ = rendered_redis
-    with redis.Redis(port=port) as anonymous:
+    with unretried_redis(port) as anonymous:
         with pytest.raises(redis.AuthenticationError, match=r"(?i)authenticat"):
             anonymous.get("any-tenant-chunk")
         with pytest.raises(redis.AuthenticationError):
