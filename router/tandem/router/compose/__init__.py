@@ -172,11 +172,7 @@ def _pipeline(config: EffectiveConfig, *, access: Access, service: ServiceParts)
             adapters=service.adapters.names,
         ),
         limit=Limit(access),
-        hold=service.hold,
-        admit=service.admit,
-        dispatcher=service.dispatcher,
-        disaggregator=service.disaggregator,
-        relay_stage=service.relay,
+        service=service.stages(),
     )
 
 

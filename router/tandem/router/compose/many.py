@@ -63,7 +63,7 @@ from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.observe.models import ModelsCollector, NameMetrics
 from tandem.router.pipeline.route import Route, Serve, ServiceRoute
-from tandem.router.pipeline.stages import Identify, Limit, Pipeline, service_stages
+from tandem.router.pipeline.stages import Identify, Limit, Pipeline
 from tandem.router.request.adapters import Change, ServiceAdapters
 from tandem.router.request.names import ModelNames
 from tandem.router.settings import AccessSettings, RouterSettings
@@ -210,13 +210,7 @@ def _service_route(part: ServiceParts, *, encoder: PromptEncoder, access: Access
         context=part.context,
         scopes=cache_scopes(config.spec.router, access),
         log_prompts=config.log_prompts,
-        stages=service_stages(
-            hold=part.hold,
-            admit=part.admit,
-            dispatcher=part.dispatcher,
-            disaggregator=part.disaggregator,
-            relay_stage=part.relay,
-        ),
+        stages=part.stages(),
         metrics=part.metrics,
         lmcache_engines=config.lmcache_engines,
     )

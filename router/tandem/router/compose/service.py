@@ -36,7 +36,7 @@ from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pipeline.resume import Resume
-from tandem.router.pipeline.stages import Admit, Hold, Relay
+from tandem.router.pipeline.stages import Admit, Hold, Pipeline, Relay, service_stages
 from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.types import Endpoint
@@ -93,6 +93,16 @@ class ServiceParts:
     warming: Callable[[], str | None] | None
     #: Background work, in start order (stopped in reverse).
     services: Sequence[Service]
+
+    def stages(self) -> Pipeline:
+        """Its stages from `Hold` on, which every gateway that serves it runs (`service_stages`)."""
+        return service_stages(
+            hold=self.hold,
+            admit=self.admit,
+            dispatcher=self.dispatcher,
+            disaggregator=self.disaggregator,
+            relay_stage=self.relay,
+        )
 
 
 def compose_service(

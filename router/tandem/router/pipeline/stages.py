@@ -441,22 +441,10 @@ def _headers(ctx: RequestContext, *, topology: bool) -> list[tuple[bytes, bytes]
     return headers
 
 
-def generation_stages(
-    *,
-    identify: Identify,
-    parse: Parse,
-    limit: Limit,
-    hold: Hold,
-    admit: Admit,
-    dispatcher: Dispatcher,
-    disaggregator: Disaggregator,
-    relay_stage: Relay,
-) -> Pipeline:
-    """The generation pipeline, in the order of the module docstring."""
-    rest = service_stages(
-        hold=hold, admit=admit, dispatcher=dispatcher, disaggregator=disaggregator, relay_stage=relay_stage
-    )
-    return Pipeline((identify, parse, limit, *rest.stages))
+def generation_stages(*, identify: Identify, parse: Parse, limit: Limit, service: Pipeline) -> Pipeline:
+    """The generation pipeline, in the order of the module docstring: the gateway's own stages, then
+    the service's from `Hold` on (`service_stages`)."""
+    return Pipeline((identify, parse, limit, *service.stages))
 
 
 def service_stages(
