@@ -265,15 +265,16 @@ def test_below_a_declared_max_num_seqs_only_a_full_kv_cache_is_believed() -> Non
 def test_a_kv_bound_limit_follows_the_caches_room() -> None:
     """vLLM's default 256 slots, a KV cache that holds about 40 of these requests: held back at 40
     with the cache full, C is 40 (kind kv); as requests get shorter the cache has room and C grows to
-    what it holds at KV_FULL, a quarter at most per reading."""
+    what it holds when full, a quarter at most per reading."""
     capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
     learn = learner(capacity)
     assert [learn(40, 20, kv=0.97) for _ in range(CONFIRM)] == [41, 41, 40]  # bounded at once, then learned
     known = capacity.known(A.url)
     assert known is not None and known.kind == "kv"
-    assert learn(40, 0, kv=0.95) == 40  # no room at KV_FULL: held
-    assert learn(40, 0, kv=0.6) == 50  # room for ⌊40 · 0.9 / 0.6⌋ = 60: a quarter more now
-    assert learn(50, 0, kv=0.75) == 60
+    assert learn(40, 0, kv=1.0) == 40  # no room: held
+    assert learn(40, 0, kv=0.95) == 42  # room for ⌊40 / 0.95⌋ = 42
+    assert learn(42, 0, kv=0.6) == 53  # room for ⌊42 / 0.6⌋ = 70: a quarter more now
+    assert learn(53, 0, kv=0.8) == 66
 
 
 def test_learning_is_while_the_gateway_sends_more_than_the_engine_was_seen_running() -> None:
@@ -407,9 +408,44 @@ def test_an_engine_that_preempts_at_c_holds_one_less() -> None:
     assert learn(5, 1, kv=0.8, preemptions=2) == 5  # pre-empted at C: one less, at once
     known = capacity.known(A.url)
     assert known is not None and known.confirmed and known.kind == "kv"
-    assert learn(5, 0, kv=0.86, preemptions=2) == 5  # no room at KV_FULL (5 · 0.9 / 0.86 = 5.2)
+    assert learn(5, 0, kv=0.86, preemptions=2) == 5  # no room for a sixth (5 / 0.86 = 5.8)
     assert learn(2, 0, kv=0.3, preemptions=2) == 5  # fewer running: nothing learned
     assert learn(5, 0, kv=0.4, preemptions=2) == 7  # shorter answers: room for 11, a quarter more now
+
+
+def test_a_lone_preemption_at_a_kv_limit_passes_and_two_readings_in_a_row_take_it_down() -> None:
+    """Answers of staggered lengths that fit the cache at C line up at their longest now and then: one
+    request pre-empted in a reading after one without keeps C (kind kv); pre-emptions in two readings in
+    a row take it one down."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    step = iter(range(1, 1000))
+
+    def learn(running: int, *, kv: float, preemptions: float, waiting: int = 0) -> int:
+        reading = stats(running=running, waiting=waiting, kv_usage=kv, tokens=float(next(step)),
+                        preemptions=preemptions)  # fmt: skip
+        return capacity.concurrency(snapshot(A, engine=reading))
+
+    assert [learn(6, kv=0.97, preemptions=0, waiting=8) for _ in range(CONFIRM)] == [6, 6, 6]
+    assert learn(6, kv=0.93, preemptions=1) == 6  # one, after a reading without: let pass
+    assert learn(6, kv=0.95, preemptions=1) == 6
+    assert learn(5, kv=0.8, preemptions=2, waiting=1) == 6  # one again, after a reading without
+    assert learn(5, kv=0.85, preemptions=3, waiting=1) == 5  # a second reading in a row: one less
+    known = capacity.known(A.url)
+    assert known is not None and known.confirmed and known.kind == "kv"
+
+
+def test_a_lone_preemption_still_takes_an_unconfirmed_limit_down() -> None:
+    """Before C is known (256, nothing declared) one pre-emption is a cache that does not hold what runs."""
+    capacity = EngineCapacity(initial=DEFAULT_CAPACITY)
+    step = iter(range(1, 1000))
+
+    def learn(running: int, preemptions: float) -> int:
+        reading = stats(running=running, waiting=0, kv_usage=0.5, tokens=float(next(step)),
+                        preemptions=preemptions)  # fmt: skip
+        return capacity.concurrency(snapshot(A, engine=reading))
+
+    assert learn(7, 0) == 256
+    assert learn(7, 1) == 6
 
 
 def test_a_declared_engine_that_preempts_holds_one_less_too() -> None:

@@ -53,10 +53,14 @@ depends on what is known:
   engine queues the extra request (waiting > 0 at R = C: confirmed again, in one reading, since the
   gateway knows it sent one more) or runs it (the limit is larger: C grows again as unconfirmed).
 - C confirmed by a filling KV cache: the cache's room moves with the requests' lengths. C grows to
-  what the cache holds at `KV_FULL` at the running share, `⌊running · KV_FULL / usage⌋`, by at most
-  a quarter per reading; held back again, it goes one down per confirmation (requests the engine
-  pre-empted wait too, and what runs then is less than what the cache holds). Example: C = 20
-  running at 0.6 used → ⌊20 · 0.9 / 0.6⌋ = 30, at most 25 this reading.
+  what the cache holds when full at the running share, `⌊running / usage⌋`, by at most a quarter per
+  reading; held back again, it goes one down per confirmation (requests the engine pre-empted wait
+  too, and what runs then is less than what the cache holds). Example: C = 20 running at 0.6 used →
+  ⌊20 / 0.6⌋ = 33, at most 25 this reading. Full is vLLM's own rule: its scheduler admits a waiting
+  request while the cache has blocks for its prompt. Grown only to 90 % (answers ending at 22 of
+  128 blocks: 5 running at 0.8 used stayed 5 where the engine runs 6), a cache-bound engine ran one
+  request short, and a flood's heavy tenant got 0.90× the requests per second vllm-router's round
+  robin got from the same engines (docs/benchmarks.md, "A KV-cache-bound engine").
 
 **Pre-empted: one less.** An engine that pre-empted running requests since the last reading
 (`vllm:num_preemptions_total` grew: its KV cache ran out as the running answers grew) while running
@@ -66,6 +70,15 @@ requests wait at the front of its queue and recompute, and a tenant's request se
 behind them. Example: a cache of 128 blocks, answers that end at 22 blocks: it admits 7, pre-empts as
 they grow; C settles at 5, where nothing is pre-empted. This holds below a declared `--max-num-seqs`
 too: a pre-emption is a full cache, the one thing believed there.
+
+A lone pre-emption at a confirmed `kv` C is let pass: one request pre-empted in a reading that
+follows one without. Answers of staggered lengths that fit the cache at C line up at their longest
+now and then, and the engine pre-empts one of them and recomputes it a step or two later. Taking C
+down for it cost the engine a running request until a reading showed room again (a second or so at
+the scrape interval), more than the one recomputation. Two readings in a row with pre-emptions, or
+more than one pre-emption in a reading, are a cache that does not hold C: one less, as above.
+Example: C = 6 confirmed as kv, one pre-emption, then a reading without any: C stays 6; one
+pre-emption in each of two readings: C = 5 at the second.
 
 **A new engine starts where its pool stands.** An engine first seen in a pool whose other engines
 have a confirmed C starts at the smallest of those, unconfirmed, not at 256: one pool's engines come
@@ -179,6 +192,7 @@ class EngineLimit:
     tokens: float | None = None
     sent: int | None = None  # the latest reading's `EngineReading.sent`
     bound: int | None = None  # `kv_bound` of the latest reading
+    preempted: bool = False  # the latest stepped reading showed a pre-emption
     recheck_in: int = RECHECK_FIRST
     recheck_every: int = RECHECK_FIRST
     seen: EngineReading | None = None
@@ -267,7 +281,7 @@ class EngineCapacity:
         engine.bound = kv_bound(stats)
         if earlier is not None and stats.restarted_since(earlier.stats):
             engine.confirmed, engine.kind, engine.probing, engine.most = False, None, False, 0
-            engine.held, engine.tokens = (0, 0, False), None
+            engine.held, engine.tokens, engine.preempted = (0, 0, False), None, False
             engine.recheck_every = engine.recheck_in = RECHECK_FIRST
         if stats.tokens is not None:
             if engine.tokens == stats.tokens:
@@ -282,7 +296,10 @@ class EngineCapacity:
         c = engine.c
         if engine.bound is not None and not engine.confirmed and engine.bound < c:
             engine.c = c = engine.bound  # a start value no longer: the cache says less
-        if _preempted(stats, earlier) and c > 1 and (running >= c - 1 or not engine.confirmed):
+        preempted = _preempted(stats, earlier)
+        lone = preempted == 1 and not engine.preempted and engine.confirmed and engine.kind == "kv"
+        engine.preempted = preempted > 0
+        if preempted and not lone and c > 1 and (running >= c - 1 or not engine.confirmed):
             # Its KV cache ran out: running requests went back to wait (and recompute), ahead of
             # anything sent after them. C is one less than what ran, confirmed as kv.
             engine.c = max(1, min(c, engine.most) - 1)
@@ -360,8 +377,8 @@ class EngineCapacity:
             engine.confirmed, engine.kind, engine.probing = False, None, False
             engine.c = max(running, c + max(1, math.ceil(c / 4)))
         elif engine.kind == "kv":
-            if usage is not None and usage > 0:  # room at the running share: up to KV_FULL's worth
-                engine.c = max(c, min(c + max(1, math.ceil(c / 4)), math.floor(running * KV_FULL / usage)))
+            if usage is not None and usage > 0:  # room at the running share: up to a full cache
+                engine.c = max(c, min(c + max(1, math.ceil(c / 4)), math.floor(running / min(usage, 1.0))))
         else:  # a confirmed slot count: held, but checked now and then
             engine.recheck_in -= 1
             if engine.recheck_in <= 0:
@@ -391,7 +408,9 @@ def _filling(stats: EngineStats) -> bool:
     return stats.kv_usage is not None and stats.kv_usage >= KV_BOUND_FROM
 
 
-def _preempted(stats: EngineStats, earlier: EngineReading | None) -> bool:
-    """Whether the engine pre-empted running requests (its KV cache ran out) since `earlier`."""
+def _preempted(stats: EngineStats, earlier: EngineReading | None) -> int:
+    """How many running requests the engine pre-empted (its KV cache ran out) since `earlier`."""
     before = earlier.stats.preemptions if earlier is not None else None
-    return stats.preemptions is not None and before is not None and stats.preemptions > before
+    if stats.preemptions is None or before is None or stats.preemptions <= before:
+        return 0
+    return max(1, round(stats.preemptions - before))
