@@ -173,7 +173,13 @@ def kv_bound(stats: EngineStats) -> int | None:
     usage = stats.kv_usage
     if usage is None or usage < KV_BOUND_FROM or stats.running <= 0:
         return None
-    return max(stats.running, math.floor(stats.running / min(usage, 1.0)))
+    return holds_when_full(stats.running, usage)
+
+
+def holds_when_full(running: int, usage: float) -> int:
+    """The requests a KV cache `usage` (0..1, > 0) used by `running` requests holds when full, at the
+    share each holds now (`kv_bound`, and how far a `kv` C grows). Example: 5 running at 0.8 → 6."""
+    return max(running, math.floor(running / min(usage, 1.0)))
 
 
 @dataclass(slots=True)
@@ -378,7 +384,7 @@ class EngineCapacity:
             engine.c = max(running, c + max(1, math.ceil(c / 4)))
         elif engine.kind == "kv":
             if usage is not None and usage > 0:  # room at the running share: up to a full cache
-                engine.c = max(c, min(c + max(1, math.ceil(c / 4)), math.floor(running / min(usage, 1.0))))
+                engine.c = max(c, min(c + max(1, math.ceil(c / 4)), holds_when_full(running, usage)))
         else:  # a confirmed slot count: held, but checked now and then
             engine.recheck_in -= 1
             if engine.recheck_in <= 0:
