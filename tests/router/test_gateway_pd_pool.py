@@ -9,6 +9,7 @@ pool's URL is a loopback port nothing listens on.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -135,3 +136,38 @@ async def test_a_pool_that_is_down_sends_requests_decode_only_without_failing_th
     response = await complete(always, PROMPT)
     assert response.headers["x-tandem-pd-fallback"] == "pool_unavailable"
     assert await metric(always, "tandem_router_pd_fallbacks_total", reason="pool_unavailable") == 1
+
+
+async def test_disaggregated_requests_teach_the_handover_its_lead(
+    launcher: Launcher, redis_server: RedisServer
+) -> None:
+    """Each disaggregated request tells the handover how long it took from its grant to its decode
+    engine and there to its first byte (`tandem.router.pipeline.lead`): nothing before 8 requests,
+    then a lead above 0, which `tandem_router_handover_lead_seconds` shows."""
+    prefill, decode = await sim_pair(launcher, redis_server.url)
+    settings = RouterSettings.model_validate({"admission": {"handover_lead": "on"}})
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url, settings=settings
+    )
+    lead = "tandem_router_handover_lead_seconds"
+    for n in range(8):
+        assert await metric(router, lead) == 0.0, n
+        response = await complete(router, [2000 + n, *PROMPT[1:]])
+        assert "x-tandem-prefill-endpoint" in response.headers
+    # The relay learns after the answer's last byte, which the client may read first.
+    for _ in range(200):
+        if await metric(router, lead) > 0.0:
+            break
+        await asyncio.sleep(0.01)
+    assert await metric(router, lead) > 0.0
+
+
+async def test_the_lead_is_off_unless_asked_for(launcher: Launcher, redis_server: RedisServer) -> None:
+    prefill, decode = await sim_pair(launcher, redis_server.url)
+    router = await launcher.router(
+        decode=[decode], prefill=[prefill], mode="always", kv_pool_url=redis_server.url
+    )
+    await complete(router, PROMPT)
+    text = (await router.http.get("/metrics")).text
+    assert "tandem_router_handover_lead_seconds" not in text
+    assert "tandem_router_pd_kv_barrier_wait_seconds" in text

@@ -84,6 +84,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--handover-tokens", "admission", "handover_tokens", int, 2,
          "A stream this many tokens from its max_tokens gives its engine slot to the next waiting "
          "request, which starts as it ends (0: off)."),
+    Flag("--handover-lead", "admission", "handover_lead", click.Choice(["on", "off"]), "off",
+         "Hand a slot over earlier by the time the next request takes to reach its decode engine (a "
+         "prefill elsewhere first), learned from the requests: more throughput from disaggregated "
+         "decode engines, at the cost of requests queued in them for a moment."),
     Flag("--preemption", "admission", "preemption", click.Choice(["on", "off"]), "on",
          "With --fairness vtc: a request of a tenant with nothing running may stop a stream of a "
          "tenant over its share of the engines and take its slot; the stream is continued later."),

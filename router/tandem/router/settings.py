@@ -123,6 +123,12 @@ class AdmissionSettings(_Settings):
         description="Give a stream's slot to the next request this many tokens "
         "before its max_tokens (0: off).",
     )
+    handover_lead: Literal["on", "off"] = Field(
+        default="off",
+        description="Hand a stream's slot over earlier by the time the next request takes to reach "
+        "its decode engine (a prefill elsewhere first), learned from the requests: more throughput "
+        "from disaggregated decode engines, requests queued in them for a moment.",
+    )
     preemption: Literal["on", "off"] = Field(
         default="on",
         description="With vtc fairness: a tenant with nothing running may take a slot from a tenant "

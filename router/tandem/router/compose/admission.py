@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from tandem.kvpool.index import connect
 from tandem.router.admission.coldstart import ColdStartHold
@@ -22,6 +22,8 @@ from tandem.router.discovery.capacity import (
     capacity_from_args,
 )
 from tandem.router.discovery.registry import EndpointRegistry
+from tandem.router.pipeline.lead import HandoverLead
+from tandem.router.settings import AdmissionSettings
 from tandem.router.workers.bus import Bus
 from tandem.router.workers.counters import SharedCounters
 from tandem.router.workers.counters import register as register_counters
@@ -137,3 +139,19 @@ def engine_capacity(config: EffectiveConfig) -> EngineCapacity:
         cap=settings.max_in_flight_per_endpoint,
         ceiling=known or MAX_CAPACITY,
     )
+
+
+def handover_lead(settings: AdmissionSettings, prometheus: CollectorRegistry) -> HandoverLead | None:
+    """The learned lead of the handover (`tandem.router.pipeline.lead`; None with the handover or
+    its lead off), read as `tandem_router_handover_lead_seconds`."""
+    if settings.handover_tokens <= 0 or settings.handover_lead == "off":
+        return None
+    lead = HandoverLead()
+    gauge = Gauge(
+        "tandem_router_handover_lead_seconds",
+        "How long a request admitted now takes to reach its decode engine (a prefill elsewhere "
+        "first): a stream hands its slot over that much before its end (0 until learned).",
+        registry=prometheus,
+    )
+    gauge.set_function(lambda: lead.seconds)
+    return lead

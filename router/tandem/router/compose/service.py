@@ -20,7 +20,7 @@ from tandem.kvpool.index import KVPoolIndex
 from tandem.router.admission.gate import AdmissionGate
 from tandem.router.admission.policy import TTFTPredictor
 from tandem.router.compose.adapterparts import adapter_janitor, adapter_restarts, adapter_warmer, decode_loads
-from tandem.router.compose.admission import build_gate, build_hold
+from tandem.router.compose.admission import build_gate, build_hold, handover_lead
 from tandem.router.compose.engines import EngineSide, build_engine_side
 from tandem.router.compose.routing import Routing
 from tandem.router.config import EffectiveConfig, served_names
@@ -245,6 +245,7 @@ def _stages(
         output_charge,
         config.log_prompts,
         handover_tokens=settings.admission.handover_tokens,
+        lead=handover_lead(settings.admission, prometheus),
         resume=Resume(gate, engines.dispatcher) if gate.preemption else None,
         topology_headers=settings.access.topology_headers,
         write_s=settings.proxy.client_write_seconds,

@@ -82,6 +82,7 @@ class RequestContext:
     pd_fallback: str | None = None
     prefill_s: float | None = None
     decode_body: dict[str, Any] | None = None  # the body for decode, when P/D changed it
+    dispatched_at: float | None = None  # when the decode request was first sent
     # the answer
     attempt: Attempt | None = None
     strip_usage: bool = False  # the gateway asked for usage itself: not forwarded to the client

@@ -11,7 +11,9 @@ the admission gate give its slot to the next waiting request, which reaches the 
 one finishes its last steps and starts in the step its slot frees. So the engine's batch stays full
 with no request of lookahead queued in it, and the next request is chosen by the fair queue as late
 as possible (a tenant arriving a moment before the handover is served first). An answer that ends
-sooner (end of sequence) frees its slot at the end as usual.
+sooner (end of sequence) frees its slot at the end as usual. Where the next request takes a while to
+reach its decode engine (a prefill elsewhere first), the stream hands over that much earlier
+(`tandem.router.pipeline.lead`).
 
 Two optional hooks: `on_output(tokens)` is told every output token counted (the tenant's rate-limit
 token bucket), corrected upwards by the final usage; `on_text(text)` gets the answer's generated text
@@ -20,9 +22,11 @@ once, when the response is over (the request log line, only with `logPrompts`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from tandem.router.admission.grant import Grant
+from tandem.router.pipeline.lead import Handover, HandoverLead
 from tandem.router.types import Usage
 from tandem.router.upstream.usage import SSETap, output_text_from_body, usage_from_body
 
@@ -41,12 +45,17 @@ class GrantMeter:
         expected: int | None = None,
         handover_tokens: int = 0,
         on_handover: Callable[[], None] | None = None,
+        lead: HandoverLead | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._grant = grant
-        self._handover_at = (
-            max(1, expected - handover_tokens) if expected is not None and on_handover is not None else None
+        self._handover = (
+            Handover(expected=expected, tokens=max(0, min(handover_tokens, expected - 1)), lead=lead)
+            if expected is not None and on_handover is not None
+            else None
         )
         self._on_handover = on_handover
+        self._clock = clock
         self._tap = SSETap(strip_usage=strip_usage, collect_text=on_text is not None)
         self._on_output = on_output
         self._on_text = on_text
@@ -59,8 +68,9 @@ class GrantMeter:
         grant = self._grant
         grant.charge_output(tokens)
         self._tell_output(tokens)
-        if self._handover_at is not None and grant.completion_tokens >= self._handover_at:
-            self._handover_at = None
+        handover = self._handover
+        if handover is not None and tokens and handover.due(grant.completion_tokens, self._clock):
+            self._handover = None
             assert self._on_handover is not None
             self._on_handover()
         return forward

@@ -48,6 +48,7 @@ from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pd.handoff import away_from_layout_body, lmcache_tagged
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
+from tandem.router.pipeline.lead import HandoverLead
 from tandem.router.pipeline.meter import GrantMeter
 from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.tokenize import tokenize_big
@@ -298,6 +299,7 @@ class Dispatch:
         )
         recallable = self.gate is not None and not ctx.kv_loaded and ctx.grant is not None
         recalls = 0
+        ctx.dispatched_at = ctx.clock()
         while True:
             try:
                 attempt: Attempt = await self.dispatcher.open(
@@ -359,6 +361,9 @@ class Relay:
     output_charge: Callable[[str], Callable[[int], None] | None]
     log_prompts: bool
     handover_tokens: int = 0  # 0: a slot frees only when its answer is over
+    #: How long the next request takes to reach its decode engine (None: hand over at
+    #: `handover_tokens` only); learned from the requests relayed here.
+    lead: HandoverLead | None = None
     resume: Resume | None = None
     #: Name the engines that served the request in `x-tandem-*` headers (diagnostics; off by
     #: default: a client would learn pod addresses, and whether its prompt was cached).
@@ -390,6 +395,7 @@ class Relay:
             write_s=self.write_s,
             rename=ctx.rename,
         )
+        self._learn_lead(ctx, grant)
         if stopped and yielding is not None and self.resume is not None:
             ctx.continued = True
             await self.resume(
@@ -399,6 +405,14 @@ class Relay:
                 tokens=grant.completion_tokens,
                 meter=lambda again, left: self._meter(ctx, again, left, attempt=ctx.attempt),
             )
+
+    def _learn_lead(self, ctx: RequestContext, grant: Grant) -> None:
+        """Tell the lead how long this request took from its grant to its decode engine, and there
+        to its first byte when it was prefilled elsewhere (`tandem.router.pipeline.lead`)."""
+        lead, sent, first = self.lead, ctx.dispatched_at, ctx.first_byte_at
+        if lead is None or grant.granted_at is None or sent is None or first is None or ctx.retries:
+            return
+        lead.record(phase_s=sent - grant.granted_at, start_s=first - sent if ctx.kv_loaded else None)
 
     def _meter(
         self, ctx: RequestContext, grant: Grant, expected: int | None, *, attempt: Attempt | None
@@ -423,6 +437,8 @@ class Relay:
             expected=expected if self.handover_tokens else None,
             handover_tokens=self.handover_tokens,
             on_handover=hand_over,
+            lead=self.lead,
+            clock=ctx.clock,
         )
 
 
