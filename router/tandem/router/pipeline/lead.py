@@ -54,19 +54,18 @@ class HandoverLead:
 
     window: int = WINDOW
     seconds: float = 0.0
-    _phases: deque[tuple[float, bool]] = field(default_factory=deque)
-    _starts: deque[float] = field(default_factory=deque)
+    _phases: deque[tuple[float, bool]] = field(init=False)
+    _starts: deque[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._phases, self._starts = deque(maxlen=self.window), deque(maxlen=self.window)
 
     def record(self, *, phase_s: float, start_s: float | None) -> None:
         """One request's phase (grant → decode dispatch) and, disaggregated, its start (decode
         dispatch → first byte; None for a request prefilled on its decode engine)."""
         self._phases.append((max(0.0, phase_s), start_s is not None))
-        if len(self._phases) > self.window:
-            self._phases.popleft()
         if start_s is not None:
             self._starts.append(max(0.0, start_s))
-            if len(self._starts) > self.window:
-                self._starts.popleft()
         if len(self._phases) < MIN_SAMPLES:
             return
         start = min(self._starts, default=0.0)
