@@ -1,6 +1,6 @@
 """Two tenants overloading four engines: VTC gives the light tenant its fair share, FCFS does not.
 
-Real: four simulated engines (`tandem.sim`, tiny profile, 4 ms per step: time scale 2, each a uvicorn
+Real: four simulated engines (`tandem.sim`, tiny profile, 8 ms per step: time scale 1, each a uvicorn
 server on 127.0.0.1 in its own thread), the router with a per-endpoint limit of 2 requests in flight
 (so at most 8 run and the rest wait in the router's queue, where the policy orders them), HTTP
 clients, and the router's per-tenant served-token counters. Nothing is faked.
@@ -15,7 +15,12 @@ after the light tenant's 20th and (20+120)-th answers: the window is set by toke
 wall-clock time. Equal weights → fair share 1/2. FCFS serves by arrival, so the light tenant's share
 is about its share of the waiting requests weighted by their size: 16·128 / (16·128 + 32·256) = 0.2.
 
-Measured on a loaded 2-core machine: VTC 0.487, FCFS 0.209.
+The router and the clients share one event loop (and the engines' threads one GIL), so the engines'
+pace is what keeps that loop from saturating: at time scale 2 a busy machine's loop fell behind the
+clients, their requests waited to be read instead of in the router's queue, and no policy can order
+requests it has not seen (queue depth 0 at the end). Time scale 1 halves the tokens a second.
+
+Measured on a loaded 2-core machine: VTC 0.50 (0.499–0.528), FCFS 0.21.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ PROMPT_TOKENS = 64
 HEAVY_OUTPUT, LIGHT_OUTPUT = 96, 32
 WARMUP, WINDOW = 20, 120  # light answers before the window opens, and inside it
 W_P, W_Q = 1.0, 2.0
-TIME_SCALE = 2.0
+TIME_SCALE = 1.0
 
 
 @contextlib.contextmanager
