@@ -86,6 +86,75 @@ async def test_the_newest_waiting_requests_are_recalled_and_know_it() -> None:
     assert recalls.pending(ENGINE.url) == 0
 
 
+async def _waiting(
+    recalls: Recalls, entries: list[tuple[str, bool]]
+) -> tuple[list[asyncio.Task[None]], list[str]]:
+    """One task per `(tenant, loaded)` waiting on ENGINE in that order; the list of those recalled."""
+    recalled: list[str] = []
+
+    async def waits(index: int, tenant: str, loaded: bool) -> None:
+        entry = recalls.register(ENGINE, tenant=tenant, loaded=loaded)
+        assert entry is not None
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError as exc:
+            if not entry.taken_back(exc):
+                raise
+            recalled.append(f"{tenant}{index}")
+        finally:
+            recalls.done(ENGINE, entry)
+
+    tasks = [asyncio.create_task(waits(i, t, loaded)) for i, (t, loaded) in enumerate(entries)]
+    await asyncio.sleep(0)
+    return tasks, recalled
+
+
+async def test_a_reading_never_recalls_a_request_whose_kv_a_prefill_loaded() -> None:
+    recalls = Recalls()
+    tasks, recalled = await _waiting(recalls, [("heavy", False), ("heavy", True), ("heavy", True)])
+    # Two over the limit and two waiting by the reading, but only the first was prefilled here.
+    assert recalls.check(_snapshot(in_flight=3, waiting=2), limit=1) == 1
+    await asyncio.sleep(0)
+    assert recalled == ["heavy0"]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_pre_empting_request_has_other_tenants_newest_requests_recalled_while_over_the_limit() -> (
+    None
+):
+    recalls = Recalls()
+    # Two heavy requests sent ahead of their slots, then the light one (its own entry comes last).
+    tasks, recalled = await _waiting(
+        recalls, [("heavy", True), ("heavy", True), ("heavy", True), ("light", True)]
+    )
+    # Limit 6: 5 streams answering (not pending) + 3 heavy pending + the light one = 9 open.
+    assert (
+        recalls.make_room(_snapshot(in_flight=9, waiting=0), limit=6, tenant="light", until=asyncio.Event())
+        == 3
+    )
+    await asyncio.sleep(0)
+    assert sorted(recalled) == ["heavy0", "heavy1", "heavy2"]
+    assert recalls.pending(ENGINE.url) == 1  # the light request itself stays
+    # Within the limit, nothing is recalled.
+    more, again = await _waiting(recalls, [("heavy", True)])
+    assert (
+        recalls.make_room(_snapshot(in_flight=6, waiting=3), limit=6, tenant="light", until=asyncio.Event())
+        == 0
+    )
+    # One over: only the newest other tenant's request, never the light one.
+    assert (
+        recalls.make_room(_snapshot(in_flight=7, waiting=3), limit=6, tenant="light", until=asyncio.Event())
+        == 1
+    )
+    await asyncio.sleep(0)
+    assert again == ["heavy0"] and recalls.pending(ENGINE.url) == 1
+    for task in tasks + more:
+        task.cancel()
+    await asyncio.gather(*tasks, *more, return_exceptions=True)
+
+
 def _metric(page: str, name: str) -> float:
     return sum(
         sample.value

@@ -292,6 +292,7 @@ class AdmissionGate:
         self.admitted -= 1  # its unit of capacity goes to the waiter
         self.queue.take(waiter.ticket)
         self._grant(waiter, now=self._clock())
+        waiter.future.result().preempting = True
         self._metrics.preempted(chosen.tenant)
         if stop is not None:
             stop()

@@ -37,6 +37,7 @@ class Grant:
         "completion_tokens",
         "granted_at",
         "preempt",
+        "preempting",
         "priority",
         "prompt_tokens",
         "queued_s",
@@ -62,6 +63,9 @@ class Grant:
         self.queued_s = 0.0  # clock seconds spent waiting in the queue
         #: Set by the relay while its stream can be stopped and continued (`preemption`): stops it.
         self.preempt: Callable[[], None] | None = None
+        #: It took its capacity from a pre-empted stream (`AdmissionGate`, pre-emption): where it is
+        #: sent, other tenants' requests without an answer make room (`Recalls.make_room`).
+        self.preempting = False
         self._gate = gate
         self._charged = charged
         self._released = False

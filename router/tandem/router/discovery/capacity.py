@@ -235,6 +235,11 @@ class EngineCapacity:
         total = c + math.floor(self.lookahead * c + 0.5)
         return max(1, min(self.cap, math.ceil(total / self.share)))
 
+    def runs(self, snapshot: EndpointSnapshot) -> int:
+        """This process's part of what the engine runs at once: `limit` without the lookahead (what
+        is open beyond it waits in the engine's queue)."""
+        return max(1, min(self.cap, math.ceil(self.concurrency(snapshot) / self.share)))
+
     def has_room(self, snapshot: EndpointSnapshot) -> bool:
         return snapshot.occupied < self.limit(snapshot)
 

@@ -25,6 +25,7 @@ whatever happened. The code each stage calls lives in its own package: `identity
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -59,7 +60,7 @@ from tandem.router.types import SLO, Route
 from tandem.router.upstream.client import UpstreamCall
 from tandem.router.upstream.continuation import continuable
 from tandem.router.upstream.dispatch import Attempt, Dispatcher
-from tandem.router.upstream.recall import Recalled
+from tandem.router.upstream.recall import ROOM_WAIT_S, Recalled
 from tandem.router.upstream.relay import STALLED_WRITE_S, ResponseMeter, Yielding, relay
 from tandem.router.upstream.rename import RenamingMeter
 from tandem.router.upstream.usage import request_usage
@@ -272,9 +273,12 @@ class Dispatch:
 
     With `gate`, a request still without an answer may be recalled from an engine that queues it
     beyond its capacity (`tandem.router.upstream.recall`): it gives its grant back, waits for its
-    tenant's turn again (`AdmissionGate.resume`) and is sent again under an id of its own. Requests
-    whose KV was loaded from a prefill elsewhere are not recalled, and are placed again (chosen anew,
-    retried) only on engines of the prefill's KV layout (`tandem.router.pd.disagg`, pairing)."""
+    tenant's turn again (`AdmissionGate.resume`) and is sent again under an id of its own. A
+    disaggregated request that took its slot by pre-emption makes room on the decode engine it is
+    sent to (`Recalls.make_room`: other tenants' requests there without an answer are recalled
+    while the engine has more open than it runs). Requests whose KV was loaded from a prefill elsewhere are
+    recalled only to make such room, and are placed again (chosen anew, retried) only on engines of
+    the prefill's KV layout (`tandem.router.pd.disagg`, pairing)."""
 
     dispatcher: Dispatcher
     gate: AdmissionGate | None = None
@@ -297,7 +301,7 @@ class Dispatch:
             headers={"x-request-id": ctx.upstream_id, **ctx.trace_headers("decode")},
             stream=ctx.stream,
         )
-        recallable = self.gate is not None and not ctx.kv_loaded and ctx.grant is not None
+        recallable = ctx.tenant if self.gate is not None and ctx.grant is not None else None
         recalls = 0
         ctx.dispatched_at = ctx.clock()
         while True:
@@ -309,6 +313,8 @@ class Dispatch:
                     first=first,
                     recallable=recallable,
                     pairs_with=pairs_with,
+                    # Disaggregated and pre-empting: room on its decode engine (class docstring).
+                    room_for=ctx.tenant if ctx.kv_loaded and ctx.grant and ctx.grant.preempting else None,
                 )
                 break
             except Recalled as recalled:
@@ -337,7 +343,12 @@ class Dispatch:
         return None
 
     async def _wait_again(self, ctx: RequestContext, recalled: Recalled) -> None:
-        """The recalled request's grant goes back; a new one comes at its tenant's turn."""
+        """The recalled request's grant goes back; a new one comes at its tenant's turn. Recalled to
+        make room (`until`), it keeps its grant and goes behind the request it made room for."""
+        if recalled.until is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(recalled.until.wait(), ROOM_WAIT_S)
+            return
         if self.gate is None or ctx.grant is None:
             raise RuntimeError("recalled without a gate")
         log.info(

@@ -46,7 +46,7 @@ from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.scheduling import DispatchObserver, NoObserver, Routable, Scheduler
 from tandem.router.types import Endpoint, EndpointSnapshot, Pool
 from tandem.router.upstream.client import Upstream, UpstreamCall, UpstreamReply
-from tandem.router.upstream.recall import Recalled, Recalls
+from tandem.router.upstream.recall import Pending, Recalled, Recalls
 
 log = logging.getLogger(__name__)
 
@@ -150,22 +150,27 @@ class Dispatcher:
         request: Routable,
         call: UpstreamCall,
         first: Endpoint | None = None,
-        recallable: bool = False,
+        recallable: str | None = None,
         pairs_with: str | None = None,
+        room_for: str | None = None,
     ) -> Attempt:
         """Send `call` to an endpoint of `pool` chosen by the scheduler (the first attempt goes to
         `first` when given and still a candidate), retrying as described above. Raises
-        `NoEndpointAvailable` (with the failures in its message), or `Recalled` when `recallable`
-        and a reading took it back before its answer started (`tandem.router.upstream.recall`).
+        `NoEndpointAvailable` (with the failures in its message), or `Recalled` when `recallable` (the
+        request's tenant) and a reading, or another tenant's room (`room_for`), took it back before
+        its answer started (`tandem.router.upstream.recall`).
         `pairs_with`: a KV layout; only endpoints whose layout pairs with it are tried
-        (`EndpointRegistry.candidates`)."""
+        (`EndpointRegistry.candidates`). `room_for`: the tenant of a request that pre-empted a stream
+        for its slot: other tenants' requests still without an answer are recalled from the engine
+        it is sent to while that engine has more open than it runs (`Recalls.make_room`,
+        `EngineCapacity.runs`)."""
         held_since: float | None = None
         delay = ADAPTER_RETRY_FIRST_S
         while True:
             try:
                 opened = await self._open_once(
                     pool, request=request, call=call, first=first if held_since is None else None,
-                    recallable=recallable, pairs_with=pairs_with,
+                    recallable=recallable, pairs_with=pairs_with, room_for=room_for,
                 )  # fmt: skip
             except _AllMissedAdapter as missed:
                 now = self.clock()
@@ -197,8 +202,9 @@ class Dispatcher:
         request: Routable,
         call: UpstreamCall,
         first: Endpoint | None,
-        recallable: bool,
+        recallable: str | None,
         pairs_with: str | None,
+        room_for: str | None = None,
     ) -> Attempt:
         """One round of `open`: the first choice and up to `retries` others. Raises
         `_AllMissedAdapter` when every engine tried answered that it cannot load the request's adapter."""
@@ -216,7 +222,9 @@ class Dispatcher:
                 self.metrics.retries.labels(pool, failures[-1].kind).inc()
             tried.append(endpoint)
             try:
-                opened = await self.attempt(endpoint, call, request=request, recallable=recallable)
+                opened = await self.attempt(
+                    endpoint, call, request=request, recallable=recallable, room_for=room_for
+                )
             except UpstreamError as exc:
                 # Kept without its traceback, which holds this frame (and so `failures`): a request
                 # served on a retry would otherwise be a reference cycle (tests/router/test_request_garbage).
@@ -234,15 +242,17 @@ class Dispatcher:
         call: UpstreamCall,
         *,
         request: Routable | None = None,
-        recallable: bool = False,
+        recallable: str | None = None,
+        room_for: str | None = None,
     ) -> Attempt:
         """One try on `endpoint`, no retry. Raises `UpstreamError` (already recorded), or
-        `Recalled` (`recallable`: see `open`). `request`: the client's request, for the observer
-        (attempts without one are not observed)."""
+        `Recalled` (`recallable`, `room_for`: see `open`). `request`: the client's request, for the
+        observer (attempts without one are not observed)."""
         self.registry.begin(endpoint)
         ticket = self.observer.started(endpoint, request) if request is not None else None
         mark = self.loop_lag.mark() if self.loop_lag is not None else 0.0
-        pending = self.recalls.register(endpoint) if recallable and self.recalls is not None else None
+        pending = self._register(endpoint, recallable, request) if recallable is not None else None
+        room = self._make_room(endpoint, room_for) if room_for is not None else None
         try:
             reply = await self.upstream.open(endpoint, call)
         except UpstreamError as exc:
@@ -255,11 +265,13 @@ class Dispatcher:
             self.observer.finished(ticket)
             if pending is not None and pending.taken_back(exc):
                 self.metrics.recalled.labels(endpoint.pool, endpoint.name).inc()
-                raise Recalled(endpoint) from None
+                raise Recalled(endpoint, until=pending.until) from None
             raise
         finally:
             if pending is not None and self.recalls is not None:
                 self.recalls.done(endpoint, pending)
+            if room is not None:
+                room.set()  # the requests recalled for it may be sent again, behind it
         if reply.status == 404 and request is not None and request.lora_name is not None:
             reply.close()
             self.registry.end(endpoint)
@@ -274,6 +286,31 @@ class Dispatcher:
         lag = self.loop_lag.lag_since(mark) if self.loop_lag is not None else 0.0
         self.observer.answered(ticket, status=reply.status, streamed=reply.streaming, lag_s=lag)
         return Attempt(reply, self, ticket)
+
+    def _register(self, endpoint: Endpoint, tenant: str, request: Routable | None) -> Pending | None:
+        """This attempt of `tenant`'s, recallable until its answer starts (`Recalls.register`)."""
+        if self.recalls is None:
+            return None
+        loaded = request is not None and request.kv_loaded
+        return self.recalls.register(endpoint, tenant=tenant, loaded=loaded)
+
+    def _make_room(self, endpoint: Endpoint, tenant: str) -> asyncio.Event | None:
+        """Recall other tenants' requests without an answer from `endpoint` while it has more open
+        than it runs (`Recalls.make_room`), for a request of `tenant` that pre-empted a stream; the
+        event, set once that request's answer started or failed, sends them again."""
+        if self.recalls is None or self.capacity is None:
+            return None
+        snapshot = self.registry.snapshot(endpoint)
+        room = asyncio.Event()
+        count = self.recalls.make_room(
+            snapshot, limit=self.capacity.runs(snapshot), tenant=tenant, until=room
+        )
+        if count:
+            log.info(
+                "requests recalled to make room for a pre-empting request",
+                extra={"endpoint": endpoint.name, "tenant": tenant, "recalled": count},
+            )
+        return room
 
     def note_failure(self, endpoint: Endpoint, error: UpstreamError, *, excused: bool = False) -> None:
         """Count a failure of `endpoint` (rotation and metrics); `excused`: the router's stalled
