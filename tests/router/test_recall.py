@@ -89,7 +89,8 @@ async def test_the_newest_waiting_requests_are_recalled_and_know_it() -> None:
 async def _waiting(
     recalls: Recalls, entries: list[tuple[str, bool]]
 ) -> tuple[list[asyncio.Task[None]], list[str]]:
-    """One task per `(tenant, loaded)` waiting on ENGINE in that order; the list of those recalled."""
+    """One task per `(tenant, loaded)` waiting on ENGINE in that order; the list of those recalled
+    (`tenant + index`, and `+room` when the recall carried an event to wait for before resending)."""
     recalled: list[str] = []
 
     async def waits(index: int, tenant: str, loaded: bool) -> None:
@@ -100,7 +101,7 @@ async def _waiting(
         except asyncio.CancelledError as exc:
             if not entry.taken_back(exc):
                 raise
-            recalled.append(f"{tenant}{index}")
+            recalled.append(f"{tenant}{index}" + ("+room" if entry.until is not None else ""))
         finally:
             recalls.done(ENGINE, entry)
 
@@ -135,7 +136,8 @@ async def test_a_pre_empting_request_has_other_tenants_newest_requests_recalled_
         == 3
     )
     await asyncio.sleep(0)
-    assert sorted(recalled) == ["heavy0", "heavy1", "heavy2"]
+    # Each knows to wait for the light request (it keeps its grant), not for its tenant's turn.
+    assert sorted(recalled) == ["heavy0+room", "heavy1+room", "heavy2+room"]
     assert recalls.pending(ENGINE.url) == 1  # the light request itself stays
     # Within the limit, nothing is recalled.
     more, again = await _waiting(recalls, [("heavy", True)])
@@ -149,7 +151,7 @@ async def test_a_pre_empting_request_has_other_tenants_newest_requests_recalled_
         == 1
     )
     await asyncio.sleep(0)
-    assert again == ["heavy0"] and recalls.pending(ENGINE.url) == 1
+    assert again == ["heavy0+room"] and recalls.pending(ENGINE.url) == 1
     for task in tasks + more:
         task.cancel()
     await asyncio.gather(*tasks, *more, return_exceptions=True)

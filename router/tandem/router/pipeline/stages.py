@@ -276,9 +276,9 @@ class Dispatch:
     tenant's turn again (`AdmissionGate.resume`) and is sent again under an id of its own. A
     disaggregated request that took its slot by pre-emption makes room on the decode engine it is
     sent to (`Recalls.make_room`: other tenants' requests there without an answer are recalled
-    while the engine has more open than it runs). Requests whose KV was loaded from a prefill elsewhere are
-    recalled only to make such room, and are placed again (chosen anew, retried) only on engines of
-    the prefill's KV layout (`tandem.router.pd.disagg`, pairing)."""
+    while the engine has more open than it runs). Requests whose KV was loaded from a prefill
+    elsewhere are recalled only to make such room, and are placed again (chosen anew, retried) only
+    on engines of the prefill's KV layout (`tandem.router.pd.disagg`, pairing)."""
 
     dispatcher: Dispatcher
     gate: AdmissionGate | None = None

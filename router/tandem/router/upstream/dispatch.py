@@ -297,7 +297,8 @@ class Dispatcher:
     def _make_room(self, endpoint: Endpoint, tenant: str) -> asyncio.Event | None:
         """Recall other tenants' requests without an answer from `endpoint` while it has more open
         than it runs (`Recalls.make_room`), for a request of `tenant` that pre-empted a stream; the
-        event, set once that request's answer started or failed, sends them again."""
+        event (None: none recalled), set once that request's answer started or failed, sends them
+        again."""
         if self.recalls is None or self.capacity is None:
             return None
         snapshot = self.registry.snapshot(endpoint)
@@ -305,11 +306,12 @@ class Dispatcher:
         count = self.recalls.make_room(
             snapshot, limit=self.capacity.runs(snapshot), tenant=tenant, until=room
         )
-        if count:
-            log.info(
-                "requests recalled to make room for a pre-empting request",
-                extra={"endpoint": endpoint.name, "tenant": tenant, "recalled": count},
-            )
+        if not count:
+            return None  # nothing waits for it
+        log.info(
+            "requests recalled to make room for a pre-empting request",
+            extra={"endpoint": endpoint.name, "tenant": tenant, "recalled": count},
+        )
         return room
 
     def note_failure(self, endpoint: Endpoint, error: UpstreamError, *, excused: bool = False) -> None:

@@ -19,10 +19,10 @@ answer's first byte are recalled (`to_recall`: the excess, at most what the engi
 The client sees nothing but a later first token. Newest first: an engine schedules first come first
 served, so the requests dispatched last are the ones still waiting. Only requests with no answer yet
 are recalled (a streamed answer's first byte, a whole buffered answer), and by a reading only those
-whose KV was not loaded from a prefill elsewhere (the KV they wait for may still be on its way to that
-engine; only a pre-empting request recalls them, below). Example: C
-confirmed at 4 while this gateway has 16 open to the engine and the reading says 12 wait: the 12
-newest are recalled; with 2 gateway workers each holds 8 against a limit of 2 and recalls 6.
+whose KV was not loaded from a prefill elsewhere (the KV they wait for may still be on its way to
+that engine; only a pre-empting request recalls them, below). Example: C confirmed at 4 while this
+gateway has 16 open to the engine and the reading says 12 wait: the 12 newest are recalled; with 2
+gateway workers each holds 8 against a limit of 2 and recalls 6.
 
 **Room for a pre-empting request.** A request that took its slot by pre-empting a stream
 (`tandem.router.admission.preemption`) may still find its engine's queue taken: with the handover's
@@ -38,10 +38,9 @@ again and send them before the pre-empting request), and are sent again, to whic
 scheduler picks then, once the pre-empting request's answer has started or failed (at most
 `ROOM_WAIT_S`): behind it in the engine's queue. Example: C 6, 5 streams running, 2 heavy requests
 sent ahead and waiting, the light tenant's request sent: 8 open, so both heavy ones are recalled and
-sent again once the light answer has started. Nothing of this applies
-to an aggregated request: it is sent at once, while the stream it stopped may still be open, and
-nothing is sent ahead of a slot there (its lead is the few milliseconds between a grant and its
-dispatch).
+sent again once the light answer has started. Nothing of this applies to an aggregated request: it
+is sent at once, while the stream it stopped may still be open, and nothing is sent ahead of a slot
+there (its lead is the few milliseconds between a grant and its dispatch).
 
 Counted in `tandem_router_recalled_total{pool,endpoint}`; each recalled request logs one line.
 """
@@ -163,11 +162,11 @@ class Recalls:
         return self._recall(snapshot.endpoint.url, chosen, until=until)
 
     def _recall(self, url: str, entries: list[Pending], *, until: asyncio.Event | None = None) -> int:
-        waiting = self._pending.get(url)
+        """Recall `entries` (all pending on `url`); returns how many."""
+        waiting = self._pending.get(url, {})
         for entry in entries:
-            if waiting is not None:
-                waiting.pop(entry, None)
+            del waiting[entry]
             entry.recall(until)
-        if waiting is not None and not waiting:
-            del self._pending[url]
+        if not waiting:
+            self._pending.pop(url, None)
         return len(entries)
