@@ -433,3 +433,21 @@ async def test_a_request_that_had_its_turn_waits_at_the_front_and_is_charged_its
     grant.settle(Usage(prompt_tokens=130, completion_tokens=4))
     assert gate.queue.counter("a") == 105 + 2 * 4  # output weight 2; no second prompt charge
     grant.release()
+
+
+async def test_a_pre_empting_grant_knows_the_engine_of_the_stream_it_stopped() -> None:
+    """`Grant.stopped_on`: where the stopped stream's blocks were freed (`pipeline.stages.Pick` sends a
+    disaggregated service's pre-empting request there)."""
+    gate, registry = make_gate(Pool(capacity=2), FakeClock())
+    gate.preemption = gate.swap = True
+    stopped: list[str] = []
+    heavy = [await gate.admit(request(f"h{n}", "heavy")) for n in range(2)]
+    for n, grant in enumerate(heavy):
+        grant.preempt, grant.at = (lambda n=n: stopped.append(f"h{n}")), f"http://decode-{n}"
+    light = await gate.admit(request("l1", "light"))
+    assert light.preempting and len(stopped) == 1
+    assert light.stopped_on == f"http://decode-{stopped[0][1]}"
+    assert sample(registry, "tandem_router_preemptions_total", tenant="heavy") == 1
+    for grant in (*heavy, light):
+        grant.release()
+    assert gate.admitted == 0

@@ -102,3 +102,33 @@ async def test_requests_go_decode_only_while_the_prefill_pool_misses_their_objec
         assert third != "" and busy == 0
     # An objective the prefill pool meets (3 s against its ~1 s): disaggregated again.
     assert await complete(prompt(4), {"x-slo-ttft-ms": "3000"}) != ""
+
+
+@pytest.mark.parametrize("mode", ["always", "auto"])
+def test_a_request_that_pre_empted_a_stream_there_decides_as_auto_would(mode: DisaggregationMode) -> None:
+    """The swap (`tandem.router.pd.disagg`): a short prompt goes decode-only into the stopped stream's
+    place in any mode; a long one, or one the pool cannot be asked about, is decided as before."""
+
+    def decided(prompt: int, *, available: int | None = 0, swap: bool = True) -> PDDecision:
+        return decide(
+            mode,
+            prefill_members=2,
+            prompt_tokens=prompt,
+            available_tokens=available,
+            min_uncached_tokens=512,
+            swap=swap,
+        )
+
+    assert decided(286) == PDDecision(False, "preempting")
+    assert decided(2000, available=1600) == PDDecision(False, "preempting")  # 400 uncached
+    long = PDDecision(True, "always" if mode == "always" else "many_uncached")
+    assert decided(2000) == long
+    assert decided(286, available=None) == (
+        long if mode == "always" else PDDecision(False, "pool_unavailable")
+    )
+    assert decided(286, swap=False) == (
+        PDDecision(True, "always") if mode == "always" else PDDecision(False, "few_uncached")
+    )
+    assert decide(
+        "off", prefill_members=2, prompt_tokens=286, available_tokens=0, min_uncached_tokens=512, swap=True
+    ) == PDDecision(False, "off")

@@ -6,10 +6,12 @@ Real: redis-server on 127.0.0.1, a simulated prefill engine and a simulated deco
 `always`, HTTP clients. The gateway is told the engine's 2 slots and a lookahead of 1.0, so it keeps
 2 heavy requests waiting in the decode engine's first-come-first-served queue (the state the
 handover's lead leaves a disaggregated engine in, made deterministic). A light tenant's request then
-pre-empts a heavy stream, is prefilled elsewhere and sent to the decode engine: with recall on the
-heavy requests still waiting there are recalled to the gateway's queue, so at most the one that took
-the stopped stream's slot starts before the light request; with recall off they all stay ahead of it.
-Every heavy answer still arrives whole. Nothing is faked.
+pre-empts a heavy stream and is sent to the decode engine, either prefilled elsewhere
+(`minUncachedTokens` 0) or, its prompt short, decode-only in the stopped stream's place (the swap,
+`tandem.router.pd.disagg`): with recall on the heavy requests still waiting there are recalled to the
+gateway's queue, so at most the one that took the stopped stream's slot starts before the light
+request; with recall off they all stay ahead of it. Every heavy answer still arrives whole. Nothing
+is faked.
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ def _counter(page: str, name: str) -> float:
     )
 
 
-@pytest.mark.parametrize("recall", ["on", "off"])
+@pytest.mark.parametrize(
+    ("recall", "light_way"), [("on", "prefilled"), ("off", "prefilled"), ("on", "swapped")]
+)
 async def test_heavy_requests_waiting_in_the_decode_engine_make_room_for_a_pre_empting_one(
-    recall: str, redis_server: RedisServer
+    recall: str, light_way: str, redis_server: RedisServer
 ) -> None:
     settings = RouterSettings.model_validate(
         {
@@ -73,7 +77,11 @@ async def test_heavy_requests_waiting_in_the_decode_engine_make_room_for_a_pre_e
             prefill=[prefill.url],
             mode="always",
             kv_pool_url=redis_server.url,
-            spec={"router": {"slo": {"ttftSeconds": 60}}},
+            spec={
+                "router": {"slo": {"ttftSeconds": 60}},
+                # 0: every prompt has enough uncached tokens to be prefilled elsewhere, pre-empting or not
+                "disaggregation": {"minUncachedTokens": 0 if light_way == "prefilled" else 4096},
+            },
         )
         async with (
             serve(router_app(config, settings=settings)) as router,
@@ -113,6 +121,8 @@ async def test_heavy_requests_waiting_in_the_decode_engine_make_room_for_a_pre_e
     assert waiting_then == 2
     assert light_tokens == 8 and [tokens for _, tokens in answers] == [HEAVY_TOKENS] * HEAVY
     assert _counter(page, "tandem_router_preemptions_total") >= 1
+    swapped = _counter(page, 'tandem_router_pd_decisions_total{decision="decode_only",reason="preempting"}')
+    assert swapped == (1 if light_way == "swapped" else 0)
     recalled = _counter(page, "tandem_router_recalled_total")
     if recall == "on":
         assert recalled >= 1

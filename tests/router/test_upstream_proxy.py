@@ -154,6 +154,19 @@ async def test_a_stream_that_breaks_raises_upstream_broken(wire: Wire) -> None:
         reply.close()
 
 
+def round_robin_dispatcher(wire: Wire, urls: list[str]) -> Dispatcher:
+    """A dispatcher over the decode pool `urls`, round robin, one retry."""
+    registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
+    registry.set_pool("decode", urls)
+    return Dispatcher(
+        registry=registry,
+        scheduler=RoundRobin(),
+        upstream=HTTPUpstream(wire, ProxySettings()),
+        metrics=RouterMetrics(CollectorRegistry(), registry),
+        retries=1,
+    )
+
+
 async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_reasons(
     wire: Wire,
 ) -> None:
@@ -162,15 +175,8 @@ async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_r
 
     async with raw_engine(broken) as one, raw_engine(broken) as two, raw_engine(broken) as three:
         urls = sorted([one.url, two.url, three.url])
-        registry = EndpointRegistry(failure_threshold=3, cooldown_seconds=10, clock=lambda: 0.0)
-        registry.set_pool("decode", urls)
-        dispatcher = Dispatcher(
-            registry=registry,
-            scheduler=RoundRobin(),
-            upstream=HTTPUpstream(wire, ProxySettings()),
-            metrics=RouterMetrics(CollectorRegistry(), registry),
-            retries=1,
-        )
+        dispatcher = round_robin_dispatcher(wire, urls)
+        registry = dispatcher.registry
         with pytest.raises(NoEndpointAvailable) as caught:
             await dispatcher.open("decode", request=RequestView(request_id="r"), call=call())
         hits = [len(e.requests) for e in sorted((one, two, three), key=lambda e: e.url)]
@@ -178,3 +184,17 @@ async def test_the_dispatcher_tries_one_other_endpoint_then_gives_up_with_both_r
     assert caught.value.message.count("this engine is broken") == 2
     assert [s.consecutive_failures for s in registry.snapshots("decode")] == [1, 1, 0]
     assert [s.in_flight for s in registry.snapshots("decode")] == [0, 0, 0]
+
+
+def test_choose_takes_the_preferred_endpoint_while_it_is_in_rotation(wire: Wire) -> None:
+    """`Dispatcher.choose(prefer=...)`: a pre-empting request's decode engine is the stopped stream's
+    (`pipeline.stages.Pick`), room or not; an endpoint gone from the pool is not preferred."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+    dispatcher = round_robin_dispatcher(wire, urls)
+    view = RequestView(request_id="r")
+    chosen = [dispatcher.choose("decode", view, prefer=urls[2]) for _ in range(3)]
+    assert [e.url if e else None for e in chosen] == [urls[2]] * 3
+    round_robin = {
+        e.url for e in (dispatcher.choose("decode", view, prefer="http://gone:9") for _ in range(3)) if e
+    }
+    assert round_robin == set(urls)

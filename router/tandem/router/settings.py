@@ -134,6 +134,11 @@ class AdmissionSettings(_Settings):
         description="With vtc fairness: a tenant with nothing running may take a slot from a tenant "
         "over its share; the stopped stream is continued later.",
     )
+    preemption_swap: Literal["on", "off"] = Field(
+        default="on",
+        description="With a prefill pool: a pre-empting request goes to the decode engine of the "
+        "stream it stopped, computed there (short prompts) or decoded there after its prefill.",
+    )
     recall: Literal["on", "off"] = Field(
         default="on",
         description="Take back requests an engine queues beyond its learned capacity (none started) "

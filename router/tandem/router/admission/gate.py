@@ -35,7 +35,8 @@ baseline). The gate itself only keeps the books:
   grant gives up its capacity to the newcomer, which is granted at once,
   and the stream is stopped through `Grant.preempt` (set by the relay while it can be continued).
   Its continuation waits in `resume`: at the front of its tenant's requests, no prompt charged, never
-  refused for a full queue.
+  refused for a full queue. With `swap`, the newcomer's grant names the decode engine of the stream
+  it stopped (`Grant.stopped_on`, `tandem.router.pd.disagg`, "The swap").
 - `Grant.charge_output(n)` charges generated tokens as they stream; `Grant.settle(usage)` corrects
   both charges with the engine's usage; `Grant.release()` (idempotent) frees the capacity.
 
@@ -154,6 +155,7 @@ class AdmissionGate:
         max_queue_wait_s: float,
         poll_s: float = 0.25,
         preemption: bool = False,
+        swap: bool = False,
     ) -> None:
         self.queue = queue
         self.max_queue = max_queue
@@ -168,6 +170,8 @@ class AdmissionGate:
         self._hold = HoldMeter()
         self.admitted = 0
         self.preemption = preemption
+        #: A pre-empting grant names the engine of the stream it stopped (`Grant.stopped_on`).
+        self.swap = swap
         self.running: set[Grant] = set()  # granted and holding their capacity (not handed over)
         self._waiting: set[Waiter] = set()
         self._poll_handle: asyncio.TimerHandle | None = None
@@ -292,7 +296,8 @@ class AdmissionGate:
         self.admitted -= 1  # its unit of capacity goes to the waiter
         self.queue.take(waiter.ticket)
         self._grant(waiter, now=self._clock())
-        waiter.future.result().preempting = True
+        granted = waiter.future.result()
+        granted.preempting, granted.stopped_on = True, chosen.at if self.swap else None
         self._metrics.preempted(chosen.tenant)
         if stop is not None:
             stop()

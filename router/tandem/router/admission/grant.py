@@ -34,6 +34,7 @@ class Grant:
         "_handed_over",
         "_released",
         "_unreported",
+        "at",
         "completion_tokens",
         "granted_at",
         "preempt",
@@ -41,6 +42,7 @@ class Grant:
         "priority",
         "prompt_tokens",
         "queued_s",
+        "stopped_on",
         "tenant",
     )
 
@@ -66,6 +68,11 @@ class Grant:
         #: It took its capacity from a pre-empted stream (`AdmissionGate`, pre-emption): where it is
         #: sent, other tenants' requests without an answer make room (`Recalls.make_room`).
         self.preempting = False
+        #: The URL of the decode engine its stream runs on, while it may be stopped (the relay).
+        self.at: str | None = None
+        #: Pre-empting: the URL of the decode engine whose stream it stopped, where that stream's
+        #: blocks are free now (`pipeline.stages.Pick` sends a disaggregated service's request there).
+        self.stopped_on: str | None = None
         self._gate = gate
         self._charged = charged
         self._released = False

@@ -92,6 +92,7 @@ def build_gate(
         max_queue_wait_s=settings.max_queue_wait_seconds,
         poll_s=settings.poll_seconds,
         preemption=settings.preemption == "on" and settings.fairness == "vtc",
+        swap=settings.preemption_swap == "on",
     )
     metrics.watch(gate)
     return gate, counters

@@ -35,8 +35,9 @@ from tandem.router.observe.arrivals import Arrivals
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
 from tandem.router.pd.disagg import Disaggregator
+from tandem.router.pipeline.answer import Relay
 from tandem.router.pipeline.resume import Resume
-from tandem.router.pipeline.stages import Admit, Hold, Pipeline, Relay, service_stages
+from tandem.router.pipeline.stages import Admit, Hold, Pipeline, service_stages
 from tandem.router.request.adapters import ServiceAdapters
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.types import Endpoint

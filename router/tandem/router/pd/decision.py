@@ -64,16 +64,21 @@ def decide(
     min_uncached_tokens: int,
     busy: bool = False,
     adapter: bool = False,
+    swap: bool = False,
 ) -> PDDecision:
     """The P/D decision table of `tandem.router.pd.disagg`'s docstring. `available_tokens`: the
     prompt's prefix the chosen decode endpoint can get without computing it; None when the KV pool
     could not be asked.
     `busy`: `prefill_busy` said so (asked only for requests that would otherwise disaggregate).
-    `adapter`: the request runs under a LoRA adapter the pool's keys cannot tell apart."""
+    `adapter`: the request runs under a LoRA adapter the pool's keys cannot tell apart.
+    `swap`: the request pre-empted a stream of the chosen decode endpoint (any mode decides it as
+    `auto` would on its uncached tokens)."""
     if mode == "off":
         return PDDecision(False, "off")
     if adapter:
         return PDDecision(False, "adapter")
+    if swap and available_tokens is not None and prompt_tokens - available_tokens < min_uncached_tokens:
+        return PDDecision(False, "preempting")
     if busy:
         return PDDecision(False, "prefill_busy")
     if mode == "always":

@@ -4,6 +4,7 @@
 
     mode off                              → decode_only  (off)
     an adapter's, pool keys without adapters → decode_only  (adapter)
+    pre-empting, uncached < minUncachedTokens → decode_only (preempting; the swap, below)
     prefill pool busy (below)             → decode_only  (prefill_busy)
     mode always                           → disaggregate (always)
     mode auto, no prefill endpoint        → decode_only  (no_prefill_pool)
@@ -24,6 +25,17 @@ are its own keys (`...@bfloat16@lora%sql@salt%<32 hex>`), which the look-up and 
 an adapter (LMCache 0.3's: `carries_adapter` is False), or the gateway computes no keys at all (no
 pool configured, or the engines' keys unknown), it stays decode-only (`adapter`): a prefill might
 store the adapter's KV under keys the base model's and every other adapter's requests load.
+
+**The swap.** A request that took its slot by pre-empting a stream (`Grant.stopped_on`) goes to the
+decode engine where that stream ran, whose blocks its abort has just freed (`pipeline.stages.Pick`),
+and is decided there as mode `auto` would, in any mode: with fewer than `minUncachedTokens`
+uncached tokens it is computed on that engine at once, in the stopped stream's place, instead of
+waiting for a prefill, the KV barrier and the KV load while requests sent ahead of their slots (the
+handover's lead) take the freed blocks. Requests of other tenants waiting there without an answer
+make room for it (`Recalls.make_room`). A pre-emption is rare (a tenant's only waiting request, within
+its share), so the decode engine computes few such prompts. Example: a light tenant's 286-token
+question pre-empts a heavy stream on decode engine B under mode `always`: it goes decode-only to B
+(`preempting`); a 4,000-token one is prefilled elsewhere and decoded on B.
 
 **Convertible decoders** (`spec.disaggregation.convertibleDecoders`, on by default; TokenScale's idea,
 arXiv 2512.03416): a request about to be disaggregated goes decode-only instead when the prefill pool is
@@ -144,6 +156,11 @@ class PDRequest(Routable, Protocol):
     @property
     def lora_name(self) -> str | None:
         """The LoRA adapter the request runs under (None: the base model)."""
+        ...
+
+    @property
+    def stopped_on(self) -> str | None:
+        """Pre-empting: the URL of the decode engine whose stream it stopped (None: it stopped none)."""
         ...
 
 
@@ -363,9 +380,10 @@ class Disaggregator:
     ) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
         adapter = request.lora_name is not None and not self.adapters_pooled
+        swap = decode is not None and request.stopped_on == decode.url
         available: int | None = 0
-        # the only case the table reads the prompt
-        counted = self.mode == "auto" and members > 0 and not adapter
+        # the only cases the table reads the prompt
+        counted = (self.mode == "auto" or swap) and members > 0 and not adapter
         if counted:
             available = await self._available_tokens(request, decode=decode, keys=keys, scope=scope)
         decision = decide(
@@ -375,6 +393,7 @@ class Disaggregator:
             available_tokens=available,
             min_uncached_tokens=self.min_uncached_tokens,
             adapter=adapter,
+            swap=swap,
         )
         if decision.disaggregate and self._busy(request, decode=decode):
             return PDDecision(False, "prefill_busy")

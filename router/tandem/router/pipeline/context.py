@@ -122,6 +122,11 @@ class RequestContext:
         """The adapter the request runs under (scheduling's `Routable`)."""
         return self.adapter
 
+    @property
+    def stopped_on(self) -> str | None:
+        """Pre-empting: the URL of the decode engine whose stream its grant stopped (`Grant`)."""
+        return self.grant.stopped_on if self.grant is not None else None
+
     # -- the prompt ---------------------------------------------------------------------------
 
     def encoded(self) -> Encoded:

@@ -19,7 +19,8 @@ each one small object with one job, reading and writing the request's `RequestCo
 shell, `tandem.router.http.server`, answers it in OpenAI's error shape). What a stage holds until the
 request is over (the grant, the decode attempt) it registers in `ctx.cleanups`, which the shell runs
 whatever happened. The code each stage calls lives in its own package: `identity`, `request`,
-`admission`, `scheduling` (through `upstream.dispatch`), `pd`, `upstream`.
+`admission`, `scheduling` (through `upstream.dispatch`), `pd`, `upstream`. `Relay` is in
+`tandem.router.pipeline.answer`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -38,7 +39,6 @@ from tandem.core.logs import REQUEST_ID
 from tandem.router.admission.access import Access
 from tandem.router.admission.coldstart import ColdStartHold
 from tandem.router.admission.gate import AdmissionGate
-from tandem.router.admission.grant import Grant
 from tandem.router.errors import Overloaded, RequestTimeout
 from tandem.router.identity.cachescope import CacheScopes
 from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_deadline, slo_from_headers
@@ -47,22 +47,17 @@ from tandem.router.identity.request_id import request_ids
 from tandem.router.observe.arrivals import Arrivals
 from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pd.handoff import away_from_layout_body, lmcache_tagged
+from tandem.router.pipeline.answer import Relay
 from tandem.router.pipeline.context import RequestContext
 from tandem.router.pipeline.exchange import Exchange
-from tandem.router.pipeline.lead import HandoverLead
-from tandem.router.pipeline.meter import GrantMeter
-from tandem.router.pipeline.resume import Resume
 from tandem.router.pipeline.tokenize import tokenize_big
 from tandem.router.request.context_limit import ContextLimit
 from tandem.router.request.limits import BodyLimits, ReadingBudget
 from tandem.router.request.parse import parse_generation, prompt_text
 from tandem.router.types import SLO, Route
 from tandem.router.upstream.client import UpstreamCall
-from tandem.router.upstream.continuation import continuable
 from tandem.router.upstream.dispatch import Attempt, Dispatcher
 from tandem.router.upstream.recall import ROOM_WAIT_S, Recalled
-from tandem.router.upstream.relay import STALLED_WRITE_S, ResponseMeter, Yielding, relay
-from tandem.router.upstream.rename import RenamingMeter
 from tandem.router.upstream.usage import request_usage
 
 log = logging.getLogger(__name__)
@@ -228,14 +223,17 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Pick:
-    """The decode endpoint, chosen before P/D (None: none in rotation; `Dispatch` answers 503)."""
+    """The decode endpoint, chosen before P/D (None: none in rotation; `Dispatch` answers 503). A
+    request of a service with a prefill pool that pre-empted a stream goes where that stream's blocks
+    were freed (`Dispatcher.choose`, `prefer`; `tandem.router.pd.disagg`, "Swap")."""
 
     dispatcher: Dispatcher
     name: str = "pick"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
         ctx.decode_members = self.dispatcher.registry.endpoints("decode")
-        ctx.decode = self.dispatcher.choose("decode", ctx)
+        swap = ctx.stopped_on if self.dispatcher.registry.endpoints("prefill") else None
+        ctx.decode = self.dispatcher.choose("decode", ctx, prefer=swap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,9 +272,10 @@ class Dispatch:
     With `gate`, a request still without an answer may be recalled from an engine that queues it
     beyond its capacity (`tandem.router.upstream.recall`): it gives its grant back, waits for its
     tenant's turn again (`AdmissionGate.resume`) and is sent again under an id of its own. A
-    disaggregated request that took its slot by pre-emption makes room on the decode engine it is
-    sent to (`Recalls.make_room`: other tenants' requests there without an answer are recalled
-    while the engine has more open than it runs). Requests whose KV was loaded from a prefill
+    request that took its slot by pre-emption, disaggregated or swapped into the stopped stream's
+    place (`tandem.router.pd.disagg`), makes room on the decode engine it is sent to
+    (`Recalls.make_room`: other tenants' requests there without an answer are recalled while the
+    engine has more open than it runs). Requests whose KV was loaded from a prefill
     elsewhere are recalled only to make such room, and are placed again (chosen anew, retried) only
     on engines of the prefill's KV layout (`tandem.router.pd.disagg`, pairing)."""
 
@@ -313,8 +312,7 @@ class Dispatch:
                     first=first,
                     recallable=recallable,
                     pairs_with=pairs_with,
-                    # Disaggregated and pre-empting: room on its decode engine (class docstring).
-                    room_for=ctx.tenant if ctx.kv_loaded and ctx.grant and ctx.grant.preempting else None,
+                    room_for=self._room_for(ctx),
                 )
                 break
             except Recalled as recalled:
@@ -327,6 +325,15 @@ class Dispatch:
         ctx.cleanups.append(attempt.finish)
         ctx.decode_endpoint = attempt.endpoint.name
         ctx.retries = attempt.retries
+
+    @staticmethod
+    def _room_for(ctx: RequestContext) -> str | None:
+        """The tenant to make room for on the decode engine (class docstring): a pre-empting request
+        disaggregated, or sent where the stream it stopped ran (`Pick`)."""
+        if ctx.grant is None or not ctx.grant.preempting:
+            return None
+        swapped = ctx.decode is not None and ctx.decode.url == ctx.stopped_on
+        return ctx.tenant if ctx.kv_loaded or swapped else None
 
     def _layout(self, ctx: RequestContext) -> str | None:
         """The KV layout the decode engine must pair with (None: any); when none of the prefill's is
@@ -361,111 +368,6 @@ class Dispatch:
         ctx.grant = grant
         ctx.cleanups.append(grant.release)
         ctx.queue_s = (ctx.queue_s or 0.0) + grant.queued_s
-
-
-@dataclass(frozen=True, slots=True)
-class Relay:
-    """The answer, relayed as it arrives, metered for the fair queue and the rate limits. With
-    `resume` (pre-emption on), a stream that can be continued may be stopped by the admission gate
-    for another tenant, and is then continued when its tenant's turn comes (`pipeline.resume`)."""
-
-    output_charge: Callable[[str], Callable[[int], None] | None]
-    log_prompts: bool
-    handover_tokens: int = 0  # 0: a slot frees only when its answer is over
-    #: How long the next request takes to reach its decode engine (None: hand over at
-    #: `handover_tokens` only); learned from the requests relayed here.
-    lead: HandoverLead | None = None
-    resume: Resume | None = None
-    #: Name the engines that served the request in `x-tandem-*` headers (diagnostics; off by
-    #: default: a client would learn pod addresses, and whether its prompt was cached).
-    topology_headers: bool = False
-    #: Seconds a client may take nothing of its stream before the stream ends (`ClientStalled`).
-    write_s: float = STALLED_WRITE_S
-    name: str = "relay"
-
-    async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
-        attempt, grant = ctx.attempt, ctx.grant
-        if attempt is None or grant is None:
-            raise RuntimeError("relay before dispatch")
-        yielding = None
-        if self.resume is not None and continuable(ctx.route, ctx.body):
-
-            def withdraw() -> None:
-                grant.preempt = None
-
-            yielding = Yielding(attempt, chat=ctx.route is Route.CHAT, withdraw=withdraw)
-            grant.preempt = yielding.stop
-        meter = self._meter(ctx, grant, ctx.expected_output(), attempt=attempt)
-        stopped = await relay(
-            attempt,
-            send=exchange.send,
-            headers=_headers(ctx, topology=self.topology_headers),
-            meter=meter,
-            progress=ctx,
-            yielding=yielding,
-            write_s=self.write_s,
-            rename=ctx.rename,
-        )
-        self._learn_lead(ctx, grant)
-        if stopped and yielding is not None and self.resume is not None:
-            ctx.continued = True
-            await self.resume(
-                ctx,
-                exchange.send,
-                so_far=yielding.kept.result(),
-                tokens=grant.completion_tokens,
-                meter=lambda again, left: self._meter(ctx, again, left, attempt=ctx.attempt),
-            )
-
-    def _learn_lead(self, ctx: RequestContext, grant: Grant) -> None:
-        """Tell the lead how long this request took from its grant to its decode engine, and there
-        to its first byte when it was prefilled elsewhere (`tandem.router.pipeline.lead`)."""
-        lead, sent, first = self.lead, ctx.dispatched_at, ctx.first_byte_at
-        if lead is None or grant.granted_at is None or sent is None or first is None or ctx.retries:
-            return
-        lead.record(phase_s=sent - grant.granted_at, start_s=first - sent if ctx.kv_loaded else None)
-
-    def _meter(
-        self, ctx: RequestContext, grant: Grant, expected: int | None, *, attempt: Attempt | None
-    ) -> ResponseMeter:
-        """The grant's meter; for a request that came by an alias, renaming its stream's `model`."""
-        meter = self._grant_meter(ctx, grant, expected, attempt=attempt)
-        return meter if ctx.rename is None else RenamingMeter(meter, ctx.rename)
-
-    def _grant_meter(
-        self, ctx: RequestContext, grant: Grant, expected: int | None, *, attempt: Attempt | None
-    ) -> GrantMeter:
-        def hand_over() -> None:
-            if attempt is not None:
-                attempt.hand_over()  # the endpoint's slot first: the gate's pump dispatches into it
-            grant.hand_over()
-
-        return GrantMeter(
-            grant,
-            strip_usage=ctx.strip_usage,
-            on_output=self.output_charge(ctx.tenant),
-            on_text=ctx.keep_output if self.log_prompts else None,
-            expected=expected if self.handover_tokens else None,
-            handover_tokens=self.handover_tokens,
-            on_handover=hand_over,
-            lead=self.lead,
-            clock=ctx.clock,
-        )
-
-
-def _headers(ctx: RequestContext, *, topology: bool) -> list[tuple[bytes, bytes]]:
-    """`x-request-id`, and with `topology` the `x-tandem-*` headers naming the engines that served
-    the request."""
-    headers = [(b"x-request-id", ctx.request_id.encode())]
-    if not topology:
-        return headers
-    if ctx.decode_endpoint is not None:
-        headers.append((b"x-tandem-decode-endpoint", ctx.decode_endpoint.encode()))
-    if ctx.prefill_endpoint is not None:
-        headers.append((b"x-tandem-prefill-endpoint", ctx.prefill_endpoint.encode()))
-    elif ctx.pd_fallback is not None:
-        headers.append((b"x-tandem-pd-fallback", ctx.pd_fallback.encode()))
-    return headers
 
 
 def generation_stages(*, identify: Identify, parse: Parse, limit: Limit, service: Pipeline) -> Pipeline:

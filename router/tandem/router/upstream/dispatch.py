@@ -119,10 +119,15 @@ class Dispatcher:
     #: The clock of that hold (seconds).
     clock: Callable[[], float] = time.monotonic
 
-    def choose(self, pool: Pool, request: Routable) -> Endpoint | None:
+    def choose(self, pool: Pool, request: Routable, *, prefer: str | None = None) -> Endpoint | None:
         """The scheduler's pick among `pool`'s endpoints in rotation (None when there is none), for a
-        caller that must know the endpoint before sending (the P/D decision); pass it to `open`."""
-        candidates = self._with_room(self.registry.candidates(pool))
+        caller that must know the endpoint before sending (the P/D decision); pass it to `open`.
+        `prefer`: an endpoint URL taken whenever it is in rotation (a stopped stream's engine)."""
+        candidates = self.registry.candidates(pool)
+        for snapshot in candidates if prefer is not None else ():
+            if snapshot.endpoint.url == prefer:
+                return snapshot.endpoint
+        candidates = self._with_room(candidates)
         return self.pick(pool, request, candidates) if candidates else None
 
     def _with_room(self, candidates: Sequence[EndpointSnapshot]) -> Sequence[EndpointSnapshot]:

@@ -38,9 +38,10 @@ again and send them before the pre-empting request), and are sent again, to whic
 scheduler picks then, once the pre-empting request's answer has started or failed (at most
 `ROOM_WAIT_S`): behind it in the engine's queue. Example: C 6, 5 streams running, 2 heavy requests
 sent ahead and waiting, the light tenant's request sent: 8 open, so both heavy ones are recalled and
-sent again once the light answer has started. Nothing of this applies to an aggregated request: it
-is sent at once, while the stream it stopped may still be open, and nothing is sent ahead of a slot
-there (its lead is the few milliseconds between a grant and its dispatch).
+sent again once the light answer has started. The same holds for a pre-empting request computed
+on the stopped stream's decode engine (the swap, `tandem.router.pd.disagg`). Nothing of this applies
+to an aggregated pool: nothing is sent ahead of a slot there (its lead is the few milliseconds
+between a grant and its dispatch).
 
 Counted in `tandem_router_recalled_total{pool,endpoint}`; each recalled request logs one line.
 """
