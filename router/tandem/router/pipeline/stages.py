@@ -225,14 +225,16 @@ class Admit:
 class Pick:
     """The decode endpoint, chosen before P/D (None: none in rotation; `Dispatch` answers 503). A
     request of a service with a prefill pool that pre-empted a stream goes where that stream's blocks
-    were freed (`Dispatcher.choose`, `prefer`; `tandem.router.pd.disagg`, "Swap")."""
+    were freed (`Dispatcher.choose`, `prefer`; `tandem.router.pd.disagg`, "The swap"), but for one
+    under a LoRA adapter, which goes where the adapter placement sends it."""
 
     dispatcher: Dispatcher
     name: str = "pick"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
         ctx.decode_members = self.dispatcher.registry.endpoints("decode")
-        swap = ctx.stopped_on if self.dispatcher.registry.endpoints("prefill") else None
+        pd = self.dispatcher.registry.endpoints("prefill")
+        swap = ctx.stopped_on if pd and ctx.lora_name is None else None
         ctx.decode = self.dispatcher.choose("decode", ctx, prefer=swap)
 
 
