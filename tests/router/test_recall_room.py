@@ -8,10 +8,10 @@ Real: redis-server on 127.0.0.1, a simulated prefill engine and a simulated deco
 handover's lead leaves a disaggregated engine in, made deterministic). A light tenant's request then
 pre-empts a heavy stream and is sent to the decode engine, either prefilled elsewhere
 (`minUncachedTokens` 0) or, its prompt short, decode-only in the stopped stream's place (the swap,
-`tandem.router.pd.disagg`): with recall on the heavy requests still waiting there are recalled to the
-gateway's queue, so at most the one that took the stopped stream's slot starts before the light
-request; with recall off they all stay ahead of it. Every heavy answer still arrives whole. Nothing
-is faked.
+`--preemption-swap on`, `tandem.router.pd.disagg`): with recall on the heavy requests still waiting
+there are recalled to the gateway's queue, so at most the one that took the stopped stream's slot
+starts before the light request; with recall off they all stay ahead of it. Every heavy answer still
+arrives whole. Nothing is faked.
 """
 
 from __future__ import annotations
@@ -65,7 +65,12 @@ async def test_heavy_requests_waiting_in_the_decode_engine_make_room_for_a_pre_e
     settings = RouterSettings.model_validate(
         {
             "collector": {"enabled": False},  # C stays the declared 2: the story is the recall, not C
-            "admission": {"engine_capacity": 2, "lookahead": 1.0, "recall": recall},
+            "admission": {
+                "engine_capacity": 2,
+                "lookahead": 1.0,
+                "recall": recall,
+                "preemption_swap": "on" if light_way == "swapped" else "off",
+            },
         }
     )
     async with (

@@ -91,7 +91,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--preemption", "admission", "preemption", click.Choice(["on", "off"]), "on",
          "With --fairness vtc: a request of a tenant with nothing running may stop a stream of a "
          "tenant over its share of the engines and take its slot; the stream is continued later."),
-    Flag("--preemption-swap", "admission", "preemption_swap", click.Choice(["on", "off"]), "on",
+    Flag("--preemption-swap", "admission", "preemption_swap", click.Choice(["on", "off"]), "off",
          "With a prefill pool: a request that pre-empted a stream goes to that stream's decode engine; "
          "with fewer than minUncachedTokens uncached it is computed there, not prefilled elsewhere."),
     Flag("--recall", "admission", "recall", click.Choice(["on", "off"]), "on",

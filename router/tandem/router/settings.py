@@ -135,7 +135,7 @@ class AdmissionSettings(_Settings):
         "over its share; the stopped stream is continued later.",
     )
     preemption_swap: Literal["on", "off"] = Field(
-        default="on",
+        default="off",
         description="With a prefill pool: a pre-empting request goes to the decode engine of the "
         "stream it stopped, computed there (short prompts) or decoded there after its prefill.",
     )

@@ -26,17 +26,17 @@ an adapter (LMCache 0.3's: `carries_adapter` is False), or the gateway computes 
 pool configured, or the engines' keys unknown), it stays decode-only (`adapter`): a prefill might
 store the adapter's KV under keys the base model's and every other adapter's requests load.
 
-**The swap.** A request that took its slot by pre-empting a stream (`Grant.stopped_on`) goes to the
-decode engine where that stream ran, whose blocks its abort has just freed (`pipeline.stages.Pick`;
-one under a LoRA adapter goes where the adapter placement sends it), and is decided there as mode
-`auto` would, in any mode: with fewer than `minUncachedTokens` uncached tokens it is computed on that
-engine at once, in the stopped stream's place, instead of waiting for a prefill, the KV barrier and
-the KV load while requests sent ahead of their slots (the handover's lead) take the freed blocks.
-Requests of other tenants waiting there without an answer make room for it (`Recalls.make_room`). A
-pre-emption is rare (a tenant's only waiting request, within its share), so the decode engine
-computes few such prompts. Example: a light tenant's 286-token
-question pre-empts a heavy stream on decode engine B under mode `always`: it goes decode-only to B
-(`preempting`); a 4,000-token one is prefilled elsewhere and decoded on B.
+**The swap** (`--preemption-swap on`, off by default). A request that took its slot by pre-empting a
+stream (`Grant.stopped_on`) goes to the decode engine where that stream ran, whose blocks its abort
+has just freed (`pipeline.stages.Pick`; one under a LoRA adapter goes where the adapter placement
+sends it), and is decided there as mode `auto` would, in any mode: with fewer than
+`minUncachedTokens` uncached tokens it is computed on that engine at once, in the stopped stream's
+place, instead of waiting for a prefill, the KV barrier and the KV load while requests sent ahead of
+their slots (the handover's lead) take the freed blocks. Requests of other tenants waiting there
+without an answer make room for it (`Recalls.make_room`). A pre-emption is rare (a tenant's only
+waiting request, within its share), so the decode engine computes few such prompts. Example: a
+light tenant's 286-token question pre-empts a heavy stream on decode engine B under mode `always`:
+it goes decode-only to B (`preempting`); a 4,000-token one is prefilled elsewhere and decoded on B.
 
 **Convertible decoders** (`spec.disaggregation.convertibleDecoders`, on by default; TokenScale's idea,
 arXiv 2512.03416): a request about to be disaggregated goes decode-only instead when the prefill pool is
