@@ -11,11 +11,14 @@ import asyncio
 import json
 import re
 import socket
+from typing import cast
 
 import pytest
 from prometheus_client import CollectorRegistry
 from tests.router.raw_engine import chunk, chunked_head, raw_engine, response, streamed
 
+from tandem.router.admission.gate import AdmissionGate
+from tandem.router.admission.grant import Grant
 from tandem.router.discovery.registry import EndpointRegistry
 from tandem.router.errors import (
     NoEndpointAvailable,
@@ -25,6 +28,9 @@ from tandem.router.errors import (
     UpstreamTimeout,
 )
 from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.pipeline.context import RequestContext
+from tandem.router.pipeline.exchange import Exchange
+from tandem.router.pipeline.stages import Pick
 from tandem.router.scheduling import RoundRobin
 from tandem.router.settings import ProxySettings
 from tandem.router.types import Endpoint, RequestView
@@ -198,3 +204,29 @@ def test_choose_takes_the_preferred_endpoint_while_it_is_in_rotation(wire: Wire)
         e.url for e in (dispatcher.choose("decode", view, prefer="http://gone:9") for _ in range(3)) if e
     }
     assert round_robin == set(urls)
+
+
+@pytest.mark.parametrize(
+    ("prefill_pool", "adapter", "swapped"),
+    [(True, None, True), (False, None, False), (True, "sql-lora", False)],
+    ids=["pd", "aggregated", "adapter"],
+)
+async def test_pick_swaps_a_pre_empting_request_onto_the_stopped_streams_engine_only_with_a_prefill_pool(
+    wire: Wire, prefill_pool: bool, adapter: str | None, swapped: bool
+) -> None:
+    """`pipeline.stages.Pick`: the stopped stream's engine, and `swapped_in`, in a P/D service for a
+    base-model request; the scheduler's round robin otherwise (three picks reach all three engines)."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+    dispatcher = round_robin_dispatcher(wire, urls)
+    if prefill_pool:
+        dispatcher.registry.set_pool("prefill", ["http://127.0.0.1:9"])
+    picked: set[str] = set()
+    for n in range(3):
+        ctx = RequestContext(request_id=f"r{n}", upstream_id=f"r{n}", path="/v1/completions", started=0.0)
+        ctx.adapter = adapter
+        ctx.grant = Grant(cast(AdmissionGate, None), tenant="light", prompt_tokens=0, charged=False)
+        ctx.grant.preempting, ctx.grant.stopped_on = True, urls[1]
+        await Pick(dispatcher)(ctx, cast(Exchange, None))
+        assert ctx.decode is not None and ctx.swapped_in is swapped
+        picked.add(ctx.decode.url)
+    assert picked == ({urls[1]} if swapped else set(urls))

@@ -160,8 +160,8 @@ class PDRequest(Routable, Protocol):
         ...
 
     @property
-    def stopped_on(self) -> str | None:
-        """Pre-empting: the URL of the decode engine whose stream it stopped (None: it stopped none)."""
+    def swapped_in(self) -> bool:
+        """It pre-empted a stream and goes to that stream's decode engine (the swap, above)."""
         ...
 
 
@@ -381,7 +381,7 @@ class Disaggregator:
     ) -> PDDecision:
         members = len(self.prefiller.dispatcher.registry.endpoints("prefill"))
         adapter = request.lora_name is not None and not self.adapters_pooled
-        swap = decode is not None and request.stopped_on == decode.url
+        swap = request.swapped_in
         available: int | None = 0
         # the only cases the table reads the prompt
         counted = (self.mode == "auto" or swap) and members > 0 and not adapter

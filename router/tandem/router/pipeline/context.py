@@ -75,6 +75,8 @@ class RequestContext:
     queue_s: float | None = None
     decode: Endpoint | None = None
     decode_members: tuple[Endpoint, ...] = ()  # the decode pool when `decode` was chosen
+    #: `decode` is the engine of the stream this request pre-empted (the swap, `stages.Pick`).
+    swapped_in: bool = False
     kv_loaded: bool = False  # a prefill succeeded: the decode engine loads the prompt's KV
     decode_rechosen: bool = False  # chosen again after the prefill: the decode pool had changed
     prefill_endpoint: str | None = None
@@ -121,11 +123,6 @@ class RequestContext:
     def lora_name(self) -> str | None:
         """The adapter the request runs under (scheduling's `Routable`)."""
         return self.adapter
-
-    @property
-    def stopped_on(self) -> str | None:
-        """Pre-empting: the URL of the decode engine whose stream its grant stopped (`Grant`)."""
-        return self.grant.stopped_on if self.grant is not None else None
 
     # -- the prompt ---------------------------------------------------------------------------
 

@@ -233,9 +233,12 @@ class Pick:
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
         ctx.decode_members = self.dispatcher.registry.endpoints("decode")
-        pd = self.dispatcher.registry.endpoints("prefill")
-        swap = ctx.stopped_on if pd and ctx.lora_name is None else None
+        grant, registry = ctx.grant, self.dispatcher.registry
+        swap = grant.stopped_on if grant is not None and ctx.lora_name is None else None
+        if swap is not None and not registry.endpoints("prefill"):
+            swap = None  # an aggregated pool: the scheduler's choice
         ctx.decode = self.dispatcher.choose("decode", ctx, prefer=swap)
+        ctx.swapped_in = swap is not None and ctx.decode is not None and ctx.decode.url == swap
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,8 +337,7 @@ class Dispatch:
         disaggregated, or sent where the stream it stopped ran (`Pick`)."""
         if ctx.grant is None or not ctx.grant.preempting:
             return None
-        swapped = ctx.decode is not None and ctx.decode.url == ctx.stopped_on
-        return ctx.tenant if ctx.kv_loaded or swapped else None
+        return ctx.tenant if ctx.kv_loaded or ctx.swapped_in else None
 
     def _layout(self, ctx: RequestContext) -> str | None:
         """The KV layout the decode engine must pair with (None: any); when none of the prefill's is
