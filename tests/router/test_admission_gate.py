@@ -52,6 +52,7 @@ def make_gate(
     fcfs: bool = False,
     predictor: Predictions | None = None,
     max_wait_s: float = 600,
+    ahead: Callable[[int], int] | None = None,
 ) -> tuple[AdmissionGate, CollectorRegistry]:
     registry = CollectorRegistry()
     queue: VTCQueue[Waiter] = (FCFSQueue if fcfs else VTCQueue)(max_size=max_queue + 1)
@@ -66,6 +67,7 @@ def make_gate(
         clock=clock,
         max_queue_wait_s=max_wait_s,
         poll_s=poll_s,
+        ahead=ahead,
     )
     metrics.watch(gate)
     return gate, registry

@@ -139,6 +139,13 @@ class AdmissionSettings(_Settings):
         description="With a prefill pool: a pre-empting request goes to the decode engine of the "
         "stream it stopped, computed there (short prompts) or decoded there after its prefill.",
     )
+    prefill_ahead: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="With a prefill pool: while no decode slot is free, the next requests in fair "
+        "order (at most this share of the capacity) are prefilled as they wait (0: off).",
+    )
     recall: Literal["on", "off"] = Field(
         default="on",
         description="Take back requests an engine queues beyond its learned capacity (none started) "

@@ -37,6 +37,10 @@ baseline). The gate itself only keeps the books:
   Its continuation waits in `resume`: at the front of its tenant's requests, no prompt charged, never
   refused for a full queue. With `swap`, the newcomer's grant names the decode engine of the stream
   it stopped (`Grant.stopped_on`, `tandem.router.pd.disagg`, "The swap").
+- **Prefill ahead** (`ahead`: a limit read at each pump; `tandem.router.pd.ahead`): with no capacity
+  free, the next requests in fair order with work to do before their grant (`admit(on_ahead=)`: a
+  prefill elsewhere) leave the queue up to the limit, charged as at a grant, and are granted before
+  it when capacity frees. A pre-empting one is taken from them; one its client leaves keeps its charge.
 - `Grant.charge_output(n)` charges generated tokens as they stream; `Grant.settle(usage)` corrects
   both charges with the engine's usage; `Grant.release()` (idempotent) frees the capacity.
 
@@ -50,13 +54,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from tandem.router.admission.fairness.vtc import QueueFull, Ticket, VTCQueue
+from tandem.router.admission.fairness.vtc import QueueFull, VTCQueue
 from tandem.router.admission.grant import Grant
 from tandem.router.admission.metrics import AdmissionMetrics
 from tandem.router.admission.policy import (
+    REFUSALS,
     DrainMeter,
     HoldMeter,
     TTFTPredictor,
@@ -68,73 +71,11 @@ from tandem.router.admission.policy import (
     wait_out_of_reach,
 )
 from tandem.router.admission.preemption import victim
+from tandem.router.admission.waiter import Admittable, Resumed, Waiter
 from tandem.router.errors import Overloaded
-from tandem.router.scheduling.base import Routable
-from tandem.router.types import SLO, EndpointSnapshot
+from tandem.router.types import EndpointSnapshot
 
-_MESSAGES = {
-    "queue_full": "the router's queue is full ({queued} requests waiting); retry later",
-    "pushed_out": "the router's queue is full ({queued} requests waiting) and this tenant holds more "
-    "of it than its share: its newest waiting request made room for another tenant's; retry later",
-    "deadline": "the request cannot start within {budget:.3g}s (its x-slo-ttft-ms objective or the "
-    "router's queue limit): {wait:.2g}s of queue ahead of it ({ahead} requests at {drain:.2g}/s); "
-    "retry later",
-    "late": "the request could not start within {budget:.3g}s (its x-slo-ttft-ms objective or the "
-    "router's queue limit): it waited {wait:.2g}s in the queue; retry later",
-    "slo": "the request cannot start within its {budget:.3g}s objective: {wait:.2g}s of queue ahead of "
-    "it and a predicted {predicted:.3g}s to first token on the best engine; retry later",
-}
-
-
-class Admittable(Routable, Protocol):
-    """A request as admission reads it: a `Routable` with its tenant, priority band and its own
-    deadline (seconds to first token the client asked for, None when it asked for none)."""
-
-    @property
-    def tenant(self) -> str: ...
-
-    @property
-    def priority(self) -> int: ...
-
-    @property
-    def deadline_s(self) -> float | None: ...
-
-
-@dataclass(eq=False)
-class Waiter:
-    """A request waiting in the queue (the fair queue's item)."""
-
-    request: Admittable
-    arrived: float
-    deadline: float
-    future: asyncio.Future[Grant]
-    ticket: Ticket[Waiter] | None = field(default=None)
-
-
-_NO_SLO = SLO(ttft_s=0.0, tpot_s=0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class _Resumed:
-    """A pre-empted stream's continuation as the queue sees it (`AdmissionGate.resume`): its
-    tenant's, no prompt to charge, no deadline of its own."""
-
-    tenant: str
-    priority: int
-    request_id: str = ""
-    slo: SLO = _NO_SLO
-    kv_loaded: bool = False
-    deadline_s: float | None = None
-    lora_name: str | None = None
-
-    def prompt_length(self) -> int:
-        return 0
-
-    def prompt_size(self) -> int:
-        return 0
-
-    def block_keys(self, block_size: int, /) -> Sequence[int]:
-        return ()
+__all__ = ["AdmissionGate", "Admittable", "Waiter"]
 
 
 class AdmissionGate:
@@ -156,6 +97,7 @@ class AdmissionGate:
         poll_s: float = 0.25,
         preemption: bool = False,
         swap: bool = False,
+        ahead: Callable[[int], int] | None = None,
     ) -> None:
         self.queue = queue
         self.max_queue = max_queue
@@ -173,15 +115,24 @@ class AdmissionGate:
         #: A pre-empting grant names the engine of the stream it stopped (`Grant.stopped_on`).
         self.swap = swap
         self.running: set[Grant] = set()  # granted and holding their capacity (not handed over)
+        #: How many requests may be taken ahead at a capacity ("Prefill ahead"; None: none).
+        self._ahead = ahead
+        self._ready: dict[Waiter, None] = {}  # taken ahead, in fair order, waiting for a slot
         self._waiting: set[Waiter] = set()
         self._poll_handle: asyncio.TimerHandle | None = None
 
     def capacity(self) -> int | None:
         return self._capacity()
 
-    async def admit(self, request: Admittable) -> Grant:
+    @property
+    def ready(self) -> int:
+        """Requests taken out of the queue ahead of capacity, waiting for a slot ("Prefill ahead")."""
+        return len(self._ready)
+
+    async def admit(self, request: Admittable, *, on_ahead: Callable[[], None] | None = None) -> Grant:
         """Wait for dispatch capacity; raises `Overloaded` (429). Cancelling the caller withdraws
-        the request without charging it."""
+        the request without charging it (but for one taken ahead: its prompt was charged then).
+        `on_ahead`: called if the request is taken ahead of capacity ("Prefill ahead")."""
         now = self._clock()
         self._metrics.seen(request.tenant)
         capacity = self._capacity()
@@ -189,11 +140,11 @@ class AdmissionGate:
             self.admitted += 1
             return Grant(self, tenant=request.tenant, prompt_tokens=0, charged=False)
         if self.admitted < capacity:
-            if not len(self.queue):
+            if not len(self.queue) and not self._ready:
                 return self._pass_through(request, now=now)  # room now, nobody ahead: no wait, no verdict
             self.pump()  # capacity came back without an event: serve those ahead first
         tenant, priority = request.tenant, request.priority
-        ahead = self.queue.ahead(tenant=tenant, priority=priority)
+        ahead = self.queue.ahead(tenant=tenant, priority=priority) + len(self._ready)
         budget = queue_budget(deadline_s=request.deadline_s, max_queue_wait_s=self._max_wait)
         drain = self._drain_rate(now, capacity)
         wait = expected_wait(ahead=ahead, drain_per_s=drain)
@@ -221,7 +172,9 @@ class AdmissionGate:
                 pushed, self._overloaded("pushed_out", ahead=len(self.queue), queued=len(self.queue))
             )
         try:
-            waiter = self._enqueue(request, now=now, budget=budget, prompt_tokens=request.prompt_size())
+            waiter = self._enqueue(
+                request, now=now, budget=budget, prompt_tokens=request.prompt_size(), on_ahead=on_ahead
+            )
         except QueueFull:
             raise self._overloaded("queue_full", ahead=len(self.queue), queued=len(self.queue)) from None
         if self.preemption and not waiter.future.done():
@@ -241,12 +194,12 @@ class AdmissionGate:
         request may pre-empt as a newcomer may (`preemption`); a continuation never does, or streams
         would take slots from each other by turns."""
         now = self._clock()
-        request = _Resumed(tenant=tenant, priority=priority)
+        request = Resumed(tenant=tenant, priority=priority)
         capacity = self._capacity()
         if capacity is None:  # none in rotation: the dispatcher's 503 ends the stream
             self.admitted += 1
             grant = Grant(self, tenant=tenant, prompt_tokens=0, charged=False, priority=priority)
-        elif self.admitted < capacity and not len(self.queue):
+        elif self.admitted < capacity and not len(self.queue) and not self._ready:
             grant = self._pass_through(request, now=now)
         else:
             waiter = self._enqueue(request, now=now, budget=math.inf, prompt_tokens=0, front=True)
@@ -262,7 +215,14 @@ class AdmissionGate:
         return grant
 
     def _enqueue(
-        self, request: Admittable, *, now: float, budget: float, prompt_tokens: int, front: bool = False
+        self,
+        request: Admittable,
+        *,
+        now: float,
+        budget: float,
+        prompt_tokens: int,
+        front: bool = False,
+        on_ahead: Callable[[], None] | None = None,
     ) -> Waiter:
         """Queue `request` (raises `QueueFull`, never for `front`) and serve what capacity allows."""
         waiter = Waiter(
@@ -270,6 +230,7 @@ class AdmissionGate:
             arrived=now,
             deadline=now + budget,
             future=asyncio.get_running_loop().create_future(),
+            on_ahead=on_ahead,
         )
         waiter.ticket = self.queue.push(
             waiter, tenant=request.tenant, prompt_tokens=prompt_tokens, priority=request.priority, front=front
@@ -290,11 +251,15 @@ class AdmissionGate:
             weight=self.queue.weight,
             waiting=self.queue.waiting,
         )
-        if chosen is None or waiter.ticket is None:
+        ready = waiter in self._ready
+        if chosen is None or (waiter.ticket is None and not ready):
             return
         stop = chosen.give_up()
         self.admitted -= 1  # its unit of capacity goes to the waiter
-        self.queue.take(waiter.ticket)
+        if ready:
+            del self._ready[waiter]  # taken ahead: charged then
+        elif waiter.ticket is not None:
+            self.queue.take(waiter.ticket)
         self._grant(waiter, now=self._clock())
         granted = waiter.future.result()
         granted.preempting, granted.stopped_on = True, chosen.at if self.swap else None
@@ -303,22 +268,50 @@ class AdmissionGate:
             stop()
 
     def pump(self) -> None:
-        """Grant waiting requests in fair order while capacity is free (module docstring)."""
+        """Grant waiting requests in fair order while capacity is free, those taken ahead first;
+        with none free, take requests ahead (module docstring)."""
         now = self._clock()
+        capacity = self._capacity() or 0
         dispatched = 0
+        while self._ready and self.admitted < capacity:
+            waiter = next(iter(self._ready))
+            del self._ready[waiter]
+            self._grant(waiter, now=now)
+            dispatched += 1
         while (ticket := self.queue.peek()) is not None:
             waiter = ticket.item
             if now >= waiter.deadline:
                 self._reject(waiter, self._late(waiter))
                 continue
-            if self.admitted >= (self._capacity() or 0):
+            if self.admitted >= capacity:
+                self._take_ahead(now, capacity)
                 break
             if waiter.request.deadline_s is not None and self._predicted_late(waiter, now=now):
                 continue
             self.queue.pop()
             self._grant(waiter, now=now)
             dispatched += 1
-        self._drain.tick(now, waiting=bool(len(self.queue)), dispatched=dispatched)
+        self._drain.tick(now, waiting=self._backlogged, dispatched=dispatched)
+
+    def _take_ahead(self, now: float, capacity: int) -> None:
+        """With no capacity free: the next requests in fair order that have something to do before
+        their grant (`Waiter.on_ahead`) leave the queue for `_ready`, up to the limit, charged as
+        they would be at their grant; a request without it stops the taking (order is kept)."""
+        limit = self._ahead(capacity) if self._ahead is not None else 0
+        while len(self._ready) < limit and (ticket := self.queue.peek()) is not None:
+            waiter = ticket.item
+            if waiter.on_ahead is None or now >= waiter.deadline:
+                return
+            if waiter.request.deadline_s is not None and self._predicted_late(waiter, now=now):
+                continue
+            self.queue.pop()
+            waiter.ticket = None
+            self._ready[waiter] = None
+            waiter.on_ahead()
+
+    @property
+    def _backlogged(self) -> bool:
+        return bool(len(self.queue) or self._ready)
 
     def charge(self, tenant: str, *, prompt: int = 0, completion: int = 0) -> None:
         """Charge a tenant's counter and count its served tokens (corrections may be negative)."""
@@ -384,7 +377,8 @@ class AdmissionGate:
     def _reject(self, waiter: Waiter, error: Overloaded) -> None:
         if waiter.ticket is not None:
             self.queue.cancel(waiter.ticket)
-        self._drain.tick(self._clock(), waiting=bool(len(self.queue)))
+        self._ready.pop(waiter, None)
+        self._drain.tick(self._clock(), waiting=self._backlogged)
         self._metrics.waited(self._clock() - waiter.arrived, outcome="rejected")
         waiter.future.set_exception(error)
 
@@ -421,13 +415,13 @@ class AdmissionGate:
         drain: float | None = None,
         **facts: float | int,
     ) -> Overloaded:
-        """A 429 counted under `reason`, worded by `_MESSAGES[message or reason]` from `facts`;
+        """A 429 counted under `reason`, worded by `REFUSALS[message or reason]` from `facts`;
         `Retry-After` from `drain`, the priced rate the caller already has (else read now)."""
         self._metrics.rejected(reason)
         if drain is None:
             drain = self._drain_rate(self._clock(), self._capacity())
         retry = retry_after_seconds(ahead=ahead, drain_per_s=drain)
-        text = _MESSAGES[message or reason].format(ahead=ahead, drain=drain or 0.0, **facts)
+        text = REFUSALS[message or reason].format(ahead=ahead, drain=drain or 0.0, **facts)
         return Overloaded(text, reason=reason, retry_after_s=retry)
 
     async def _wait(self, waiter: Waiter) -> Grant:
@@ -488,7 +482,8 @@ class AdmissionGate:
         if not future.done():
             if waiter.ticket is not None:
                 self.queue.cancel(waiter.ticket)
-            self._drain.tick(self._clock(), waiting=bool(len(self.queue)))
+            self._ready.pop(waiter, None)
+            self._drain.tick(self._clock(), waiting=self._backlogged)
             self._metrics.waited(self._clock() - waiter.arrived, outcome="cancelled")
             future.cancel()
         elif not future.cancelled() and future.exception() is None:

@@ -194,6 +194,11 @@ class _GateCollector(Collector):
                 counters.add_metric([tenant], value)
         admitted = GaugeMetricFamily(f"{PREFIX}_admitted_requests", "Requests holding decode capacity now.")
         admitted.add_metric([], self._gate.admitted)
+        ready = GaugeMetricFamily(
+            f"{PREFIX}_admission_ahead_requests",
+            "Requests taken out of the queue ahead of capacity (prefill ahead), waiting for a slot.",
+        )
+        ready.add_metric([], self._gate.ready)
         capacity = GaugeMetricFamily(
             f"{PREFIX}_admission_capacity", "Admitted requests the decode pool may hold now."
         )
@@ -207,7 +212,7 @@ class _GateCollector(Collector):
         for reading, rate in self._gate.drain_readings().items():
             if rate is not None:  # no sample until there is a reading
                 drain.add_metric([reading], rate)
-        yield from (depth, counters, admitted, capacity, drain)
+        yield from (depth, counters, admitted, ready, capacity, drain)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

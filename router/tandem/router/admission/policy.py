@@ -71,6 +71,20 @@ from tandem.router.types import EndpointSnapshot
 DEFAULT_RETRY_AFTER_S = 5
 MAX_RETRY_AFTER_S = 60
 
+#: The 429s' texts by reason (`AdmissionGate`), formatted with the facts behind them.
+REFUSALS = {
+    "queue_full": "the router's queue is full ({queued} requests waiting); retry later",
+    "pushed_out": "the router's queue is full ({queued} requests waiting) and this tenant holds more "
+    "of it than its share: its newest waiting request made room for another tenant's; retry later",
+    "deadline": "the request cannot start within {budget:.3g}s (its x-slo-ttft-ms objective or the "
+    "router's queue limit): {wait:.2g}s of queue ahead of it ({ahead} requests at {drain:.2g}/s); "
+    "retry later",
+    "late": "the request could not start within {budget:.3g}s (its x-slo-ttft-ms objective or the "
+    "router's queue limit): it waited {wait:.2g}s in the queue; retry later",
+    "slo": "the request cannot start within its {budget:.3g}s objective: {wait:.2g}s of queue ahead of "
+    "it and a predicted {predicted:.3g}s to first token on the best engine; retry later",
+}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SaturationLimits:

@@ -43,11 +43,13 @@ def build_gate(
     clock: Callable[[], float],
     bus: Bus,
     capacity: EngineCapacity,
+    ahead: Callable[[int], int] | None = None,
 ) -> tuple[AdmissionGate, SharedCounters | None]:
     """The admission gate over the decode pool, its fair queue and its metrics. Each worker and
     replica admits into its share of every engine (`EngineCapacity.share`); the fair queue's
     counters are shared: through the KV pool's Redis between replicas (`SharedCounters`, returned
-    to be started, which then also serves the sibling workers), else over the workers' bus."""
+    to be started, which then also serves the sibling workers), else over the workers' bus. `ahead`:
+    how many requests the gate may take ahead at a capacity (`tandem.router.pd.ahead`)."""
     spec, settings = config.spec, config.settings.admission
     queue_type: type[VTCQueue[Waiter]] = FCFSQueue if settings.fairness == "fcfs" else VTCQueue
     queue = queue_type(
@@ -93,6 +95,7 @@ def build_gate(
         poll_s=settings.poll_seconds,
         preemption=settings.preemption == "on" and settings.fairness == "vtc",
         swap=settings.preemption_swap == "on",
+        ahead=ahead,
     )
     metrics.watch(gate)
     return gate, counters

@@ -34,6 +34,7 @@ from tandem.router.http.catalog import engine_models
 from tandem.router.observe.arrivals import Arrivals
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
+from tandem.router.pd.ahead import PrefillAhead
 from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pipeline.answer import Relay
 from tandem.router.pipeline.resume import Resume
@@ -169,7 +170,7 @@ def compose_service(
         kv_pool=engines.kv_pool,
         context=stages.context,
         hold=_hold_stage(config, registry=registry, prometheus=prometheus, clock=clock),
-        admit=Admit(stages.gate),
+        admit=Admit(stages.gate, ahead=stages.ahead),
         relay=stages.relay,
         adapters=adapters,
         warming=background.warming,
@@ -186,6 +187,7 @@ class _Stages:
     counters: SharedCounters | None
     context: ContextLimit
     relay: Relay
+    ahead: PrefillAhead | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,6 +229,8 @@ def _stages(
     """The admission gate over the decode pool (`predictor`, default: the scheduler's TTFT
     estimates), the context limit and the relay (`_Stages`)."""
     settings = config.settings
+    share = settings.admission.prefill_ahead
+    ahead = PrefillAhead(engines.disaggregator, share) if share > 0 else None
     gate, counters = build_gate(
         config,
         registry=engines.registry,
@@ -235,6 +239,7 @@ def _stages(
         clock=clock,
         bus=bus,
         capacity=engines.capacity,
+        ahead=ahead.limit if ahead is not None else None,
     )
     model = config.spec.model
     context = ContextLimit(
@@ -251,7 +256,7 @@ def _stages(
         topology_headers=settings.access.topology_headers,
         write_s=settings.proxy.client_write_seconds,
     )
-    return _Stages(gate=gate, counters=counters, context=context, relay=relay)
+    return _Stages(gate=gate, counters=counters, context=context, relay=relay, ahead=ahead)
 
 
 def _background(

@@ -119,6 +119,13 @@ class RouterMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.pd_prefill_ahead = LabeledCounter(
+            f"{PREFIX}_pd_prefill_ahead",
+            "P/D steps started while the request waited for its decode slot (prefill ahead), by "
+            "whether the request then used it (used) or ended first (unused).",
+            ["outcome"],
+            registry=registry,
+        )
         self.pd_fallbacks = LabeledCounter(
             f"{PREFIX}_pd_fallbacks",
             "Disaggregated requests that fell back to decode-only, by reason.",

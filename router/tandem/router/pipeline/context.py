@@ -18,6 +18,7 @@ Scheduling, admission and P/D read the context through small Protocols of their 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from tandem.router.upstream.rename import ModelRename
 
 if TYPE_CHECKING:
     from tandem.router.observe.tracing import RequestTrace
+    from tandem.router.pd.disagg import PDOutcome
     from tandem.router.pipeline.route import ServiceRoute
 
 #: The tenant of requests that name none.
@@ -85,6 +87,9 @@ class RequestContext:
     prefill_s: float | None = None
     decode_body: dict[str, Any] | None = None  # the body for decode, when P/D changed it
     dispatched_at: float | None = None  # when the decode request was first sent
+    #: Its P/D step, started while it waited for its slot (`tandem.router.pd.ahead`), else None.
+    ahead: asyncio.Task[PDOutcome] | None = None
+    ahead_used: bool = False  # its outcome went to decode (not a swap's, `stages.Disaggregate`)
     # the answer
     attempt: Attempt | None = None
     strip_usage: bool = False  # the gateway asked for usage itself: not forwarded to the client

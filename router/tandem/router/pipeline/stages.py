@@ -45,6 +45,7 @@ from tandem.router.identity.headers import PriorityPolicy, TenantResolver, own_d
 from tandem.router.identity.request_id import HEADER as REQUEST_ID_HEADER
 from tandem.router.identity.request_id import request_ids
 from tandem.router.observe.arrivals import Arrivals
+from tandem.router.pd.ahead import PrefillAhead
 from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pd.handoff import away_from_layout_body, lmcache_tagged
 from tandem.router.pipeline.answer import Relay
@@ -209,13 +210,22 @@ class Hold:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """A unit of decode capacity, in fair order between tenants."""
+    """A unit of decode capacity, in fair order between tenants. With `ahead`, a request the gate
+    takes ahead of capacity starts its P/D step while it waits (`tandem.router.pd.ahead`)."""
 
     gate: AdmissionGate
+    ahead: PrefillAhead | None = None
     name: str = "admit"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
-        grant = await self.gate.admit(ctx)
+        ahead, on_ahead = self.ahead, None
+        if ahead is not None and ahead.eligible(ctx):
+
+            def on_ahead() -> None:
+                ctx.ahead = ahead.start(ctx, headers=prefill_headers(ctx))
+
+            ctx.cleanups.append(lambda: ahead.end(ctx.ahead, used=ctx.ahead_used))
+        grant = await self.gate.admit(ctx, on_ahead=on_ahead)
         ctx.grant = grant
         ctx.cleanups.append(grant.release)
         ctx.queue_s = grant.queued_s
@@ -243,14 +253,20 @@ class Pick:
 
 @dataclass(frozen=True, slots=True)
 class Disaggregate:
-    """Prefill elsewhere when it pays, then decode loads the KV (never fails the request)."""
+    """Prefill elsewhere when it pays, then decode loads the KV (never fails the request). A step
+    started while the request waited (`tandem.router.pd.ahead`) is awaited instead, but for a request
+    swapped into a stopped stream's place, decided anew there (`tandem.router.pd.disagg`)."""
 
     disaggregator: Disaggregator
     name: str = "disaggregate"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
-        headers = {"x-request-id": ctx.upstream_id, **ctx.trace_headers("prefill")}
-        pd = await self.disaggregator.run(ctx, decode=ctx.decode, headers=headers)
+        if ctx.ahead is not None and ctx.swapped_in:  # decided anew where it swaps in
+            ctx.ahead.cancel()
+        if ctx.ahead is not None and not ctx.swapped_in:  # started as it waited (`pd.ahead`)
+            pd, ctx.ahead_used = await asyncio.shield(ctx.ahead), True
+        else:
+            pd = await self.disaggregator.run(ctx, decode=ctx.decode, headers=prefill_headers(ctx))
         if ctx.trace is not None:
             ctx.trace.barrier_s = pd.barrier_s
         ctx.decode_body = dict(pd.body) if pd.body is not ctx.body else None
@@ -372,6 +388,11 @@ class Dispatch:
         ctx.grant = grant
         ctx.cleanups.append(grant.release)
         ctx.queue_s = (ctx.queue_s or 0.0) + grant.queued_s
+
+
+def prefill_headers(ctx: RequestContext) -> dict[str, str]:
+    """The headers of a request's prefill: its upstream id, its trace's context."""
+    return {"x-request-id": ctx.upstream_id, **ctx.trace_headers("prefill")}
 
 
 def generation_stages(*, identify: Identify, parse: Parse, limit: Limit, service: Pipeline) -> Pipeline:
