@@ -94,7 +94,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--preemption-swap", "admission", "preemption_swap", click.Choice(["on", "off"]), "off",
          "With a prefill pool: a request that pre-empted a stream goes to that stream's decode engine; "
          "with fewer than minUncachedTokens uncached it is computed there, not prefilled elsewhere."),
-    Flag("--prefill-ahead", "admission", "prefill_ahead", float, 0.5,
+    Flag("--prefill-ahead", "admission", "prefill_ahead", float, 1.0,
          "With a prefill pool: while no decode slot is free, the next requests in fair order, at most "
          "this share of the decode capacity, are prefilled as they wait, so a slot that frees starts "
          "one at once (0: off)."),

@@ -140,9 +140,9 @@ class AdmissionSettings(_Settings):
         "stream it stopped, computed there (short prompts) or decoded there after its prefill.",
     )
     prefill_ahead: float = Field(
-        default=0.5,
+        default=1.0,
         ge=0,
-        le=1,
+        le=4,
         description="With a prefill pool: while no decode slot is free, the next requests in fair "
         "order (at most this share of the capacity) are prefilled as they wait (0: off).",
     )

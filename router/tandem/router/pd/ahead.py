@@ -5,18 +5,19 @@ only what it runs (`tandem.router.admission.gate`). Disaggregated, a request gra
 first passes the prefill pool, the KV barrier and only then reaches its decode engine: every time a
 stream ends, its slot stands empty for that long (50–200 ms a request on a 2-core host, against a
 decode step of a few ms). On KV-cache-bound decode engines that cost the heavy tenant of a flood
-0.87× the requests per second vllm-router's round robin gets, which keeps a backlog queued inside
-the engines (docs/benchmarks.md §0).
+0.87–0.90× the requests per second vllm-router's round robin gets, which keeps a backlog queued
+inside the engines (docs/benchmarks.md §0).
 
-With `--prefill-ahead S` (a share of the gate's capacity; 0: off) the gate takes the next requests
-in fair order out of its queue while no slot is free, at most `ceil(S × capacity)` of them
-(`AdmissionGate`, "Prefill ahead"), and each one's P/D step starts at once (`PrefillAhead.start`):
-the decision, the prefill and the barrier, with no decode engine chosen yet. It still waits for its
-grant, which comes before the queue's when a slot frees; `pipeline.stages.Disaggregate` then takes
-the step's outcome, done by then, and the decode request goes out at once. The decode engine's
-queue stays empty, so a tenant who arrives later is not behind it: its request is the next one taken
-ahead, or pre-empts a stream as before. What the limit bounds is the KV held in the pool for
-requests not yet decoding, and how far ahead of their turn requests are charged.
+With `--prefill-ahead S` (a share of the gate's capacity, 1 by default; 0: off) the gate takes the
+next requests in fair order out of its queue while no slot is free, at most `ceil(S × capacity)` of
+them (`AdmissionGate`, "Prefill ahead"), and each one's P/D step starts at once
+(`PrefillAhead.start`): the decision, the prefill and the barrier, with no decode engine chosen yet.
+It still waits for its grant, which comes before the queue's when a slot frees;
+`pipeline.stages.Disaggregate` then takes the step's outcome, done by then, and the decode request
+goes out at once. The decode engine's queue stays empty, so a tenant who arrives later is not behind
+it: its request is the next one taken ahead, or pre-empts a stream as before. What the limit bounds
+is the KV held in the pool for requests not yet decoding, and how far ahead of their turn requests
+are charged.
 
 Which requests: those of a service with a prefill pool in rotation, P/D on (mode `always` or
 `auto`), under the base model (an adapter's request is placed with its decode engine first:
@@ -28,9 +29,10 @@ goes decode-only. Counted in `tandem_router_pd_prefill_ahead_total{outcome}`: `u
 was granted and took the step's outcome), `unused` (it ended first: refused past its deadline, or
 its client left; its prefill, if running, is cancelled).
 
-Example: capacity 12 (two decode engines of 6), share 0.5 → up to 6 requests prefilled while the
-engines run 12; a stream ends, the first of them is granted, its prefill done 40 ms ago, and its
-decode request reaches the engine within a millisecond or two.
+Example: capacity 12 (two decode engines of 6), share 1 → up to 12 requests prefilled while the
+engines run 12 (about the turnovers of the half second a slow host's prefill path can take); a stream
+ends, the first of them is granted, its prefill done 40 ms ago, and its decode request reaches the
+engine within a millisecond or two.
 """
 
 from __future__ import annotations
@@ -61,16 +63,19 @@ class PrefillAhead:
 
     def limit(self, capacity: int) -> int:
         """The gate's limit at `capacity`: 0 with no prefill endpoint in rotation or P/D off."""
-        disaggregator = self.disaggregator
-        if self.share <= 0 or disaggregator.mode == "off" or disaggregator.layout_keys:
-            return 0
-        if not disaggregator.prefiller.dispatcher.registry.candidates("prefill"):
+        if not self._on() or not self.disaggregator.prefiller.dispatcher.registry.candidates("prefill"):
             return 0
         return ahead_limit(self.share, capacity)
 
     def eligible(self, request: PDRequest) -> bool:
-        """Whether `request` may be taken ahead (module docstring)."""
-        return self.share > 0 and request.lora_name is None
+        """Whether `request` may be taken ahead (module docstring): none in a service without prefill
+        members (nothing is set up for it there)."""
+        registry = self.disaggregator.prefiller.dispatcher.registry
+        return request.lora_name is None and self._on() and bool(registry.endpoints("prefill"))
+
+    def _on(self) -> bool:
+        disaggregator = self.disaggregator
+        return self.share > 0 and disaggregator.mode != "off" and not disaggregator.layout_keys
 
     def start(self, request: PDRequest, *, headers: Mapping[str, str]) -> asyncio.Task[PDOutcome]:
         """The request's P/D step, started now with no decode engine chosen."""
