@@ -1,6 +1,6 @@
 """What the KV-pool stories through the router share: the prompts, simulated engines writing a real
 pool in LMCache's layout, and a completion that must succeed (tests/router/test_gateway_pd_pool.py,
-tests/router/test_gateway_pool_keys_check.py)."""
+tests/router/test_gateway_pool_keys_check.py), and a streamed body (the recall and prefill-ahead stories)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,18 @@ async def engine_counter(url: str, name: str) -> float:
     async with httpx.AsyncClient(trust_env=False) as client:
         text = (await client.get(f"{url}/metrics")).text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def streamed(prompt: str, max_tokens: int) -> dict[str, Any]:
+    """A streamed completion's body that asks for its usage (a text prompt: its stream is continuable)."""
+    return {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 async def complete(router: RunningRouter, prompt: list[int]) -> httpx.Response:

@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 from tests.router.harness import MODEL, MODEL_NAME, router_config
+from tests.router.pd_pool import streamed
 from tests.router.servers import serve
 from tests.servers import RedisServer
 
@@ -70,17 +71,10 @@ async def test_a_request_waiting_for_its_decode_slot_is_prefilled_as_it_waits(
         ):
 
             async def complete(
-                n: int, max_tokens: int, streaming: asyncio.Event | None = None
+                n: int, max_tokens: int, halfway: asyncio.Event | None = None
             ) -> tuple[int, float]:
-                """(completion tokens, when the answer ended)."""
-                body = {
-                    "model": MODEL,
-                    "prompt": f"{n} {PROMPT}",
-                    "max_tokens": max_tokens,
-                    "ignore_eos": True,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                }
+                """(completion tokens, when the answer ended); `halfway` is set at half its tokens."""
+                body = streamed(f"{n} {PROMPT}", max_tokens)
                 usage, chunks = "", 0
                 async with client.stream("POST", "/v1/completions", json=body) as response:
                     assert response.status_code == 200, (await response.aread()).decode()

@@ -21,6 +21,7 @@ import asyncio
 import httpx
 import pytest
 from tests.router.harness import MODEL, MODEL_NAME, router_config
+from tests.router.pd_pool import streamed
 from tests.router.servers import serve
 from tests.servers import RedisServer
 
@@ -96,14 +97,7 @@ async def test_heavy_requests_waiting_in_the_decode_engine_make_room_for_a_pre_e
 
             async def send(tenant: str, n: int, max_tokens: int) -> tuple[int, int]:
                 """(heavy answers started before this one's first byte, tokens received)."""
-                body = {
-                    "model": MODEL,
-                    "prompt": f"{n} {PROMPT}",
-                    "max_tokens": max_tokens,
-                    "ignore_eos": True,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                }
+                body = streamed(f"{n} {PROMPT}", max_tokens)
                 before, usage = -1, ""
                 headers = {"x-tenant-id": tenant}
                 async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
