@@ -135,3 +135,27 @@ async def test_a_tenant_with_nothing_running_pre_empts_from_ahead_at_once() -> N
     for grant in (*heavy, light):
         grant.release()
     assert gate.admitted == 0
+
+
+async def test_a_request_taken_ahead_counts_as_its_tenants_waiting_one_so_a_second_does_not_pre_empt() -> (
+    None
+):
+    gate, _ = make_gate(Pool(capacity=2), FakeClock(), ahead=lambda capacity: 1)
+    gate.preemption = True
+    heavy = [await gate.admit(request(f"h{n}", "heavy")) for n in range(2)]
+    for grant in heavy:
+        grant.preempt = lambda: None
+    taken: list[str] = []
+    gate.preemption = False  # the first light request waits, taken ahead
+    first = admit(gate, taken, "l1", "light")
+    await settle()
+    assert taken == ["l1"] and gate.ready == 1
+    gate.preemption = True
+    second = admit(gate, taken, "l2", "light")
+    await settle()
+    assert not second.done() and not first.done(), "light has one waiting already: no pre-emption"
+    for grant in heavy:
+        grant.release()
+    for task in (first, second):
+        (await asyncio.wait_for(task, 5)).release()
+    assert gate.admitted == 0

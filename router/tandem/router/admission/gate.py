@@ -249,7 +249,7 @@ class AdmissionGate:
             priority=request.priority,
             capacity=self._capacity() or 0,
             weight=self.queue.weight,
-            waiting=self.queue.waiting,
+            waiting=self._tenant_waiting,
         )
         ready = waiter in self._ready
         if chosen is None or (waiter.ticket is None and not ready):
@@ -308,6 +308,10 @@ class AdmissionGate:
             waiter.ticket = None
             self._ready[waiter] = None
             waiter.on_ahead()
+
+    def _tenant_waiting(self, tenant: str) -> int:
+        """A tenant's requests waiting: in the queue, and taken ahead."""
+        return self.queue.waiting(tenant) + sum(w.request.tenant == tenant for w in self._ready)
 
     @property
     def _backlogged(self) -> bool:
