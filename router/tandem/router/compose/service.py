@@ -34,7 +34,7 @@ from tandem.router.http.catalog import engine_models
 from tandem.router.observe.arrivals import Arrivals
 from tandem.router.observe.looplag import LoopLagMonitor
 from tandem.router.observe.metrics import RouterMetrics
-from tandem.router.pd.ahead import PrefillAhead
+from tandem.router.pd.ahead import PrefillAhead, applies
 from tandem.router.pd.disagg import Disaggregator
 from tandem.router.pipeline.answer import Relay
 from tandem.router.pipeline.resume import Resume
@@ -230,7 +230,7 @@ def _stages(
     estimates), the context limit and the relay (`_Stages`)."""
     settings = config.settings
     share = settings.admission.prefill_ahead
-    ahead = PrefillAhead(engines.disaggregator, share) if share > 0 else None
+    ahead = PrefillAhead(engines.disaggregator, share) if applies(share, engines.disaggregator) else None
     gate, counters = build_gate(
         config,
         registry=engines.registry,

@@ -46,36 +46,39 @@ from dataclasses import dataclass
 from tandem.router.pd.disagg import Disaggregator, PDOutcome, PDRequest
 
 
-def ahead_limit(share: float, capacity: int | None) -> int:
-    """How many requests may be taken ahead: `ceil(share × capacity)`, 0 without capacity.
+def ahead_limit(share: float, capacity: int) -> int:
+    """How many requests may be taken ahead: `ceil(share × capacity)`.
 
-    >>> ahead_limit(0.5, 12), ahead_limit(0.5, 5), ahead_limit(0.0, 12), ahead_limit(0.5, None)
-    (6, 3, 0, 0)"""
-    return math.ceil(share * capacity) if capacity else 0
+    >>> ahead_limit(0.5, 12), ahead_limit(0.5, 5), ahead_limit(1.0, 0)
+    (6, 3, 0)"""
+    return math.ceil(share * capacity)
+
+
+def applies(share: float, disaggregator: Disaggregator) -> bool:
+    """Whether a service takes requests ahead at all (module docstring): a share, P/D on, and pool
+    keys that do not depend on the decode engine's layout. Decided once, when it is composed."""
+    return share > 0 and disaggregator.mode != "off" and not disaggregator.layout_keys
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillAhead:
-    """Starts a waiting request's P/D step (module docstring); `share` of the gate's capacity."""
+    """Starts a waiting request's P/D step (module docstring); `share` of the gate's capacity. Made
+    only for a service where it `applies`."""
 
     disaggregator: Disaggregator
     share: float
 
     def limit(self, capacity: int) -> int:
-        """The gate's limit at `capacity`: 0 with no prefill endpoint in rotation or P/D off."""
-        if not self._on() or not self.disaggregator.prefiller.dispatcher.registry.candidates("prefill"):
+        """The gate's limit at `capacity`: 0 with no prefill endpoint in rotation."""
+        if not self.disaggregator.prefiller.dispatcher.registry.candidates("prefill"):
             return 0
         return ahead_limit(self.share, capacity)
 
     def eligible(self, request: PDRequest) -> bool:
-        """Whether `request` may be taken ahead (module docstring): none in a service without prefill
-        members (nothing is set up for it there)."""
+        """Whether `request` may be taken ahead: the base model's, with prefill members listed
+        (none: nothing is set up for it)."""
         registry = self.disaggregator.prefiller.dispatcher.registry
-        return request.lora_name is None and self._on() and bool(registry.endpoints("prefill"))
-
-    def _on(self) -> bool:
-        disaggregator = self.disaggregator
-        return self.share > 0 and disaggregator.mode != "off" and not disaggregator.layout_keys
+        return request.lora_name is None and bool(registry.endpoints("prefill"))
 
     def start(self, request: PDRequest, *, headers: Mapping[str, str]) -> asyncio.Task[PDOutcome]:
         """The request's P/D step, started now with no decode engine chosen."""
@@ -87,11 +90,11 @@ class PrefillAhead:
         """At the request's end: count the step; cancel one still running that was never used."""
         if task is None:
             return
-        if not used and not task.done():
-            task.cancel()
-        elif task.done() and not task.cancelled():
-            with contextlib.suppress(Exception):
-                task.exception()  # retrieved: an unused step's error is not logged as lost
+        if not used:
+            task.cancel()  # nothing once it is done
+            if task.done() and not task.cancelled():
+                with contextlib.suppress(Exception):
+                    task.exception()  # retrieved: an unused step's error is not logged as lost
         self.disaggregator.prefiller.dispatcher.metrics.pd_prefill_ahead.labels(
             "used" if used else "unused"
         ).inc()

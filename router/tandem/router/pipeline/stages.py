@@ -261,10 +261,12 @@ class Disaggregate:
     name: str = "disaggregate"
 
     async def __call__(self, ctx: RequestContext, exchange: Exchange, /) -> None:
-        if ctx.ahead is not None and ctx.swapped_in:  # decided anew where it swaps in
-            ctx.ahead.cancel()
-        if ctx.ahead is not None and not ctx.swapped_in:  # started as it waited (`pd.ahead`)
-            pd, ctx.ahead_used = await asyncio.shield(ctx.ahead), True
+        ahead = ctx.ahead  # started as it waited (`pd.ahead`)
+        if ahead is not None and ctx.swapped_in:  # decided anew where it swaps in
+            ahead.cancel()
+            ahead = None
+        if ahead is not None:
+            pd, ctx.ahead_used = await asyncio.shield(ahead), True
         else:
             pd = await self.disaggregator.run(ctx, decode=ctx.decode, headers=prefill_headers(ctx))
         if ctx.trace is not None:
